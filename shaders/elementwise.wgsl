@@ -1,0 +1,59 @@
+// Elementwise ops over flat tensors of n elements.
+// OP (a const from the pipeline key) picks the function at compile time:
+//   0 scale-shift  x * alpha + beta
+//   1 SiLU         x * sigmoid(x)
+//   2 ReLU         max(x, 0)
+//   3 tanh clamp   tanh(x / alpha) * alpha      (TAE latent clamp, alpha = 3)
+//   4 add          x + y                        (entry `binary`)
+// Storage type T is an alias from the key; arithmetic is f32.
+// One element per invocation: these ops are memory bound.
+// All storage is read_write: pooled tensors share buffers (see BindingKind).
+
+struct Params {
+    n: u32,
+    alpha: f32,
+    beta: f32,
+    _pad: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+@group(0) @binding(1) var<storage, read_write> x: array<T>;
+#ifdef BINARY
+@group(0) @binding(2) var<storage, read_write> y: array<T>;
+@group(0) @binding(3) var<storage, read_write> out: array<T>;
+#else
+@group(0) @binding(2) var<storage, read_write> out: array<T>;
+#endif
+
+fn unary_op(v: f32) -> f32 {
+    switch OP {
+        case 0u: { return v * p.alpha + p.beta; }
+        case 1u: { return v / (1.0 + exp(-v)); }
+        case 2u: { return max(v, 0.0); }
+        // tanh saturates long before |v| = 20 alpha; clamping avoids inf/inf.
+        case 3u: { return tanh(clamp(v / p.alpha, -20.0, 20.0)) * p.alpha; }
+        default: { return v; }
+    }
+}
+
+fn index(wg: vec3<u32>, nwg: vec3<u32>, li: u32) -> u32 {
+    return (wg.x + wg.y * nwg.x) * WG + li;
+}
+
+#ifdef BINARY
+@compute @workgroup_size(WG)
+fn binary(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let i = index(wg, nwg, li);
+    if i >= p.n { return; }
+    out[i] = T(f32(x[i]) + f32(y[i]));
+}
+#else
+@compute @workgroup_size(WG)
+fn unary(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+         @builtin(local_invocation_index) li: u32) {
+    let i = index(wg, nwg, li);
+    if i >= p.n { return; }
+    out[i] = T(unary_op(f32(x[i])));
+}
+#endif

@@ -1,0 +1,106 @@
+//! The one error type of the library. Every failure a user can cause or meet
+//! (bad files, shapes, limits, out of memory, device loss) is a variant with a
+//! message that says what went wrong and what to do.
+
+use std::path::PathBuf;
+
+/// Result alias used across the crate.
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+/// Everything that can go wrong in wgvae.
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    /// No adapter matched the request (backend, name filter).
+    #[error("no GPU adapter found{0}; install a Vulkan driver (on a CPU-only machine: `apt-get install mesa-vulkan-drivers libvulkan1`) or relax WGPU_BACKEND / WGPU_ADAPTER_NAME / --adapter")]
+    NoAdapter(String),
+
+    /// The adapter refused to create a device.
+    #[error("could not create a device on adapter `{adapter}`: {source}")]
+    RequestDevice {
+        adapter: String,
+        #[source]
+        source: wgpu::RequestDeviceError,
+    },
+
+    /// A wgpu validation error caught by an error scope.
+    #[error("GPU validation error during {during}: {message}")]
+    Validation { during: String, message: String },
+
+    /// The device ran out of memory.
+    #[error("GPU out of memory during {during} ({message}); lower the image size, use tiling (--tile exact) or set --max-memory")]
+    OutOfMemory { during: String, message: String },
+
+    /// The device was lost (driver reset, hang, removal).
+    #[error("GPU device lost: {0}; recreate the context")]
+    DeviceLost(String),
+
+    /// A single buffer larger than the device allows.
+    #[error("{what} needs a buffer of {bytes} bytes but the device allows at most {limit} bytes per buffer; use tiling (--tile exact) or a smaller size")]
+    BufferTooLarge { what: String, bytes: u64, limit: u64 },
+
+    /// A tensor too large to bind as one storage buffer.
+    #[error("{what} is {bytes} bytes but the device's max_storage_buffer_binding_size is {limit} bytes; decode with tiling (--tile exact / --tile auto) or a smaller size")]
+    BindingTooLarge { what: String, bytes: u64, limit: u64 },
+
+    /// A dispatch needs more workgroups than the device allows.
+    #[error("{what} needs {groups} workgroups along one dimension but the device allows {limit}")]
+    DispatchTooLarge { what: String, groups: u64, limit: u32 },
+
+    /// Shapes that do not fit together.
+    #[error("shape error in {op}: {message}")]
+    Shape { op: String, message: String },
+
+    /// The caller asked for something the engine does not support (yet).
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// A WGSL shader failed to parse or validate (a bug in wgvae).
+    #[error("shader `{name}` is invalid: {message}")]
+    Shader { name: String, message: String },
+
+    /// Reading a buffer back to the host failed.
+    #[error("reading back from the GPU failed: {0}")]
+    Readback(String),
+
+    /// Bad input file contents.
+    #[error("{path}: {message}")]
+    BadFile { path: PathBuf, message: String },
+
+    /// Bad input values (NaN latents, wrong channel count …).
+    #[error("invalid input: {0}")]
+    InvalidInput(String),
+
+    /// File system errors, with the path.
+    #[error("{path}: {source}")]
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
+}
+
+impl Error {
+    pub(crate) fn shape(op: impl Into<String>, message: impl Into<String>) -> Self {
+        Error::Shape {
+            op: op.into(),
+            message: message.into(),
+        }
+    }
+
+    pub(crate) fn from_wgpu(during: &str, e: wgpu::Error) -> Self {
+        match e {
+            wgpu::Error::OutOfMemory { .. } => Error::OutOfMemory {
+                during: during.to_string(),
+                message: e.to_string(),
+            },
+            wgpu::Error::Validation { description, .. } => Error::Validation {
+                during: during.to_string(),
+                message: description,
+            },
+            wgpu::Error::Internal { description, .. } => Error::Validation {
+                during: during.to_string(),
+                message: format!("internal: {description}"),
+            },
+        }
+    }
+}

@@ -1,0 +1,324 @@
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gpu::pipeline::PipelineCache;
+use crate::memory::{ExactPool, MemoryPool};
+
+/// What the device can do, read from the limits and features it was created
+/// with. The rest of the engine consults this and never assumes more.
+#[derive(Clone, Debug)]
+pub struct Capabilities {
+    pub adapter_name: String,
+    pub backend: wgpu::Backend,
+    pub device_type: wgpu::DeviceType,
+    pub driver: String,
+    pub driver_info: String,
+    /// `SHADER_F16` is enabled on the device.
+    pub shader_f16: bool,
+    /// `TIMESTAMP_QUERY` is enabled on the device.
+    pub timestamp_query: bool,
+    /// `TIMESTAMP_QUERY_INSIDE_PASSES` is enabled (per-dispatch profiling).
+    pub timestamp_inside_passes: bool,
+    /// `SUBGROUP` is enabled on the device.
+    pub subgroup: bool,
+    pub max_storage_buffer_binding_size: u64,
+    pub max_buffer_size: u64,
+    pub max_compute_workgroup_storage_size: u32,
+    pub max_compute_invocations_per_workgroup: u32,
+    pub max_compute_workgroups_per_dimension: u32,
+    pub max_storage_buffers_per_shader_stage: u32,
+    pub min_storage_buffer_offset_alignment: u32,
+    pub min_uniform_buffer_offset_alignment: u32,
+    pub max_uniform_buffer_binding_size: u64,
+}
+
+impl Capabilities {
+    /// Reads the capabilities of an existing device.
+    pub fn of_device(device: &wgpu::Device) -> Self {
+        let info = device.adapter_info();
+        let f = device.features();
+        let l = device.limits();
+        Capabilities {
+            adapter_name: info.name,
+            backend: info.backend,
+            device_type: info.device_type,
+            driver: info.driver,
+            driver_info: info.driver_info,
+            shader_f16: f.contains(wgpu::Features::SHADER_F16),
+            timestamp_query: f.contains(wgpu::Features::TIMESTAMP_QUERY),
+            timestamp_inside_passes: f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
+            subgroup: f.contains(wgpu::Features::SUBGROUP),
+            max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
+            max_buffer_size: l.max_buffer_size,
+            max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
+            max_compute_invocations_per_workgroup: l.max_compute_invocations_per_workgroup,
+            max_compute_workgroups_per_dimension: l.max_compute_workgroups_per_dimension,
+            max_storage_buffers_per_shader_stage: l.max_storage_buffers_per_shader_stage,
+            min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
+            min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
+            max_uniform_buffer_binding_size: l.max_uniform_buffer_binding_size,
+        }
+    }
+
+    /// True for software adapters such as lavapipe / llvmpipe.
+    pub fn is_cpu(&self) -> bool {
+        self.device_type == wgpu::DeviceType::Cpu
+    }
+}
+
+/// How to pick an adapter when wgvae creates the device itself.
+#[derive(Clone, Debug, Default)]
+pub enum AdapterChoice {
+    /// Best available: discrete GPU, then integrated, virtual, other, CPU last.
+    /// Honours `WGPU_ADAPTER_NAME` (substring, case-insensitive).
+    #[default]
+    Auto,
+    /// The adapter at this index in [`Context::adapters`]'s list.
+    Index(usize),
+    /// The first adapter whose name contains this (case-insensitive).
+    Name(String),
+}
+
+/// Options for [`Context::new`].
+#[derive(Clone, Debug, Default)]
+pub struct ContextOptions {
+    pub adapter: AdapterChoice,
+    /// Backends to consider; `None` reads `WGPU_BACKEND` or uses all.
+    pub backends: Option<wgpu::Backends>,
+}
+
+/// The engine's handle on a device: device + queue, their capabilities, the
+/// pipeline cache and the memory pool every tensor comes from. Cheap to clone.
+#[derive(Clone)]
+pub struct Context {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    device: wgpu::Device,
+    queue: wgpu::Queue,
+    caps: Capabilities,
+    pipelines: PipelineCache,
+    pool: Arc<dyn MemoryPool>,
+}
+
+impl std::fmt::Debug for Context {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Context")
+            .field("adapter", &self.inner.caps.adapter_name)
+            .field("backend", &self.inner.caps.backend)
+            .field("pool", &self.inner.pool.policy_name())
+            .finish()
+    }
+}
+
+/// Features wgvae uses when the adapter offers them; none is required.
+pub fn optional_features() -> wgpu::Features {
+    wgpu::Features::SHADER_F16
+        | wgpu::Features::TIMESTAMP_QUERY
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
+        | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
+        | wgpu::Features::SUBGROUP
+}
+
+fn backends_from_env() -> wgpu::Backends {
+    wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
+}
+
+fn type_rank(t: wgpu::DeviceType) -> u32 {
+    match t {
+        wgpu::DeviceType::DiscreteGpu => 0,
+        wgpu::DeviceType::IntegratedGpu => 1,
+        wgpu::DeviceType::VirtualGpu => 2,
+        wgpu::DeviceType::Other => 3,
+        wgpu::DeviceType::Cpu => 4,
+    }
+}
+
+fn backend_rank(b: wgpu::Backend) -> u32 {
+    match b {
+        wgpu::Backend::Vulkan => 0,
+        wgpu::Backend::Metal | wgpu::Backend::Dx12 => 1,
+        wgpu::Backend::Gl => 2,
+        _ => 3,
+    }
+}
+
+impl Context {
+    /// Wraps a device the host application already owns. wgvae uses only the
+    /// features and limits the device was created with.
+    pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
+        Self::from_device_with_pool(device, queue, Arc::new(ExactPool::new()))
+    }
+
+    /// Like [`Context::from_device`] with a chosen memory pool.
+    pub fn from_device_with_pool(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        pool: Arc<dyn MemoryPool>,
+    ) -> Self {
+        let caps = Capabilities::of_device(&device);
+        Context {
+            inner: Arc::new(Inner {
+                pipelines: PipelineCache::new(),
+                device,
+                queue,
+                caps,
+                pool,
+            }),
+        }
+    }
+
+    /// A new context sharing device, queue and pipelines but with another pool.
+    pub fn with_pool(&self, pool: Arc<dyn MemoryPool>) -> Self {
+        Context {
+            inner: Arc::new(Inner {
+                device: self.inner.device.clone(),
+                queue: self.inner.queue.clone(),
+                caps: self.inner.caps.clone(),
+                pipelines: self.inner.pipelines.clone(),
+                pool,
+            }),
+        }
+    }
+
+    /// The instance wgvae uses when it creates devices itself.
+    pub fn instance(backends: Option<wgpu::Backends>) -> wgpu::Instance {
+        let mut desc = wgpu::InstanceDescriptor::new_without_display_handle();
+        desc.backends = backends.unwrap_or_else(backends_from_env);
+        // Validation layers only when asked for (WGPU_DEBUG / WGPU_VALIDATION).
+        desc.flags = wgpu::InstanceFlags::empty().with_env();
+        wgpu::Instance::new(desc)
+    }
+
+    /// Every adapter wgpu sees, in the order [`AdapterChoice::Index`] uses.
+    pub fn adapters(backends: Option<wgpu::Backends>) -> Vec<wgpu::Adapter> {
+        let instance = Self::instance(backends);
+        let b = backends.unwrap_or_else(backends_from_env);
+        pollster::block_on(instance.enumerate_adapters(b))
+    }
+
+    /// Picks an adapter following `choice`: GPUs first, a CPU adapter only
+    /// when nothing else exists (logged as a warning).
+    pub fn choose_adapter(options: &ContextOptions) -> Result<wgpu::Adapter> {
+        let mut adapters = Self::adapters(options.backends);
+        let filter = match &options.adapter {
+            AdapterChoice::Name(n) => Some(n.to_lowercase()),
+            AdapterChoice::Auto => std::env::var("WGPU_ADAPTER_NAME").ok().map(|s| s.to_lowercase()),
+            AdapterChoice::Index(_) => None,
+        };
+        if let AdapterChoice::Index(i) = options.adapter {
+            let n = adapters.len();
+            return if i < n {
+                Ok(adapters.swap_remove(i))
+            } else {
+                Err(Error::NoAdapter(format!(" at index {i} (there are {n})")))
+            };
+        }
+        if let Some(f) = &filter {
+            adapters.retain(|a| a.get_info().name.to_lowercase().contains(f.as_str()));
+        }
+        // Only compute-capable adapters: those that can run our storage-buffer kernels.
+        adapters.retain(|a| {
+            a.get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
+        });
+        adapters.sort_by_key(|a| {
+            let i = a.get_info();
+            let f16 = !a.features().contains(wgpu::Features::SHADER_F16) as u32;
+            (type_rank(i.device_type), backend_rank(i.backend), f16)
+        });
+        let adapter = adapters.into_iter().next().ok_or_else(|| {
+            Error::NoAdapter(match &filter {
+                Some(f) => format!(" matching `{f}`"),
+                None => String::new(),
+            })
+        })?;
+        let info = adapter.get_info();
+        if info.device_type == wgpu::DeviceType::Cpu {
+            log::warn!(
+                "no GPU found: falling back to the CPU adapter `{}` ({:?}); expect slow decodes",
+                info.name,
+                info.backend
+            );
+        }
+        Ok(adapter)
+    }
+
+    /// Creates a device on the best adapter (see [`Context::choose_adapter`])
+    /// with the adapter's full limits and every optional feature it offers.
+    pub fn new(options: &ContextOptions) -> Result<Self> {
+        let adapter = Self::choose_adapter(options)?;
+        Self::from_adapter(&adapter)
+    }
+
+    /// Creates a device on a given adapter.
+    pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
+        let features = adapter.features() & optional_features();
+        let desc = wgpu::DeviceDescriptor {
+            label: Some("wgvae"),
+            required_features: features,
+            required_limits: adapter.limits(),
+            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            memory_hints: wgpu::MemoryHints::Performance,
+            trace: wgpu::Trace::Off,
+        };
+        let (device, queue) = pollster::block_on(adapter.request_device(&desc)).map_err(|e| {
+            Error::RequestDevice {
+                adapter: adapter.get_info().name,
+                source: e,
+            }
+        })?;
+        // Errors outside our error scopes must not abort the process.
+        device.on_uncaptured_error(Arc::new(|e| log::error!("uncaptured wgpu error: {e}")));
+        Ok(Self::from_device(device, queue))
+    }
+
+    pub fn device(&self) -> &wgpu::Device {
+        &self.inner.device
+    }
+
+    pub fn queue(&self) -> &wgpu::Queue {
+        &self.inner.queue
+    }
+
+    pub fn caps(&self) -> &Capabilities {
+        &self.inner.caps
+    }
+
+    pub fn pipelines(&self) -> &PipelineCache {
+        &self.inner.pipelines
+    }
+
+    /// The pool every tensor of this context is allocated from.
+    pub fn pool(&self) -> &Arc<dyn MemoryPool> {
+        &self.inner.pool
+    }
+
+    /// Runs `f` inside validation and out-of-memory error scopes and returns
+    /// the first error wgpu reported as an [`Error`], naming `during`.
+    pub fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+        let oom = self.inner.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self.inner.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let out = f();
+        let v = pollster::block_on(val.pop());
+        let o = pollster::block_on(oom.pop());
+        if let Some(e) = o {
+            return Err(Error::from_wgpu(during, e));
+        }
+        if let Some(e) = v {
+            return Err(Error::from_wgpu(during, e));
+        }
+        out
+    }
+
+    /// Blocks until all submitted work is done.
+    pub fn wait_idle(&self) -> Result<()> {
+        self.inner
+            .device
+            .poll(wgpu::PollType::wait_indefinitely())
+            .map(|_| ())
+            .map_err(|e| Error::DeviceLost(e.to_string()))
+    }
+}

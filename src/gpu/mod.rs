@@ -1,0 +1,14 @@
+//! Device side of the engine: the [`Context`] (a host's device or one we
+//! create), the capabilities the engine consults, the pipeline cache and the
+//! [`Recorder`] that records kernels into one command encoder.
+
+mod context;
+mod pipeline;
+mod recorder;
+
+pub use context::{AdapterChoice, Capabilities, Context, ContextOptions};
+pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
+pub use recorder::{linear_groups, read_back, DispatchLabel, Recorder};
+
+#[cfg(test)]
+mod shader_tests;

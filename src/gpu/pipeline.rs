@@ -1,0 +1,250 @@
+//! Shader specialisation and the pipeline cache.
+//!
+//! A kernel is described by a [`KernelSpec`] (its WGSL source, entry point,
+//! bindings and uniform size). A [`PipelineKey`] adds the specialisation
+//! (defines), so each variant compiles exactly once per context.
+//!
+//! Preprocessing is deliberately small: `#ifdef NAME`, `#ifndef NAME`,
+//! `#else`, `#endif` (nestable), and a generated header of `const` and
+//! `alias` declarations for the defines that carry values. That keeps
+//! every `.wgsl` file readable as WGSL.
+
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use crate::error::{Error, Result};
+
+/// What a kernel does with one storage binding. Binding 0 is always the
+/// kernel's uniform parameter block (bound with a dynamic offset); storage
+/// bindings follow at 1, 2, …
+///
+/// Every storage binding is declared `read_write` in the shader and layout,
+/// whatever the kernel does with it: pooled tensors share `wgpu::Buffer`s,
+/// and WebGPU forbids read-only and writable storage use of one buffer in one
+/// dispatch. The kind documents intent (and in-place use).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum BindingKind {
+    /// Only read by the kernel.
+    Read,
+    /// Written by the kernel.
+    ReadWrite,
+}
+
+/// The Rust side of a kernel's contract with its shader.
+#[derive(Clone, Copy, Debug)]
+pub struct KernelSpec {
+    /// Kernel family: the shader file's stem (`conv2d` for `shaders/conv2d.wgsl`).
+    pub family: &'static str,
+    pub source: &'static str,
+    pub entry: &'static str,
+    /// Storage bindings 1.. in order.
+    pub bindings: &'static [BindingKind],
+    /// `size_of` the uniform struct at binding 0 (checked against the shader in tests).
+    pub uniform_size: u64,
+}
+
+/// One define: a flag (for `#ifdef`), a `const` or an `alias`.
+#[derive(Clone, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum Define {
+    Flag(&'static str),
+    Const(&'static str, String),
+    Alias(&'static str, String),
+}
+
+/// Cache key: kernel family, entry point and specialisation.
+#[derive(Clone, Debug, PartialEq, Eq, Hash)]
+pub struct PipelineKey {
+    pub family: &'static str,
+    pub entry: &'static str,
+    pub defines: Vec<Define>,
+}
+
+impl PipelineKey {
+    pub fn new(spec: &KernelSpec) -> Self {
+        PipelineKey {
+            family: spec.family,
+            entry: spec.entry,
+            defines: Vec::new(),
+        }
+    }
+    pub fn flag(mut self, name: &'static str) -> Self {
+        self.defines.push(Define::Flag(name));
+        self
+    }
+    pub fn flag_if(self, cond: bool, name: &'static str) -> Self {
+        if cond {
+            self.flag(name)
+        } else {
+            self
+        }
+    }
+    pub fn constant(mut self, name: &'static str, value: impl ToString) -> Self {
+        self.defines.push(Define::Const(name, value.to_string()));
+        self
+    }
+    pub fn alias(mut self, name: &'static str, ty: impl ToString) -> Self {
+        self.defines.push(Define::Alias(name, ty.to_string()));
+        self
+    }
+    fn is_defined(&self, name: &str) -> bool {
+        self.defines.iter().any(|d| match d {
+            Define::Flag(n) | Define::Const(n, _) | Define::Alias(n, _) => *n == name,
+        })
+    }
+}
+
+/// Expands a WGSL source for a key. `enable f16;` is emitted first when the
+/// `F16` flag is set (WGSL requires enables before any declaration).
+pub fn preprocess(source: &str, key: &PipelineKey) -> Result<String> {
+    let mut out = String::with_capacity(source.len() + 256);
+    if key.is_defined("F16") {
+        out.push_str("enable f16;\n");
+    }
+    for d in &key.defines {
+        match d {
+            Define::Flag(_) => {}
+            Define::Const(n, v) => out.push_str(&format!("const {n} = {v};\n")),
+            Define::Alias(n, v) => out.push_str(&format!("alias {n} = {v};\n")),
+        }
+    }
+    // Stack of (this branch active, any enclosing inactive).
+    let mut stack: Vec<(bool, bool)> = Vec::new();
+    let active = |s: &Vec<(bool, bool)>| s.iter().all(|(a, _)| *a);
+    let err = |line: usize, msg: &str| Error::Shader {
+        name: format!("{}:{}", key.family, line + 1),
+        message: msg.to_string(),
+    };
+    for (i, line) in source.lines().enumerate() {
+        let t = line.trim_start();
+        if let Some(rest) = t.strip_prefix("#ifdef ") {
+            stack.push((key.is_defined(rest.trim()), false));
+        } else if let Some(rest) = t.strip_prefix("#ifndef ") {
+            stack.push((!key.is_defined(rest.trim()), false));
+        } else if t.starts_with("#else") {
+            let top = stack.last_mut().ok_or_else(|| err(i, "#else without #ifdef"))?;
+            if top.1 {
+                return Err(err(i, "two #else in one #ifdef"));
+            }
+            *top = (!top.0, true);
+        } else if t.starts_with("#endif") {
+            stack.pop().ok_or_else(|| err(i, "#endif without #ifdef"))?;
+        } else if t.starts_with('#') {
+            return Err(err(i, "unknown preprocessor directive"));
+        } else if active(&stack) {
+            out.push_str(line);
+            out.push('\n');
+        }
+    }
+    if !stack.is_empty() {
+        return Err(err(source.lines().count(), "unterminated #ifdef"));
+    }
+    Ok(out)
+}
+
+/// A compiled pipeline with its bind group layout.
+#[derive(Debug)]
+pub struct CachedPipeline {
+    pub pipeline: wgpu::ComputePipeline,
+    pub layout: wgpu::BindGroupLayout,
+}
+
+/// Compiles each (kernel, entry, specialisation) once. Cheap to clone (shared).
+#[derive(Clone, Default)]
+pub struct PipelineCache {
+    map: Arc<Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>>,
+}
+
+impl PipelineCache {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Number of compiled pipelines.
+    pub fn len(&self) -> usize {
+        self.map.lock().map(|m| m.len()).unwrap_or(0)
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// The bind group layout of a kernel (see [`BindingKind`] for why every
+    /// storage binding is read-write).
+    pub fn layout_entries(spec: &KernelSpec) -> Vec<wgpu::BindGroupLayoutEntry> {
+        let mut entries = vec![wgpu::BindGroupLayoutEntry {
+            binding: 0,
+            visibility: wgpu::ShaderStages::COMPUTE,
+            ty: wgpu::BindingType::Buffer {
+                ty: wgpu::BufferBindingType::Uniform,
+                has_dynamic_offset: true,
+                min_binding_size: wgpu::BufferSize::new(spec.uniform_size),
+            },
+            count: None,
+        }];
+        for (i, _) in spec.bindings.iter().enumerate() {
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty: wgpu::BindingType::Buffer {
+                    ty: wgpu::BufferBindingType::Storage { read_only: false },
+                    has_dynamic_offset: false,
+                    min_binding_size: None,
+                },
+                count: None,
+            });
+        }
+        entries
+    }
+
+    /// The pipeline for `key`, compiling it on first use.
+    pub fn get(
+        &self,
+        device: &wgpu::Device,
+        spec: &KernelSpec,
+        key: &PipelineKey,
+    ) -> Result<Arc<CachedPipeline>> {
+        if let Some(p) = self.map.lock().expect("pipeline cache poisoned").get(key) {
+            return Ok(p.clone());
+        }
+        let source = preprocess(spec.source, key)?;
+        let label = format!("{}::{}", key.family, key.entry);
+        let oom = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+            label: Some(&label),
+            source: wgpu::ShaderSource::Wgsl(source.into()),
+        });
+        let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
+            label: Some(&label),
+            entries: &Self::layout_entries(spec),
+        });
+        let pipeline_layout = device.create_pipeline_layout(&wgpu::PipelineLayoutDescriptor {
+            label: Some(&label),
+            bind_group_layouts: &[Some(&layout)],
+            immediate_size: 0,
+        });
+        let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
+            label: Some(&label),
+            layout: Some(&pipeline_layout),
+            module: &module,
+            entry_point: Some(key.entry),
+            compilation_options: wgpu::PipelineCompilationOptions {
+                constants: &[],
+                // Our kernels initialise the shared memory they read.
+                zero_initialize_workgroup_memory: false,
+            },
+            cache: None,
+        });
+        if let Some(e) = pollster::block_on(oom.pop()) {
+            return Err(Error::Shader {
+                name: label,
+                message: e.to_string(),
+            });
+        }
+        let cached = Arc::new(CachedPipeline { pipeline, layout });
+        self.map
+            .lock()
+            .expect("pipeline cache poisoned")
+            .insert(key.clone(), cached.clone());
+        Ok(cached)
+    }
+}

@@ -1,0 +1,338 @@
+//! Recording kernels into one command encoder.
+//!
+//! A [`Recorder`] keeps one compute pass open across dispatches (wgpu inserts
+//! the barriers), packs every dispatch's uniform parameters into shared
+//! uniform buffers bound with dynamic offsets, and never submits on its own
+//! unless it owns the encoder.
+
+use bytemuck::Pod;
+
+use crate::error::{Error, Result};
+use crate::gpu::pipeline::{KernelSpec, PipelineKey};
+use crate::gpu::Context;
+use crate::memory::round_up;
+use crate::tensor::Tensor;
+
+const UNIFORM_CHUNK: u64 = 64 * 1024;
+
+/// What a dispatch was, for profiles and error messages.
+#[derive(Clone, Debug)]
+pub struct DispatchLabel {
+    pub family: &'static str,
+    pub entry: &'static str,
+    /// Multiply-accumulates done (for GFLOP/s), 0 when not meaningful.
+    pub macs: u64,
+}
+
+struct UniformChunk {
+    buffer: wgpu::Buffer,
+    data: Vec<u8>,
+}
+
+enum Encoder<'a> {
+    Owned(wgpu::CommandEncoder),
+    Borrowed(&'a mut wgpu::CommandEncoder),
+}
+
+impl Encoder<'_> {
+    fn get(&mut self) -> &mut wgpu::CommandEncoder {
+        match self {
+            Encoder::Owned(e) => e,
+            Encoder::Borrowed(e) => e,
+        }
+    }
+}
+
+/// Records kernels into a command encoder (its own or the host's).
+pub struct Recorder<'a> {
+    ctx: Context,
+    encoder: Encoder<'a>,
+    pass: Option<wgpu::ComputePass<'static>>,
+    uniforms: Vec<UniformChunk>,
+    labels: Vec<DispatchLabel>,
+}
+
+impl<'a> Recorder<'a> {
+    /// A recorder with its own encoder; [`Recorder::submit`] submits it.
+    pub fn new(ctx: &Context) -> Recorder<'static> {
+        let encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgvae") });
+        Recorder {
+            ctx: ctx.clone(),
+            encoder: Encoder::Owned(encoder),
+            pass: None,
+            uniforms: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    /// A recorder that records into the host's encoder; call [`Recorder::finish`]
+    /// before the host submits it.
+    pub fn with_encoder(ctx: &Context, encoder: &'a mut wgpu::CommandEncoder) -> Recorder<'a> {
+        Recorder {
+            ctx: ctx.clone(),
+            encoder: Encoder::Borrowed(encoder),
+            pass: None,
+            uniforms: Vec::new(),
+            labels: Vec::new(),
+        }
+    }
+
+    pub fn ctx(&self) -> &Context {
+        &self.ctx
+    }
+
+    /// Dispatches recorded so far.
+    pub fn labels(&self) -> &[DispatchLabel] {
+        &self.labels
+    }
+
+    fn end_pass(&mut self) {
+        self.pass = None;
+    }
+
+    /// The encoder, with the compute pass closed (for copies and host commands).
+    pub fn encoder(&mut self) -> &mut wgpu::CommandEncoder {
+        self.end_pass();
+        self.encoder.get()
+    }
+
+    fn push_uniform(&mut self, bytes: &[u8]) -> (usize, u32) {
+        let align = self.ctx.caps().min_uniform_buffer_offset_alignment as u64;
+        let need = round_up(bytes.len() as u64, align);
+        let fits = self
+            .uniforms
+            .last()
+            .is_some_and(|c| round_up(c.data.len() as u64, align) + need <= UNIFORM_CHUNK);
+        if !fits {
+            let buffer = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgvae uniforms"),
+                size: UNIFORM_CHUNK,
+                usage: wgpu::BufferUsages::UNIFORM,
+                mapped_at_creation: true,
+            });
+            self.uniforms.push(UniformChunk {
+                buffer,
+                data: Vec::new(),
+            });
+        }
+        let i = self.uniforms.len() - 1;
+        let chunk = &mut self.uniforms[i];
+        let offset = round_up(chunk.data.len() as u64, align) as usize;
+        chunk.data.resize(offset, 0);
+        chunk.data.extend_from_slice(bytes);
+        (i, offset as u32)
+    }
+
+    /// Records one dispatch of `spec` specialised by `key`.
+    ///
+    /// `tensors` bind at 1, 2, … in the order of `spec.bindings`.
+    pub fn dispatch<P: Pod>(
+        &mut self,
+        spec: &KernelSpec,
+        key: &PipelineKey,
+        params: &P,
+        tensors: &[&Tensor],
+        groups: [u32; 3],
+        macs: u64,
+    ) -> Result<()> {
+        debug_assert_eq!(
+            std::mem::size_of::<P>() as u64,
+            spec.uniform_size,
+            "{}: uniform struct size differs from its KernelSpec",
+            spec.family
+        );
+        if tensors.len() != spec.bindings.len() {
+            return Err(Error::Unsupported(format!(
+                "{}::{} takes {} buffers, got {}",
+                spec.family,
+                spec.entry,
+                spec.bindings.len(),
+                tensors.len()
+            )));
+        }
+        let caps = self.ctx.caps();
+        for t in tensors {
+            if t.byte_size() > caps.max_storage_buffer_binding_size {
+                return Err(Error::BindingTooLarge {
+                    what: format!("a {:?} tensor in {}", t.shape(), spec.family),
+                    bytes: t.byte_size(),
+                    limit: caps.max_storage_buffer_binding_size,
+                });
+            }
+        }
+        if let Some(&g) = groups.iter().find(|&&g| g > caps.max_compute_workgroups_per_dimension) {
+            return Err(Error::DispatchTooLarge {
+                what: format!("{}::{}", spec.family, spec.entry),
+                groups: g as u64,
+                limit: caps.max_compute_workgroups_per_dimension,
+            });
+        }
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        let pipeline = self.ctx.pipelines().get(self.ctx.device(), spec, key)?;
+        let (chunk, offset) = self.push_uniform(bytemuck::bytes_of(params));
+        let mut entries = vec![wgpu::BindGroupEntry {
+            binding: 0,
+            resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
+                buffer: &self.uniforms[chunk].buffer,
+                offset: 0,
+                size: wgpu::BufferSize::new(spec.uniform_size),
+            }),
+        }];
+        for (i, t) in tensors.iter().enumerate() {
+            entries.push(wgpu::BindGroupEntry {
+                binding: i as u32 + 1,
+                resource: wgpu::BindingResource::Buffer(t.binding()),
+            });
+        }
+        let bind_group = self.ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
+            label: Some(spec.family),
+            layout: &pipeline.layout,
+            entries: &entries,
+        });
+        if self.pass.is_none() {
+            let pass = self
+                .encoder
+                .get()
+                .begin_compute_pass(&wgpu::ComputePassDescriptor {
+                    label: Some("wgvae"),
+                    timestamp_writes: None,
+                })
+                .forget_lifetime();
+            self.pass = Some(pass);
+        }
+        let pass = self.pass.as_mut().expect("pass just opened");
+        pass.set_pipeline(&pipeline.pipeline);
+        pass.set_bind_group(0, &bind_group, &[offset]);
+        pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        self.labels.push(DispatchLabel {
+            family: spec.family,
+            entry: spec.entry,
+            macs,
+        });
+        Ok(())
+    }
+
+    /// Copies `src` into `dst` (same byte size).
+    pub fn copy(&mut self, src: &Tensor, dst: &Tensor) -> Result<()> {
+        if src.byte_size() != dst.byte_size() {
+            return Err(Error::shape(
+                "copy",
+                format!("{:?} into {:?}", src.shape(), dst.shape()),
+            ));
+        }
+        let (s, d) = (src.block(), dst.block());
+        let n = src.byte_size();
+        self.encoder()
+            .copy_buffer_to_buffer(&s.buffer, s.offset, &d.buffer, d.offset, n);
+        Ok(())
+    }
+
+    /// Closes the pass and makes the uniform data visible. The encoder's
+    /// commands are complete afterwards; the host may submit it.
+    pub fn finish(mut self) -> Vec<DispatchLabel> {
+        self.close();
+        std::mem::take(&mut self.labels)
+    }
+
+    fn close(&mut self) {
+        self.end_pass();
+        for c in self.uniforms.drain(..) {
+            if !c.data.is_empty() {
+                // Mapped at creation and never unmapped before: cannot fail.
+                if let Ok(mut view) = c.buffer.slice(..c.data.len() as u64).get_mapped_range_mut() {
+                    view.copy_from_slice(&c.data);
+                }
+            }
+            c.buffer.unmap();
+        }
+    }
+
+    /// Finishes and submits an owned encoder, reporting validation errors.
+    pub fn submit(mut self) -> Result<Vec<DispatchLabel>> {
+        self.close();
+        let labels = std::mem::take(&mut self.labels);
+        let Recorder { ctx, encoder, .. } = self;
+        let Encoder::Owned(encoder) = encoder else {
+            return Err(Error::Unsupported(
+                "submit() on a recorder that borrows the host's encoder; call finish() and let the host submit".into(),
+            ));
+        };
+        ctx.scoped("submitting decode commands", || {
+            ctx.queue().submit([encoder.finish()]);
+            Ok(())
+        })?;
+        Ok(labels)
+    }
+}
+
+/// Splits `total` workgroups over x and y so neither exceeds the device limit.
+/// Shaders recover the linear index as `wg.x + wg.y * num_workgroups.x`.
+pub fn linear_groups(ctx: &Context, total: u64) -> Result<[u32; 3]> {
+    let max = ctx.caps().max_compute_workgroups_per_dimension as u64;
+    if total <= max {
+        return Ok([total as u32, 1, 1]);
+    }
+    let y = total.div_ceil(max);
+    if y > max {
+        return Err(Error::DispatchTooLarge {
+            what: "a 1-D dispatch".into(),
+            groups: total,
+            limit: max as u32,
+        });
+    }
+    Ok([total.div_ceil(y) as u32, y as u32, 1])
+}
+
+/// Reads tensors back to the host (one submit, one wait).
+pub fn read_back(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<Vec<u8>>> {
+    let sizes: Vec<u64> = tensors.iter().map(|t| t.byte_size()).collect();
+    let mut offsets = Vec::with_capacity(sizes.len());
+    let mut total = 0u64;
+    for s in &sizes {
+        offsets.push(total);
+        total += round_up(*s, 256);
+    }
+    let staging = ctx.scoped("allocating a readback buffer", || {
+        Ok(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgvae readback"),
+            size: total.max(4),
+            usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        }))
+    })?;
+    let mut encoder = ctx
+        .device()
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+    for (t, off) in tensors.iter().zip(&offsets) {
+        let b = t.block();
+        encoder.copy_buffer_to_buffer(&b.buffer, b.offset, &staging, *off, t.byte_size());
+    }
+    ctx.scoped("reading back", || {
+        ctx.queue().submit([encoder.finish()]);
+        Ok(())
+    })?;
+    let (tx, rx) = std::sync::mpsc::channel();
+    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+        let _ = tx.send(r);
+    });
+    ctx.wait_idle()?;
+    rx.recv()
+        .map_err(|e| Error::Readback(e.to_string()))?
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    let data = staging
+        .slice(..)
+        .get_mapped_range()
+        .map_err(|e| Error::Readback(e.to_string()))?;
+    let out = tensors
+        .iter()
+        .zip(&offsets)
+        .map(|(t, off)| data[*off as usize..(*off + t.byte_size()) as usize].to_vec())
+        .collect();
+    drop(data);
+    staging.unmap();
+    Ok(out)
+}

@@ -1,0 +1,104 @@
+use std::sync::Mutex;
+
+use super::{round_up, Block, MemoryPool, MemoryStats, POOL_BUFFER_USAGE};
+use crate::error::{Error, Result};
+
+/// One device buffer per tensor, destroyed when the tensor drops:
+/// reserved == allocated at every moment. The reference policy.
+#[derive(Default)]
+pub struct ExactPool {
+    state: Mutex<(MemoryStats, u64)>,
+}
+
+impl ExactPool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+}
+
+impl MemoryPool for ExactPool {
+    fn policy_name(&self) -> &'static str {
+        "exact"
+    }
+
+    fn allocate(&self, device: &wgpu::Device, bytes: u64, _align: u64, label: &str) -> Result<Block> {
+        // wgpu needs sizes that are multiples of 4 for copies; never zero-sized.
+        let size = round_up(bytes.max(4), 4);
+        let limit = device.limits().max_buffer_size;
+        if size > limit {
+            let mut s = self.state.lock().expect("pool poisoned");
+            s.0.num_ooms += 1;
+            return Err(Error::BufferTooLarge {
+                what: label.to_string(),
+                bytes: size,
+                limit,
+            });
+        }
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: POOL_BUFFER_USAGE,
+            mapped_at_creation: false,
+        });
+        if let Some(e) = pollster::block_on(oom.pop()) {
+            self.state.lock().expect("pool poisoned").0.num_ooms += 1;
+            return Err(Error::from_wgpu(&format!("allocating {label} ({size} bytes)"), e));
+        }
+        let mut s = self.state.lock().expect("pool poisoned");
+        s.1 += 1;
+        let id = s.1;
+        let st = &mut s.0;
+        st.num_allocs += 1;
+        st.num_device_alloc += 1;
+        st.allocated_bytes.add(size);
+        st.active_bytes.add(size);
+        st.reserved_bytes.add(size);
+        st.requested_bytes.add(bytes);
+        st.allocation.add(1);
+        st.segment.add(1);
+        Ok(Block {
+            buffer,
+            offset: 0,
+            size,
+            requested: bytes,
+            id,
+        })
+    }
+
+    fn release(&self, block: &Block) {
+        // Dropping (not destroying) the handle: commands recorded but not yet
+        // submitted may still use it, and wgpu frees it when they complete.
+        let mut s = self.state.lock().expect("pool poisoned");
+        let st = &mut s.0;
+        st.num_device_free += 1;
+        st.allocated_bytes.sub(block.size);
+        st.active_bytes.sub(block.size);
+        st.reserved_bytes.sub(block.size);
+        st.requested_bytes.sub(block.requested);
+        st.allocation.sub(1);
+        st.segment.sub(1);
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.state.lock().expect("pool poisoned").0.clone()
+    }
+
+    fn reset_peak_stats(&self) {
+        let mut s = self.state.lock().expect("pool poisoned");
+        let st = &mut s.0;
+        for x in [
+            &mut st.allocated_bytes,
+            &mut st.reserved_bytes,
+            &mut st.active_bytes,
+            &mut st.inactive_split_bytes,
+            &mut st.requested_bytes,
+            &mut st.allocation,
+            &mut st.segment,
+        ] {
+            x.reset_peak();
+        }
+    }
+
+    fn empty_cache(&self) {}
+}

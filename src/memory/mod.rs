@@ -1,0 +1,56 @@
+//! The memory pool every tensor buffer comes from, and its statistics.
+//!
+//! A [`MemoryPool`] hands out [`Block`]s: an aligned byte range inside a
+//! `wgpu::Buffer` it owns. It knows at every moment how many bytes are
+//! *allocated* (held by live tensors) and how many are *reserved* (device
+//! buffers it holds), like PyTorch's caching allocator. Policies differ only in
+//! how blocks map onto device buffers; kernels never see the difference.
+
+mod exact;
+mod stats;
+
+pub use exact::ExactPool;
+pub use stats::{MemoryStats, Stat};
+
+use crate::error::Result;
+
+/// Usage flags of every pool buffer: bound as storage, copied to and from.
+pub const POOL_BUFFER_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+    .union(wgpu::BufferUsages::COPY_SRC)
+    .union(wgpu::BufferUsages::COPY_DST);
+
+/// A byte range handed out by a pool.
+#[derive(Clone, Debug)]
+pub struct Block {
+    /// The device buffer (a whole segment for sub-allocating pools).
+    pub buffer: wgpu::Buffer,
+    /// Byte offset in `buffer`, a multiple of the storage offset alignment.
+    pub offset: u64,
+    /// Bytes reserved for this block (rounded as the policy rounds).
+    pub size: u64,
+    /// Bytes the caller asked for.
+    pub requested: u64,
+    /// Pool-unique id.
+    pub id: u64,
+}
+
+/// A buffer allocator with allocated-vs-reserved accounting.
+pub trait MemoryPool: Send + Sync {
+    /// `exact`, `caching` or `planned`.
+    fn policy_name(&self) -> &'static str;
+    /// A block of at least `bytes` bytes, offset aligned to `align`.
+    fn allocate(&self, device: &wgpu::Device, bytes: u64, align: u64, label: &str) -> Result<Block>;
+    /// Returns a block; called once, when the last tensor using it drops.
+    fn release(&self, block: &Block);
+    /// Current statistics.
+    fn stats(&self) -> MemoryStats;
+    /// Resets peak figures to the current ones.
+    fn reset_peak_stats(&self);
+    /// Returns every cached, unused device buffer to the device.
+    fn empty_cache(&self);
+}
+
+/// Rounds `x` up to a multiple of `to` (a power of two or any positive number).
+pub fn round_up(x: u64, to: u64) -> u64 {
+    x.div_ceil(to) * to
+}

@@ -1,0 +1,51 @@
+use serde::Serialize;
+
+/// A statistic with its current value and its peak since the last reset.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct Stat {
+    pub current: u64,
+    pub peak: u64,
+}
+
+impl Stat {
+    pub fn add(&mut self, n: u64) {
+        self.current += n;
+        self.peak = self.peak.max(self.current);
+    }
+    pub fn sub(&mut self, n: u64) {
+        debug_assert!(self.current >= n, "memory stat underflow");
+        self.current = self.current.saturating_sub(n);
+    }
+    pub fn reset_peak(&mut self) {
+        self.peak = self.current;
+    }
+}
+
+/// Pool statistics, named after `torch.cuda.memory_stats` where a counterpart exists.
+#[derive(Clone, Debug, Default, PartialEq, Eq, Serialize)]
+pub struct MemoryStats {
+    /// Bytes in blocks held by live tensors (after the policy's rounding).
+    pub allocated_bytes: Stat,
+    /// Bytes of device buffers the pool holds.
+    pub reserved_bytes: Stat,
+    /// Bytes in active blocks (equal to allocated for our policies).
+    pub active_bytes: Stat,
+    /// Free bytes inside segments that also hold live blocks (fragmentation).
+    pub inactive_split_bytes: Stat,
+    /// Bytes the callers asked for, before rounding.
+    pub requested_bytes: Stat,
+    /// Number of allocation requests served.
+    pub num_allocs: u64,
+    /// Number of live blocks.
+    pub allocation: Stat,
+    /// Number of device buffers (segments) held.
+    pub segment: Stat,
+    /// Device buffers created.
+    pub num_device_alloc: u64,
+    /// Device buffers destroyed.
+    pub num_device_free: u64,
+    /// Allocations retried after freeing the cache.
+    pub num_alloc_retries: u64,
+    /// Allocations that failed for lack of memory.
+    pub num_ooms: u64,
+}

@@ -1,0 +1,182 @@
+//! Device tensors: a shape, a dtype and a block from the context's pool.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gpu::Context;
+use crate::memory::{Block, MemoryPool};
+
+/// Element type of a tensor's storage. Arithmetic is always f32.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum DType {
+    F32,
+    F16,
+    BF16,
+    /// Four u8 channels packed in a u32 (RGBA8 images).
+    Rgba8,
+}
+
+impl DType {
+    /// Storage bytes per element (per pixel for `Rgba8`).
+    pub fn size(self) -> u64 {
+        match self {
+            DType::F32 | DType::Rgba8 => 4,
+            DType::F16 | DType::BF16 => 2,
+        }
+    }
+    pub fn name(self) -> &'static str {
+        match self {
+            DType::F32 => "f32",
+            DType::F16 => "f16",
+            DType::BF16 => "bf16",
+            DType::Rgba8 => "rgba8",
+        }
+    }
+}
+
+/// A block of pool memory; returned to the pool when the last tensor using it drops.
+pub struct Storage {
+    block: Block,
+    pool: Arc<dyn MemoryPool>,
+}
+
+impl Drop for Storage {
+    fn drop(&mut self) {
+        self.pool.release(&self.block);
+    }
+}
+
+/// A tensor on the device. Cloning shares the storage.
+#[derive(Clone)]
+pub struct Tensor {
+    shape: Vec<usize>,
+    dtype: DType,
+    storage: Arc<Storage>,
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({:?}, {})", self.shape, self.dtype.name())
+    }
+}
+
+/// Number of elements of a shape.
+pub fn numel(shape: &[usize]) -> usize {
+    shape.iter().product()
+}
+
+impl Tensor {
+    /// Allocates an uninitialised tensor from the context's pool.
+    pub fn empty(ctx: &Context, shape: &[usize], dtype: DType, label: &str) -> Result<Tensor> {
+        let bytes = Self::bytes_for(shape, dtype);
+        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
+        let pool = ctx.pool().clone();
+        let block = pool.allocate(ctx.device(), bytes, align, label)?;
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype,
+            storage: Arc::new(Storage { block, pool }),
+        })
+    }
+
+    /// Storage bytes of a shape in a dtype (f16/bf16 rounded up to whole u32 words).
+    pub fn bytes_for(shape: &[usize], dtype: DType) -> u64 {
+        let n = numel(shape) as u64 * dtype.size();
+        n.div_ceil(4) * 4
+    }
+
+    /// Uploads f32 data as a new f32 tensor.
+    pub fn from_f32(ctx: &Context, shape: &[usize], data: &[f32], label: &str) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            return Err(Error::shape(
+                "Tensor::from_f32",
+                format!("{} values for shape {shape:?}", data.len()),
+            ));
+        }
+        let t = Tensor::empty(ctx, shape, DType::F32, label)?;
+        t.write_bytes(ctx, bytemuck::cast_slice(data));
+        Ok(t)
+    }
+
+    /// Overwrites the tensor's bytes with a queue write (lands before the next submit).
+    pub fn write_bytes(&self, ctx: &Context, bytes: &[u8]) {
+        let b = &self.storage.block;
+        let n = bytes.len() as u64;
+        if n % 4 == 0 {
+            ctx.queue().write_buffer(&b.buffer, b.offset, bytes);
+        } else {
+            let mut padded = bytes.to_vec();
+            padded.resize(n.div_ceil(4) as usize * 4, 0);
+            ctx.queue().write_buffer(&b.buffer, b.offset, &padded);
+        }
+    }
+
+    pub fn shape(&self) -> &[usize] {
+        &self.shape
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+    pub fn numel(&self) -> usize {
+        numel(&self.shape)
+    }
+    /// Bytes of the data (not of the pool block, which may be larger).
+    pub fn byte_size(&self) -> u64 {
+        Self::bytes_for(&self.shape, self.dtype)
+    }
+    pub fn block(&self) -> &Block {
+        &self.storage.block
+    }
+
+    /// The binding of this tensor's bytes.
+    pub fn binding(&self) -> wgpu::BufferBinding<'_> {
+        let b = &self.storage.block;
+        wgpu::BufferBinding {
+            buffer: &b.buffer,
+            offset: b.offset,
+            size: wgpu::BufferSize::new(self.byte_size()),
+        }
+    }
+
+    /// Same storage, another shape with the same element count.
+    pub fn reshape(&self, shape: &[usize]) -> Result<Tensor> {
+        if numel(shape) != self.numel() {
+            return Err(Error::shape(
+                "reshape",
+                format!("{:?} to {shape:?} changes the element count", self.shape),
+            ));
+        }
+        Ok(Tensor {
+            shape: shape.to_vec(),
+            dtype: self.dtype,
+            storage: self.storage.clone(),
+        })
+    }
+
+    /// Reads the tensor back as f32 (blocking). For tests, tools and final outputs.
+    pub fn to_f32(&self, ctx: &Context) -> Result<Vec<f32>> {
+        let bytes = crate::gpu::read_back(ctx, &[self])?.pop().unwrap_or_default();
+        Ok(match self.dtype {
+            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)
+                .into_iter()
+                .take(self.numel())
+                .map(f32::from)
+                .collect(),
+            DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(&bytes)
+                .into_iter()
+                .take(self.numel())
+                .map(f32::from)
+                .collect(),
+            DType::Rgba8 => {
+                return Err(Error::Unsupported("to_f32 on an rgba8 tensor; use to_bytes".into()))
+            }
+        })
+    }
+
+    /// Reads the tensor's raw bytes back (blocking).
+    pub fn to_bytes(&self, ctx: &Context) -> Result<Vec<u8>> {
+        Ok(crate::gpu::read_back(ctx, &[self])?.pop().unwrap_or_default())
+    }
+}

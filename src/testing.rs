@@ -1,0 +1,68 @@
+//! Helpers shared by unit tests, integration tests and benches.
+#![doc(hidden)]
+
+use std::sync::OnceLock;
+
+use crate::gpu::{Context, ContextOptions};
+
+/// One device per test process (tests share it; pools can be swapped per test).
+/// Panics with a clear message when no adapter exists: CI installs lavapipe.
+pub fn test_context() -> Context {
+    static CTX: OnceLock<Context> = OnceLock::new();
+    CTX.get_or_init(|| {
+        Context::new(&ContextOptions::default()).unwrap_or_else(|e| {
+            panic!("GPU tests need an adapter (install mesa-vulkan-drivers for lavapipe): {e}")
+        })
+    })
+    .clone()
+}
+
+/// Deterministic pseudo-random values in [-scale, scale] (xorshift64*).
+pub fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
+    let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;
+    (0..n)
+        .map(|_| {
+            s ^= s >> 12;
+            s ^= s << 25;
+            s ^= s >> 27;
+            let r = (s.wrapping_mul(0x2545_F491_4F6C_DD1D) >> 40) as f32 / (1u64 << 24) as f32;
+            (r * 2.0 - 1.0) * scale
+        })
+        .collect()
+}
+
+/// Largest |a - b| and the index where it occurs.
+pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    let mut worst = (0.0f32, 0usize);
+    for (i, (x, y)) in a.iter().zip(b).enumerate() {
+        let d = (x - y).abs();
+        if d > worst.0 || d.is_nan() {
+            worst = (if d.is_nan() { f32::INFINITY } else { d }, i);
+        }
+    }
+    worst
+}
+
+/// Asserts `|got - want| <= atol + rtol * |want|` everywhere.
+pub fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str) {
+    assert_eq!(got.len(), want.len(), "{what}: length");
+    for (i, (g, w)) in got.iter().zip(want).enumerate() {
+        let tol = atol + rtol * w.abs();
+        assert!(
+            (g - w).abs() <= tol,
+            "{what}: element {i}: got {g}, want {w} (tolerance {tol}; max abs diff {:?})",
+            max_abs_diff(got, want)
+        );
+    }
+}
+
+/// `../shared` beside the project root, or `None` (tests then skip, saying so).
+pub fn shared_dir() -> Option<std::path::PathBuf> {
+    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
+    if p.join("README.md").exists() {
+        Some(p)
+    } else {
+        eprintln!("SKIPPED: ../shared (golden data and weights) is not beside the project root");
+        None
+    }
+}
