@@ -1,8 +1,39 @@
 //! The Rust side of each WGSL kernel family: its [`KernelSpec`](crate::gpu::KernelSpec),
 //! uniform struct, dispatch geometry and a CPU reference used by tests.
-//! Kernels never allocate: callers pass output tensors from the pool.
+//! Kernels never allocate: callers pass output (and scratch) tensors from the pool.
+//!
+//! Layout convention: activations are NCHW, contiguous.
 
 pub mod elementwise;
+
+/// An activation applied inside a kernel (fused), never materialised.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Activation {
+    #[default]
+    None,
+    Silu,
+    Relu,
+}
+
+impl Activation {
+    /// The `ACT` constant shaders switch on: 0 none, 1 SiLU, 2 ReLU.
+    pub fn code(self) -> u32 {
+        match self {
+            Activation::None => 0,
+            Activation::Silu => 1,
+            Activation::Relu => 2,
+        }
+    }
+
+    /// CPU reference.
+    pub fn apply(self, v: f32) -> f32 {
+        match self {
+            Activation::None => v,
+            Activation::Silu => v / (1.0 + (-v).exp()),
+            Activation::Relu => v.max(0.0),
+        }
+    }
+}
 
 /// Every kernel spec with every specialisation the engine can request,
 /// for the shader-validation and contract tests.
