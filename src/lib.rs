@@ -6,6 +6,7 @@
 
 pub mod error;
 pub mod gpu;
+pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod tensor;

@@ -1,0 +1,340 @@
+//! Files in and out: latents (`.npy`, `.safetensors`), raw outputs (`.npy`)
+//! and images (PNG). Every malformed input is an [`Error`] naming the file
+//! and what was expected.
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// A host tensor of f32 values in C order.
+#[derive(Clone, Debug, PartialEq)]
+pub struct HostTensor {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+impl HostTensor {
+    pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
+        let n: usize = shape.iter().product();
+        if n != data.len() {
+            return Err(Error::InvalidInput(format!(
+                "{} values do not fill shape {shape:?}",
+                data.len()
+            )));
+        }
+        Ok(HostTensor { shape, data })
+    }
+}
+
+fn bad(path: &Path, message: impl Into<String>) -> Error {
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+fn read(path: &Path) -> Result<Vec<u8>> {
+    std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+/// Reads a `.npy` array (f32, f16, f64; C order) as f32.
+pub fn read_npy(path: &Path) -> Result<HostTensor> {
+    let bytes = read(path)?;
+    if bytes.is_empty() {
+        return Err(bad(path, "the file is empty; expected a .npy array"));
+    }
+    let npy = npyz::NpyFile::new(&bytes[..])
+        .map_err(|e| bad(path, format!("not a valid .npy file: {e}")))?;
+    if npy.order() != npyz::Order::C {
+        return Err(bad(
+            path,
+            "Fortran-ordered arrays are not supported; save with C order (np.ascontiguousarray)",
+        ));
+    }
+    let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
+    let type_str = npy.dtype().descr().trim_matches('\'').to_string();
+    let data: Vec<f32> = match type_str.trim_start_matches(['<', '>', '|', '=']) {
+        "f4" => npy
+            .into_vec::<f32>()
+            .map_err(|e| bad(path, e.to_string()))?,
+        "f2" => npy
+            .into_vec::<half::f16>()
+            .map_err(|e| bad(path, e.to_string()))?
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        "f8" => npy
+            .into_vec::<f64>()
+            .map_err(|e| bad(path, e.to_string()))?
+            .into_iter()
+            .map(|v| v as f32)
+            .collect(),
+        other => {
+            return Err(bad(
+                path,
+                format!("dtype `{other}` is not supported; expected float32 or float16"),
+            ))
+        }
+    };
+    HostTensor::new(shape, data).map_err(|e| bad(path, e.to_string()))
+}
+
+/// Writes f32 values as a `.npy` array.
+pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
+    let io_err = |source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    };
+    let file = std::fs::File::create(path).map_err(io_err)?;
+    use npyz::WriterBuilder;
+    let mut w = npyz::WriteOptions::<f32>::new()
+        .default_dtype()
+        .shape(&shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
+        .writer(std::io::BufWriter::new(file))
+        .begin_nd()
+        .map_err(io_err)?;
+    w.extend(data.iter().copied()).map_err(io_err)?;
+    w.finish().map_err(io_err)
+}
+
+/// Converts one safetensors tensor view to f32.
+pub fn view_to_f32(
+    view: &safetensors::tensor::TensorView<'_>,
+) -> std::result::Result<Vec<f32>, String> {
+    use safetensors::Dtype;
+    let b = view.data();
+    Ok(match view.dtype() {
+        Dtype::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
+        Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(b)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(b)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        Dtype::F64 => bytemuck::pod_collect_to_vec::<u8, f64>(b)
+            .into_iter()
+            .map(|v| v as f32)
+            .collect(),
+        d => {
+            return Err(format!(
+                "dtype {d:?} is not supported; expected F32, F16 or BF16"
+            ))
+        }
+    })
+}
+
+/// Reads one tensor from a `.safetensors` file: `key`, or the only tensor.
+pub fn read_safetensors_tensor(path: &Path, key: Option<&str>) -> Result<HostTensor> {
+    let bytes = read(path)?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
+    let names = st.names();
+    let name = match key {
+        Some(k) => k.to_string(),
+        None if names.len() == 1 => names[0].to_string(),
+        None if names.is_empty() => return Err(bad(path, "the file holds no tensor")),
+        None => {
+            let mut n: Vec<&str> = names.clone();
+            n.sort();
+            return Err(bad(
+                path,
+                format!(
+                    "the file holds {} tensors ({}); choose one with --key NAME",
+                    n.len(),
+                    n.join(", ")
+                ),
+            ));
+        }
+    };
+    let view = st.tensor(&name).map_err(|_| {
+        bad(
+            path,
+            format!("no tensor named `{name}` (has: {})", names.join(", ")),
+        )
+    })?;
+    let data = view_to_f32(&view).map_err(|m| bad(path, m))?;
+    HostTensor::new(view.shape().to_vec(), data).map_err(|e| bad(path, e.to_string()))
+}
+
+/// Reads latents from `.npy` or `.safetensors` and checks them: rank 3 or 4
+/// (C×h×w becomes 1×C×h×w), the expected channel count, finite values.
+pub fn load_latents(path: &Path, key: Option<&str>, channels: usize) -> Result<HostTensor> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_lowercase();
+    let mut t = match ext.as_str() {
+        "npy" => read_npy(path)?,
+        "safetensors" => read_safetensors_tensor(path, key)?,
+        _ => {
+            return Err(bad(
+                path,
+                "unknown latent file type; expected .npy or .safetensors",
+            ))
+        }
+    };
+    validate_latents(&mut t, channels).map_err(|m| bad(path, m))?;
+    Ok(t)
+}
+
+/// Shape and value checks for latents (N×C×h×w after this).
+pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Result<(), String> {
+    match t.shape.len() {
+        3 => t.shape.insert(0, 1),
+        4 => {}
+        r => {
+            return Err(format!(
+                "latents have rank {r} (shape {:?}); expected N×C×h×w or C×h×w",
+                t.shape
+            ))
+        }
+    }
+    if t.data.is_empty() {
+        return Err(format!("latents are empty (shape {:?})", t.shape));
+    }
+    if t.shape[1] != channels {
+        return Err(format!(
+            "latents have {} channels (shape {:?}) but this VAE expects {channels}",
+            t.shape[1], t.shape
+        ));
+    }
+    if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+        let bad = t.data.iter().filter(|v| !v.is_finite()).count();
+        return Err(format!(
+            "latents contain {bad} non-finite values (first at flat index {i}: {}); the diffusion step upstream probably diverged",
+            t.data[i]
+        ));
+    }
+    Ok(())
+}
+
+/// Output file names for a batch: `out.png` for one image, `out_0.png`, `out_1.png`, … otherwise.
+pub fn batch_paths(out: &Path, n: usize) -> Vec<PathBuf> {
+    if n == 1 {
+        return vec![out.to_path_buf()];
+    }
+    let stem = out.file_stem().and_then(|s| s.to_str()).unwrap_or("out");
+    let ext = out.extension().and_then(|s| s.to_str()).unwrap_or("png");
+    (0..n)
+        .map(|i| out.with_file_name(format!("{stem}_{i}.{ext}")))
+        .collect()
+}
+
+/// Writes packed RGBA8 pixels (R in the low byte) as an RGB PNG.
+pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> Result<()> {
+    let rgb: Vec<u8> = rgba
+        .chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect();
+    image::save_buffer(
+        path,
+        &rgb,
+        width as u32,
+        height as u32,
+        image::ExtendedColorType::Rgb8,
+    )
+    .map_err(|e| bad(path, format!("could not write PNG: {e}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tmp(name: &str) -> PathBuf {
+        let d = std::env::temp_dir().join(format!("wgvae-io-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d.join(name)
+    }
+
+    #[test]
+    fn npy_round_trip_and_rank3_promotion() {
+        let p = tmp("a.npy");
+        let data: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
+        write_npy(&p, &[4, 2, 3], &data).unwrap();
+        let t = load_latents(&p, None, 4).unwrap();
+        assert_eq!(t.shape, vec![1, 4, 2, 3]);
+        assert_eq!(t.data, data);
+    }
+
+    #[test]
+    fn bad_latents_are_clear_errors() {
+        let p = tmp("c.npy");
+        write_npy(&p, &[1, 3, 2, 2], &[0.0; 12]).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(e.contains("3 channels") && e.contains("expects 4"), "{e}");
+
+        write_npy(&p, &[4, 4], &[0.0; 16]).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(e.contains("rank 2"), "{e}");
+
+        let mut v = vec![0.0; 16];
+        v[5] = f32::NAN;
+        write_npy(&p, &[1, 4, 2, 2], &v).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(e.contains("non-finite") && e.contains("index 5"), "{e}");
+
+        write_npy(&p, &[1, 4, 0, 2], &[]).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+
+        let empty = tmp("e.npy");
+        std::fs::write(&empty, b"").unwrap();
+        let e = load_latents(&empty, None, 4).unwrap_err().to_string();
+        assert!(e.contains("empty"), "{e}");
+
+        let junk = tmp("j.safetensors");
+        std::fs::write(&junk, b"not a safetensors file at all").unwrap();
+        let e = load_latents(&junk, None, 4).unwrap_err().to_string();
+        assert!(e.contains("safetensors"), "{e}");
+
+        let other = tmp("x.txt");
+        std::fs::write(&other, b"1 2 3").unwrap();
+        assert!(load_latents(&other, None, 4)
+            .unwrap_err()
+            .to_string()
+            .contains(".npy or .safetensors"));
+        assert!(matches!(
+            load_latents(&tmp("missing.npy"), None, 4),
+            Err(Error::Io { .. })
+        ));
+    }
+
+    #[test]
+    fn safetensors_needs_a_key_when_ambiguous() {
+        use safetensors::tensor::TensorView;
+        let p = tmp("two.safetensors");
+        let a: Vec<u8> = bytemuck::cast_slice(&[1.0f32; 16]).to_vec();
+        let b: Vec<u8> = bytemuck::cast_slice(&[2.0f32; 16]).to_vec();
+        let views = vec![
+            (
+                "a",
+                TensorView::new(safetensors::Dtype::F32, vec![1, 4, 2, 2], &a).unwrap(),
+            ),
+            (
+                "b",
+                TensorView::new(safetensors::Dtype::F32, vec![1, 4, 2, 2], &b).unwrap(),
+            ),
+        ];
+        safetensors::serialize_to_file(views, None, &p).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(e.contains("--key"), "{e}");
+        assert_eq!(load_latents(&p, Some("b"), 4).unwrap().data, vec![2.0; 16]);
+        assert!(load_latents(&p, Some("c"), 4)
+            .unwrap_err()
+            .to_string()
+            .contains("no tensor named `c`"));
+    }
+
+    #[test]
+    fn batch_names() {
+        let p = Path::new("/x/out.png");
+        assert_eq!(batch_paths(p, 1), vec![PathBuf::from("/x/out.png")]);
+        assert_eq!(batch_paths(p, 2)[1], PathBuf::from("/x/out_1.png"));
+    }
+}
