@@ -1,1 +1,227 @@
-fn main() {}
+//! The `wgvae` command line: thin — parses, calls the library, prints.
+
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+use serde_json::json;
+use wgvae::gpu::{AdapterChoice, Context, ContextOptions};
+use wgvae::{DecodeOptions, LoadOptions, Vae};
+
+#[derive(Parser)]
+#[command(
+    name = "wgvae",
+    version,
+    about = "Decode diffusion-model latents into images on any GPU wgpu runs on"
+)]
+struct Cli {
+    /// Adapter to use: an index from `wgvae info` or part of its name
+    /// (default: best GPU; also WGPU_ADAPTER_NAME / WGPU_BACKEND).
+    #[arg(long, global = true)]
+    adapter: Option<String>,
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// List adapters, the chosen one, its features and limits.
+    Info {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decode latents (.npy / .safetensors) to PNG.
+    Decode(DecodeArgs),
+}
+
+#[derive(clap::Args)]
+struct DecodeArgs {
+    /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
+    latents: PathBuf,
+    /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
+    /// (sd15, sdxl, sd3, flux1 with seeded random weights).
+    #[arg(long)]
+    vae: String,
+    /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …).
+    #[arg(short, long, default_value = "out.png")]
+    output: PathBuf,
+    /// Also write the raw float32 decoder output N×3×H×W as .npy.
+    #[arg(long)]
+    save_raw: Option<PathBuf>,
+    /// Latents are decoder input already: skip `/ scaling_factor + shift_factor`.
+    #[arg(long)]
+    raw_latents: bool,
+    /// Tensor name inside a .safetensors latent file with several tensors.
+    #[arg(long)]
+    key: Option<String>,
+    /// diffusers config.json for a weight file without one beside it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    scaling_factor: Option<f32>,
+    #[arg(long)]
+    shift_factor: Option<f32>,
+    /// Seed of preset:NAME random weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
+    let choice = match adapter {
+        None => AdapterChoice::Auto,
+        Some(s) => match s.parse::<usize>() {
+            Ok(i) => AdapterChoice::Index(i),
+            Err(_) => AdapterChoice::Name(s.clone()),
+        },
+    };
+    Context::new(&ContextOptions {
+        adapter: choice,
+        backends: None,
+    })
+}
+
+fn info(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
+    let adapters: Vec<_> = Context::adapters(None)
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let info = a.get_info();
+            json!({"index": i, "name": info.name, "backend": format!("{:?}", info.backend),
+                   "type": format!("{:?}", info.device_type), "driver": info.driver,
+                   "driver_info": info.driver_info,
+                   "shader_f16": a.features().contains(wgpu::Features::SHADER_F16)})
+        })
+        .collect();
+    let ctx = context(cli_adapter)?;
+    let c = ctx.caps();
+    let chosen = json!({
+        "name": c.adapter_name, "backend": format!("{:?}", c.backend), "type": format!("{:?}", c.device_type),
+        "driver": c.driver, "driver_info": c.driver_info,
+        "features": {"shader_f16": c.shader_f16, "timestamp_query": c.timestamp_query,
+                     "timestamp_query_inside_passes": c.timestamp_inside_passes, "subgroup": c.subgroup},
+        "limits": {"max_storage_buffer_binding_size": c.max_storage_buffer_binding_size,
+                   "max_buffer_size": c.max_buffer_size,
+                   "max_compute_workgroup_storage_size": c.max_compute_workgroup_storage_size,
+                   "max_compute_invocations_per_workgroup": c.max_compute_invocations_per_workgroup,
+                   "max_compute_workgroups_per_dimension": c.max_compute_workgroups_per_dimension,
+                   "min_storage_buffer_offset_alignment": c.min_storage_buffer_offset_alignment},
+    });
+    if as_json {
+        println!(
+            "{}",
+            json!({"wgvae": env!("CARGO_PKG_VERSION"), "adapters": adapters, "chosen": chosen})
+        );
+        return Ok(());
+    }
+    println!("wgvae {}", env!("CARGO_PKG_VERSION"));
+    println!("adapters:");
+    for a in &adapters {
+        println!(
+            "  [{}] {} ({}, {}) driver {} {}{}",
+            a["index"],
+            a["name"].as_str().unwrap_or(""),
+            a["backend"].as_str().unwrap_or(""),
+            a["type"].as_str().unwrap_or(""),
+            a["driver"].as_str().unwrap_or(""),
+            a["driver_info"].as_str().unwrap_or(""),
+            if a["shader_f16"] == true { ", f16" } else { "" }
+        );
+    }
+    println!(
+        "chosen: {} ({:?}, {:?})",
+        c.adapter_name, c.backend, c.device_type
+    );
+    println!(
+        "features: shader_f16={} timestamp_query={} timestamp_inside_passes={} subgroup={}",
+        c.shader_f16, c.timestamp_query, c.timestamp_inside_passes, c.subgroup
+    );
+    println!("limits:");
+    for (k, v) in chosen["limits"].as_object().into_iter().flatten() {
+        println!("  {k}: {v}");
+    }
+    Ok(())
+}
+
+fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
+    let ctx = context(cli_adapter)?;
+    let load = LoadOptions {
+        config: a.config.clone(),
+        scaling_factor: a.scaling_factor,
+        shift_factor: a.shift_factor,
+        seed: a.seed,
+    };
+    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if vae.random_weights && !a.json {
+        eprintln!("note: {} — the image shows noise, not a picture", vae.name);
+    }
+    let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
+    let opts = DecodeOptions {
+        raw_latents: a.raw_latents,
+        keep_raw: a.save_raw.is_some(),
+    };
+    let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    let paths = wgvae::io::batch_paths(&a.output, out.rgba.len());
+    for (p, img) in paths.iter().zip(&out.rgba) {
+        wgvae::io::write_png_rgb(p, out.width, out.height, img)?;
+    }
+    if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
+        wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
+    }
+    let n = out.rgba.len();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": vae.name,
+                "random_weights": vae.random_weights,
+                "latents_shape": latents.shape,
+                "image_shape": [n, 3, out.height, out.width],
+                "dtype": "f32",
+                "decode_ms": out.decode_ms,
+                "weights_bytes": vae.weights_bytes,
+                "peak_allocated_bytes": out.memory.allocated_bytes.peak,
+                "peak_reserved_bytes": out.memory.reserved_bytes.peak,
+                "policy": ctx.pool().policy_name(),
+                "outputs": paths,
+                "raw": a.save_raw,
+            })
+        );
+    } else {
+        for p in &paths {
+            println!("wrote {}", p.display());
+        }
+        println!(
+            "{}: {}×{} ×{n} in {:.1} ms on {} ({:?}); peak allocated {:.1} MiB, reserved {:.1} MiB",
+            vae.name,
+            out.width,
+            out.height,
+            out.decode_ms,
+            ctx.caps().adapter_name,
+            ctx.caps().backend,
+            out.memory.allocated_bytes.peak as f64 / 1048576.0,
+            out.memory.reserved_bytes.peak as f64 / 1048576.0
+        );
+    }
+    Ok(())
+}
+
+fn main() -> ExitCode {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
+    let cli = Cli::parse();
+    let result = match &cli.command {
+        Command::Info { json } => info(&cli.adapter, *json),
+        Command::Decode(a) => decode(&cli.adapter, a),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("error: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,192 @@
+//! AutoencoderKL configuration: diffusers `config.json` and the public presets.
+
+use std::path::Path;
+
+use serde::Deserialize;
+
+use crate::error::{Error, Result};
+
+/// The fields of a diffusers AutoencoderKL `config.json` the decoder needs.
+#[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
+pub struct AutoencoderKlConfig {
+    pub block_out_channels: Vec<usize>,
+    #[serde(default = "default_layers")]
+    pub layers_per_block: usize,
+    #[serde(default = "default_groups")]
+    pub norm_num_groups: usize,
+    #[serde(default = "default_latent")]
+    pub latent_channels: usize,
+    #[serde(default = "default_out")]
+    pub out_channels: usize,
+    #[serde(default = "default_scaling")]
+    pub scaling_factor: f32,
+    /// `null` in SD configs means 0.
+    #[serde(default)]
+    pub shift_factor: Option<f32>,
+    #[serde(default = "yes")]
+    pub use_post_quant_conv: bool,
+    #[serde(default = "yes")]
+    pub use_quant_conv: bool,
+    #[serde(default = "yes")]
+    pub mid_block_add_attention: bool,
+}
+
+fn default_layers() -> usize {
+    1
+}
+fn default_groups() -> usize {
+    32
+}
+fn default_latent() -> usize {
+    4
+}
+fn default_out() -> usize {
+    3
+}
+fn default_scaling() -> f32 {
+    0.18215
+}
+fn yes() -> bool {
+    true
+}
+
+/// Names accepted by [`AutoencoderKlConfig::preset`].
+pub const PRESETS: &[&str] = &["sd15", "sdxl", "sd3", "flux1"];
+
+impl AutoencoderKlConfig {
+    /// The public configurations of the SD 1.x, SDXL, SD3 and FLUX.1 VAEs.
+    pub fn preset(name: &str) -> Result<Self> {
+        let base = AutoencoderKlConfig {
+            block_out_channels: vec![128, 256, 512, 512],
+            layers_per_block: 2,
+            norm_num_groups: 32,
+            latent_channels: 4,
+            out_channels: 3,
+            scaling_factor: 0.18215,
+            shift_factor: None,
+            use_post_quant_conv: true,
+            use_quant_conv: true,
+            mid_block_add_attention: true,
+        };
+        Ok(match name.to_lowercase().as_str() {
+            "sd15" | "sd1" | "sd1.5" | "sd" => base,
+            "sdxl" => AutoencoderKlConfig {
+                scaling_factor: 0.13025,
+                ..base
+            },
+            "sd3" => AutoencoderKlConfig {
+                latent_channels: 16,
+                scaling_factor: 1.5305,
+                shift_factor: Some(0.0609),
+                use_post_quant_conv: false,
+                use_quant_conv: false,
+                ..base
+            },
+            "flux1" | "flux" => AutoencoderKlConfig {
+                latent_channels: 16,
+                scaling_factor: 0.3611,
+                shift_factor: Some(0.1159),
+                use_post_quant_conv: false,
+                use_quant_conv: false,
+                ..base
+            },
+            other => {
+                return Err(Error::InvalidInput(format!(
+                    "unknown preset `{other}`; known presets: {}",
+                    PRESETS.join(", ")
+                )))
+            }
+        })
+    }
+
+    /// Reads a diffusers `config.json`.
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let cfg: Self = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+            path: path.to_path_buf(),
+            message: format!("not a diffusers AutoencoderKL config: {e}"),
+        })?;
+        cfg.validate().map_err(|m| Error::BadFile {
+            path: path.to_path_buf(),
+            message: m,
+        })?;
+        Ok(cfg)
+    }
+
+    pub fn shift(&self) -> f32 {
+        self.shift_factor.unwrap_or(0.0)
+    }
+
+    /// Structural checks that would otherwise surface as shape errors deep in a decode.
+    pub fn validate(&self) -> std::result::Result<(), String> {
+        if self.block_out_channels.is_empty() {
+            return Err("block_out_channels is empty".into());
+        }
+        for &c in &self.block_out_channels {
+            if c == 0 || c % self.norm_num_groups != 0 {
+                return Err(format!(
+                    "block_out_channels {:?} must be positive multiples of norm_num_groups {}",
+                    self.block_out_channels, self.norm_num_groups
+                ));
+            }
+        }
+        if self.latent_channels == 0 || self.out_channels == 0 {
+            return Err("latent_channels and out_channels must be positive".into());
+        }
+        if !(self.scaling_factor.is_finite() && self.scaling_factor != 0.0) {
+            return Err(format!(
+                "scaling_factor {} must be finite and non-zero",
+                self.scaling_factor
+            ));
+        }
+        Ok(())
+    }
+
+    /// Pixels per latent along each axis (2^(blocks − 1)).
+    pub fn upscale(&self) -> usize {
+        1 << (self.block_out_channels.len() - 1)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn presets_are_valid_and_distinct() {
+        for p in PRESETS {
+            let c = AutoencoderKlConfig::preset(p).unwrap();
+            c.validate().unwrap();
+            assert_eq!(c.upscale(), 8);
+        }
+        assert_eq!(
+            AutoencoderKlConfig::preset("flux1")
+                .unwrap()
+                .latent_channels,
+            16
+        );
+        assert!(AutoencoderKlConfig::preset("nope")
+            .unwrap_err()
+            .to_string()
+            .contains("sd15"));
+    }
+
+    #[test]
+    fn golden_configs_parse() {
+        let Some(shared) = crate::testing::shared_dir() else {
+            return;
+        };
+        let c = AutoencoderKlConfig::from_file(&shared.join("golden/aekl-tiny-flux/config.json"))
+            .unwrap();
+        assert_eq!(c.latent_channels, 16);
+        assert_eq!(c.shift(), 0.1159);
+        assert!(!c.use_post_quant_conv);
+        let c = AutoencoderKlConfig::from_file(&shared.join("golden/aekl-tiny-sd/config.json"))
+            .unwrap();
+        assert_eq!(c.shift(), 0.0);
+        assert_eq!(c.norm_num_groups, 16);
+    }
+}

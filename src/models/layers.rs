@@ -1,0 +1,149 @@
+//! Building blocks shared by the models: convolutions and GroupNorms loaded
+//! from a [`WeightStore`], run through the kernels with outputs from the pool.
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::kernels::conv2d::{self, Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::group_norm;
+use crate::models::weights::WeightStore;
+use crate::tensor::{DType, Tensor};
+
+/// `[N, C, H, W]` of a rank-4 tensor.
+pub fn dims4(t: &Tensor) -> Result<[usize; 4]> {
+    match t.shape() {
+        &[n, c, h, w] => Ok([n, c, h, w]),
+        s => Err(Error::shape(
+            "model",
+            format!("expected an N×C×H×W tensor, got {s:?}"),
+        )),
+    }
+}
+
+/// Loads `{prefix}.weight` [cout, cin, k, k] and (if `bias`) `{prefix}.bias` [cout].
+pub fn load_conv(
+    ctx: &Context,
+    store: &WeightStore,
+    prefix: &str,
+    cout: usize,
+    cin: usize,
+    k: usize,
+    bias: bool,
+) -> Result<Conv2dWeights> {
+    let w = store.take(&format!("{prefix}.weight"), &[cout, cin, k, k]);
+    let b = bias.then(|| store.take(&format!("{prefix}.bias"), &[cout]));
+    Conv2dWeights::from_pytorch(ctx, &w, cout, cin, k, b.as_deref(), prefix)
+}
+
+/// Runs a conv into a fresh pool tensor.
+pub fn conv(
+    rec: &mut Recorder,
+    x: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<Prologue>,
+    opts: &Conv2dOptions,
+) -> Result<Tensor> {
+    let [n, _, h, wd] = dims4(x)?;
+    let (ho, wo) = conv2d::output_size(h, wd, w.k(), opts);
+    let out = Tensor::empty(rec.ctx(), &[n, w.cout(), ho, wo], DType::F32, "conv out")?;
+    conv2d::conv2d(rec, x, w, prologue, None, &out, opts)?;
+    Ok(out)
+}
+
+/// Like [`conv`] but adds `residual` (the output is written in place into it).
+pub fn conv_add(
+    rec: &mut Recorder,
+    x: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<Prologue>,
+    residual: Tensor,
+    opts: &Conv2dOptions,
+) -> Result<Tensor> {
+    conv2d::conv2d(rec, x, w, prologue, Some(&residual), &residual, opts)?;
+    Ok(residual)
+}
+
+/// A GroupNorm's parameters; applied by computing per-(n, c) affine
+/// coefficients that the next conv folds into its input load.
+pub struct Norm {
+    gamma: Tensor,
+    beta: Tensor,
+    groups: usize,
+    eps: f32,
+}
+
+impl Norm {
+    pub fn load(
+        ctx: &Context,
+        store: &WeightStore,
+        prefix: &str,
+        channels: usize,
+        groups: usize,
+        eps: f32,
+    ) -> Result<Norm> {
+        let g = store.take(&format!("{prefix}.weight"), &[channels]);
+        let b = store.take(&format!("{prefix}.bias"), &[channels]);
+        Ok(Norm {
+            gamma: Tensor::from_f32(ctx, &[channels], &g, prefix)?,
+            beta: Tensor::from_f32(ctx, &[channels], &b, prefix)?,
+            groups,
+            eps,
+        })
+    }
+
+    /// Statistics of `x` [N, C, H, W] as affine coefficients [N, C, 2].
+    pub fn affine(&self, rec: &mut Recorder, x: &Tensor) -> Result<Tensor> {
+        let [n, c, h, w] = dims4(x)?;
+        let ctx = rec.ctx().clone();
+        let scratch_len = group_norm::stats_scratch_len(n, c, h, w, self.groups);
+        let scratch = Tensor::empty(&ctx, &[scratch_len], DType::F32, "groupnorm partials")?;
+        let affine = Tensor::empty(&ctx, &[n, c, 2], DType::F32, "groupnorm affine")?;
+        group_norm::group_norm_stats(
+            rec,
+            x,
+            self.groups,
+            &self.gamma,
+            &self.beta,
+            self.eps,
+            &scratch,
+            &affine,
+        )?;
+        Ok(affine)
+    }
+}
+
+/// Identity affine coefficients [N, C, 2] (scale 1, shift 0), for a conv
+/// prologue that applies only an activation.
+pub fn identity_affine(ctx: &Context, n: usize, c: usize) -> Result<Tensor> {
+    let data: Vec<f32> = (0..n * c).flat_map(|_| [1.0, 0.0]).collect();
+    Tensor::from_f32(ctx, &[n, c, 2], &data, "identity affine")
+}
+
+/// Records copies of intermediate activations (for checks against goldens).
+#[derive(Default)]
+pub struct Taps {
+    enabled: bool,
+    pub tensors: Vec<(String, Tensor)>,
+}
+
+impl Taps {
+    pub fn enabled() -> Self {
+        Taps {
+            enabled: true,
+            tensors: Vec::new(),
+        }
+    }
+
+    pub fn is_enabled(&self) -> bool {
+        self.enabled
+    }
+
+    /// Copies `x` (later kernels may update it in place).
+    pub fn tap(&mut self, rec: &mut Recorder, name: &str, x: &Tensor) -> Result<()> {
+        if self.enabled {
+            let copy = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), name)?;
+            rec.copy(x, &copy)?;
+            self.tensors.push((name.to_string(), copy));
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,265 @@
+//! Models: configuration, weight files and the decoders.
+
+pub mod autoencoder_kl;
+pub mod config;
+pub mod layers;
+pub mod tae;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::io::HostTensor;
+use crate::kernels::image::ImageRange;
+use crate::tensor::Tensor;
+pub use autoencoder_kl::AutoencoderKl;
+pub use config::AutoencoderKlConfig;
+pub use layers::Taps;
+pub use tae::TaeDecoder;
+pub use weights::{Layout, WeightStore};
+
+/// Options for [`Vae::load`].
+#[derive(Clone, Debug, Default)]
+pub struct LoadOptions {
+    /// A diffusers `config.json` for a weight file that has none beside it.
+    pub config: Option<PathBuf>,
+    /// Overrides of the latent scaling (AutoencoderKL only).
+    pub scaling_factor: Option<f32>,
+    pub shift_factor: Option<f32>,
+    /// Seed of the random weights of `preset:NAME`.
+    pub seed: u64,
+}
+
+/// The decoder behind a [`Vae`].
+pub enum Decoder {
+    Kl(AutoencoderKl),
+    Tae(TaeDecoder),
+}
+
+/// A loaded VAE decoder, weights on the device.
+pub struct Vae {
+    pub decoder: Decoder,
+    /// Human-readable description: preset or variant and source.
+    pub name: String,
+    /// True for `preset:NAME` (seeded random weights).
+    pub random_weights: bool,
+    /// Bytes of weights uploaded.
+    pub weights_bytes: u64,
+}
+
+fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKlConfig> {
+    let shape = |k: &str| store.shape_of(k);
+    let conv_in = shape("decoder.conv_in.weight").ok_or_else(|| Error::BadFile {
+        path: store.origin().into(),
+        message: "no decoder.conv_in.weight: this file holds no AutoencoderKL decoder".into(),
+    })?;
+    let mut rev = Vec::new();
+    while let Some(s) = shape(&format!(
+        "decoder.up_blocks.{}.resnets.0.conv2.weight",
+        rev.len()
+    )) {
+        rev.push(s[0]);
+    }
+    let mut layers = 0;
+    while store.contains(&format!(
+        "decoder.up_blocks.0.resnets.{}.conv1.weight",
+        layers + 1
+    )) {
+        layers += 1;
+    }
+    let latent_channels = conv_in[1];
+    let has_pq = store.contains("post_quant_conv.weight");
+    // Public SD/SDXL VAEs have 4 latent channels, FLUX.1/SD3 16; the scaling
+    // factor cannot be read off the weights: the SD 1.x / FLUX.1 values are
+    // the defaults, overridable (--scaling-factor, --shift-factor, --config).
+    let (scaling, shift) = if latent_channels == 16 {
+        (0.3611, Some(0.1159))
+    } else {
+        (0.18215, None)
+    };
+    let cfg = AutoencoderKlConfig {
+        block_out_channels: rev.into_iter().rev().collect(),
+        layers_per_block: layers,
+        norm_num_groups: 32,
+        latent_channels,
+        out_channels: shape("decoder.conv_out.weight").map_or(3, |s| s[0]),
+        scaling_factor: scaling,
+        shift_factor: shift,
+        use_post_quant_conv: has_pq,
+        use_quant_conv: store.contains("quant_conv.weight"),
+        mid_block_add_attention: store.contains("decoder.mid_block.attentions.0.to_q.weight"),
+    };
+    log::info!(
+        "no config.json: inferred {:?} ×{} layers, {} latent channels, scaling {} shift {:?} (override with --config / --scaling-factor / --shift-factor)",
+        cfg.block_out_channels,
+        cfg.layers_per_block,
+        latent_channels,
+        scaling,
+        shift
+    );
+    let _ = opts;
+    Ok(cfg)
+}
+
+fn find_weights_in(dir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
+    let dir = if dir.join("vae").is_dir() {
+        dir.join("vae")
+    } else {
+        dir.to_path_buf()
+    };
+    let config = dir.join("config.json");
+    let preferred = dir.join("diffusion_pytorch_model.safetensors");
+    let weights = if preferred.exists() {
+        preferred
+    } else {
+        let mut found: Vec<PathBuf> = std::fs::read_dir(&dir)
+            .map_err(|source| Error::Io {
+                path: dir.clone(),
+                source,
+            })?
+            .filter_map(|e| e.ok().map(|e| e.path()))
+            .filter(|p| p.extension().is_some_and(|e| e == "safetensors"))
+            .collect();
+        found.sort();
+        found.into_iter().next().ok_or_else(|| Error::BadFile {
+            path: dir.clone(),
+            message: "no .safetensors weights in this folder (expected diffusion_pytorch_model.safetensors)".into(),
+        })?
+    };
+    Ok((weights, config.exists().then_some(config)))
+}
+
+impl Vae {
+    /// Loads `spec`: `preset:NAME` (random weights), a diffusers folder (or a
+    /// pipeline folder with `vae/`), or a `.safetensors` file in diffusers, LDM
+    /// or TAE layout.
+    pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        let before = ctx.pool().stats().allocated_bytes.current;
+        let mut vae = Self::load_inner(ctx, spec, opts)?;
+        vae.weights_bytes = ctx
+            .pool()
+            .stats()
+            .allocated_bytes
+            .current
+            .saturating_sub(before);
+        Ok(vae)
+    }
+
+    fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        if let Some(name) = spec.strip_prefix("preset:") {
+            let mut cfg = AutoencoderKlConfig::preset(name)?;
+            Self::apply_overrides(&mut cfg, opts);
+            let store = WeightStore::random(opts.seed);
+            let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
+            return Ok(Vae {
+                decoder: Decoder::Kl(kl),
+                name: format!("{name} preset (random weights, seed {})", opts.seed),
+                random_weights: true,
+                weights_bytes: 0,
+            });
+        }
+        let path = Path::new(spec);
+        if !path.exists() {
+            return Err(Error::InvalidInput(format!(
+                "--vae `{spec}` is neither a file, a folder nor preset:NAME (presets: {})",
+                config::PRESETS.join(", ")
+            )));
+        }
+        let (weights, mut config) = if path.is_dir() {
+            find_weights_in(path)?
+        } else {
+            let beside = path.with_file_name("config.json");
+            (path.to_path_buf(), beside.exists().then_some(beside))
+        };
+        if opts.config.is_some() {
+            config = opts.config.clone();
+        }
+        let store = WeightStore::from_safetensors(&weights)?;
+        if store.layout() == Layout::Tae {
+            let tae = TaeDecoder::load(ctx, &store)?;
+            return Ok(Vae {
+                name: format!("{} ({})", tae.variant_name(), weights.display()),
+                decoder: Decoder::Tae(tae),
+                random_weights: false,
+                weights_bytes: 0,
+            });
+        }
+        let mut cfg = match &config {
+            Some(c) => AutoencoderKlConfig::from_file(c)?,
+            None => infer_config(&store, opts)?,
+        };
+        Self::apply_overrides(&mut cfg, opts);
+        let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
+        Ok(Vae {
+            decoder: Decoder::Kl(kl),
+            name: format!(
+                "AutoencoderKL ({:?} layout, {})",
+                store.layout(),
+                weights.display()
+            ),
+            random_weights: false,
+            weights_bytes: 0,
+        })
+    }
+
+    fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
+        if let Some(s) = opts.scaling_factor {
+            cfg.scaling_factor = s;
+        }
+        if let Some(s) = opts.shift_factor {
+            cfg.shift_factor = Some(s);
+        }
+    }
+
+    pub fn latent_channels(&self) -> usize {
+        match &self.decoder {
+            Decoder::Kl(k) => k.config.latent_channels,
+            Decoder::Tae(t) => t.latent_channels,
+        }
+    }
+
+    /// Output pixels per latent along each axis.
+    pub fn upscale(&self) -> usize {
+        match &self.decoder {
+            Decoder::Kl(k) => k.config.upscale(),
+            Decoder::Tae(_) => 8,
+        }
+    }
+
+    /// How the raw output maps to pixels.
+    pub fn output_range(&self) -> ImageRange {
+        match &self.decoder {
+            Decoder::Kl(_) => ImageRange::MinusOneToOne,
+            Decoder::Tae(_) => ImageRange::ZeroToOne,
+        }
+    }
+
+    /// `(scaling_factor, shift_factor)` of pipeline latents (TAE: 1, 0).
+    pub fn latent_scaling(&self) -> (f32, f32) {
+        match &self.decoder {
+            Decoder::Kl(k) => (k.config.scaling_factor, k.config.shift()),
+            Decoder::Tae(_) => (1.0, 0.0),
+        }
+    }
+
+    /// Pipeline latents → decoder input, as diffusers pipelines do:
+    /// `latents / scaling_factor + shift_factor` (f32, same operation order).
+    pub fn unscale_latents(&self, latents: &mut HostTensor) {
+        let (scale, shift) = self.latent_scaling();
+        if scale == 1.0 && shift == 0.0 {
+            return;
+        }
+        for v in &mut latents.data {
+            *v = *v / scale + shift;
+        }
+    }
+
+    /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
+    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
+        match &self.decoder {
+            Decoder::Kl(k) => k.forward(rec, z, taps),
+            Decoder::Tae(t) => t.forward(rec, z, taps),
+        }
+    }
+}

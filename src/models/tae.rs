@@ -1,0 +1,198 @@
+//! TAESD-family decoders (taesd, taesdxl, taesd3, taef1, taef2): the tiny
+//! autoencoders of madebyollin/taesd, keys as their `nn.Sequential` indices.
+//!
+//! Decoder: `tanh(x/3)·3` → conv(C→64) → ReLU → 3 Blocks → [2× up → conv(no
+//! bias) → 3 Blocks] × 2 → 2× up → conv(no bias) → Block → conv(64→3).
+//! Block(x) = ReLU(conv(ReLU(conv(ReLU(conv(x'))))) + x'), with
+//! x' = x + conv1×1(ReLU(GroupNorm₄(conv1×1(x)))) where a "pool" branch exists (taef2).
+//! The variant is detected from the weight shapes.
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::elementwise::{unary, Unary};
+use crate::kernels::Activation;
+use crate::models::layers::{conv, conv_add, dims4, identity_affine, load_conv, Norm, Taps};
+use crate::models::weights::WeightStore;
+use crate::tensor::Tensor;
+
+const WIDTH: usize = 64;
+/// PyTorch GroupNorm default.
+const POOL_EPS: f32 = 1e-5;
+
+struct Pool {
+    expand: Conv2dWeights,
+    norm: Norm,
+    project: Conv2dWeights,
+}
+
+struct Block {
+    pool: Option<Pool>,
+    convs: [Conv2dWeights; 3],
+}
+
+enum Layer {
+    Block(Block),
+    /// Nearest 2× upsample fused into a bias-free conv.
+    UpConv(Conv2dWeights),
+}
+
+/// A TAE decoder with its weights on the device.
+pub struct TaeDecoder {
+    pub latent_channels: usize,
+    pub has_pool: bool,
+    conv_in: Conv2dWeights,
+    layers: Vec<Layer>,
+    conv_out: Conv2dWeights,
+}
+
+impl TaeDecoder {
+    /// Family name by latent channels.
+    pub fn variant_name(&self) -> &'static str {
+        match (self.latent_channels, self.has_pool) {
+            (4, _) => "taesd/taesdxl",
+            (16, _) => "taesd3/taef1",
+            (32, true) => "taef2",
+            _ => "tae",
+        }
+    }
+
+    /// Uploads a decoder from TAE-layout weights.
+    pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
+        let shape = store.shape_of("1.weight").ok_or_else(|| Error::BadFile {
+            path: store.origin().into(),
+            message: "not a TAE decoder: no `1.weight` (the first conv); is this an encoder file?"
+                .into(),
+        })?;
+        if shape.len() != 4 || shape[0] != WIDTH {
+            return Err(Error::BadFile {
+                path: store.origin().into(),
+                message: format!("`1.weight` has shape {shape:?}; a TAE decoder's first conv is [64, latent_channels, 3, 3]"),
+            });
+        }
+        let latent_channels = shape[1];
+        let has_pool = store.contains("3.pool.0.weight");
+        let conv_in = load_conv(ctx, store, "1", WIDTH, latent_channels, 3, true)?;
+        let block = |i: usize| -> Result<Layer> {
+            let pool = if store.contains(&format!("{i}.pool.0.weight")) {
+                Some(Pool {
+                    expand: load_conv(
+                        ctx,
+                        store,
+                        &format!("{i}.pool.0"),
+                        4 * WIDTH,
+                        WIDTH,
+                        1,
+                        false,
+                    )?,
+                    norm: Norm::load(ctx, store, &format!("{i}.pool.1"), 4 * WIDTH, 4, POOL_EPS)?,
+                    project: load_conv(
+                        ctx,
+                        store,
+                        &format!("{i}.pool.3"),
+                        WIDTH,
+                        4 * WIDTH,
+                        1,
+                        false,
+                    )?,
+                })
+            } else {
+                None
+            };
+            let c =
+                |j: usize| load_conv(ctx, store, &format!("{i}.conv.{j}"), WIDTH, WIDTH, 3, true);
+            Ok(Layer::Block(Block {
+                pool,
+                convs: [c(0)?, c(2)?, c(4)?],
+            }))
+        };
+        let up = |i: usize| -> Result<Layer> {
+            Ok(Layer::UpConv(load_conv(
+                ctx,
+                store,
+                &i.to_string(),
+                WIDTH,
+                WIDTH,
+                3,
+                false,
+            )?))
+        };
+        // Sequential indices: 0 clamp, 1 conv, 2 ReLU, 3-5 blocks, 6 up, 7 conv, 8-10 blocks,
+        // 11 up, 12 conv, 13-15 blocks, 16 up, 17 conv, 18 block, 19 conv out.
+        let layers = vec![
+            block(3)?,
+            block(4)?,
+            block(5)?,
+            up(7)?,
+            block(8)?,
+            block(9)?,
+            block(10)?,
+            up(12)?,
+            block(13)?,
+            block(14)?,
+            block(15)?,
+            up(17)?,
+            block(18)?,
+        ];
+        let conv_out = load_conv(ctx, store, "19", 3, WIDTH, 3, true)?;
+        store.finish(&[])?;
+        Ok(TaeDecoder {
+            latent_channels,
+            has_pool,
+            conv_in,
+            layers,
+            conv_out,
+        })
+    }
+
+    /// Records the decoder: `z` [N, C, h, w] latents (scale 1) → raw image [N, 3, 8h, 8w] in ≈[0, 1].
+    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
+        let [n, ..] = dims4(&z)?;
+        let same3 = Conv2dOptions::same(3);
+        let same1 = Conv2dOptions::same(1);
+        let up2 = Conv2dOptions {
+            upsample: true,
+            ..same3
+        };
+        let relu = identity_affine(rec.ctx(), n, WIDTH)?;
+        let relu_pro = || {
+            Some(Prologue {
+                affine: &relu,
+                act: Activation::Relu,
+            })
+        };
+        unary(rec, Unary::TanhClamp(3.0), &z, &z)?;
+        let mut x = conv(rec, &z, &self.conv_in, None, &same3)?;
+        drop(z);
+        unary(rec, Unary::Relu, &x, &x)?;
+        for (i, layer) in self.layers.iter().enumerate() {
+            x = match layer {
+                Layer::UpConv(w) => conv(rec, &x, w, None, &up2)?,
+                Layer::Block(b) => {
+                    if let Some(p) = &b.pool {
+                        let t = conv(rec, &x, &p.expand, None, &same1)?;
+                        let a = p.norm.affine(rec, &t)?;
+                        x = conv_add(
+                            rec,
+                            &t,
+                            &p.project,
+                            Some(Prologue {
+                                affine: &a,
+                                act: Activation::Relu,
+                            }),
+                            x,
+                            &same1,
+                        )?;
+                    }
+                    let h = conv(rec, &x, &b.convs[0], None, &same3)?;
+                    let h = conv(rec, &h, &b.convs[1], relu_pro(), &same3)?;
+                    let x = conv_add(rec, &h, &b.convs[2], relu_pro(), x, &same3)?;
+                    unary(rec, Unary::Relu, &x, &x)?;
+                    x
+                }
+            };
+            taps.tap(rec, &format!("layer.{i}"), &x)?;
+        }
+        conv(rec, &x, &self.conv_out, None, &same3)
+    }
+}

@@ -1,0 +1,455 @@
+//! Weight files: diffusers, original LDM (single-file checkpoints and bare VAE
+//! files) and TAE layouts, normalised to one naming (diffusers') on load.
+//! Weights are converted to f32 on the host and uploaded once by the models.
+
+use std::cell::RefCell;
+use std::collections::{BTreeMap, BTreeSet};
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// How the keys of a weight file are laid out.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Layout {
+    /// `decoder.up_blocks.0.resnets.1.conv2.weight`, …
+    Diffusers,
+    /// `first_stage_model.decoder.up.3.block.1.conv2.weight` or the same without the prefix.
+    Ldm,
+    /// TAESD `nn.Sequential` indices: `1.weight`, `3.conv.0.weight`, `3.pool.1.weight`, …
+    Tae,
+}
+
+/// One host weight: shape and f32 values.
+#[derive(Clone, Debug)]
+pub struct HostWeight {
+    pub shape: Vec<usize>,
+    pub data: Vec<f32>,
+}
+
+enum Source {
+    File(BTreeMap<String, HostWeight>),
+    /// Seeded random weights of whatever shape the model asks for.
+    Random(u64),
+}
+
+/// Named weights with bookkeeping: which keys the model used, which it asked
+/// for and did not find, so a mismatch names every missing and unexpected key.
+pub struct WeightStore {
+    source: Source,
+    origin: String,
+    layout: Layout,
+    used: RefCell<BTreeSet<String>>,
+    missing: RefCell<Vec<String>>,
+    wrong_shape: RefCell<Vec<String>>,
+}
+
+fn bad(path: &Path, message: impl Into<String>) -> Error {
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// Maps an LDM key (prefix already stripped) to its diffusers name.
+/// `up_blocks` is the number of decoder up blocks (LDM numbers them in reverse).
+pub fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {
+    let parts: Vec<&str> = key.split('.').collect();
+    let rest = |from: usize| parts[from..].join(".");
+    let resnet_tail = |s: String| s.replacen("nin_shortcut", "conv_shortcut", 1);
+    let attn_tail = |s: &str| -> String {
+        match s.split_once('.') {
+            Some(("norm", t)) => format!("group_norm.{t}"),
+            Some(("q", t)) => format!("to_q.{t}"),
+            Some(("k", t)) => format!("to_k.{t}"),
+            Some(("v", t)) => format!("to_v.{t}"),
+            Some(("proj_out", t)) => format!("to_out.0.{t}"),
+            _ => s.to_string(),
+        }
+    };
+    match parts.as_slice() {
+        [side @ ("encoder" | "decoder"), "mid", blk, ..] => {
+            let tail = rest(3);
+            match *blk {
+                "block_1" => format!("{side}.mid_block.resnets.0.{}", resnet_tail(tail)),
+                "block_2" => format!("{side}.mid_block.resnets.1.{}", resnet_tail(tail)),
+                "attn_1" => format!("{side}.mid_block.attentions.0.{}", attn_tail(&tail)),
+                _ => key.to_string(),
+            }
+        }
+        [side @ ("encoder" | "decoder"), "norm_out", ..] => {
+            format!("{side}.conv_norm_out.{}", rest(2))
+        }
+        ["decoder", "up", i, "block", j, ..] => {
+            let i: usize = i.parse().unwrap_or(usize::MAX);
+            let d = up_blocks.wrapping_sub(1).wrapping_sub(i);
+            format!("decoder.up_blocks.{d}.resnets.{j}.{}", resnet_tail(rest(5)))
+        }
+        ["decoder", "up", i, "upsample", ..] => {
+            let i: usize = i.parse().unwrap_or(usize::MAX);
+            let d = up_blocks.wrapping_sub(1).wrapping_sub(i);
+            format!("decoder.up_blocks.{d}.upsamplers.0.{}", rest(4))
+        }
+        ["encoder", "down", i, "block", j, ..] => {
+            format!(
+                "encoder.down_blocks.{i}.resnets.{j}.{}",
+                resnet_tail(rest(5))
+            )
+        }
+        ["encoder", "down", i, "downsample", ..] => {
+            format!("encoder.down_blocks.{i}.downsamplers.0.{}", rest(4))
+        }
+        _ => key.to_string(),
+    }
+}
+
+/// True for keys that belong to a VAE (after the LDM prefix is stripped).
+fn is_vae_key(k: &str) -> bool {
+    ["encoder.", "decoder.", "quant_conv.", "post_quant_conv."]
+        .iter()
+        .any(|p| k.starts_with(p))
+}
+
+fn is_tae_key(k: &str) -> bool {
+    k.split('.')
+        .next()
+        .is_some_and(|i| i.parse::<usize>().is_ok())
+}
+
+impl WeightStore {
+    /// Seeded random weights (for presets used in benchmarks and memory studies).
+    pub fn random(seed: u64) -> Self {
+        Self::with_source(
+            Source::Random(seed),
+            format!("random weights (seed {seed})"),
+            Layout::Diffusers,
+        )
+    }
+
+    fn with_source(source: Source, origin: String, layout: Layout) -> Self {
+        WeightStore {
+            source,
+            origin,
+            layout,
+            used: RefCell::default(),
+            missing: RefCell::default(),
+            wrong_shape: RefCell::default(),
+        }
+    }
+
+    /// Weights already in host memory, keys in diffusers or TAE naming.
+    pub fn from_map(map: BTreeMap<String, HostWeight>, layout: Layout, origin: &str) -> Self {
+        Self::with_source(Source::File(map), origin.to_string(), layout)
+    }
+
+    /// Reads a `.safetensors` file, detects its layout and renames LDM keys.
+    /// Of a full checkpoint only the VAE (`first_stage_model.`) is kept.
+    pub fn from_safetensors(path: &Path) -> Result<Self> {
+        let file = std::fs::File::open(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        // SAFETY: read-only map of a file we do not modify; a concurrent writer could
+        // only corrupt values, which the safetensors header checks bound.
+        let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let st = safetensors::SafeTensors::deserialize(&mmap)
+            .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
+        let names: Vec<String> = st.names().into_iter().map(String::from).collect();
+        if names.is_empty() {
+            return Err(bad(path, "the file holds no tensors"));
+        }
+        let has_ldm_prefix = names.iter().any(|n| n.starts_with("first_stage_model."));
+        let mut selected: Vec<(String, String)> = Vec::new(); // (file key, stripped key)
+        for n in &names {
+            let stripped = if has_ldm_prefix {
+                match n.strip_prefix("first_stage_model.") {
+                    Some(s) => s,
+                    None => continue, // UNet / text encoder of a full checkpoint
+                }
+            } else {
+                n.as_str()
+            };
+            selected.push((n.clone(), stripped.to_string()));
+        }
+        let layout = if selected
+            .iter()
+            .any(|(_, k)| k.starts_with("decoder.mid.") || k.starts_with("encoder.mid."))
+        {
+            Layout::Ldm
+        } else if selected
+            .iter()
+            .any(|(_, k)| k.starts_with("decoder.mid_block.") || k.starts_with("decoder.conv_in."))
+        {
+            Layout::Diffusers
+        } else if selected.iter().all(|(_, k)| is_tae_key(k)) {
+            Layout::Tae
+        } else {
+            let mut sample: Vec<&str> = selected.iter().map(|(_, k)| k.as_str()).take(5).collect();
+            sample.sort();
+            return Err(bad(
+                path,
+                format!(
+                    "unrecognised weight layout (keys like {}); expected a diffusers AutoencoderKL, an LDM/SD checkpoint VAE or a TAESD-family decoder",
+                    sample.join(", ")
+                ),
+            ));
+        };
+        let up_blocks = selected
+            .iter()
+            .filter_map(|(_, k)| k.strip_prefix("decoder.up."))
+            .filter_map(|r| r.split('.').next()?.parse::<usize>().ok())
+            .max()
+            .map_or(0, |m| m + 1);
+        let mut map = BTreeMap::new();
+        for (file_key, key) in selected {
+            if layout != Layout::Tae && !is_vae_key(&key) {
+                continue;
+            }
+            let view = st.tensor(&file_key).map_err(|e| bad(path, e.to_string()))?;
+            let data =
+                crate::io::view_to_f32(&view).map_err(|m| bad(path, format!("{file_key}: {m}")))?;
+            let name = if layout == Layout::Ldm {
+                ldm_to_diffusers(&key, up_blocks)
+            } else {
+                key
+            };
+            map.insert(
+                name,
+                HostWeight {
+                    shape: view.shape().to_vec(),
+                    data,
+                },
+            );
+        }
+        Ok(Self::with_source(
+            Source::File(map),
+            path.display().to_string(),
+            layout,
+        ))
+    }
+
+    pub fn layout(&self) -> Layout {
+        self.layout
+    }
+
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
+    pub fn is_random(&self) -> bool {
+        matches!(self.source, Source::Random(_))
+    }
+
+    /// Shape of a stored key (`None` for random weights or absent keys).
+    pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
+        match &self.source {
+            Source::File(m) => m.get(key).map(|w| w.shape.clone()),
+            Source::Random(_) => None,
+        }
+    }
+
+    pub fn contains(&self, key: &str) -> bool {
+        match &self.source {
+            Source::File(m) => m.contains_key(key),
+            Source::Random(_) => false,
+        }
+    }
+
+    /// Every stored key.
+    pub fn keys(&self) -> Vec<String> {
+        match &self.source {
+            Source::File(m) => m.keys().cloned().collect(),
+            Source::Random(_) => Vec::new(),
+        }
+    }
+
+    /// The values of `key`, which must have `shape` (a linear `[o, i]` also
+    /// matches a 1×1 conv `[o, i, 1, 1]`). A missing or misshapen key is
+    /// recorded, zeros are returned, and [`WeightStore::finish`] reports it.
+    pub fn take(&self, key: &str, shape: &[usize]) -> Vec<f32> {
+        let n: usize = shape.iter().product();
+        match &self.source {
+            Source::Random(seed) => random_weight(*seed, key, shape),
+            Source::File(m) => match m.get(key) {
+                Some(w) => {
+                    self.used.borrow_mut().insert(key.to_string());
+                    let squeeze =
+                        |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+                    if w.shape == shape
+                        || (w.data.len() == n && squeeze(&w.shape) == squeeze(shape))
+                    {
+                        w.data.clone()
+                    } else {
+                        self.wrong_shape.borrow_mut().push(format!(
+                            "{key}: file has {:?}, model needs {shape:?}",
+                            w.shape
+                        ));
+                        vec![0.0; n]
+                    }
+                }
+                None => {
+                    self.missing.borrow_mut().push(format!("{key} {shape:?}"));
+                    vec![0.0; n]
+                }
+            },
+        }
+    }
+
+    /// Errors naming every missing, misshapen and unexpected key. Keys under
+    /// `ignore` prefixes (e.g. the encoder when decoding) are not unexpected.
+    pub fn finish(&self, ignore: &[&str]) -> Result<()> {
+        let Source::File(m) = &self.source else {
+            return Ok(());
+        };
+        let used = self.used.borrow();
+        let unexpected: Vec<&String> = m
+            .keys()
+            .filter(|k| !used.contains(*k) && !ignore.iter().any(|p| k.starts_with(p)))
+            .collect();
+        let missing = self.missing.borrow();
+        let wrong = self.wrong_shape.borrow();
+        if missing.is_empty() && wrong.is_empty() && unexpected.is_empty() {
+            return Ok(());
+        }
+        let mut msg = format!("weights do not match the model ({:?} layout)", self.layout);
+        let list = |v: Vec<String>| {
+            let n = v.len();
+            let mut s: Vec<String> = v.into_iter().take(12).collect();
+            if n > 12 {
+                s.push(format!("… and {} more", n - 12));
+            }
+            s.join(", ")
+        };
+        if !missing.is_empty() {
+            msg += &format!(
+                "; missing {} keys: {}",
+                missing.len(),
+                list(missing.clone())
+            );
+        }
+        if !wrong.is_empty() {
+            msg += &format!("; wrong shapes: {}", list(wrong.clone()));
+        }
+        if !unexpected.is_empty() {
+            msg += &format!(
+                "; {} unexpected keys: {}",
+                unexpected.len(),
+                list(unexpected.into_iter().cloned().collect())
+            );
+        }
+        Err(Error::BadFile {
+            path: PathBuf::from(&self.origin),
+            message: msg + ". Is this the right model, or does it need a config.json?",
+        })
+    }
+}
+
+/// Deterministic weights for a key: PyTorch's default init bound 1/sqrt(fan_in)
+/// for conv/linear weights and biases, GroupNorm weight 1 and bias 0.
+fn random_weight(seed: u64, key: &str, shape: &[usize]) -> Vec<f32> {
+    let n: usize = shape.iter().product();
+    let is_norm = key.contains("norm");
+    if is_norm && shape.len() == 1 {
+        let v = if key.ends_with(".weight") { 1.0 } else { 0.0 };
+        return vec![v; n];
+    }
+    let fan_in = if shape.len() > 1 {
+        shape[1..].iter().product::<usize>()
+    } else {
+        64
+    };
+    let bound = 1.0 / (fan_in as f32).sqrt();
+    let h = key.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
+        (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
+    });
+    crate::testing::rand_vec(n, h, bound)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn ldm_names_map_to_diffusers() {
+        let m = |k| ldm_to_diffusers(k, 4);
+        assert_eq!(
+            m("decoder.up.3.block.1.conv2.weight"),
+            "decoder.up_blocks.0.resnets.1.conv2.weight"
+        );
+        assert_eq!(
+            m("decoder.up.0.block.0.nin_shortcut.bias"),
+            "decoder.up_blocks.3.resnets.0.conv_shortcut.bias"
+        );
+        assert_eq!(
+            m("decoder.up.2.upsample.conv.weight"),
+            "decoder.up_blocks.1.upsamplers.0.conv.weight"
+        );
+        assert_eq!(
+            m("decoder.mid.attn_1.proj_out.weight"),
+            "decoder.mid_block.attentions.0.to_out.0.weight"
+        );
+        assert_eq!(
+            m("decoder.mid.attn_1.norm.bias"),
+            "decoder.mid_block.attentions.0.group_norm.bias"
+        );
+        assert_eq!(
+            m("decoder.mid.block_2.norm1.weight"),
+            "decoder.mid_block.resnets.1.norm1.weight"
+        );
+        assert_eq!(m("decoder.norm_out.weight"), "decoder.conv_norm_out.weight");
+        assert_eq!(
+            m("encoder.down.1.downsample.conv.bias"),
+            "encoder.down_blocks.1.downsamplers.0.conv.bias"
+        );
+        assert_eq!(m("post_quant_conv.weight"), "post_quant_conv.weight");
+    }
+
+    #[test]
+    fn mismatches_name_every_key() {
+        let mut map = BTreeMap::new();
+        map.insert(
+            "a".to_string(),
+            HostWeight {
+                shape: vec![2, 2],
+                data: vec![0.0; 4],
+            },
+        );
+        map.insert(
+            "b".to_string(),
+            HostWeight {
+                shape: vec![3],
+                data: vec![0.0; 3],
+            },
+        );
+        map.insert(
+            "encoder.x".to_string(),
+            HostWeight {
+                shape: vec![1],
+                data: vec![0.0],
+            },
+        );
+        let s = WeightStore::from_map(map, Layout::Diffusers, "test");
+        assert_eq!(s.take("a", &[2, 2, 1, 1]).len(), 4); // linear == 1x1 conv
+        s.take("b", &[4]);
+        s.take("c", &[5]);
+        let e = s.finish(&["encoder."]).unwrap_err().to_string();
+        assert!(e.contains("missing 1 keys: c [5]"), "{e}");
+        assert!(e.contains("b: file has [3], model needs [4]"), "{e}");
+        assert!(!e.contains("unexpected"), "{e}");
+    }
+
+    #[test]
+    fn random_weights_are_deterministic() {
+        let a = WeightStore::random(7).take("decoder.conv_in.weight", &[8, 4, 3, 3]);
+        let b = WeightStore::random(7).take("decoder.conv_in.weight", &[8, 4, 3, 3]);
+        assert_eq!(a, b);
+        assert!(a.iter().all(|v| v.abs() <= 1.0 / 6.0));
+        assert_eq!(
+            WeightStore::random(7).take("decoder.conv_norm_out.weight", &[4]),
+            vec![1.0; 4]
+        );
+    }
+}
