@@ -36,15 +36,27 @@ pub enum Error {
 
     /// A single buffer larger than the device allows.
     #[error("{what} needs a buffer of {bytes} bytes but the device allows at most {limit} bytes per buffer; use tiling (--tile exact) or a smaller size")]
-    BufferTooLarge { what: String, bytes: u64, limit: u64 },
+    BufferTooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
 
     /// A tensor too large to bind as one storage buffer.
     #[error("{what} is {bytes} bytes but the device's max_storage_buffer_binding_size is {limit} bytes; decode with tiling (--tile exact / --tile auto) or a smaller size")]
-    BindingTooLarge { what: String, bytes: u64, limit: u64 },
+    BindingTooLarge {
+        what: String,
+        bytes: u64,
+        limit: u64,
+    },
 
     /// A dispatch needs more workgroups than the device allows.
     #[error("{what} needs {groups} workgroups along one dimension but the device allows {limit}")]
-    DispatchTooLarge { what: String, groups: u64, limit: u32 },
+    DispatchTooLarge {
+        what: String,
+        groups: u64,
+        limit: u32,
+    },
 
     /// Shapes that do not fit together.
     #[error("shape error in {op}: {message}")]

@@ -156,7 +156,9 @@ impl Tensor {
 
     /// Reads the tensor back as f32 (blocking). For tests, tools and final outputs.
     pub fn to_f32(&self, ctx: &Context) -> Result<Vec<f32>> {
-        let bytes = crate::gpu::read_back(ctx, &[self])?.pop().unwrap_or_default();
+        let bytes = crate::gpu::read_back(ctx, &[self])?
+            .pop()
+            .unwrap_or_default();
         Ok(match self.dtype {
             DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
             DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)
@@ -170,13 +172,17 @@ impl Tensor {
                 .map(f32::from)
                 .collect(),
             DType::Rgba8 => {
-                return Err(Error::Unsupported("to_f32 on an rgba8 tensor; use to_bytes".into()))
+                return Err(Error::Unsupported(
+                    "to_f32 on an rgba8 tensor; use to_bytes".into(),
+                ))
             }
         })
     }
 
     /// Reads the tensor's raw bytes back (blocking).
     pub fn to_bytes(&self, ctx: &Context) -> Result<Vec<u8>> {
-        Ok(crate::gpu::read_back(ctx, &[self])?.pop().unwrap_or_default())
+        Ok(crate::gpu::read_back(ctx, &[self])?
+            .pop()
+            .unwrap_or_default())
     }
 }

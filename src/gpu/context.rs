@@ -204,7 +204,9 @@ impl Context {
         let mut adapters = Self::adapters(options.backends);
         let filter = match &options.adapter {
             AdapterChoice::Name(n) => Some(n.to_lowercase()),
-            AdapterChoice::Auto => std::env::var("WGPU_ADAPTER_NAME").ok().map(|s| s.to_lowercase()),
+            AdapterChoice::Auto => std::env::var("WGPU_ADAPTER_NAME")
+                .ok()
+                .map(|s| s.to_lowercase()),
             AdapterChoice::Index(_) => None,
         };
         if let AdapterChoice::Index(i) = options.adapter {
@@ -299,8 +301,14 @@ impl Context {
     /// Runs `f` inside validation and out-of-memory error scopes and returns
     /// the first error wgpu reported as an [`Error`], naming `during`.
     pub fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
-        let oom = self.inner.device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let val = self.inner.device.push_error_scope(wgpu::ErrorFilter::Validation);
+        let oom = self
+            .inner
+            .device
+            .push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let val = self
+            .inner
+            .device
+            .push_error_scope(wgpu::ErrorFilter::Validation);
         let out = f();
         let v = pollster::block_on(val.pop());
         let o = pollster::block_on(oom.pop());

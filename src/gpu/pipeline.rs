@@ -121,7 +121,9 @@ pub fn preprocess(source: &str, key: &PipelineKey) -> Result<String> {
         } else if let Some(rest) = t.strip_prefix("#ifndef ") {
             stack.push((!key.is_defined(rest.trim()), false));
         } else if t.starts_with("#else") {
-            let top = stack.last_mut().ok_or_else(|| err(i, "#else without #ifdef"))?;
+            let top = stack
+                .last_mut()
+                .ok_or_else(|| err(i, "#else without #ifdef"))?;
             if top.1 {
                 return Err(err(i, "two #else in one #ifdef"));
             }

@@ -57,7 +57,9 @@ impl<'a> Recorder<'a> {
     pub fn new(ctx: &Context) -> Recorder<'static> {
         let encoder = ctx
             .device()
-            .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("wgvae") });
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgvae"),
+            });
         Recorder {
             ctx: ctx.clone(),
             encoder: Encoder::Owned(encoder),
@@ -162,7 +164,10 @@ impl<'a> Recorder<'a> {
                 });
             }
         }
-        if let Some(&g) = groups.iter().find(|&&g| g > caps.max_compute_workgroups_per_dimension) {
+        if let Some(&g) = groups
+            .iter()
+            .find(|&&g| g > caps.max_compute_workgroups_per_dimension)
+        {
             return Err(Error::DispatchTooLarge {
                 what: format!("{}::{}", spec.family, spec.entry),
                 groups: g as u64,
@@ -188,11 +193,14 @@ impl<'a> Recorder<'a> {
                 resource: wgpu::BindingResource::Buffer(t.binding()),
             });
         }
-        let bind_group = self.ctx.device().create_bind_group(&wgpu::BindGroupDescriptor {
-            label: Some(spec.family),
-            layout: &pipeline.layout,
-            entries: &entries,
-        });
+        let bind_group = self
+            .ctx
+            .device()
+            .create_bind_group(&wgpu::BindGroupDescriptor {
+                label: Some(spec.family),
+                layout: &pipeline.layout,
+                entries: &entries,
+            });
         if self.pass.is_none() {
             let pass = self
                 .encoder
@@ -306,7 +314,9 @@ pub fn read_back(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<Vec<u8>>> {
     })?;
     let mut encoder = ctx
         .device()
-        .create_command_encoder(&wgpu::CommandEncoderDescriptor { label: Some("readback") });
+        .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+            label: Some("readback"),
+        });
     for (t, off) in tensors.iter().zip(&offsets) {
         let b = t.block();
         encoder.copy_buffer_to_buffer(&b.buffer, b.offset, &staging, *off, t.byte_size());

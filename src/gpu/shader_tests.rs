@@ -9,9 +9,12 @@ use crate::kernels::all_variants;
 fn validate(name: &str, src: &str) -> naga::Module {
     let module = naga::front::wgsl::parse_str(src)
         .unwrap_or_else(|e| panic!("{name}: parse error:\n{}", e.emit_to_string(src)));
-    naga::valid::Validator::new(naga::valid::ValidationFlags::all(), naga::valid::Capabilities::all())
-        .validate(&module)
-        .unwrap_or_else(|e| panic!("{name}: validation error:\n{}", e.emit_to_string(src)));
+    naga::valid::Validator::new(
+        naga::valid::ValidationFlags::all(),
+        naga::valid::Capabilities::all(),
+    )
+    .validate(&module)
+    .unwrap_or_else(|e| panic!("{name}: validation error:\n{}", e.emit_to_string(src)));
     module
 }
 
@@ -35,11 +38,24 @@ fn every_shader_variant_validates_and_matches_its_spec() {
                 found.insert(rb.binding, var.clone());
             }
         }
-        let uniform = found.get(&0).unwrap_or_else(|| panic!("{name}: binding 0 missing"));
-        assert_eq!(uniform.space, AddressSpace::Uniform, "{name}: binding 0 must be the uniform");
+        let uniform = found
+            .get(&0)
+            .unwrap_or_else(|| panic!("{name}: binding 0 missing"));
+        assert_eq!(
+            uniform.space,
+            AddressSpace::Uniform,
+            "{name}: binding 0 must be the uniform"
+        );
         let size = module.types[uniform.ty].inner.size(module.to_ctx()) as u64;
-        assert_eq!(size, spec.uniform_size, "{name}: uniform struct size WGSL vs Rust");
-        assert_eq!(found.len(), spec.bindings.len() + 1, "{name}: binding count");
+        assert_eq!(
+            size, spec.uniform_size,
+            "{name}: uniform struct size WGSL vs Rust"
+        );
+        assert_eq!(
+            found.len(),
+            spec.bindings.len() + 1,
+            "{name}: binding count"
+        );
         for (i, kind) in spec.bindings.iter().enumerate() {
             let var = found
                 .get(&(i as u32 + 1))
@@ -49,7 +65,12 @@ fn every_shader_variant_validates_and_matches_its_spec() {
             };
             // Pooled tensors share buffers: every storage binding is read_write (see BindingKind).
             let _ = kind;
-            assert_eq!(access, StorageAccess::LOAD | StorageAccess::STORE, "{name}: binding {} must be read_write", i + 1);
+            assert_eq!(
+                access,
+                StorageAccess::LOAD | StorageAccess::STORE,
+                "{name}: binding {} must be read_write",
+                i + 1
+            );
         }
     }
 }
@@ -57,7 +78,13 @@ fn every_shader_variant_validates_and_matches_its_spec() {
 #[test]
 fn preprocessor_handles_nesting_and_rejects_garbage() {
     use crate::gpu::{KernelSpec, PipelineKey};
-    let spec = KernelSpec { family: "t", source: "", entry: "e", bindings: &[], uniform_size: 0 };
+    let spec = KernelSpec {
+        family: "t",
+        source: "",
+        entry: "e",
+        bindings: &[],
+        uniform_size: 0,
+    };
     let key = PipelineKey::new(&spec).flag("A").constant("N", "4u");
     let src = "#ifdef A\na\n#ifdef B\nb\n#else\nnotb\n#endif\n#else\nnota\n#endif\n#ifndef B\nc\n#endif\n";
     let out = preprocess(src, &key).unwrap();

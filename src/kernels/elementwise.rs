@@ -39,7 +39,10 @@ pub const BINARY: KernelSpec = KernelSpec {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum Unary {
     /// `x * alpha + beta`
-    ScaleShift { alpha: f32, beta: f32 },
+    ScaleShift {
+        alpha: f32,
+        beta: f32,
+    },
     Silu,
     Relu,
     /// `tanh(x / k) * k`
@@ -72,7 +75,10 @@ pub(crate) fn storage_type(dtype: DType) -> Result<&'static str> {
     match dtype {
         DType::F32 => Ok("f32"),
         DType::F16 => Ok("f16"),
-        d => Err(Error::Unsupported(format!("{} tensors in elementwise kernels", d.name()))),
+        d => Err(Error::Unsupported(format!(
+            "{} tensors in elementwise kernels",
+            d.name()
+        ))),
     }
 }
 
@@ -97,9 +103,21 @@ pub fn unary(rec: &mut Recorder, f: Unary, x: &Tensor, out: &Tensor) -> Result<(
     check_same("elementwise", x, out)?;
     let (op, alpha, beta) = f.code();
     let n = x.numel() as u32;
-    let params = Params { n, alpha, beta, _pad: 0 };
+    let params = Params {
+        n,
+        alpha,
+        beta,
+        _pad: 0,
+    };
     let groups = linear_groups(rec.ctx(), (n as u64).div_ceil(WG as u64))?;
-    rec.dispatch(&UNARY, &key(&UNARY, op, x.dtype(), false)?, &params, &[x, out], groups, 0)
+    rec.dispatch(
+        &UNARY,
+        &key(&UNARY, op, x.dtype(), false)?,
+        &params,
+        &[x, out],
+        groups,
+        0,
+    )
 }
 
 /// `out = x + y`; `out` may be `x` or `y`.
@@ -107,18 +125,36 @@ pub fn add(rec: &mut Recorder, x: &Tensor, y: &Tensor, out: &Tensor) -> Result<(
     check_same("add", x, y)?;
     check_same("add", x, out)?;
     let n = x.numel() as u32;
-    let params = Params { n, alpha: 1.0, beta: 0.0, _pad: 0 };
+    let params = Params {
+        n,
+        alpha: 1.0,
+        beta: 0.0,
+        _pad: 0,
+    };
     let groups = linear_groups(rec.ctx(), (n as u64).div_ceil(WG as u64))?;
-    rec.dispatch(&BINARY, &key(&BINARY, 4, x.dtype(), true)?, &params, &[x, y, out], groups, 0)
+    rec.dispatch(
+        &BINARY,
+        &key(&BINARY, 4, x.dtype(), true)?,
+        &params,
+        &[x, y, out],
+        groups,
+        0,
+    )
 }
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
     for dtype in [DType::F32, DType::F16] {
         for op in 0..4 {
-            v.push((UNARY, key(&UNARY, op, dtype, false).expect("supported dtype")));
+            v.push((
+                UNARY,
+                key(&UNARY, op, dtype, false).expect("supported dtype"),
+            ));
         }
-        v.push((BINARY, key(&BINARY, 4, dtype, true).expect("supported dtype")));
+        v.push((
+            BINARY,
+            key(&BINARY, 4, dtype, true).expect("supported dtype"),
+        ));
     }
     v
 }
@@ -132,7 +168,10 @@ mod tests {
     fn unary_ops_match_cpu_on_odd_sizes() {
         let ctx = test_context();
         for (i, f) in [
-            Unary::ScaleShift { alpha: 1.0 / 0.18215, beta: 0.1159 },
+            Unary::ScaleShift {
+                alpha: 1.0 / 0.18215,
+                beta: 0.1159,
+            },
             Unary::Silu,
             Unary::Relu,
             Unary::TanhClamp(3.0),
@@ -148,7 +187,13 @@ mod tests {
                 unary(&mut rec, f, &x, &out).unwrap();
                 rec.submit().unwrap();
                 let want: Vec<f32> = data.iter().map(|&v| f.apply(v)).collect();
-                assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-5, &format!("{f:?} n={n}"));
+                assert_close(
+                    &out.to_f32(&ctx).unwrap(),
+                    &want,
+                    1e-5,
+                    1e-5,
+                    &format!("{f:?} n={n}"),
+                );
             }
         }
     }
@@ -174,6 +219,9 @@ mod tests {
         let x = Tensor::empty(&ctx, &[5], DType::F32, "x").unwrap();
         let y = Tensor::empty(&ctx, &[6], DType::F32, "y").unwrap();
         let mut rec = Recorder::new(&ctx);
-        assert!(matches!(add(&mut rec, &x, &y, &x), Err(Error::Shape { .. })));
+        assert!(matches!(
+            add(&mut rec, &x, &y, &x),
+            Err(Error::Shape { .. })
+        ));
     }
 }

@@ -21,7 +21,13 @@ impl MemoryPool for ExactPool {
         "exact"
     }
 
-    fn allocate(&self, device: &wgpu::Device, bytes: u64, _align: u64, label: &str) -> Result<Block> {
+    fn allocate(
+        &self,
+        device: &wgpu::Device,
+        bytes: u64,
+        _align: u64,
+        label: &str,
+    ) -> Result<Block> {
         // wgpu needs sizes that are multiples of 4 for copies; never zero-sized.
         let size = round_up(bytes.max(4), 4);
         let limit = device.limits().max_buffer_size;
@@ -43,7 +49,10 @@ impl MemoryPool for ExactPool {
         });
         if let Some(e) = pollster::block_on(oom.pop()) {
             self.state.lock().expect("pool poisoned").0.num_ooms += 1;
-            return Err(Error::from_wgpu(&format!("allocating {label} ({size} bytes)"), e));
+            return Err(Error::from_wgpu(
+                &format!("allocating {label} ({size} bytes)"),
+                e,
+            ));
         }
         let mut s = self.state.lock().expect("pool poisoned");
         s.1 += 1;

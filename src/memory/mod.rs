@@ -39,7 +39,8 @@ pub trait MemoryPool: Send + Sync {
     /// `exact`, `caching` or `planned`.
     fn policy_name(&self) -> &'static str;
     /// A block of at least `bytes` bytes, offset aligned to `align`.
-    fn allocate(&self, device: &wgpu::Device, bytes: u64, align: u64, label: &str) -> Result<Block>;
+    fn allocate(&self, device: &wgpu::Device, bytes: u64, align: u64, label: &str)
+        -> Result<Block>;
     /// Returns a block; called once, when the last tensor using it drops.
     fn release(&self, block: &Block);
     /// Current statistics.
