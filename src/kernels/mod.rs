@@ -4,6 +4,7 @@
 //!
 //! Layout convention: activations are NCHW, contiguous.
 
+pub mod conv2d;
 pub mod elementwise;
 
 /// An activation applied inside a kernel (fused), never materialised.
@@ -40,5 +41,6 @@ impl Activation {
 pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> {
     let mut v = Vec::new();
     v.extend(elementwise::variants());
+    v.extend(conv2d::variants());
     v
 }

@@ -1,0 +1,1069 @@
+//! `shaders/conv2d.wgsl`: 2-D convolution (k = 1 or 3, stride 1 or 2, any padding) as a
+//! tiled implicit GEMM, with a nearest-2x upsample, a GroupNorm-style affine + activation
+//! prologue, bias and a residual add fused in.
+//!
+//! GEMM view: M = Cout, N = output pixels of one image, K = Cin * k * k. Each workgroup
+//! computes a TM x TN output tile, stepping through K by TK with both operand tiles staged in
+//! workgroup memory (the input one built im2col-style while loading), and each invocation
+//! accumulates an RM x RN register block in f32.
+
+use bytemuck::{Pod, Zeroable};
+
+use crate::error::{Error, Result};
+use crate::gpu::{
+    linear_groups, BindingKind, Capabilities, Context, KernelSpec, PipelineKey, Recorder,
+};
+use crate::kernels::Activation;
+use crate::tensor::{DType, Tensor};
+
+const SOURCE: &str = include_str!("../../shaders/conv2d.wgsl");
+
+/// Invocations per workgroup of the naive kernel.
+const NAIVE_WG: u32 = 64;
+
+/// Uniform block of both entry points (WGSL `Params`).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+pub struct Params {
+    pub cin: u32,
+    pub h: u32,
+    pub w: u32,
+    pub cout: u32,
+    pub wo: u32,
+    pub hin: u32,
+    pub win: u32,
+    pub pad_top: u32,
+    pub pad_left: u32,
+    pub ktot: u32,
+    pub mpad: u32,
+    pub npix: u32,
+    pub ntiles: u32,
+    pub mtiles: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+}
+
+// input, weights, bias, affine, residual, out. Absent optional operands are bound to a
+// placeholder (the weights) that the specialised shader never reads.
+const BINDINGS: &[BindingKind] = &[
+    BindingKind::Read,
+    BindingKind::Read,
+    BindingKind::Read,
+    BindingKind::Read,
+    BindingKind::Read,
+    BindingKind::ReadWrite,
+];
+
+pub const TILED: KernelSpec = KernelSpec {
+    family: "conv2d",
+    source: SOURCE,
+    entry: "conv2d",
+    bindings: BINDINGS,
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+pub const NAIVE: KernelSpec = KernelSpec {
+    family: "conv2d",
+    source: SOURCE,
+    entry: "naive",
+    bindings: BINDINGS,
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+/// Geometry options of a convolution.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Conv2dOptions {
+    /// 1 or 2.
+    pub stride: u32,
+    /// Zero padding: top, left, bottom, right.
+    pub pad: [u32; 4],
+    /// Nearest-2x upsample of the input, fused into the load.
+    pub upsample: bool,
+}
+
+impl Conv2dOptions {
+    /// Stride 1, padding k/2 on all sides, no upsample ("same" size for odd k).
+    pub fn same(k: u32) -> Self {
+        Conv2dOptions {
+            stride: 1,
+            pad: [k / 2; 4],
+            upsample: false,
+        }
+    }
+}
+
+/// Tile shape of the implicit GEMM: pipeline-key constants a device may choose.
+/// The workgroup has (tm / rm) * (tn / rn) invocations.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ConvTiles {
+    /// Output channels per workgroup tile.
+    pub tm: u32,
+    /// Output pixels per workgroup tile.
+    pub tn: u32,
+    /// Reduction (Cin * k * k) step per shared-memory stage.
+    pub tk: u32,
+    /// Output channels per invocation (multiple of 4).
+    pub rm: u32,
+    /// Output pixels per invocation (multiple of 4).
+    pub rn: u32,
+}
+
+impl ConvTiles {
+    /// Invocations per workgroup.
+    pub fn workgroup_size(&self) -> u32 {
+        (self.tm / self.rm.max(1)) * (self.tn / self.rn.max(1))
+    }
+
+    /// Bytes of workgroup memory the tiles use.
+    pub fn shared_bytes(&self) -> u32 {
+        self.tk * (self.tm + self.tn) * 4
+    }
+
+    /// Checks the divisibility rules of the shader and the device limits.
+    pub fn check(&self, caps: &Capabilities) -> Result<()> {
+        let ConvTiles { tm, tn, tk, rm, rn } = *self;
+        let bad = |why: &str| Err(Error::Unsupported(format!("conv2d tiles {self:?}: {why}")));
+        if rm == 0 || rn == 0 || tk == 0 || rm % 4 != 0 || rn % 4 != 0 {
+            return bad("rm, rn must be positive multiples of 4, tk positive");
+        }
+        if tm % rm != 0 || tn % rn != 0 {
+            return bad("tm must be a multiple of rm and tn of rn");
+        }
+        let wg = self.workgroup_size();
+        let tn4 = tn / 4;
+        if wg % tn4 != 0 || tk % (wg / tn4) != 0 {
+            return bad("the workgroup must load whole rows of the input tile (wg % (tn/4) == 0, tk % (wg / (tn/4)) == 0)");
+        }
+        if wg > caps.max_compute_invocations_per_workgroup {
+            return bad("workgroup larger than the device allows");
+        }
+        if self.shared_bytes() > caps.max_compute_workgroup_storage_size {
+            return bad("tiles exceed the device's workgroup memory");
+        }
+        Ok(())
+    }
+
+    /// The default tiles for a layer on a device.
+    pub fn for_layer(caps: &Capabilities, cout: usize, _k: usize) -> ConvTiles {
+        let _ = caps;
+        if cout <= 16 {
+            // conv_out (Cout = 3): narrow in M so few padded rows are computed.
+            ConvTiles {
+                tm: 4,
+                tn: 128,
+                tk: 16,
+                rm: 4,
+                rn: 4,
+            }
+        } else {
+            ConvTiles {
+                tm: 64,
+                tn: 64,
+                tk: 16,
+                rm: 8,
+                rn: 4,
+            }
+        }
+    }
+}
+
+/// Convolution weights on the device, re-laid-out once at load for the tiled kernel:
+/// `weight` is `[Kp, Mp]` with K = Cin*k*k (PyTorch order ci, ky, kx) and M = Cout,
+/// zero padded to multiples of the tiles' `tk` and `tm`; `bias` is `[Mp]`.
+pub struct Conv2dWeights {
+    weight: Tensor,
+    bias: Option<Tensor>,
+    cout: usize,
+    cin: usize,
+    k: usize,
+    mpad: usize,
+    tiles: ConvTiles,
+}
+
+impl std::fmt::Debug for Conv2dWeights {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "Conv2dWeights(cout {}, cin {}, k {}, bias {}, {:?})",
+            self.cout,
+            self.cin,
+            self.k,
+            self.bias.is_some(),
+            self.tiles
+        )
+    }
+}
+
+impl Conv2dWeights {
+    /// weight: PyTorch layout `[Cout, Cin, k, k]` (k = 1 or 3) as f32; bias `[Cout]`.
+    pub fn from_pytorch(
+        ctx: &Context,
+        weight: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+        label: &str,
+    ) -> Result<Conv2dWeights> {
+        let tiles = ConvTiles::for_layer(ctx.caps(), cout, k);
+        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, label)
+    }
+
+    /// Like [`Conv2dWeights::from_pytorch`] with explicit tiles (tuning, benchmarks).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_pytorch_with_tiles(
+        ctx: &Context,
+        weight: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+        tiles: ConvTiles,
+        label: &str,
+    ) -> Result<Conv2dWeights> {
+        let op = "Conv2dWeights::from_pytorch";
+        if k != 1 && k != 3 {
+            return Err(Error::shape(
+                op,
+                format!("kernel size {k}; only 1 and 3 are supported"),
+            ));
+        }
+        if cout == 0 || cin == 0 {
+            return Err(Error::shape(
+                op,
+                format!("empty weights (cout {cout}, cin {cin})"),
+            ));
+        }
+        if weight.len() != cout * cin * k * k {
+            return Err(Error::shape(
+                op,
+                format!(
+                    "{} weight values for [{cout}, {cin}, {k}, {k}]",
+                    weight.len()
+                ),
+            ));
+        }
+        if let Some(b) = bias {
+            if b.len() != cout {
+                return Err(Error::shape(
+                    op,
+                    format!("{} bias values for {cout} outputs", b.len()),
+                ));
+            }
+        }
+        tiles.check(ctx.caps())?;
+        let ktot = cin * k * k;
+        let kpad = ktot.div_ceil(tiles.tk as usize) * tiles.tk as usize;
+        let mpad = cout.div_ceil(tiles.tm as usize) * tiles.tm as usize;
+        // [Cout, K] -> [Kp, Mp]: K-major so a tile row is Cout-contiguous (vec4 loads).
+        let mut packed = vec![0.0f32; kpad * mpad];
+        for m in 0..cout {
+            for kg in 0..ktot {
+                packed[kg * mpad + m] = weight[m * ktot + kg];
+            }
+        }
+        let weight = Tensor::from_f32(ctx, &[kpad, mpad], &packed, label)?;
+        let bias = match bias {
+            Some(b) => {
+                let mut padded = b.to_vec();
+                padded.resize(mpad, 0.0);
+                Some(Tensor::from_f32(
+                    ctx,
+                    &[mpad],
+                    &padded,
+                    &format!("{label}.bias"),
+                )?)
+            }
+            None => None,
+        };
+        Ok(Conv2dWeights {
+            weight,
+            bias,
+            cout,
+            cin,
+            k,
+            mpad,
+            tiles,
+        })
+    }
+
+    pub fn cout(&self) -> usize {
+        self.cout
+    }
+    pub fn cin(&self) -> usize {
+        self.cin
+    }
+    pub fn k(&self) -> usize {
+        self.k
+    }
+    pub fn has_bias(&self) -> bool {
+        self.bias.is_some()
+    }
+    /// The tiles the weights were laid out for.
+    pub fn tiles(&self) -> ConvTiles {
+        self.tiles
+    }
+}
+
+/// Optional fused prologue: the input is transformed on load as `act(x * scale[n, c] + shift[n, c])`
+/// with `affine` an f32 tensor `[N, Cin, 2]` (`[.., 0]` = scale, `[.., 1]` = shift). Zero padding
+/// applies after the transform.
+#[derive(Clone, Copy, Debug)]
+pub struct Prologue<'a> {
+    pub affine: &'a Tensor,
+    pub act: Activation,
+}
+
+/// Output spatial size for an input size (the upsample, if any, is applied first).
+pub fn output_size(h: usize, w: usize, k: usize, opts: &Conv2dOptions) -> (usize, usize) {
+    let up = if opts.upsample { 2 } else { 1 };
+    let s = opts.stride.max(1) as usize;
+    let hp = h * up + opts.pad[0] as usize + opts.pad[2] as usize;
+    let wp = w * up + opts.pad[1] as usize + opts.pad[3] as usize;
+    let ho = if hp >= k { (hp - k) / s + 1 } else { 0 };
+    let wo = if wp >= k { (wp - k) / s + 1 } else { 0 };
+    (ho, wo)
+}
+
+/// Multiply-accumulates of one call (GFLOP/s = 2 * MACs / time).
+pub fn macs(n: usize, cin: usize, cout: usize, ho: usize, wo: usize, k: usize) -> u64 {
+    (n * cout * ho * wo) as u64 * (cin * k * k) as u64
+}
+
+/// Everything a dispatch needs once the shapes are checked.
+struct Plan {
+    params: Params,
+    n: usize,
+    macs: u64,
+}
+
+fn same_memory(a: &Tensor, b: &Tensor) -> bool {
+    let (x, y) = (a.block(), b.block());
+    x.buffer == y.buffer
+        && x.offset < y.offset + b.byte_size()
+        && y.offset < x.offset + a.byte_size()
+}
+
+fn plan(
+    input: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<&Prologue>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    opts: &Conv2dOptions,
+) -> Result<Plan> {
+    let op = "conv2d";
+    let shape_err = |msg: String| Err(Error::shape(op, msg));
+    for t in [Some(input), Some(out), residual, prologue.map(|p| p.affine)]
+        .into_iter()
+        .flatten()
+    {
+        if t.dtype() != DType::F32 {
+            return Err(Error::Unsupported(format!(
+                "conv2d on {} tensors (f32 only)",
+                t.dtype().name()
+            )));
+        }
+    }
+    if opts.stride != 1 && opts.stride != 2 {
+        return shape_err(format!("stride {} (1 or 2 supported)", opts.stride));
+    }
+    let [n, cin, h, wd] = match *input.shape() {
+        [a, b, c, d] => [a, b, c, d],
+        _ => return shape_err(format!("input {:?} is not [N, Cin, H, W]", input.shape())),
+    };
+    if cin != w.cin {
+        return shape_err(format!(
+            "input {:?} has {cin} channels, weights expect {}",
+            input.shape(),
+            w.cin
+        ));
+    }
+    let (ho, wo) = output_size(h, wd, w.k, opts);
+    if n == 0 || ho == 0 || wo == 0 {
+        return shape_err(format!(
+            "input {:?} gives an empty output with {opts:?}",
+            input.shape()
+        ));
+    }
+    let want = [n, w.cout, ho, wo];
+    if out.shape() != want {
+        return shape_err(format!("out is {:?}, expected {want:?}", out.shape()));
+    }
+    if let Some(r) = residual {
+        if r.shape() != want {
+            return shape_err(format!("residual is {:?}, expected {want:?}", r.shape()));
+        }
+        if same_memory(r, input) {
+            return shape_err("residual aliases the input".into());
+        }
+    }
+    if let Some(pro) = prologue {
+        if pro.affine.shape() != [n, cin, 2] {
+            return shape_err(format!(
+                "prologue affine is {:?}, expected [{n}, {cin}, 2]",
+                pro.affine.shape()
+            ));
+        }
+    }
+    if same_memory(out, input) {
+        return shape_err("out aliases the input".into());
+    }
+    let up = if opts.upsample { 2 } else { 1 };
+    let npix = ho * wo;
+    let t = w.tiles;
+    let params = Params {
+        cin: cin as u32,
+        h: h as u32,
+        w: wd as u32,
+        cout: w.cout as u32,
+        wo: wo as u32,
+        hin: (h * up) as u32,
+        win: (wd * up) as u32,
+        pad_top: opts.pad[0],
+        pad_left: opts.pad[1],
+        ktot: (cin * w.k * w.k) as u32,
+        mpad: w.mpad as u32,
+        npix: npix as u32,
+        ntiles: npix.div_ceil(t.tn as usize) as u32,
+        mtiles: w.cout.div_ceil(t.tm as usize) as u32,
+        _pad0: 0,
+        _pad1: 0,
+    };
+    Ok(Plan {
+        params,
+        n,
+        macs: macs(n, cin, w.cout, ho, wo, w.k),
+    })
+}
+
+fn base_key(
+    spec: &KernelSpec,
+    k: usize,
+    stride: u32,
+    upsample: bool,
+    act: Option<Activation>,
+    bias: bool,
+    residual: bool,
+) -> PipelineKey {
+    PipelineKey::new(spec)
+        .alias("T", "f32")
+        .constant("KS", format!("{k}u"))
+        .constant("STRIDE", format!("{stride}u"))
+        .constant("ACT", format!("{}u", act.unwrap_or_default().code()))
+        .flag_if(upsample, "UPSAMPLE")
+        .flag_if(act.is_some(), "PROLOGUE")
+        .flag_if(bias, "HAS_BIAS")
+        .flag_if(residual, "HAS_RESIDUAL")
+}
+
+#[allow(clippy::too_many_arguments)]
+fn tiled_key(
+    tiles: ConvTiles,
+    k: usize,
+    stride: u32,
+    upsample: bool,
+    act: Option<Activation>,
+    bias: bool,
+    residual: bool,
+) -> PipelineKey {
+    base_key(&TILED, k, stride, upsample, act, bias, residual)
+        .constant("TM", format!("{}u", tiles.tm))
+        .constant("TN", format!("{}u", tiles.tn))
+        .constant("TK", format!("{}u", tiles.tk))
+        .constant("RM", format!("{}u", tiles.rm))
+        .constant("RN", format!("{}u", tiles.rn))
+}
+
+fn naive_key(
+    k: usize,
+    stride: u32,
+    upsample: bool,
+    act: Option<Activation>,
+    bias: bool,
+    residual: bool,
+) -> PipelineKey {
+    base_key(&NAIVE, k, stride, upsample, act, bias, residual)
+        .flag("NAIVE")
+        .constant("WG", format!("{NAIVE_WG}u"))
+}
+
+fn bindings<'t>(
+    input: &'t Tensor,
+    w: &'t Conv2dWeights,
+    prologue: Option<&Prologue<'t>>,
+    residual: Option<&'t Tensor>,
+    out: &'t Tensor,
+) -> [&'t Tensor; 6] {
+    let placeholder = &w.weight;
+    [
+        input,
+        &w.weight,
+        w.bias.as_ref().unwrap_or(placeholder),
+        prologue.map(|p| p.affine).unwrap_or(placeholder),
+        residual.unwrap_or(placeholder),
+        out,
+    ]
+}
+
+/// `out = conv(prologue(upsample?(input))) + bias + residual`.
+///
+/// input `[N, Cin, H, W]`; out `[N, Cout, Ho, Wo]` (see [`output_size`]); residual (optional)
+/// `[N, Cout, Ho, Wo]`, added after the bias. `out` may alias `residual` (in-place residual add)
+/// but never `input`.
+pub fn conv2d(
+    rec: &mut Recorder,
+    input: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<Prologue>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    opts: &Conv2dOptions,
+) -> Result<()> {
+    let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
+    let key = tiled_key(
+        w.tiles,
+        w.k,
+        opts.stride,
+        opts.upsample,
+        prologue.map(|p| p.act),
+        w.bias.is_some(),
+        residual.is_some(),
+    );
+    let groups_xy = linear_groups(rec.ctx(), plan.params.ntiles as u64)?;
+    let gz = plan.n as u64 * plan.params.mtiles as u64;
+    let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
+        what: "conv2d (batch x Cout tiles)".into(),
+        groups: gz,
+        limit: rec.ctx().caps().max_compute_workgroups_per_dimension,
+    })?;
+    let tensors = bindings(input, w, prologue.as_ref(), residual, out);
+    rec.dispatch(
+        &TILED,
+        &key,
+        &plan.params,
+        &tensors,
+        [groups_xy[0], groups_xy[1], gz],
+        plan.macs,
+    )
+}
+
+/// The same convolution with one output per invocation and no workgroup-memory reuse.
+/// Only for benchmarks (the speed-up ratio of the tiled kernel) and cross-checks.
+pub fn conv2d_naive(
+    rec: &mut Recorder,
+    input: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<Prologue>,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    opts: &Conv2dOptions,
+) -> Result<()> {
+    let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
+    let key = naive_key(
+        w.k,
+        opts.stride,
+        opts.upsample,
+        prologue.map(|p| p.act),
+        w.bias.is_some(),
+        residual.is_some(),
+    );
+    let per_image = w.cout as u64 * plan.params.npix as u64;
+    let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
+    let tensors = bindings(input, w, prologue.as_ref(), residual, out);
+    rec.dispatch(
+        &NAIVE,
+        &key,
+        &plan.params,
+        &tensors,
+        [groups[0], groups[1], plan.n as u32],
+        plan.macs,
+    )
+}
+
+/// Plain CPU reference with the semantics of [`conv2d`].
+///
+/// input `[N, Cin, H, W]` (`in_shape`), weight PyTorch `[Cout, Cin, k, k]`, bias `[Cout]`,
+/// prologue `([N, Cin, 2] scale/shift, activation)`, residual `[N, Cout, Ho, Wo]`.
+#[allow(clippy::too_many_arguments)]
+pub fn cpu_conv2d(
+    input: &[f32],
+    in_shape: [usize; 4],
+    weight: &[f32],
+    cout: usize,
+    k: usize,
+    bias: Option<&[f32]>,
+    prologue: Option<(&[f32], Activation)>,
+    residual: Option<&[f32]>,
+    opts: &Conv2dOptions,
+) -> Vec<f32> {
+    let [n, cin, h, w] = in_shape;
+    let up = if opts.upsample { 2 } else { 1 };
+    let (hu, wu) = (h * up, w * up);
+    let (ho, wo) = output_size(h, w, k, opts);
+    // Transformed (prologue) and upsampled input, so padding stays exactly zero.
+    let mut xin = vec![0.0f32; n * cin * hu * wu];
+    for b in 0..n {
+        for c in 0..cin {
+            let (scale, shift, act) = match prologue {
+                Some((aff, act)) => (aff[(b * cin + c) * 2], aff[(b * cin + c) * 2 + 1], act),
+                None => (1.0, 0.0, Activation::None),
+            };
+            for y in 0..hu {
+                for xx in 0..wu {
+                    let v = input[((b * cin + c) * h + y / up) * w + xx / up];
+                    xin[((b * cin + c) * hu + y) * wu + xx] = act.apply(v * scale + shift);
+                }
+            }
+        }
+    }
+    let s = opts.stride as i64;
+    let (pt, pl) = (opts.pad[0] as i64, opts.pad[1] as i64);
+    let mut out = vec![0.0f32; n * cout * ho * wo];
+    for b in 0..n {
+        for m in 0..cout {
+            for oy in 0..ho {
+                for ox in 0..wo {
+                    let mut acc = 0.0f64;
+                    for c in 0..cin {
+                        for ky in 0..k {
+                            let iy = oy as i64 * s - pt + ky as i64;
+                            if iy < 0 || iy >= hu as i64 {
+                                continue;
+                            }
+                            for kx in 0..k {
+                                let ix = ox as i64 * s - pl + kx as i64;
+                                if ix < 0 || ix >= wu as i64 {
+                                    continue;
+                                }
+                                let xv = xin[((b * cin + c) * hu + iy as usize) * wu + ix as usize];
+                                acc += (weight[((m * cin + c) * k + ky) * k + kx] * xv) as f64;
+                            }
+                        }
+                    }
+                    let o = ((b * cout + m) * ho + oy) * wo + ox;
+                    let mut v = acc as f32 + bias.map_or(0.0, |bv| bv[m]);
+                    if let Some(r) = residual {
+                        v += r[o];
+                    }
+                    out[o] = v;
+                }
+            }
+        }
+    }
+    out
+}
+
+pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
+    let mut v = Vec::new();
+    let tile_sets = [
+        ConvTiles {
+            tm: 64,
+            tn: 64,
+            tk: 16,
+            rm: 8,
+            rn: 4,
+        },
+        ConvTiles {
+            tm: 4,
+            tn: 128,
+            tk: 16,
+            rm: 4,
+            rn: 4,
+        },
+    ];
+    let acts = [
+        None,
+        Some(Activation::None),
+        Some(Activation::Silu),
+        Some(Activation::Relu),
+    ];
+    for k in [1, 3] {
+        for stride in [1, 2] {
+            for upsample in [false, true] {
+                for act in acts {
+                    for bias in [false, true] {
+                        for residual in [false, true] {
+                            for tiles in tile_sets {
+                                v.push((
+                                    TILED,
+                                    tiled_key(tiles, k, stride, upsample, act, bias, residual),
+                                ));
+                            }
+                            v.push((NAIVE, naive_key(k, stride, upsample, act, bias, residual)));
+                        }
+                    }
+                }
+            }
+        }
+    }
+    v
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::{assert_close, rand_vec, test_context};
+
+    /// One GPU-vs-CPU comparison. Tolerance: |got - want| <= 1e-4 + 1e-4 |want| (f32).
+    struct Case {
+        n: usize,
+        cin: usize,
+        h: usize,
+        w: usize,
+        cout: usize,
+        k: usize,
+        opts: Conv2dOptions,
+        bias: bool,
+        act: Option<Activation>,
+        residual: bool,
+        in_place: bool,
+        naive: bool,
+    }
+
+    impl Case {
+        fn new(n: usize, cin: usize, h: usize, w: usize, cout: usize, k: usize) -> Case {
+            Case {
+                n,
+                cin,
+                h,
+                w,
+                cout,
+                k,
+                opts: Conv2dOptions::same(k as u32),
+                bias: true,
+                act: None,
+                residual: false,
+                in_place: false,
+                naive: false,
+            }
+        }
+
+        fn run(&self, seed: u64) {
+            let ctx = test_context();
+            let Case {
+                n,
+                cin,
+                h,
+                w,
+                cout,
+                k,
+                ..
+            } = *self;
+            let what = format!(
+                "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {}",
+                self.opts, self.bias, self.act, self.residual, self.in_place, self.naive
+            );
+            let x = rand_vec(n * cin * h * w, seed, 1.0);
+            // Weights scaled like a trained layer so sums stay O(1).
+            let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
+            let wv = rand_vec(cout * cin * k * k, seed + 1, wscale);
+            let bv = rand_vec(cout, seed + 2, 0.5);
+            let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
+                .chunks(2)
+                .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
+                .collect();
+            let (ho, wo) = output_size(h, w, k, &self.opts);
+            let rv = rand_vec(n * cout * ho * wo, seed + 4, 1.0);
+            let want = cpu_conv2d(
+                &x,
+                [n, cin, h, w],
+                &wv,
+                cout,
+                k,
+                self.bias.then_some(&bv[..]),
+                self.act.map(|a| (&aff[..], a)),
+                self.residual.then_some(&rv[..]),
+                &self.opts,
+            );
+
+            let xt = Tensor::from_f32(&ctx, &[n, cin, h, w], &x, "x").unwrap();
+            let weights = Conv2dWeights::from_pytorch(
+                &ctx,
+                &wv,
+                cout,
+                cin,
+                k,
+                self.bias.then_some(&bv[..]),
+                "w",
+            )
+            .unwrap();
+            let at = Tensor::from_f32(&ctx, &[n, cin, 2], &aff, "affine").unwrap();
+            let rt = Tensor::from_f32(&ctx, &[n, cout, ho, wo], &rv, "res").unwrap();
+            let out = if self.in_place {
+                rt.clone()
+            } else {
+                Tensor::empty(&ctx, &[n, cout, ho, wo], DType::F32, "out").unwrap()
+            };
+            let prologue = self.act.map(|act| Prologue { affine: &at, act });
+            let residual = self.residual.then_some(&rt);
+            let mut rec = Recorder::new(&ctx);
+            if self.naive {
+                conv2d_naive(
+                    &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
+                )
+                .unwrap();
+            } else {
+                conv2d(
+                    &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
+                )
+                .unwrap();
+            }
+            assert_eq!(rec.labels()[0].macs, macs(n, cin, cout, ho, wo, k));
+            rec.submit().unwrap();
+            assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-4, 1e-4, &what);
+        }
+    }
+
+    #[test]
+    fn conv3x3_odd_shapes_match_cpu() {
+        Case::new(1, 3, 7, 5, 4, 3).run(1);
+        Case::new(2, 37, 19, 23, 67, 3).run(2);
+        Case {
+            bias: false,
+            ..Case::new(1, 64, 9, 11, 67, 3)
+        }
+        .run(3);
+    }
+
+    #[test]
+    fn conv1x1_odd_shapes_match_cpu() {
+        Case::new(1, 64, 9, 11, 67, 1).run(4);
+        Case {
+            bias: false,
+            ..Case::new(2, 37, 19, 23, 5, 1)
+        }
+        .run(5);
+        Case::new(1, 3, 7, 5, 4, 1).run(6);
+    }
+
+    #[test]
+    fn stride2_and_asymmetric_padding_match_cpu() {
+        // The VAE encoder's downsampling conv: pad (0, 0, 1, 1), stride 2.
+        let enc = Conv2dOptions {
+            stride: 2,
+            pad: [0, 0, 1, 1],
+            upsample: false,
+        };
+        Case {
+            opts: enc,
+            ..Case::new(2, 37, 19, 23, 67, 3)
+        }
+        .run(7);
+        Case {
+            opts: enc,
+            ..Case::new(1, 16, 8, 8, 16, 3)
+        }
+        .run(8);
+        let sym = Conv2dOptions {
+            stride: 2,
+            pad: [1; 4],
+            upsample: false,
+        };
+        Case {
+            opts: sym,
+            ..Case::new(1, 5, 9, 12, 7, 3)
+        }
+        .run(9);
+        let one = Conv2dOptions {
+            stride: 2,
+            pad: [0; 4],
+            upsample: false,
+        };
+        Case {
+            opts: one,
+            ..Case::new(1, 6, 9, 11, 10, 1)
+        }
+        .run(10);
+    }
+
+    #[test]
+    fn upsample_matches_cpu() {
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        Case {
+            opts: up,
+            ..Case::new(2, 37, 7, 9, 67, 3)
+        }
+        .run(11);
+        let up1 = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(1)
+        };
+        Case {
+            opts: up1,
+            ..Case::new(1, 6, 5, 3, 9, 1)
+        }
+        .run(12);
+    }
+
+    #[test]
+    fn prologue_silu_relu_match_cpu() {
+        for (i, act) in [Activation::Silu, Activation::Relu, Activation::None]
+            .into_iter()
+            .enumerate()
+        {
+            Case {
+                act: Some(act),
+                ..Case::new(2, 37, 9, 13, 67, 3)
+            }
+            .run(20 + i as u64);
+        }
+        // Prologue with upsample and padding: padded taps stay 0 after the transform.
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        Case {
+            act: Some(Activation::Silu),
+            opts: up,
+            ..Case::new(1, 8, 5, 6, 12, 3)
+        }
+        .run(24);
+    }
+
+    #[test]
+    fn residual_and_in_place_match_cpu() {
+        Case {
+            residual: true,
+            ..Case::new(2, 37, 19, 23, 67, 3)
+        }
+        .run(30);
+        Case {
+            residual: true,
+            in_place: true,
+            act: Some(Activation::Silu),
+            ..Case::new(1, 64, 9, 11, 67, 3)
+        }
+        .run(31);
+        Case {
+            residual: true,
+            in_place: true,
+            bias: false,
+            ..Case::new(1, 64, 9, 11, 67, 1)
+        }
+        .run(32);
+    }
+
+    #[test]
+    fn conv_out_three_channels_matches_cpu() {
+        // The VAE's conv_out: Cout = 3 with a GroupNorm + SiLU prologue.
+        Case {
+            act: Some(Activation::Silu),
+            ..Case::new(1, 64, 17, 19, 3, 3)
+        }
+        .run(40);
+        Case::new(2, 16, 9, 7, 3, 3).run(41);
+    }
+
+    #[test]
+    fn naive_kernel_matches_cpu() {
+        Case {
+            naive: true,
+            ..Case::new(2, 37, 9, 13, 67, 3)
+        }
+        .run(50);
+        let enc = Conv2dOptions {
+            stride: 2,
+            pad: [0, 0, 1, 1],
+            upsample: false,
+        };
+        Case {
+            naive: true,
+            opts: enc,
+            residual: true,
+            act: Some(Activation::Relu),
+            ..Case::new(1, 6, 9, 11, 10, 3)
+        }
+        .run(51);
+    }
+
+    #[test]
+    fn output_size_and_macs() {
+        assert_eq!(output_size(64, 64, 3, &Conv2dOptions::same(3)), (64, 64));
+        let enc = Conv2dOptions {
+            stride: 2,
+            pad: [0, 0, 1, 1],
+            upsample: false,
+        };
+        assert_eq!(output_size(512, 512, 3, &enc), (256, 256));
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        assert_eq!(output_size(64, 32, 3, &up), (128, 64));
+        assert_eq!(output_size(7, 5, 1, &Conv2dOptions::same(1)), (7, 5));
+        assert_eq!(macs(1, 512, 512, 64, 64, 3), 512 * 512 * 64 * 64 * 9);
+    }
+
+    #[test]
+    fn bad_shapes_are_errors() {
+        let ctx = test_context();
+        let w =
+            Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 9], 4, 3, 3, None, "w").unwrap();
+        let x = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::F32, "x").unwrap();
+        let out = Tensor::empty(&ctx, &[1, 4, 7, 5], DType::F32, "out").unwrap();
+        let opts = Conv2dOptions::same(3);
+        let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape { .. }));
+        let mut rec = Recorder::new(&ctx);
+        // Wrong channel count.
+        let x4 = Tensor::empty(&ctx, &[1, 4, 7, 5], DType::F32, "x4").unwrap();
+        assert!(is_shape(conv2d(&mut rec, &x4, &w, None, None, &out, &opts)));
+        // Wrong output size.
+        let bad_out = Tensor::empty(&ctx, &[1, 4, 7, 6], DType::F32, "o").unwrap();
+        assert!(is_shape(conv2d(
+            &mut rec, &x, &w, None, None, &bad_out, &opts
+        )));
+        // Not 4-D.
+        let x3 = Tensor::empty(&ctx, &[3, 7, 5], DType::F32, "x3").unwrap();
+        assert!(is_shape(conv2d(&mut rec, &x3, &w, None, None, &out, &opts)));
+        // Residual of another shape.
+        assert!(is_shape(conv2d(
+            &mut rec,
+            &x,
+            &w,
+            None,
+            Some(&bad_out),
+            &out,
+            &opts
+        )));
+        // Affine of another shape.
+        let aff = Tensor::empty(&ctx, &[1, 4, 2], DType::F32, "aff").unwrap();
+        let pro = Prologue {
+            affine: &aff,
+            act: Activation::Silu,
+        };
+        assert!(is_shape(conv2d(
+            &mut rec,
+            &x,
+            &w,
+            Some(pro),
+            None,
+            &out,
+            &opts
+        )));
+        // Stride 3.
+        let s3 = Conv2dOptions { stride: 3, ..opts };
+        assert!(is_shape(conv2d(&mut rec, &x, &w, None, None, &out, &s3)));
+        // Output aliasing the input.
+        let w33 =
+            Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 3 * 3 * 9], 3, 3, 3, None, "w").unwrap();
+        assert!(is_shape(conv2d(&mut rec, &x, &w33, None, None, &x, &opts)));
+        // Bad weights.
+        assert!(matches!(
+            Conv2dWeights::from_pytorch(&ctx, &[0.0; 10], 4, 3, 3, None, "w"),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 25], 4, 3, 5, None, "w"),
+            Err(Error::Shape { .. })
+        ));
+        assert!(matches!(
+            Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 9], 4, 3, 3, Some(&[0.0; 3]), "w"),
+            Err(Error::Shape { .. })
+        ));
+        assert!(rec.labels().is_empty());
+    }
+}
