@@ -4,7 +4,11 @@
 //!
 //! Layout convention: activations are NCHW, contiguous.
 
+pub mod attention;
 pub mod elementwise;
+pub mod group_norm;
+pub mod image;
+pub mod matmul;
 
 /// An activation applied inside a kernel (fused), never materialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -40,5 +44,9 @@ impl Activation {
 pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> {
     let mut v = Vec::new();
     v.extend(elementwise::variants());
+    v.extend(group_norm::variants());
+    v.extend(matmul::variants());
+    v.extend(attention::variants());
+    v.extend(image::variants());
     v
 }
