@@ -4,8 +4,12 @@
 //!
 //! Layout convention: activations are NCHW, contiguous.
 
+pub mod attention;
 pub mod conv2d;
 pub mod elementwise;
+pub mod group_norm;
+pub mod image;
+pub mod matmul;
 
 /// An activation applied inside a kernel (fused), never materialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -41,6 +45,10 @@ impl Activation {
 pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> {
     let mut v = Vec::new();
     v.extend(elementwise::variants());
+    v.extend(attention::variants());
     v.extend(conv2d::variants());
+    v.extend(group_norm::variants());
+    v.extend(image::variants());
+    v.extend(matmul::variants());
     v
 }
