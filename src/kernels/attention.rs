@@ -322,14 +322,22 @@ mod tests {
     #[ignore]
     fn attention_throughput() {
         let ctx = test_context();
-        let (n, d, t) = (1, 512, 4096);
+        let t: usize = std::env::var("ATT_T")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(4096);
+        let d: usize = std::env::var("ATT_D")
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(512);
+        let n = 1;
         let shape = [n, d, t];
         let data = rand_vec(n * d * t, 5, 1.0);
         let q = Tensor::from_f32(&ctx, &shape, &data, "q").unwrap();
         let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
         // Warm up (pipeline compile) on a small problem.
-        let small = Tensor::from_f32(&ctx, &[1, 512, 16], &data[..512 * 16], "s").unwrap();
-        let small_out = Tensor::empty(&ctx, &[1, 512, 16], DType::F32, "so").unwrap();
+        let small = Tensor::from_f32(&ctx, &[1, d, 16], &data[..d * 16], "s").unwrap();
+        let small_out = Tensor::empty(&ctx, &[1, d, 16], DType::F32, "so").unwrap();
         let mut rec = Recorder::new(&ctx);
         attention(&mut rec, &small, &small, &small, 0.044, &small_out).unwrap();
         rec.submit().unwrap();
