@@ -399,7 +399,7 @@ pub fn cpu_group_norm(
     act: Activation,
 ) -> Vec<f32> {
     let [n, c, h, w] = shape;
-    let (mean_rstd, _) = cpu_group_stats(x, shape, groups, eps);
+    let mean_rstd = cpu_group_stats(x, shape, groups, eps);
     let plane = h * w;
     let cpg = c / groups;
     let mut out = vec![0.0; x.len()];
@@ -416,14 +416,8 @@ pub fn cpu_group_norm(
     out
 }
 
-/// f64 `(mean, rstd)` per `(n, g)` and the matching affine `[N, C, 2]`
-/// coefficients computed without the affine transform's rounding.
-fn cpu_group_stats(
-    x: &[f32],
-    shape: [usize; 4],
-    groups: usize,
-    eps: f32,
-) -> (Vec<(f64, f64)>, usize) {
+/// f64 `(mean, rstd)` per `(n, g)`.
+fn cpu_group_stats(x: &[f32], shape: [usize; 4], groups: usize, eps: f32) -> Vec<(f64, f64)> {
     let [n, c, h, w] = shape;
     let len = c / groups * h * w;
     let mut stats = Vec::with_capacity(n * groups);
@@ -433,7 +427,7 @@ fn cpu_group_stats(
         let var = span.iter().map(|&v| (v as f64 - mean).powi(2)).sum::<f64>() / len as f64;
         stats.push((mean, 1.0 / (var + eps as f64).sqrt()));
     }
-    (stats, len)
+    stats
 }
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
@@ -543,49 +537,43 @@ mod tests {
     #[test]
     fn group_norm_statistics_are_stable_with_large_mean() {
         let ctx = test_context();
-        let shape = [2, 64, 37, 41];
-        let groups = 32;
-        let len: usize = shape.iter().product();
-        let data: Vec<f32> = rand_vec(len, 7, 1.0).iter().map(|v| 1000.0 + v).collect();
-        let gamma = vec![1.0; 64];
-        let beta = vec![0.0; 64];
-        let got = run(
-            &ctx,
-            &data,
-            shape,
-            groups,
-            &gamma,
-            &beta,
-            Activation::None,
-            false,
-        );
-        let (stats, _) = cpu_group_stats(&data, shape, groups, 1e-6);
-        for b in 0..2 {
-            for ch in 0..64 {
-                let (mean, rstd) = stats[b * groups + ch / 2];
-                let scale = got.affine[(b * 64 + ch) * 2] as f64;
-                let shift = got.affine[(b * 64 + ch) * 2 + 1] as f64;
-                assert!(
-                    (scale - rstd).abs() <= 1e-4 * rstd,
-                    "scale {scale} vs rstd {rstd}"
-                );
-                // shift = -mean * scale: the implied mean must match f64 closely.
-                let implied_mean = -shift / scale;
-                assert!(
-                    (implied_mean - mean).abs() <= 1e-4,
-                    "mean {implied_mean} vs {mean}"
-                );
+        // One chunk per group, and three chunks per group (45000 elements).
+        for (shape, groups) in [([2, 64, 37, 41], 32), ([1, 4, 150, 150], 2)] {
+            let [n, c, _, _] = shape;
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = rand_vec(len, 7, 1.0).iter().map(|v| 1000.0 + v).collect();
+            let gamma = vec![1.0; c];
+            let beta = vec![0.0; c];
+            let none = Activation::None;
+            let got = run(&ctx, &data, shape, groups, &gamma, &beta, none, false);
+            let stats = cpu_group_stats(&data, shape, groups, 1e-6);
+            for b in 0..n {
+                for ch in 0..c {
+                    let (mean, rstd) = stats[b * groups + ch / (c / groups)];
+                    let scale = got.affine[(b * c + ch) * 2] as f64;
+                    let shift = got.affine[(b * c + ch) * 2 + 1] as f64;
+                    assert!(
+                        (scale - rstd).abs() <= 1e-4 * rstd,
+                        "scale {scale} vs rstd {rstd}"
+                    );
+                    // shift = -mean * scale: the implied mean must match f64 closely.
+                    let implied_mean = -shift / scale;
+                    assert!(
+                        (implied_mean - mean).abs() <= 1e-4,
+                        "mean {implied_mean} vs {mean}"
+                    );
+                }
             }
+            let want = cpu_group_norm(&data, shape, groups, &gamma, &beta, 1e-6, none);
+            let ulp_budget = 4.0 * 1000.0 * 1.8 * f32::EPSILON;
+            assert_close(
+                &got.out,
+                &want,
+                1e-4 + ulp_budget,
+                1e-4,
+                &format!("large-mean {shape:?}"),
+            );
         }
-        let want = cpu_group_norm(&data, shape, groups, &gamma, &beta, 1e-6, Activation::None);
-        let ulp_budget = 4.0 * 1000.0 * 1.8 * f32::EPSILON;
-        assert_close(
-            &got.out,
-            &want,
-            1e-4 + ulp_budget,
-            1e-4,
-            "large-mean group_norm",
-        );
     }
 
     /// Tiled statistics: partials of four disjoint regions into one scratch
@@ -649,7 +637,7 @@ mod tests {
         .unwrap();
         rec.submit().unwrap();
         let got = affine.to_f32(&ctx).unwrap();
-        let (stats, _) = cpu_group_stats(&data, shape, groups, 1e-6);
+        let stats = cpu_group_stats(&data, shape, groups, 1e-6);
         let mut want = Vec::new();
         for b in 0..n {
             for ch in 0..c {
