@@ -158,6 +158,22 @@ fn dims4(op: &str, t: &Tensor) -> Result<[usize; 4]> {
     }
 }
 
+/// Activation storage the norm and image kernels read: f32, or f16 on
+/// devices with shader-f16. Other dtypes are shape errors.
+pub(crate) fn check_activation_dtype(rec: &Recorder, op: &str, t: &Tensor) -> Result<()> {
+    match t.dtype() {
+        DType::F32 => Ok(()),
+        DType::F16 if rec.ctx().caps().shader_f16 => Ok(()),
+        DType::F16 => Err(Error::Unsupported(format!(
+            "{op} on f16 tensors: the device has no shader-f16"
+        ))),
+        _ => Err(Error::shape(
+            op,
+            format!("expected an f32 or f16 tensor, got {t:?}"),
+        )),
+    }
+}
+
 fn check_f32(op: &str, what: &str, t: &Tensor, min_len: usize) -> Result<()> {
     if t.dtype() != DType::F32 || t.numel() < min_len {
         return Err(Error::shape(
@@ -169,7 +185,7 @@ fn check_f32(op: &str, what: &str, t: &Tensor, min_len: usize) -> Result<()> {
 }
 
 fn check_groups(op: &str, c: usize, groups: usize) -> Result<()> {
-    if groups == 0 || c % groups != 0 {
+    if groups == 0 || !c.is_multiple_of(groups) {
         return Err(Error::shape(
             op,
             format!("{groups} groups do not divide {c} channels"),
@@ -199,6 +215,7 @@ pub fn group_norm_partials(
 ) -> Result<()> {
     const OP: &str = "group_norm_partials";
     let [n, c, h, w] = dims4(OP, x)?;
+    check_activation_dtype(rec, OP, x)?;
     check_groups(OP, c, groups)?;
     let r = region.unwrap_or(StatsRegion { y0: 0, x0: 0, h, w });
     if r.y0 + r.h > h || r.x0 + r.w > w {
@@ -341,6 +358,7 @@ pub fn group_norm_apply(
 ) -> Result<()> {
     const OP: &str = "group_norm_apply";
     let [n, c, h, w] = dims4(OP, x)?;
+    check_activation_dtype(rec, OP, x)?;
     if out.shape() != x.shape() || out.dtype() != x.dtype() {
         return Err(Error::shape(OP, format!("x {x:?} vs out {out:?}")));
     }
@@ -458,6 +476,7 @@ mod tests {
         affine: Vec<f32>,
     }
 
+    #[allow(clippy::too_many_arguments)]
     fn run(
         ctx: &Context,
         data: &[f32],
@@ -728,7 +747,12 @@ mod tests {
         let x3 = Tensor::empty(&ctx, &[66, 4, 4], DType::F32, "x3").unwrap();
         let r = group_norm_stats(&mut rec, &x3, 3, &g, &g, 1e-6, &scratch, &affine);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
-        // Wrong dtype of the affine.
+        // Rgba8 activations, wrong dtype of the affine.
+        let xr = Tensor::empty(&ctx, &[1, 66, 4, 4], DType::Rgba8, "xr").unwrap();
+        let r = group_norm_stats(&mut rec, &xr, 3, &g, &g, 1e-6, &scratch, &affine);
+        assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
+        let r = group_norm_apply(&mut rec, &xr, &affine, Activation::None, &xr);
+        assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         let a16 = Tensor::empty(&ctx, &[1, 66, 2], DType::F16, "a16").unwrap();
         let r = group_norm_apply(&mut rec, &x, &a16, Activation::None, &x);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");

@@ -104,7 +104,7 @@ fn dims3(what: &str, t: &Tensor) -> Result<(usize, usize, usize)> {
 /// (batch 1 allowed); a `[B, M, K]` (or `[B, K, M]` when `trans_a`), bm `[B, K, N]`
 /// (or `[B, N, K]` when `trans_b`), bias `[N]`, out `[B, M, N]`. Rank-2
 /// operands are batch 1, and an operand with batch 1 is broadcast over the
-/// batch of `out`. All tensors f32.
+/// batch of `out`. All tensors f32; `out` must not alias `a` or `bm`.
 pub fn matmul(
     rec: &mut Recorder,
     a: &Tensor,
