@@ -2,20 +2,24 @@
 // channel-major (NCHW-native) layout:
 //   q, k, v, out [N, d, T];  out[:, :, i] = sum_j softmax_j(q_i . k_j * scale) v_j
 //
-// A workgroup owns BQ queries of one batch element (workgroup_id.y) and has
-// WG = BQ * DS invocations: invocation (qi, s) holds, for query qi, the
-// channels c = s + DS * t (t < DPT, so d <= DMAX = DS * DPT) of q (pre-scaled)
-// and of the output accumulator, in registers. Per tile of BKV keys:
+// A workgroup owns BQ = 2 QG queries of one batch element (workgroup_id.y)
+// and has WG = QG * DS invocations. Invocation (qi, s) handles the 2 queries
+// qi and qi + QG and, for both, the channels
+// c = s + DS * t (t < DPT, so d <= DMAX = DS * DPT) of q (pre-scaled) and of
+// the output accumulator, all in registers. Per tile of BKV keys:
 //   1. the K tile [d][BKV] is staged in workgroup memory;
-//   2. each invocation dots its channel slice of q with the tile's keys,
-//      writing BKV partial dot products to `partial`;
+//   2. each invocation dots its channel slices of its queries with the tile's
+//      keys (every shared vec4 load feeds 8 FMAs), writing partial dot
+//      products to `partial`;
 //   3. the DS partials of each (query, key) are summed into `scores`
 //      (out-of-range keys get -BIG), and the V tile replaces the K tile;
-//   4. each invocation updates its query's running max / sum (the online
+//   4. each invocation updates its queries' running max / sum (the online
 //      softmax state, computed redundantly by the DS invocations of a query)
-//      and rescales + accumulates its channel slice of the output.
+//      and rescales + accumulates its channel slices of the outputs.
 // Only the tiles and the BQ x BKV scores are ever in memory; accumulation is
-// f32. Keys are stored as vec4 groups along j (BKV is a multiple of 4).
+// f32. BKV = 8 keys are two vec4 per channel; the two queries' values sit in
+// vec2 registers, so the inner loops index no private arrays except once per
+// channel (software rasterisers spill dynamically indexed arrays to memory).
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
 
 struct Params {
@@ -31,67 +35,106 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
 
-const WG = BQ * DS;
-const KV4 = BKV / 4u;
+const WG = QG * DS;
+const BQ = 2u * QG;
+const BKV = 8u;
+const KV4 = 2u;
 const DMAX = DS * DPT;
 // Masked score: exp(-BIG - max) == 0 without infinities.
 const BIG = 3.0e38;
 
 var<workgroup> kv_tile: array<vec4<f32>, DMAX * KV4>;     // [c][j / 4]
-var<workgroup> partial: array<vec4<f32>, DS * BQ * KV4>;  // [s][qi][j / 4]
-var<workgroup> scores: array<vec4<f32>, BQ * KV4>;        // [qi][j / 4]
+var<workgroup> partial: array<vec4<f32>, DS * BQ * KV4>;  // [s][query][j / 4]
+var<workgroup> scores: array<vec4<f32>, BQ * KV4>;        // [query][j / 4]
 
-@compute @workgroup_size(WG)
-fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
-    let qi = li % BQ;
-    let s = li / BQ;
-    let i = wg.x * BQ + qi;
-    let base = wg.y * p.d * p.t;
-    let query_ok = i < p.t;
-
-    var q_reg: array<f32, DPT>;
-    var acc: array<f32, DPT>;
-    for (var t = 0u; t < DPT; t++) {
-        let c = s + t * DS;
-        var val = 0.0;
-        if query_ok && c < p.d {
-            val = q[base + c * p.t + i] * p.scale;
-        }
-        q_reg[t] = val;
-        acc[t] = 0.0;
-    }
-    var run_max = -BIG;
-    var run_sum = 0.0;
-
-    for (var j0 = 0u; j0 < p.t; j0 += BKV) {
-        // 1. K tile.
-        for (var e = li; e < p.d * KV4; e += WG) {
-            let c = e / KV4;
-            let j = j0 + (e % KV4) * 4u;
-            let g = base + c * p.t + j;
-            var val = vec4<f32>(0.0);
+// Stages rows c < d, keys j0 .. j0 + BKV of src [d, T] (zero beyond T).
+fn load_tile_k(li: u32, base: u32, j0: u32) {
+    for (var e = li; e < p.d * KV4; e += WG) {
+        let c = e / KV4;
+        let j = j0 + (e % KV4) * 4u;
+        let g = base + c * p.t + j;
+        var val = vec4<f32>(0.0);
+        if j + 3u < p.t {
+            val = vec4<f32>(k[g], k[g + 1u], k[g + 2u], k[g + 3u]);
+        } else {
             for (var u = 0u; u < 4u; u++) {
                 if j + u < p.t { val[u] = k[g + u]; }
             }
-            kv_tile[e] = val;
         }
+        kv_tile[e] = val;
+    }
+}
+
+fn load_tile_v(li: u32, base: u32, j0: u32) {
+    for (var e = li; e < p.d * KV4; e += WG) {
+        let c = e / KV4;
+        let j = j0 + (e % KV4) * 4u;
+        let g = base + c * p.t + j;
+        var val = vec4<f32>(0.0);
+        if j + 3u < p.t {
+            val = vec4<f32>(v[g], v[g + 1u], v[g + 2u], v[g + 3u]);
+        } else {
+            for (var u = 0u; u < 4u; u++) {
+                if j + u < p.t { val[u] = v[g + u]; }
+            }
+        }
+        kv_tile[e] = val;
+    }
+}
+
+@compute @workgroup_size(WG)
+fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+    let qi = li % QG;
+    let s = li / QG;
+    let base = wg.y * p.d * p.t;
+    let i0 = wg.x * BQ + qi;
+    let i1 = i0 + QG;
+
+    // .x: query i0, .y: query i1.
+    var q_reg: array<vec2<f32>, DPT>;
+    var acc: array<vec2<f32>, DPT>;
+    for (var t = 0u; t < DPT; t++) {
+        let c = s + t * DS;
+        var val = vec2<f32>(0.0);
+        if c < p.d {
+            if i0 < p.t { val.x = q[base + c * p.t + i0] * p.scale; }
+            if i1 < p.t { val.y = q[base + c * p.t + i1] * p.scale; }
+        }
+        q_reg[t] = val;
+        acc[t] = vec2<f32>(0.0);
+    }
+    var run_max = vec2<f32>(-BIG);
+    var run_sum = vec2<f32>(0.0);
+
+    for (var j0 = 0u; j0 < p.t; j0 += BKV) {
+        // 1. K tile.
+        load_tile_k(li, base, j0);
         workgroupBarrier();
 
-        // 2. Partial dot products over this invocation's channels.
-        var part: array<vec4<f32>, KV4>;
-        for (var j4 = 0u; j4 < KV4; j4++) { part[j4] = vec4<f32>(0.0); }
+        // 2. Partial dot products over this invocation's channels:
+        //    pXY = query X (0: i0, 1: i1), keys 4Y .. 4Y + 3.
+        var p00 = vec4<f32>(0.0);
+        var p01 = vec4<f32>(0.0);
+        var p10 = vec4<f32>(0.0);
+        var p11 = vec4<f32>(0.0);
         for (var t = 0u; t < DPT; t++) {
             let c = s + t * DS;
             if c < p.d {
-                let qv = vec4<f32>(q_reg[t]);
-                for (var j4 = 0u; j4 < KV4; j4++) {
-                    part[j4] = fma(qv, kv_tile[c * KV4 + j4], part[j4]);
-                }
+                let k0 = kv_tile[c * KV4];
+                let k1 = kv_tile[c * KV4 + 1u];
+                let qv = q_reg[t];
+                p00 = fma(vec4<f32>(qv.x), k0, p00);
+                p01 = fma(vec4<f32>(qv.x), k1, p01);
+                p10 = fma(vec4<f32>(qv.y), k0, p10);
+                p11 = fma(vec4<f32>(qv.y), k1, p11);
             }
         }
-        for (var j4 = 0u; j4 < KV4; j4++) {
-            partial[(s * BQ + qi) * KV4 + j4] = part[j4];
-        }
+        let row0 = (s * BQ + qi) * KV4;
+        let row1 = (s * BQ + qi + QG) * KV4;
+        partial[row0] = p00;
+        partial[row0 + 1u] = p01;
+        partial[row1] = p10;
+        partial[row1 + 1u] = p11;
         workgroupBarrier();
 
         // 3. Reduce partials into scores; stage the V tile over the K tile.
@@ -104,54 +147,44 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             let valid = vec4<u32>(j, j + 1u, j + 2u, j + 3u) < vec4<u32>(p.t);
             scores[e] = select(vec4<f32>(-BIG), sum, valid);
         }
-        for (var e = li; e < p.d * KV4; e += WG) {
-            let c = e / KV4;
-            let j = j0 + (e % KV4) * 4u;
-            let g = base + c * p.t + j;
-            var val = vec4<f32>(0.0);
-            for (var u = 0u; u < 4u; u++) {
-                if j + u < p.t { val[u] = v[g + u]; }
-            }
-            kv_tile[e] = val;
-        }
+        load_tile_v(li, base, j0);
         workgroupBarrier();
 
-        // 4. Online softmax update and P @ V for this channel slice.
-        var tile_max = run_max;
-        for (var j4 = 0u; j4 < KV4; j4++) {
-            let sc = scores[qi * KV4 + j4];
-            tile_max = max(tile_max, max(max(sc.x, sc.y), max(sc.z, sc.w)));
-        }
+        // 4. Online softmax update, then P @ V for this invocation's channels.
+        let s00 = scores[qi * KV4];
+        let s01 = scores[qi * KV4 + 1u];
+        let s10 = scores[(qi + QG) * KV4];
+        let s11 = scores[(qi + QG) * KV4 + 1u];
+        let m0 = max(max(s00, s01), vec4<f32>(run_max.x));
+        let m1 = max(max(s10, s11), vec4<f32>(run_max.y));
+        let tile_max = vec2<f32>(max(max(m0.x, m0.y), max(m0.z, m0.w)),
+                                 max(max(m1.x, m1.y), max(m1.z, m1.w)));
         let correction = exp(run_max - tile_max);
-        var probs: array<vec4<f32>, KV4>;
-        var tile_sum = 0.0;
-        for (var j4 = 0u; j4 < KV4; j4++) {
-            let pr = exp(scores[qi * KV4 + j4] - vec4<f32>(tile_max));
-            probs[j4] = pr;
-            tile_sum += (pr.x + pr.y) + (pr.z + pr.w);
-        }
-        run_sum = run_sum * correction + tile_sum;
+        let pr00 = exp(s00 - vec4<f32>(tile_max.x));
+        let pr01 = exp(s01 - vec4<f32>(tile_max.x));
+        let pr10 = exp(s10 - vec4<f32>(tile_max.y));
+        let pr11 = exp(s11 - vec4<f32>(tile_max.y));
+        let ones = vec4<f32>(1.0);
+        run_sum = run_sum * correction + vec2<f32>(dot(pr00 + pr01, ones), dot(pr10 + pr11, ones));
         run_max = tile_max;
         for (var t = 0u; t < DPT; t++) {
             let c = s + t * DS;
             if c < p.d {
-                var a = acc[t] * correction;
-                for (var j4 = 0u; j4 < KV4; j4++) {
-                    a += dot(probs[j4], kv_tile[c * KV4 + j4]);
-                }
-                acc[t] = a;
+                let v0 = kv_tile[c * KV4];
+                let v1 = kv_tile[c * KV4 + 1u];
+                acc[t] = acc[t] * correction
+                    + vec2<f32>(dot(pr00, v0) + dot(pr01, v1), dot(pr10, v0) + dot(pr11, v1));
             }
         }
         workgroupBarrier();
     }
 
-    if query_ok {
-        let inv = 1.0 / run_sum;
-        for (var t = 0u; t < DPT; t++) {
-            let c = s + t * DS;
-            if c < p.d {
-                out[base + c * p.t + i] = acc[t] * inv;
-            }
+    let inv = 1.0 / run_sum;
+    for (var t = 0u; t < DPT; t++) {
+        let c = s + t * DS;
+        if c < p.d {
+            if i0 < p.t { out[base + c * p.t + i0] = acc[t].x * inv.x; }
+            if i1 < p.t { out[base + c * p.t + i1] = acc[t].y * inv.y; }
         }
     }
 }

@@ -5,9 +5,10 @@
 //   partials  x [N, C, H, W] -> scratch [N, G, S, 4] = (count, mean, M2, 0)
 //             One workgroup per (n, g, chunk of CHUNK = WG * ITEMS elements of
 //             the group), so large images use many workgroups. Each invocation
-//             takes ITEMS values (stride WG, coalesced), computes their mean and
-//             M2 exactly from registers (two-pass), then the workgroup merges
-//             with Chan's formula. Partials land in slots
+//             takes ITEMS values (stride WG, coalesced) in batches of SUB,
+//             computes each batch's mean and M2 exactly from registers
+//             (two-pass) and merges batches, then invocations, with Chan's
+//             formula. Partials land in slots
 //             [slot_offset, slot_offset + slots) of each (n, g) row of S slots,
 //             so several tiles' partials can share one scratch and be combined.
 //             With REGION only the rectangle [y0, y0+rh) x [x0, x0+rw) of each
@@ -51,18 +52,31 @@ fn chan(a: vec3<f32>, b: vec3<f32>) -> vec3<f32> {
     return vec3<f32>(n, a.y + delta * fb, a.z + b.z + delta * delta * a.x * fb);
 }
 
-var<workgroup> sh_stats: array<vec3<f32>, WG>;
+var<workgroup> sh_stats: array<vec3<f32>, 2u * WG>;
 
-// Tree-merges every invocation's stats; the result is in sh_stats[0].
-fn workgroup_merge(li: u32, mine: vec3<f32>) {
+// Merges every invocation's stats, 8 per step, each level written after the
+// previous one (no in-place hazards, one barrier per level: barriers are what
+// software rasterisers pay for). Returns the merged stats (to every invocation).
+fn workgroup_merge(li: u32, mine: vec3<f32>) -> vec3<f32> {
     sh_stats[li] = mine;
     workgroupBarrier();
-    for (var stride = WG / 2u; stride > 0u; stride = stride / 2u) {
-        if li < stride {
-            sh_stats[li] = chan(sh_stats[li], sh_stats[li + stride]);
+    var in_off = 0u;
+    for (var width = WG; width > 1u; width = (width + 7u) / 8u) {
+        let parts = (width + 7u) / 8u;
+        let out_off = in_off + width;
+        if li < parts {
+            var acc = sh_stats[in_off + li * 8u];
+            for (var r = 1u; r < 8u; r++) {
+                if li * 8u + r < width {
+                    acc = chan(acc, sh_stats[in_off + li * 8u + r]);
+                }
+            }
+            sh_stats[out_off + li] = acc;
         }
+        in_off = out_off;
         workgroupBarrier();
     }
+    return sh_stats[in_off];
 }
 
 #ifdef PARTIALS
@@ -97,31 +111,37 @@ fn partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let start = chunk * (WG * ITEMS);
     let end = min(start + WG * ITEMS, p.group_len);
 
-    var vals: array<f32, ITEMS>;
-    var count = 0u;
-    var sum = 0.0;
-    for (var t = 0u; t < ITEMS; t++) {
-        let e = start + t * WG + li;
-        var v = 0.0;
-        if e < end {
-            v = f32(x[element_address(ng, e)]);
-            count += 1u;
+    // Batches of SUB values: exact two-pass mean / M2 from registers, merged
+    // into the running stats with Chan's formula (one division per batch).
+    var run = vec3<f32>(0.0);
+    for (var b0 = 0u; b0 < ITEMS; b0 += SUB) {
+        var vals: array<f32, SUB>;
+        var count = 0u;
+        var sum = 0.0;
+        for (var t = 0u; t < SUB; t++) {
+            let e = start + (b0 + t) * WG + li;
+            var v = 0.0;
+            if e < end {
+                v = f32(x[element_address(ng, e)]);
+                count += 1u;
+            }
+            vals[t] = v;
+            sum += v;
         }
-        vals[t] = v;
-        sum += v;
-    }
-    let cnt = f32(count);
-    let mean = select(0.0, sum / cnt, count > 0u);
-    var m2 = 0.0;
-    for (var t = 0u; t < ITEMS; t++) {
-        if start + t * WG + li < end {
-            let d = vals[t] - mean;
-            m2 += d * d;
+        if count == 0u { break; }
+        let cnt = f32(count);
+        let mean = sum / cnt;
+        var m2 = 0.0;
+        for (var t = 0u; t < SUB; t++) {
+            if start + (b0 + t) * WG + li < end {
+                let d = vals[t] - mean;
+                m2 += d * d;
+            }
         }
+        run = chan(run, vec3<f32>(cnt, mean, m2));
     }
-    workgroup_merge(li, vec3<f32>(cnt, mean, m2));
+    let s = workgroup_merge(li, run);
     if li == 0u {
-        let s = sh_stats[0];
         scratch[ng * p.slot_capacity + p.slot_offset + chunk] = vec4<f32>(s, 0.0);
     }
 }
@@ -133,8 +153,6 @@ fn partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 @group(0) @binding(3) var<storage, read_write> beta: array<f32>;
 @group(0) @binding(4) var<storage, read_write> affine: array<vec2<f32>>;
 
-var<workgroup> sh_mean_rstd: vec2<f32>;
-
 @compute @workgroup_size(WG)
 fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
            @builtin(local_invocation_index) li: u32) {
@@ -144,14 +162,9 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     for (var s = li; s < p.slot_capacity; s += WG) {
         acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
     }
-    workgroup_merge(li, acc);
-    if li == 0u {
-        let total = sh_stats[0];
-        let var_biased = select(0.0, total.z / total.x, total.x > 0.0);
-        sh_mean_rstd = vec2<f32>(total.y, 1.0 / sqrt(max(var_biased, 0.0) + p.eps));
-    }
-    workgroupBarrier();
-    let mr = sh_mean_rstd;
+    let total = workgroup_merge(li, acc);
+    let var_biased = select(0.0, total.z / total.x, total.x > 0.0);
+    let mr = vec2<f32>(total.y, 1.0 / sqrt(max(var_biased, 0.0) + p.eps));
     let n = ng / p.groups;
     let g = ng - n * p.groups;
     for (var j = li; j < p.cpg; j += WG) {

@@ -5,14 +5,15 @@
 // A batch stride of 0 broadcasts one matrix over the batch.
 //
 // Each workgroup computes a BM x BN tile of out; BK-deep slices of op(a) and
-// op(bm) are staged in workgroup memory ([k][m] and [k][n], so the inner loop
-// reads contiguous rows), and each invocation accumulates a TM x TN register
-// block in f32. An invocation owns rows ty + r * WG_Y and columns
-// tx + c * WG_X (strided), so neighbouring invocations read neighbouring
-// shared words and write neighbouring output columns (coalesced).
+// op(bm) are staged in workgroup memory as vec4 rows ([k][m / 4] and
+// [k][n / 4]), and each invocation accumulates a 4 x 4 register block in f32
+// from one vec4 of each per k step (two wide shared loads per 16 FMAs).
+// Invocation (tx, ty) owns rows 4 ty .. 4 ty + 3 and columns 4 tx .. 4 tx + 3
+// of the tile (neighbouring invocations read neighbouring 16-byte words).
 // Global loads are arranged so consecutive invocations read consecutive
 // addresses for either transpose.
-// Tile sizes are consts from the pipeline key (WG_X = BN / TN, WG_Y = BM / TM).
+// Tile sizes are consts from the pipeline key (BM, BN multiples of 4;
+// the workgroup is (BN / 4) x (BM / 4)).
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
 
 struct Params {
@@ -36,10 +37,12 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> out: array<f32>;
 #endif
 
+const WG_X = BN / 4u;
+const WG_Y = BM / 4u;
 const WG = WG_X * WG_Y;
 
-var<workgroup> a_tile: array<f32, BK * BM>;
-var<workgroup> b_tile: array<f32, BK * BN>;
+var<workgroup> a_tile: array<vec4<f32>, BK * BM / 4u>;  // [k][m / 4]
+var<workgroup> b_tile: array<vec4<f32>, BK * BN / 4u>;  // [k][n / 4]
 
 @compute @workgroup_size(WG_X, WG_Y)
 fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) lid: vec3<u32>,
@@ -51,12 +54,11 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
     let tx = lid.x;
     let ty = lid.y;
 
-    var acc: array<f32, TM * TN>;
-    for (var i = 0u; i < TM * TN; i++) {
-        acc[i] = 0.0;
+    // acc[r] holds row 4 ty + r, columns 4 tx .. 4 tx + 3.
+    var acc: array<vec4<f32>, 4>;
+    for (var r = 0u; r < 4u; r++) {
+        acc[r] = vec4<f32>(0.0);
     }
-    var a_reg: array<f32, TM>;
-    var b_reg: array<f32, TN>;
 
     for (var k0 = 0u; k0 < p.k; k0 += BK) {
         for (var e = li; e < BM * BK; e += WG) {
@@ -77,7 +79,7 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
                 v = a[a_base + gm * p.k + gk];
 #endif
             }
-            a_tile[kk * BM + mm] = v;
+            a_tile[kk * (BM / 4u) + mm / 4u][mm % 4u] = v;
         }
         for (var e = li; e < BN * BK; e += WG) {
 #ifdef TRANS_B
@@ -97,33 +99,28 @@ fn matmul(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_id) li
                 v = bm[b_base + gk * p.n + gn];
 #endif
             }
-            b_tile[kk * BN + nn] = v;
+            b_tile[kk * (BN / 4u) + nn / 4u][nn % 4u] = v;
         }
         workgroupBarrier();
         for (var kk = 0u; kk < BK; kk++) {
-            for (var r = 0u; r < TM; r++) {
-                a_reg[r] = a_tile[kk * BM + ty + r * WG_Y];
-            }
-            for (var c = 0u; c < TN; c++) {
-                b_reg[c] = b_tile[kk * BN + tx + c * WG_X];
-            }
-            for (var r = 0u; r < TM; r++) {
-                for (var c = 0u; c < TN; c++) {
-                    acc[r * TN + c] = fma(a_reg[r], b_reg[c], acc[r * TN + c]);
-                }
-            }
+            let av = a_tile[kk * (BM / 4u) + ty];
+            let bv = b_tile[kk * (BN / 4u) + tx];
+            acc[0] = fma(vec4<f32>(av.x), bv, acc[0]);
+            acc[1] = fma(vec4<f32>(av.y), bv, acc[1]);
+            acc[2] = fma(vec4<f32>(av.z), bv, acc[2]);
+            acc[3] = fma(vec4<f32>(av.w), bv, acc[3]);
         }
         workgroupBarrier();
     }
 
     let out_base = wg.z * p.out_batch_stride;
-    for (var r = 0u; r < TM; r++) {
-        let gm = row0 + ty + r * WG_Y;
+    for (var r = 0u; r < 4u; r++) {
+        let gm = row0 + 4u * ty + r;
         if gm >= p.m { continue; }
-        for (var c = 0u; c < TN; c++) {
-            let gn = col0 + tx + c * WG_X;
+        for (var c = 0u; c < 4u; c++) {
+            let gn = col0 + 4u * tx + c;
             if gn >= p.n { continue; }
-            var v = p.alpha * acc[r * TN + c];
+            var v = p.alpha * acc[r][c];
 #ifdef BIAS
             v += bias[gn];
 #endif

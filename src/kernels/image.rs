@@ -77,6 +77,7 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
             ))
         }
     };
+    crate::kernels::group_norm::check_activation_dtype(rec, OP, x)?;
     if c != 3 {
         return Err(Error::shape(
             OP,
@@ -267,6 +268,11 @@ mod tests {
         let wrong = Tensor::empty(&ctx, &[1, 5, 6], DType::Rgba8, "o").unwrap();
         assert!(matches!(
             to_rgba8(&mut rec, &x, ImageRange::ZeroToOne, &wrong),
+            Err(Error::Shape { .. })
+        ));
+        let xr = Tensor::empty(&ctx, &[1, 3, 5, 5], DType::Rgba8, "xr").unwrap();
+        assert!(matches!(
+            to_rgba8(&mut rec, &xr, ImageRange::ZeroToOne, &out),
             Err(Error::Shape { .. })
         ));
     }
