@@ -72,7 +72,7 @@ impl Tensor {
         let bytes = Self::bytes_for(shape, dtype);
         let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
         let pool = ctx.pool().clone();
-        let block = pool.allocate(ctx.device(), bytes, align, label)?;
+        let block = pool.allocate(&ctx.backing(), bytes, align, label)?;
         Ok(Tensor {
             shape: shape.to_vec(),
             dtype,
@@ -102,13 +102,14 @@ impl Tensor {
     /// Overwrites the tensor's bytes with a queue write (lands before the next submit).
     pub fn write_bytes(&self, ctx: &Context, bytes: &[u8]) {
         let b = &self.storage.block;
+        let Some(buffer) = &b.buffer else { return }; // dry run
         let n = bytes.len() as u64;
         if n % 4 == 0 {
-            ctx.queue().write_buffer(&b.buffer, b.offset, bytes);
+            ctx.queue().write_buffer(buffer, b.offset, bytes);
         } else {
             let mut padded = bytes.to_vec();
             padded.resize(n.div_ceil(4) as usize * 4, 0);
-            ctx.queue().write_buffer(&b.buffer, b.offset, &padded);
+            ctx.queue().write_buffer(buffer, b.offset, &padded);
         }
     }
 
@@ -129,14 +130,30 @@ impl Tensor {
         &self.storage.block
     }
 
+    /// The device buffer holding this tensor (an error in dry runs).
+    pub fn buffer(&self) -> Result<&wgpu::Buffer> {
+        self.storage.block.buffer.as_ref().ok_or_else(|| {
+            Error::Unsupported(
+                "a dry-run tensor has no device buffer (memory estimation only)".into(),
+            )
+        })
+    }
+
     /// The binding of this tensor's bytes.
-    pub fn binding(&self) -> wgpu::BufferBinding<'_> {
-        let b = &self.storage.block;
-        wgpu::BufferBinding {
-            buffer: &b.buffer,
-            offset: b.offset,
+    pub fn binding(&self) -> Result<wgpu::BufferBinding<'_>> {
+        Ok(wgpu::BufferBinding {
+            buffer: self.buffer()?,
+            offset: self.storage.block.offset,
             size: wgpu::BufferSize::new(self.byte_size()),
-        }
+        })
+    }
+
+    /// True when the two tensors' bytes overlap (same buffer, intersecting ranges).
+    pub fn overlaps(&self, other: &Tensor) -> bool {
+        let (a, b) = (self.block(), other.block());
+        a.segment == b.segment
+            && a.offset < b.offset + other.byte_size()
+            && b.offset < a.offset + self.byte_size()
     }
 
     /// Same storage, another shape with the same element count.

@@ -19,7 +19,9 @@ fn png_rgb(path: &Path) -> Vec<u8> {
 }
 
 fn rgb_of(rgba: &[u8]) -> Vec<u8> {
-    rgba.chunks_exact(4).flat_map(|p| [p[0], p[1], p[2]]).collect()
+    rgba.chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect()
 }
 
 fn check_aekl(name: &str, check_activations: bool) {
@@ -28,18 +30,38 @@ fn check_aekl(name: &str, check_activations: bool) {
     let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
-    let out = decode(&ctx, &vae, &latents, &DecodeOptions { keep_raw: true, ..Default::default() }).unwrap();
+    let out = decode(
+        &ctx,
+        &vae,
+        &latents,
+        &DecodeOptions {
+            keep_raw: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
     let raw = out.raw.unwrap();
     assert_eq!(raw.shape, want.shape, "{name}: output shape");
     let (err, at) = max_abs_diff(&raw.data, &want.data);
     println!("{name}: raw max abs error {err:.3e} at {at}");
-    assert!(err <= 1e-3, "{name}: raw max abs error {err} > 1e-3 (at {at})");
+    assert!(
+        err <= 1e-3,
+        "{name}: raw max abs error {err} > 1e-3 (at {at})"
+    );
     for (i, img) in out.rgba.iter().enumerate() {
         let want_png = png_rgb(&dir.join(format!("decoded_{i}.png")));
         let got = rgb_of(img);
-        let worst = got.iter().zip(&want_png).map(|(a, b)| a.abs_diff(*b)).max().unwrap();
+        let worst = got
+            .iter()
+            .zip(&want_png)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
         let off = got.iter().zip(&want_png).filter(|(a, b)| a != b).count();
-        println!("{name}: png {i}: {off} of {} channels differ, worst by {worst}", got.len());
+        println!(
+            "{name}: png {i}: {off} of {} channels differ, worst by {worst}",
+            got.len()
+        );
         assert!(worst <= 1, "{name}: PNG {i} differs by {worst} > 1");
     }
     if check_activations {
@@ -58,9 +80,16 @@ fn check_aekl(name: &str, check_activations: bool) {
             let (err, at) = max_abs_diff(&got, &want.data);
             let scale = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
             println!("{name}: {stage}: max abs error {err:.3e} (values up to {scale:.2})");
-            assert!(err <= 1e-3 * scale.max(1.0), "{name} {stage}: error {err} at {at}");
+            assert!(
+                err <= 1e-3 * scale.max(1.0),
+                "{name} {stage}: error {err} at {at}"
+            );
         }
-        assert!(taps.tensors.len() >= 6, "{name}: stages tapped: {}", taps.tensors.len());
+        assert!(
+            taps.tensors.len() >= 6,
+            "{name}: stages tapped: {}",
+            taps.tensors.len()
+        );
     }
 }
 
@@ -85,7 +114,12 @@ fn aekl_tiny_sd_tiled_whole_decode_matches_diffusers() {
 }
 
 fn psnr(a: &[u8], b: &[u8]) -> f64 {
-    let mse = a.iter().zip(b).map(|(x, y)| (*x as f64 - *y as f64).powi(2)).sum::<f64>() / a.len() as f64;
+    let mse = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
     10.0 * (255.0f64 * 255.0 / mse).log10()
 }
 
@@ -100,7 +134,16 @@ fn taef2_matches_pytorch_on_photos() {
         let dir = shared.join("golden/taef2");
         let latents = read_npy(&dir.join(format!("{photo}.latents.npy"))).unwrap();
         let want = read_npy(&dir.join(format!("{photo}.decoded.npy"))).unwrap();
-        let out = decode(&ctx, &vae, &latents, &DecodeOptions { keep_raw: true, ..Default::default() }).unwrap();
+        let out = decode(
+            &ctx,
+            &vae,
+            &latents,
+            &DecodeOptions {
+                keep_raw: true,
+                ..Default::default()
+            },
+        )
+        .unwrap();
         let raw = out.raw.unwrap();
         assert_eq!(raw.shape, want.shape);
         let (err, at) = max_abs_diff(&raw.data, &want.data);
@@ -108,7 +151,10 @@ fn taef2_matches_pytorch_on_photos() {
         let p = psnr(&rgb_of(&out.rgba[0]), &original);
         println!("taef2 {photo}: max abs error {err:.3e}, PSNR {p:.2} dB (PyTorch {want_psnr})");
         assert!(err <= 2e-3, "{photo}: max abs error {err} > 2e-3 at {at}");
-        assert!((p - want_psnr).abs() <= 0.1 + 0.05, "{photo}: PSNR {p:.2} vs {want_psnr}");
+        assert!(
+            (p - want_psnr).abs() <= 0.1 + 0.05,
+            "{photo}: PSNR {p:.2} vs {want_psnr}"
+        );
     }
 }
 
@@ -126,14 +172,28 @@ fn diffusers_to_ldm(key: &str, up_blocks: usize) -> String {
     };
     let k = match p.as_slice() {
         ["decoder", "mid_block", "resnets", i, ..] => {
-            format!("decoder.mid.block_{}.{}", i.parse::<usize>().unwrap() + 1, tail(4))
+            format!(
+                "decoder.mid.block_{}.{}",
+                i.parse::<usize>().unwrap() + 1,
+                tail(4)
+            )
         }
-        ["decoder", "mid_block", "attentions", "0", ..] => format!("decoder.mid.attn_1.{}", attn(tail(4))),
+        ["decoder", "mid_block", "attentions", "0", ..] => {
+            format!("decoder.mid.attn_1.{}", attn(tail(4)))
+        }
         ["decoder", "up_blocks", i, "resnets", j, ..] => {
-            format!("decoder.up.{}.block.{j}.{}", up_blocks - 1 - i.parse::<usize>().unwrap(), tail(5))
+            format!(
+                "decoder.up.{}.block.{j}.{}",
+                up_blocks - 1 - i.parse::<usize>().unwrap(),
+                tail(5)
+            )
         }
         ["decoder", "up_blocks", i, "upsamplers", "0", ..] => {
-            format!("decoder.up.{}.upsample.{}", up_blocks - 1 - i.parse::<usize>().unwrap(), tail(5))
+            format!(
+                "decoder.up.{}.upsample.{}",
+                up_blocks - 1 - i.parse::<usize>().unwrap(),
+                tail(5)
+            )
         }
         ["decoder", "conv_norm_out", ..] => format!("decoder.norm_out.{}", tail(2)),
         _ => key.to_string(),
@@ -143,7 +203,9 @@ fn diffusers_to_ldm(key: &str, up_blocks: usize) -> String {
 
 #[test]
 fn ldm_layout_checkpoint_decodes_identically() {
-    let Some(dir) = golden("aekl-tiny-sd") else { return };
+    let Some(dir) = golden("aekl-tiny-sd") else {
+        return;
+    };
     let ctx = test_context();
     let bytes = std::fs::read(dir.join("diffusion_pytorch_model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -156,38 +218,72 @@ fn ldm_layout_checkpoint_decodes_identically() {
         if name.contains("attentions") && shape.len() == 2 {
             shape.extend([1, 1]); // LDM stores q/k/v/proj_out as 1×1 convs
         }
-        owned.push((diffusers_to_ldm(&name, 4), view.dtype(), shape, view.data().to_vec()));
+        owned.push((
+            diffusers_to_ldm(&name, 4),
+            view.dtype(),
+            shape,
+            view.data().to_vec(),
+        ));
     }
     // A full checkpoint also holds UNet keys: the loader must ignore them.
     let unet = vec![0u8; 16];
-    owned.push(("model.diffusion_model.input_blocks.0.0.weight".into(), safetensors::Dtype::F32, vec![4], unet));
+    owned.push((
+        "model.diffusion_model.input_blocks.0.0.weight".into(),
+        safetensors::Dtype::F32,
+        vec![4],
+        unet,
+    ));
     let views: Vec<(String, safetensors::tensor::TensorView)> = owned
         .iter()
-        .map(|(n, d, s, b)| (n.clone(), safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap()))
+        .map(|(n, d, s, b)| {
+            (
+                n.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
         .collect();
     let tmp = std::env::temp_dir().join(format!("wgvae-ldm-{}", std::process::id()));
     std::fs::create_dir_all(&tmp).unwrap();
     let file = tmp.join("sd-checkpoint.safetensors");
     safetensors::serialize_to_file(views, None, &file).unwrap();
 
-    let opts = LoadOptions { config: Some(dir.join("config.json")), ..Default::default() };
+    let opts = LoadOptions {
+        config: Some(dir.join("config.json")),
+        ..Default::default()
+    };
     let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
     assert!(ldm.name.contains("Ldm"), "{}", ldm.name);
     let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
-    let keep = DecodeOptions { keep_raw: true, ..Default::default() };
+    let keep = DecodeOptions {
+        keep_raw: true,
+        ..Default::default()
+    };
     let a = decode(&ctx, &ldm, &latents, &keep).unwrap().raw.unwrap();
-    let b = decode(&ctx, &diffusers, &latents, &keep).unwrap().raw.unwrap();
-    assert_eq!(a, b, "LDM and diffusers layouts must decode bit-identically");
+    let b = decode(&ctx, &diffusers, &latents, &keep)
+        .unwrap()
+        .raw
+        .unwrap();
+    assert_eq!(
+        a, b,
+        "LDM and diffusers layouts must decode bit-identically"
+    );
 }
 
 #[test]
 fn bad_inputs_are_clear_errors() {
-    let Some(dir) = golden("aekl-tiny-sd") else { return };
+    let Some(dir) = golden("aekl-tiny-sd") else {
+        return;
+    };
     let ctx = test_context();
     let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let opts = DecodeOptions::default();
-    let err = |t: HostTensor| decode(&ctx, &vae, &t, &opts).err().expect("must fail").to_string();
+    let err = |t: HostTensor| {
+        decode(&ctx, &vae, &t, &opts)
+            .err()
+            .expect("must fail")
+            .to_string()
+    };
     let e = err(HostTensor::new(vec![1, 16, 4, 4], vec![0.0; 256]).unwrap());
     assert!(e.contains("16 channels") && e.contains("expects 4"), "{e}");
     let mut nan = vec![0.0; 64];
@@ -200,22 +296,45 @@ fn bad_inputs_are_clear_errors() {
     assert!(e.contains("empty"), "{e}");
 
     // Unknown presets, paths and the wrong half of a TAE are named.
-    let e = Vae::load(&ctx, "preset:nope", &LoadOptions::default()).err().unwrap().to_string();
+    let e = Vae::load(&ctx, "preset:nope", &LoadOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("sd15"), "{e}");
-    let e = Vae::load(&ctx, "/no/such/vae", &LoadOptions::default()).err().unwrap().to_string();
+    let e = Vae::load(&ctx, "/no/such/vae", &LoadOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("preset:NAME"), "{e}");
-    let enc = shared_dir().unwrap().join("weights/taef2/encoder.safetensors");
-    let e = Vae::load(&ctx, enc.to_str().unwrap(), &LoadOptions::default()).err().unwrap().to_string();
+    let enc = shared_dir()
+        .unwrap()
+        .join("weights/taef2/encoder.safetensors");
+    let e = Vae::load(&ctx, enc.to_str().unwrap(), &LoadOptions::default())
+        .err()
+        .unwrap()
+        .to_string();
     assert!(e.contains("encoder") || e.contains("1.weight"), "{e}");
 
     // Weights that do not fit the config: every missing and unexpected key is named.
     let flux_cfg = golden("aekl-tiny-flux").unwrap().join("config.json");
-    let opts = LoadOptions { config: Some(flux_cfg), ..Default::default() };
-    let e = Vae::load(&ctx, dir.join("diffusion_pytorch_model.safetensors").to_str().unwrap(), &opts)
-        .err()
-        .expect("sd weights with the flux config must fail")
-        .to_string();
-    assert!(e.contains("decoder.up_blocks.") && (e.contains("missing") || e.contains("wrong shapes")), "{e}");
+    let opts = LoadOptions {
+        config: Some(flux_cfg),
+        ..Default::default()
+    };
+    let e = Vae::load(
+        &ctx,
+        dir.join("diffusion_pytorch_model.safetensors")
+            .to_str()
+            .unwrap(),
+        &opts,
+    )
+    .err()
+    .expect("sd weights with the flux config must fail")
+    .to_string();
+    assert!(
+        e.contains("decoder.up_blocks.") && (e.contains("missing") || e.contains("wrong shapes")),
+        "{e}"
+    );
 }
 
 #[test]
@@ -229,6 +348,12 @@ fn binding_limit_is_an_error_not_a_panic() {
     }
     let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
     let latents = HostTensor::new(vec![1, 4, 64, 64], vec![0.1; 4 * 64 * 64]).unwrap();
-    let e = decode(&ctx, &vae, &latents, &DecodeOptions::default()).err().expect("must fail").to_string();
-    assert!(e.contains("max_storage_buffer_binding_size") && e.contains("tiling"), "{e}");
+    let e = decode(&ctx, &vae, &latents, &DecodeOptions::default())
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(
+        e.contains("max_storage_buffer_binding_size") && e.contains("tiling"),
+        "{e}"
+    );
 }

@@ -2,7 +2,7 @@ use std::sync::Arc;
 
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::PipelineCache;
-use crate::memory::{ExactPool, MemoryPool};
+use crate::memory::{Backing, ExactPool, MemoryPool};
 
 /// What the device can do, read from the limits and features it was created
 /// with. The rest of the engine consults this and never assumes more.
@@ -100,6 +100,9 @@ struct Inner {
     caps: Capabilities,
     pipelines: PipelineCache,
     pool: Arc<dyn MemoryPool>,
+    /// Nothing runs and no device memory is allocated: allocations are only
+    /// replayed through the pool (memory estimation).
+    dry_run: bool,
 }
 
 impl std::fmt::Debug for Context {
@@ -165,6 +168,7 @@ impl Context {
                 queue,
                 caps,
                 pool,
+                dry_run: false,
             }),
         }
     }
@@ -178,7 +182,41 @@ impl Context {
                 caps: self.inner.caps.clone(),
                 pipelines: self.inner.pipelines.clone(),
                 pool,
+                dry_run: self.inner.dry_run,
             }),
+        }
+    }
+
+    /// A dry-run context: the limits of `caps`, a pool, and no GPU work at
+    /// all. Models load (weights are accounted, not uploaded) and forward
+    /// passes record nothing, so the pool sees exactly the allocation sequence
+    /// of a real run. This is how memory is predicted.
+    pub fn dry_run(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
+        let (device, queue) = wgpu::Device::noop(&wgpu::DeviceDescriptor::default());
+        Context {
+            inner: Arc::new(Inner {
+                device,
+                queue,
+                caps,
+                pipelines: PipelineCache::new(),
+                pool,
+                dry_run: true,
+            }),
+        }
+    }
+
+    pub fn is_dry_run(&self) -> bool {
+        self.inner.dry_run
+    }
+
+    /// Where the pool gets device buffers from.
+    pub fn backing(&self) -> Backing<'_> {
+        if self.inner.dry_run {
+            Backing::Virtual {
+                max_buffer_size: self.inner.caps.max_buffer_size,
+            }
+        } else {
+            Backing::Device(&self.inner.device)
         }
     }
 

@@ -174,7 +174,7 @@ impl<'a> Recorder<'a> {
                 limit: caps.max_compute_workgroups_per_dimension,
             });
         }
-        if groups.contains(&0) {
+        if groups.contains(&0) || self.ctx.is_dry_run() {
             return Ok(());
         }
         let pipeline = self.ctx.pipelines().get(self.ctx.device(), spec, key)?;
@@ -190,7 +190,7 @@ impl<'a> Recorder<'a> {
         for (i, t) in tensors.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(t.binding()),
+                resource: wgpu::BindingResource::Buffer(t.binding()?),
             });
         }
         let bind_group = self
@@ -232,10 +232,13 @@ impl<'a> Recorder<'a> {
                 format!("{:?} into {:?}", src.shape(), dst.shape()),
             ));
         }
-        let (s, d) = (src.block(), dst.block());
+        if self.ctx.is_dry_run() {
+            return Ok(());
+        }
         let n = src.byte_size();
-        self.encoder()
-            .copy_buffer_to_buffer(&s.buffer, s.offset, &d.buffer, d.offset, n);
+        let (so, dof) = (src.block().offset, dst.block().offset);
+        let (sb, db) = (src.buffer()?.clone(), dst.buffer()?.clone());
+        self.encoder().copy_buffer_to_buffer(&sb, so, &db, dof, n);
         Ok(())
     }
 
@@ -269,6 +272,9 @@ impl<'a> Recorder<'a> {
                 "submit() on a recorder that borrows the host's encoder; call finish() and let the host submit".into(),
             ));
         };
+        if ctx.is_dry_run() {
+            return Ok(labels);
+        }
         ctx.scoped("submitting decode commands", || {
             ctx.queue().submit([encoder.finish()]);
             Ok(())
@@ -297,6 +303,11 @@ pub fn linear_groups(ctx: &Context, total: u64) -> Result<[u32; 3]> {
 
 /// Reads tensors back to the host (one submit, one wait).
 pub fn read_back(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<Vec<u8>>> {
+    if ctx.is_dry_run() {
+        return Err(Error::Unsupported(
+            "reading back in a dry run (memory estimation only)".into(),
+        ));
+    }
     let sizes: Vec<u64> = tensors.iter().map(|t| t.byte_size()).collect();
     let mut offsets = Vec::with_capacity(sizes.len());
     let mut total = 0u64;
@@ -318,8 +329,7 @@ pub fn read_back(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<Vec<u8>>> {
             label: Some("readback"),
         });
     for (t, off) in tensors.iter().zip(&offsets) {
-        let b = t.block();
-        encoder.copy_buffer_to_buffer(&b.buffer, b.offset, &staging, *off, t.byte_size());
+        encoder.copy_buffer_to_buffer(t.buffer()?, t.block().offset, &staging, *off, t.byte_size());
     }
     ctx.scoped("reading back", || {
         ctx.queue().submit([encoder.finish()]);

@@ -1,7 +1,7 @@
 use std::sync::Mutex;
 
-use super::{round_up, Block, MemoryPool, MemoryStats, POOL_BUFFER_USAGE};
-use crate::error::{Error, Result};
+use super::{round_up, Backing, Block, MemoryPool, MemoryStats};
+use crate::error::Result;
 
 /// One device buffer per tensor, destroyed when the tensor drops:
 /// reserved == allocated at every moment. The reference policy.
@@ -21,39 +21,12 @@ impl MemoryPool for ExactPool {
         "exact"
     }
 
-    fn allocate(
-        &self,
-        device: &wgpu::Device,
-        bytes: u64,
-        _align: u64,
-        label: &str,
-    ) -> Result<Block> {
+    fn allocate(&self, backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
         // wgpu needs sizes that are multiples of 4 for copies; never zero-sized.
         let size = round_up(bytes.max(4), 4);
-        let limit = device.limits().max_buffer_size;
-        if size > limit {
-            let mut s = self.state.lock().expect("pool poisoned");
-            s.0.num_ooms += 1;
-            return Err(Error::BufferTooLarge {
-                what: label.to_string(),
-                bytes: size,
-                limit,
-            });
-        }
-        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
-        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some(label),
-            size,
-            usage: POOL_BUFFER_USAGE,
-            mapped_at_creation: false,
-        });
-        if let Some(e) = pollster::block_on(oom.pop()) {
+        let buffer = backing.create_buffer(size, label).inspect_err(|_| {
             self.state.lock().expect("pool poisoned").0.num_ooms += 1;
-            return Err(Error::from_wgpu(
-                &format!("allocating {label} ({size} bytes)"),
-                e,
-            ));
-        }
+        })?;
         let mut s = self.state.lock().expect("pool poisoned");
         s.1 += 1;
         let id = s.1;
@@ -72,6 +45,7 @@ impl MemoryPool for ExactPool {
             size,
             requested: bytes,
             id,
+            segment: id,
         })
     }
 

@@ -12,18 +12,66 @@ mod stats;
 pub use exact::ExactPool;
 pub use stats::{MemoryStats, Stat};
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 
 /// Usage flags of every pool buffer: bound as storage, copied to and from.
 pub const POOL_BUFFER_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
+/// Where a pool's device buffers come from: a real device, or nowhere (a
+/// dry run that replays allocations to predict memory without a GPU).
+#[derive(Clone, Copy, Debug)]
+pub enum Backing<'a> {
+    Device(&'a wgpu::Device),
+    Virtual { max_buffer_size: u64 },
+}
+
+impl Backing<'_> {
+    pub fn max_buffer_size(&self) -> u64 {
+        match self {
+            Backing::Device(d) => d.limits().max_buffer_size,
+            Backing::Virtual { max_buffer_size } => *max_buffer_size,
+        }
+    }
+
+    /// Creates one pool buffer of `size` bytes (`None` when virtual). Sizes
+    /// over the device limit and device out-of-memory are errors, not panics.
+    pub fn create_buffer(&self, size: u64, label: &str) -> Result<Option<wgpu::Buffer>> {
+        let limit = self.max_buffer_size();
+        if size > limit {
+            return Err(Error::BufferTooLarge {
+                what: label.to_string(),
+                bytes: size,
+                limit,
+            });
+        }
+        let Backing::Device(device) = self else {
+            return Ok(None);
+        };
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some(label),
+            size,
+            usage: POOL_BUFFER_USAGE,
+            mapped_at_creation: false,
+        });
+        match pollster::block_on(oom.pop()) {
+            Some(e) => Err(Error::from_wgpu(
+                &format!("allocating {label} ({size} bytes)"),
+                e,
+            )),
+            None => Ok(Some(buffer)),
+        }
+    }
+}
+
 /// A byte range handed out by a pool.
 #[derive(Clone, Debug)]
 pub struct Block {
-    /// The device buffer (a whole segment for sub-allocating pools).
-    pub buffer: wgpu::Buffer,
+    /// The device buffer (a whole segment for sub-allocating pools);
+    /// `None` in dry runs.
+    pub buffer: Option<wgpu::Buffer>,
     /// Byte offset in `buffer`, a multiple of the storage offset alignment.
     pub offset: u64,
     /// Bytes reserved for this block (rounded as the policy rounds).
@@ -32,6 +80,8 @@ pub struct Block {
     pub requested: u64,
     /// Pool-unique id.
     pub id: u64,
+    /// Pool-unique id of the device buffer (segment) holding the block.
+    pub segment: u64,
 }
 
 /// A buffer allocator with allocated-vs-reserved accounting.
@@ -39,8 +89,7 @@ pub trait MemoryPool: Send + Sync {
     /// `exact`, `caching` or `planned`.
     fn policy_name(&self) -> &'static str;
     /// A block of at least `bytes` bytes, offset aligned to `align`.
-    fn allocate(&self, device: &wgpu::Device, bytes: u64, align: u64, label: &str)
-        -> Result<Block>;
+    fn allocate(&self, backing: &Backing, bytes: u64, align: u64, label: &str) -> Result<Block>;
     /// Returns a block; called once, when the last tensor using it drops.
     fn release(&self, block: &Block);
     /// Current statistics.
