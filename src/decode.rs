@@ -1,13 +1,17 @@
-//! The main job: latents in host memory → decoded images.
+//! The main job: latents in host memory → decoded images, and the memory
+//! estimate of the same decode (a dry run through the same code).
 
+use std::sync::Arc;
 use std::time::Instant;
 
+use serde::Serialize;
+
 use crate::error::{Error, Result};
-use crate::gpu::{Context, Recorder};
+use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
-use crate::memory::MemoryStats;
-use crate::models::{Taps, Vae};
+use crate::memory::{plan_greedy_by_size, MemoryStats, PlannedPool, Policy, TracingPool};
+use crate::models::{LoadOptions, Taps, Vae};
 use crate::tensor::{DType, Tensor};
 
 /// Options for [`decode`].
@@ -21,7 +25,7 @@ pub struct DecodeOptions {
 
 /// What a decode produced.
 pub struct Decoded {
-    /// Packed RGBA8 pixels per image, row-major.
+    /// Packed RGBA8 pixels per image, row-major (empty in dry runs).
     pub rgba: Vec<Vec<u8>>,
     pub width: usize,
     pub height: usize,
@@ -33,7 +37,44 @@ pub struct Decoded {
     pub memory: MemoryStats,
 }
 
+/// Records a whole decode of decoder-input latents `z` [N, C, h, w]: upload,
+/// decoder, RGBA8 conversion. Returns (raw output, RGBA8 pixels).
+pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
+    let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
+    let raw = vae.forward(rec, input, &mut Taps::default())?;
+    let [n, _, h, w] = crate::models::layers::dims4(&raw)?;
+    let pixels = Tensor::empty(rec.ctx(), &[n, h, w], DType::Rgba8, "rgba8 image")?;
+    to_rgba8(rec, &raw, vae.output_range(), &pixels)?;
+    Ok((raw, pixels))
+}
+
+fn plan_key(vae: &Vae, shape: &[usize]) -> String {
+    format!("vae{}:{shape:?}", vae.id)
+}
+
+/// For a planned pool: traces this decode once in a dry run and installs its plan.
+fn ensure_plan(ctx: &Context, planned: &PlannedPool, vae: &Vae, z: &HostTensor) -> Result<String> {
+    let key = plan_key(vae, &z.shape);
+    if !planned.has_plan(&key) {
+        let tracer = Arc::new(TracingPool::new());
+        let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
+        {
+            let mut rec = Recorder::new(&dry);
+            let _outputs = record_decode(&mut rec, vae, z)?;
+        }
+        let caps = ctx.caps();
+        let plan = plan_greedy_by_size(
+            &tracer.trace(),
+            caps.min_storage_buffer_offset_alignment as u64,
+            caps.max_buffer_size,
+        )?;
+        planned.install_plan(&key, plan);
+    }
+    Ok(key)
+}
+
 /// Decodes `latents` [N, C, h, w] with `vae`: one recorded forward, one submit.
+/// In a dry-run context nothing runs and only the memory figures are real.
 pub fn decode(
     ctx: &Context,
     vae: &Vae,
@@ -45,30 +86,95 @@ pub fn decode(
     if !opts.raw_latents {
         vae.unscale_latents(&mut z);
     }
-    let [n, _, h, w] = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
-    let (height, width) = (h * vae.upscale(), w * vae.upscale());
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let plan = match planned {
+        Some(p) => Some(ensure_plan(ctx, p, vae, &z)?),
+        None => None,
+    };
     ctx.pool().reset_peak_stats();
     let start = Instant::now();
     let mut rec = Recorder::new(ctx);
-    let input = Tensor::from_f32(ctx, &z.shape, &z.data, "latents")?;
-    let raw = vae.forward(&mut rec, input, &mut Taps::default())?;
-    let pixels = Tensor::empty(ctx, &[n, height, width], DType::Rgba8, "rgba8 image")?;
-    to_rgba8(&mut rec, &raw, vae.output_range(), &pixels)?;
+    if let (Some(p), Some(key)) = (planned, &plan) {
+        p.begin_replay(key)?;
+    }
+    let recorded = record_decode(&mut rec, vae, &z);
+    if let Some(p) = planned {
+        p.end_replay();
+    }
+    let (raw, pixels) = recorded?;
     rec.submit()?;
-    let bytes = pixels.to_bytes(ctx)?;
-    let raw_host = if opts.keep_raw {
-        Some(HostTensor::new(raw.shape().to_vec(), raw.to_f32(ctx)?)?)
+    let [n, _, height, width] = crate::models::layers::dims4(&raw)?;
+    let (rgba, raw_host) = if ctx.is_dry_run() {
+        (Vec::new(), None)
     } else {
-        None
+        let bytes = pixels.to_bytes(ctx)?;
+        let raw_host = match opts.keep_raw {
+            true => Some(HostTensor::new(raw.shape().to_vec(), raw.to_f32(ctx)?)?),
+            false => None,
+        };
+        let per = height * width * 4;
+        (
+            bytes.chunks_exact(per).map(|c| c.to_vec()).collect(),
+            raw_host,
+        )
     };
-    let decode_ms = start.elapsed().as_secs_f64() * 1e3;
-    let per = height * width * 4;
+    debug_assert!(rgba.is_empty() || rgba.len() == n);
     Ok(Decoded {
-        rgba: bytes.chunks_exact(per).map(|c| c.to_vec()).collect(),
+        rgba,
         width,
         height,
         raw: raw_host,
-        decode_ms,
+        decode_ms: start.elapsed().as_secs_f64() * 1e3,
         memory: ctx.pool().stats(),
+    })
+}
+
+/// Predicted memory of a decode.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryEstimate {
+    pub policy: &'static str,
+    pub model: String,
+    pub latents_shape: Vec<usize>,
+    pub image_shape: Vec<usize>,
+    pub weights_bytes: u64,
+    /// Peaks over the decode, weights included.
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+}
+
+/// Predicts the pool's peaks for decoding latents of `latent_shape` with
+/// `vae_spec` under `policy` on a device with `caps`, without running any
+/// kernel or allocating device memory: the decode runs in a dry-run context
+/// and the pool replays its allocation sequence.
+pub fn estimate_decode(
+    caps: &Capabilities,
+    policy: Policy,
+    vae_spec: &str,
+    load: &LoadOptions,
+    latent_shape: [usize; 4],
+) -> Result<MemoryEstimate> {
+    let dry = Context::dry_run(caps.clone(), policy.new_pool());
+    let vae = Vae::load(&dry, vae_spec, load)?;
+    let z = HostTensor::new(
+        latent_shape.to_vec(),
+        vec![0.0; latent_shape.iter().product()],
+    )?;
+    let out = decode(
+        &dry,
+        &vae,
+        &z,
+        &DecodeOptions {
+            raw_latents: true,
+            keep_raw: false,
+        },
+    )?;
+    Ok(MemoryEstimate {
+        policy: policy.name(),
+        model: vae.name.clone(),
+        latents_shape: latent_shape.to_vec(),
+        image_shape: vec![latent_shape[0], 3, out.height, out.width],
+        weights_bytes: vae.weights_bytes,
+        peak_allocated_bytes: out.memory.allocated_bytes.peak,
+        peak_reserved_bytes: out.memory.reserved_bytes.peak,
     })
 }

@@ -99,6 +99,25 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Allocates an f32 tensor and uploads `data` inside `rec`'s command
+    /// stream (use this for tensors created during a forward pass).
+    pub fn from_f32_in(
+        rec: &mut crate::gpu::Recorder,
+        shape: &[usize],
+        data: &[f32],
+        label: &str,
+    ) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            return Err(Error::shape(
+                "Tensor::from_f32_in",
+                format!("{} values for shape {shape:?}", data.len()),
+            ));
+        }
+        let t = Tensor::empty(rec.ctx(), shape, DType::F32, label)?;
+        rec.upload(&t, bytemuck::cast_slice(data))?;
+        Ok(t)
+    }
+
     /// Overwrites the tensor's bytes with a queue write (lands before the next submit).
     pub fn write_bytes(&self, ctx: &Context, bytes: &[u8]) {
         let b = &self.storage.block;

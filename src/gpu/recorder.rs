@@ -224,6 +224,38 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// Uploads `bytes` into `t` inside the command stream (ordered with the
+    /// recorded kernels, unlike `queue.write_buffer`, which lands before the
+    /// whole submission — wrong for a block a pool reuses mid-forward).
+    pub fn upload(&mut self, t: &Tensor, bytes: &[u8]) -> Result<()> {
+        if self.ctx.is_dry_run() {
+            return Ok(());
+        }
+        let len = round_up(bytes.len() as u64, 4);
+        if len > t.block().size {
+            return Err(Error::shape(
+                "upload",
+                format!("{} bytes into {t:?}", bytes.len()),
+            ));
+        }
+        let staging = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
+            label: Some("wgvae upload"),
+            size: len.max(4),
+            usage: wgpu::BufferUsages::COPY_SRC,
+            mapped_at_creation: true,
+        });
+        let mut padded = bytes.to_vec();
+        padded.resize(len.max(4) as usize, 0);
+        if let Ok(mut view) = staging.slice(..).get_mapped_range_mut() {
+            view.copy_from_slice(&padded);
+        }
+        staging.unmap();
+        let (dst, off) = (t.buffer()?.clone(), t.block().offset);
+        self.encoder()
+            .copy_buffer_to_buffer(&staging, 0, &dst, off, len);
+        Ok(())
+    }
+
     /// Copies `src` into `dst` (same byte size).
     pub fn copy(&mut self, src: &Tensor, dst: &Tensor) -> Result<()> {
         if src.byte_size() != dst.byte_size() {

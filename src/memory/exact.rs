@@ -84,4 +84,8 @@ impl MemoryPool for ExactPool {
     }
 
     fn empty_cache(&self) {}
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
 }

@@ -7,9 +7,11 @@
 //! how blocks map onto device buffers; kernels never see the difference.
 
 mod exact;
+pub mod planned;
 mod stats;
 
 pub use exact::ExactPool;
+pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, PlannedPool, TracingPool};
 pub use stats::{MemoryStats, Stat};
 
 use crate::error::{Error, Result};
@@ -98,6 +100,54 @@ pub trait MemoryPool: Send + Sync {
     fn reset_peak_stats(&self);
     /// Returns every cached, unused device buffer to the device.
     fn empty_cache(&self);
+    /// For policies with extra controls (e.g. [`PlannedPool`]).
+    fn as_any(&self) -> &dyn std::any::Any;
+}
+
+/// The allocation policies, selectable at run time.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Policy {
+    /// One device buffer per tensor: reserved == allocated (the reference).
+    Exact,
+    /// PyTorch CUDACachingAllocator semantics.
+    Caching,
+    /// Offsets planned over tensor lifetimes: reserved ≈ peak allocated.
+    Planned,
+}
+
+impl Policy {
+    pub const ALL: [Policy; 3] = [Policy::Exact, Policy::Caching, Policy::Planned];
+
+    pub fn name(self) -> &'static str {
+        match self {
+            Policy::Exact => "exact",
+            Policy::Caching => "caching",
+            Policy::Planned => "planned",
+        }
+    }
+
+    /// A fresh pool of this policy.
+    pub fn new_pool(self) -> std::sync::Arc<dyn MemoryPool> {
+        match self {
+            Policy::Exact => std::sync::Arc::new(ExactPool::new()),
+            Policy::Caching => std::sync::Arc::new(ExactPool::new()), // MERGE-TODO CachingPool
+            Policy::Planned => std::sync::Arc::new(PlannedPool::new()),
+        }
+    }
+}
+
+impl std::str::FromStr for Policy {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        Policy::ALL
+            .into_iter()
+            .find(|p| p.name() == s)
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "unknown memory policy `{s}`; use caching, planned or exact"
+                ))
+            })
+    }
 }
 
 /// Rounds `x` up to a multiple of `to` (a power of two or any positive number).

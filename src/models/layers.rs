@@ -113,9 +113,9 @@ impl Norm {
 
 /// Identity affine coefficients [N, C, 2] (scale 1, shift 0), for a conv
 /// prologue that applies only an activation.
-pub fn identity_affine(ctx: &Context, n: usize, c: usize) -> Result<Tensor> {
+pub fn identity_affine(rec: &mut Recorder, n: usize, c: usize) -> Result<Tensor> {
     let data: Vec<f32> = (0..n * c).flat_map(|_| [1.0, 0.0]).collect();
-    Tensor::from_f32(ctx, &[n, c, 2], &data, "identity affine")
+    Tensor::from_f32_in(rec, &[n, c, 2], &data, "identity affine")
 }
 
 /// Records copies of intermediate activations (for checks against goldens).

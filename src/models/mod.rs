@@ -46,6 +46,13 @@ pub struct Vae {
     pub random_weights: bool,
     /// Bytes of weights uploaded.
     pub weights_bytes: u64,
+    /// Process-unique id (memory plans are cached per model and shape).
+    pub id: u64,
+}
+
+fn next_vae_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKlConfig> {
@@ -150,13 +157,18 @@ impl Vae {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             Self::apply_overrides(&mut cfg, opts);
-            let store = WeightStore::random(opts.seed);
+            let store = if ctx.is_dry_run() {
+                WeightStore::zeros()
+            } else {
+                WeightStore::random(opts.seed)
+            };
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
             return Ok(Vae {
                 decoder: Decoder::Kl(kl),
                 name: format!("{name} preset (random weights, seed {})", opts.seed),
                 random_weights: true,
                 weights_bytes: 0,
+                id: next_vae_id(),
             });
         }
         let path = Path::new(spec);
@@ -183,6 +195,7 @@ impl Vae {
                 decoder: Decoder::Tae(tae),
                 random_weights: false,
                 weights_bytes: 0,
+                id: next_vae_id(),
             });
         }
         let mut cfg = match &config {
@@ -200,6 +213,7 @@ impl Vae {
             ),
             random_weights: false,
             weights_bytes: 0,
+            id: next_vae_id(),
         })
     }
 

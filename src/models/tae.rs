@@ -154,7 +154,7 @@ impl TaeDecoder {
             upsample: true,
             ..same3
         };
-        let relu = identity_affine(rec.ctx(), n, WIDTH)?;
+        let relu = identity_affine(rec, n, WIDTH)?;
         let relu_pro = || {
             Some(Prologue {
                 affine: &relu,

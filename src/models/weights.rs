@@ -31,6 +31,8 @@ enum Source {
     File(BTreeMap<String, HostWeight>),
     /// Seeded random weights of whatever shape the model asks for.
     Random(u64),
+    /// Zeros of whatever shape (dry runs: only sizes matter).
+    Zeros,
 }
 
 /// Named weights with bookkeeping: which keys the model used, which it asked
@@ -122,6 +124,15 @@ impl WeightStore {
         Self::with_source(
             Source::Random(seed),
             format!("random weights (seed {seed})"),
+            Layout::Diffusers,
+        )
+    }
+
+    /// Zero weights of any shape, for dry runs that only need sizes.
+    pub fn zeros() -> Self {
+        Self::with_source(
+            Source::Zeros,
+            "zero weights (dry run)".into(),
             Layout::Diffusers,
         )
     }
@@ -240,21 +251,21 @@ impl WeightStore {
     }
 
     pub fn is_random(&self) -> bool {
-        matches!(self.source, Source::Random(_))
+        matches!(self.source, Source::Random(_) | Source::Zeros)
     }
 
     /// Shape of a stored key (`None` for random weights or absent keys).
     pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
         match &self.source {
             Source::File(m) => m.get(key).map(|w| w.shape.clone()),
-            Source::Random(_) => None,
+            Source::Random(_) | Source::Zeros => None,
         }
     }
 
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {
             Source::File(m) => m.contains_key(key),
-            Source::Random(_) => false,
+            Source::Random(_) | Source::Zeros => false,
         }
     }
 
@@ -262,7 +273,7 @@ impl WeightStore {
     pub fn keys(&self) -> Vec<String> {
         match &self.source {
             Source::File(m) => m.keys().cloned().collect(),
-            Source::Random(_) => Vec::new(),
+            Source::Random(_) | Source::Zeros => Vec::new(),
         }
     }
 
@@ -273,6 +284,7 @@ impl WeightStore {
         let n: usize = shape.iter().product();
         match &self.source {
             Source::Random(seed) => random_weight(*seed, key, shape),
+            Source::Zeros => vec![0.0; n],
             Source::File(m) => match m.get(key) {
                 Some(w) => {
                     self.used.borrow_mut().insert(key.to_string());

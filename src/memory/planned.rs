@@ -1,0 +1,560 @@
+//! The `planned` policy: for a forward pass whose allocation sequence is
+//! known (traced once in a dry run), every tensor gets a fixed offset in a few
+//! arena buffers, assigned greedily by size over tensor lifetimes
+//! (largest first, best-fitting gap among tensors alive at the same time).
+//! Reserved memory is then the arena sizes, close to peak allocated.
+//!
+//! Allocations outside a planned forward (weights, constants) get one buffer
+//! each, as in the `exact` policy.
+
+use std::any::Any;
+use std::collections::HashMap;
+use std::sync::{Arc, Mutex};
+
+use serde::Serialize;
+
+use super::{round_up, Backing, Block, MemoryPool, MemoryStats};
+use crate::error::{Error, Result};
+
+/// One allocation of a traced forward pass; `start`/`end` are event indices
+/// (allocations and releases counted together).
+#[derive(Clone, Debug, Serialize)]
+pub struct TraceEntry {
+    pub bytes: u64,
+    pub start: usize,
+    /// `usize::MAX` when still alive at the end of the trace.
+    pub end: usize,
+    pub label: String,
+}
+
+/// The allocation sequence of a forward pass.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct AllocationTrace {
+    pub entries: Vec<TraceEntry>,
+}
+
+/// Where each traced allocation lives.
+#[derive(Clone, Debug, Serialize)]
+pub struct MemoryPlan {
+    /// Size of each arena buffer.
+    pub arenas: Vec<u64>,
+    /// `(arena, offset, size)` per trace entry, in allocation order.
+    pub placements: Vec<(usize, u64, u64)>,
+    /// Peak of concurrently live bytes (the lower bound of any plan).
+    pub peak_live: u64,
+}
+
+impl MemoryPlan {
+    pub fn reserved(&self) -> u64 {
+        self.arenas.iter().sum()
+    }
+}
+
+/// Greedy-by-size placement: largest tensors first, each at the smallest gap
+/// (between tensors whose lifetimes overlap its own) that fits, else at the
+/// end of the first arena with room. Sizes are rounded to `align`; no arena
+/// exceeds `max_arena` bytes.
+pub fn plan_greedy_by_size(
+    trace: &AllocationTrace,
+    align: u64,
+    max_arena: u64,
+) -> Result<MemoryPlan> {
+    let sizes: Vec<u64> = trace
+        .entries
+        .iter()
+        .map(|e| round_up(e.bytes.max(4), align))
+        .collect();
+    let mut order: Vec<usize> = (0..sizes.len()).collect();
+    order.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
+    let mut placements: Vec<Option<(usize, u64)>> = vec![None; sizes.len()];
+    let mut arena_ends: Vec<u64> = Vec::new();
+    let alive_together = |a: &TraceEntry, b: &TraceEntry| a.start < b.end && b.start < a.end;
+    for &i in &order {
+        let size = sizes[i];
+        if size > max_arena {
+            return Err(Error::BufferTooLarge {
+                what: format!("planned tensor `{}`", trace.entries[i].label),
+                bytes: size,
+                limit: max_arena,
+            });
+        }
+        let e = &trace.entries[i];
+        let mut arena = 0;
+        let placed = loop {
+            // Tensors already placed in this arena and alive with this one, by offset.
+            let mut busy: Vec<(u64, u64)> = placements
+                .iter()
+                .enumerate()
+                .filter_map(|(j, p)| match p {
+                    Some((a, off)) if *a == arena && alive_together(e, &trace.entries[j]) => {
+                        Some((*off, sizes[j]))
+                    }
+                    _ => None,
+                })
+                .collect();
+            busy.sort_unstable();
+            let mut best: Option<(u64, u64)> = None; // (gap, offset)
+            let mut cursor = 0u64;
+            for (off, sz) in busy {
+                if off > cursor {
+                    let gap = off - cursor;
+                    if gap >= size && best.is_none_or(|(g, _)| gap < g) {
+                        best = Some((gap, cursor));
+                    }
+                }
+                cursor = cursor.max(off + sz);
+            }
+            if let Some((_, off)) = best {
+                break (arena, off);
+            }
+            if cursor + size <= max_arena {
+                break (arena, cursor);
+            }
+            arena += 1;
+        };
+        if arena_ends.len() <= placed.0 {
+            arena_ends.resize(placed.0 + 1, 0);
+        }
+        arena_ends[placed.0] = arena_ends[placed.0].max(placed.1 + size);
+        placements[i] = Some(placed);
+    }
+    // Peak live bytes: sweep the events.
+    let mut events: Vec<(usize, i64)> = Vec::new();
+    for (e, s) in trace.entries.iter().zip(&sizes) {
+        events.push((e.start, *s as i64));
+        if e.end != usize::MAX {
+            events.push((e.end, -(*s as i64)));
+        }
+    }
+    events.sort_unstable();
+    let (mut live, mut peak) = (0i64, 0i64);
+    for (_, d) in events {
+        live += d;
+        peak = peak.max(live);
+    }
+    Ok(MemoryPlan {
+        arenas: arena_ends,
+        placements: placements
+            .into_iter()
+            .zip(&sizes)
+            .map(|(p, s)| {
+                let (a, o) = p.expect("every entry placed");
+                (a, o, *s)
+            })
+            .collect(),
+        peak_live: peak as u64,
+    })
+}
+
+#[derive(Default)]
+struct Stats {
+    stats: MemoryStats,
+    next_id: u64,
+}
+
+impl Stats {
+    fn on_alloc(&mut self, size: u64, requested: u64, new_segment: Option<u64>) -> u64 {
+        self.next_id += 1;
+        let s = &mut self.stats;
+        s.num_allocs += 1;
+        s.allocated_bytes.add(size);
+        s.active_bytes.add(size);
+        s.requested_bytes.add(requested);
+        s.allocation.add(1);
+        if let Some(seg) = new_segment {
+            s.reserved_bytes.add(seg);
+            s.segment.add(1);
+            s.num_device_alloc += 1;
+        }
+        self.next_id
+    }
+    fn on_release(&mut self, block: &Block) {
+        let s = &mut self.stats;
+        s.allocated_bytes.sub(block.size);
+        s.active_bytes.sub(block.size);
+        s.requested_bytes.sub(block.requested);
+        s.allocation.sub(1);
+    }
+    fn drop_segment(&mut self, size: u64) {
+        let s = &mut self.stats;
+        s.reserved_bytes.sub(size);
+        s.segment.sub(1);
+        s.num_device_free += 1;
+    }
+}
+
+/// Records the allocation sequence of a dry run (blocks have no buffers).
+#[derive(Default)]
+pub struct TracingPool {
+    state: Mutex<TracingState>,
+}
+
+#[derive(Default)]
+struct TracingState {
+    trace: AllocationTrace,
+    event: usize,
+    open: HashMap<u64, usize>,
+    stats: Stats,
+}
+
+impl TracingPool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// The trace so far (allocations still alive end at `usize::MAX`).
+    pub fn trace(&self) -> AllocationTrace {
+        self.state.lock().expect("pool poisoned").trace.clone()
+    }
+}
+
+impl MemoryPool for TracingPool {
+    fn policy_name(&self) -> &'static str {
+        "trace"
+    }
+    fn allocate(&self, _backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
+        let mut s = self.state.lock().expect("pool poisoned");
+        let size = round_up(bytes.max(4), 4);
+        let id = s.stats.on_alloc(size, bytes, Some(size));
+        let start = s.event;
+        s.event += 1;
+        let index = s.trace.entries.len();
+        s.trace.entries.push(TraceEntry {
+            bytes,
+            start,
+            end: usize::MAX,
+            label: label.to_string(),
+        });
+        s.open.insert(id, index);
+        Ok(Block {
+            buffer: None,
+            offset: 0,
+            size,
+            requested: bytes,
+            id,
+            segment: id,
+        })
+    }
+    fn release(&self, block: &Block) {
+        let mut s = self.state.lock().expect("pool poisoned");
+        s.stats.on_release(block);
+        s.stats.drop_segment(block.size);
+        let event = s.event;
+        s.event += 1;
+        if let Some(i) = s.open.remove(&block.id) {
+            s.trace.entries[i].end = event;
+        }
+    }
+    fn stats(&self) -> MemoryStats {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .stats
+            .stats
+            .clone()
+    }
+    fn reset_peak_stats(&self) {
+        reset_peaks(&mut self.state.lock().expect("pool poisoned").stats.stats);
+    }
+    fn empty_cache(&self) {}
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+pub(crate) fn reset_peaks(st: &mut MemoryStats) {
+    for x in [
+        &mut st.allocated_bytes,
+        &mut st.reserved_bytes,
+        &mut st.active_bytes,
+        &mut st.inactive_split_bytes,
+        &mut st.requested_bytes,
+        &mut st.allocation,
+        &mut st.segment,
+    ] {
+        x.reset_peak();
+    }
+}
+
+struct Arena {
+    buffer: Option<wgpu::Buffer>,
+    size: u64,
+    segment: u64,
+}
+
+struct Replay {
+    key: String,
+    next: usize,
+}
+
+#[derive(Default)]
+struct PlannedState {
+    stats: Stats,
+    plans: HashMap<String, Arc<MemoryPlan>>,
+    /// Arenas of the plan last replayed (kept, like a cache, until another
+    /// plan needs different sizes or `empty_cache`).
+    arenas: Vec<Arena>,
+    arenas_for: Option<String>,
+    replay: Option<Replay>,
+    /// Live blocks per arena (an arena is not dropped while one is alive).
+    live_in_arena: HashMap<u64, usize>,
+    next_segment: u64,
+}
+
+/// The `planned` policy (see the module docs).
+#[derive(Default)]
+pub struct PlannedPool {
+    state: Mutex<PlannedState>,
+}
+
+impl PlannedPool {
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    pub fn has_plan(&self, key: &str) -> bool {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .plans
+            .contains_key(key)
+    }
+
+    pub fn install_plan(&self, key: &str, plan: MemoryPlan) {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .plans
+            .insert(key.to_string(), Arc::new(plan));
+    }
+
+    pub fn plan(&self, key: &str) -> Option<Arc<MemoryPlan>> {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .plans
+            .get(key)
+            .cloned()
+    }
+
+    /// Following allocations take their places from plan `key`, in order.
+    pub fn begin_replay(&self, key: &str) -> Result<()> {
+        let mut s = self.state.lock().expect("pool poisoned");
+        if !s.plans.contains_key(key) {
+            return Err(Error::Unsupported(format!("no memory plan `{key}`")));
+        }
+        s.replay = Some(Replay {
+            key: key.to_string(),
+            next: 0,
+        });
+        Ok(())
+    }
+
+    /// Back to one buffer per allocation.
+    pub fn end_replay(&self) {
+        self.state.lock().expect("pool poisoned").replay = None;
+    }
+
+    fn new_segment_id(s: &mut PlannedState) -> u64 {
+        s.next_segment += 1;
+        s.next_segment
+    }
+
+    /// Makes sure the arenas of `key` exist (dropping unused ones of another plan).
+    fn ensure_arenas(s: &mut PlannedState, backing: &Backing, key: &str) -> Result<()> {
+        if s.arenas_for.as_deref() == Some(key) {
+            return Ok(());
+        }
+        let busy = s
+            .arenas
+            .iter()
+            .any(|a| s.live_in_arena.get(&a.segment).copied().unwrap_or(0) > 0);
+        if busy {
+            return Err(Error::Unsupported(
+                "a planned forward started while tensors of another planned forward are alive"
+                    .into(),
+            ));
+        }
+        for a in std::mem::take(&mut s.arenas) {
+            s.stats.drop_segment(a.size);
+        }
+        let plan = s.plans[key].clone();
+        for &size in &plan.arenas {
+            let buffer = backing.create_buffer(size.max(4), "wgvae planned arena")?;
+            let segment = Self::new_segment_id(s);
+            s.stats.stats.reserved_bytes.add(size.max(4));
+            s.stats.stats.segment.add(1);
+            s.stats.stats.num_device_alloc += 1;
+            s.arenas.push(Arena {
+                buffer,
+                size: size.max(4),
+                segment,
+            });
+        }
+        s.arenas_for = Some(key.to_string());
+        Ok(())
+    }
+}
+
+impl MemoryPool for PlannedPool {
+    fn policy_name(&self) -> &'static str {
+        "planned"
+    }
+
+    fn allocate(&self, backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
+        let mut s = self.state.lock().expect("pool poisoned");
+        if let Some(replay) = &s.replay {
+            let key = replay.key.clone();
+            let index = replay.next;
+            let plan = s.plans[&key].clone();
+            if let Some(&(arena, offset, size)) = plan.placements.get(index) {
+                if size >= bytes {
+                    Self::ensure_arenas(&mut s, backing, &key)?;
+                    if let Some(r) = s.replay.as_mut() {
+                        r.next += 1;
+                    }
+                    let a = &s.arenas[arena];
+                    let (buffer, segment) = (a.buffer.clone(), a.segment);
+                    *s.live_in_arena.entry(segment).or_insert(0) += 1;
+                    let id = s.stats.on_alloc(size, bytes, None);
+                    return Ok(Block {
+                        buffer,
+                        offset,
+                        size,
+                        requested: bytes,
+                        id,
+                        segment,
+                    });
+                }
+            }
+            // The forward diverged from its trace: say so, continue unplanned.
+            log::warn!("memory plan `{key}` does not match allocation {index} ({label}, {bytes} bytes); using a separate buffer");
+            s.replay = None;
+        }
+        let size = round_up(bytes.max(4), 4);
+        let buffer = backing
+            .create_buffer(size, label)
+            .inspect_err(|_| s.stats.stats.num_ooms += 1)?;
+        let segment = Self::new_segment_id(&mut s);
+        let id = s.stats.on_alloc(size, bytes, Some(size));
+        Ok(Block {
+            buffer,
+            offset: 0,
+            size,
+            requested: bytes,
+            id,
+            segment,
+        })
+    }
+
+    fn release(&self, block: &Block) {
+        let mut s = self.state.lock().expect("pool poisoned");
+        s.stats.on_release(block);
+        if let Some(n) = s.live_in_arena.get_mut(&block.segment) {
+            *n -= 1;
+        } else {
+            s.stats.drop_segment(block.size);
+        }
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .stats
+            .stats
+            .clone()
+    }
+
+    fn reset_peak_stats(&self) {
+        reset_peaks(&mut self.state.lock().expect("pool poisoned").stats.stats);
+    }
+
+    fn empty_cache(&self) {
+        let mut s = self.state.lock().expect("pool poisoned");
+        let busy = s
+            .arenas
+            .iter()
+            .any(|a| s.live_in_arena.get(&a.segment).copied().unwrap_or(0) > 0);
+        if busy {
+            return;
+        }
+        for a in std::mem::take(&mut s.arenas) {
+            s.stats.drop_segment(a.size);
+            s.live_in_arena.remove(&a.segment);
+        }
+        s.arenas_for = None;
+    }
+
+    fn as_any(&self) -> &dyn Any {
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn entry(bytes: u64, start: usize, end: usize) -> TraceEntry {
+        TraceEntry {
+            bytes,
+            start,
+            end,
+            label: String::new(),
+        }
+    }
+
+    #[test]
+    fn disjoint_lifetimes_share_memory() {
+        let trace = AllocationTrace {
+            entries: vec![entry(100, 0, 2), entry(100, 3, 5), entry(50, 1, 4)],
+        };
+        let plan = plan_greedy_by_size(&trace, 4, 1 << 20).unwrap();
+        assert_eq!(plan.arenas, vec![152]); // 50 rounds up to 52
+        assert_eq!(
+            plan.placements[0].1, plan.placements[1].1,
+            "same offset reused"
+        );
+        assert_eq!(plan.peak_live, 152);
+    }
+
+    #[test]
+    fn placements_never_overlap_in_space_and_time() {
+        let v = crate::testing::rand_vec(600, 9, 1.0);
+        let mut entries = Vec::new();
+        for i in 0..200 {
+            let start = i * 2;
+            let len = 1 + ((v[3 * i].abs() * 40.0) as usize);
+            let bytes = 4 + (v[3 * i + 1].abs() * 10_000.0) as u64;
+            entries.push(entry(bytes, start, start + len));
+        }
+        let trace = AllocationTrace { entries };
+        let plan = plan_greedy_by_size(&trace, 256, 300_000).unwrap();
+        for i in 0..trace.entries.len() {
+            for j in i + 1..trace.entries.len() {
+                let (a, b) = (&trace.entries[i], &trace.entries[j]);
+                let (pa, pb) = (plan.placements[i], plan.placements[j]);
+                let time = a.start < b.end && b.start < a.end;
+                let space = pa.0 == pb.0 && pa.1 < pb.1 + pb.2 && pb.1 < pa.1 + pa.2;
+                assert!(!(time && space), "{i} and {j} collide");
+            }
+        }
+        for (arena, off, size) in &plan.placements {
+            assert!(off + size <= plan.arenas[*arena]);
+            assert_eq!(off % 256, 0);
+        }
+        assert!(plan.reserved() >= plan.peak_live);
+        assert!(plan.arenas.iter().all(|&a| a <= 300_000));
+    }
+
+    #[test]
+    fn oversized_tensor_is_an_error() {
+        let trace = AllocationTrace {
+            entries: vec![entry(1000, 0, 1)],
+        };
+        assert!(matches!(
+            plan_greedy_by_size(&trace, 4, 512),
+            Err(Error::BufferTooLarge { .. })
+        ));
+    }
+}
