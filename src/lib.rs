@@ -11,6 +11,7 @@ pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod models;
+pub mod report;
 pub mod tensor;
 pub mod testing;
 

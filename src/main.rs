@@ -6,6 +6,7 @@ use std::process::ExitCode;
 use clap::{Parser, Subcommand};
 use serde_json::json;
 use wgvae::gpu::{AdapterChoice, Context, ContextOptions};
+use wgvae::memory::Policy;
 use wgvae::{DecodeOptions, LoadOptions, Vae};
 
 #[derive(Parser)]
@@ -32,6 +33,49 @@ enum Command {
     },
     /// Decode latents (.npy / .safetensors) to PNG.
     Decode(DecodeArgs),
+    /// Predict a decode's memory without running it (weights, peak allocated, peak reserved).
+    Memory(MemoryArgs),
+    /// Write reports (CSV + Markdown + SVG).
+    Report {
+        #[command(subcommand)]
+        which: ReportKind,
+    },
+}
+
+#[derive(Subcommand)]
+enum ReportKind {
+    /// Decode memory of the FLUX.1 / SD1.5 / SDXL presets under every pool policy, beside PyTorch's.
+    Memory {
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+        /// The published PyTorch measurements (read, never copied).
+        #[arg(long, default_value = "../shared/reference/pytorch_vae_memory_rtx4090.csv")]
+        reference: PathBuf,
+        /// Predict for this machine's adapter instead of a 24 GB reference GPU.
+        #[arg(long)]
+        this_device: bool,
+    },
+}
+
+#[derive(clap::Args)]
+struct MemoryArgs {
+    /// VAE: folder, .safetensors file or preset:NAME.
+    #[arg(long)]
+    vae: String,
+    /// Output image size in pixels, HxW (latent = pixels / 8).
+    #[arg(long)]
+    size: String,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Predict for a 24 GB reference GPU's limits instead of this machine's adapter.
+    #[arg(long)]
+    reference_gpu: bool,
+    #[arg(long)]
+    json: bool,
 }
 
 #[derive(clap::Args)]
@@ -64,6 +108,9 @@ struct DecodeArgs {
     /// Seed of preset:NAME random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
+    /// Memory pool policy: caching (PyTorch-like), planned or exact.
+    #[arg(long, default_value = "planned")]
+    policy: String,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -146,7 +193,8 @@ fn info(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
 }
 
 fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
-    let ctx = context(cli_adapter)?;
+    let policy: Policy = a.policy.parse()?;
+    let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
     let load = LoadOptions {
         config: a.config.clone(),
         scaling_factor: a.scaling_factor,
@@ -210,12 +258,81 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
     Ok(())
 }
 
+fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
+    let bad = || wgvae::Error::InvalidInput(format!("--size `{s}`: expected HxW in pixels, multiples of 8 (e.g. 1024x1024)"));
+    let (h, w) = s.split_once(['x', 'X']).unwrap_or((s, s));
+    let (h, w): (usize, usize) = (h.trim().parse().map_err(|_| bad())?, w.trim().parse().map_err(|_| bad())?);
+    if h == 0 || w == 0 || h % 8 != 0 || w % 8 != 0 {
+        return Err(bad());
+    }
+    Ok((h, w))
+}
+
+fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
+    let policy: Policy = a.policy.parse()?;
+    if a.dtype != "f32" {
+        return Err(wgvae::Error::Unsupported(format!(
+            "--dtype {}: activations are f32 for now (f16/bf16 storage is a planned feature)",
+            a.dtype
+        )));
+    }
+    let (h, w) = parse_size(&a.size)?;
+    let caps = if a.reference_gpu {
+        wgvae::gpu::Capabilities::reference_gpu()
+    } else {
+        context(cli_adapter)?.caps().clone()
+    };
+    // The latent channel count comes from the model: load it once in a dry run.
+    let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+    let channels = Vae::load(&probe, &a.vae, &LoadOptions::default())?.latent_channels();
+    let shape = [a.batch, channels, h / 8, w / 8];
+    let e = wgvae::decode::estimate_decode(&caps, policy, &a.vae, &LoadOptions::default(), shape)?;
+    if a.json {
+        let mut v = serde_json::to_value(&e).unwrap_or_default();
+        v["device"] = json!(caps.adapter_name);
+        v["dtype"] = json!(a.dtype);
+        println!("{v}");
+    } else {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        println!("{} decode {}x{} ×{} ({}, {} policy) on {}:", e.model, h, w, a.batch, a.dtype, e.policy, caps.adapter_name);
+        println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
+        println!("  peak allocated {:10.1} MiB (working {:.1} MiB)", mib(e.peak_allocated_bytes), mib(e.peak_allocated_bytes - e.weights_bytes));
+        println!("  peak reserved  {:10.1} MiB (reserved/allocated {:.3})", mib(e.peak_reserved_bytes), e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64);
+    }
+    Ok(())
+}
+
+fn report_memory(cli_adapter: &Option<String>, out: &PathBuf, reference: &PathBuf, this_device: bool) -> wgvae::Result<()> {
+    let caps = if this_device {
+        context(cli_adapter)?.caps().clone()
+    } else {
+        wgvae::gpu::Capabilities::reference_gpu()
+    };
+    let reference = reference.exists().then_some(reference.as_path());
+    let header = format!(
+        "Predicted for: {} (max binding {} MiB, max buffer {} MiB). wgvae {} ({}), {}.",
+        caps.adapter_name,
+        caps.max_storage_buffer_binding_size >> 20,
+        caps.max_buffer_size >> 20,
+        env!("CARGO_PKG_VERSION"),
+        option_env!("WGVAE_GIT_COMMIT").unwrap_or("unknown commit"),
+        std::env::consts::OS
+    );
+    let rows = wgvae::report::memory::write_report(&caps, reference, &header, out)?;
+    println!("wrote {} rows to {}/memory.csv, memory.md and memory_*.svg", rows.len(), out.display());
+    Ok(())
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
     let result = match &cli.command {
         Command::Info { json } => info(&cli.adapter, *json),
         Command::Decode(a) => decode(&cli.adapter, a),
+        Command::Memory(a) => memory(&cli.adapter, a),
+        Command::Report { which: ReportKind::Memory { out, reference, this_device } } => {
+            report_memory(&cli.adapter, out, reference, *this_device)
+        }
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -60,6 +60,31 @@ impl Capabilities {
         }
     }
 
+    /// Limits of a 24 GB discrete GPU on Vulkan (RTX 4090 class: 4 GiB storage
+    /// bindings, buffers up to the VRAM size), for predictions made elsewhere.
+    pub fn reference_gpu() -> Self {
+        Capabilities {
+            adapter_name: "reference 24 GB GPU (RTX 4090-class limits)".into(),
+            backend: wgpu::Backend::Vulkan,
+            device_type: wgpu::DeviceType::DiscreteGpu,
+            driver: String::new(),
+            driver_info: String::new(),
+            shader_f16: true,
+            timestamp_query: true,
+            timestamp_inside_passes: true,
+            subgroup: true,
+            max_storage_buffer_binding_size: (4u64 << 30) - 4,
+            max_buffer_size: 24u64 << 30,
+            max_compute_workgroup_storage_size: 49152,
+            max_compute_invocations_per_workgroup: 1024,
+            max_compute_workgroups_per_dimension: 65535,
+            max_storage_buffers_per_shader_stage: 64,
+            min_storage_buffer_offset_alignment: 32,
+            min_uniform_buffer_offset_alignment: 64,
+            max_uniform_buffer_binding_size: 65536,
+        }
+    }
+
     /// True for software adapters such as lavapipe / llvmpipe.
     pub fn is_cpu(&self) -> bool {
         self.device_type == wgpu::DeviceType::Cpu
