@@ -6,10 +6,14 @@
 //! buffers it holds), like PyTorch's caching allocator. Policies differ only in
 //! how blocks map onto device buffers; kernels never see the difference.
 
+mod caching;
 mod exact;
+mod snapshot;
 mod stats;
 
+pub use caching::CachingPool;
 pub use exact::ExactPool;
+pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentPool, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat};
 
 use crate::error::{Error, Result};
@@ -98,6 +102,15 @@ pub trait MemoryPool: Send + Sync {
     fn reset_peak_stats(&self);
     /// Returns every cached, unused device buffer to the device.
     fn empty_cache(&self);
+    /// Statistics and segments at this moment (JSON via [`PoolSnapshot::to_json`]).
+    /// The default lists no segments: for policies that do not track them.
+    fn snapshot(&self) -> PoolSnapshot {
+        PoolSnapshot {
+            policy: self.policy_name().to_string(),
+            stats: self.stats(),
+            segments: Vec::new(),
+        }
+    }
 }
 
 /// Rounds `x` up to a multiple of `to` (a power of two or any positive number).
