@@ -369,7 +369,7 @@ impl MemoryPool for CachingPool {
         // satisfies any alignment dividing 512; wgpu never asks for more
         // than 256.
         let align = align.max(1);
-        if MIN_BLOCK_SIZE % align != 0 {
+        if !MIN_BLOCK_SIZE.is_multiple_of(align) {
             return Err(Error::Unsupported(format!(
                 "caching pool: {label} asks for {align}-byte alignment; only powers of two up to {MIN_BLOCK_SIZE} are supported"
             )));
