@@ -49,7 +49,10 @@ enum ReportKind {
         #[arg(long, default_value = "report")]
         out: PathBuf,
         /// The published PyTorch measurements (read, never copied).
-        #[arg(long, default_value = "../shared/reference/pytorch_vae_memory_rtx4090.csv")]
+        #[arg(
+            long,
+            default_value = "../shared/reference/pytorch_vae_memory_rtx4090.csv"
+        )]
         reference: PathBuf,
         /// Predict for this machine's adapter instead of a 24 GB reference GPU.
         #[arg(long)]
@@ -259,9 +262,16 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
 }
 
 fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
-    let bad = || wgvae::Error::InvalidInput(format!("--size `{s}`: expected HxW in pixels, multiples of 8 (e.g. 1024x1024)"));
+    let bad = || {
+        wgvae::Error::InvalidInput(format!(
+            "--size `{s}`: expected HxW in pixels, multiples of 8 (e.g. 1024x1024)"
+        ))
+    };
     let (h, w) = s.split_once(['x', 'X']).unwrap_or((s, s));
-    let (h, w): (usize, usize) = (h.trim().parse().map_err(|_| bad())?, w.trim().parse().map_err(|_| bad())?);
+    let (h, w): (usize, usize) = (
+        h.trim().parse().map_err(|_| bad())?,
+        w.trim().parse().map_err(|_| bad())?,
+    );
     if h == 0 || w == 0 || h % 8 != 0 || w % 8 != 0 {
         return Err(bad());
     }
@@ -294,15 +304,31 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
         println!("{v}");
     } else {
         let mib = |b: u64| b as f64 / 1048576.0;
-        println!("{} decode {}x{} ×{} ({}, {} policy) on {}:", e.model, h, w, a.batch, a.dtype, e.policy, caps.adapter_name);
+        println!(
+            "{} decode {}x{} ×{} ({}, {} policy) on {}:",
+            e.model, h, w, a.batch, a.dtype, e.policy, caps.adapter_name
+        );
         println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
-        println!("  peak allocated {:10.1} MiB (working {:.1} MiB)", mib(e.peak_allocated_bytes), mib(e.peak_allocated_bytes - e.weights_bytes));
-        println!("  peak reserved  {:10.1} MiB (reserved/allocated {:.3})", mib(e.peak_reserved_bytes), e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64);
+        println!(
+            "  peak allocated {:10.1} MiB (working {:.1} MiB)",
+            mib(e.peak_allocated_bytes),
+            mib(e.peak_allocated_bytes - e.weights_bytes)
+        );
+        println!(
+            "  peak reserved  {:10.1} MiB (reserved/allocated {:.3})",
+            mib(e.peak_reserved_bytes),
+            e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64
+        );
     }
     Ok(())
 }
 
-fn report_memory(cli_adapter: &Option<String>, out: &PathBuf, reference: &PathBuf, this_device: bool) -> wgvae::Result<()> {
+fn report_memory(
+    cli_adapter: &Option<String>,
+    out: &PathBuf,
+    reference: &PathBuf,
+    this_device: bool,
+) -> wgvae::Result<()> {
     let caps = if this_device {
         context(cli_adapter)?.caps().clone()
     } else {
@@ -319,7 +345,11 @@ fn report_memory(cli_adapter: &Option<String>, out: &PathBuf, reference: &PathBu
         std::env::consts::OS
     );
     let rows = wgvae::report::memory::write_report(&caps, reference, &header, out)?;
-    println!("wrote {} rows to {}/memory.csv, memory.md and memory_*.svg", rows.len(), out.display());
+    println!(
+        "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
+        rows.len(),
+        out.display()
+    );
     Ok(())
 }
 
@@ -330,9 +360,14 @@ fn main() -> ExitCode {
         Command::Info { json } => info(&cli.adapter, *json),
         Command::Decode(a) => decode(&cli.adapter, a),
         Command::Memory(a) => memory(&cli.adapter, a),
-        Command::Report { which: ReportKind::Memory { out, reference, this_device } } => {
-            report_memory(&cli.adapter, out, reference, *this_device)
-        }
+        Command::Report {
+            which:
+                ReportKind::Memory {
+                    out,
+                    reference,
+                    this_device,
+                },
+        } => report_memory(&cli.adapter, out, reference, *this_device),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

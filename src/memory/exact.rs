@@ -1,6 +1,10 @@
+use std::collections::BTreeMap;
 use std::sync::Mutex;
 
-use super::{round_up, Backing, Block, MemoryPool, MemoryStats};
+use super::{
+    round_up, Backing, Block, BlockSnapshot, MemoryPool, MemoryStats, PoolSnapshot, SegmentPool,
+    SegmentSnapshot,
+};
 use crate::error::Result;
 
 /// One device buffer per tensor, destroyed when the tensor drops:
@@ -8,6 +12,8 @@ use crate::error::Result;
 #[derive(Default)]
 pub struct ExactPool {
     state: Mutex<(MemoryStats, u64)>,
+    /// Live blocks by id: (size, requested), for snapshots.
+    live: Mutex<BTreeMap<u64, (u64, u64)>>,
 }
 
 impl ExactPool {
@@ -30,6 +36,10 @@ impl MemoryPool for ExactPool {
         let mut s = self.state.lock().expect("pool poisoned");
         s.1 += 1;
         let id = s.1;
+        self.live
+            .lock()
+            .expect("pool poisoned")
+            .insert(id, (size, bytes));
         let st = &mut s.0;
         st.num_allocs += 1;
         st.num_device_alloc += 1;
@@ -53,6 +63,7 @@ impl MemoryPool for ExactPool {
         // Dropping (not destroying) the handle: commands recorded but not yet
         // submitted may still use it, and wgpu frees it when they complete.
         let mut s = self.state.lock().expect("pool poisoned");
+        self.live.lock().expect("pool poisoned").remove(&block.id);
         let st = &mut s.0;
         st.num_device_free += 1;
         st.allocated_bytes.sub(block.size);
@@ -87,5 +98,29 @@ impl MemoryPool for ExactPool {
 
     fn as_any(&self) -> &dyn std::any::Any {
         self
+    }
+
+    /// One segment per live tensor.
+    fn snapshot(&self) -> PoolSnapshot {
+        let s = self.state.lock().expect("pool poisoned");
+        let live = self.live.lock().expect("pool poisoned");
+        PoolSnapshot {
+            policy: self.policy_name().to_string(),
+            stats: s.0.clone(),
+            segments: live
+                .iter()
+                .map(|(&id, &(size, requested))| SegmentSnapshot {
+                    id,
+                    size,
+                    pool: SegmentPool::Dedicated,
+                    blocks: vec![BlockSnapshot {
+                        offset: 0,
+                        size,
+                        requested,
+                        allocated: true,
+                    }],
+                })
+                .collect(),
+        }
     }
 }

@@ -6,12 +6,16 @@
 //! buffers it holds), like PyTorch's caching allocator. Policies differ only in
 //! how blocks map onto device buffers; kernels never see the difference.
 
+mod caching;
 mod exact;
 pub mod planned;
+mod snapshot;
 mod stats;
 
+pub use caching::CachingPool;
 pub use exact::ExactPool;
 pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, PlannedPool, TracingPool};
+pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentPool, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat};
 
 use crate::error::{Error, Result};
@@ -100,6 +104,15 @@ pub trait MemoryPool: Send + Sync {
     fn reset_peak_stats(&self);
     /// Returns every cached, unused device buffer to the device.
     fn empty_cache(&self);
+    /// Statistics and segments at this moment (JSON via [`PoolSnapshot::to_json`]).
+    /// The default lists no segments: for policies that do not track them.
+    fn snapshot(&self) -> PoolSnapshot {
+        PoolSnapshot {
+            policy: self.policy_name().to_string(),
+            stats: self.stats(),
+            segments: Vec::new(),
+        }
+    }
     /// For policies with extra controls (e.g. [`PlannedPool`]).
     fn as_any(&self) -> &dyn std::any::Any;
 }
@@ -130,7 +143,7 @@ impl Policy {
     pub fn new_pool(self) -> std::sync::Arc<dyn MemoryPool> {
         match self {
             Policy::Exact => std::sync::Arc::new(ExactPool::new()),
-            Policy::Caching => std::sync::Arc::new(ExactPool::new()), // MERGE-TODO CachingPool
+            Policy::Caching => std::sync::Arc::new(CachingPool::new()),
             Policy::Planned => std::sync::Arc::new(PlannedPool::new()),
         }
     }

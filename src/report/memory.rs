@@ -91,7 +91,13 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
             for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
                 let spec = format!("preset:{preset}");
                 let channels = if preset == "flux1" { 16 } else { 4 };
-                let e = match estimate_decode(caps, policy, &spec, &LoadOptions::default(), [1, channels, latent, latent]) {
+                let e = match estimate_decode(
+                    caps,
+                    policy,
+                    &spec,
+                    &LoadOptions::default(),
+                    [1, channels, latent, latent],
+                ) {
                     Ok(e) => e,
                     Err(e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. })) => {
                         failed.push(format!("{model} {size}² {}: {e}", policy.name()));
@@ -101,9 +107,9 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                 };
                 let dtype = "float32";
                 let bytes = 4.0;
-                let py = pytorch
-                    .iter()
-                    .find(|r| r.model == model && r.op == "decode" && r.size == size && r.dtype == dtype);
+                let py = pytorch.iter().find(|r| {
+                    r.model == model && r.op == "decode" && r.size == size && r.dtype == dtype
+                });
                 let weights = e.weights_bytes as f64 / MIB;
                 let alloc = e.peak_allocated_bytes as f64 / MIB;
                 let reserved = e.peak_reserved_bytes as f64 / MIB;
@@ -148,18 +154,22 @@ fn csv(rows: &[Row]) -> String {
             r.implied_constant,
             opt(r.pytorch_allocated_mib),
             opt(r.pytorch_reserved_mib),
-            r.working_vs_pytorch.map_or(String::new(), |x| format!("{x:.3}"))
+            r.working_vs_pytorch
+                .map_or(String::new(), |x| format!("{x:.3}"))
         );
     }
     s
 }
 
 fn get<'a>(rows: &'a [Row], model: &str, size: usize, policy: &str) -> Option<&'a Row> {
-    rows.iter().find(|r| r.model == model && r.size == size && r.policy == policy)
+    rows.iter()
+        .find(|r| r.model == model && r.size == size && r.policy == policy)
 }
 
 fn markdown(rows: &[Row], failed: &[String], header: &str) -> String {
-    let mut s = format!("# Decode memory: wgvae pool policies vs PyTorch's caching allocator\n\n{header}\n\n");
+    let mut s = format!(
+        "# Decode memory: wgvae pool policies vs PyTorch's caching allocator\n\n{header}\n\n"
+    );
     s += "All wgvae figures are **predicted** by the estimator (a dry run of the real decode code through the \
 chosen pool; `wgvae memory` gives the same numbers, and CI checks that real decodes measure exactly what it predicts). \
 PyTorch figures are the published RTX 4090 measurements (`torch.cuda.max_memory_allocated/reserved`), which \
@@ -169,7 +179,11 @@ exclude the weights; ours include them, and the working-memory column subtracts 
         s += "| size | PyTorch alloc MiB | PyTorch reserved MiB | PyTorch res/alloc | wgvae weights MiB | caching alloc / reserved MiB (ratio) | planned alloc / reserved MiB (ratio) | exact MiB | planned working vs PyTorch alloc | implied constant (planned) |\n";
         s += "|---|---|---|---|---|---|---|---|---|---|\n";
         for size in SIZES {
-            let (Some(c), Some(p), Some(e)) = (get(rows, model, size, "caching"), get(rows, model, size, "planned"), get(rows, model, size, "exact")) else {
+            let (Some(c), Some(p), Some(e)) = (
+                get(rows, model, size, "caching"),
+                get(rows, model, size, "planned"),
+                get(rows, model, size, "exact"),
+            ) else {
                 continue;
             };
             let py = |v: Option<f64>| v.map_or("—".to_string(), |x| format!("{x:.1}"));
@@ -210,7 +224,8 @@ fn findings(rows: &[Row]) -> String {
     let mut s = String::from("## Findings\n\n");
     // Resolution scaling: working memory per 2× pixels.
     for (model, _) in MODELS {
-        let w = |size| get(rows, model, size, "planned").map(|r| r.peak_allocated_mib - r.weights_mib);
+        let w =
+            |size| get(rows, model, size, "planned").map(|r| r.peak_allocated_mib - r.weights_mib);
         if let (Some(a), Some(b)) = (w(1024), w(2048)) {
             s += &format!("- {model}: working memory grows {:.2}× from 1024² to 2048² (4× the pixels): it is linear in pixels, as PyTorch's is.\n", b / a);
         }
@@ -229,25 +244,39 @@ fn findings(rows: &[Row]) -> String {
         .filter_map(|r| Some(r.pytorch_reserved_mib? / r.pytorch_allocated_mib?))
         .collect();
     if !py.is_empty() {
-        let (lo, hi) = py.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let (lo, hi) = py
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         s += &format!("- PyTorch's caching allocator reserves {lo:.2}–{hi:.2}× what it allocates on these decodes.\n");
     }
     s += &format!(
         "- Our `caching` policy (the same CUDACachingAllocator rules) reserves {clo:.3}–{chi:.3}× allocated. It sits below PyTorch's ratio because our decode frees each tensor at its last use and fuses GroupNorm+SiLU, upsampling and residual adds into the convolutions, so fewer and more regular blocks pass through the cache.\n"
     );
     s += &format!("- The `planned` policy reserves {plo:.3}–{phi:.3}× allocated: lifetimes are known before the decode runs, so reserved memory is the peak of live tensors.\n");
-    let vs: Vec<f64> = rows.iter().filter(|r| r.policy == "planned").filter_map(|r| r.working_vs_pytorch).collect();
+    let vs: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.policy == "planned")
+        .filter_map(|r| r.working_vs_pytorch)
+        .collect();
     if !vs.is_empty() {
-        let (lo, hi) = vs.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let (lo, hi) = vs
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         s += &format!(
             "- Planned working memory is {:.0}–{:.0} % of PyTorch's allocated peak at the same dtype (float32).\n",
             lo * 100.0,
             hi * 100.0
         );
     }
-    let consts: Vec<f64> = rows.iter().filter(|r| r.policy == "planned").map(|r| r.implied_constant).collect();
+    let consts: Vec<f64> = rows
+        .iter()
+        .filter(|r| r.policy == "planned")
+        .map(|r| r.implied_constant)
+        .collect();
     if !consts.is_empty() {
-        let (lo, hi) = consts.iter().fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        let (lo, hi) = consts
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         s += &format!("- The implied working-memory constant `(peak − weights) / (H·W·4)` is {lo:.0}–{hi:.0} for planned decodes, against InvokeAI's rule of thumb of 2200 — a constant that our estimator makes unnecessary.\n");
     }
     s
@@ -263,19 +292,34 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.model == model) {
         let mp = (r.size * r.size) as f64 / 1e6;
-        series.entry(format!("wgvae {} allocated", r.policy)).or_default().push((mp, r.peak_allocated_mib));
+        series
+            .entry(format!("wgvae {} allocated", r.policy))
+            .or_default()
+            .push((mp, r.peak_allocated_mib));
         if r.policy == "caching" {
-            series.entry("wgvae caching reserved".into()).or_default().push((mp, r.peak_reserved_mib));
+            series
+                .entry("wgvae caching reserved".into())
+                .or_default()
+                .push((mp, r.peak_reserved_mib));
             if let (Some(a), Some(res)) = (r.pytorch_allocated_mib, r.pytorch_reserved_mib) {
-                series.entry("PyTorch allocated (no weights)".into()).or_default().push((mp, a));
-                series.entry("PyTorch reserved (no weights)".into()).or_default().push((mp, res));
+                series
+                    .entry("PyTorch allocated (no weights)".into())
+                    .or_default()
+                    .push((mp, a));
+                series
+                    .entry("PyTorch reserved (no weights)".into())
+                    .or_default()
+                    .push((mp, res));
             }
         }
     }
     let ymax = series.values().flatten().map(|p| p.1).fold(0.0, f64::max) * 1.1;
     let xmax = (2048.0 * 2048.0) / 1e6 * 1.05;
     let mut chart = ChartBuilder::on(&root)
-        .caption(format!("{model} decode, float32: peak memory vs image size"), ("sans-serif", 20))
+        .caption(
+            format!("{model} decode, float32: peak memory vs image size"),
+            ("sans-serif", 20),
+        )
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -287,14 +331,24 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
         .y_desc("MiB")
         .draw()
         .map_err(|e| err(e.to_string()))?;
-    let palette = [RED, BLUE, GREEN, MAGENTA, CYAN, BLACK, RGBColor(255, 140, 0)];
+    let palette = [
+        RED,
+        BLUE,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(255, 140, 0),
+    ];
     for (i, (name, pts)) in series.iter().enumerate() {
         let color = palette[i % palette.len()];
         chart
             .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
             .map_err(|e| err(e.to_string()))?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .map_err(|e| err(e.to_string()))?;
@@ -311,7 +365,12 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
 }
 
 /// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`.
-pub fn write_report(caps: &Capabilities, reference: Option<&Path>, header: &str, out: &Path) -> Result<Vec<Row>> {
+pub fn write_report(
+    caps: &Capabilities,
+    reference: Option<&Path>,
+    header: &str,
+    out: &Path,
+) -> Result<Vec<Row>> {
     std::fs::create_dir_all(out).map_err(|source| Error::Io {
         path: out.to_path_buf(),
         source,
@@ -328,7 +387,11 @@ pub fn write_report(caps: &Capabilities, reference: Option<&Path>, header: &str,
     }
     write(&out.join("memory.md"), &markdown(&rows, &failed, &header))?;
     for (model, _) in MODELS {
-        plot(&rows, model, &out.join(format!("memory_{}.svg", model.to_lowercase())))?;
+        plot(
+            &rows,
+            model,
+            &out.join(format!("memory_{}.svg", model.to_lowercase())),
+        )?;
     }
     Ok(rows)
 }

@@ -1,0 +1,967 @@
+//! PyTorch's CUDA caching allocator, on wgpu buffers.
+//!
+//! Device buffers (*segments*) are kept after their tensors drop and cut into
+//! blocks for later requests, so a decode that allocates the same shapes over
+//! and over touches the device allocator only while it warms up. The rules
+//! (sizes, pools, best fit, splitting, coalescing, retry after freeing the
+//! cache) are those of `c10/cuda/CUDACachingAllocator.cpp`, so `reserved` and
+//! `allocated` mean here what they mean in `torch.cuda.memory_stats()`.
+//!
+//! With [`Backing::Virtual`] the pool creates no buffer and otherwise behaves
+//! identically: a dry run predicts the reserved memory of a real run.
+
+use std::collections::{BTreeMap, BTreeSet};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard};
+
+use super::{
+    round_up, Backing, Block, BlockSnapshot, MemoryPool, MemoryStats, PoolSnapshot, SegmentPool,
+    SegmentSnapshot, Stat,
+};
+use crate::error::{Error, Result};
+
+/// Every block size is a multiple of this (PyTorch `kMinBlockSize`); it is
+/// also the largest offset alignment the pool can honour.
+pub const MIN_BLOCK_SIZE: u64 = 512;
+/// Largest request served from the small pool (`kSmallSize`).
+pub const SMALL_SIZE: u64 = 1 << 20;
+/// Segment size of the small pool (`kSmallBuffer`).
+pub const SMALL_SEGMENT: u64 = 2 << 20;
+/// Segment size of the large pool for requests under [`MIN_LARGE_ALLOC`] (`kLargeBuffer`).
+pub const LARGE_SEGMENT: u64 = 20 << 20;
+/// Requests from this size up get a segment of their own size (`kMinLargeAlloc`)...
+pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
+/// ...rounded up to a multiple of this (`kRoundLarge`).
+pub const ROUND_LARGE: u64 = 2 << 20;
+
+/// Distinguishes pools in device-buffer labels (wgpu's allocator report and
+/// validation errors name buffers by label).
+static NEXT_POOL_NUMBER: AtomicU64 = AtomicU64::new(1);
+
+/// Block size for a request: rounded up to 512 bytes, never below 512.
+pub fn block_size_for(bytes: u64) -> u64 {
+    round_up(bytes.max(1), MIN_BLOCK_SIZE)
+}
+
+/// The pool serving a block of `size` (already rounded by [`block_size_for`]).
+pub fn pool_for(size: u64) -> SegmentPool {
+    if size <= SMALL_SIZE {
+        SegmentPool::Small
+    } else {
+        SegmentPool::Large
+    }
+}
+
+/// Size of the segment created for a block of `size` when no cached block
+/// fits (PyTorch `get_allocation_size`).
+pub fn segment_size_for(size: u64) -> u64 {
+    if size <= SMALL_SIZE {
+        SMALL_SEGMENT
+    } else if size < MIN_LARGE_ALLOC {
+        LARGE_SEGMENT
+    } else {
+        round_up(size, ROUND_LARGE)
+    }
+}
+
+/// True when a free block of `block` bytes handed out for `size` bytes is
+/// split, the remainder staying cached (PyTorch `should_split`).
+pub fn should_split(pool: SegmentPool, block: u64, size: u64) -> bool {
+    let remaining = block - size;
+    match pool {
+        SegmentPool::Small => remaining >= MIN_BLOCK_SIZE,
+        _ => remaining > SMALL_SIZE,
+    }
+}
+
+/// PyTorch-style caching allocator (see the module docs).
+///
+/// Optional `capacity`: a budget for reserved bytes. A segment that would
+/// raise `reserved_bytes` above it fails like a device out-of-memory would
+/// (free the cache, retry once, then [`Error::OutOfMemory`]). It emulates a
+/// device's VRAM in dry runs and caps what a real run may reserve.
+pub struct CachingPool {
+    state: Mutex<State>,
+    capacity: Option<u64>,
+    pool_number: u64,
+}
+
+/// Cached free block, ordered for best fit: smallest, then segment, then offset.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+struct FreeKey {
+    size: u64,
+    segment: u64,
+    offset: u64,
+}
+
+#[derive(Clone, Copy, Debug)]
+struct SegBlock {
+    size: u64,
+    requested: u64,
+    /// `Some(block id)` while allocated.
+    id: Option<u64>,
+}
+
+struct Segment {
+    size: u64,
+    pool: SegmentPool,
+    buffer: Option<wgpu::Buffer>,
+    /// Blocks by offset; they tile the segment without gaps.
+    blocks: BTreeMap<u64, SegBlock>,
+    /// Sum of the sizes of the allocated blocks.
+    allocated: u64,
+}
+
+impl Segment {
+    /// Free bytes counted as `inactive_split_bytes`: only in segments that
+    /// also hold allocated blocks (an entirely free segment is one block).
+    fn inactive_split(&self) -> u64 {
+        if self.allocated > 0 {
+            self.size - self.allocated
+        } else {
+            0
+        }
+    }
+}
+
+#[derive(Default)]
+struct State {
+    stats: MemoryStats,
+    segments: BTreeMap<u64, Segment>,
+    free_small: BTreeSet<FreeKey>,
+    free_large: BTreeSet<FreeKey>,
+    next_id: u64,
+}
+
+/// Moves `stat` from `before` to `after`.
+fn shift(stat: &mut Stat, before: u64, after: u64) {
+    if after >= before {
+        stat.add(after - before);
+    } else {
+        stat.sub(before - after);
+    }
+}
+
+impl State {
+    fn free_set(&mut self, pool: SegmentPool) -> &mut BTreeSet<FreeKey> {
+        match pool {
+            SegmentPool::Small => &mut self.free_small,
+            _ => &mut self.free_large,
+        }
+    }
+
+    fn new_id(&mut self) -> u64 {
+        self.next_id += 1;
+        self.next_id
+    }
+
+    /// Frees every entirely free segment; returns how many and their bytes.
+    fn release_cached_segments(&mut self) -> (u64, u64) {
+        let idle: Vec<u64> = self
+            .segments
+            .iter()
+            .filter(|(_, s)| s.allocated == 0)
+            .map(|(&id, _)| id)
+            .collect();
+        let mut bytes = 0;
+        for id in &idle {
+            let seg = self.segments.remove(id).expect("listed above");
+            let key = FreeKey {
+                size: seg.size,
+                segment: *id,
+                offset: 0,
+            };
+            let removed = self.free_set(seg.pool).remove(&key);
+            debug_assert!(removed, "an idle segment is one cached free block");
+            // Dropping (never destroying) the buffer: wgpu frees it once
+            // submitted work using it completes.
+            drop(seg.buffer);
+            self.stats.reserved_bytes.sub(seg.size);
+            self.stats.segment.sub(1);
+            self.stats.num_device_free += 1;
+            bytes += seg.size;
+        }
+        (idle.len() as u64, bytes)
+    }
+
+    /// Marks the free block `key` allocated for a request of `size` bytes
+    /// (`requested` asked), splitting off the remainder when the rules say so.
+    fn take_block(&mut self, key: FreeKey, size: u64, requested: u64) -> Block {
+        let id = self.new_id();
+        let seg = self
+            .segments
+            .get_mut(&key.segment)
+            .expect("free key of a live segment");
+        let pool = seg.pool;
+        let inactive_before = seg.inactive_split();
+        let mut block_size = key.size;
+        let mut remainder = None;
+        if should_split(pool, key.size, size) {
+            block_size = size;
+            let rest = FreeKey {
+                size: key.size - size,
+                segment: key.segment,
+                offset: key.offset + size,
+            };
+            seg.blocks.insert(
+                rest.offset,
+                SegBlock {
+                    size: rest.size,
+                    requested: 0,
+                    id: None,
+                },
+            );
+            remainder = Some(rest);
+        }
+        seg.blocks.insert(
+            key.offset,
+            SegBlock {
+                size: block_size,
+                requested,
+                id: Some(id),
+            },
+        );
+        seg.allocated += block_size;
+        let inactive_after = seg.inactive_split();
+        let buffer = seg.buffer.clone();
+
+        let set = self.free_set(pool);
+        set.remove(&key);
+        if let Some(rest) = remainder {
+            set.insert(rest);
+        }
+        let st = &mut self.stats;
+        st.num_allocs += 1;
+        st.allocated_bytes.add(block_size);
+        st.active_bytes.add(block_size);
+        st.requested_bytes.add(requested);
+        st.allocation.add(1);
+        shift(
+            &mut st.inactive_split_bytes,
+            inactive_before,
+            inactive_after,
+        );
+        Block {
+            buffer,
+            offset: key.offset,
+            size: block_size,
+            requested,
+            id,
+            segment: key.segment,
+        }
+    }
+}
+
+impl Default for CachingPool {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl CachingPool {
+    /// A pool without a reserved-memory budget (only the device limits it).
+    pub fn new() -> Self {
+        CachingPool {
+            state: Mutex::new(State::default()),
+            capacity: None,
+            pool_number: NEXT_POOL_NUMBER.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// A pool whose reserved bytes never exceed `capacity` (see [`CachingPool`]).
+    pub fn with_capacity(capacity: u64) -> Self {
+        CachingPool {
+            capacity: Some(capacity),
+            ..Self::new()
+        }
+    }
+
+    /// The reserved-memory budget, if any.
+    pub fn capacity(&self) -> Option<u64> {
+        self.capacity
+    }
+
+    /// Every device buffer of this pool has a label starting with this,
+    /// followed by `<pool>-segment-<id>`: how they appear in wgpu's
+    /// allocator report and validation errors.
+    pub fn buffer_label_prefix(&self) -> String {
+        format!("wgvae-caching-pool-{}/", self.pool_number)
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // A panic elsewhere must not turn every later tensor drop into one.
+        self.state.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    /// Statistics and every segment with its blocks, taken together.
+    pub fn snapshot(&self) -> PoolSnapshot {
+        MemoryPool::snapshot(self)
+    }
+
+    /// Creates a segment of `size` bytes for `pool`, within the capacity.
+    fn create_segment(
+        &self,
+        st: &mut State,
+        backing: &Backing,
+        size: u64,
+        pool: SegmentPool,
+        label: &str,
+    ) -> Result<FreeKey> {
+        let reserved = st.stats.reserved_bytes.current;
+        if let Some(cap) = self.capacity {
+            if reserved + size > cap {
+                return Err(Error::OutOfMemory {
+                    during: format!("allocating {label}"),
+                    message: format!(
+                        "a new {size}-byte {} segment would raise reserved memory from {reserved} to {} bytes, over the pool capacity of {cap} bytes",
+                        pool.name(),
+                        reserved + size
+                    ),
+                });
+            }
+        }
+        let id = st.new_id();
+        let buffer_label = format!(
+            "{}{}-segment-{id} (for {label})",
+            self.buffer_label_prefix(),
+            pool.name()
+        );
+        let buffer = backing.create_buffer(size, &buffer_label)?;
+        let mut blocks = BTreeMap::new();
+        blocks.insert(
+            0,
+            SegBlock {
+                size,
+                requested: 0,
+                id: None,
+            },
+        );
+        st.segments.insert(
+            id,
+            Segment {
+                size,
+                pool,
+                buffer,
+                blocks,
+                allocated: 0,
+            },
+        );
+        let key = FreeKey {
+            size,
+            segment: id,
+            offset: 0,
+        };
+        st.free_set(pool).insert(key);
+        st.stats.reserved_bytes.add(size);
+        st.stats.segment.add(1);
+        st.stats.num_device_alloc += 1;
+        Ok(key)
+    }
+}
+
+impl MemoryPool for CachingPool {
+    fn policy_name(&self) -> &'static str {
+        "caching"
+    }
+
+    fn allocate(&self, backing: &Backing, bytes: u64, align: u64, label: &str) -> Result<Block> {
+        // Every block offset is a multiple of 512 (all sizes are), which
+        // satisfies any alignment dividing 512; wgpu never asks for more
+        // than 256.
+        let align = align.max(1);
+        if !MIN_BLOCK_SIZE.is_multiple_of(align) {
+            return Err(Error::Unsupported(format!(
+                "caching pool: {label} asks for {align}-byte alignment; only powers of two up to {MIN_BLOCK_SIZE} are supported"
+            )));
+        }
+        let size = block_size_for(bytes);
+        let pool = pool_for(size);
+        let limit = backing.max_buffer_size();
+        if size > limit {
+            return Err(Error::BufferTooLarge {
+                what: label.to_string(),
+                bytes: size,
+                limit,
+            });
+        }
+        // A segment never exceeds the device's buffer limit: on a device
+        // with a small limit the segment shrinks (still >= size).
+        let segment_size = segment_size_for(size).min(limit / MIN_BLOCK_SIZE * MIN_BLOCK_SIZE);
+
+        let mut st = self.lock();
+        let best_fit = st
+            .free_set(pool)
+            .range(
+                FreeKey {
+                    size,
+                    segment: 0,
+                    offset: 0,
+                }..,
+            )
+            .next()
+            .copied();
+        let key = match best_fit {
+            Some(key) => key,
+            None => match self.create_segment(&mut st, backing, segment_size, pool, label) {
+                Ok(key) => key,
+                Err(first) => {
+                    // PyTorch: free every cached segment and retry once.
+                    log::debug!("caching pool: {first}; freeing cached segments and retrying");
+                    let (freed, freed_bytes) = st.release_cached_segments();
+                    st.stats.num_alloc_retries += 1;
+                    match self.create_segment(&mut st, backing, segment_size, pool, label) {
+                        Ok(key) => key,
+                        Err(second) => {
+                            st.stats.num_ooms += 1;
+                            let pool_state = format!(
+                                "after freeing {freed} cached segments ({freed_bytes} bytes) and retrying; the pool holds {} bytes allocated, {} reserved",
+                                st.stats.allocated_bytes.current, st.stats.reserved_bytes.current
+                            );
+                            return Err(match second {
+                                Error::OutOfMemory { during, message } => Error::OutOfMemory {
+                                    during: format!("{during} ({bytes} bytes, caching pool)"),
+                                    message: format!("{message}; {pool_state}"),
+                                },
+                                other => other,
+                            });
+                        }
+                    }
+                }
+            },
+        };
+        Ok(st.take_block(key, size, bytes))
+    }
+
+    fn release(&self, block: &Block) {
+        let mut guard = self.lock();
+        let st = &mut *guard;
+        let Some(seg) = st.segments.get_mut(&block.segment) else {
+            log::error!(
+                "caching pool: release of block {} of unknown segment {}",
+                block.id,
+                block.segment
+            );
+            debug_assert!(false, "release of a block of an unknown segment");
+            return;
+        };
+        let Some(b) = seg
+            .blocks
+            .get(&block.offset)
+            .copied()
+            .filter(|b| b.id == Some(block.id))
+        else {
+            log::error!(
+                "caching pool: release of block {} that is not allocated (double release?)",
+                block.id
+            );
+            debug_assert!(false, "release of a block that is not allocated");
+            return;
+        };
+        let pool = seg.pool;
+        let inactive_before = seg.inactive_split();
+        seg.allocated -= b.size;
+
+        // Coalesce with free neighbours (blocks tile the segment, so the
+        // previous and next entries are adjacent).
+        let mut start = block.offset;
+        let mut size = b.size;
+        let mut merged = Vec::new();
+        if let Some((&off, prev)) = seg.blocks.range(..block.offset).next_back() {
+            if prev.id.is_none() {
+                merged.push(FreeKey {
+                    size: prev.size,
+                    segment: block.segment,
+                    offset: off,
+                });
+                start = off;
+                size += prev.size;
+            }
+        }
+        let next_offset = block.offset + b.size;
+        if let Some(next) = seg.blocks.get(&next_offset).copied() {
+            if next.id.is_none() {
+                merged.push(FreeKey {
+                    size: next.size,
+                    segment: block.segment,
+                    offset: next_offset,
+                });
+                size += next.size;
+            }
+        }
+        for key in &merged {
+            seg.blocks.remove(&key.offset);
+        }
+        seg.blocks.remove(&block.offset);
+        seg.blocks.insert(
+            start,
+            SegBlock {
+                size,
+                requested: 0,
+                id: None,
+            },
+        );
+        let inactive_after = seg.inactive_split();
+
+        let set = st.free_set(pool);
+        for key in &merged {
+            set.remove(key);
+        }
+        set.insert(FreeKey {
+            size,
+            segment: block.segment,
+            offset: start,
+        });
+        let stats = &mut st.stats;
+        stats.allocated_bytes.sub(b.size);
+        stats.active_bytes.sub(b.size);
+        stats.requested_bytes.sub(b.requested);
+        stats.allocation.sub(1);
+        shift(
+            &mut stats.inactive_split_bytes,
+            inactive_before,
+            inactive_after,
+        );
+    }
+
+    fn stats(&self) -> MemoryStats {
+        self.lock().stats.clone()
+    }
+
+    fn reset_peak_stats(&self) {
+        let mut st = self.lock();
+        let s = &mut st.stats;
+        for x in [
+            &mut s.allocated_bytes,
+            &mut s.reserved_bytes,
+            &mut s.active_bytes,
+            &mut s.inactive_split_bytes,
+            &mut s.requested_bytes,
+            &mut s.allocation,
+            &mut s.segment,
+        ] {
+            x.reset_peak();
+        }
+    }
+
+    fn empty_cache(&self) {
+        self.lock().release_cached_segments();
+    }
+
+    fn as_any(&self) -> &dyn std::any::Any {
+        self
+    }
+
+    fn snapshot(&self) -> PoolSnapshot {
+        let st = self.lock();
+        PoolSnapshot {
+            policy: self.policy_name().to_string(),
+            stats: st.stats.clone(),
+            segments: st
+                .segments
+                .iter()
+                .map(|(&id, seg)| SegmentSnapshot {
+                    id,
+                    size: seg.size,
+                    pool: seg.pool,
+                    blocks: seg
+                        .blocks
+                        .iter()
+                        .map(|(&offset, b)| BlockSnapshot {
+                            offset,
+                            size: b.size,
+                            requested: b.requested,
+                            allocated: b.id.is_some(),
+                        })
+                        .collect(),
+                })
+                .collect(),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const KIB: u64 = 1 << 10;
+    const MIB: u64 = 1 << 20;
+    const VIRTUAL: Backing<'static> = Backing::Virtual {
+        max_buffer_size: 1 << 30,
+    };
+
+    fn alloc(pool: &CachingPool, bytes: u64) -> Block {
+        pool.allocate(&VIRTUAL, bytes, 256, "test")
+            .expect("allocation")
+    }
+
+    /// (offset, size, allocated) of every block of segment `id`.
+    fn layout(pool: &CachingPool, id: u64) -> Vec<(u64, u64, bool)> {
+        let snap = pool.snapshot();
+        let seg = snap.segments.iter().find(|s| s.id == id).expect("segment");
+        seg.blocks
+            .iter()
+            .map(|b| (b.offset, b.size, b.allocated))
+            .collect()
+    }
+
+    #[test]
+    fn size_rules() {
+        assert_eq!(block_size_for(0), 512);
+        assert_eq!(block_size_for(1), 512);
+        assert_eq!(block_size_for(512), 512);
+        assert_eq!(block_size_for(513), 1024);
+        assert_eq!(pool_for(MIB), SegmentPool::Small);
+        assert_eq!(pool_for(MIB + 512), SegmentPool::Large);
+        assert_eq!(segment_size_for(512), 2 * MIB);
+        assert_eq!(segment_size_for(MIB + 512), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB - 512), 20 * MIB);
+        assert_eq!(segment_size_for(10 * MIB), 10 * MIB);
+        assert_eq!(segment_size_for(11 * MIB + 512), 12 * MIB);
+        assert!(should_split(SegmentPool::Small, 1024, 512));
+        assert!(!should_split(SegmentPool::Small, 1024, 1024));
+        assert!(!should_split(SegmentPool::Large, 3 * MIB, 2 * MIB));
+        assert!(should_split(SegmentPool::Large, 3 * MIB + 512, 2 * MIB));
+    }
+
+    #[test]
+    fn small_request_gets_512_bytes_of_a_2mib_segment() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 100);
+        assert_eq!((a.offset, a.size, a.requested), (0, 512, 100));
+        assert!(a.buffer.is_none(), "virtual backing creates no buffer");
+        let b = alloc(&pool, 0);
+        assert_eq!((b.segment, b.offset, b.size), (a.segment, 512, 512));
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current, 2 * MIB);
+        assert_eq!(s.allocated_bytes.current, 1024);
+        assert_eq!(s.active_bytes.current, 1024);
+        assert_eq!(s.requested_bytes.current, 100);
+        assert_eq!(s.inactive_split_bytes.current, 2 * MIB - 1024);
+        assert_eq!((s.allocation.current, s.segment.current), (2, 1));
+        assert_eq!((s.num_allocs, s.num_device_alloc), (2, 1));
+        let snap = pool.snapshot();
+        assert_eq!(snap.segments[0].pool, SegmentPool::Small);
+        assert_eq!(
+            layout(&pool, a.segment),
+            vec![
+                (0, 512, true),
+                (512, 512, true),
+                (1024, 2 * MIB - 1024, false)
+            ]
+        );
+    }
+
+    #[test]
+    fn three_mib_splits_a_20mib_large_segment() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 3 * MIB);
+        let b = alloc(&pool, 3 * MIB - 100);
+        assert_eq!((a.offset, a.size), (0, 3 * MIB));
+        assert_eq!((b.segment, b.offset, b.size), (a.segment, 3 * MIB, 3 * MIB));
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current, 20 * MIB);
+        assert_eq!(s.inactive_split_bytes.current, 14 * MIB);
+        assert_eq!(pool.snapshot().segments[0].pool, SegmentPool::Large);
+    }
+
+    #[test]
+    fn twelve_mib_gets_a_segment_of_its_own() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 12 * MIB);
+        assert_eq!((a.offset, a.size), (0, 12 * MIB));
+        // 11 MiB + 1 B: segment rounded to 12 MiB; the remainder (1 MiB - 512)
+        // is not > 1 MiB, so the whole segment is handed out.
+        let b = alloc(&pool, 11 * MIB + 1);
+        assert_ne!(a.segment, b.segment);
+        assert_eq!((b.size, b.requested), (12 * MIB, 11 * MIB + 1));
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current, 24 * MIB);
+        assert_eq!(s.allocated_bytes.current, 24 * MIB);
+        assert_eq!(s.requested_bytes.current, 23 * MIB + 1);
+        assert_eq!(s.inactive_split_bytes.current, 0);
+    }
+
+    #[test]
+    fn large_remainder_of_at_most_1mib_is_not_split() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 3 * MIB);
+        // The cached 17 MiB block serves 16 MiB; 1 MiB left: handed out whole.
+        let b = alloc(&pool, 16 * MIB);
+        assert_eq!(
+            (b.segment, b.offset, b.size),
+            (a.segment, 3 * MIB, 17 * MIB)
+        );
+        assert_eq!(pool.stats().allocated_bytes.current, 20 * MIB);
+        assert_eq!(pool.stats().requested_bytes.current, 19 * MIB);
+        pool.release(&b);
+        // 1 MiB + 512 left: split.
+        let c = alloc(&pool, 16 * MIB - 512);
+        assert_eq!(c.size, 16 * MIB - 512);
+        assert_eq!(
+            layout(&pool, a.segment),
+            vec![
+                (0, 3 * MIB, true),
+                (3 * MIB, 16 * MIB - 512, true),
+                (19 * MIB - 512, MIB + 512, false)
+            ]
+        );
+        assert_eq!(pool.stats().segment.current, 1);
+    }
+
+    #[test]
+    fn small_remainder_of_512_is_split() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, MIB);
+        let b = alloc(&pool, MIB - 512);
+        let c = alloc(&pool, 1);
+        assert_eq!((b.offset, b.size), (MIB, MIB - 512));
+        assert_eq!(
+            (c.segment, c.offset, c.size),
+            (a.segment, 2 * MIB - 512, 512)
+        );
+        assert_eq!(pool.stats().reserved_bytes.current, 2 * MIB);
+        assert_eq!(pool.stats().inactive_split_bytes.current, 0);
+    }
+
+    #[test]
+    fn best_fit_takes_the_smallest_free_block_then_lowest_offset() {
+        let pool = CachingPool::new();
+        let blocks: Vec<Block> = [4 * KIB, 512, KIB, 512, KIB, 512]
+            .iter()
+            .map(|&n| alloc(&pool, n))
+            .collect();
+        for i in [0, 2, 4] {
+            pool.release(&blocks[i]);
+        }
+        // Free: 4 KiB at 0, 1 KiB at 4.5 KiB, 1 KiB at 6 KiB, the tail.
+        let x = alloc(&pool, 1000);
+        assert_eq!((x.offset, x.size), (blocks[2].offset, KIB));
+        let y = alloc(&pool, 600);
+        assert_eq!((y.offset, y.size), (blocks[4].offset, KIB));
+        let z = alloc(&pool, 2 * KIB);
+        assert_eq!((z.offset, z.size), (0, 2 * KIB));
+    }
+
+    #[test]
+    fn pools_do_not_share_blocks() {
+        let pool = CachingPool::new();
+        let small = alloc(&pool, 512);
+        pool.release(&small);
+        // 2 MiB of cached small-pool memory cannot serve a large request...
+        let large = alloc(&pool, MIB + 1);
+        assert_ne!(large.segment, small.segment);
+        pool.release(&large);
+        // ...and cached large-pool memory cannot serve a small one.
+        let small2 = alloc(&pool, 100);
+        assert_eq!(small2.segment, small.segment);
+        assert_eq!(pool.stats().reserved_bytes.current, 22 * MIB);
+    }
+
+    #[test]
+    fn free_blocks_coalesce_with_free_neighbours() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 512);
+        let b = alloc(&pool, 1024);
+        let c = alloc(&pool, 512);
+        let d = alloc(&pool, 512);
+        pool.release(&a);
+        pool.release(&c);
+        assert_eq!(
+            layout(&pool, a.segment),
+            vec![
+                (0, 512, false),
+                (512, 1024, true),
+                (1536, 512, false),
+                (2048, 512, true),
+                (2560, 2 * MIB - 2560, false)
+            ]
+        );
+        pool.release(&b);
+        assert_eq!(
+            layout(&pool, a.segment),
+            vec![
+                (0, 2048, false),
+                (2048, 512, true),
+                (2560, 2 * MIB - 2560, false)
+            ]
+        );
+        assert_eq!(pool.stats().inactive_split_bytes.current, 2 * MIB - 512);
+        pool.release(&d);
+        assert_eq!(layout(&pool, a.segment), vec![(0, 2 * MIB, false)]);
+        let s = pool.stats();
+        assert_eq!(s.inactive_split_bytes.current, 0);
+        assert_eq!(s.allocated_bytes.current, 0);
+        assert_eq!(s.reserved_bytes.current, 2 * MIB, "cached, not freed");
+        assert_eq!(s.num_device_free, 0);
+        // The coalesced segment serves a request of its whole size.
+        let e = alloc(&pool, MIB);
+        assert_eq!((e.segment, e.offset), (a.segment, 0));
+    }
+
+    #[test]
+    fn empty_cache_frees_only_entirely_free_segments() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 512);
+        let c = alloc(&pool, 12 * MIB);
+        let b = alloc(&pool, 3 * MIB);
+        pool.release(&a);
+        pool.release(&c);
+        // Best fit: the free 12 MiB segment, not the 17 MiB rest of b's.
+        let d = alloc(&pool, 3 * MIB);
+        assert_eq!((d.segment, d.offset), (c.segment, 0));
+        pool.release(&b);
+        pool.empty_cache();
+        let s = pool.stats();
+        assert_eq!(s.reserved_bytes.current, 12 * MIB);
+        assert_eq!(
+            (s.segment.current, s.num_device_alloc, s.num_device_free),
+            (1, 3, 2)
+        );
+        assert_eq!(s.reserved_bytes.peak, 34 * MIB);
+        pool.release(&d);
+        pool.empty_cache();
+        let s = pool.stats();
+        assert_eq!((s.reserved_bytes.current, s.segment.current), (0, 0));
+        assert!(pool.snapshot().segments.is_empty());
+    }
+
+    #[test]
+    fn capacity_failure_frees_the_cache_and_retries_once() {
+        let pool = CachingPool::with_capacity(20 * MIB);
+        let a = alloc(&pool, 3 * MIB);
+        pool.release(&a);
+        // A small segment does not fit beside the cached 20 MiB one: the
+        // cache is freed and the retry succeeds.
+        let b = alloc(&pool, 512);
+        let s = pool.stats();
+        assert_eq!((s.num_alloc_retries, s.num_ooms), (1, 0));
+        assert_eq!((s.reserved_bytes.current, s.num_device_free), (2 * MIB, 1));
+        // Nothing cached can be freed now: the retry fails too.
+        let err = pool
+            .allocate(&VIRTUAL, 19 * MIB, 256, "big activation")
+            .expect_err("over capacity");
+        let msg = err.to_string();
+        assert!(matches!(err, Error::OutOfMemory { .. }), "{msg}");
+        assert!(
+            msg.contains("big activation") && msg.contains("capacity"),
+            "{msg}"
+        );
+        let s = pool.stats();
+        assert_eq!((s.num_alloc_retries, s.num_ooms), (2, 1));
+        assert_eq!(
+            (s.reserved_bytes.current, s.allocated_bytes.current),
+            (2 * MIB, 512)
+        );
+        pool.release(&b);
+        // Exactly at capacity is allowed (2 MiB cached + 18 MiB).
+        let c = alloc(&pool, 18 * MIB);
+        let s = pool.stats();
+        assert_eq!(
+            (s.reserved_bytes.current, s.num_alloc_retries),
+            (20 * MIB, 2)
+        );
+        pool.release(&c);
+    }
+
+    #[test]
+    fn buffer_limit_caps_segments_and_rejects_larger_requests() {
+        let backing = Backing::Virtual {
+            max_buffer_size: 4 * MIB,
+        };
+        let pool = CachingPool::new();
+        // The 20 MiB segment a 3 MiB request would get shrinks to the limit.
+        let a = pool.allocate(&backing, 3 * MIB, 4, "a").unwrap();
+        assert_eq!(pool.stats().reserved_bytes.current, 4 * MIB);
+        let err = pool
+            .allocate(&backing, 4 * MIB + 1, 4, "huge tensor")
+            .expect_err("over the buffer limit");
+        assert!(
+            matches!(&err, Error::BufferTooLarge { what, bytes, limit }
+                if what == "huge tensor" && *bytes == 4 * MIB + 512 && *limit == 4 * MIB),
+            "{err}"
+        );
+        // Not an out-of-memory: no retry could help.
+        let s = pool.stats();
+        assert_eq!(
+            (s.num_alloc_retries, s.num_ooms, s.segment.current),
+            (0, 0, 1)
+        );
+        pool.release(&a);
+    }
+
+    #[test]
+    fn alignment_up_to_512_is_honoured_and_larger_is_an_error() {
+        let pool = CachingPool::new();
+        for align in [0, 1, 4, 64, 256, 512] {
+            let b = pool.allocate(&VIRTUAL, 100, align, "t").unwrap();
+            assert_eq!(b.offset % align.max(1), 0);
+        }
+        for align in [1024, 3, 768] {
+            let err = pool
+                .allocate(&VIRTUAL, 100, align, "t")
+                .expect_err("bad align");
+            assert!(matches!(err, Error::Unsupported(_)), "{err}");
+        }
+        assert_eq!(pool.stats().num_allocs, 6);
+    }
+
+    #[test]
+    fn peaks_follow_currents_and_reset() {
+        let pool = CachingPool::new();
+        let a = alloc(&pool, 3 * MIB);
+        let b = alloc(&pool, 3 * MIB);
+        pool.release(&a);
+        pool.release(&b);
+        let s = pool.stats();
+        assert_eq!(
+            (s.allocated_bytes.current, s.allocated_bytes.peak),
+            (0, 6 * MIB)
+        );
+        assert_eq!(s.inactive_split_bytes.peak, 17 * MIB);
+        assert_eq!(s.allocation.peak, 2);
+        pool.reset_peak_stats();
+        let s = pool.stats();
+        assert_eq!(s.allocated_bytes.peak, 0);
+        assert_eq!(s.reserved_bytes.peak, 20 * MIB);
+        assert_eq!(s.inactive_split_bytes.peak, 0);
+    }
+
+    #[test]
+    fn snapshot_serializes_to_json() {
+        let pool = CachingPool::new();
+        let _a = alloc(&pool, 100);
+        let json: serde_json::Value = serde_json::from_str(&pool.snapshot().to_json()).unwrap();
+        assert_eq!(json["policy"], "caching");
+        assert_eq!(json["stats"]["reserved_bytes"]["current"], 2 * MIB);
+        let seg = &json["segments"][0];
+        assert_eq!(seg["pool"], "small");
+        assert_eq!(seg["size"], 2 * MIB);
+        assert_eq!(seg["blocks"][0]["requested"], 100);
+        assert_eq!(seg["blocks"][0]["allocated"], true);
+        assert_eq!(seg["blocks"][1]["allocated"], false);
+    }
+
+    #[test]
+    fn pool_is_send_and_sync_and_usable_across_threads() {
+        fn assert_send_sync<T: Send + Sync>() {}
+        assert_send_sync::<CachingPool>();
+        let pool = std::sync::Arc::new(CachingPool::new());
+        let threads: Vec<_> = (0..4)
+            .map(|t| {
+                let pool = pool.clone();
+                std::thread::spawn(move || {
+                    for i in 0..200u64 {
+                        let b = alloc(&pool, (i * 997 + t * 31) % (3 * MIB));
+                        pool.release(&b);
+                    }
+                })
+            })
+            .collect();
+        for t in threads {
+            t.join().unwrap();
+        }
+        let s = pool.stats();
+        assert_eq!((s.allocated_bytes.current, s.allocation.current), (0, 0));
+        assert_eq!(s.num_allocs, 800);
+    }
+}
