@@ -1,0 +1,194 @@
+//! The `wgvae` binary end to end: the README's main job, JSON output, the
+//! memory estimator against a real decode, and errors with exit codes.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use wgvae::testing::shared_dir;
+
+fn wgvae(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+        .args(args)
+        .env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        )
+        .output()
+        .expect("run wgvae");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wgvae-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"))
+}
+
+#[test]
+fn info_lists_the_adapter() {
+    let (ok, out, err) = wgvae(&["info", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert!(
+        v["chosen"]["limits"]["max_storage_buffer_binding_size"]
+            .as_u64()
+            .unwrap()
+            > 0
+    );
+    assert!(!v["adapters"].as_array().unwrap().is_empty());
+}
+
+#[test]
+fn decode_taef2_photo_to_png_with_json() {
+    let Some(shared) = shared_dir() else { return };
+    let png = tmp("chelsea.png");
+    let raw = tmp("chelsea.npy");
+    let latents = shared.join("golden/taef2/chelsea.latents.npy");
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        vae.to_str().unwrap(),
+        "-o",
+        png.to_str().unwrap(),
+        "--save-raw",
+        raw.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    for key in [
+        "adapter",
+        "backend",
+        "model",
+        "latents_shape",
+        "image_shape",
+        "dtype",
+        "decode_ms",
+        "peak_allocated_bytes",
+        "peak_reserved_bytes",
+    ] {
+        assert!(!v[key].is_null(), "--json lacks `{key}`: {v}");
+    }
+    assert_eq!(v["image_shape"], serde_json::json!([1, 3, 288, 448]));
+    let ours = image::open(&png).unwrap().to_rgb8();
+    let theirs = image::open(shared.join("golden/taef2/chelsea.decoded.png"))
+        .unwrap()
+        .to_rgb8();
+    assert_eq!(ours.dimensions(), theirs.dimensions());
+    let worst = ours
+        .as_raw()
+        .iter()
+        .zip(theirs.as_raw())
+        .map(|(a, b)| a.abs_diff(*b))
+        .max()
+        .unwrap();
+    assert!(worst <= 1, "PNG differs from PyTorch's by {worst}");
+    let raw = wgvae::io::read_npy(&raw).unwrap();
+    assert_eq!(raw.shape, vec![1, 3, 288, 448]);
+}
+
+#[test]
+fn memory_estimate_matches_a_real_decode() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let latents = tmp("small.npy");
+    wgvae::io::write_npy(
+        &latents,
+        &[1, 32, 6, 5],
+        &wgvae::testing::rand_vec(32 * 30, 5, 1.0),
+    )
+    .unwrap();
+    for policy in ["caching", "planned", "exact"] {
+        let (ok, est, err) = wgvae(&[
+            "memory",
+            "--vae",
+            vae.to_str().unwrap(),
+            "--size",
+            "48x40",
+            "--policy",
+            policy,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        let png = tmp(&format!("small-{policy}.png"));
+        let (ok, dec, err) = wgvae(&[
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+            "-o",
+            png.to_str().unwrap(),
+            "--policy",
+            policy,
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        let (e, d) = (json(&est), json(&dec));
+        for key in [
+            "peak_allocated_bytes",
+            "peak_reserved_bytes",
+            "weights_bytes",
+        ] {
+            assert_eq!(
+                e[key], d[key],
+                "{policy}: `{key}` predicted {} measured {}",
+                e[key], d[key]
+            );
+        }
+        assert_eq!(e["policy"], policy);
+    }
+}
+
+#[test]
+fn bad_inputs_fail_with_a_message_and_exit_code() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let nan = tmp("nan.npy");
+    let mut v = vec![0.0f32; 32 * 4];
+    v[7] = f32::NAN;
+    wgvae::io::write_npy(&nan, &[1, 32, 2, 2], &v).unwrap();
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        nan.to_str().unwrap(),
+        "--vae",
+        vae.to_str().unwrap(),
+        "-o",
+        tmp("x.png").to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("non-finite"), "{err}");
+    let wrong = tmp("wrong.npy");
+    wgvae::io::write_npy(&wrong, &[1, 4, 2, 2], &[0.0; 16]).unwrap();
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        wrong.to_str().unwrap(),
+        "--vae",
+        vae.to_str().unwrap(),
+    ]);
+    assert!(!ok);
+    assert!(err.contains("expects 32"), "{err}");
+    let (ok, _, err) = wgvae(&["memory", "--vae", "preset:sd15", "--size", "100x100"]);
+    assert!(!ok);
+    assert!(err.contains("multiples of 8"), "{err}");
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        wrong.to_str().unwrap(),
+        "--vae",
+        "preset:sd15",
+        "--policy",
+        "lru",
+    ]);
+    assert!(!ok);
+    assert!(err.contains("unknown memory policy"), "{err}");
+}
