@@ -114,6 +114,9 @@ struct DecodeArgs {
     /// Memory pool policy: caching (PyTorch-like), planned or exact.
     #[arg(long, default_value = "planned")]
     policy: String,
+    /// Write the pool's segments and blocks after the decode as JSON.
+    #[arg(long)]
+    memory_snapshot: Option<PathBuf>,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -220,6 +223,10 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
     }
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
         wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
+    }
+    if let Some(p) = &a.memory_snapshot {
+        std::fs::write(p, ctx.pool().snapshot().to_json())
+            .map_err(|source| wgvae::Error::Io { path: p.clone(), source })?;
     }
     let n = out.rgba.len();
     if a.json {
