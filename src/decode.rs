@@ -21,6 +21,19 @@ pub struct DecodeOptions {
     pub raw_latents: bool,
     /// Also read back the raw float output.
     pub keep_raw: bool,
+    /// Time every kernel with GPU timestamps (when the adapter can).
+    pub profile: bool,
+}
+
+/// Where a decode's wall time went.
+#[derive(Clone, Debug, Default, Serialize)]
+pub struct Timings {
+    /// Recording commands on the CPU (plan tracing excluded).
+    pub record_ms: f64,
+    /// From submit until the GPU finished.
+    pub gpu_wait_ms: f64,
+    /// Copying results back to the host.
+    pub readback_ms: f64,
 }
 
 /// What a decode produced.
@@ -35,6 +48,9 @@ pub struct Decoded {
     pub decode_ms: f64,
     /// Pool statistics, peaks over this decode (weights included).
     pub memory: MemoryStats,
+    pub timings: Timings,
+    /// Per-kernel GPU times when profiling was asked for and available.
+    pub profile: Option<crate::gpu::Profile>,
 }
 
 /// Records a whole decode of decoder-input latents `z` [N, C, h, w]: upload,
@@ -94,6 +110,9 @@ pub fn decode(
     ctx.pool().reset_peak_stats();
     let start = Instant::now();
     let mut rec = Recorder::new(ctx);
+    if opts.profile && !rec.enable_profiling() {
+        log::warn!("profiling needs TIMESTAMP_QUERY_INSIDE_PASSES, which this adapter lacks");
+    }
     if let (Some(p), Some(key)) = (planned, &plan) {
         p.begin_replay(key)?;
     }
@@ -102,7 +121,17 @@ pub fn decode(
         p.end_replay();
     }
     let (raw, pixels) = recorded?;
-    rec.submit()?;
+    let mut timings = Timings {
+        record_ms: start.elapsed().as_secs_f64() * 1e3,
+        ..Default::default()
+    };
+    let submitted = Instant::now();
+    let (_labels, profile) = rec.submit_profiled()?;
+    if !ctx.is_dry_run() {
+        ctx.wait_idle()?;
+    }
+    timings.gpu_wait_ms = submitted.elapsed().as_secs_f64() * 1e3;
+    let read_start = Instant::now();
     let [n, _, height, width] = crate::models::layers::dims4(&raw)?;
     let (rgba, raw_host) = if ctx.is_dry_run() {
         (Vec::new(), None)
@@ -119,7 +148,10 @@ pub fn decode(
         )
     };
     debug_assert!(rgba.is_empty() || rgba.len() == n);
+    timings.readback_ms = read_start.elapsed().as_secs_f64() * 1e3;
     Ok(Decoded {
+        timings,
+        profile,
         rgba,
         width,
         height,
@@ -165,7 +197,7 @@ pub fn estimate_decode(
         &z,
         &DecodeOptions {
             raw_latents: true,
-            keep_raw: false,
+            ..Default::default()
         },
     )?;
     Ok(MemoryEstimate {

@@ -114,6 +114,9 @@ struct DecodeArgs {
     /// Memory pool policy: caching (PyTorch-like), planned or exact.
     #[arg(long, default_value = "planned")]
     policy: String,
+    /// Per-kernel GPU time table (timestamp queries) and the record / GPU / readback split.
+    #[arg(long)]
+    profile: bool,
     /// Write the pool's segments and blocks after the decode as JSON.
     #[arg(long)]
     memory_snapshot: Option<PathBuf>,
@@ -215,6 +218,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
     let opts = DecodeOptions {
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
+        profile: a.profile,
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
     let paths = wgvae::io::batch_paths(&a.output, out.rgba.len());
@@ -225,8 +229,10 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
     }
     if let Some(p) = &a.memory_snapshot {
-        std::fs::write(p, ctx.pool().snapshot().to_json())
-            .map_err(|source| wgvae::Error::Io { path: p.clone(), source })?;
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
     }
     let n = out.rgba.len();
     if a.json {
@@ -247,6 +253,8 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "policy": ctx.pool().policy_name(),
                 "outputs": paths,
                 "raw": a.save_raw,
+                "timings": out.timings,
+                "profile": out.profile,
             })
         );
     } else {
@@ -264,6 +272,19 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
             out.memory.allocated_bytes.peak as f64 / 1048576.0,
             out.memory.reserved_bytes.peak as f64 / 1048576.0
         );
+        if a.profile {
+            let t = &out.timings;
+            println!(
+                "record {:.1} ms, submit → GPU done {:.1} ms, readback {:.1} ms",
+                t.record_ms, t.gpu_wait_ms, t.readback_ms
+            );
+            match &out.profile {
+                Some(p) => print!("{}", p.table()),
+                None => println!(
+                    "(no per-kernel times: the adapter cannot write timestamps inside passes)"
+                ),
+            }
+        }
     }
     Ok(())
 }

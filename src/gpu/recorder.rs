@@ -50,6 +50,7 @@ pub struct Recorder<'a> {
     pass: Option<wgpu::ComputePass<'static>>,
     uniforms: Vec<UniformChunk>,
     labels: Vec<DispatchLabel>,
+    profiler: Option<crate::gpu::Profiler>,
 }
 
 impl<'a> Recorder<'a> {
@@ -66,6 +67,7 @@ impl<'a> Recorder<'a> {
             pass: None,
             uniforms: Vec::new(),
             labels: Vec::new(),
+            profiler: None,
         }
     }
 
@@ -78,7 +80,17 @@ impl<'a> Recorder<'a> {
             pass: None,
             uniforms: Vec::new(),
             labels: Vec::new(),
+            profiler: None,
         }
+    }
+
+    /// Times every following dispatch with GPU timestamps, when the device
+    /// can write them inside passes (returns whether profiling is on).
+    pub fn enable_profiling(&mut self) -> bool {
+        if self.profiler.is_none() {
+            self.profiler = crate::gpu::Profiler::new(&self.ctx);
+        }
+        self.profiler.is_some()
     }
 
     pub fn ctx(&self) -> &Context {
@@ -215,7 +227,15 @@ impl<'a> Recorder<'a> {
         let pass = self.pass.as_mut().expect("pass just opened");
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset]);
+        if let Some(p) = self.profiler.as_mut() {
+            let (set, i) = p.next_slot(&self.ctx);
+            pass.write_timestamp(set, i);
+        }
         pass.dispatch_workgroups(groups[0], groups[1], groups[2]);
+        if let Some(p) = self.profiler.as_mut() {
+            let (set, i) = p.next_slot(&self.ctx);
+            pass.write_timestamp(set, i);
+        }
         self.labels.push(DispatchLabel {
             family: spec.family,
             entry: spec.entry,
@@ -292,6 +312,25 @@ impl<'a> Recorder<'a> {
             }
             c.buffer.unmap();
         }
+    }
+
+    /// Submits like [`Recorder::submit`], then waits and returns the
+    /// per-kernel GPU times (`None` without timestamp support).
+    pub fn submit_profiled(mut self) -> Result<(Vec<DispatchLabel>, Option<crate::gpu::Profile>)> {
+        let profiler = self.profiler.take();
+        let mut profiler = profiler;
+        if let Some(p) = profiler.as_mut() {
+            self.end_pass();
+            let ctx = self.ctx.clone();
+            p.resolve(&ctx, self.encoder.get());
+        }
+        let ctx = self.ctx.clone();
+        let labels = self.submit()?;
+        let profile = match profiler {
+            Some(p) => Some(p.read(&ctx, &labels)?),
+            None => None,
+        };
+        Ok((labels, profile))
     }
 
     /// Finishes and submits an owned encoder, reporting validation errors.
