@@ -49,6 +49,8 @@ pub struct Decoded {
     /// Pool statistics, peaks over this decode (weights included).
     pub memory: MemoryStats,
     pub timings: Timings,
+    /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time).
+    pub macs: u64,
     /// Per-kernel GPU times when profiling was asked for and available.
     pub profile: Option<crate::gpu::Profile>,
 }
@@ -126,7 +128,8 @@ pub fn decode(
         ..Default::default()
     };
     let submitted = Instant::now();
-    let (_labels, profile) = rec.submit_profiled()?;
+    let (labels, profile) = rec.submit_profiled()?;
+    let macs = labels.iter().map(|l| l.macs).sum();
     if !ctx.is_dry_run() {
         ctx.wait_idle()?;
     }
@@ -151,6 +154,7 @@ pub fn decode(
     timings.readback_ms = read_start.elapsed().as_secs_f64() * 1e3;
     Ok(Decoded {
         timings,
+        macs,
         profile,
         rgba,
         width,

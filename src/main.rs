@@ -35,10 +35,40 @@ enum Command {
     Decode(DecodeArgs),
     /// Predict a decode's memory without running it (weights, peak allocated, peak reserved).
     Memory(MemoryArgs),
+    /// Benchmarks with metadata, CSV + Markdown + SVG.
+    Bench {
+        #[command(subcommand)]
+        which: BenchKind,
+    },
     /// Write reports (CSV + Markdown + SVG).
     Report {
         #[command(subcommand)]
         which: ReportKind,
+    },
+}
+
+#[derive(Subcommand)]
+enum BenchKind {
+    /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.
+    Decode {
+        #[arg(long)]
+        vae: String,
+        /// Output sizes in pixels (square), comma-separated.
+        #[arg(long, default_value = "128,256", value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Storage dtypes, comma-separated (f32 for now).
+        #[arg(long, default_value = "f32", value_delimiter = ',')]
+        dtypes: Vec<String>,
+        #[arg(long, default_value_t = 1)]
+        batch: usize,
+        #[arg(long, default_value_t = 1)]
+        warmup: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        #[arg(long, default_value = "planned")]
+        policy: String,
+        #[arg(long, default_value = "bench")]
+        out: PathBuf,
     },
 }
 
@@ -369,13 +399,59 @@ fn report_memory(
         caps.max_storage_buffer_binding_size >> 20,
         caps.max_buffer_size >> 20,
         env!("CARGO_PKG_VERSION"),
-        option_env!("WGVAE_GIT_COMMIT").unwrap_or("unknown commit"),
+        env!("WGVAE_GIT_COMMIT"),
         std::env::consts::OS
     );
     let rows = wgvae::report::memory::write_report(&caps, reference, &header, out)?;
     println!(
         "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
         rows.len(),
+        out.display()
+    );
+    Ok(())
+}
+
+#[allow(clippy::too_many_arguments)]
+fn bench_decode(
+    cli_adapter: &Option<String>,
+    vae: &str,
+    sizes: &[usize],
+    dtypes: &[String],
+    batch: usize,
+    warmup: usize,
+    runs: usize,
+    policy: &str,
+    out: &PathBuf,
+) -> wgvae::Result<()> {
+    if let Some(d) = dtypes.iter().find(|d| d.as_str() != "f32") {
+        return Err(wgvae::Error::Unsupported(format!(
+            "--dtypes {d}: activations are f32 for now"
+        )));
+    }
+    let ctx = context(cli_adapter)?;
+    let b = wgvae::report::bench::DecodeBench {
+        vae: vae.to_string(),
+        sizes: sizes.to_vec(),
+        batch,
+        warmup,
+        runs,
+        policy: policy.parse()?,
+    };
+    let settings = format!("vae {vae}, sizes {sizes:?}, batch {batch}, warm-up {warmup}, runs {runs}, policy {policy}, f32, untiled");
+    let bar = indicatif::ProgressBar::new_spinner();
+    let rows =
+        wgvae::report::bench::run_decode_bench(&ctx, &b, |m| bar.set_message(m.to_string()))?;
+    bar.finish_and_clear();
+    let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
+    wgvae::report::bench::write_decode_report(&rows, &meta, out)?;
+    for r in &rows {
+        println!(
+            "{}²: median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+        );
+    }
+    println!(
+        "wrote {}/decode.csv, decode.md, decode_time.svg, decode_memory.svg",
         out.display()
     );
     Ok(())
@@ -388,6 +464,29 @@ fn main() -> ExitCode {
         Command::Info { json } => info(&cli.adapter, *json),
         Command::Decode(a) => decode(&cli.adapter, a),
         Command::Memory(a) => memory(&cli.adapter, a),
+        Command::Bench {
+            which:
+                BenchKind::Decode {
+                    vae,
+                    sizes,
+                    dtypes,
+                    batch,
+                    warmup,
+                    runs,
+                    policy,
+                    out,
+                },
+        } => bench_decode(
+            &cli.adapter,
+            vae,
+            sizes,
+            dtypes,
+            *batch,
+            *warmup,
+            *runs,
+            policy,
+            out,
+        ),
         Command::Report {
             which:
                 ReportKind::Memory {

@@ -186,7 +186,15 @@ impl<'a> Recorder<'a> {
                 limit: caps.max_compute_workgroups_per_dimension,
             });
         }
-        if groups.contains(&0) || self.ctx.is_dry_run() {
+        if groups.contains(&0) {
+            return Ok(());
+        }
+        if self.ctx.is_dry_run() {
+            self.labels.push(DispatchLabel {
+                family: spec.family,
+                entry: spec.entry,
+                macs,
+            });
             return Ok(());
         }
         let pipeline = self.ctx.pipelines().get(self.ctx.device(), spec, key)?;

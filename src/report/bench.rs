@@ -1,0 +1,311 @@
+//! `wgvae bench decode`: warm-up then timed decodes per size, with the
+//! metadata published reports lacked (device, driver, versions, commit, date).
+
+use std::path::Path;
+use std::time::{SystemTime, UNIX_EPOCH};
+
+use plotters::prelude::*;
+use serde::Serialize;
+
+use super::{write, MIB};
+use crate::decode::{decode, DecodeOptions};
+use crate::error::{Error, Result};
+use crate::gpu::Context;
+use crate::io::HostTensor;
+use crate::memory::Policy;
+use crate::models::{LoadOptions, Vae};
+
+/// Where and how a report was made.
+#[derive(Clone, Debug, Serialize)]
+pub struct Metadata {
+    pub adapter: String,
+    pub backend: String,
+    pub device_type: String,
+    pub driver: String,
+    pub driver_info: String,
+    pub wgpu_version: &'static str,
+    pub wgvae_version: &'static str,
+    pub git_commit: &'static str,
+    pub os: &'static str,
+    pub date_utc: String,
+    pub settings: String,
+}
+
+/// Today's date (UTC) as YYYY-MM-DD, without a date crate.
+pub fn today_utc() -> String {
+    let days = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs() / 86_400) as i64;
+    // Civil-from-days (H. Hinnant's algorithm).
+    let z = days + 719_468;
+    let era = z.div_euclid(146_097);
+    let doe = z - era * 146_097;
+    let yoe = (doe - doe / 1460 + doe / 36_524 - doe / 146_096) / 365;
+    let doy = doe - (365 * yoe + yoe / 4 - yoe / 100);
+    let mp = (5 * doy + 2) / 153;
+    let d = doy - (153 * mp + 2) / 5 + 1;
+    let m = if mp < 10 { mp + 3 } else { mp - 9 };
+    let y = yoe + era * 400 + i64::from(m <= 2);
+    format!("{y:04}-{m:02}-{d:02}")
+}
+
+impl Metadata {
+    pub fn of(ctx: &Context, settings: String) -> Self {
+        let c = ctx.caps();
+        Metadata {
+            adapter: c.adapter_name.clone(),
+            backend: format!("{:?}", c.backend),
+            device_type: format!("{:?}", c.device_type),
+            driver: c.driver.clone(),
+            driver_info: c.driver_info.clone(),
+            wgpu_version: env!("WGVAE_WGPU_VERSION"),
+            wgvae_version: env!("CARGO_PKG_VERSION"),
+            git_commit: env!("WGVAE_GIT_COMMIT"),
+            os: std::env::consts::OS,
+            date_utc: today_utc(),
+            settings,
+        }
+    }
+
+    fn lines(&self, prefix: &str) -> String {
+        let v = serde_json::to_value(self).unwrap_or_default();
+        v.as_object()
+            .into_iter()
+            .flatten()
+            .map(|(k, v)| {
+                format!(
+                    "{prefix}{k}: {}\n",
+                    v.as_str().map_or(v.to_string(), str::to_string)
+                )
+            })
+            .collect()
+    }
+}
+
+/// What to benchmark.
+#[derive(Clone, Debug)]
+pub struct DecodeBench {
+    pub vae: String,
+    /// Output sizes in pixels (square).
+    pub sizes: Vec<usize>,
+    pub batch: usize,
+    pub warmup: usize,
+    pub runs: usize,
+    pub policy: Policy,
+}
+
+/// One measured cell.
+#[derive(Clone, Debug, Serialize)]
+pub struct BenchRow {
+    pub size: usize,
+    pub dtype: &'static str,
+    pub batch: usize,
+    pub runs: usize,
+    pub median_ms: f64,
+    pub min_ms: f64,
+    pub max_ms: f64,
+    pub images_per_s: f64,
+    pub megapixels_per_s: f64,
+    pub gflops: f64,
+    pub peak_allocated_mib: f64,
+    pub peak_reserved_mib: f64,
+    /// "ok" or why the cell did not run.
+    pub status: String,
+}
+
+/// Runs the benchmark; cells the device cannot run are rows with a status.
+pub fn run_decode_bench(
+    ctx: &Context,
+    b: &DecodeBench,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<BenchRow>> {
+    let ctx = ctx.with_pool(b.policy.new_pool());
+    let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
+    let mut rows = Vec::new();
+    for &size in &b.sizes {
+        if size % vae.upscale() != 0 {
+            return Err(Error::InvalidInput(format!(
+                "size {size} is not a multiple of {}",
+                vae.upscale()
+            )));
+        }
+        let l = size / vae.upscale();
+        let shape = vec![b.batch, vae.latent_channels(), l, l];
+        let n: usize = shape.iter().product();
+        let z = HostTensor::new(shape, crate::testing::rand_vec(n, size as u64, 1.0))?;
+        let opts = DecodeOptions {
+            raw_latents: true,
+            ..Default::default()
+        };
+        let mut times = Vec::new();
+        let mut last = None;
+        let mut status = "ok".to_string();
+        for i in 0..b.warmup + b.runs {
+            progress(&format!("{size}² run {}/{}", i + 1, b.warmup + b.runs));
+            match decode(&ctx, &vae, &z, &opts) {
+                Ok(out) => {
+                    if i >= b.warmup {
+                        times.push(out.decode_ms);
+                    }
+                    last = Some(out);
+                }
+                Err(e) => {
+                    status = e.to_string();
+                    break;
+                }
+            }
+        }
+        times.sort_by(f64::total_cmp);
+        let (median, min, max) = match times.len() {
+            0 => (f64::NAN, f64::NAN, f64::NAN),
+            k => (times[k / 2], times[0], times[k - 1]),
+        };
+        let secs = median / 1e3;
+        rows.push(BenchRow {
+            size,
+            dtype: "f32",
+            batch: b.batch,
+            runs: times.len(),
+            median_ms: median,
+            min_ms: min,
+            max_ms: max,
+            images_per_s: b.batch as f64 / secs,
+            megapixels_per_s: (b.batch * size * size) as f64 / 1e6 / secs,
+            gflops: last
+                .as_ref()
+                .map_or(f64::NAN, |o| 2.0 * o.macs as f64 / 1e9 / secs),
+            peak_allocated_mib: last
+                .as_ref()
+                .map_or(f64::NAN, |o| o.memory.allocated_bytes.peak as f64 / MIB),
+            peak_reserved_mib: last
+                .as_ref()
+                .map_or(f64::NAN, |o| o.memory.reserved_bytes.peak as f64 / MIB),
+            status,
+        });
+    }
+    Ok(rows)
+}
+
+fn svg(path: &Path, title: &str, y_desc: &str, series: &[(&str, Vec<(f64, f64)>)]) -> Result<()> {
+    let err = |e: String| Error::BadFile {
+        path: path.to_path_buf(),
+        message: format!("could not draw the plot: {e}"),
+    };
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let pts = series
+        .iter()
+        .flat_map(|s| s.1.iter())
+        .filter(|p| p.1.is_finite());
+    let (xmax, ymax) = pts.fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..xmax.max(1e-3) * 1.1, 0.0..ymax.max(1e-3) * 1.1)
+        .map_err(|e| err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc("megapixels per image")
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    for (i, (name, data)) in series.iter().enumerate() {
+        let color = [BLUE, RED, GREEN, MAGENTA][i % 4];
+        let data: Vec<(f64, f64)> = data.iter().copied().filter(|p| p.1.is_finite()).collect();
+        chart
+            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.to_string())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| err(e.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))
+}
+
+/// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.
+pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|source| Error::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let mut csv = meta.lines("# ");
+    csv += "size,dtype,batch,runs,median_ms,min_ms,max_ms,images_per_s,megapixels_per_s,gflops,peak_allocated_mib,peak_reserved_mib,status\n";
+    for r in rows {
+        csv += &format!(
+            "{},{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.3},{:.2},{:.2},\"{}\"\n",
+            r.size,
+            r.dtype,
+            r.batch,
+            r.runs,
+            r.median_ms,
+            r.min_ms,
+            r.max_ms,
+            r.images_per_s,
+            r.megapixels_per_s,
+            r.gflops,
+            r.peak_allocated_mib,
+            r.peak_reserved_mib,
+            r.status.replace('"', "'")
+        );
+    }
+    write(&out.join("decode.csv"), &csv)?;
+    let mut md = String::from("# Decode benchmark\n\n");
+    md += &meta.lines("- ");
+    md += "\n| size | dtype | batch | runs | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for r in rows {
+        md += &format!(
+            "| {}² | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
+            r.size, r.dtype, r.batch, r.runs, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
+            r.megapixels_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+        );
+    }
+    write(&out.join("decode.md"), &md)?;
+    let mp = |r: &BenchRow| (r.size * r.size) as f64 / 1e6;
+    svg(
+        &out.join("decode_time.svg"),
+        &format!("decode time on {}", meta.adapter),
+        "median ms",
+        &[(
+            "median ms",
+            rows.iter().map(|r| (mp(r), r.median_ms)).collect(),
+        )],
+    )?;
+    svg(
+        &out.join("decode_memory.svg"),
+        &format!("decode memory ({})", meta.settings),
+        "MiB",
+        &[
+            (
+                "peak allocated",
+                rows.iter().map(|r| (mp(r), r.peak_allocated_mib)).collect(),
+            ),
+            (
+                "peak reserved",
+                rows.iter().map(|r| (mp(r), r.peak_reserved_mib)).collect(),
+            ),
+        ],
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn date_is_plausible() {
+        let d = super::today_utc();
+        assert_eq!(d.len(), 10);
+        assert!(d.as_str() >= "2024-01-01", "{d}");
+    }
+}
