@@ -1,0 +1,77 @@
+//! Criterion: whole decodes (TAEF2 and the SD1.5 / FLUX.1 presets) per size.
+//!
+//! Sizes come from `WGVAE_BENCH_SIZES` (comma-separated output pixels,
+//! default `128,256`; a GPU run can use `1024,2048`). Time is the GPU time
+//! summed from timestamp queries when the adapter writes them inside passes,
+//! wall time (submit to pixels on the host) otherwise; the choice is printed.
+//! Throughput is in pixels; GFLOP/s = 2·MACs / time is printed per cell.
+
+use std::time::Duration;
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use wgvae::io::HostTensor;
+use wgvae::memory::Policy;
+use wgvae::testing::{rand_vec, shared_dir, test_context};
+use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
+
+fn sizes() -> Vec<usize> {
+    std::env::var("WGVAE_BENCH_SIZES")
+        .unwrap_or_else(|_| "128,256".into())
+        .split(',')
+        .filter_map(|s| s.trim().parse().ok())
+        .collect()
+}
+
+fn models() -> Vec<(String, String)> {
+    let mut m = vec![("sd15".to_string(), "preset:sd15".to_string()), ("flux1".into(), "preset:flux1".into())];
+    if let Some(s) = shared_dir() {
+        m.insert(0, ("taef2".into(), s.join("weights/taef2/decoder.safetensors").display().to_string()));
+    }
+    m
+}
+
+fn bench_decode(c: &mut Criterion) {
+    let ctx = test_context().with_pool(Policy::Planned.new_pool());
+    let gpu_time = ctx.caps().timestamp_inside_passes;
+    println!(
+        "decode bench on {} ({:?}): {}",
+        ctx.caps().adapter_name,
+        ctx.caps().backend,
+        if gpu_time { "GPU time from timestamp queries" } else { "wall time (no timestamps inside passes)" }
+    );
+    let mut group = c.benchmark_group("decode");
+    group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(1));
+    for (name, spec) in models() {
+        let vae = Vae::load(&ctx, &spec, &LoadOptions::default()).expect("load");
+        for size in sizes() {
+            let l = size / 8;
+            let z = HostTensor::new(vec![1, vae.latent_channels(), l, l], rand_vec(vae.latent_channels() * l * l, 1, 1.0)).unwrap();
+            let opts = DecodeOptions { raw_latents: true, profile: gpu_time, ..Default::default() };
+            // Sizes the device cannot decode untiled are skipped, saying why.
+            let first = match decode(&ctx, &vae, &z, &opts) {
+                Ok(o) => o,
+                Err(e) => {
+                    println!("decode/{name}/{size}: skipped: {e}");
+                    continue;
+                }
+            };
+            let secs = |o: &wgvae::Decoded| match &o.profile {
+                Some(p) => p.gpu_ms / 1e3,
+                None => o.decode_ms / 1e3,
+            };
+            println!("decode/{name}/{size}: {:.2} GFLOP/s", 2.0 * first.macs as f64 / 1e9 / secs(&first));
+            group.throughput(Throughput::Elements((size * size) as u64));
+            group.bench_with_input(BenchmarkId::new(name.clone(), size), &z, |b, z| {
+                b.iter_custom(|iters| {
+                    (0..iters)
+                        .map(|_| Duration::from_secs_f64(secs(&decode(&ctx, &vae, z, &opts).expect("decode"))))
+                        .sum()
+                })
+            });
+        }
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_decode);
+criterion_main!(benches);
