@@ -23,9 +23,20 @@ fn sizes() -> Vec<usize> {
 }
 
 fn models() -> Vec<(String, String)> {
-    let mut m = vec![("sd15".to_string(), "preset:sd15".to_string()), ("flux1".into(), "preset:flux1".into())];
+    let mut m = vec![
+        ("sd15".to_string(), "preset:sd15".to_string()),
+        ("flux1".into(), "preset:flux1".into()),
+    ];
     if let Some(s) = shared_dir() {
-        m.insert(0, ("taef2".into(), s.join("weights/taef2/decoder.safetensors").display().to_string()));
+        m.insert(
+            0,
+            (
+                "taef2".into(),
+                s.join("weights/taef2/decoder.safetensors")
+                    .display()
+                    .to_string(),
+            ),
+        );
     }
     m
 }
@@ -37,16 +48,31 @@ fn bench_decode(c: &mut Criterion) {
         "decode bench on {} ({:?}): {}",
         ctx.caps().adapter_name,
         ctx.caps().backend,
-        if gpu_time { "GPU time from timestamp queries" } else { "wall time (no timestamps inside passes)" }
+        if gpu_time {
+            "GPU time from timestamp queries"
+        } else {
+            "wall time (no timestamps inside passes)"
+        }
     );
     let mut group = c.benchmark_group("decode");
-    group.sample_size(10).warm_up_time(Duration::from_millis(1)).measurement_time(Duration::from_secs(1));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
     for (name, spec) in models() {
         let vae = Vae::load(&ctx, &spec, &LoadOptions::default()).expect("load");
         for size in sizes() {
             let l = size / 8;
-            let z = HostTensor::new(vec![1, vae.latent_channels(), l, l], rand_vec(vae.latent_channels() * l * l, 1, 1.0)).unwrap();
-            let opts = DecodeOptions { raw_latents: true, profile: gpu_time, ..Default::default() };
+            let z = HostTensor::new(
+                vec![1, vae.latent_channels(), l, l],
+                rand_vec(vae.latent_channels() * l * l, 1, 1.0),
+            )
+            .unwrap();
+            let opts = DecodeOptions {
+                raw_latents: true,
+                profile: gpu_time,
+                ..Default::default()
+            };
             // Sizes the device cannot decode untiled are skipped, saying why.
             let first = match decode(&ctx, &vae, &z, &opts) {
                 Ok(o) => o,
@@ -59,12 +85,19 @@ fn bench_decode(c: &mut Criterion) {
                 Some(p) => p.gpu_ms / 1e3,
                 None => o.decode_ms / 1e3,
             };
-            println!("decode/{name}/{size}: {:.2} GFLOP/s", 2.0 * first.macs as f64 / 1e9 / secs(&first));
+            println!(
+                "decode/{name}/{size}: {:.2} GFLOP/s",
+                2.0 * first.macs as f64 / 1e9 / secs(&first)
+            );
             group.throughput(Throughput::Elements((size * size) as u64));
             group.bench_with_input(BenchmarkId::new(name.clone(), size), &z, |b, z| {
                 b.iter_custom(|iters| {
                     (0..iters)
-                        .map(|_| Duration::from_secs_f64(secs(&decode(&ctx, &vae, z, &opts).expect("decode"))))
+                        .map(|_| {
+                            Duration::from_secs_f64(secs(
+                                &decode(&ctx, &vae, z, &opts).expect("decode"),
+                            ))
+                        })
                         .sum()
                 })
             });

@@ -166,6 +166,7 @@ fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
     Context::new(&ContextOptions {
         adapter: choice,
         backends: None,
+        pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
     })
 }
 
@@ -251,6 +252,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         profile: a.profile,
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    ctx.save_pipeline_cache();
     let paths = wgvae::io::batch_paths(&a.output, out.rgba.len());
     for (p, img) in paths.iter().zip(&out.rgba) {
         wgvae::io::write_png_rgb(p, out.width, out.height, img)?;

@@ -99,6 +99,40 @@ fn decode_taef2_photo_to_png_with_json() {
 }
 
 #[test]
+fn pipeline_cache_is_persisted_on_vulkan() {
+    let Some(shared) = shared_dir() else { return };
+    let (_, info, _) = wgvae(&["info", "--json"]);
+    if json(&info)["chosen"]["backend"] != "Vulkan" {
+        println!("SKIPPED: the pipeline cache is persisted on Vulkan only");
+        return;
+    }
+    let dir = tmp("pipeline-cache");
+    let _ = std::fs::remove_dir_all(&dir);
+    let latents = tmp("cache.npy");
+    wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.1; 128]).unwrap();
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+        .args([
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+            "-o",
+            tmp("cache.png").to_str().unwrap(),
+        ])
+        .env("WGVAE_CACHE_DIR", &dir)
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
+    assert_eq!(files.len(), 1, "one cache file per adapter");
+}
+
+#[test]
 fn memory_estimate_matches_a_real_decode() {
     let Some(shared) = shared_dir() else { return };
     let vae = shared.join("weights/taef2/decoder.safetensors");

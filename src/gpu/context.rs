@@ -110,6 +110,25 @@ pub struct ContextOptions {
     pub adapter: AdapterChoice,
     /// Backends to consider; `None` reads `WGPU_BACKEND` or uses all.
     pub backends: Option<wgpu::Backends>,
+    /// Where to persist the driver's pipeline cache (Vulkan) so later
+    /// process starts skip shader compilation. `None`: no disk cache.
+    pub pipeline_cache_dir: Option<std::path::PathBuf>,
+}
+
+/// The default pipeline cache folder: `$WGVAE_CACHE_DIR`, else
+/// `$XDG_CACHE_HOME/wgvae`, else `~/.cache/wgvae`; `None` when
+/// `WGVAE_PIPELINE_CACHE=0` or no home is known.
+pub fn default_cache_dir() -> Option<std::path::PathBuf> {
+    if std::env::var("WGVAE_PIPELINE_CACHE").is_ok_and(|v| v == "0") {
+        return None;
+    }
+    if let Some(d) = std::env::var_os("WGVAE_CACHE_DIR") {
+        return Some(d.into());
+    }
+    if let Some(d) = std::env::var_os("XDG_CACHE_HOME") {
+        return Some(std::path::PathBuf::from(d).join("wgvae"));
+    }
+    std::env::var_os("HOME").map(|h| std::path::PathBuf::from(h).join(".cache/wgvae"))
 }
 
 /// The engine's handle on a device: device + queue, their capabilities, the
@@ -147,6 +166,7 @@ pub fn optional_features() -> wgpu::Features {
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS
         | wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES
         | wgpu::Features::SUBGROUP
+        | wgpu::Features::PIPELINE_CACHE
 }
 
 fn backends_from_env() -> wgpu::Backends {
@@ -315,7 +335,18 @@ impl Context {
     /// with the adapter's full limits and every optional feature it offers.
     pub fn new(options: &ContextOptions) -> Result<Self> {
         let adapter = Self::choose_adapter(options)?;
-        Self::from_adapter(&adapter)
+        let ctx = Self::from_adapter(&adapter)?;
+        if let Some(dir) = &options.pipeline_cache_dir {
+            ctx.pipelines().attach_disk_cache(ctx.device(), dir);
+        }
+        Ok(ctx)
+    }
+
+    /// Persists the driver pipeline cache (see [`ContextOptions::pipeline_cache_dir`]).
+    pub fn save_pipeline_cache(&self) {
+        if let Err(e) = self.inner.pipelines.save_disk_cache() {
+            log::warn!("could not save the pipeline cache: {e}");
+        }
     }
 
     /// Creates a device on a given adapter.

@@ -7,7 +7,9 @@ mod pipeline;
 mod profiler;
 mod recorder;
 
-pub use context::{AdapterChoice, Capabilities, Context, ContextOptions};
+pub use context::{
+    default_cache_dir, optional_features, AdapterChoice, Capabilities, Context, ContextOptions,
+};
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
 pub use profiler::{KernelTime, Profile, Profiler};
 pub use recorder::{linear_groups, read_back, DispatchLabel, Recorder};

@@ -150,15 +150,65 @@ pub struct CachedPipeline {
     pub layout: wgpu::BindGroupLayout,
 }
 
+/// A driver pipeline cache persisted to a file (Vulkan), so a second process
+/// start skips shader compilation.
+struct DiskCache {
+    cache: wgpu::PipelineCache,
+    path: std::path::PathBuf,
+}
+
 /// Compiles each (kernel, entry, specialisation) once. Cheap to clone (shared).
 #[derive(Clone, Default)]
 pub struct PipelineCache {
     map: Arc<Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>>,
+    disk: Arc<Mutex<Option<DiskCache>>>,
 }
 
 impl PipelineCache {
     pub fn new() -> Self {
         Self::default()
+    }
+
+    /// Loads (or starts) the driver's pipeline cache for this device from
+    /// `dir`. Needs `Features::PIPELINE_CACHE` (Vulkan); returns whether a
+    /// cache is in use.
+    pub fn attach_disk_cache(&self, device: &wgpu::Device, dir: &std::path::Path) -> bool {
+        if !device.features().contains(wgpu::Features::PIPELINE_CACHE) {
+            return false;
+        }
+        let Some(key) = wgpu::util::pipeline_cache_key(&device.adapter_info()) else {
+            return false;
+        };
+        let path = dir.join(key);
+        let data = std::fs::read(&path).ok();
+        // SAFETY: the data was written by `save_disk_cache` for this adapter key;
+        // wgpu/the driver validate it and fall back to an empty cache if stale.
+        let cache = unsafe {
+            device.create_pipeline_cache(&wgpu::PipelineCacheDescriptor {
+                label: Some("wgvae pipeline cache"),
+                data: data.as_deref(),
+                fallback: true,
+            })
+        };
+        *self.disk.lock().expect("pipeline cache poisoned") = Some(DiskCache { cache, path });
+        true
+    }
+
+    /// Writes the driver's pipeline cache back to its file (if attached).
+    pub fn save_disk_cache(&self) -> std::io::Result<()> {
+        let guard = self.disk.lock().expect("pipeline cache poisoned");
+        let Some(d) = guard.as_ref() else {
+            return Ok(());
+        };
+        let Some(data) = d.cache.get_data() else {
+            return Ok(());
+        };
+        if let Some(parent) = d.path.parent() {
+            std::fs::create_dir_all(parent)?;
+        }
+        let tmp = d.path.with_extension("tmp");
+        std::fs::write(&tmp, &data)?;
+        std::fs::rename(&tmp, &d.path)
     }
 
     /// Number of compiled pipelines.
@@ -224,6 +274,7 @@ impl PipelineCache {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
+        let disk = self.disk.lock().expect("pipeline cache poisoned");
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -234,8 +285,9 @@ impl PipelineCache {
                 // Our kernels initialise the shared memory they read.
                 zero_initialize_workgroup_memory: false,
             },
-            cache: None,
+            cache: disk.as_ref().map(|d| &d.cache),
         });
+        drop(disk);
         if let Some(e) = pollster::block_on(oom.pop()) {
             return Err(Error::Shader {
                 name: label,

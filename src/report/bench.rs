@@ -101,6 +101,8 @@ pub struct BenchRow {
     pub dtype: &'static str,
     pub batch: usize,
     pub runs: usize,
+    /// The first decode of this size in the process (cold: pipelines compiled, plan traced).
+    pub first_ms: f64,
     pub median_ms: f64,
     pub min_ms: f64,
     pub max_ms: f64,
@@ -138,12 +140,16 @@ pub fn run_decode_bench(
             ..Default::default()
         };
         let mut times = Vec::new();
+        let mut first_ms = f64::NAN;
         let mut last = None;
         let mut status = "ok".to_string();
         for i in 0..b.warmup + b.runs {
             progress(&format!("{size}² run {}/{}", i + 1, b.warmup + b.runs));
             match decode(&ctx, &vae, &z, &opts) {
                 Ok(out) => {
+                    if i == 0 {
+                        first_ms = out.decode_ms;
+                    }
                     if i >= b.warmup {
                         times.push(out.decode_ms);
                     }
@@ -166,6 +172,7 @@ pub fn run_decode_bench(
             dtype: "f32",
             batch: b.batch,
             runs: times.len(),
+            first_ms,
             median_ms: median,
             min_ms: min,
             max_ms: max,
@@ -242,7 +249,7 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
         source,
     })?;
     let mut csv = meta.lines("# ");
-    csv += "size,dtype,batch,runs,median_ms,min_ms,max_ms,images_per_s,megapixels_per_s,gflops,peak_allocated_mib,peak_reserved_mib,status\n";
+    csv += "size,dtype,batch,runs,first_ms,median_ms,min_ms,max_ms,images_per_s,megapixels_per_s,gflops,peak_allocated_mib,peak_reserved_mib,status\n";
     for r in rows {
         csv += &format!(
             "{},{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.3},{:.2},{:.2},\"{}\"\n",
@@ -264,11 +271,11 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
     write(&out.join("decode.csv"), &csv)?;
     let mut md = String::from("# Decode benchmark\n\n");
     md += &meta.lines("- ");
-    md += "\n| size | dtype | batch | runs | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n| size | dtype | batch | runs | first (cold) ms | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         md += &format!(
-            "| {}² | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
-            r.size, r.dtype, r.batch, r.runs, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
+            "| {}² | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
+            r.size, r.dtype, r.batch, r.runs, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
             r.megapixels_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
