@@ -18,11 +18,11 @@ use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
 
 /// diffusers uses eps 1e-6 for every GroupNorm of the VAE decoder.
-const EPS: f32 = 1e-6;
+pub(crate) const EPS: f32 = 1e-6;
 
 /// ResnetBlock2D: norm1 → SiLU → conv1 → norm2 → SiLU → conv2, plus the
 /// (1×1-conv shortcut of the) input.
-struct Resnet {
+pub(crate) struct Resnet {
     norm1: Norm,
     conv1: Conv2dWeights,
     norm2: Norm,
@@ -31,7 +31,7 @@ struct Resnet {
 }
 
 impl Resnet {
-    fn load(
+    pub(crate) fn load(
         ctx: &Context,
         s: &WeightStore,
         p: &str,
@@ -60,7 +60,7 @@ impl Resnet {
         })
     }
 
-    fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
         let same3 = Conv2dOptions::same(3);
         let a1 = self.norm1.affine(rec, &x)?;
         let h = conv(
@@ -96,7 +96,7 @@ impl Resnet {
 /// The mid-block attention: GroupNorm, q/k/v projections (1×1 convs on the
 /// channel-major activations), one head over all h·w tokens, output
 /// projection and residual.
-struct MidAttention {
+pub(crate) struct MidAttention {
     norm: Norm,
     q: Conv2dWeights,
     k: Conv2dWeights,
@@ -105,7 +105,13 @@ struct MidAttention {
 }
 
 impl MidAttention {
-    fn load(ctx: &Context, s: &WeightStore, p: &str, c: usize, groups: usize) -> Result<Self> {
+    pub(crate) fn load(
+        ctx: &Context,
+        s: &WeightStore,
+        p: &str,
+        c: usize,
+        groups: usize,
+    ) -> Result<Self> {
         Ok(MidAttention {
             norm: Norm::load(ctx, s, &format!("{p}.group_norm"), c, groups, EPS)?,
             q: load_conv(ctx, s, &format!("{p}.to_q"), c, c, 1, true)?,
@@ -115,7 +121,7 @@ impl MidAttention {
         })
     }
 
-    fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
+    pub(crate) fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
         let [n, c, h, w] = dims4(&x)?;
         let same1 = Conv2dOptions::same(1);
         let a = self.norm.affine(rec, &x)?;

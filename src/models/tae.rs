@@ -16,7 +16,7 @@ use crate::models::layers::{conv, conv_add, dims4, identity_affine, load_conv, N
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
 
-const WIDTH: usize = 64;
+pub(crate) const WIDTH: usize = 64;
 /// PyTorch GroupNorm default.
 const POOL_EPS: f32 = 1e-5;
 
@@ -26,9 +26,78 @@ struct Pool {
     project: Conv2dWeights,
 }
 
-struct Block {
+/// A TAESD Block: `ReLU(conv(ReLU(conv(ReLU(conv(x'))))) + x')` with the optional GroupNorm pool branch.
+pub(crate) struct Block {
     pool: Option<Pool>,
     convs: [Conv2dWeights; 3],
+}
+
+impl Block {
+    /// Loads Sequential index `i` (`{i}.conv.{0,2,4}`, optional `{i}.pool.{0,1,3}`).
+    pub(crate) fn load(ctx: &Context, store: &WeightStore, i: usize) -> Result<Block> {
+        let pool = if store.contains(&format!("{i}.pool.0.weight")) {
+            Some(Pool {
+                expand: load_conv(
+                    ctx,
+                    store,
+                    &format!("{i}.pool.0"),
+                    4 * WIDTH,
+                    WIDTH,
+                    1,
+                    false,
+                )?,
+                norm: Norm::load(ctx, store, &format!("{i}.pool.1"), 4 * WIDTH, 4, POOL_EPS)?,
+                project: load_conv(
+                    ctx,
+                    store,
+                    &format!("{i}.pool.3"),
+                    WIDTH,
+                    4 * WIDTH,
+                    1,
+                    false,
+                )?,
+            })
+        } else {
+            None
+        };
+        let c = |j: usize| load_conv(ctx, store, &format!("{i}.conv.{j}"), WIDTH, WIDTH, 3, true);
+        Ok(Block {
+            pool,
+            convs: [c(0)?, c(2)?, c(4)?],
+        })
+    }
+
+    /// `x` [N, 64, H, W] → block output (written in place into `x`'s storage).
+    /// `relu` is an identity affine [N, 64, 2] for ReLU-only conv prologues.
+    pub(crate) fn forward(
+        &self,
+        rec: &mut Recorder,
+        mut x: Tensor,
+        relu: &Tensor,
+    ) -> Result<Tensor> {
+        let same3 = Conv2dOptions::same(3);
+        let same1 = Conv2dOptions::same(1);
+        let relu_pro = || {
+            Some(Prologue {
+                affine: relu,
+                act: Activation::Relu,
+            })
+        };
+        if let Some(p) = &self.pool {
+            let t = conv(rec, &x, &p.expand, None, &same1)?;
+            let a = p.norm.affine(rec, &t)?;
+            let pro = Some(Prologue {
+                affine: &a,
+                act: Activation::Relu,
+            });
+            x = conv_add(rec, &t, &p.project, pro, x, &same1)?;
+        }
+        let h = conv(rec, &x, &self.convs[0], None, &same3)?;
+        let h = conv(rec, &h, &self.convs[1], relu_pro(), &same3)?;
+        let x = conv_add(rec, &h, &self.convs[2], relu_pro(), x, &same3)?;
+        unary(rec, Unary::Relu, &x, &x)?;
+        Ok(x)
+    }
 }
 
 enum Layer {
@@ -73,39 +142,7 @@ impl TaeDecoder {
         let latent_channels = shape[1];
         let has_pool = store.contains("3.pool.0.weight");
         let conv_in = load_conv(ctx, store, "1", WIDTH, latent_channels, 3, true)?;
-        let block = |i: usize| -> Result<Layer> {
-            let pool = if store.contains(&format!("{i}.pool.0.weight")) {
-                Some(Pool {
-                    expand: load_conv(
-                        ctx,
-                        store,
-                        &format!("{i}.pool.0"),
-                        4 * WIDTH,
-                        WIDTH,
-                        1,
-                        false,
-                    )?,
-                    norm: Norm::load(ctx, store, &format!("{i}.pool.1"), 4 * WIDTH, 4, POOL_EPS)?,
-                    project: load_conv(
-                        ctx,
-                        store,
-                        &format!("{i}.pool.3"),
-                        WIDTH,
-                        4 * WIDTH,
-                        1,
-                        false,
-                    )?,
-                })
-            } else {
-                None
-            };
-            let c =
-                |j: usize| load_conv(ctx, store, &format!("{i}.conv.{j}"), WIDTH, WIDTH, 3, true);
-            Ok(Layer::Block(Block {
-                pool,
-                convs: [c(0)?, c(2)?, c(4)?],
-            }))
-        };
+        let block = |i: usize| -> Result<Layer> { Ok(Layer::Block(Block::load(ctx, store, i)?)) };
         let up = |i: usize| -> Result<Layer> {
             Ok(Layer::UpConv(load_conv(
                 ctx,
@@ -149,18 +186,11 @@ impl TaeDecoder {
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
         let [n, ..] = dims4(&z)?;
         let same3 = Conv2dOptions::same(3);
-        let same1 = Conv2dOptions::same(1);
         let up2 = Conv2dOptions {
             upsample: true,
             ..same3
         };
         let relu = identity_affine(rec, n, WIDTH)?;
-        let relu_pro = || {
-            Some(Prologue {
-                affine: &relu,
-                act: Activation::Relu,
-            })
-        };
         unary(rec, Unary::TanhClamp(3.0), &z, &z)?;
         let mut x = conv(rec, &z, &self.conv_in, None, &same3)?;
         drop(z);
@@ -168,28 +198,7 @@ impl TaeDecoder {
         for (i, layer) in self.layers.iter().enumerate() {
             x = match layer {
                 Layer::UpConv(w) => conv(rec, &x, w, None, &up2)?,
-                Layer::Block(b) => {
-                    if let Some(p) = &b.pool {
-                        let t = conv(rec, &x, &p.expand, None, &same1)?;
-                        let a = p.norm.affine(rec, &t)?;
-                        x = conv_add(
-                            rec,
-                            &t,
-                            &p.project,
-                            Some(Prologue {
-                                affine: &a,
-                                act: Activation::Relu,
-                            }),
-                            x,
-                            &same1,
-                        )?;
-                    }
-                    let h = conv(rec, &x, &b.convs[0], None, &same3)?;
-                    let h = conv(rec, &h, &b.convs[1], relu_pro(), &same3)?;
-                    let x = conv_add(rec, &h, &b.convs[2], relu_pro(), x, &same3)?;
-                    unary(rec, Unary::Relu, &x, &x)?;
-                    x
-                }
+                Layer::Block(b) => b.forward(rec, x, &relu)?,
             };
             taps.tap(rec, &format!("layer.{i}"), &x)?;
         }
