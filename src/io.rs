@@ -100,6 +100,32 @@ pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
     w.finish().map_err(io_err)
 }
 
+/// Writes f32 values as a one-tensor `.safetensors` file under `key`.
+pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+    let bytes: &[u8] = bytemuck::cast_slice(data);
+    let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), bytes)
+        .map_err(|e| bad(path, e.to_string()))?;
+    safetensors::serialize_to_file(vec![(key, view)], None, path)
+        .map_err(|e| bad(path, e.to_string()))
+}
+
+/// Writes latents as `.npy` or `.safetensors` (key `latents`) by extension.
+pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
+    match path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_lowercase)
+        .as_deref()
+    {
+        Some("npy") => write_npy(path, &t.shape, &t.data),
+        Some("safetensors") => write_safetensors(path, "latents", &t.shape, &t.data),
+        _ => Err(bad(
+            path,
+            "unknown latent file type; use .npy or .safetensors",
+        )),
+    }
+}
+
 /// Converts one safetensors tensor view to f32.
 pub fn view_to_f32(
     view: &safetensors::tensor::TensorView<'_>,

@@ -5,6 +5,7 @@
 //! [`memory::MemoryPool`].
 
 pub mod decode;
+pub mod encode;
 pub mod error;
 pub mod gpu;
 pub mod io;

@@ -33,6 +33,28 @@ enum Command {
     },
     /// Decode latents (.npy / .safetensors) to PNG.
     Decode(DecodeArgs),
+    /// Encode an image to latents (.npy / .safetensors).
+    Encode {
+        image: PathBuf,
+        /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL or a TAE *encoder*) or preset:NAME.
+        #[arg(long)]
+        vae: String,
+        #[arg(short, long)]
+        output: PathBuf,
+        /// Sample from the latent distribution with this seed instead of taking its mean.
+        #[arg(long)]
+        sample: Option<u64>,
+        /// Write raw latents (skip `(z − shift_factor) · scaling_factor`).
+        #[arg(long)]
+        raw_latents: bool,
+        /// Extend images whose sides are not multiples of 8 by replicating the right/bottom edges.
+        #[arg(long)]
+        pad: bool,
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long)]
+        json: bool,
+    },
     /// Predict a decode's memory without running it (weights, peak allocated, peak reserved).
     Memory(MemoryArgs),
     /// Benchmarks with metadata, CSV + Markdown + SVG.
@@ -459,6 +481,58 @@ fn bench_decode(
     Ok(())
 }
 
+#[allow(clippy::too_many_arguments)]
+fn encode(
+    cli_adapter: &Option<String>,
+    image: &std::path::Path,
+    vae: &str,
+    output: &std::path::Path,
+    sample: Option<u64>,
+    raw_latents: bool,
+    pad: bool,
+    config: &Option<PathBuf>,
+    as_json: bool,
+) -> wgvae::Result<()> {
+    let ctx = context(cli_adapter)?;
+    let opts = LoadOptions {
+        config: config.clone(),
+        ..Default::default()
+    };
+    let enc = wgvae::encode::VaeEncoder::load(&ctx, vae, &opts)?;
+    let pixels = wgvae::encode::load_image(image, pad)?;
+    let start = std::time::Instant::now();
+    let out = wgvae::encode::encode(
+        &ctx,
+        &enc,
+        &pixels,
+        &wgvae::encode::EncodeOptions {
+            sample,
+            raw_latents,
+        },
+    )?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    wgvae::io::write_latents(output, &out.latents)?;
+    ctx.save_pipeline_cache();
+    if as_json {
+        println!(
+            "{}",
+            json!({"adapter": ctx.caps().adapter_name, "backend": format!("{:?}", ctx.caps().backend),
+                   "model": enc.name, "image_shape": pixels.shape, "latents_shape": out.latents.shape,
+                   "encode_ms": ms, "sampled": sample.is_some(), "raw_latents": raw_latents,
+                   "peak_allocated_bytes": ctx.pool().stats().allocated_bytes.peak,
+                   "peak_reserved_bytes": ctx.pool().stats().reserved_bytes.peak, "output": output})
+        );
+    } else {
+        println!(
+            "wrote {} ({:?}) — {} in {ms:.1} ms",
+            output.display(),
+            out.latents.shape,
+            enc.name
+        );
+    }
+    Ok(())
+}
+
 fn main() -> ExitCode {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     let cli = Cli::parse();
@@ -466,6 +540,26 @@ fn main() -> ExitCode {
         Command::Info { json } => info(&cli.adapter, *json),
         Command::Decode(a) => decode(&cli.adapter, a),
         Command::Memory(a) => memory(&cli.adapter, a),
+        Command::Encode {
+            image,
+            vae,
+            output,
+            sample,
+            raw_latents,
+            pad,
+            config,
+            json,
+        } => encode(
+            &cli.adapter,
+            image,
+            vae,
+            output,
+            *sample,
+            *raw_latents,
+            *pad,
+            config,
+            *json,
+        ),
         Command::Bench {
             which:
                 BenchKind::Decode {

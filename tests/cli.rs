@@ -226,3 +226,55 @@ fn bad_inputs_fail_with_a_message_and_exit_code() {
     assert!(!ok);
     assert!(err.contains("unknown memory policy"), "{err}");
 }
+
+#[test]
+fn encode_then_decode_through_the_cli() {
+    let Some(shared) = shared_dir() else { return };
+    let img = tmp("small-photo.png");
+    let photo = image::open(shared.join("images/chelsea.png"))
+        .unwrap()
+        .to_rgb8();
+    image::imageops::crop_imm(&photo, 100, 60, 64, 48)
+        .to_image()
+        .save(&img)
+        .unwrap();
+    let lat = tmp("small-photo.safetensors");
+    let enc = shared.join("weights/taef2/encoder.safetensors");
+    let (ok, out, err) = wgvae(&[
+        "encode",
+        img.to_str().unwrap(),
+        "--vae",
+        enc.to_str().unwrap(),
+        "-o",
+        lat.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        json(&out)["latents_shape"],
+        serde_json::json!([1, 32, 6, 8])
+    );
+    let dec = shared.join("weights/taef2/decoder.safetensors");
+    let png = tmp("small-photo-back.png");
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        lat.to_str().unwrap(),
+        "--vae",
+        dec.to_str().unwrap(),
+        "-o",
+        png.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert_eq!(image::open(&png).unwrap().to_rgb8().dimensions(), (64, 48));
+    let odd = tmp("odd.png");
+    image::RgbImage::new(30, 20).save(&odd).unwrap();
+    let (ok, _, err) = wgvae(&[
+        "encode",
+        odd.to_str().unwrap(),
+        "--vae",
+        enc.to_str().unwrap(),
+        "-o",
+        lat.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("multiple of 8"), "{err}");
+}

@@ -2,6 +2,7 @@
 
 pub mod autoencoder_kl;
 pub mod config;
+pub mod encoder;
 pub mod layers;
 pub mod tae;
 pub mod weights;
@@ -109,6 +110,50 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
     Ok(cfg)
 }
 
+fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
+    if let Some(s) = opts.scaling_factor {
+        cfg.scaling_factor = s;
+    }
+    if let Some(s) = opts.shift_factor {
+        cfg.shift_factor = Some(s);
+    }
+}
+
+/// The weight file and config.json (if any) behind a `--vae` path: a file
+/// (config.json beside it), a diffusers folder or a pipeline folder with `vae/`.
+/// `opts.config` overrides the config found.
+pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
+    if !path.exists() {
+        return Err(Error::InvalidInput(format!(
+            "--vae `{}` is neither a file, a folder nor preset:NAME (presets: {})",
+            path.display(),
+            config::PRESETS.join(", ")
+        )));
+    }
+    let (weights, config) = if path.is_dir() {
+        find_weights_in(path)?
+    } else {
+        let beside = path.with_file_name("config.json");
+        (path.to_path_buf(), beside.exists().then_some(beside))
+    };
+    Ok((weights, opts.config.clone().or(config)))
+}
+
+/// The AutoencoderKL config: from `config.json` when given, else inferred
+/// from the weight shapes; then the scaling overrides of `opts`.
+pub fn resolve_config(
+    store: &WeightStore,
+    config: Option<&Path>,
+    opts: &LoadOptions,
+) -> Result<AutoencoderKlConfig> {
+    let mut cfg = match config {
+        Some(c) => AutoencoderKlConfig::from_file(c)?,
+        None => infer_config(store, opts)?,
+    };
+    apply_overrides(&mut cfg, opts);
+    Ok(cfg)
+}
+
 fn find_weights_in(dir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     let dir = if dir.join("vae").is_dir() {
         dir.join("vae")
@@ -156,7 +201,7 @@ impl Vae {
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
-            Self::apply_overrides(&mut cfg, opts);
+            apply_overrides(&mut cfg, opts);
             let store = if ctx.is_dry_run() {
                 WeightStore::zeros()
             } else {
@@ -171,22 +216,7 @@ impl Vae {
                 id: next_vae_id(),
             });
         }
-        let path = Path::new(spec);
-        if !path.exists() {
-            return Err(Error::InvalidInput(format!(
-                "--vae `{spec}` is neither a file, a folder nor preset:NAME (presets: {})",
-                config::PRESETS.join(", ")
-            )));
-        }
-        let (weights, mut config) = if path.is_dir() {
-            find_weights_in(path)?
-        } else {
-            let beside = path.with_file_name("config.json");
-            (path.to_path_buf(), beside.exists().then_some(beside))
-        };
-        if opts.config.is_some() {
-            config = opts.config.clone();
-        }
+        let (weights, config) = locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
         if store.layout() == Layout::Tae {
             let tae = TaeDecoder::load(ctx, &store)?;
@@ -198,11 +228,7 @@ impl Vae {
                 id: next_vae_id(),
             });
         }
-        let mut cfg = match &config {
-            Some(c) => AutoencoderKlConfig::from_file(c)?,
-            None => infer_config(&store, opts)?,
-        };
-        Self::apply_overrides(&mut cfg, opts);
+        let cfg = resolve_config(&store, config.as_deref(), opts)?;
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
         Ok(Vae {
             decoder: Decoder::Kl(kl),
@@ -215,15 +241,6 @@ impl Vae {
             weights_bytes: 0,
             id: next_vae_id(),
         })
-    }
-
-    fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
-        if let Some(s) = opts.scaling_factor {
-            cfg.scaling_factor = s;
-        }
-        if let Some(s) = opts.shift_factor {
-            cfg.shift_factor = Some(s);
-        }
     }
 
     pub fn latent_channels(&self) -> usize {

@@ -1,0 +1,199 @@
+//! Encoders: images to latents. The AutoencoderKL encoder exactly as
+//! diffusers computes it (`vae.py` Encoder: conv_in, down blocks with
+//! stride-2 convs after an asymmetric (0, 1, 0, 1) zero pad, mid-block with
+//! attention, GroupNorm + SiLU + conv_out to 2·latent channels, quant_conv),
+//! and the TAESD-family encoders (taef2 weights: `0.weight` …).
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::Activation;
+use crate::models::autoencoder_kl::{MidAttention, Resnet, EPS};
+use crate::models::config::AutoencoderKlConfig;
+use crate::models::layers::{conv, identity_affine, load_conv, Norm};
+use crate::models::tae::{Block, WIDTH};
+use crate::models::weights::WeightStore;
+use crate::tensor::Tensor;
+
+/// The AutoencoderKL encoder on the device.
+pub struct AutoencoderKlEncoder {
+    pub config: AutoencoderKlConfig,
+    conv_in: Conv2dWeights,
+    /// Per down block: resnets, then the stride-2 conv (all but the last block).
+    down: Vec<(Vec<Resnet>, Option<Conv2dWeights>)>,
+    mid_resnets: [Resnet; 2],
+    mid_attention: Option<MidAttention>,
+    norm_out: Norm,
+    conv_out: Conv2dWeights,
+    quant_conv: Option<Conv2dWeights>,
+}
+
+impl AutoencoderKlEncoder {
+    /// Uploads the encoder's weights (diffusers names) from `store`.
+    pub fn load(ctx: &Context, config: &AutoencoderKlConfig, store: &WeightStore) -> Result<Self> {
+        config.validate().map_err(Error::InvalidInput)?;
+        let g = config.norm_num_groups;
+        let ch = &config.block_out_channels;
+        let conv_in = load_conv(ctx, store, "encoder.conv_in", ch[0], 3, 3, true)?;
+        let mut down = Vec::new();
+        let mut prev = ch[0];
+        for (i, &cout) in ch.iter().enumerate() {
+            let mut resnets = Vec::new();
+            for j in 0..config.layers_per_block {
+                let cin = if j == 0 { prev } else { cout };
+                resnets.push(Resnet::load(
+                    ctx,
+                    store,
+                    &format!("encoder.down_blocks.{i}.resnets.{j}"),
+                    cin,
+                    cout,
+                    g,
+                )?);
+            }
+            let downsample = if i + 1 < ch.len() {
+                let p = format!("encoder.down_blocks.{i}.downsamplers.0.conv");
+                Some(load_conv(ctx, store, &p, cout, cout, 3, true)?)
+            } else {
+                None
+            };
+            down.push((resnets, downsample));
+            prev = cout;
+        }
+        let top = prev;
+        let mid_resnets = [
+            Resnet::load(ctx, store, "encoder.mid_block.resnets.0", top, top, g)?,
+            Resnet::load(ctx, store, "encoder.mid_block.resnets.1", top, top, g)?,
+        ];
+        let mid_attention = if config.mid_block_add_attention {
+            Some(MidAttention::load(
+                ctx,
+                store,
+                "encoder.mid_block.attentions.0",
+                top,
+                g,
+            )?)
+        } else {
+            None
+        };
+        let l2 = 2 * config.latent_channels;
+        let norm_out = Norm::load(ctx, store, "encoder.conv_norm_out", top, g, EPS)?;
+        let conv_out = load_conv(ctx, store, "encoder.conv_out", l2, top, 3, true)?;
+        let quant_conv = if config.use_quant_conv {
+            Some(load_conv(ctx, store, "quant_conv", l2, l2, 1, true)?)
+        } else {
+            None
+        };
+        store.finish(&["decoder.", "post_quant_conv."])?;
+        Ok(AutoencoderKlEncoder {
+            config: config.clone(),
+            conv_in,
+            down,
+            mid_resnets,
+            mid_attention,
+            norm_out,
+            conv_out,
+            quant_conv,
+        })
+    }
+
+    /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8] (mean, then log-variance).
+    pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
+        let same3 = Conv2dOptions::same(3);
+        // diffusers' Downsample2D pads (left 0, right 1, top 0, bottom 1) then convolves with stride 2.
+        let down2 = Conv2dOptions {
+            stride: 2,
+            pad: [0, 0, 1, 1],
+            upsample: false,
+        };
+        let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
+        for (resnets, downsample) in &self.down {
+            for r in resnets {
+                x = r.forward(rec, x)?;
+            }
+            if let Some(d) = downsample {
+                x = conv(rec, &x, d, None, &down2)?;
+            }
+        }
+        x = self.mid_resnets[0].forward(rec, x)?;
+        if let Some(a) = &self.mid_attention {
+            x = a.forward(rec, x)?;
+        }
+        x = self.mid_resnets[1].forward(rec, x)?;
+        let a = self.norm_out.affine(rec, &x)?;
+        let pro = Some(Prologue {
+            affine: &a,
+            act: Activation::Silu,
+        });
+        let mut moments = conv(rec, &x, &self.conv_out, pro, &same3)?;
+        if let Some(q) = &self.quant_conv {
+            moments = conv(rec, &moments, q, None, &Conv2dOptions::same(1))?;
+        }
+        Ok(moments)
+    }
+}
+
+/// A TAE encoder on the device.
+pub struct TaeEncoder {
+    pub latent_channels: usize,
+    conv_in: Conv2dWeights,
+    /// Sequential layers after the first conv: stride-2 convs and Blocks.
+    layers: Vec<TaeLayer>,
+    conv_out: Conv2dWeights,
+}
+
+enum TaeLayer {
+    Down(Conv2dWeights),
+    Block(Block),
+}
+
+impl TaeEncoder {
+    /// TAESD encoder: 0 conv(3→64), 1 Block, [stride-2 conv (no bias), 3 Blocks] × 3, 14 conv(64→C).
+    pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
+        let shape = store.shape_of("14.weight").ok_or_else(|| Error::BadFile {
+            path: store.origin().into(),
+            message: "not a TAE encoder: no `14.weight` (the last conv); is this a decoder file?"
+                .into(),
+        })?;
+        let latent_channels = shape[0];
+        let conv_in = load_conv(ctx, store, "0", WIDTH, 3, 3, true)?;
+        let mut layers = vec![TaeLayer::Block(Block::load(ctx, store, 1)?)];
+        for first in [2, 6, 10] {
+            layers.push(TaeLayer::Down(load_conv(
+                ctx,
+                store,
+                &first.to_string(),
+                WIDTH,
+                WIDTH,
+                3,
+                false,
+            )?));
+            for i in first + 1..first + 4 {
+                layers.push(TaeLayer::Block(Block::load(ctx, store, i)?));
+            }
+        }
+        let conv_out = load_conv(ctx, store, "14", latent_channels, WIDTH, 3, true)?;
+        store.finish(&[])?;
+        Ok(TaeEncoder {
+            latent_channels,
+            conv_in,
+            layers,
+            conv_out,
+        })
+    }
+
+    /// `x` [N, 3, H, W] in [0, 1] → latents [N, C, H/8, W/8].
+    pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
+        let n = x.shape()[0];
+        let same3 = Conv2dOptions::same(3);
+        let down2 = Conv2dOptions { stride: 2, ..same3 };
+        let relu = identity_affine(rec, n, WIDTH)?;
+        let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
+        for layer in &self.layers {
+            x = match layer {
+                TaeLayer::Down(w) => conv(rec, &x, w, None, &down2)?,
+                TaeLayer::Block(b) => b.forward(rec, x, &relu)?,
+            };
+        }
+        conv(rec, &x, &self.conv_out, None, &same3)
+    }
+}
