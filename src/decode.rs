@@ -72,13 +72,25 @@ fn plan_key(vae: &Vae, shape: &[usize]) -> String {
 
 /// For a planned pool: traces this decode once in a dry run and installs its plan.
 fn ensure_plan(ctx: &Context, planned: &PlannedPool, vae: &Vae, z: &HostTensor) -> Result<String> {
-    let key = plan_key(vae, &z.shape);
+    ensure_plan_with(ctx, planned, plan_key(vae, &z.shape), |rec| {
+        record_decode(rec, vae, z)
+    })
+}
+
+/// For a planned pool: traces `record` once in a dry run and installs its
+/// plan under `key` (the same allocation sequence must follow in the real run).
+pub(crate) fn ensure_plan_with<T>(
+    ctx: &Context,
+    planned: &PlannedPool,
+    key: String,
+    record: impl FnOnce(&mut Recorder) -> Result<T>,
+) -> Result<String> {
     if !planned.has_plan(&key) {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
         {
             let mut rec = Recorder::new(&dry);
-            let _outputs = record_decode(&mut rec, vae, z)?;
+            let _outputs = record(&mut rec)?;
         }
         let caps = ctx.caps();
         let plan = plan_greedy_by_size(

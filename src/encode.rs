@@ -3,8 +3,9 @@
 use std::path::Path;
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, Recorder};
+use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::HostTensor;
+use crate::memory::{PlannedPool, Policy};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
 use crate::models::{Layout, LoadOptions, WeightStore};
@@ -20,6 +21,15 @@ pub enum EncoderKind {
 pub struct VaeEncoder {
     pub encoder: EncoderKind,
     pub name: String,
+    /// Bytes of weights uploaded.
+    pub weights_bytes: u64,
+    /// Process-unique id (memory plans are cached per model and shape).
+    id: u64,
+}
+
+fn next_id() -> u64 {
+    static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
+    NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
 /// Options for [`encode`].
@@ -33,6 +43,8 @@ pub struct EncodeOptions {
 
 /// What an encode produced.
 pub struct Encoded {
+    /// Pool statistics, peaks over this encode (weights included).
+    pub memory: crate::memory::MemoryStats,
     /// Latents [N, C, H/8, W/8]: pipeline latents unless `raw_latents`.
     pub latents: HostTensor,
     /// The distribution's raw mean and std (AutoencoderKL only).
@@ -44,6 +56,18 @@ impl VaeEncoder {
     /// Loads an encoder: a diffusers folder or a .safetensors file with an
     /// AutoencoderKL encoder (diffusers or LDM keys), or a TAE encoder file.
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
+        let before = ctx.pool().stats().allocated_bytes.current;
+        let mut enc = Self::load_inner(ctx, spec, opts)?;
+        enc.weights_bytes = ctx
+            .pool()
+            .stats()
+            .allocated_bytes
+            .current
+            .saturating_sub(before);
+        Ok(enc)
+    }
+
+    fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
             let store = if ctx.is_dry_run() {
@@ -54,6 +78,8 @@ impl VaeEncoder {
             return Ok(VaeEncoder {
                 encoder: EncoderKind::Kl(AutoencoderKlEncoder::load(ctx, &cfg, &store)?),
                 name: format!("{name} preset encoder (random weights, seed {})", opts.seed),
+                weights_bytes: 0,
+                id: next_id(),
             });
         }
         let (weights, config) = crate::models::locate_weights(Path::new(spec), opts)?;
@@ -67,6 +93,8 @@ impl VaeEncoder {
                     weights.display()
                 ),
                 encoder: EncoderKind::Tae(tae),
+                weights_bytes: 0,
+                id: next_id(),
             });
         }
         let cfg = crate::models::resolve_config(&store, config.as_deref(), opts)?;
@@ -77,6 +105,8 @@ impl VaeEncoder {
                 store.layout(),
                 weights.display()
             ),
+            weights_bytes: 0,
+            id: next_id(),
         })
     }
 
@@ -142,18 +172,45 @@ pub fn encode(
         EncoderKind::Kl(_) => pixels.data.iter().map(|v| v / 127.5 - 1.0).collect(),
         EncoderKind::Tae(_) => pixels.data.iter().map(|v| v / 255.0).collect(),
     };
-    let mut rec = Recorder::new(ctx);
-    let input = Tensor::from_f32_in(&mut rec, &pixels.shape, &x, "image")?;
-    let out = match &enc.encoder {
-        EncoderKind::Kl(k) => k.forward(&mut rec, input)?,
-        EncoderKind::Tae(t) => t.forward(&mut rec, input)?,
+    let record = |rec: &mut Recorder| -> Result<Tensor> {
+        let input = Tensor::from_f32_in(rec, &pixels.shape, &x, "image")?;
+        match &enc.encoder {
+            EncoderKind::Kl(k) => k.forward(rec, input),
+            EncoderKind::Tae(t) => t.forward(rec, input),
+        }
     };
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let key = match planned {
+        Some(p) => Some(crate::decode::ensure_plan_with(
+            ctx,
+            p,
+            format!("enc{}:{:?}", enc.id, pixels.shape),
+            record,
+        )?),
+        None => None,
+    };
+    ctx.pool().reset_peak_stats();
+    let mut rec = Recorder::new(ctx);
+    if let (Some(p), Some(k)) = (planned, &key) {
+        p.begin_replay(k)?;
+    }
+    let recorded = record(&mut rec);
+    if let Some(p) = planned {
+        p.end_replay();
+    }
+    let out = recorded?;
     rec.submit()?;
     let shape = out.shape().to_vec();
-    let values = out.to_f32(ctx)?;
+    let memory = ctx.pool().stats();
+    let values = if ctx.is_dry_run() {
+        vec![0.0; out.numel()]
+    } else {
+        out.to_f32(ctx)?
+    };
     let (lh, lw) = (h / 8, w / 8);
     let EncoderKind::Kl(k) = &enc.encoder else {
         return Ok(Encoded {
+            memory,
             latents: HostTensor::new(shape, values)?,
             mean: None,
             std: None,
@@ -195,8 +252,36 @@ pub fn encode(
     }
     let lshape = vec![n, l, lh, lw];
     Ok(Encoded {
+        memory,
         latents: HostTensor::new(lshape.clone(), z)?,
         mean: Some(HostTensor::new(lshape.clone(), mean)?),
         std: Some(HostTensor::new(lshape, std)?),
+    })
+}
+
+/// Predicts the pool's peaks for encoding images of `image_shape`
+/// [N, 3, H, W] (see [`crate::decode::estimate_decode`]).
+pub fn estimate_encode(
+    caps: &Capabilities,
+    policy: Policy,
+    vae_spec: &str,
+    load: &LoadOptions,
+    image_shape: [usize; 4],
+) -> Result<crate::decode::MemoryEstimate> {
+    let dry = Context::dry_run(caps.clone(), policy.new_pool());
+    let enc = VaeEncoder::load(&dry, vae_spec, load)?;
+    let pixels = HostTensor::new(
+        image_shape.to_vec(),
+        vec![0.0; image_shape.iter().product()],
+    )?;
+    let out = encode(&dry, &enc, &pixels, &EncodeOptions::default())?;
+    Ok(crate::decode::MemoryEstimate {
+        policy: policy.name(),
+        model: enc.name.clone(),
+        latents_shape: out.latents.shape.clone(),
+        image_shape: image_shape.to_vec(),
+        weights_bytes: enc.weights_bytes,
+        peak_allocated_bytes: out.memory.allocated_bytes.peak,
+        peak_reserved_bytes: out.memory.reserved_bytes.peak,
     })
 }

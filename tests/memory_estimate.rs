@@ -188,3 +188,45 @@ fn dry_run_estimates_large_decodes_without_device_memory() {
     assert!(est.peak_allocated_bytes > est.weights_bytes);
     assert!(est.peak_reserved_bytes as f64 <= 1.02 * est.peak_allocated_bytes as f64);
 }
+
+#[test]
+fn encode_estimate_equals_measured_for_every_policy() {
+    let Some(shared) = shared_dir() else { return };
+    let base = test_context();
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let spec = dir.to_str().unwrap();
+    let img = wgvae::encode::load_image(&dir.join("encode_input.png"), false).unwrap();
+    let shape: [usize; 4] = img.shape.clone().try_into().unwrap();
+    let mut outputs = Vec::new();
+    for policy in Policy::ALL {
+        let ctx = base.with_pool(policy.new_pool());
+        let enc = wgvae::encode::VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
+        let real = wgvae::encode::encode(&ctx, &enc, &img, &Default::default()).unwrap();
+        let est = wgvae::encode::estimate_encode(
+            ctx.caps(),
+            policy,
+            spec,
+            &LoadOptions::default(),
+            shape,
+        )
+        .unwrap();
+        assert_eq!(est.weights_bytes, enc.weights_bytes, "{}", policy.name());
+        assert_eq!(
+            est.peak_allocated_bytes,
+            real.memory.allocated_bytes.peak,
+            "{}",
+            policy.name()
+        );
+        assert_eq!(
+            est.peak_reserved_bytes,
+            real.memory.reserved_bytes.peak,
+            "{}",
+            policy.name()
+        );
+        outputs.push(real.latents.data);
+    }
+    assert!(
+        outputs.iter().all(|o| o == &outputs[0]),
+        "policies must not change the latents"
+    );
+}

@@ -85,50 +85,59 @@ pub struct Row {
 pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>, Vec<String>)> {
     let mut rows = Vec::new();
     let mut failed = Vec::new();
-    for (model, preset) in MODELS {
-        for size in SIZES {
-            let latent = size / 8;
-            for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
-                let spec = format!("preset:{preset}");
-                let channels = if preset == "flux1" { 16 } else { 4 };
-                let e = match estimate_decode(
-                    caps,
-                    policy,
-                    &spec,
-                    &LoadOptions::default(),
-                    [1, channels, latent, latent],
-                ) {
-                    Ok(e) => e,
-                    Err(e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. })) => {
-                        failed.push(format!("{model} {size}² {}: {e}", policy.name()));
-                        continue;
-                    }
-                    Err(e) => return Err(e),
-                };
-                let dtype = "float32";
-                let bytes = 4.0;
-                let py = pytorch.iter().find(|r| {
-                    r.model == model && r.op == "decode" && r.size == size && r.dtype == dtype
-                });
-                let weights = e.weights_bytes as f64 / MIB;
-                let alloc = e.peak_allocated_bytes as f64 / MIB;
-                let reserved = e.peak_reserved_bytes as f64 / MIB;
-                rows.push(Row {
-                    model: model.into(),
-                    op: "decode".into(),
-                    size,
-                    dtype: dtype.into(),
-                    policy: policy.name().into(),
-                    source: "predicted".into(),
-                    weights_mib: weights,
-                    peak_allocated_mib: alloc,
-                    peak_reserved_mib: reserved,
-                    reserved_over_allocated: reserved / alloc,
-                    implied_constant: (alloc - weights) * MIB / ((size * size) as f64 * bytes),
-                    pytorch_allocated_mib: py.map(|r| r.allocated_mib),
-                    pytorch_reserved_mib: py.map(|r| r.reserved_mib),
-                    working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
-                });
+    for op in ["decode", "encode"] {
+        for (model, preset) in MODELS {
+            for size in SIZES {
+                for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
+                    let spec = format!("preset:{preset}");
+                    let channels = if preset == "flux1" { 16 } else { 4 };
+                    let l = size / 8;
+                    let load = LoadOptions::default();
+                    let estimate = match op {
+                        "decode" => {
+                            estimate_decode(caps, policy, &spec, &load, [1, channels, l, l])
+                        }
+                        _ => crate::encode::estimate_encode(
+                            caps,
+                            policy,
+                            &spec,
+                            &load,
+                            [1, 3, size, size],
+                        ),
+                    };
+                    let e = match estimate {
+                        Ok(e) => e,
+                        Err(e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. })) => {
+                            failed.push(format!("{model} {op} {size}² {}: {e}", policy.name()));
+                            continue;
+                        }
+                        Err(e) => return Err(e),
+                    };
+                    let dtype = "float32";
+                    let bytes = 4.0;
+                    let py = pytorch.iter().find(|r| {
+                        r.model == model && r.op == op && r.size == size && r.dtype == dtype
+                    });
+                    let weights = e.weights_bytes as f64 / MIB;
+                    let alloc = e.peak_allocated_bytes as f64 / MIB;
+                    let reserved = e.peak_reserved_bytes as f64 / MIB;
+                    rows.push(Row {
+                        model: model.into(),
+                        op: op.into(),
+                        size,
+                        dtype: dtype.into(),
+                        policy: policy.name().into(),
+                        source: "predicted".into(),
+                        weights_mib: weights,
+                        peak_allocated_mib: alloc,
+                        peak_reserved_mib: reserved,
+                        reserved_over_allocated: reserved / alloc,
+                        implied_constant: (alloc - weights) * MIB / ((size * size) as f64 * bytes),
+                        pytorch_allocated_mib: py.map(|r| r.allocated_mib),
+                        pytorch_reserved_mib: py.map(|r| r.reserved_mib),
+                        working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
+                    });
+                }
             }
         }
     }
@@ -161,28 +170,31 @@ fn csv(rows: &[Row]) -> String {
     s
 }
 
-fn get<'a>(rows: &'a [Row], model: &str, size: usize, policy: &str) -> Option<&'a Row> {
+fn get<'a>(rows: &'a [Row], op: &str, model: &str, size: usize, policy: &str) -> Option<&'a Row> {
     rows.iter()
-        .find(|r| r.model == model && r.size == size && r.policy == policy)
+        .find(|r| r.op == op && r.model == model && r.size == size && r.policy == policy)
 }
 
 fn markdown(rows: &[Row], failed: &[String], header: &str) -> String {
     let mut s = format!(
-        "# Decode memory: wgvae pool policies vs PyTorch's caching allocator\n\n{header}\n\n"
+        "# Decode and encode memory: wgvae pool policies vs PyTorch's caching allocator\n\n{header}\n\n"
     );
-    s += "All wgvae figures are **predicted** by the estimator (a dry run of the real decode code through the \
-chosen pool; `wgvae memory` gives the same numbers, and CI checks that real decodes measure exactly what it predicts). \
+    s += "All wgvae figures are **predicted** by the estimator (a dry run of the real decode/encode code through the \
+chosen pool; `wgvae memory` gives the same numbers, and CI checks that real decodes and encodes measure exactly what it predicts). \
 PyTorch figures are the published RTX 4090 measurements (`torch.cuda.max_memory_allocated/reserved`), which \
 exclude the weights; ours include them, and the working-memory column subtracts them. f16/bf16 rows wait for f16 storage.\n\n";
-    for (model, _) in MODELS {
-        s += &format!("## {model} decode, float32\n\n");
+    for (op, model) in ["decode", "encode"]
+        .into_iter()
+        .flat_map(|op| MODELS.map(|(m, _)| (op, m)))
+    {
+        s += &format!("## {model} {op}, float32\n\n");
         s += "| size | PyTorch alloc MiB | PyTorch reserved MiB | PyTorch res/alloc | wgvae weights MiB | caching alloc / reserved MiB (ratio) | planned alloc / reserved MiB (ratio) | exact MiB | planned working vs PyTorch alloc | implied constant (planned) |\n";
         s += "|---|---|---|---|---|---|---|---|---|---|\n";
         for size in SIZES {
             let (Some(c), Some(p), Some(e)) = (
-                get(rows, model, size, "caching"),
-                get(rows, model, size, "planned"),
-                get(rows, model, size, "exact"),
+                get(rows, op, model, size, "caching"),
+                get(rows, op, model, size, "planned"),
+                get(rows, op, model, size, "exact"),
             ) else {
                 continue;
             };
@@ -211,7 +223,7 @@ exclude the weights; ours include them, and the working-memory column subtracts 
     }
     if !failed.is_empty() {
         s += "Not predicted untiled on this device (a single tensor exceeds a binding or buffer limit; these need tiled decoding):\n\n";
-        for f in failed.iter().filter(|f| f.contains("caching")) {
+        for f in failed.iter().filter(|f| f.contains(" caching:")) {
             s += &format!("- {}\n", f.replace(" caching:", ":"));
         }
         s += "\n";
@@ -220,14 +232,21 @@ exclude the weights; ours include them, and the working-memory column subtracts 
     s
 }
 
-fn findings(rows: &[Row]) -> String {
+fn findings(all: &[Row]) -> String {
+    let enc: Vec<Row> = all.iter().filter(|r| r.op == "encode").cloned().collect();
+    let rows: &[Row] = &all
+        .iter()
+        .filter(|r| r.op == "decode")
+        .cloned()
+        .collect::<Vec<_>>();
     let mut s = String::from("## Findings\n\n");
     // Resolution scaling: working memory per 2× pixels.
     for (model, _) in MODELS {
-        let w =
-            |size| get(rows, model, size, "planned").map(|r| r.peak_allocated_mib - r.weights_mib);
+        let w = |size| {
+            get(all, "decode", model, size, "planned").map(|r| r.peak_allocated_mib - r.weights_mib)
+        };
         if let (Some(a), Some(b)) = (w(1024), w(2048)) {
-            s += &format!("- {model}: working memory grows {:.2}× from 1024² to 2048² (4× the pixels): it is linear in pixels, as PyTorch's is.\n", b / a);
+            s += &format!("- {model} decode: working memory grows {:.2}× from 1024² to 2048² (4× the pixels): it is linear in pixels, as PyTorch's is.\n", b / a);
         }
     }
     let ratios = |p: &str| -> (f64, f64) {
@@ -286,6 +305,21 @@ then fragments what is reused.\n"
             .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
         s += &format!("- The implied working-memory constant `(peak − weights) / (H·W·4)` is {lo:.0}–{hi:.0} for planned decodes, against InvokeAI's rule of thumb of 2200 — a constant that our estimator makes unnecessary.\n");
     }
+    let ev: Vec<f64> = enc
+        .iter()
+        .filter(|r| r.policy == "planned")
+        .filter_map(|r| r.working_vs_pytorch)
+        .collect();
+    if !ev.is_empty() {
+        let (lo, hi) = ev
+            .iter()
+            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        s += &format!(
+            "- Encode (planned): working memory is {:.0}–{:.0} % of PyTorch's allocated peak (its SD1.5/SDXL encode rows at 1536² and 2048² are tiled by that pipeline, hence smaller).\n",
+            lo * 100.0,
+            hi * 100.0
+        );
+    }
     s
 }
 
@@ -297,7 +331,7 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
-    for r in rows.iter().filter(|r| r.model == model) {
+    for r in rows.iter().filter(|r| r.model == model && r.op == "decode") {
         let mp = (r.size * r.size) as f64 / 1e6;
         series
             .entry(format!("wgvae {} allocated", r.policy))
