@@ -11,7 +11,7 @@
 //! - `WGVAE_BENCH_SIZES`: comma-separated `CINxHxW->COUT[/K]` (batch 1, K 3 by default), e.g.
 //!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
 //! - `WGVAE_BENCH_NAIVE=0`: skip the naive kernel.
-//! - `WGVAE_CONV_TILES=tm,tn,tk,rm,rn`: tiles of the tiled kernel (default: the engine's choice).
+//! - `WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]`: tiles of the tiled kernel (default: the engine's choice).
 
 use std::cell::RefCell;
 use std::time::{Duration, Instant};
@@ -75,10 +75,18 @@ fn tiles_override() -> Option<ConvTiles> {
         .split(',')
         .map(|x| x.trim().parse().expect("WGVAE_CONV_TILES: numbers"))
         .collect();
-    let [tm, tn, tk, rm, rn] = v[..] else {
-        panic!("WGVAE_CONV_TILES=tm,tn,tk,rm,rn")
+    let (&[tm, tn, tw, tk, rm, rn], direct) = (&v[..6.min(v.len())], v.get(6) == Some(&1)) else {
+        panic!("WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]")
     };
-    Some(ConvTiles { tm, tn, tk, rm, rn })
+    Some(ConvTiles {
+        tm,
+        tn,
+        tw,
+        tk,
+        rm,
+        rn,
+        direct,
+    })
 }
 
 /// GPU timestamps around each batch of dispatches, or wall time.
@@ -230,7 +238,18 @@ fn bench_kernel(c: &mut Criterion, ctx: &Context, timer: &Timer, p: &Problem, na
         f(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("conv2d");
     };
     // Compile the pipeline and touch the buffers outside the measurement.
+    let start = Instant::now();
     timer.time(ctx, 1, &record);
+    let first = start.elapsed();
+    let start = Instant::now();
+    timer.time(ctx, 1, &record);
+    let second = start.elapsed();
+    println!(
+        "COMPILE {name} {}: first dispatch {:.2} s, second {:.2} s (pipeline creation ~ the difference)",
+        p.shape,
+        first.as_secs_f64(),
+        second.as_secs_f64()
+    );
     let per_dispatch = RefCell::new(Vec::<f64>::new());
     // Process CPU seconds per dispatch: on a CPU adapter shared with other work this says
     // what the kernel costs regardless of contention.
@@ -278,14 +297,17 @@ fn bench_kernel(c: &mut Criterion, ctx: &Context, timer: &Timer, p: &Problem, na
     );
 }
 
-/// User + system CPU time of this process (Linux), for CPU adapters.
+/// CPU time of this process's threads (Linux), for CPU adapters: the sum of
+/// `/proc/self/task/*/schedstat` run times (nanosecond resolution).
 fn process_cpu_seconds() -> Option<f64> {
-    let stat = std::fs::read_to_string("/proc/self/stat").ok()?;
-    // Fields after the parenthesised command name; utime and stime are fields 14 and 15.
-    let rest = stat.rsplit_once(')')?.1;
-    let f: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: f64 = f.get(11)?.parse::<f64>().ok()? + f.get(12)?.parse::<f64>().ok()?;
-    Some(ticks / 100.0)
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Ok(stat) = std::fs::read_to_string(path) {
+            ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
 }
 
 fn main() {
