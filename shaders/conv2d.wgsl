@@ -208,14 +208,16 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let oy0 = ty * TH;
     let ox0 = (tile - ty * p.tiles_x) * TW;
     let mpad4 = p.mpad >> 2u;
-    // This invocation's block: channels m, pixels (oy, ox..ox + RN).
+    // This invocation's block: channels m..m + RM, RN / 4 groups of 4 pixels of a row.
     let m = m0 + (li / WGN) * RM;
-    let n = (li % WGN) * RN;
-    let oy = oy0 + (n >> TW_SHIFT);
-    let ox = ox0 + (n & (TW - 1u));
 
     var acc: Acc;
 #ifdef DIRECT
+    // Pixels (oy, ox..ox + RN): one row segment, so the taps share input values.
+    let n0 = (li % WGN) * RN;
+    let nstep = 4u;
+    let oy = oy0 + (n0 >> TW_SHIFT);
+    let ox = ox0 + (n0 & (TW - 1u));
     let iy0 = i32(oy * STRIDE) - i32(p.pad_top);
     let ix0 = i32(ox * STRIDE) - i32(p.pad_left);
     // Rows past the bottom edge read nothing; columns past the right edge are computed but
@@ -230,6 +232,9 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
     }
 #else
+    // Pixel groups (li % WGN) + j * WGN of the tile.
+    let n0 = (li % WGN) * 4u;
+    let nstep = WGN * 4u;
     for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
         // Weight tile: vec4 rows of the padded weights.
         for (var idx = li; idx < TK * TM4; idx += WG) {
@@ -257,7 +262,7 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         }
         workgroupBarrier();
         let am = (li / WGN) * RM4;
-        let bn = (li % WGN) * RN4;
+        let bn = li % WGN;
         for (var kk = 0u; kk < TK; kk += 2u) {
             micro_step(&acc, kk * TM4 + am, kk * TN4 + bn);
             micro_step(&acc, (kk + 1u) * TM4 + am, (kk + 1u) * TN4 + bn);
@@ -265,6 +270,6 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         workgroupBarrier();
     }
 #endif
-    store_block(&acc, nb, m, oy, ox);
+    store_block(&acc, nb, m, oy0, ox0, n0, nstep);
 }
 #endif

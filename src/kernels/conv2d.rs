@@ -291,8 +291,10 @@ fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
         for i in 0..rm4 {
             let _ = writeln!(s, "    let a{i} = a_tile[ai + {i}u];");
         }
+        // The pixel groups of an invocation are WGN groups apart: neighbouring invocations
+        // read neighbouring vec4s (no bank conflicts).
         for j in 0..rn4 {
-            let _ = writeln!(s, "    let b{j} = b_tile[bi + {j}u];");
+            let _ = writeln!(s, "    let b{j} = b_tile[bi + {j}u * WGN];");
         }
         for i in 0..rm4 {
             for j in 0..rn4 {
@@ -301,15 +303,19 @@ fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
         }
     }
     s.push_str("}\n");
-    s.push_str("fn store_block(acc: ptr<function, Acc>, nb: u32, m: u32, oy: u32, ox: u32) {\n");
+    // Pixel group j of the block starts at tile pixel first + j * nstep.
+    s.push_str(
+        "fn store_block(acc: ptr<function, Acc>, nb: u32, m: u32, ty: u32, tx: u32, first: u32, nstep: u32) {\n",
+    );
+    for j in 0..rn4 {
+        let _ = writeln!(s, "    let g{j} = first + {j}u * nstep;");
+        let _ = writeln!(s, "    let oy{j} = ty + (g{j} >> TW_SHIFT);");
+        let _ = writeln!(s, "    let ox{j} = tx + (g{j} & (TW - 1u));");
+    }
     for r in 0..rm {
         for j in 0..rn4 {
-            let _ = writeln!(
-                s,
-                "    store4(nb, m + {r}u, oy, ox + {}u, (*acc)[{}]);",
-                j * 4,
-                r * rn4 + j
-            );
+            let o = r * rn4 + j;
+            let _ = writeln!(s, "    store4(nb, m + {r}u, oy{j}, ox{j}, (*acc)[{o}]);");
         }
     }
     s.push_str("}\n");
