@@ -10,7 +10,8 @@
 //! Environment:
 //! - `WGVAE_BENCH_SIZES`: comma-separated `CINxHxW->COUT[/K]` (batch 1, K 3 by default), e.g.
 //!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
-//! - `WGVAE_BENCH_NAIVE=0`: skip the naive kernel.
+//! - `WGVAE_BENCH_NAIVE`: `0` skips the naive kernel, `criterion` measures it like the tiled one;
+//!   by default one dispatch is timed (it takes minutes on a CPU adapter).
 //! - `WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]`: tiles of the tiled kernel (default: the engine's choice).
 
 use std::cell::RefCell;
@@ -227,74 +228,92 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
     }
 }
 
-fn bench_kernel(c: &mut Criterion, ctx: &Context, timer: &Timer, p: &Problem, naive: bool) {
-    let name = if naive {
-        "conv2d_naive"
-    } else {
-        "conv2d_tiled"
-    };
-    let record = |rec: &mut Recorder| {
-        let f = if naive { conv2d_naive } else { conv2d };
-        f(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("conv2d");
-    };
-    // Compile the pipeline and touch the buffers outside the measurement.
-    let start = Instant::now();
-    timer.time(ctx, 1, &record);
-    let first = start.elapsed();
-    let start = Instant::now();
-    timer.time(ctx, 1, &record);
-    let second = start.elapsed();
-    println!(
-        "COMPILE {name} {}: first dispatch {:.2} s, second {:.2} s (pipeline creation ~ the difference)",
-        p.shape,
-        first.as_secs_f64(),
-        second.as_secs_f64()
-    );
+/// One measured kernel: seconds per dispatch (median and best) and CPU seconds per dispatch.
+struct Measured {
+    median: f64,
+    best: f64,
+    cpu: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied()
+}
+
+/// Times `record` through criterion (tiled kernel) or, when `quick`, over one dispatch
+/// (the naive kernel, whose dispatches take many seconds at these shapes).
+fn measure(
+    c: &mut Criterion,
+    ctx: &Context,
+    timer: &Timer,
+    name: &str,
+    p: &Problem,
+    quick: bool,
+    record: &dyn Fn(&mut Recorder),
+) -> Measured {
+    // Compile the pipeline (Mesa keeps a disk cache: a second run compiles nothing) and
+    // touch the buffers outside the measurement. Not for `quick`: the naive kernel compiles
+    // in a fraction of a second and one of its dispatches takes minutes on a CPU adapter.
+    if !quick {
+        let start = Instant::now();
+        timer.time(ctx, 1, record);
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "{name} {}: first dispatch (with pipeline creation) {secs:.2} s",
+            p.shape
+        );
+    }
     let per_dispatch = RefCell::new(Vec::<f64>::new());
     // Process CPU seconds per dispatch: on a CPU adapter shared with other work this says
     // what the kernel costs regardless of contention.
     let cpu_per_dispatch = RefCell::new(Vec::<f64>::new());
-    let mut group = c.benchmark_group(name);
-    group
-        .sample_size(10)
-        .sampling_mode(SamplingMode::Flat)
-        .warm_up_time(Duration::from_millis(1))
-        .throughput(Throughput::Elements(2 * p.macs));
-    group.bench_function(p.shape.to_string(), |b| {
-        b.iter_custom(|iters| {
-            let cpu0 = process_cpu_seconds();
-            let t = timer.time(ctx, iters, &record);
-            per_dispatch
-                .borrow_mut()
-                .push(t.as_secs_f64() / iters as f64);
-            if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
-                cpu_per_dispatch.borrow_mut().push((b - a) / iters as f64);
-            }
-            t
-        })
-    });
-    group.finish();
-    let mut times = per_dispatch.into_inner();
-    times.sort_by(|a, b| a.total_cmp(b));
-    let median = times[times.len() / 2];
-    let mut cpu = cpu_per_dispatch.into_inner();
-    cpu.sort_by(|a, b| a.total_cmp(b));
-    let cpu_note = match cpu.get(cpu.len() / 2) {
-        Some(&s) if ctx.caps().is_cpu() => format!(
-            ", {:.2} GFLOP per CPU-second",
-            2.0 * p.macs as f64 / s / 1e9
-        ),
-        _ => String::new(),
+    let mut run = |iters: u64| {
+        let cpu0 = process_cpu_seconds();
+        let t = timer.time(ctx, iters, record);
+        per_dispatch
+            .borrow_mut()
+            .push(t.as_secs_f64() / iters as f64);
+        if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
+            cpu_per_dispatch.borrow_mut().push((b - a) / iters as f64);
+        }
+        t
     };
+    if quick {
+        run(1);
+    } else {
+        let mut group = c.benchmark_group(name);
+        group
+            .sample_size(10)
+            .sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_millis(1))
+            .throughput(Throughput::Elements(2 * p.macs));
+        group.bench_function(p.shape.to_string(), |b| b.iter_custom(&mut run));
+        group.finish();
+    }
+    let times = per_dispatch.into_inner();
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    Measured {
+        median: median(times).unwrap_or(f64::NAN),
+        best,
+        cpu: median(cpu_per_dispatch.into_inner()).filter(|_| ctx.caps().is_cpu()),
+    }
+}
+
+fn report(name: &str, p: &Problem, m: &Measured, timer: &Timer) -> f64 {
+    let gflops = |s: f64| 2.0 * p.macs as f64 / s / 1e9;
+    let cpu_note = m
+        .cpu
+        .map(|s| format!(", {:.2} GFLOP per CPU-second", gflops(s)))
+        .unwrap_or_default();
     println!(
-        "RESULT {name} {} tiles {:?}: {:.2} GFLOP/s median ({:.2} best), {:.1} ms/dispatch{cpu_note} [{}]",
+        "RESULT {name} {}: {:.2} GFLOP/s median ({:.2} best), {:.1} ms/dispatch{cpu_note} [{}]",
         p.shape,
-        if naive { None } else { Some(p.weights.tiles()) },
-        2.0 * p.macs as f64 / median / 1e9,
-        2.0 * p.macs as f64 / times[0] / 1e9,
-        median * 1e3,
+        gflops(m.median),
+        gflops(m.best),
+        m.median * 1e3,
         timer.describe()
     );
+    gflops(m.median)
 }
 
 /// CPU time of this process's threads (Linux), for CPU adapters: the sum of
@@ -327,12 +346,33 @@ fn main() {
         caps.subgroup,
         timer.describe()
     );
-    let naive = std::env::var("WGVAE_BENCH_NAIVE").map_or(true, |v| v != "0");
+    // `0`: skip the naive kernel; `criterion`: measure it like the tiled one; else one dispatch.
+    let naive_mode = std::env::var("WGVAE_BENCH_NAIVE").unwrap_or_default();
+    let mut summary = Vec::new();
     for shape in shapes() {
         let p = problem(&ctx, shape);
-        bench_kernel(&mut c, &ctx, &timer, &p, false);
-        if naive {
-            bench_kernel(&mut c, &ctx, &timer, &p, true);
+        println!("{}: tiles {:?}", p.shape, p.weights.tiles());
+        let tiled = |rec: &mut Recorder| {
+            conv2d(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("conv2d")
+        };
+        let m = measure(&mut c, &ctx, &timer, "conv2d_tiled", &p, false, &tiled);
+        let g_tiled = report("conv2d_tiled", &p, &m, &timer);
+        let mut g_naive = None;
+        if naive_mode != "0" {
+            let naive = |rec: &mut Recorder| {
+                conv2d_naive(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("naive")
+            };
+            let quick = naive_mode != "criterion";
+            let m = measure(&mut c, &ctx, &timer, "conv2d_naive", &p, quick, &naive);
+            g_naive = Some(report("conv2d_naive", &p, &m, &timer));
+        }
+        summary.push((p.shape, g_tiled, g_naive));
+    }
+    println!("SUMMARY (GFLOP/s = 2 * MACs / time, {})", timer.describe());
+    for (shape, t, n) in summary {
+        match n {
+            Some(n) => println!("  {shape}: tiled {t:.2}, naive {n:.2}, ratio {:.1}x", t / n),
+            None => println!("  {shape}: tiled {t:.2}"),
         }
     }
     c.final_summary();

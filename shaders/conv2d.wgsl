@@ -54,7 +54,11 @@ struct Params {
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<T>;
+#ifdef NAIVE
+@group(0) @binding(2) var<storage, read_write> wt: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read_write> wt: array<vec4<f32>>;
+#endif
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> affine: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> res: array<T>;
@@ -153,7 +157,7 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let ss = plane_affine(plane, true);
         for (var t = 0u; t < KK; t++) {
             let row = xrow_base(plane, iy0 + i32(t / KS), true);
-            let wv = wt[((ci * KK + t) * p.mpad + m) / 4u][m % 4u];
+            let wv = wt[(ci * KK + t) * p.mpad + m];
             acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
