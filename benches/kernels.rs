@@ -71,7 +71,9 @@ fn shapes() -> Vec<Shape> {
 }
 
 fn tiles_override() -> Option<ConvTiles> {
-    let s = std::env::var("WGVAE_CONV_TILES").ok()?;
+    let s = std::env::var("WGVAE_CONV_TILES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())?;
     let v: Vec<u32> = s
         .split(',')
         .map(|x| x.trim().parse().expect("WGVAE_CONV_TILES: numbers"))
