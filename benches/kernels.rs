@@ -1,1 +1,381 @@
-fn main() {}
+//! Kernel benchmarks: `cargo bench --bench kernels`.
+//!
+//! conv2d at VAE decoder shapes, the tiled implicit-GEMM kernel and the naive
+//! one-output-per-invocation kernel (for the ratio). GPU time comes from timestamp queries
+//! written around a batch of dispatches in one encoder when the device has
+//! `TIMESTAMP_QUERY | TIMESTAMP_QUERY_INSIDE_ENCODERS`, else from wall time around
+//! submit + wait (which is printed). Throughput is reported as GFLOP/s = 2 * MACs / time
+//! (criterion's "elem/s" with one element per FLOP, and a summary line per benchmark).
+//!
+//! Environment:
+//! - `WGVAE_BENCH_SIZES`: comma-separated `CINxHxW->COUT[/K]` (batch 1, K 3 by default), e.g.
+//!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
+//! - `WGVAE_BENCH_NAIVE`: `0` skips the naive kernel, `criterion` measures it like the tiled one;
+//!   by default one dispatch is timed (it takes minutes on a CPU adapter).
+//! - `WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]`: tiles of the tiled kernel (default: the engine's choice).
+
+use std::cell::RefCell;
+use std::time::{Duration, Instant};
+
+use criterion::{Criterion, SamplingMode, Throughput};
+use wgvae::gpu::Recorder;
+use wgvae::kernels::conv2d::{
+    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles,
+};
+use wgvae::testing::{rand_vec, test_context};
+use wgvae::{Context, DType, Tensor};
+
+/// Dispatches recorded between two timestamps (one encoder).
+const BATCH: u64 = 4;
+
+#[derive(Clone, Copy, Debug)]
+struct Shape {
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    k: usize,
+}
+
+impl std::fmt::Display for Shape {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{0}x{0} [1,{1},{2},{3}]->{4}",
+            self.k, self.cin, self.h, self.w, self.cout
+        )
+    }
+}
+
+fn parse_shape(s: &str) -> Option<Shape> {
+    let (input, rest) = s.trim().split_once("->")?;
+    let (cout, k) = match rest.split_once('/') {
+        Some((c, k)) => (c.parse().ok()?, k.parse().ok()?),
+        None => (rest.parse().ok()?, 3),
+    };
+    let dims: Vec<usize> = input
+        .split('x')
+        .map(|d| d.parse().ok())
+        .collect::<Option<_>>()?;
+    let [cin, h, w] = dims[..] else { return None };
+    Some(Shape { cin, h, w, cout, k })
+}
+
+fn shapes() -> Vec<Shape> {
+    let spec = std::env::var("WGVAE_BENCH_SIZES")
+        .unwrap_or_else(|_| "512x64x64->512,256x128x128->256,128x256x256->128".into());
+    spec.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| parse_shape(s).unwrap_or_else(|| panic!("WGVAE_BENCH_SIZES: cannot parse `{s}`")))
+        .collect()
+}
+
+fn tiles_override() -> Option<ConvTiles> {
+    let s = std::env::var("WGVAE_CONV_TILES")
+        .ok()
+        .filter(|s| !s.trim().is_empty())?;
+    let v: Vec<u32> = s
+        .split(',')
+        .map(|x| x.trim().parse().expect("WGVAE_CONV_TILES: numbers"))
+        .collect();
+    let (&[tm, tn, tw, tk, rm, rn], direct) = (&v[..6.min(v.len())], v.get(6) == Some(&1)) else {
+        panic!("WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]")
+    };
+    Some(ConvTiles {
+        tm,
+        tn,
+        tw,
+        tk,
+        rm,
+        rn,
+        direct,
+    })
+}
+
+/// GPU timestamps around each batch of dispatches, or wall time.
+enum Timer {
+    Gpu {
+        queries: wgpu::QuerySet,
+        resolve: wgpu::Buffer,
+        readback: wgpu::Buffer,
+        period_ns: f64,
+    },
+    Wall,
+}
+
+impl Timer {
+    fn new(ctx: &Context) -> Timer {
+        let need =
+            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
+        if !ctx.device().features().contains(need) {
+            return Timer::Wall;
+        }
+        let d = ctx.device();
+        Timer::Gpu {
+            queries: d.create_query_set(&wgpu::QuerySetDescriptor {
+                label: Some("bench"),
+                ty: wgpu::QueryType::Timestamp,
+                count: 2,
+            }),
+            resolve: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench resolve"),
+                size: 16,
+                usage: wgpu::BufferUsages::QUERY_RESOLVE | wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: false,
+            }),
+            readback: d.create_buffer(&wgpu::BufferDescriptor {
+                label: Some("bench readback"),
+                size: 16,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }),
+            period_ns: ctx.queue().get_timestamp_period() as f64,
+        }
+    }
+
+    fn describe(&self) -> &'static str {
+        match self {
+            Timer::Gpu { .. } => "GPU timestamp queries",
+            Timer::Wall => "wall time around submit + wait (no TIMESTAMP_QUERY_INSIDE_ENCODERS)",
+        }
+    }
+
+    /// Time of `count` dispatches recorded by `record`, in batches of [`BATCH`].
+    fn time(&self, ctx: &Context, count: u64, record: &dyn Fn(&mut Recorder)) -> Duration {
+        let mut total = Duration::ZERO;
+        let mut left = count;
+        while left > 0 {
+            let n = left.min(BATCH);
+            left -= n;
+            total += match self {
+                Timer::Wall => {
+                    let start = Instant::now();
+                    let mut rec = Recorder::new(ctx);
+                    for _ in 0..n {
+                        record(&mut rec);
+                    }
+                    rec.submit().expect("submit");
+                    ctx.wait_idle().expect("wait");
+                    start.elapsed()
+                }
+                Timer::Gpu {
+                    queries,
+                    resolve,
+                    readback,
+                    period_ns,
+                } => {
+                    let mut encoder = ctx.device().create_command_encoder(&Default::default());
+                    encoder.write_timestamp(queries, 0);
+                    {
+                        let mut rec = Recorder::with_encoder(ctx, &mut encoder);
+                        for _ in 0..n {
+                            record(&mut rec);
+                        }
+                        rec.finish();
+                    }
+                    encoder.write_timestamp(queries, 1);
+                    encoder.resolve_query_set(queries, 0..2, resolve, 0);
+                    encoder.copy_buffer_to_buffer(resolve, 0, readback, 0, 16);
+                    ctx.queue().submit([encoder.finish()]);
+                    readback
+                        .slice(..)
+                        .map_async(wgpu::MapMode::Read, |r| r.expect("map"));
+                    ctx.wait_idle().expect("wait");
+                    let ticks: Vec<u64> = {
+                        let view = readback.slice(..).get_mapped_range().expect("mapped");
+                        bytemuck::pod_collect_to_vec(&view)
+                    };
+                    readback.unmap();
+                    let ns = ticks[1].saturating_sub(ticks[0]) as f64 * period_ns;
+                    Duration::from_nanos(ns as u64)
+                }
+            };
+        }
+        total
+    }
+}
+
+struct Problem {
+    shape: Shape,
+    opts: Conv2dOptions,
+    input: Tensor,
+    out: Tensor,
+    weights: Conv2dWeights,
+    macs: u64,
+}
+
+fn problem(ctx: &Context, shape: Shape) -> Problem {
+    let Shape { cin, h, w, cout, k } = shape;
+    let opts = Conv2dOptions::same(k as u32);
+    let (ho, wo) = output_size(h, w, k, &opts);
+    let input =
+        Tensor::from_f32(ctx, &[1, cin, h, w], &rand_vec(cin * h * w, 1, 1.0), "x").unwrap();
+    let out = Tensor::empty(ctx, &[1, cout, ho, wo], DType::F32, "out").unwrap();
+    let wv = rand_vec(cout * cin * k * k, 2, 0.05);
+    let bias = rand_vec(cout, 3, 0.1);
+    let weights = match tiles_override() {
+        Some(t) => {
+            Conv2dWeights::from_pytorch_with_tiles(ctx, &wv, cout, cin, k, Some(&bias), t, "w")
+        }
+        None => Conv2dWeights::from_pytorch(ctx, &wv, cout, cin, k, Some(&bias), "w"),
+    }
+    .unwrap();
+    Problem {
+        shape,
+        opts,
+        input,
+        out,
+        weights,
+        macs: macs(1, cin, cout, ho, wo, k),
+    }
+}
+
+/// One measured kernel: seconds per dispatch (median and best) and CPU seconds per dispatch.
+struct Measured {
+    median: f64,
+    best: f64,
+    cpu: Option<f64>,
+}
+
+fn median(mut v: Vec<f64>) -> Option<f64> {
+    v.sort_by(|a, b| a.total_cmp(b));
+    v.get(v.len() / 2).copied()
+}
+
+/// Times `record` through criterion (tiled kernel) or, when `quick`, over one dispatch
+/// (the naive kernel, whose dispatches take many seconds at these shapes).
+fn measure(
+    c: &mut Criterion,
+    ctx: &Context,
+    timer: &Timer,
+    name: &str,
+    p: &Problem,
+    quick: bool,
+    record: &dyn Fn(&mut Recorder),
+) -> Measured {
+    // Compile the pipeline (Mesa keeps a disk cache: a second run compiles nothing) and
+    // touch the buffers outside the measurement. Not for `quick`: the naive kernel compiles
+    // in a fraction of a second and one of its dispatches takes minutes on a CPU adapter.
+    if !quick {
+        let start = Instant::now();
+        timer.time(ctx, 1, record);
+        let secs = start.elapsed().as_secs_f64();
+        println!(
+            "{name} {}: first dispatch (with pipeline creation) {secs:.2} s",
+            p.shape
+        );
+    }
+    let per_dispatch = RefCell::new(Vec::<f64>::new());
+    // Process CPU seconds per dispatch: on a CPU adapter shared with other work this says
+    // what the kernel costs regardless of contention.
+    let cpu_per_dispatch = RefCell::new(Vec::<f64>::new());
+    let mut run = |iters: u64| {
+        let cpu0 = process_cpu_seconds();
+        let t = timer.time(ctx, iters, record);
+        per_dispatch
+            .borrow_mut()
+            .push(t.as_secs_f64() / iters as f64);
+        if let (Some(a), Some(b)) = (cpu0, process_cpu_seconds()) {
+            cpu_per_dispatch.borrow_mut().push((b - a) / iters as f64);
+        }
+        t
+    };
+    if quick {
+        run(1);
+    } else {
+        let mut group = c.benchmark_group(name);
+        group
+            .sample_size(10)
+            .sampling_mode(SamplingMode::Flat)
+            .warm_up_time(Duration::from_millis(1))
+            .throughput(Throughput::Elements(2 * p.macs));
+        group.bench_function(p.shape.to_string(), |b| b.iter_custom(&mut run));
+        group.finish();
+    }
+    let times = per_dispatch.into_inner();
+    let best = times.iter().copied().fold(f64::INFINITY, f64::min);
+    Measured {
+        median: median(times).unwrap_or(f64::NAN),
+        best,
+        cpu: median(cpu_per_dispatch.into_inner()).filter(|_| ctx.caps().is_cpu()),
+    }
+}
+
+fn report(name: &str, p: &Problem, m: &Measured, timer: &Timer) -> f64 {
+    let gflops = |s: f64| 2.0 * p.macs as f64 / s / 1e9;
+    let cpu_note = m
+        .cpu
+        .map(|s| format!(", {:.2} GFLOP per CPU-second", gflops(s)))
+        .unwrap_or_default();
+    println!(
+        "RESULT {name} {}: {:.2} GFLOP/s median ({:.2} best), {:.1} ms/dispatch{cpu_note} [{}]",
+        p.shape,
+        gflops(m.median),
+        gflops(m.best),
+        m.median * 1e3,
+        timer.describe()
+    );
+    gflops(m.median)
+}
+
+/// CPU time of this process's threads (Linux), for CPU adapters: the sum of
+/// `/proc/self/task/*/schedstat` run times (nanosecond resolution).
+fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Ok(stat) = std::fs::read_to_string(path) {
+            ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+fn main() {
+    let mut c = Criterion::default()
+        .measurement_time(Duration::from_secs(3))
+        .configure_from_args();
+    let ctx = test_context();
+    let timer = Timer::new(&ctx);
+    let caps = ctx.caps();
+    println!(
+        "adapter: {} ({:?}, {:?}, driver {} {}; subgroups {}); timing: {}",
+        caps.adapter_name,
+        caps.backend,
+        caps.device_type,
+        caps.driver,
+        caps.driver_info,
+        caps.subgroup,
+        timer.describe()
+    );
+    // `0`: skip the naive kernel; `criterion`: measure it like the tiled one; else one dispatch.
+    let naive_mode = std::env::var("WGVAE_BENCH_NAIVE").unwrap_or_default();
+    let mut summary = Vec::new();
+    for shape in shapes() {
+        let p = problem(&ctx, shape);
+        println!("{}: tiles {:?}", p.shape, p.weights.tiles());
+        let tiled = |rec: &mut Recorder| {
+            conv2d(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("conv2d")
+        };
+        let m = measure(&mut c, &ctx, &timer, "conv2d_tiled", &p, false, &tiled);
+        let g_tiled = report("conv2d_tiled", &p, &m, &timer);
+        let mut g_naive = None;
+        if naive_mode != "0" {
+            let naive = |rec: &mut Recorder| {
+                conv2d_naive(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("naive")
+            };
+            let quick = naive_mode != "criterion";
+            let m = measure(&mut c, &ctx, &timer, "conv2d_naive", &p, quick, &naive);
+            g_naive = Some(report("conv2d_naive", &p, &m, &timer));
+        }
+        summary.push((p.shape, g_tiled, g_naive));
+    }
+    println!("SUMMARY (GFLOP/s = 2 * MACs / time, {})", timer.describe());
+    for (shape, t, n) in summary {
+        match n {
+            Some(n) => println!("  {shape}: tiled {t:.2}, naive {n:.2}, ratio {:.1}x", t / n),
+            None => println!("  {shape}: tiled {t:.2}"),
+        }
+    }
+    c.final_summary();
+}

@@ -1,18 +1,36 @@
 // 2-D convolution as an implicit GEMM:  out[M = Cout, N = pixels] = W[M, K] * X[K, N]
-// with K = Cin * KS * KS ordered k = ci * KS*KS + ky * KS + kx (PyTorch's order), the X
-// operand being im2col computed on the fly while tiles are loaded into workgroup memory.
+// with K = Cin * KS * KS ordered k = ci * KS*KS + ky * KS + kx (PyTorch's order); the X
+// operand is im2col computed on the fly.
 //
-// Fused on load:  nearest-2x upsample (UPSAMPLE), GroupNorm-style affine + activation
-// (PROLOGUE, ACT), zero padding (applied after the prologue: padded taps contribute 0).
+// Fused on load:  nearest-2x upsample (UPSAMPLE), per-(image, channel) affine + activation
+// (PROLOGUE, ACT), zero padding (after the prologue: padded taps contribute exactly 0).
 // Fused on store: bias (HAS_BIAS), residual add (HAS_RESIDUAL; `res` may alias `out`).
 //
-// Keys (from the pipeline key): tile sizes TM (Cout rows), TN (pixels), TK (reduction step),
-// per-invocation register block RM x RN (RN a multiple of 4), KS (1 | 3), STRIDE (1 | 2),
-// ACT (0 none, 1 SiLU, 2 ReLU), storage type T. Workgroup size WG = (TM/RM) * (TN/RN).
-// Entry `naive` (flag NAIVE) is one output per invocation, for benchmarks only.
+// Specialisation (pipeline-key constants): a workgroup computes TM output channels x TN
+// output pixels, the pixels being a (TN / TW) x TW patch of the output image (TW a power of
+// two: tile coordinates need no division). Each invocation accumulates an RM x RN register
+// block (RM channels x RN pixels of one output row) in f32. WG = (TM / RM) * (TN / RN).
+// KS (1 | 3), STRIDE (1 | 2), ACT (0 none, 1 SiLU, 2 ReLU), activation storage type T.
 //
-// Weights arrive re-laid-out by the host as Wt[kp][mp] (K-major, Cout contiguous), zero padded
-// to multiples of TK and TM: tile loads of W need no bounds checks and are vec4 wide.
+// Two ways to feed the register blocks, chosen per device:
+// - default (GPUs): both operand tiles are staged in workgroup memory, TK reduction steps at
+//   a time (weights as vec4 rows, the input tile im2col'd while loading), and every
+//   invocation reads its RM + RN operands per step from there.
+// - DIRECT (CPU adapters such as lavapipe, where workgroup memory is ordinary memory reached
+//   by a scalar loop over the SIMD lanes and barriers split the shader into coroutines):
+//   each invocation reads its operands straight from the (cached) buffers, one kernel row
+//   (ci, ky) at a time, loading the input row segment its RN pixels need once for all KS
+//   taps.
+//
+// The register block is unrolled by the host (`micro_kernel_source` in conv2d.rs appends
+// `alias Acc`, `micro_step` or `row_step`, and `store_block`): compilers keep accumulators in
+// registers only under constant indices, and several (Mesa's among them) do not unroll loops
+// of this size.
+//
+// Entry `naive` (flag NAIVE): one output per invocation, no reuse; for benchmarks only.
+//
+// Weights come re-laid-out by the host as Wt[kp][mp] (K-major, Cout contiguous), zero padded
+// to multiples of TK and TM, so weight loads are vec4 wide and need no bounds checks.
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
 
 struct Params {
@@ -20,23 +38,27 @@ struct Params {
     h: u32,        // input height (before upsample)
     w: u32,        // input width (before upsample)
     cout: u32,
-    wo: u32,       // output width
+    ho: u32,
+    wo: u32,
     hin: u32,      // height the taps see (2h with upsample)
     win: u32,      // width the taps see (2w with upsample)
     pad_top: u32,
     pad_left: u32,
     ktot: u32,     // Cin * KS * KS
-    mpad: u32,     // row length of Wt (a multiple of TM)
-    npix: u32,     // Ho * Wo
+    mpad: u32,     // row length of Wt (a multiple of TM and of 4)
+    tiles_x: u32,  // pixel tiles per row of tiles
     ntiles: u32,   // pixel tiles per image
     mtiles: u32,   // Cout tiles
-    _pad0: u32,
-    _pad1: u32,
+    npix: u32,     // Ho * Wo
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<T>;
+#ifdef NAIVE
+@group(0) @binding(2) var<storage, read_write> wt: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read_write> wt: array<vec4<f32>>;
+#endif
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> affine: array<vec2<f32>>;
 @group(0) @binding(5) var<storage, read_write> res: array<T>;
@@ -52,25 +74,56 @@ fn activate(v: f32) -> f32 {
     }
 }
 
-// One input value of the im2col matrix: channel `ci` of image `nb` at tap position
-// (iy, ix) in the (upsampled) input frame; 0 outside the frame (zero padding).
-fn load_x(nb: u32, ci: u32, iy: i32, ix: i32, row_ok: bool) -> f32 {
-    let inside = row_ok && u32(iy) < p.hin && u32(ix) < p.win;
+// a / b for a < 2^22 through f32 (exact there). Integer division is a scalar loop on SIMD
+// CPUs, and compilers may recompute it after every barrier rather than keep it.
+fn div_small(a: u32, b: u32) -> u32 {
+    return u32((f32(a) + 0.5) / f32(b));
+}
+
+// k / KK and t / KS by multiply-shift, exact for k < 2^16 (the host checks Cin * KK).
+fn div_kk(k: u32) -> u32 {
+    if KK == 1u { return k; }
+    return (k * 58255u) >> 19u;
+}
+fn div_ks(t: u32) -> u32 {
+    if KS == 1u { return 0u; }
+    return (t * 11u) >> 5u;
+}
+
+// Scale and shift of the prologue for a channel plane (nb * Cin + ci).
+fn plane_affine(plane: u32, ok: bool) -> vec2<f32> {
+#ifdef PROLOGUE
+    return affine[select(0u, plane, ok)];
+#else
+    return vec2<f32>(1.0, 0.0);
+#endif
+}
+
+// The input value at column ix of the (upsampled) frame in the row starting at x[rowbase];
+// 0 outside the frame or when !ok. The index is clamped, so the load is always valid.
+fn xrow(rowbase: u32, ix: i32, ok: bool, ss: vec2<f32>) -> f32 {
+    let inside = ok && u32(ix) < p.win;
 #ifdef UPSAMPLE
-    let sy = u32(iy) >> 1u;
     let sx = u32(ix) >> 1u;
 #else
-    let sy = u32(iy);
     let sx = u32(ix);
 #endif
-    // Clamped index: always a valid load, the select zeroes padded taps.
-    let idx = select(0u, ((nb * p.cin + ci) * p.h + sy) * p.w + sx, inside);
-    var v = f32(x[idx]);
+    var v = f32(x[select(0u, rowbase + sx, inside)]);
 #ifdef PROLOGUE
-    let ss = affine[select(0u, nb * p.cin + ci, inside)];
     v = activate(v * ss.x + ss.y);
 #endif
     return select(0.0, v, inside);
+}
+
+// Row `iy` of the (upsampled) frame of a channel plane: (offset of the row in x, inside).
+fn xrow_base(plane: u32, iy: i32, ok: bool) -> vec2<u32> {
+    let inside = ok && u32(iy) < p.hin;
+#ifdef UPSAMPLE
+    let sy = u32(iy) >> 1u;
+#else
+    let sy = u32(iy);
+#endif
+    return vec2<u32>(select(0u, (plane * p.h + sy) * p.w, inside), u32(inside));
 }
 
 fn epilogue(nb: u32, m: u32, pix: u32, acc: f32) -> f32 {
@@ -100,117 +153,127 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let ix0 = i32(ox * STRIDE) - i32(p.pad_left);
     var acc = 0.0;
     for (var ci = 0u; ci < p.cin; ci++) {
+        let plane = nb * p.cin + ci;
+        let ss = plane_affine(plane, true);
         for (var t = 0u; t < KK; t++) {
-            let kg = ci * KK + t;
-            let wv = wt[(kg * p.mpad + m) / 4u][m % 4u];
-            acc += wv * load_x(nb, ci, iy0 + i32(t / KS), ix0 + i32(t % KS), true);
+            let row = xrow_base(plane, iy0 + i32(t / KS), true);
+            let wv = wt[(ci * KK + t) * p.mpad + m];
+            acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
     out[(nb * p.cout + m) * p.npix + pix] = T(epilogue(nb, m, pix, acc));
 }
 #else
 
-const TM4 = TM / 4u;
-const TN4 = TN / 4u;
 const RM4 = RM / 4u;
 const RN4 = RN / 4u;
-const WG = (TM / RM) * (TN / RN);
-// Invocations along the pixel dimension of the output tile.
-const WGN = TN / RN;
-// Rows of the X tile one pass of the whole workgroup loads (4 pixels per invocation).
-const XROWS = WG / TN4;
+const TH = TN / TW;
+const TW_SHIFT = countTrailingZeros(TW);
+const WGN = TN / RN;             // invocations along the pixel dimension
+const WG = (TM / RM) * WGN;
+
+// acc[o + c * RN4] += a[c] * b: a 4 x 4 outer product (4 channels x 4 pixels).
+fn outer4(acc: ptr<function, Acc>, o: u32, a: vec4<f32>, b: vec4<f32>) {
+    (*acc)[o] += a.x * b;
+    (*acc)[o + RN4] += a.y * b;
+    (*acc)[o + 2u * RN4] += a.z * b;
+    (*acc)[o + 3u * RN4] += a.w * b;
+}
+
+// Writes 4 consecutive pixels (oy, ox..ox+3) of output channel m.
+fn store4(nb: u32, m: u32, oy: u32, ox: u32, v: vec4<f32>) {
+    if m >= p.cout || oy >= p.ho { return; }
+    let pix = oy * p.wo + ox;
+    let base = (nb * p.cout + m) * p.npix + pix;
+    if ox < p.wo { out[base] = T(epilogue(nb, m, pix, v.x)); }
+    if ox + 1u < p.wo { out[base + 1u] = T(epilogue(nb, m, pix + 1u, v.y)); }
+    if ox + 2u < p.wo { out[base + 2u] = T(epilogue(nb, m, pix + 2u, v.z)); }
+    if ox + 3u < p.wo { out[base + 3u] = T(epilogue(nb, m, pix + 3u, v.w)); }
+}
+
+#ifndef DIRECT
+const TM4 = TM / 4u;
+const TN4 = TN / 4u;
+const TM4_SHIFT = countTrailingZeros(TM4);
+const TN4_SHIFT = countTrailingZeros(TN4);
 
 var<workgroup> a_tile: array<vec4<f32>, TK * TM4>;   // [k][m / 4]
 var<workgroup> b_tile: array<vec4<f32>, TK * TN4>;   // [k][n / 4]
+#endif
 
 @compute @workgroup_size(WG)
 fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
     let tile = wg.x + wg.y * nwg.x;
     if tile >= p.ntiles { return; }   // uniform over the workgroup
-    let nb = wg.z / p.mtiles;
-    let m0 = (wg.z % p.mtiles) * TM;
-    let p0 = tile * TN;
+    let nb = div_small(wg.z, p.mtiles);
+    let m0 = (wg.z - nb * p.mtiles) * TM;
+    let ty = div_small(tile, p.tiles_x);
+    let oy0 = ty * TH;
+    let ox0 = (tile - ty * p.tiles_x) * TW;
+    let mpad4 = p.mpad >> 2u;
+    // This invocation's block: channels m..m + RM, RN / 4 groups of 4 pixels of a row.
+    let m = m0 + (li / WGN) * RM;
 
-    // This invocation's output block: RM rows x RN pixels.
-    let tm = li / WGN;
-    let tn = li % WGN;
-
-    // This invocation's share of the X tile: 4 consecutive pixels, rows xr, xr + XROWS, ...
-    // Their positions are fixed for the whole K loop: decode them once.
-    let xn4 = li % TN4;
-    let xr = li / TN4;
-    var iy0: array<i32, 4>;
-    var ix0: array<i32, 4>;
-    for (var j = 0u; j < 4u; j++) {
-        let pix = p0 + xn4 * 4u + j;
-        let oy = pix / p.wo;
-        let ox = pix % p.wo;
-        // Pixels past the end get a position outside every tap window.
-        iy0[j] = select(-0x4000000, i32(oy * STRIDE) - i32(p.pad_top), pix < p.npix);
-        ix0[j] = i32(ox * STRIDE) - i32(p.pad_left);
+    var acc: Acc;
+#ifdef DIRECT
+    // Pixels (oy, ox..ox + RN): one row segment, so the taps share input values.
+    let n0 = (li % WGN) * RN;
+    let nstep = 4u;
+    let oy = oy0 + (n0 >> TW_SHIFT);
+    let ox = ox0 + (n0 & (TW - 1u));
+    let iy0 = i32(oy * STRIDE) - i32(p.pad_top);
+    let ix0 = i32(ox * STRIDE) - i32(p.pad_left);
+    // Rows past the bottom edge read nothing; columns past the right edge are computed but
+    // never stored.
+    let rows_ok = oy < p.ho;
+    for (var ci = 0u; ci < p.cin; ci++) {
+        let plane = nb * p.cin + ci;
+        let ss = plane_affine(plane, true);
+        for (var ky = 0u; ky < KS; ky++) {
+            let row = xrow_base(plane, iy0 + i32(ky), rows_ok);
+            row_step(&acc, (ci * KK + ky * KS) * mpad4 + (m >> 2u), row.x, row.y != 0u, ix0, ss);
+        }
     }
-
-    var acc: array<vec4<f32>, RM * RN4>;
-    for (var i = 0u; i < RM * RN4; i++) { acc[i] = vec4<f32>(0.0); }
-
-    let mpad4 = p.mpad / 4u;
+#else
+    // Pixel groups (li % WGN) + j * WGN of the tile.
+    let n0 = (li % WGN) * 4u;
+    let nstep = WGN * 4u;
     for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
-        // W tile: contiguous vec4 rows of the padded weights (no bounds checks needed).
-        for (var r = 0u; r < (TK * TM4 + WG - 1u) / WG; r++) {
-            let idx = li + r * WG;
-            if idx < TK * TM4 {
-                let row = idx / TM4;
-                let col = idx % TM4;
-                a_tile[idx] = wt[(k0 + row) * mpad4 + m0 / 4u + col];
-            }
+        // Weight tile: vec4 rows of the padded weights.
+        for (var idx = li; idx < TK * TM4; idx += WG) {
+            a_tile[idx] = wt[(k0 + (idx >> TM4_SHIFT)) * mpad4 + (m0 >> 2u) + (idx & (TM4 - 1u))];
         }
-        // X tile: im2col on the fly.
-        for (var r = 0u; r < TK / XROWS; r++) {
-            let row = xr + r * XROWS;
-            let kg = k0 + row;
-            let ci = kg / KK;
-            let t = kg % KK;
-            let ky = i32(t / KS);
-            let kx = i32(t % KS);
-            let row_ok = kg < p.ktot;
-            var v: vec4<f32>;
-            for (var j = 0u; j < 4u; j++) {
-                v[j] = load_x(nb, ci, iy0[j] + ky, ix0[j] + kx, row_ok);
-            }
-            b_tile[row * TN4 + xn4] = v;
+        // Input tile, im2col on the fly: 4 pixels of one output row per element.
+        for (var idx = li; idx < TK * TN4; idx += WG) {
+            let kg = k0 + (idx >> TN4_SHIFT);
+            let ci = div_kk(kg);
+            let t = kg - ci * KK;
+            let ky = div_ks(t);
+            let kx = t - ky * KS;
+            let plane = nb * p.cin + ci;
+            let ok = kg < p.ktot;
+            let ss = plane_affine(plane, ok);
+            let pn = (idx & (TN4 - 1u)) * 4u;
+            let py = oy0 + (pn >> TW_SHIFT);
+            let px = ox0 + (pn & (TW - 1u));
+            let row = xrow_base(plane, i32(py * STRIDE + ky) - i32(p.pad_top), ok && py < p.ho);
+            let ix = i32(px * STRIDE + kx) - i32(p.pad_left);
+            let s = i32(STRIDE);
+            let rok = row.y != 0u;
+            b_tile[idx] = vec4<f32>(xrow(row.x, ix, rok, ss), xrow(row.x, ix + s, rok, ss),
+                                    xrow(row.x, ix + 2 * s, rok, ss), xrow(row.x, ix + 3 * s, rok, ss));
         }
         workgroupBarrier();
-
-        for (var kk = 0u; kk < TK; kk++) {
-            var a: array<vec4<f32>, RM4>;
-            var b: array<vec4<f32>, RN4>;
-            for (var i = 0u; i < RM4; i++) { a[i] = a_tile[kk * TM4 + tm * RM4 + i]; }
-            for (var j = 0u; j < RN4; j++) { b[j] = b_tile[kk * TN4 + tn * RN4 + j]; }
-            for (var i = 0u; i < RM4; i++) {
-                for (var c = 0u; c < 4u; c++) {
-                    for (var j = 0u; j < RN4; j++) {
-                        let o = (i * 4u + c) * RN4 + j;
-                        acc[o] = fma(vec4<f32>(a[i][c]), b[j], acc[o]);
-                    }
-                }
-            }
+        let am = (li / WGN) * RM4;
+        let bn = li % WGN;
+        for (var kk = 0u; kk < TK; kk += 2u) {
+            micro_step(&acc, kk * TM4 + am, kk * TN4 + bn);
+            micro_step(&acc, (kk + 1u) * TM4 + am, (kk + 1u) * TN4 + bn);
         }
         workgroupBarrier();
     }
-
-    for (var i = 0u; i < RM; i++) {
-        let m = m0 + tm * RM + i;
-        if m >= p.cout { break; }
-        let obase = (nb * p.cout + m) * p.npix;
-        for (var j = 0u; j < RN4; j++) {
-            for (var c = 0u; c < 4u; c++) {
-                let pix = p0 + tn * RN + j * 4u + c;
-                if pix < p.npix {
-                    out[obase + pix] = T(epilogue(nb, m, pix, acc[i * RN4 + j][c]));
-                }
-            }
-        }
-    }
+#endif
+    store_block(&acc, nb, m, oy0, ox0, n0, nstep);
 }
 #endif

@@ -3,9 +3,11 @@
 //! prologue, bias and a residual add fused in.
 //!
 //! GEMM view: M = Cout, N = output pixels of one image, K = Cin * k * k. Each workgroup
-//! computes a TM x TN output tile, stepping through K by TK with both operand tiles staged in
-//! workgroup memory (the input one built im2col-style while loading), and each invocation
-//! accumulates an RM x RN register block in f32.
+//! computes a TM x TN output tile and each invocation accumulates an RM x RN register block
+//! in f32. On GPUs both operand tiles are staged in workgroup memory TK reduction steps at a
+//! time (the input one built im2col-style while loading); on CPU adapters (lavapipe) the
+//! invocations read their operands directly (see [`ConvTiles::direct`] for why).
+//! The register block is unrolled on the host ([`micro_kernel_source`]).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -29,6 +31,7 @@ pub struct Params {
     pub h: u32,
     pub w: u32,
     pub cout: u32,
+    pub ho: u32,
     pub wo: u32,
     pub hin: u32,
     pub win: u32,
@@ -36,11 +39,10 @@ pub struct Params {
     pub pad_left: u32,
     pub ktot: u32,
     pub mpad: u32,
-    pub npix: u32,
+    pub tiles_x: u32,
     pub ntiles: u32,
     pub mtiles: u32,
-    pub _pad0: u32,
-    pub _pad1: u32,
+    pub npix: u32,
 }
 
 // input, weights, bias, affine, residual, out. Absent optional operands are bound to a
@@ -54,7 +56,8 @@ const BINDINGS: &[BindingKind] = &[
     BindingKind::ReadWrite,
 ];
 
-pub const TILED: KernelSpec = KernelSpec {
+/// The tiled kernel; its source gets the unrolled register block appended (see [`tiled_spec`]).
+const TILED: KernelSpec = KernelSpec {
     family: "conv2d",
     source: SOURCE,
     entry: "conv2d",
@@ -93,19 +96,25 @@ impl Conv2dOptions {
 }
 
 /// Tile shape of the implicit GEMM: pipeline-key constants a device may choose.
-/// The workgroup has (tm / rm) * (tn / rn) invocations.
+/// A workgroup computes `tm` output channels x `tn` output pixels (a `tn / tw` x `tw` patch),
+/// with `(tm / rm) * (tn / rn)` invocations each holding an `rm` x `rn` register block.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct ConvTiles {
     /// Output channels per workgroup tile.
     pub tm: u32,
     /// Output pixels per workgroup tile.
     pub tn: u32,
-    /// Reduction (Cin * k * k) step per shared-memory stage.
+    /// Width of the pixel patch (a power of two dividing `tn`).
+    pub tw: u32,
+    /// Reduction (Cin * k * k) step per workgroup-memory stage (even; unused when `direct`).
     pub tk: u32,
     /// Output channels per invocation (multiple of 4).
     pub rm: u32,
-    /// Output pixels per invocation (multiple of 4).
+    /// Output pixels per invocation, along one output row (multiple of 4 dividing `tw`).
     pub rn: u32,
+    /// Invocations read their operands straight from the buffers instead of workgroup-memory
+    /// tiles (for CPU adapters, where workgroup memory is no faster and barriers are costly).
+    pub direct: bool,
 }
 
 impl ConvTiles {
@@ -116,24 +125,41 @@ impl ConvTiles {
 
     /// Bytes of workgroup memory the tiles use.
     pub fn shared_bytes(&self) -> u32 {
-        self.tk * (self.tm + self.tn) * 4
+        if self.direct {
+            0
+        } else {
+            self.tk * (self.tm + self.tn) * 4
+        }
     }
 
     /// Checks the divisibility rules of the shader and the device limits.
     pub fn check(&self, caps: &Capabilities) -> Result<()> {
-        let ConvTiles { tm, tn, tk, rm, rn } = *self;
+        let ConvTiles {
+            tm,
+            tn,
+            tw,
+            tk,
+            rm,
+            rn,
+            direct,
+        } = *self;
         let bad = |why: &str| Err(Error::Unsupported(format!("conv2d tiles {self:?}: {why}")));
-        if rm == 0 || rn == 0 || tk == 0 || rm % 4 != 0 || rn % 4 != 0 {
-            return bad("rm, rn must be positive multiples of 4, tk positive");
+        if rm == 0 || rn == 0 || rm % 4 != 0 || rn % 4 != 0 {
+            return bad("rm and rn must be positive multiples of 4");
+        }
+        if !direct && (tk == 0 || tk % 2 != 0) {
+            return bad("tk must be positive and even");
         }
         if tm % rm != 0 || tn % rn != 0 {
             return bad("tm must be a multiple of rm and tn of rn");
         }
-        let wg = self.workgroup_size();
-        let tn4 = tn / 4;
-        if wg % tn4 != 0 || tk % (wg / tn4) != 0 {
-            return bad("the workgroup must load whole rows of the input tile (wg % (tn/4) == 0, tk % (wg / (tn/4)) == 0)");
+        if !tw.is_power_of_two() || tn % tw != 0 || tw % rn != 0 {
+            return bad("tw must be a power of two dividing tn, and a multiple of rn");
         }
+        if !direct && (!(tm / 4).is_power_of_two() || !(tn / 4).is_power_of_two()) {
+            return bad("tm / 4 and tn / 4 must be powers of two");
+        }
+        let wg = self.workgroup_size();
         if wg > caps.max_compute_invocations_per_workgroup {
             return bad("workgroup larger than the device allows");
         }
@@ -145,26 +171,175 @@ impl ConvTiles {
 
     /// The default tiles for a layer on a device.
     pub fn for_layer(caps: &Capabilities, cout: usize, _k: usize) -> ConvTiles {
-        let _ = caps;
-        if cout <= 16 {
+        let small = cout <= 16;
+        if caps.is_cpu() {
+            // CPU adapters (lavapipe): a workgroup runs on one CPU thread, invocations are
+            // SIMD lanes, and every workgroup-memory access is a scalar loop over the lanes;
+            // large register blocks fed directly from the (cached) buffers do best.
+            // Measured on lavapipe (Mesa 22.3, 2 cores): 16 x 16 blocks reach ~12.5 GFLOP
+            // per CPU-second at 3x3, 32 x 16 ~14 but compile 3-4x longer (~10 s cold).
+            if small {
+                ConvTiles {
+                    tm: 4,
+                    tn: 256,
+                    tw: 32,
+                    tk: 0,
+                    rm: 4,
+                    rn: 32,
+                    direct: true,
+                }
+            } else {
+                ConvTiles {
+                    tm: 64,
+                    tn: 64,
+                    tw: 32,
+                    tk: 0,
+                    rm: 16,
+                    rn: 16,
+                    direct: true,
+                }
+            }
+        } else if small {
             // conv_out (Cout = 3): narrow in M so few padded rows are computed.
             ConvTiles {
                 tm: 4,
-                tn: 128,
+                tn: 256,
+                tw: 32,
                 tk: 16,
                 rm: 4,
                 rn: 4,
+                direct: false,
+            }
+        } else if cout <= 64 {
+            ConvTiles {
+                tm: 64,
+                tn: 128,
+                tw: 32,
+                tk: 8,
+                rm: 8,
+                rn: 8,
+                direct: false,
             }
         } else {
             ConvTiles {
-                tm: 64,
-                tn: 64,
-                tk: 16,
+                tm: 128,
+                tn: 128,
+                tw: 32,
+                tk: 8,
                 rm: 8,
-                rn: 4,
+                rn: 8,
+                direct: false,
             }
         }
     }
+}
+
+/// The host-unrolled part of the tiled shader for a register block: `alias Acc`, the
+/// per-step body (`micro_step`: one reduction step from the workgroup tiles, or `row_step`:
+/// one kernel row (ci, ky) straight from the buffers) and `store_block` (the epilogue).
+/// Written out because WGSL compilers keep accumulators in registers only under constant
+/// indices, and several do not unroll loops this large.
+fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
+    use std::fmt::Write;
+    let (rm, rn) = (tiles.rm, tiles.rn);
+    let (rm4, rn4) = (rm / 4, rn / 4);
+    let mut s = String::new();
+    let _ = writeln!(
+        s,
+        "\n// Generated by conv2d.rs: {rm} x {rn} register block."
+    );
+    let _ = writeln!(s, "alias Acc = array<vec4<f32>, {}>;", rm * rn4);
+    if tiles.direct {
+        // The input row segment the RN pixels' KS taps read, loaded once for all taps.
+        let span = (rn - 1) * stride + ks;
+        s.push_str(
+            "fn row_step(acc: ptr<function, Acc>, w0: u32, rowbase: u32, ok: bool, ix: i32, ss: vec2<f32>) {\n",
+        );
+        for c in 0..span {
+            let _ = writeln!(s, "    let v{c} = xrow(rowbase, ix + {c}, ok, ss);");
+        }
+        for kx in 0..ks {
+            for i in 0..rm4 {
+                let _ = writeln!(
+                    s,
+                    "    let a{kx}_{i} = wt[w0 + {kx}u * (p.mpad >> 2u) + {i}u];"
+                );
+            }
+        }
+        for i in 0..rm4 {
+            for (c, cc) in ["x", "y", "z", "w"].iter().enumerate() {
+                for j in 0..rn4 {
+                    let terms: Vec<String> = (0..ks)
+                        .map(|kx| {
+                            let col = |q: u32| (4 * j + q) * stride + kx;
+                            format!(
+                                "a{kx}_{i}.{cc} * vec4<f32>(v{}, v{}, v{}, v{})",
+                                col(0),
+                                col(1),
+                                col(2),
+                                col(3)
+                            )
+                        })
+                        .collect();
+                    let o = (i * 4 + c as u32) * rn4 + j;
+                    let _ = writeln!(s, "    (*acc)[{o}] += {};", terms.join(" + "));
+                }
+            }
+        }
+    } else {
+        s.push_str("fn micro_step(acc: ptr<function, Acc>, ai: u32, bi: u32) {\n");
+        for i in 0..rm4 {
+            let _ = writeln!(s, "    let a{i} = a_tile[ai + {i}u];");
+        }
+        // The pixel groups of an invocation are WGN groups apart: neighbouring invocations
+        // read neighbouring vec4s (no bank conflicts).
+        for j in 0..rn4 {
+            let _ = writeln!(s, "    let b{j} = b_tile[bi + {j}u * WGN];");
+        }
+        for i in 0..rm4 {
+            for j in 0..rn4 {
+                let _ = writeln!(s, "    outer4(acc, {}u, a{i}, b{j});", i * 4 * rn4 + j);
+            }
+        }
+    }
+    s.push_str("}\n");
+    // Pixel group j of the block starts at tile pixel first + j * nstep.
+    s.push_str(
+        "fn store_block(acc: ptr<function, Acc>, nb: u32, m: u32, ty: u32, tx: u32, first: u32, nstep: u32) {\n",
+    );
+    for j in 0..rn4 {
+        let _ = writeln!(s, "    let g{j} = first + {j}u * nstep;");
+        let _ = writeln!(s, "    let oy{j} = ty + (g{j} >> TW_SHIFT);");
+        let _ = writeln!(s, "    let ox{j} = tx + (g{j} & (TW - 1u));");
+    }
+    for r in 0..rm {
+        for j in 0..rn4 {
+            let o = r * rn4 + j;
+            let _ = writeln!(s, "    store4(nb, m + {r}u, oy{j}, ox{j}, (*acc)[{o}]);");
+        }
+    }
+    s.push_str("}\n");
+    s
+}
+
+/// The tiled kernel's spec for tiles, kernel size and stride (the generated part of the
+/// source depends on them; each source is built once per process).
+fn tiled_spec(tiles: &ConvTiles, k: usize, stride: u32) -> KernelSpec {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    type Sources = HashMap<(u32, u32, bool, usize, u32), &'static str>;
+    static SOURCES: OnceLock<Mutex<Sources>> = OnceLock::new();
+    let mut map = SOURCES
+        .get_or_init(Default::default)
+        .lock()
+        .unwrap_or_else(|e| e.into_inner());
+    let shape = (tiles.rm, tiles.rn, tiles.direct, k, stride);
+    let source = *map.entry(shape).or_insert_with(|| {
+        // Leaked once per distinct shape: a handful per process.
+        let block = micro_kernel_source(tiles, k as u32, stride);
+        Box::leak(format!("{SOURCE}{block}").into_boxed_str())
+    });
+    KernelSpec { source, ..TILED }
 }
 
 /// Convolution weights on the device, re-laid-out once at load for the tiled kernel:
@@ -253,7 +428,8 @@ impl Conv2dWeights {
         }
         tiles.check(ctx.caps())?;
         let ktot = cin * k * k;
-        let kpad = ktot.div_ceil(tiles.tk as usize) * tiles.tk as usize;
+        let tk = tiles.tk.max(1) as usize;
+        let kpad = ktot.div_ceil(tk) * tk;
         let mpad = cout.div_ceil(tiles.tm as usize) * tiles.tm as usize;
         // [Cout, K] -> [Kp, Mp]: K-major so a tile row is Cout-contiguous (vec4 loads).
         let mut packed = vec![0.0f32; kpad * mpad];
@@ -406,14 +582,30 @@ fn plan(
     if same_memory(out, input) {
         return shape_err("out aliases the input".into());
     }
+    // The shader's multiply-shift division by k*k and its f32 division of tile indices are
+    // exact only below these bounds.
+    if (cin * w.k * w.k >= 1 << 16 && !w.tiles.direct) || n * w.cout >= 1 << 22 {
+        return Err(Error::Unsupported(format!(
+            "conv2d with {cin} input channels, batch {n} x {} output channels",
+            w.cout
+        )));
+    }
     let up = if opts.upsample { 2 } else { 1 };
     let npix = ho * wo;
     let t = w.tiles;
+    let tiles_x = wo.div_ceil(t.tw as usize);
+    let ntiles = tiles_x * ho.div_ceil((t.tn / t.tw) as usize);
+    if ntiles >= 1 << 22 {
+        return Err(Error::Unsupported(format!(
+            "conv2d output {ho}x{wo} is too large for one dispatch"
+        )));
+    }
     let params = Params {
         cin: cin as u32,
         h: h as u32,
         w: wd as u32,
         cout: w.cout as u32,
+        ho: ho as u32,
         wo: wo as u32,
         hin: (h * up) as u32,
         win: (wd * up) as u32,
@@ -421,11 +613,10 @@ fn plan(
         pad_left: opts.pad[1],
         ktot: (cin * w.k * w.k) as u32,
         mpad: w.mpad as u32,
-        npix: npix as u32,
-        ntiles: npix.div_ceil(t.tn as usize) as u32,
+        tiles_x: tiles_x as u32,
+        ntiles: ntiles as u32,
         mtiles: w.cout.div_ceil(t.tm as usize) as u32,
-        _pad0: 0,
-        _pad1: 0,
+        npix: npix as u32,
     };
     Ok(Plan {
         params,
@@ -464,12 +655,22 @@ fn tiled_key(
     bias: bool,
     residual: bool,
 ) -> PipelineKey {
-    base_key(&TILED, k, stride, upsample, act, bias, residual)
-        .constant("TM", format!("{}u", tiles.tm))
-        .constant("TN", format!("{}u", tiles.tn))
-        .constant("TK", format!("{}u", tiles.tk))
-        .constant("RM", format!("{}u", tiles.rm))
-        .constant("RN", format!("{}u", tiles.rn))
+    base_key(
+        &tiled_spec(&tiles, k, stride),
+        k,
+        stride,
+        upsample,
+        act,
+        bias,
+        residual,
+    )
+    .constant("TM", format!("{}u", tiles.tm))
+    .constant("TN", format!("{}u", tiles.tn))
+    .constant("TW", format!("{}u", tiles.tw))
+    .constant("TK", format!("{}u", tiles.tk))
+    .constant("RM", format!("{}u", tiles.rm))
+    .constant("RN", format!("{}u", tiles.rn))
+    .flag_if(tiles.direct, "DIRECT")
 }
 
 fn naive_key(
@@ -536,7 +737,7 @@ pub fn conv2d(
     })?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
     rec.dispatch(
-        &TILED,
+        &tiled_spec(&w.tiles, w.k, opts.stride),
         &key,
         &plan.params,
         &tensors,
@@ -651,24 +852,55 @@ pub fn cpu_conv2d(
     out
 }
 
+/// Capabilities of a typical device of a kind (GPU or CPU adapter), for listing the
+/// defaults [`ConvTiles::for_layer`] picks without such a device at hand.
+fn typical_caps(cpu: bool) -> Capabilities {
+    Capabilities {
+        adapter_name: String::new(),
+        backend: wgpu::Backend::Vulkan,
+        device_type: if cpu {
+            wgpu::DeviceType::Cpu
+        } else {
+            wgpu::DeviceType::DiscreteGpu
+        },
+        driver: String::new(),
+        driver_info: String::new(),
+        shader_f16: false,
+        timestamp_query: false,
+        timestamp_inside_passes: false,
+        subgroup: false,
+        max_storage_buffer_binding_size: 1 << 27,
+        max_buffer_size: 1 << 30,
+        max_compute_workgroup_storage_size: 32 << 10,
+        max_compute_invocations_per_workgroup: 1024,
+        max_compute_workgroups_per_dimension: 65535,
+        max_storage_buffers_per_shader_stage: 8,
+        min_storage_buffer_offset_alignment: 256,
+        min_uniform_buffer_offset_alignment: 256,
+        max_uniform_buffer_binding_size: 1 << 16,
+    }
+}
+
+/// Every tile set [`ConvTiles::for_layer`] picks, on GPUs and on CPU adapters.
+fn default_tile_sets() -> Vec<ConvTiles> {
+    let mut sets = Vec::new();
+    for cpu in [false, true] {
+        for cout in [3, 64, 512] {
+            for k in [1, 3] {
+                let t = ConvTiles::for_layer(&typical_caps(cpu), cout, k);
+                if !sets.contains(&t) {
+                    sets.push(t);
+                }
+            }
+        }
+    }
+    sets
+}
+
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    let tile_sets = [
-        ConvTiles {
-            tm: 64,
-            tn: 64,
-            tk: 16,
-            rm: 8,
-            rn: 4,
-        },
-        ConvTiles {
-            tm: 4,
-            tn: 128,
-            tk: 16,
-            rm: 4,
-            rn: 4,
-        },
-    ];
+    // Every default the engine picks, on GPUs and on CPU adapters.
+    let tile_sets = default_tile_sets();
     let acts = [
         None,
         Some(Activation::None),
@@ -681,9 +913,9 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                 for act in acts {
                     for bias in [false, true] {
                         for residual in [false, true] {
-                            for tiles in tile_sets {
+                            for &tiles in &tile_sets {
                                 v.push((
-                                    TILED,
+                                    tiled_spec(&tiles, k, stride),
                                     tiled_key(tiles, k, stride, upsample, act, bias, residual),
                                 ));
                             }
@@ -702,7 +934,28 @@ mod tests {
     use super::*;
     use crate::testing::{assert_close, rand_vec, test_context};
 
+    /// Small tiles of both kinds: they compile fast on lavapipe and put tile edges everywhere.
+    const SMALL_DIRECT: ConvTiles = ConvTiles {
+        tm: 8,
+        tn: 16,
+        tw: 8,
+        tk: 0,
+        rm: 4,
+        rn: 4,
+        direct: true,
+    };
+    const SMALL_SHARED: ConvTiles = ConvTiles {
+        tm: 8,
+        tn: 32,
+        tw: 8,
+        tk: 4,
+        rm: 4,
+        rn: 4,
+        direct: false,
+    };
+
     /// One GPU-vs-CPU comparison. Tolerance: |got - want| <= 1e-4 + 1e-4 |want| (f32).
+    #[derive(Clone, Copy)]
     struct Case {
         n: usize,
         cin: usize,
@@ -716,6 +969,8 @@ mod tests {
         residual: bool,
         in_place: bool,
         naive: bool,
+        /// `None`: the tiles the engine picks for the test device.
+        tiles: Option<ConvTiles>,
     }
 
     impl Case {
@@ -733,6 +988,18 @@ mod tests {
                 residual: false,
                 in_place: false,
                 naive: false,
+                tiles: None,
+            }
+        }
+
+        /// Runs the case with the small tiles of both kinds.
+        fn run_small(self, seed: u64) {
+            for tiles in [SMALL_DIRECT, SMALL_SHARED] {
+                Case {
+                    tiles: Some(tiles),
+                    ..self
+                }
+                .run(seed);
             }
         }
 
@@ -748,11 +1015,11 @@ mod tests {
                 ..
             } = *self;
             let what = format!(
-                "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {}",
-                self.opts, self.bias, self.act, self.residual, self.in_place, self.naive
+                "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {} tiles {:?}",
+                self.opts, self.bias, self.act, self.residual, self.in_place, self.naive, self.tiles
             );
             let x = rand_vec(n * cin * h * w, seed, 1.0);
-            // Weights scaled like a trained layer so sums stay O(1).
+            // Weights scaled like a trained layer's so sums stay O(1).
             let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
             let wv = rand_vec(cout * cin * k * k, seed + 1, wscale);
             let bv = rand_vec(cout, seed + 2, 0.5);
@@ -775,15 +1042,13 @@ mod tests {
             );
 
             let xt = Tensor::from_f32(&ctx, &[n, cin, h, w], &x, "x").unwrap();
-            let weights = Conv2dWeights::from_pytorch(
-                &ctx,
-                &wv,
-                cout,
-                cin,
-                k,
-                self.bias.then_some(&bv[..]),
-                "w",
-            )
+            let bias = self.bias.then_some(&bv[..]);
+            let weights = match self.tiles {
+                Some(t) => {
+                    Conv2dWeights::from_pytorch_with_tiles(&ctx, &wv, cout, cin, k, bias, t, "w")
+                }
+                None => Conv2dWeights::from_pytorch(&ctx, &wv, cout, cin, k, bias, "w"),
+            }
             .unwrap();
             let at = Tensor::from_f32(&ctx, &[n, cin, 2], &aff, "affine").unwrap();
             let rt = Tensor::from_f32(&ctx, &[n, cout, ho, wo], &rv, "res").unwrap();
@@ -795,17 +1060,11 @@ mod tests {
             let prologue = self.act.map(|act| Prologue { affine: &at, act });
             let residual = self.residual.then_some(&rt);
             let mut rec = Recorder::new(&ctx);
-            if self.naive {
-                conv2d_naive(
-                    &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
-                )
-                .unwrap();
-            } else {
-                conv2d(
-                    &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
-                )
-                .unwrap();
-            }
+            let f = if self.naive { conv2d_naive } else { conv2d };
+            f(
+                &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
+            )
+            .unwrap();
             assert_eq!(rec.labels()[0].macs, macs(n, cin, cout, ho, wo, k));
             rec.submit().unwrap();
             assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-4, 1e-4, &what);
@@ -814,29 +1073,29 @@ mod tests {
 
     #[test]
     fn conv3x3_odd_shapes_match_cpu() {
-        Case::new(1, 3, 7, 5, 4, 3).run(1);
-        Case::new(2, 37, 19, 23, 67, 3).run(2);
+        Case::new(1, 3, 7, 5, 4, 3).run_small(1);
+        Case::new(2, 37, 19, 23, 67, 3).run_small(2);
         Case {
             bias: false,
             ..Case::new(1, 64, 9, 11, 67, 3)
         }
-        .run(3);
+        .run_small(3);
     }
 
     #[test]
     fn conv1x1_odd_shapes_match_cpu() {
-        Case::new(1, 64, 9, 11, 67, 1).run(4);
+        Case::new(1, 64, 9, 11, 67, 1).run_small(4);
         Case {
             bias: false,
             ..Case::new(2, 37, 19, 23, 5, 1)
         }
-        .run(5);
-        Case::new(1, 3, 7, 5, 4, 1).run(6);
+        .run_small(5);
+        Case::new(1, 3, 7, 5, 4, 1).run_small(6);
     }
 
     #[test]
     fn stride2_and_asymmetric_padding_match_cpu() {
-        // The VAE encoder's downsampling conv: pad (0, 0, 1, 1), stride 2.
+        // The VAE encoder's downsampling conv: pad (top 0, left 0, bottom 1, right 1), stride 2.
         let enc = Conv2dOptions {
             stride: 2,
             pad: [0, 0, 1, 1],
@@ -846,12 +1105,7 @@ mod tests {
             opts: enc,
             ..Case::new(2, 37, 19, 23, 67, 3)
         }
-        .run(7);
-        Case {
-            opts: enc,
-            ..Case::new(1, 16, 8, 8, 16, 3)
-        }
-        .run(8);
+        .run_small(7);
         let sym = Conv2dOptions {
             stride: 2,
             pad: [1; 4],
@@ -859,9 +1113,10 @@ mod tests {
         };
         Case {
             opts: sym,
+            bias: false,
             ..Case::new(1, 5, 9, 12, 7, 3)
         }
-        .run(9);
+        .run_small(9);
         let one = Conv2dOptions {
             stride: 2,
             pad: [0; 4],
@@ -871,7 +1126,18 @@ mod tests {
             opts: one,
             ..Case::new(1, 6, 9, 11, 10, 1)
         }
-        .run(10);
+        .run_small(10);
+        // Asymmetric padding at stride 1 (wider on the left and bottom).
+        let asym = Conv2dOptions {
+            stride: 1,
+            pad: [0, 2, 1, 0],
+            upsample: false,
+        };
+        Case {
+            opts: asym,
+            ..Case::new(1, 6, 8, 9, 5, 3)
+        }
+        .run_small(8);
     }
 
     #[test]
@@ -884,7 +1150,7 @@ mod tests {
             opts: up,
             ..Case::new(2, 37, 7, 9, 67, 3)
         }
-        .run(11);
+        .run_small(11);
         let up1 = Conv2dOptions {
             upsample: true,
             ..Conv2dOptions::same(1)
@@ -893,7 +1159,7 @@ mod tests {
             opts: up1,
             ..Case::new(1, 6, 5, 3, 9, 1)
         }
-        .run(12);
+        .run_small(12);
     }
 
     #[test]
@@ -906,9 +1172,9 @@ mod tests {
                 act: Some(act),
                 ..Case::new(2, 37, 9, 13, 67, 3)
             }
-            .run(20 + i as u64);
+            .run_small(20 + i as u64);
         }
-        // Prologue with upsample and padding: padded taps stay 0 after the transform.
+        // With upsample and padding: padded taps stay exactly 0 after the transform.
         let up = Conv2dOptions {
             upsample: true,
             ..Conv2dOptions::same(3)
@@ -918,7 +1184,7 @@ mod tests {
             opts: up,
             ..Case::new(1, 8, 5, 6, 12, 3)
         }
-        .run(24);
+        .run_small(24);
     }
 
     #[test]
@@ -927,32 +1193,91 @@ mod tests {
             residual: true,
             ..Case::new(2, 37, 19, 23, 67, 3)
         }
-        .run(30);
-        Case {
+        .run_small(30);
+        let in_place = Case {
             residual: true,
             in_place: true,
-            act: Some(Activation::Silu),
             ..Case::new(1, 64, 9, 11, 67, 3)
-        }
-        .run(31);
+        };
         Case {
-            residual: true,
-            in_place: true,
+            act: Some(Activation::Silu),
+            ..in_place
+        }
+        .run_small(31);
+        Case {
+            bias: false,
+            k: 1,
+            opts: Conv2dOptions::same(1),
+            ..in_place
+        }
+        .run_small(32);
+    }
+
+    #[test]
+    fn engine_default_tiles_match_cpu() {
+        // What the engine picks for the test device (lavapipe: direct, 16 x 16 blocks).
+        Case::new(2, 37, 19, 23, 67, 3).run(40);
+        Case {
             bias: false,
             ..Case::new(1, 64, 9, 11, 67, 1)
         }
-        .run(32);
+        .run(41);
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        let block = Case {
+            act: Some(Activation::Silu),
+            residual: true,
+            in_place: true,
+            opts: up,
+            ..Case::new(1, 40, 9, 21, 36, 3)
+        };
+        block.run(42);
+    }
+
+    #[test]
+    fn gpu_default_tiles_match_cpu() {
+        // What the engine picks on GPUs (workgroup-memory tiles), run here too.
+        let gpu = typical_caps(false);
+        let big = ConvTiles::for_layer(&gpu, 512, 3);
+        Case {
+            tiles: Some(big),
+            ..Case::new(2, 37, 19, 23, 67, 3)
+        }
+        .run(43);
+        let enc = Conv2dOptions {
+            stride: 2,
+            pad: [0, 0, 1, 1],
+            upsample: false,
+        };
+        let mid = ConvTiles::for_layer(&gpu, 64, 3);
+        Case {
+            tiles: Some(mid),
+            opts: enc,
+            act: Some(Activation::Relu),
+            residual: true,
+            ..Case::new(1, 20, 33, 35, 40, 3)
+        }
+        .run(44);
+        let small = ConvTiles::for_layer(&gpu, 3, 3);
+        Case {
+            tiles: Some(small),
+            act: Some(Activation::Silu),
+            ..Case::new(1, 64, 17, 19, 3, 3)
+        }
+        .run(45);
     }
 
     #[test]
     fn conv_out_three_channels_matches_cpu() {
-        // The VAE's conv_out: Cout = 3 with a GroupNorm + SiLU prologue.
+        // The VAE's conv_out: Cout = 3 after a GroupNorm + SiLU prologue.
         Case {
             act: Some(Activation::Silu),
             ..Case::new(1, 64, 17, 19, 3, 3)
         }
-        .run(40);
-        Case::new(2, 16, 9, 7, 3, 3).run(41);
+        .run(46);
+        Case::new(2, 16, 9, 7, 3, 3).run_small(47);
     }
 
     #[test]
@@ -975,6 +1300,17 @@ mod tests {
             ..Case::new(1, 6, 9, 11, 10, 3)
         }
         .run(51);
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        Case {
+            naive: true,
+            opts: up,
+            act: Some(Activation::Silu),
+            ..Case::new(1, 5, 4, 6, 7, 3)
+        }
+        .run(52);
     }
 
     #[test]
@@ -993,6 +1329,31 @@ mod tests {
         assert_eq!(output_size(64, 32, 3, &up), (128, 64));
         assert_eq!(output_size(7, 5, 1, &Conv2dOptions::same(1)), (7, 5));
         assert_eq!(macs(1, 512, 512, 64, 64, 3), 512 * 512 * 64 * 64 * 9);
+    }
+
+    #[test]
+    fn bad_tiles_are_rejected() {
+        let caps = typical_caps(false);
+        for t in default_tile_sets() {
+            t.check(&caps).unwrap();
+        }
+        let ok = SMALL_SHARED;
+        for bad in [
+            ConvTiles { rm: 6, ..ok },
+            ConvTiles { tk: 3, ..ok },
+            ConvTiles { tw: 12, ..ok },
+            ConvTiles { tm: 12, ..ok },
+            ConvTiles {
+                tm: 4096,
+                rm: 4,
+                ..ok
+            },
+        ] {
+            assert!(
+                matches!(bad.check(&caps), Err(Error::Unsupported(_))),
+                "{bad:?}"
+            );
+        }
     }
 
     #[test]
@@ -1047,7 +1408,10 @@ mod tests {
         // Output aliasing the input.
         let w33 =
             Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 3 * 3 * 9], 3, 3, 3, None, "w").unwrap();
-        assert!(is_shape(conv2d(&mut rec, &x, &w33, None, None, &x, &opts)));
+        let x33 = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::F32, "x33").unwrap();
+        assert!(is_shape(conv2d(
+            &mut rec, &x33, &w33, None, None, &x33, &opts
+        )));
         // Bad weights.
         assert!(matches!(
             Conv2dWeights::from_pytorch(&ctx, &[0.0; 10], 4, 3, 3, None, "w"),
