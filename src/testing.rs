@@ -66,3 +66,21 @@ pub fn shared_dir() -> Option<std::path::PathBuf> {
         None
     }
 }
+
+/// PSNR in dB between two 8-bit images of equal size.
+pub fn psnr(a: &[u8], b: &[u8]) -> f64 {
+    let mse = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| (*x as f64 - *y as f64).powi(2))
+        .sum::<f64>()
+        / a.len() as f64;
+    10.0 * (255.0f64 * 255.0 / mse).log10()
+}
+
+/// RGB bytes of packed RGBA8 pixels.
+pub fn rgb_of(rgba: &[u8]) -> Vec<u8> {
+    rgba.chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect()
+}

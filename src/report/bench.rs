@@ -4,10 +4,9 @@
 use std::path::Path;
 use std::time::{SystemTime, UNIX_EPOCH};
 
-use plotters::prelude::*;
 use serde::Serialize;
 
-use super::{write, MIB};
+use super::{line_chart, write, MIB};
 use crate::decode::{decode, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
@@ -193,55 +192,6 @@ pub fn run_decode_bench(
     Ok(rows)
 }
 
-fn svg(path: &Path, title: &str, y_desc: &str, series: &[(&str, Vec<(f64, f64)>)]) -> Result<()> {
-    let err = |e: String| Error::BadFile {
-        path: path.to_path_buf(),
-        message: format!("could not draw the plot: {e}"),
-    };
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let pts = series
-        .iter()
-        .flat_map(|s| s.1.iter())
-        .filter(|p| p.1.is_finite());
-    let (xmax, ymax) = pts.fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..xmax.max(1e-3) * 1.1, 0.0..ymax.max(1e-3) * 1.1)
-        .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc("megapixels per image")
-        .y_desc(y_desc)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    for (i, (name, data)) in series.iter().enumerate() {
-        let color = [BLUE, RED, GREEN, MAGENTA][i % 4];
-        let data: Vec<(f64, f64)> = data.iter().copied().filter(|p| p.1.is_finite()).collect();
-        chart
-            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
-            .map_err(|e| err(e.to_string()))?
-            .label(name.to_string())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(|e| err(e.to_string()))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))
-}
-
 /// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.
 pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|source| Error::Io {
@@ -281,26 +231,26 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
     }
     write(&out.join("decode.md"), &md)?;
     let mp = |r: &BenchRow| (r.size * r.size) as f64 / 1e6;
-    svg(
+    line_chart(
         &out.join("decode_time.svg"),
         &format!("decode time on {}", meta.adapter),
-        "median ms",
+        ("megapixels per image", "median ms"),
         &[(
-            "median ms",
+            "median ms".into(),
             rows.iter().map(|r| (mp(r), r.median_ms)).collect(),
         )],
     )?;
-    svg(
+    line_chart(
         &out.join("decode_memory.svg"),
         &format!("decode memory ({})", meta.settings),
-        "MiB",
+        ("megapixels per image", "MiB"),
         &[
             (
-                "peak allocated",
+                "peak allocated".into(),
                 rows.iter().map(|r| (mp(r), r.peak_allocated_mib)).collect(),
             ),
             (
-                "peak reserved",
+                "peak reserved".into(),
                 rows.iter().map(|r| (mp(r), r.peak_reserved_mib)).collect(),
             ),
         ],

@@ -5,10 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use plotters::prelude::*;
 use serde::Serialize;
 
-use super::{write, MIB};
+use super::{line_chart, write, MIB};
 use crate::decode::estimate_decode;
 use crate::error::{Error, Result};
 use crate::gpu::Capabilities;
@@ -324,12 +323,6 @@ then fragments what is reused.\n"
 }
 
 fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
-    let err = |e: String| Error::BadFile {
-        path: path.to_path_buf(),
-        message: format!("could not draw the plot: {e}"),
-    };
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.model == model && r.op == "decode") {
         let mp = (r.size * r.size) as f64 / 1e6;
@@ -354,55 +347,13 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
             }
         }
     }
-    let ymax = series.values().flatten().map(|p| p.1).fold(0.0, f64::max) * 1.1;
-    let xmax = (2048.0 * 2048.0) / 1e6 * 1.05;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(
-            format!("{model} decode, float32: peak memory vs image size"),
-            ("sans-serif", 20),
-        )
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..xmax, 0.0..ymax)
-        .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc("megapixels")
-        .y_desc("MiB")
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    let palette = [
-        RED,
-        BLUE,
-        GREEN,
-        MAGENTA,
-        CYAN,
-        BLACK,
-        RGBColor(255, 140, 0),
-    ];
-    for (i, (name, pts)) in series.iter().enumerate() {
-        let color = palette[i % palette.len()];
-        chart
-            .draw_series(LineSeries::new(pts.clone(), color.stroke_width(2)))
-            .map_err(|e| err(e.to_string()))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(pts.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(|e| err(e.to_string()))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))?;
-    Ok(())
+    let series: Vec<(String, Vec<(f64, f64)>)> = series.into_iter().collect();
+    line_chart(
+        path,
+        &format!("{model} decode, float32: peak memory vs image size"),
+        ("megapixels", "MiB"),
+        &series,
+    )
 }
 
 /// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`.

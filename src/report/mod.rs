@@ -15,3 +15,69 @@ pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
 }
 
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;
+
+/// An SVG line chart with points and a legend; non-finite points are left out.
+pub(crate) fn line_chart(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    use plotters::prelude::*;
+    let err = |e: String| Error::BadFile {
+        path: path.to_path_buf(),
+        message: format!("could not draw the plot: {e}"),
+    };
+    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+    let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
+    let (xmax, ymax) = series
+        .iter()
+        .flat_map(|s| s.1.iter())
+        .filter(finite)
+        .fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
+    let mut chart = ChartBuilder::on(&root)
+        .caption(title, ("sans-serif", 20))
+        .margin(15)
+        .x_label_area_size(40)
+        .y_label_area_size(60)
+        .build_cartesian_2d(0.0..xmax.max(1e-3) * 1.05, 0.0..ymax.max(1e-3) * 1.1)
+        .map_err(|e| err(e.to_string()))?;
+    chart
+        .configure_mesh()
+        .x_desc(x_desc)
+        .y_desc(y_desc)
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    let palette = [
+        RED,
+        BLUE,
+        GREEN,
+        MAGENTA,
+        CYAN,
+        BLACK,
+        RGBColor(255, 140, 0),
+    ];
+    for (i, (name, data)) in series.iter().enumerate() {
+        let color = palette[i % palette.len()];
+        let data: Vec<(f64, f64)> = data.iter().filter(finite).copied().collect();
+        chart
+            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
+            .map_err(|e| err(e.to_string()))?
+            .label(name.clone())
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
+        chart
+            .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .map_err(|e| err(e.to_string()))?;
+    }
+    chart
+        .configure_series_labels()
+        .position(SeriesLabelPosition::UpperLeft)
+        .background_style(WHITE.mix(0.8))
+        .border_style(BLACK)
+        .draw()
+        .map_err(|e| err(e.to_string()))?;
+    root.present().map_err(|e| err(e.to_string()))
+}
