@@ -1,39 +1,92 @@
-// Single-head softmax attention, flash style (online softmax, O(T) memory),
-// channel-major (NCHW-native) layout:
-//   q, k, v, out [N, d, T];  out[:, :, i] = sum_j softmax_j(q_i . k_j * scale) v_j
+// Flash attention (online softmax, O(T) memory) for every attention wgvae
+// runs, plus the KV-cache append / int8 quantisation kernel.
 //
-// A workgroup owns BQ = 2 QG queries of one batch element (workgroup_id.y)
-// and has WG = QG * DS invocations. Invocation (qi, s) handles the 2 queries
-// qi and qi + QG and, for both, the channels
-// c = s + DS * t (t < DPT, so d <= DMAX = DS * DPT) of q (pre-scaled) and of
-// the output accumulator, all in registers. Per tile of BKV keys:
-//   1. the K tile [d][BKV] is staged in workgroup memory;
+// Sections (exactly one is compiled per variant):
+//   ATTENTION          entry `attention`: multi-head flash attention over
+//                      strided q / k / v / out, optional causal and
+//                      frame-window masks, f32 or (KV_INT8) int8 K/V.
+//   KV_APPEND          entry `kv_append`: copies new keys or values into a KV
+//                      cache, or (KV_INT8) quantises them to int8 on the way.
+//
+// ---------------------------------------------------------------------------
+// Layouts. Every tensor is addressed as a 4-D view [batch, head, token,
+// channel] through element strides in the uniforms, so one kernel serves
+//   - the VAE mid-block: channel-major [N, d, T] (one head; token stride 1,
+//     channel stride T), straight from the 1x1 convs;
+//   - transformers: token-major [B, T, H, d] or head-major [B, H, T, d];
+//   - KV caches: token-major [B, S, H, d] ring buffers (slots rotate).
+// q and out share strides; k and v share strides. int8 K/V are packed four
+// codes per u32 word (channel c in byte c % 4 of word c / 4, two's
+// complement), strides in words with the channel innermost, and one f32
+// scale per (batch, token, head) at index word_offset(b, h, t) / (d / 4),
+// i.e. the codes' layout without the channel axis.
+//
+// ---------------------------------------------------------------------------
+// The attention kernel. out[i] = sum_j softmax_j(q_i . k_j * scale) v_j over
+// the keys j < n_kv that query i sees:
+//   causal:        j <= q_pos0 + i (q_pos0: position of query 0 among keys);
+//   frame window:  with tokens_per_frame F, query frame fq = (q_pos0 + i) / F
+//                  sees key frame fk = j / F when fk < sink_frames or
+//                  fq - window_frames < fk <= fq (window_frames 0: all frames).
+// A workgroup owns BQ = 2 QG queries of one (batch, head) (workgroup_id.y =
+// b * heads + h) and has WG = QG * DS invocations. Invocation (qi, s) handles
+// queries qi and qi + QG and, for both, the channels c = s + DS * t
+// (t < DPT, so d <= DMAX = DS * DPT) of q (pre-scaled) and of the output
+// accumulator, in registers. The keys the block needs form at most two
+// ranges (the sink frames, the window of its frames, clipped by causality);
+// tiles outside them are never loaded. Per tile of BKV = 8 keys:
+//   1. the K tile [d][BKV] is staged in workgroup memory (int8: dequantised
+//      here, tile by tile; the cache is never expanded);
 //   2. each invocation dots its channel slices of its queries with the tile's
-//      keys (every shared vec4 load feeds 8 FMAs), writing partial dot
-//      products to `partial`;
-//   3. the DS partials of each (query, key) are summed into `scores`
-//      (out-of-range keys get -BIG), and the V tile replaces the K tile;
+//      keys (every shared vec4 load feeds 8 FMAs) into `partial`;
+//   3. the DS partials of each (query, key) are summed into `scores`; keys past
+//      the range, and (only in tiles not fully visible to the whole block)
+//      masked keys get -BIG; the V tile replaces the K tile;
 //   4. each invocation updates its queries' running max / sum (the online
 //      softmax state, computed redundantly by the DS invocations of a query)
 //      and rescales + accumulates its channel slices of the outputs.
 // Only the tiles and the BQ x BKV scores are ever in memory; accumulation is
-// f32. BKV = 8 keys are two vec4 per channel; the two queries' values sit in
-// vec2 registers, so the inner loops index no private arrays except once per
-// channel (software rasterisers spill dynamically indexed arrays to memory).
+// f32. The running max starts at FLOOR (not -BIG), so a tile whose keys are
+// all masked for a query contributes exp(-BIG - FLOOR) == 0, never exp(0).
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
 
+#ifdef ATTENTION
 struct Params {
     d: u32,
-    t: u32,
+    n_q: u32,
+    n_kv: u32,
+    heads: u32,
+    q_sb: u32,
+    q_sh: u32,
+    q_st: u32,
+    q_sc: u32,
+    kv_sb: u32,
+    kv_sh: u32,
+    kv_st: u32,
+    kv_sc: u32,
     scale: f32,
-    _pad: u32,
+    causal: u32,
+    q_pos0: u32,
+    frame_tokens: u32,
+    sink_frames: u32,
+    window_frames: u32,
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> q: array<f32>;
+#ifdef KV_INT8
+@group(0) @binding(2) var<storage, read_write> k_codes: array<u32>;
+@group(0) @binding(3) var<storage, read_write> k_scales: array<f32>;
+@group(0) @binding(4) var<storage, read_write> v_codes: array<u32>;
+@group(0) @binding(5) var<storage, read_write> v_scales: array<f32>;
+@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+#else
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
 @group(0) @binding(4) var<storage, read_write> out: array<f32>;
+#endif
 
 const WG = QG * DS;
 const BQ = 2u * QG;
@@ -42,52 +95,176 @@ const KV4 = 2u;
 const DMAX = DS * DPT;
 // Masked score: exp(-BIG - max) == 0 without infinities.
 const BIG = 3.0e38;
+// Start of the running max: below any real score, far above -BIG.
+const FLOOR = -1.0e30;
 
 var<workgroup> kv_tile: array<vec4<f32>, DMAX * KV4>;     // [c][j / 4]
 var<workgroup> partial: array<vec4<f32>, DS * BQ * KV4>;  // [s][query][j / 4]
 var<workgroup> scores: array<vec4<f32>, BQ * KV4>;        // [query][j / 4]
 
-// Stages rows c < d, keys j0 .. j0 + BKV of src [d, T] (zero beyond T).
-fn load_tile_k(li: u32, base: u32, j0: u32) {
-    for (var e = li; e < p.d * KV4; e += WG) {
-        let c = e / KV4;
-        let j = j0 + (e % KV4) * 4u;
-        let g = base + c * p.t + j;
-        var val = vec4<f32>(0.0);
-        if j + 3u < p.t {
-            val = vec4<f32>(k[g], k[g + 1u], k[g + 2u], k[g + 3u]);
-        } else {
-            for (var u = 0u; u < 4u; u++) {
-                if j + u < p.t { val[u] = k[g + u]; }
+#ifdef KV_INT8
+// Sign-extends the four int8 codes of a word to f32.
+fn unpack_codes(w: u32) -> vec4<f32> {
+    let shifted = vec4<u32>(w << 24u, w << 16u, w << 8u, w);
+    return vec4<f32>(bitcast<vec4<i32>>(shifted) >> vec4<u32>(24u));
+}
+
+// Dequantises keys j0 .. j0 + BKV (zero at j >= end) into kv_tile: one
+// invocation per (word of 4 channels, 4 keys) reads 4 words and 4 scales and
+// writes 4 vec4 (one per channel, keys along the vec4).
+fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
+    let dw = p.d / 4u;
+    for (var e = li; e < dw * KV4; e += WG) {
+        let w4 = e % dw;
+        let jq = e / dw;
+        let j = j0 + jq * 4u;
+        var c0 = vec4<f32>(0.0);
+        var c1 = vec4<f32>(0.0);
+        var c2 = vec4<f32>(0.0);
+        var c3 = vec4<f32>(0.0);
+        for (var u = 0u; u < 4u; u++) {
+            if j + u < end {
+                let row = base + (j + u) * p.kv_st;
+                let x = unpack_codes(k_codes[row + w4]) * k_scales[row / dw];
+                c0[u] = x.x;
+                c1[u] = x.y;
+                c2[u] = x.z;
+                c3[u] = x.w;
             }
         }
-        kv_tile[e] = val;
+        let c = 4u * w4;
+        kv_tile[c * KV4 + jq] = c0;
+        kv_tile[(c + 1u) * KV4 + jq] = c1;
+        kv_tile[(c + 2u) * KV4 + jq] = c2;
+        kv_tile[(c + 3u) * KV4 + jq] = c3;
     }
 }
 
-fn load_tile_v(li: u32, base: u32, j0: u32) {
-    for (var e = li; e < p.d * KV4; e += WG) {
-        let c = e / KV4;
-        let j = j0 + (e % KV4) * 4u;
-        let g = base + c * p.t + j;
-        var val = vec4<f32>(0.0);
-        if j + 3u < p.t {
-            val = vec4<f32>(v[g], v[g + 1u], v[g + 2u], v[g + 3u]);
-        } else {
-            for (var u = 0u; u < 4u; u++) {
-                if j + u < p.t { val[u] = v[g + u]; }
+fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
+    let dw = p.d / 4u;
+    for (var e = li; e < dw * KV4; e += WG) {
+        let w4 = e % dw;
+        let jq = e / dw;
+        let j = j0 + jq * 4u;
+        var c0 = vec4<f32>(0.0);
+        var c1 = vec4<f32>(0.0);
+        var c2 = vec4<f32>(0.0);
+        var c3 = vec4<f32>(0.0);
+        for (var u = 0u; u < 4u; u++) {
+            if j + u < end {
+                let row = base + (j + u) * p.kv_st;
+                let x = unpack_codes(v_codes[row + w4]) * v_scales[row / dw];
+                c0[u] = x.x;
+                c1[u] = x.y;
+                c2[u] = x.z;
+                c3[u] = x.w;
             }
         }
-        kv_tile[e] = val;
+        let c = 4u * w4;
+        kv_tile[c * KV4 + jq] = c0;
+        kv_tile[(c + 1u) * KV4 + jq] = c1;
+        kv_tile[(c + 2u) * KV4 + jq] = c2;
+        kv_tile[(c + 3u) * KV4 + jq] = c3;
     }
+}
+#else
+// Element e of the tile: channel c and key quad jq, ordered so neighbouring
+// invocations read neighbouring addresses (channels when the channel stride
+// is 1, keys when the token stride is 1).
+fn tile_element(e: u32) -> vec2<u32> {
+    if p.kv_sc == 1u {
+        return vec2<u32>(e % p.d, e / p.d);
+    }
+    return vec2<u32>(e / KV4, e % KV4);
+}
+
+// Stages channels c < d of keys j0 .. j0 + BKV (zero at j >= end).
+fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
+    for (var e = li; e < p.d * KV4; e += WG) {
+        let cj = tile_element(e);
+        let j = j0 + cj.y * 4u;
+        let g = base + j * p.kv_st + cj.x * p.kv_sc;
+        var val = vec4<f32>(0.0);
+        if j + 3u < end {
+            val = vec4<f32>(k[g], k[g + p.kv_st], k[g + 2u * p.kv_st], k[g + 3u * p.kv_st]);
+        } else {
+            for (var u = 0u; u < 4u; u++) {
+                if j + u < end { val[u] = k[g + u * p.kv_st]; }
+            }
+        }
+        kv_tile[cj.x * KV4 + cj.y] = val;
+    }
+}
+
+fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
+    for (var e = li; e < p.d * KV4; e += WG) {
+        let cj = tile_element(e);
+        let j = j0 + cj.y * 4u;
+        let g = base + j * p.kv_st + cj.x * p.kv_sc;
+        var val = vec4<f32>(0.0);
+        if j + 3u < end {
+            val = vec4<f32>(v[g], v[g + p.kv_st], v[g + 2u * p.kv_st], v[g + 3u * p.kv_st]);
+        } else {
+            for (var u = 0u; u < 4u; u++) {
+                if j + u < end { val[u] = v[g + u * p.kv_st]; }
+            }
+        }
+        kv_tile[cj.x * KV4 + cj.y] = val;
+    }
+}
+#endif
+
+// Which of keys j (4 of them) query i sees under the causal / frame masks.
+fn visible4(i: u32, j: vec4<u32>) -> vec4<bool> {
+    let pos = p.q_pos0 + i;
+    var ok = vec4<bool>(true);
+    if p.causal != 0u {
+        ok = j <= vec4<u32>(pos);
+    }
+    if p.window_frames != 0u {
+        let fq = vec4<u32>(pos / p.frame_tokens);
+        let fk = j / vec4<u32>(p.frame_tokens);
+        let in_window = (fk <= fq) & (fk + vec4<u32>(p.window_frames) > fq);
+        ok = ok & ((fk < vec4<u32>(p.sink_frames)) | in_window);
+    }
+    return ok;
+}
+
+// True when every key of the tile at j0 is below `end` and visible to every
+// query i_lo ..= i_hi of the block (then no per-element mask is needed).
+fn tile_is_full(j0: u32, end: u32, i_lo: u32, i_hi: u32) -> bool {
+    let j_last = j0 + BKV - 1u;
+    if j_last >= end {
+        return false;
+    }
+    if p.causal != 0u && j_last > p.q_pos0 + i_lo {
+        return false;
+    }
+    if p.window_frames != 0u {
+        let fq_lo = (p.q_pos0 + i_lo) / p.frame_tokens;
+        let fq_hi = (p.q_pos0 + i_hi) / p.frame_tokens;
+        let fk_lo = j0 / p.frame_tokens;
+        let fk_hi = j_last / p.frame_tokens;
+        let all_sink = fk_hi < p.sink_frames;
+        let all_window = fk_hi <= fq_lo && fk_lo + p.window_frames > fq_hi;
+        if !(all_sink || all_window) {
+            return false;
+        }
+    }
+    return true;
 }
 
 @compute @workgroup_size(WG)
 fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
     let qi = li % QG;
     let s = li / QG;
-    let base = wg.y * p.d * p.t;
-    let i0 = wg.x * BQ + qi;
+    let b = wg.y / p.heads;
+    let h = wg.y % p.heads;
+    let q_base = b * p.q_sb + h * p.q_sh;
+    let kv_base = b * p.kv_sb + h * p.kv_sh;
+    let i_lo = wg.x * BQ;
+    let i_hi = min(i_lo + BQ, p.n_q) - 1u;
+    let i0 = i_lo + qi;
     let i1 = i0 + QG;
 
     // .x: query i0, .y: query i1.
@@ -97,94 +274,207 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         let c = s + t * DS;
         var val = vec2<f32>(0.0);
         if c < p.d {
-            if i0 < p.t { val.x = q[base + c * p.t + i0] * p.scale; }
-            if i1 < p.t { val.y = q[base + c * p.t + i1] * p.scale; }
+            if i0 < p.n_q { val.x = q[q_base + i0 * p.q_st + c * p.q_sc] * p.scale; }
+            if i1 < p.n_q { val.y = q[q_base + i1 * p.q_st + c * p.q_sc] * p.scale; }
         }
         q_reg[t] = val;
         acc[t] = vec2<f32>(0.0);
     }
-    var run_max = vec2<f32>(-BIG);
+    var run_max = vec2<f32>(FLOOR);
     var run_sum = vec2<f32>(0.0);
 
-    for (var j0 = 0u; j0 < p.t; j0 += BKV) {
-        // 1. K tile.
-        load_tile_k(li, base, j0);
-        workgroupBarrier();
-
-        // 2. Partial dot products over this invocation's channels:
-        //    pXY = query X (0: i0, 1: i1), keys 4Y .. 4Y + 3.
-        var p00 = vec4<f32>(0.0);
-        var p01 = vec4<f32>(0.0);
-        var p10 = vec4<f32>(0.0);
-        var p11 = vec4<f32>(0.0);
-        for (var t = 0u; t < DPT; t++) {
-            let c = s + t * DS;
-            if c < p.d {
-                let k0 = kv_tile[c * KV4];
-                let k1 = kv_tile[c * KV4 + 1u];
-                let qv = q_reg[t];
-                p00 = fma(vec4<f32>(qv.x), k0, p00);
-                p01 = fma(vec4<f32>(qv.x), k1, p01);
-                p10 = fma(vec4<f32>(qv.y), k0, p10);
-                p11 = fma(vec4<f32>(qv.y), k1, p11);
-            }
+    // The key ranges this block needs: [start0, end0) and [start1, end1).
+    var last = p.n_kv;
+    if p.causal != 0u {
+        last = min(last, p.q_pos0 + i_hi + 1u);
+    }
+    var end0 = last;
+    var start1 = last;
+    var end1 = last;
+    if p.window_frames != 0u {
+        let fq_lo = (p.q_pos0 + i_lo) / p.frame_tokens;
+        let fq_hi = (p.q_pos0 + i_hi) / p.frame_tokens;
+        var first_frame = 0u;
+        if fq_lo + 1u > p.window_frames {
+            first_frame = fq_lo + 1u - p.window_frames;
         }
-        let row0 = (s * BQ + qi) * KV4;
-        let row1 = (s * BQ + qi + QG) * KV4;
-        partial[row0] = p00;
-        partial[row0 + 1u] = p01;
-        partial[row1] = p10;
-        partial[row1 + 1u] = p11;
-        workgroupBarrier();
-
-        // 3. Reduce partials into scores; stage the V tile over the K tile.
-        for (var e = li; e < BQ * KV4; e += WG) {
-            var sum = vec4<f32>(0.0);
-            for (var ss = 0u; ss < DS; ss++) {
-                sum += partial[ss * BQ * KV4 + e];
-            }
-            let j = j0 + (e % KV4) * 4u;
-            let valid = vec4<u32>(j, j + 1u, j + 2u, j + 3u) < vec4<u32>(p.t);
-            scores[e] = select(vec4<f32>(-BIG), sum, valid);
+        let window_start = min(first_frame * p.frame_tokens, last);
+        let window_end = min((fq_hi + 1u) * p.frame_tokens, last);
+        let sink_end = min(p.sink_frames * p.frame_tokens, last);
+        if sink_end >= window_start {
+            end0 = max(sink_end, window_end);
+        } else {
+            end0 = sink_end;
+            start1 = window_start;
+            end1 = window_end;
         }
-        load_tile_v(li, base, j0);
-        workgroupBarrier();
-
-        // 4. Online softmax update, then P @ V for this invocation's channels.
-        let s00 = scores[qi * KV4];
-        let s01 = scores[qi * KV4 + 1u];
-        let s10 = scores[(qi + QG) * KV4];
-        let s11 = scores[(qi + QG) * KV4 + 1u];
-        let m0 = max(max(s00, s01), vec4<f32>(run_max.x));
-        let m1 = max(max(s10, s11), vec4<f32>(run_max.y));
-        let tile_max = vec2<f32>(max(max(m0.x, m0.y), max(m0.z, m0.w)),
-                                 max(max(m1.x, m1.y), max(m1.z, m1.w)));
-        let correction = exp(run_max - tile_max);
-        let pr00 = exp(s00 - vec4<f32>(tile_max.x));
-        let pr01 = exp(s01 - vec4<f32>(tile_max.x));
-        let pr10 = exp(s10 - vec4<f32>(tile_max.y));
-        let pr11 = exp(s11 - vec4<f32>(tile_max.y));
-        let ones = vec4<f32>(1.0);
-        run_sum = run_sum * correction + vec2<f32>(dot(pr00 + pr01, ones), dot(pr10 + pr11, ones));
-        run_max = tile_max;
-        for (var t = 0u; t < DPT; t++) {
-            let c = s + t * DS;
-            if c < p.d {
-                let v0 = kv_tile[c * KV4];
-                let v1 = kv_tile[c * KV4 + 1u];
-                acc[t] = acc[t] * correction
-                    + vec2<f32>(dot(pr00, v0) + dot(pr01, v1), dot(pr10, v0) + dot(pr11, v1));
-            }
-        }
-        workgroupBarrier();
     }
 
-    let inv = 1.0 / run_sum;
+    for (var r = 0u; r < 2u; r++) {
+        let start = select(start1, 0u, r == 0u);
+        let end = select(end1, end0, r == 0u);
+        for (var j0 = start; j0 < end; j0 += BKV) {
+            let full = tile_is_full(j0, end, i_lo, i_hi);
+
+            // 1. K tile.
+            load_tile_k(li, kv_base, j0, end);
+            workgroupBarrier();
+
+            // 2. Partial dot products over this invocation's channels:
+            //    pXY = query X (0: i0, 1: i1), keys 4Y .. 4Y + 3.
+            var p00 = vec4<f32>(0.0);
+            var p01 = vec4<f32>(0.0);
+            var p10 = vec4<f32>(0.0);
+            var p11 = vec4<f32>(0.0);
+            for (var t = 0u; t < DPT; t++) {
+                let c = s + t * DS;
+                if c < p.d {
+                    let k0 = kv_tile[c * KV4];
+                    let k1 = kv_tile[c * KV4 + 1u];
+                    let qv = q_reg[t];
+                    p00 = fma(vec4<f32>(qv.x), k0, p00);
+                    p01 = fma(vec4<f32>(qv.x), k1, p01);
+                    p10 = fma(vec4<f32>(qv.y), k0, p10);
+                    p11 = fma(vec4<f32>(qv.y), k1, p11);
+                }
+            }
+            let row0 = (s * BQ + qi) * KV4;
+            let row1 = (s * BQ + qi + QG) * KV4;
+            partial[row0] = p00;
+            partial[row0 + 1u] = p01;
+            partial[row1] = p10;
+            partial[row1 + 1u] = p11;
+            workgroupBarrier();
+
+            // 3. Reduce partials into scores (masking where needed); stage
+            //    the V tile over the K tile.
+            for (var e = li; e < BQ * KV4; e += WG) {
+                var sum = vec4<f32>(0.0);
+                for (var ss = 0u; ss < DS; ss++) {
+                    sum += partial[ss * BQ * KV4 + e];
+                }
+                let j = j0 + (e % KV4) * 4u;
+                let keys = vec4<u32>(j, j + 1u, j + 2u, j + 3u);
+                var valid = keys < vec4<u32>(end);
+                if !full {
+                    valid = valid & visible4(i_lo + e / KV4, keys);
+                }
+                scores[e] = select(vec4<f32>(-BIG), sum, valid);
+            }
+            load_tile_v(li, kv_base, j0, end);
+            workgroupBarrier();
+
+            // 4. Online softmax update, then P @ V for this invocation's channels.
+            let s00 = scores[qi * KV4];
+            let s01 = scores[qi * KV4 + 1u];
+            let s10 = scores[(qi + QG) * KV4];
+            let s11 = scores[(qi + QG) * KV4 + 1u];
+            let m0 = max(max(s00, s01), vec4<f32>(run_max.x));
+            let m1 = max(max(s10, s11), vec4<f32>(run_max.y));
+            let tile_max = vec2<f32>(max(max(m0.x, m0.y), max(m0.z, m0.w)),
+                                     max(max(m1.x, m1.y), max(m1.z, m1.w)));
+            let correction = exp(run_max - tile_max);
+            let pr00 = exp(s00 - vec4<f32>(tile_max.x));
+            let pr01 = exp(s01 - vec4<f32>(tile_max.x));
+            let pr10 = exp(s10 - vec4<f32>(tile_max.y));
+            let pr11 = exp(s11 - vec4<f32>(tile_max.y));
+            let ones = vec4<f32>(1.0);
+            run_sum = run_sum * correction + vec2<f32>(dot(pr00 + pr01, ones), dot(pr10 + pr11, ones));
+            run_max = tile_max;
+            for (var t = 0u; t < DPT; t++) {
+                let c = s + t * DS;
+                if c < p.d {
+                    let v0 = kv_tile[c * KV4];
+                    let v1 = kv_tile[c * KV4 + 1u];
+                    acc[t] = acc[t] * correction
+                        + vec2<f32>(dot(pr00, v0) + dot(pr01, v1), dot(pr10, v0) + dot(pr11, v1));
+                }
+            }
+            workgroupBarrier();
+        }
+    }
+
+    // A query that sees no key at all gets zeros, not 0 / 0.
+    let inv = select(vec2<f32>(0.0), 1.0 / max(run_sum, vec2<f32>(1.0e-30)), run_sum > vec2<f32>(0.0));
     for (var t = 0u; t < DPT; t++) {
         let c = s + t * DS;
         if c < p.d {
-            if i0 < p.t { out[base + c * p.t + i0] = acc[t].x * inv.x; }
-            if i1 < p.t { out[base + c * p.t + i1] = acc[t].y * inv.y; }
+            if i0 < p.n_q { out[q_base + i0 * p.q_st + c * p.q_sc] = acc[t].x * inv.x; }
+            if i1 < p.n_q { out[q_base + i1 * p.q_st + c * p.q_sc] = acc[t].y * inv.y; }
         }
     }
 }
+#endif
+
+// ---------------------------------------------------------------------------
+// KV append: one invocation per (batch, token, head) of the new keys or
+// values `src` (strided [batch, head, token, channel] view, tokens
+// src_t0 ..) writes the cache row at token dst_t0 + t. f32: a copy. int8
+// (KV_INT8): absmax over the d channels, scale = absmax / 127, codes =
+// round(x * 127 / absmax) in [-127, 127], four per word; the scale goes to
+// scales[dst_row / (d / 4)].
+#ifdef KV_APPEND
+struct AppendParams {
+    d: u32,
+    heads: u32,
+    tokens: u32,
+    batch: u32,
+    src_sb: u32,
+    src_sh: u32,
+    src_st: u32,
+    src_sc: u32,
+    dst_sb: u32,
+    dst_sh: u32,
+    dst_st: u32,
+    src_t0: u32,
+    dst_t0: u32,
+    _pad0: u32,
+    _pad1: u32,
+    _pad2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: AppendParams;
+@group(0) @binding(1) var<storage, read_write> src: array<f32>;
+#ifdef KV_INT8
+@group(0) @binding(2) var<storage, read_write> codes: array<u32>;
+@group(0) @binding(3) var<storage, read_write> scales: array<f32>;
+#else
+@group(0) @binding(2) var<storage, read_write> dst: array<f32>;
+#endif
+
+@compute @workgroup_size(APPEND_WG)
+fn kv_append(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+    let idx = (wg.x + wg.y * nwg.x) * APPEND_WG + li;
+    if idx >= p.batch * p.tokens * p.heads {
+        return;
+    }
+    let h = idx % p.heads;
+    let t = (idx / p.heads) % p.tokens;
+    let b = idx / (p.heads * p.tokens);
+    let src_row = b * p.src_sb + h * p.src_sh + (p.src_t0 + t) * p.src_st;
+    let dst_row = b * p.dst_sb + h * p.dst_sh + (p.dst_t0 + t) * p.dst_st;
+#ifdef KV_INT8
+    var absmax = 0.0;
+    for (var c = 0u; c < p.d; c++) {
+        absmax = max(absmax, abs(src[src_row + c * p.src_sc]));
+    }
+    let inv = select(0.0, 127.0 / absmax, absmax > 0.0);
+    let dw = p.d / 4u;
+    for (var w = 0u; w < dw; w++) {
+        var word = 0u;
+        for (var u = 0u; u < 4u; u++) {
+            let x = src[src_row + (4u * w + u) * p.src_sc];
+            let code = i32(clamp(round(x * inv), -127.0, 127.0));
+            word |= (bitcast<u32>(code) & 0xffu) << (8u * u);
+        }
+        codes[dst_row + w] = word;
+    }
+    scales[dst_row / dw] = absmax / 127.0;
+#else
+    for (var c = 0u; c < p.d; c++) {
+        dst[dst_row + c] = src[src_row + c * p.src_sc];
+    }
+#endif
+}
+#endif

@@ -4,6 +4,7 @@
 //! encoder per forward pass, with every tensor allocated from one accounted
 //! [`memory::MemoryPool`].
 
+pub mod attention;
 pub mod decode;
 pub mod encode;
 pub mod error;

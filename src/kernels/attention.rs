@@ -1,16 +1,32 @@
-//! `shaders/attention.wgsl`: single-head flash attention for the VAE
-//! mid-block in channel-major layout (q, k, v straight from 1x1 convs).
+//! `shaders/attention.wgsl`: the flash-attention kernel family.
+//!
+//! One kernel ([`flash_attention`]) for every attention the engine runs: the
+//! VAE mid-block (one head of d = 512, channel-major `[N, d, T]` straight
+//! from the 1x1 convs; see [`attention`]) and multi-head transformer
+//! attention (token-major `[B, T, H, d]`, head-major `[B, H, T, d]`, KV-cache
+//! ring buffers), with optional causal and frame-window masks
+//! ([`crate::attention::Mask`]) and f32 or int8 K/V ([`KvInput`]). Every
+//! tensor is addressed through [`Strides`] of a `[batch, head, token,
+//! channel]` view.
 //!
 //! Online softmax over key tiles staged in workgroup memory, f32
-//! accumulation, O(T) memory (the T x T score matrix never exists). The head
-//! dimension is split across invocations (partial dot products reduced
-//! through workgroup memory), so d = 512 fits in about 25 KiB of workgroup
-//! memory. One of four specialisations is picked by d (<= 64, 128, 256, 512).
+//! accumulation, O(T) memory (the T x T score matrix never exists; the kernel
+//! needs no scratch buffer at all). The head dimension is split across
+//! invocations (partial dot products reduced through workgroup memory), so
+//! d = 512 fits in about 25 KiB of workgroup memory. The specialisation is
+//! picked by d (see [`CONFIGS`]). Masks skip whole tiles: a workgroup only
+//! walks the (at most two) key ranges its queries can see, and masks element
+//! by element only in tiles that straddle a window or causal edge.
+//!
+//! int8 K/V are dequantised inside the kernel, tile by tile, as the tiles are
+//! staged (never expanded in memory); [`kv_append`] writes (and for int8
+//! quantises) new keys / values into a cache.
 
 use bytemuck::{Pod, Zeroable};
 
+use crate::attention::Mask;
 use crate::error::{Error, Result};
-use crate::gpu::{BindingKind, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/attention.wgsl");
@@ -18,15 +34,34 @@ const SOURCE: &str = include_str!("../../shaders/attention.wgsl");
 /// Largest head dimension supported.
 pub const MAX_HEAD_DIM: usize = 512;
 
+/// Uniforms of the `attention` entry (mirrors `Params` in the shader).
 #[repr(C)]
-#[derive(Clone, Copy, Debug, Pod, Zeroable)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, Default)]
 pub struct Params {
     pub d: u32,
-    pub t: u32,
+    pub n_q: u32,
+    pub n_kv: u32,
+    pub heads: u32,
+    pub q_sb: u32,
+    pub q_sh: u32,
+    pub q_st: u32,
+    pub q_sc: u32,
+    pub kv_sb: u32,
+    pub kv_sh: u32,
+    pub kv_st: u32,
+    pub kv_sc: u32,
     pub scale: f32,
-    pub _pad: u32,
+    pub causal: u32,
+    pub q_pos0: u32,
+    pub frame_tokens: u32,
+    pub sink_frames: u32,
+    /// 0: every frame (no window).
+    pub window_frames: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
 }
 
+/// Attention with f32 K/V: q, k, v, out.
 pub const ATTENTION: KernelSpec = KernelSpec {
     family: "attention",
     source: SOURCE,
@@ -39,6 +74,69 @@ pub const ATTENTION: KernelSpec = KernelSpec {
     ],
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
+
+/// Attention with int8 K/V: q, k codes, k scales, v codes, v scales, out.
+pub const ATTENTION_INT8: KernelSpec = KernelSpec {
+    family: "attention",
+    source: SOURCE,
+    entry: "attention",
+    bindings: &[
+        BindingKind::Read,
+        BindingKind::Read,
+        BindingKind::Read,
+        BindingKind::Read,
+        BindingKind::Read,
+        BindingKind::ReadWrite,
+    ],
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+/// Uniforms of the `kv_append` entry.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Pod, Zeroable, Default)]
+pub struct AppendParams {
+    pub d: u32,
+    pub heads: u32,
+    pub tokens: u32,
+    pub batch: u32,
+    pub src_sb: u32,
+    pub src_sh: u32,
+    pub src_st: u32,
+    pub src_sc: u32,
+    pub dst_sb: u32,
+    pub dst_sh: u32,
+    pub dst_st: u32,
+    pub src_t0: u32,
+    pub dst_t0: u32,
+    pub _pad0: u32,
+    pub _pad1: u32,
+    pub _pad2: u32,
+}
+
+/// KV append as an f32 copy: src, dst.
+pub const KV_APPEND: KernelSpec = KernelSpec {
+    family: "attention",
+    source: SOURCE,
+    entry: "kv_append",
+    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
+    uniform_size: std::mem::size_of::<AppendParams>() as u64,
+};
+
+/// KV append with int8 quantisation: src, codes, scales.
+pub const KV_APPEND_INT8: KernelSpec = KernelSpec {
+    family: "attention",
+    source: SOURCE,
+    entry: "kv_append",
+    bindings: &[
+        BindingKind::Read,
+        BindingKind::ReadWrite,
+        BindingKind::ReadWrite,
+    ],
+    uniform_size: std::mem::size_of::<AppendParams>() as u64,
+};
+
+/// Invocations per workgroup of `kv_append` (one per token-head row).
+pub const APPEND_WG: u32 = 64;
 
 /// One specialisation: invocations per query (`ds`, splitting the head
 /// dimension) and query groups per workgroup (`qg`; each invocation handles
@@ -73,8 +171,19 @@ impl AttentionConfig {
     }
 }
 
-/// Configurations by increasing head dimension.
-pub const CONFIGS: [AttentionConfig; 4] = [
+/// Configurations by increasing head dimension: small heads keep whole dot
+/// products in one invocation (no partial-sum traffic), large heads split d.
+pub const CONFIGS: [AttentionConfig; 6] = [
+    AttentionConfig {
+        ds: 1,
+        qg: 32,
+        dpt: 8,
+    },
+    AttentionConfig {
+        ds: 2,
+        qg: 32,
+        dpt: 16,
+    },
     AttentionConfig {
         ds: 4,
         qg: 32,
@@ -102,15 +211,282 @@ pub fn config_for(d: usize) -> Option<AttentionConfig> {
     CONFIGS.iter().copied().find(|c| d <= c.max_d())
 }
 
-fn key(c: &AttentionConfig) -> PipelineKey {
-    PipelineKey::new(&ATTENTION)
+fn key(c: &AttentionConfig, int8: bool) -> PipelineKey {
+    let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
+    PipelineKey::new(spec)
+        .flag("ATTENTION")
+        .flag_if(int8, "KV_INT8")
         .constant("DS", format!("{}u", c.ds))
         .constant("QG", format!("{}u", c.qg))
         .constant("DPT", format!("{}u", c.dpt))
 }
 
+fn append_key(int8: bool) -> PipelineKey {
+    let spec = if int8 { &KV_APPEND_INT8 } else { &KV_APPEND };
+    PipelineKey::new(spec)
+        .flag("KV_APPEND")
+        .flag_if(int8, "KV_INT8")
+        .constant("APPEND_WG", format!("{APPEND_WG}u"))
+}
+
+/// Element strides of a `[batch, head, token, channel]` view of a tensor.
+/// For int8 K/V the strides are those of the f32 layout the codes replace
+/// (channel stride 1); the kernels convert them to words.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Strides {
+    pub batch: usize,
+    pub head: usize,
+    pub token: usize,
+    pub channel: usize,
+}
+
+impl Strides {
+    /// Token-major `[B, T, H, d]` (transformers, KV caches).
+    pub fn token_major(tokens: usize, heads: usize, d: usize) -> Self {
+        Strides {
+            batch: tokens * heads * d,
+            head: d,
+            token: heads * d,
+            channel: 1,
+        }
+    }
+
+    /// Head-major `[B, H, T, d]`.
+    pub fn head_major(heads: usize, tokens: usize, d: usize) -> Self {
+        Strides {
+            batch: heads * tokens * d,
+            head: tokens * d,
+            token: d,
+            channel: 1,
+        }
+    }
+
+    /// Channel-major single head `[N, d, T]` (NCHW activations, T = H·W).
+    pub fn channel_major(d: usize, tokens: usize) -> Self {
+        Strides {
+            batch: d * tokens,
+            head: 0,
+            token: 1,
+            channel: tokens,
+        }
+    }
+
+    /// Largest element offset the view touches (for bounds checks).
+    pub fn max_offset(&self, batch: usize, heads: usize, tokens: usize, d: usize) -> usize {
+        if batch == 0 || heads == 0 || tokens == 0 || d == 0 {
+            return 0;
+        }
+        (batch - 1) * self.batch
+            + (heads - 1) * self.head
+            + (tokens - 1) * self.token
+            + (d - 1) * self.channel
+    }
+
+    fn words(&self) -> Strides {
+        Strides {
+            batch: self.batch / 4,
+            head: self.head / 4,
+            token: self.token / 4,
+            channel: 1,
+        }
+    }
+}
+
+/// Keys and values as the kernel reads them.
+#[derive(Clone, Copy, Debug)]
+pub enum KvInput<'a> {
+    /// f32 tensors laid out by the problem's `kv_strides`.
+    F32 { k: &'a Tensor, v: &'a Tensor },
+    /// int8 codes (four per u32 word, stored as [`DType::Rgba8`] words) and
+    /// one f32 scale per (batch, token, head), index = word offset / (d / 4).
+    Int8 {
+        k_codes: &'a Tensor,
+        k_scales: &'a Tensor,
+        v_codes: &'a Tensor,
+        v_scales: &'a Tensor,
+    },
+}
+
+/// The shape of one attention call. Queries are tokens `0 .. q_len` of q,
+/// keys `0 .. kv_len` of k / v; query i sits at key position `q_pos0 + i`
+/// for the masks (a chunk of queries appended after earlier keys).
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionProblem {
+    pub batch: usize,
+    pub heads: usize,
+    pub q_len: usize,
+    pub kv_len: usize,
+    pub head_dim: usize,
+    /// Strides of q and out.
+    pub q_strides: Strides,
+    /// Strides of k and v.
+    pub kv_strides: Strides,
+    pub scale: f32,
+    pub mask: Mask,
+    pub q_pos0: usize,
+}
+
+fn to_u32(op: &str, what: &str, x: usize) -> Result<u32> {
+    u32::try_from(x).map_err(|_| Error::shape(op, format!("{what} = {x} exceeds u32 indexing")))
+}
+
+fn check_holds(op: &str, what: &str, t: &Tensor, dtype: DType, elems: usize) -> Result<()> {
+    if t.dtype() != dtype || t.numel() < elems {
+        return Err(Error::shape(
+            op,
+            format!(
+                "{what} must be a {} tensor of at least {elems} elements, got {t:?}",
+                dtype.name()
+            ),
+        ));
+    }
+    if t.numel() > u32::MAX as usize {
+        return Err(Error::shape(
+            op,
+            format!("{what} {t:?} exceeds u32 indexing"),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks that the device can run configuration `config` for head dim `d`.
+fn check_device(rec: &Recorder, config: &AttentionConfig, d: usize) -> Result<()> {
+    let caps = rec.ctx().caps();
+    if config.workgroup_bytes() > caps.max_compute_workgroup_storage_size
+        || config.invocations() > caps.max_compute_invocations_per_workgroup
+    {
+        return Err(Error::Unsupported(format!(
+            "attention with d = {d} needs {} bytes of workgroup memory and {} invocations; the device allows {} and {}",
+            config.workgroup_bytes(),
+            config.invocations(),
+            caps.max_compute_workgroup_storage_size,
+            caps.max_compute_invocations_per_workgroup
+        )));
+    }
+    Ok(())
+}
+
+/// Flash attention over strided q / k / v (see the module docs):
+/// `out[b, h, i] = sum_j softmax_j(q[b, h, i] . k[b, h, j] * scale) v[b, h, j]`
+/// over the keys `j < kv_len` that `prob.mask` lets query i see. `out` uses
+/// `q_strides` and must not overlap q, k or v. A query that sees no key gets
+/// zeros. MACs are counted over the visible (query, key) pairs.
+pub fn flash_attention(
+    rec: &mut Recorder,
+    prob: &AttentionProblem,
+    q: &Tensor,
+    kv: KvInput,
+    out: &Tensor,
+) -> Result<()> {
+    const OP: &str = "flash_attention";
+    let AttentionProblem {
+        batch,
+        heads,
+        q_len,
+        kv_len,
+        head_dim: d,
+        ..
+    } = *prob;
+    if d == 0 || heads == 0 || batch == 0 {
+        return Err(Error::shape(OP, format!("empty problem {prob:?}")));
+    }
+    let config = config_for(d).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "attention head dimension {d} (at most {MAX_HEAD_DIM})"
+        ))
+    })?;
+    check_device(rec, &config, d)?;
+    prob.mask.validate(OP)?;
+    let q_elems = prob.q_strides.max_offset(batch, heads, q_len, d) + 1;
+    check_holds(OP, "q", q, DType::F32, q_elems)?;
+    check_holds(OP, "out", out, DType::F32, q_elems)?;
+    let kv_elems = prob.kv_strides.max_offset(batch, heads, kv_len, d) + 1;
+    let (kv_strides, kv_tensors): (Strides, Vec<&Tensor>) = match kv {
+        KvInput::F32 { k, v } => {
+            check_holds(OP, "k", k, DType::F32, kv_elems)?;
+            check_holds(OP, "v", v, DType::F32, kv_elems)?;
+            (prob.kv_strides, vec![k, v])
+        }
+        KvInput::Int8 {
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+        } => {
+            let s = prob.kv_strides;
+            if d % 4 != 0
+                || s.channel != 1
+                || s.batch % d != 0
+                || s.head % d != 0
+                || s.token % d != 0
+            {
+                return Err(Error::shape(
+                    OP,
+                    format!("int8 K/V need d % 4 == 0 and a dense channel-innermost layout, got d = {d}, {s:?}"),
+                ));
+            }
+            let words = s.words();
+            let code_words = words.max_offset(batch, heads, kv_len, d / 4) + 1;
+            let scale_elems = code_words.div_ceil(d / 4);
+            check_holds(OP, "k codes", k_codes, DType::Rgba8, code_words)?;
+            check_holds(OP, "v codes", v_codes, DType::Rgba8, code_words)?;
+            check_holds(OP, "k scales", k_scales, DType::F32, scale_elems)?;
+            check_holds(OP, "v scales", v_scales, DType::F32, scale_elems)?;
+            (words, vec![k_codes, k_scales, v_codes, v_scales])
+        }
+    };
+    if kv_tensors.iter().chain([&q]).any(|t| out.overlaps(t)) {
+        return Err(Error::shape(OP, "out must not overlap q, k or v"));
+    }
+    let (causal, tpf, sink, window) = prob.mask.kernel_fields();
+    let qs = prob.q_strides;
+    let params = Params {
+        d: d as u32,
+        n_q: to_u32(OP, "q_len", q_len)?,
+        n_kv: to_u32(OP, "kv_len", kv_len)?,
+        heads: heads as u32,
+        q_sb: to_u32(OP, "q batch stride", qs.batch)?,
+        q_sh: to_u32(OP, "q head stride", qs.head)?,
+        q_st: to_u32(OP, "q token stride", qs.token)?,
+        q_sc: to_u32(OP, "q channel stride", qs.channel)?,
+        kv_sb: to_u32(OP, "kv batch stride", kv_strides.batch)?,
+        kv_sh: to_u32(OP, "kv head stride", kv_strides.head)?,
+        kv_st: to_u32(OP, "kv token stride", kv_strides.token)?,
+        kv_sc: to_u32(OP, "kv channel stride", kv_strides.channel)?,
+        scale: prob.scale,
+        causal: causal as u32,
+        q_pos0: to_u32(OP, "q_pos0", prob.q_pos0)?,
+        frame_tokens: to_u32(OP, "tokens per frame", tpf)?,
+        sink_frames: to_u32(OP, "sink frames", sink)?,
+        window_frames: to_u32(OP, "window frames", window)?,
+        _pad0: 0,
+        _pad1: 0,
+    };
+    // Positions must stay in u32 inside the shader.
+    to_u32(OP, "q_pos0 + q_len", prob.q_pos0 + q_len)?;
+    let groups = [
+        to_u32(
+            OP,
+            "query blocks",
+            q_len.div_ceil(config.queries() as usize),
+        )?,
+        to_u32(OP, "batch * heads", batch * heads)?,
+        1,
+    ];
+    // QK^T and PV: 2 d multiply-adds per visible (query, key) pair.
+    let pairs = prob.mask.visible_pairs(prob.q_pos0, q_len, kv_len);
+    let macs = 2 * pairs * (batch * heads * d) as u64;
+    let int8 = matches!(kv, KvInput::Int8 { .. });
+    let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
+    let mut tensors: Vec<&Tensor> = vec![q];
+    tensors.extend(kv_tensors);
+    tensors.push(out);
+    rec.dispatch(spec, &key(&config, int8), &params, &tensors, groups, macs)
+}
+
 /// q, k, v `[N, d, T]` f32 (T = H*W tokens, d <= 512); out `[N, d, T]`;
-/// `out[:, :, i] = sum_j softmax_j(q_i . k_j * scale) v_j`.
+/// `out[:, :, i] = sum_j softmax_j(q_i . k_j * scale) v_j`: the VAE
+/// mid-block's single-head attention, channel-major, no mask.
 /// `out` must not alias q, k or v.
 pub fn attention(
     rec: &mut Recorder,
@@ -136,40 +512,113 @@ pub fn attention(
     if q.numel() > u32::MAX as usize {
         return Err(Error::shape(OP, format!("{q:?} exceeds u32 indexing")));
     }
-    let config = config_for(d).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "attention head dimension {d} (at most {MAX_HEAD_DIM})"
-        ))
-    })?;
-    let caps = rec.ctx().caps();
-    if config.workgroup_bytes() > caps.max_compute_workgroup_storage_size
-        || config.invocations() > caps.max_compute_invocations_per_workgroup
-    {
+    if d > MAX_HEAD_DIM {
         return Err(Error::Unsupported(format!(
-            "attention with d = {d} needs {} bytes of workgroup memory and {} invocations; the device allows {} and {}",
-            config.workgroup_bytes(),
-            config.invocations(),
-            caps.max_compute_workgroup_storage_size,
-            caps.max_compute_invocations_per_workgroup
+            "attention head dimension {d} (at most {MAX_HEAD_DIM})"
         )));
     }
-    let params = Params {
-        d: d as u32,
-        t: t as u32,
+    let strides = Strides::channel_major(d, t);
+    let prob = AttentionProblem {
+        batch: n,
+        heads: 1,
+        q_len: t,
+        kv_len: t,
+        head_dim: d,
+        q_strides: strides,
+        kv_strides: strides,
         scale,
-        _pad: 0,
+        mask: Mask::NONE,
+        q_pos0: 0,
     };
-    let groups = [(t as u32).div_ceil(config.queries()), n as u32, 1];
-    // QK^T and PV: 2 * T^2 * d multiply-adds per batch element.
-    let macs = 2 * (n * t * t * d) as u64;
-    rec.dispatch(
-        &ATTENTION,
-        &key(&config),
-        &params,
-        &[q, k, v, out],
-        groups,
-        macs,
-    )
+    flash_attention(rec, &prob, q, KvInput::F32 { k, v }, out)
+}
+
+/// Where [`kv_append`] writes.
+#[derive(Clone, Copy, Debug)]
+pub enum KvOutput<'a> {
+    /// An f32 cache.
+    F32(&'a Tensor),
+    /// An int8 cache: codes (Rgba8 words) and scales (f32).
+    Int8 {
+        codes: &'a Tensor,
+        scales: &'a Tensor,
+    },
+}
+
+/// Tokens `src_t0 .. src_t0 + tokens` of `src` (f32, `[batch, heads, token,
+/// d]` view through `src_strides`) are written to tokens `dst_t0 ..` of a
+/// cache with `dst_strides` (f32 layout, channel stride 1): copied (f32) or
+/// quantised to int8 with one scale per (batch, token, head).
+#[allow(clippy::too_many_arguments)]
+pub fn kv_append(
+    rec: &mut Recorder,
+    src: &Tensor,
+    src_strides: Strides,
+    src_t0: usize,
+    dst: KvOutput,
+    dst_strides: Strides,
+    dst_t0: usize,
+    batch: usize,
+    heads: usize,
+    tokens: usize,
+    d: usize,
+) -> Result<()> {
+    const OP: &str = "kv_append";
+    if d == 0 || d > MAX_HEAD_DIM {
+        return Err(Error::shape(OP, format!("head dimension {d}")));
+    }
+    let src_elems = src_strides.max_offset(batch, heads, src_t0 + tokens, d) + 1;
+    check_holds(OP, "src", src, DType::F32, src_elems)?;
+    if dst_strides.channel != 1 {
+        return Err(Error::shape(
+            OP,
+            format!("cache channel stride must be 1, got {dst_strides:?}"),
+        ));
+    }
+    let dst_elems = dst_strides.max_offset(batch, heads, dst_t0 + tokens, d) + 1;
+    let (spec, dst_s, tensors): (&KernelSpec, Strides, Vec<&Tensor>) = match dst {
+        KvOutput::F32(t) => {
+            check_holds(OP, "cache", t, DType::F32, dst_elems)?;
+            (&KV_APPEND, dst_strides, vec![src, t])
+        }
+        KvOutput::Int8 { codes, scales } => {
+            let s = dst_strides;
+            if d % 4 != 0 || s.batch % d != 0 || s.head % d != 0 || s.token % d != 0 {
+                return Err(Error::shape(
+                    OP,
+                    format!("int8 caches need d % 4 == 0 and a dense layout, got d = {d}, {s:?}"),
+                ));
+            }
+            let words = s.words();
+            let code_words = words.max_offset(batch, heads, dst_t0 + tokens, d / 4) + 1;
+            check_holds(OP, "codes", codes, DType::Rgba8, code_words)?;
+            check_holds(OP, "scales", scales, DType::F32, code_words.div_ceil(d / 4))?;
+            (&KV_APPEND_INT8, words, vec![src, codes, scales])
+        }
+    };
+    if tensors[1..].iter().any(|t| t.overlaps(src)) {
+        return Err(Error::shape(OP, "the cache must not overlap the source"));
+    }
+    let params = AppendParams {
+        d: d as u32,
+        heads: to_u32(OP, "heads", heads)?,
+        tokens: to_u32(OP, "tokens", tokens)?,
+        batch: to_u32(OP, "batch", batch)?,
+        src_sb: to_u32(OP, "src batch stride", src_strides.batch)?,
+        src_sh: to_u32(OP, "src head stride", src_strides.head)?,
+        src_st: to_u32(OP, "src token stride", src_strides.token)?,
+        src_sc: to_u32(OP, "src channel stride", src_strides.channel)?,
+        dst_sb: to_u32(OP, "cache batch stride", dst_s.batch)?,
+        dst_sh: to_u32(OP, "cache head stride", dst_s.head)?,
+        dst_st: to_u32(OP, "cache token stride", dst_s.token)?,
+        src_t0: to_u32(OP, "src_t0", src_t0)?,
+        dst_t0: to_u32(OP, "dst_t0", dst_t0)?,
+        ..Default::default()
+    };
+    let rows = (batch * heads * tokens) as u64;
+    let groups = linear_groups(rec.ctx(), rows.div_ceil(APPEND_WG as u64))?;
+    let int8 = matches!(dst, KvOutput::Int8 { .. });
+    rec.dispatch(spec, &append_key(int8), &params, &tensors, groups, 0)
 }
 
 /// CPU reference (f64 softmax and sums): q, k, v `[n, d, t]` → out `[n, d, t]`.
@@ -212,7 +661,13 @@ pub fn cpu_attention(
 }
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
-    CONFIGS.iter().map(|c| (ATTENTION, key(c))).collect()
+    let mut v: Vec<(KernelSpec, PipelineKey)> = CONFIGS
+        .iter()
+        .flat_map(|c| [(ATTENTION, key(c, false)), (ATTENTION_INT8, key(c, true))])
+        .collect();
+    v.push((KV_APPEND, append_key(false)));
+    v.push((KV_APPEND_INT8, append_key(true)));
+    v
 }
 
 #[cfg(test)]

@@ -1,5 +1,6 @@
 //! Reports: CSV + Markdown + SVG files with the device and settings they came from.
 
+pub mod attention;
 pub mod bench;
 pub mod memory;
 
