@@ -6,9 +6,9 @@ mod context;
 mod pipeline;
 mod recorder;
 
-pub use context::{AdapterChoice, Capabilities, Context, ContextOptions};
+pub use context::{optional_features, AdapterChoice, Capabilities, Context, ContextOptions};
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
-pub use recorder::{linear_groups, read_back, DispatchLabel, Recorder};
+pub use recorder::{linear_groups, read_back, Binding, DispatchLabel, Recorder};
 
 #[cfg(test)]
 mod shader_tests;
