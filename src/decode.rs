@@ -218,7 +218,7 @@ impl DeviceLatents<'_> {
                 self.buffer.usage()
             )));
         }
-        if self.offset % wgpu::COPY_BUFFER_ALIGNMENT != 0 {
+        if !self.offset.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
             return Err(Error::InvalidInput(format!(
                 "latent buffer offset {} is not a multiple of {}",
                 self.offset,

@@ -188,8 +188,7 @@ fn host_texture_decode_equals_cli_png_taef2_astronaut() {
 
 /// A host whose device has no optional feature (no SHADER_F16, no
 /// timestamps, no subgroups) and WebGPU-default limits raised only to
-/// `required_limits()` still decodes, through the f32 path, to the CLI's
-/// bytes (the CLI's PNG of chelsea as the PyTorch golden is ±1 of it).
+/// `required_limits()` still decodes (f32 path): within ±1 of PyTorch's PNG.
 #[test]
 fn device_without_optional_features_decodes_taef2_chelsea() {
     let Some(shared) = shared_dir() else { return };
