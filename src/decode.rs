@@ -184,9 +184,11 @@ pub fn estimate_decode(
 /// decode copies it into its own memory inside the command stream.
 #[derive(Clone, Copy, Debug)]
 pub struct DeviceLatents<'a> {
+    /// The host's buffer (needs `COPY_SRC` usage).
     pub buffer: &'a wgpu::Buffer,
-    /// Byte offset, a multiple of 4.
+    /// Byte offset of the first value, a multiple of 4.
     pub offset: u64,
+    /// `[N, C, h, w]`; `C` must be the VAE's latent channel count.
     pub shape: [usize; 4],
 }
 

@@ -29,6 +29,7 @@ pub struct DispatchLabel {
 /// for `WriteTexture`.
 #[derive(Clone, Copy, Debug)]
 pub enum Binding<'a> {
+    /// A tensor's bytes as a storage buffer.
     Tensor(&'a Tensor),
     /// A single-mip 2-D view of a texture with `STORAGE_BINDING` usage, in
     /// the format the kernel's spec names.

@@ -13,6 +13,7 @@ const SOURCE: &str = include_str!("../../shaders/image.wgsl");
 /// Invocations (pixels) per workgroup.
 pub const WG: u32 = 256;
 
+/// Uniform parameters of both entry points (16 bytes, as in the shader).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct Params {
@@ -20,9 +21,11 @@ pub struct Params {
     pub plane: u32,
     /// W (used by `to_texture`)
     pub width: u32,
+    /// Padding to 16 bytes.
     pub _pad: [u32; 2],
 }
 
+/// `to_rgba8`: packed RGBA8 into a tensor.
 pub const TO_RGBA8: KernelSpec = KernelSpec {
     family: "image",
     source: SOURCE,
