@@ -1,5 +1,10 @@
-// Postprocessing: x [N, 3, H, W] (planar RGB, storage type T) -> out [N, H, W]
-// packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255).
+// Postprocessing of decoder output x [N, 3, H, W] (planar RGB, storage type T):
+//   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255)
+//   to_texture  -> the top-left W×H texels of a 2-D storage texture (flag TEXTURE; N = 1):
+//                  rgba8unorm (default) gets exactly the bytes to_rgba8 produces, as k / 255
+//                  (the unorm store converts back to k: the value is within a few ulp of k / 255);
+//                  rgba16float (flag RGBA16F) gets the clamped value before quantisation.
+//                  Either way the values are the decoder's sRGB-encoded pixel values, alpha 1.
 //
 // RANGE (const from the key):
 //   0 MinusOneToOne  diffusers: round(clamp(x / 2 + 0.5, 0, 1) * 255)
@@ -10,29 +15,55 @@
 // division whose precision Vulkan does not guarantee.
 //
 // Grid: workgroups (x, y) tile the pixels of one image, z is the image.
-// All storage is read_write: pooled tensors share buffers (see BindingKind).
+// All storage buffers are read_write: pooled tensors share buffers (see BindingKind).
 
 struct Params {
     plane: u32,   // H * W
+    width: u32,   // W (to_texture)
     _pad0: u32,
     _pad1: u32,
-    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
 @group(0) @binding(1) var<storage, read_write> x: array<T>;
+#ifdef TEXTURE
+#ifdef RGBA16F
+@group(0) @binding(2) var out_tex: texture_storage_2d<rgba16float, write>;
+#else
+@group(0) @binding(2) var out_tex: texture_storage_2d<rgba8unorm, write>;
+#endif
+#else
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
+#endif
 
-fn to_byte(v: f32) -> u32 {
-    var unit: f32;
+fn to_unit(v: f32) -> f32 {
     if RANGE == 0u {
-        unit = clamp(v * 0.5 + 0.5, 0.0, 1.0);
-    } else {
-        unit = clamp(v, 0.0, 1.0);
+        return clamp(v * 0.5 + 0.5, 0.0, 1.0);
     }
-    return u32(round(unit * 255.0));
+    return clamp(v, 0.0, 1.0);
 }
 
+fn to_byte(v: f32) -> u32 {
+    return u32(round(to_unit(v) * 255.0));
+}
+
+#ifdef TEXTURE
+@compute @workgroup_size(WG)
+fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    let pixel = (wg.x + wg.y * nwg.x) * WG + li;
+    if pixel >= p.plane { return; }
+    let r = f32(x[pixel]);
+    let g = f32(x[pixel + p.plane]);
+    let b = f32(x[pixel + 2u * p.plane]);
+#ifdef RGBA16F
+    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), 1.0);
+#else
+    let texel = vec4<f32>(vec3<f32>(vec3<u32>(to_byte(r), to_byte(g), to_byte(b))) / 255.0, 1.0);
+#endif
+    textureStore(out_tex, vec2<u32>(pixel % p.width, pixel / p.width), texel);
+}
+#else
 @compute @workgroup_size(WG)
 fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) li: u32) {
@@ -44,3 +75,4 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let b = to_byte(f32(x[base + 2u * p.plane]));
     out[wg.z * p.plane + pixel] = r | (g << 8u) | (b << 16u) | (255u << 24u);
 }
+#endif

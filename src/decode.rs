@@ -226,3 +226,136 @@ pub fn estimate_decode(
         peak_reserved_bytes: out.memory.reserved_bytes.peak,
     })
 }
+
+/// f32 latents in a buffer the host owns: `shape` = [N, C, h, w], contiguous
+/// (NCHW), starting at byte `offset`. The buffer needs `COPY_SRC` usage: the
+/// decode copies it into its own memory inside the command stream.
+#[derive(Clone, Copy, Debug)]
+pub struct DeviceLatents<'a> {
+    /// The host's buffer (needs `COPY_SRC` usage).
+    pub buffer: &'a wgpu::Buffer,
+    /// Byte offset of the first value, a multiple of 4.
+    pub offset: u64,
+    /// `[N, C, h, w]`; `C` must be the VAE's latent channel count.
+    pub shape: [usize; 4],
+}
+
+impl DeviceLatents<'_> {
+    /// Bytes the latents occupy in the buffer.
+    pub fn byte_size(&self) -> u64 {
+        self.shape.iter().product::<usize>() as u64 * 4
+    }
+
+    /// Checks shape, usage, alignment and bounds against `vae`.
+    pub fn validate(&self, vae: &Vae) -> Result<()> {
+        let [n, c, h, w] = self.shape;
+        if n == 0 || h == 0 || w == 0 {
+            return Err(Error::InvalidInput(format!(
+                "latents of shape {:?} are empty",
+                self.shape
+            )));
+        }
+        if c != vae.latent_channels() {
+            return Err(Error::InvalidInput(format!(
+                "latents have {c} channels (shape {:?}) but this VAE expects {}",
+                self.shape,
+                vae.latent_channels()
+            )));
+        }
+        if !self.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
+            return Err(Error::InvalidInput(format!(
+                "the latent buffer needs COPY_SRC usage (it has {:?})",
+                self.buffer.usage()
+            )));
+        }
+        if !self.offset.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) {
+            return Err(Error::InvalidInput(format!(
+                "latent buffer offset {} is not a multiple of {}",
+                self.offset,
+                wgpu::COPY_BUFFER_ALIGNMENT
+            )));
+        }
+        let end = self.offset.checked_add(self.byte_size());
+        if end.is_none_or(|e| e > self.buffer.size()) {
+            return Err(Error::InvalidInput(format!(
+                "latents {:?} (f32, {} bytes) at offset {} overrun a {}-byte buffer",
+                self.shape,
+                self.byte_size(),
+                self.offset,
+                self.buffer.size()
+            )));
+        }
+        Ok(())
+    }
+}
+
+/// Records upload and decoder for decoder-input latents `z` [N, C, h, w] in
+/// host memory → raw output [N, 3, H, W] (the first half of [`record_decode`]).
+pub fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<Tensor> {
+    let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
+    vae.forward(rec, input, &mut Taps::default())
+}
+
+/// Records a decode of latents in a host buffer → raw output [N, 3, H, W]:
+/// `copy_buffer_to_buffer` into a pool tensor, then — unless `raw_latents` —
+/// the unscaling `x * (1 / scaling_factor) + shift_factor` with the
+/// elementwise ScaleShift kernel, then the decoder.
+///
+/// The host path ([`Vae::unscale_latents`]) divides; multiplying by the f32
+/// reciprocal differs from the division by at most one ulp (and the device
+/// may fuse the multiply-add), far below what changes a decoded pixel by more
+/// than ±1. NaN / infinite latents are not detected (that would need a read
+/// back).
+pub fn record_decoder_from_buffer(
+    rec: &mut Recorder,
+    vae: &Vae,
+    latents: &DeviceLatents,
+    raw_latents: bool,
+) -> Result<Tensor> {
+    latents.validate(vae)?;
+    let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
+    if !rec.ctx().is_dry_run() {
+        let (dst, dst_offset) = (input.buffer()?.clone(), input.block().offset);
+        rec.encoder().copy_buffer_to_buffer(
+            latents.buffer,
+            latents.offset,
+            &dst,
+            dst_offset,
+            latents.byte_size(),
+        );
+    }
+    let (scale, shift) = vae.latent_scaling();
+    if !raw_latents && (scale != 1.0 || shift != 0.0) {
+        let f = crate::kernels::elementwise::Unary::ScaleShift {
+            alpha: 1.0 / scale,
+            beta: shift,
+        };
+        crate::kernels::elementwise::unary(rec, f, &input, &input)?;
+    }
+    vae.forward(rec, input, &mut Taps::default())
+}
+
+/// Runs `record` (which records one decode of latents of `shape`) with the
+/// context's planned pool replaying the plan of that decode, tracing it
+/// first if needed, exactly as [`decode`] does. Other pools: just runs it.
+///
+/// `record` must allocate the same sequence as [`record_decode`] or a prefix
+/// of it (latent tensor, decoder, optionally the RGBA8 tensor) — true of
+/// [`record_decoder`] and [`record_decoder_from_buffer`]. Calls must not
+/// overlap on one pool (replay state is the pool's).
+pub fn with_decode_plan<T>(
+    ctx: &Context,
+    vae: &Vae,
+    shape: &[usize],
+    record: impl FnOnce() -> Result<T>,
+) -> Result<T> {
+    let Some(planned) = ctx.pool().as_any().downcast_ref::<PlannedPool>() else {
+        return record();
+    };
+    let z = HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])?;
+    let key = ensure_plan(ctx, planned, vae, &z)?;
+    planned.begin_replay(&key)?;
+    let out = record();
+    planned.end_replay();
+    out
+}

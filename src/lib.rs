@@ -3,9 +3,65 @@
 //! Hand-written WGSL compute kernels (`shaders/`), recorded into one command
 //! encoder per forward pass, with every tensor allocated from one accounted
 //! [`memory::MemoryPool`].
+//!
+//! # Embedding in a wgpu application
+//!
+//! A game engine, image editor or node UI that already owns a
+//! `wgpu::Device` decodes latents on it with an [`Engine`] (see [`embed`]):
+//! request [`required_features`] / [`required_limits`] (and, when the adapter
+//! has them, [`optional_features`]) when creating the device, load a VAE
+//! once, then decode straight into one of your textures inside one of your
+//! command encoders — or take the simple path to an [`image::RgbaImage`].
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! // The host's device, created with wgvae's requirements merged in.
+//! let instance = wgpu::Instance::default();
+//! let adapter = pollster::block_on(instance.request_adapter(&Default::default()))?;
+//! let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+//!     required_features: wgvae::required_features()
+//!         | (adapter.features() & wgvae::optional_features()),
+//!     required_limits: wgpu::Limits::default()
+//!         .or_better_values_from(&wgvae::recommended_limits(&adapter)),
+//!     ..Default::default()
+//! }))?;
+//!
+//! // Load the VAE once. Device and queue are cheap handles: pass clones.
+//! let engine = wgvae::Engine::new(
+//!     device.clone(),
+//!     queue.clone(),
+//!     "taef2/decoder.safetensors",
+//!     &wgvae::LoadOptions::default(),
+//! )?;
+//! let latents = wgvae::io::read_npy("latents.npy".as_ref())?;
+//!
+//! // Simple path: pixels back on the host.
+//! engine.decode_to_image(&latents)?.save("decoded.png")?;
+//!
+//! // Or record into the host's encoder, writing the host's texture.
+//! let (width, height) = engine.image_size(&latents.shape)?;
+//! let texture = device.create_texture(&wgpu::TextureDescriptor {
+//!     label: Some("decoded"),
+//!     size: wgpu::Extent3d { width, height, depth_or_array_layers: 1 },
+//!     mip_level_count: 1,
+//!     sample_count: 1,
+//!     dimension: wgpu::TextureDimension::D2,
+//!     format: wgpu::TextureFormat::Rgba8UnormSrgb,
+//!     usage: wgpu::TextureUsages::TEXTURE_BINDING | wgpu::TextureUsages::COPY_DST,
+//!     view_formats: &[],
+//! });
+//! let mut encoder = device.create_command_encoder(&Default::default());
+//! let pending = engine.record_decode_to_texture(&mut encoder, &latents, &texture)?;
+//! // ... record the host's own passes sampling `texture` ...
+//! queue.submit([encoder.finish()]);
+//! drop(pending); // only after submitting
+//! # Ok(())
+//! # }
+//! ```
 
 pub mod attention;
 pub mod decode;
+pub mod embed;
 pub mod encode;
 pub mod error;
 pub mod gpu;
@@ -18,6 +74,10 @@ pub mod tensor;
 pub mod testing;
 
 pub use decode::{decode, DecodeOptions, Decoded};
+pub use embed::{
+    check_device, optional_features, recommended_limits, required_features, required_limits,
+    DeviceLatents, Engine, EngineOptions, Latents, PendingDecode,
+};
 pub use error::{Error, Result};
 pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};

@@ -12,7 +12,7 @@ pub use context::{
 };
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
 pub use profiler::{KernelTime, Profile, Profiler};
-pub use recorder::{linear_groups, read_back, DispatchLabel, Recorder};
+pub use recorder::{linear_groups, read_back, Binding, DispatchLabel, Recorder};
 
 #[cfg(test)]
 mod shader_tests;

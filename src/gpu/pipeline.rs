@@ -14,20 +14,25 @@ use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
 
-/// What a kernel does with one storage binding. Binding 0 is always the
-/// kernel's uniform parameter block (bound with a dynamic offset); storage
-/// bindings follow at 1, 2, …
+/// What a kernel does with one binding. Binding 0 is always the kernel's
+/// uniform parameter block (bound with a dynamic offset); storage bindings
+/// follow at 1, 2, …
 ///
-/// Every storage binding is declared `read_write` in the shader and layout,
-/// whatever the kernel does with it: pooled tensors share `wgpu::Buffer`s,
-/// and WebGPU forbids read-only and writable storage use of one buffer in one
-/// dispatch. The kind documents intent (and in-place use).
+/// Every storage *buffer* binding is declared `read_write` in the shader and
+/// layout, whatever the kernel does with it: pooled tensors share
+/// `wgpu::Buffer`s, and WebGPU forbids read-only and writable storage use of
+/// one buffer in one dispatch. `Read` / `ReadWrite` document intent (and
+/// in-place use).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum BindingKind {
-    /// Only read by the kernel.
+    /// A tensor only read by the kernel.
     Read,
-    /// Written by the kernel.
+    /// A tensor written by the kernel.
     ReadWrite,
+    /// A write-only 2-D storage texture of this format (`texture_storage_2d<F, write>`),
+    /// bound with [`Binding::Texture`](crate::gpu::Binding::Texture). Used to
+    /// write images into a host application's texture.
+    WriteTexture(wgpu::TextureFormat),
 }
 
 /// The Rust side of a kernel's contract with its shader.
@@ -221,7 +226,7 @@ impl PipelineCache {
     }
 
     /// The bind group layout of a kernel (see [`BindingKind`] for why every
-    /// storage binding is read-write).
+    /// storage buffer binding is read-write).
     pub fn layout_entries(spec: &KernelSpec) -> Vec<wgpu::BindGroupLayoutEntry> {
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
@@ -233,15 +238,23 @@ impl PipelineCache {
             },
             count: None,
         }];
-        for (i, _) in spec.bindings.iter().enumerate() {
-            entries.push(wgpu::BindGroupLayoutEntry {
-                binding: i as u32 + 1,
-                visibility: wgpu::ShaderStages::COMPUTE,
-                ty: wgpu::BindingType::Buffer {
+        for (i, kind) in spec.bindings.iter().enumerate() {
+            let ty = match kind {
+                BindingKind::Read | BindingKind::ReadWrite => wgpu::BindingType::Buffer {
                     ty: wgpu::BufferBindingType::Storage { read_only: false },
                     has_dynamic_offset: false,
                     min_binding_size: None,
                 },
+                BindingKind::WriteTexture(format) => wgpu::BindingType::StorageTexture {
+                    access: wgpu::StorageTextureAccess::WriteOnly,
+                    format: *format,
+                    view_dimension: wgpu::TextureViewDimension::D2,
+                },
+            };
+            entries.push(wgpu::BindGroupLayoutEntry {
+                binding: i as u32 + 1,
+                visibility: wgpu::ShaderStages::COMPUTE,
+                ty,
                 count: None,
             });
         }

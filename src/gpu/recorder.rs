@@ -8,7 +8,7 @@
 use bytemuck::Pod;
 
 use crate::error::{Error, Result};
-use crate::gpu::pipeline::{KernelSpec, PipelineKey};
+use crate::gpu::pipeline::{BindingKind, KernelSpec, PipelineKey};
 use crate::gpu::Context;
 use crate::memory::round_up;
 use crate::tensor::Tensor;
@@ -22,6 +22,18 @@ pub struct DispatchLabel {
     pub entry: &'static str,
     /// Multiply-accumulates done (for GFLOP/s), 0 when not meaningful.
     pub macs: u64,
+}
+
+/// One resource bound at binding 1, 2, … of a dispatch, matching the
+/// kernel's [`BindingKind`]s: tensors for `Read`/`ReadWrite`, a texture view
+/// for `WriteTexture`.
+#[derive(Clone, Copy, Debug)]
+pub enum Binding<'a> {
+    /// A tensor's bytes as a storage buffer.
+    Tensor(&'a Tensor),
+    /// A single-mip 2-D view of a texture with `STORAGE_BINDING` usage, in
+    /// the format the kernel's spec names.
+    Texture(&'a wgpu::TextureView),
 }
 
 struct UniformChunk {
@@ -151,29 +163,57 @@ impl<'a> Recorder<'a> {
         groups: [u32; 3],
         macs: u64,
     ) -> Result<()> {
+        let bindings: Vec<Binding> = tensors.iter().map(|t| Binding::Tensor(t)).collect();
+        self.dispatch_bindings(spec, key, params, &bindings, groups, macs)
+    }
+
+    /// [`Recorder::dispatch`] for kernels that also bind textures: `bindings`
+    /// bind at 1, 2, … and must match `spec.bindings` kind by kind.
+    pub fn dispatch_bindings<P: Pod>(
+        &mut self,
+        spec: &KernelSpec,
+        key: &PipelineKey,
+        params: &P,
+        bindings: &[Binding],
+        groups: [u32; 3],
+        macs: u64,
+    ) -> Result<()> {
         debug_assert_eq!(
             std::mem::size_of::<P>() as u64,
             spec.uniform_size,
             "{}: uniform struct size differs from its KernelSpec",
             spec.family
         );
-        if tensors.len() != spec.bindings.len() {
+        if bindings.len() != spec.bindings.len() {
             return Err(Error::Unsupported(format!(
-                "{}::{} takes {} buffers, got {}",
+                "{}::{} takes {} bindings, got {}",
                 spec.family,
                 spec.entry,
                 spec.bindings.len(),
-                tensors.len()
+                bindings.len()
             )));
         }
         let caps = self.ctx.caps();
-        for t in tensors {
-            if t.byte_size() > caps.max_storage_buffer_binding_size {
-                return Err(Error::BindingTooLarge {
-                    what: format!("a {:?} tensor in {}", t.shape(), spec.family),
-                    bytes: t.byte_size(),
-                    limit: caps.max_storage_buffer_binding_size,
-                });
+        for (i, (b, kind)) in bindings.iter().zip(spec.bindings).enumerate() {
+            match (b, kind) {
+                (Binding::Tensor(t), BindingKind::Read | BindingKind::ReadWrite) => {
+                    if t.byte_size() > caps.max_storage_buffer_binding_size {
+                        return Err(Error::BindingTooLarge {
+                            what: format!("a {:?} tensor in {}", t.shape(), spec.family),
+                            bytes: t.byte_size(),
+                            limit: caps.max_storage_buffer_binding_size,
+                        });
+                    }
+                }
+                (Binding::Texture(_), BindingKind::WriteTexture(_)) => {}
+                _ => {
+                    return Err(Error::Unsupported(format!(
+                        "{}::{}: binding {} is {kind:?}, got {b:?}",
+                        spec.family,
+                        spec.entry,
+                        i + 1
+                    )))
+                }
             }
         }
         if let Some(&g) = groups
@@ -207,10 +247,13 @@ impl<'a> Recorder<'a> {
                 size: wgpu::BufferSize::new(spec.uniform_size),
             }),
         }];
-        for (i, t) in tensors.iter().enumerate() {
+        for (i, b) in bindings.iter().enumerate() {
             entries.push(wgpu::BindGroupEntry {
                 binding: i as u32 + 1,
-                resource: wgpu::BindingResource::Buffer(t.binding()?),
+                resource: match b {
+                    Binding::Tensor(t) => wgpu::BindingResource::Buffer(t.binding()?),
+                    Binding::Texture(view) => wgpu::BindingResource::TextureView(view),
+                },
             });
         }
         let bind_group = self

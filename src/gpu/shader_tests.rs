@@ -1,9 +1,9 @@
 //! Every shader variant the engine can request parses and validates with
 //! naga, and its bindings and uniform size match the Rust side.
 
-use naga::{AddressSpace, StorageAccess};
+use naga::{AddressSpace, ImageClass, ImageDimension, StorageAccess, StorageFormat, TypeInner};
 
-use crate::gpu::preprocess;
+use crate::gpu::{preprocess, BindingKind};
 use crate::kernels::all_variants;
 
 fn validate(name: &str, src: &str) -> naga::Module {
@@ -60,11 +60,14 @@ fn every_shader_variant_validates_and_matches_its_spec() {
             let var = found
                 .get(&(i as u32 + 1))
                 .unwrap_or_else(|| panic!("{name}: binding {} missing", i + 1));
+            if let BindingKind::WriteTexture(format) = kind {
+                check_write_texture(&name, i + 1, &module, var, *format);
+                continue;
+            }
             let AddressSpace::Storage { access } = var.space else {
                 panic!("{name}: binding {} is not a storage buffer", i + 1)
             };
             // Pooled tensors share buffers: every storage binding is read_write (see BindingKind).
-            let _ = kind;
             assert_eq!(
                 access,
                 StorageAccess::LOAD | StorageAccess::STORE,
@@ -72,6 +75,42 @@ fn every_shader_variant_validates_and_matches_its_spec() {
                 i + 1
             );
         }
+    }
+}
+
+/// A `WriteTexture(format)` binding is a write-only `texture_storage_2d` of that format.
+fn check_write_texture(
+    name: &str,
+    binding: usize,
+    module: &naga::Module,
+    var: &naga::GlobalVariable,
+    format: wgpu::TextureFormat,
+) {
+    assert_eq!(
+        var.space,
+        AddressSpace::Handle,
+        "{name}: binding {binding} must be a texture"
+    );
+    let want = match format {
+        wgpu::TextureFormat::Rgba8Unorm => StorageFormat::Rgba8Unorm,
+        wgpu::TextureFormat::Rgba16Float => StorageFormat::Rgba16Float,
+        wgpu::TextureFormat::Rgba32Float => StorageFormat::Rgba32Float,
+        other => panic!("{name}: add {other:?} to the storage-format table of this test"),
+    };
+    match module.types[var.ty].inner {
+        TypeInner::Image {
+            dim: ImageDimension::D2,
+            arrayed: false,
+            class: ImageClass::Storage { format, access },
+        } => {
+            assert_eq!(format, want, "{name}: binding {binding} texel format");
+            assert_eq!(
+                access,
+                StorageAccess::STORE,
+                "{name}: binding {binding} must be write-only"
+            );
+        }
+        ref other => panic!("{name}: binding {binding} is {other:?}, not a texture_storage_2d"),
     }
 }
 

@@ -1,10 +1,11 @@
 //! `shaders/image.wgsl`: decoder output to packed RGBA8 on the GPU, with the
-//! exact rounding diffusers uses (numpy's round-half-to-even).
+//! exact rounding diffusers uses (numpy's round-half-to-even), into a tensor
+//! ([`to_rgba8`]) or straight into a storage texture ([`to_texture`]).
 
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder};
 use crate::kernels::elementwise::storage_type;
 use crate::tensor::{DType, Tensor};
 
@@ -12,13 +13,19 @@ const SOURCE: &str = include_str!("../../shaders/image.wgsl");
 /// Invocations (pixels) per workgroup.
 pub const WG: u32 = 256;
 
+/// Uniform parameters of both entry points (16 bytes, as in the shader).
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct Params {
+    /// H * W
     pub plane: u32,
-    pub _pad: [u32; 3],
+    /// W (used by `to_texture`)
+    pub width: u32,
+    /// Padding to 16 bytes.
+    pub _pad: [u32; 2],
 }
 
+/// `to_rgba8`: packed RGBA8 into a tensor.
 pub const TO_RGBA8: KernelSpec = KernelSpec {
     family: "image",
     source: SOURCE,
@@ -26,6 +33,37 @@ pub const TO_RGBA8: KernelSpec = KernelSpec {
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
+
+/// `to_texture` into an `Rgba8Unorm` storage texture: the bytes of [`to_rgba8`].
+pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
+    family: "image",
+    source: SOURCE,
+    entry: "to_texture",
+    bindings: &[
+        BindingKind::Read,
+        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba8Unorm),
+    ],
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+/// `to_texture` into an `Rgba16Float` storage texture: clamped values in [0, 1]
+/// before quantisation.
+pub const TO_TEXTURE_RGBA16F: KernelSpec = KernelSpec {
+    family: "image",
+    source: SOURCE,
+    entry: "to_texture",
+    bindings: &[
+        BindingKind::Read,
+        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba16Float),
+    ],
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+/// Texture formats [`to_texture`] writes as storage textures.
+pub const STORAGE_TEXTURE_FORMATS: [wgpu::TextureFormat; 2] = [
+    wgpu::TextureFormat::Rgba8Unorm,
+    wgpu::TextureFormat::Rgba16Float,
+];
 
 /// The value range a decoder outputs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -44,14 +82,19 @@ impl ImageRange {
         }
     }
 
+    /// CPU reference of one channel value in [0, 1] before quantisation:
+    /// `x / 2 + 0.5` (diffusers' order) or `x`, clamped.
+    pub fn to_unit(self, x: f32) -> f32 {
+        match self {
+            ImageRange::MinusOneToOne => (x / 2.0 + 0.5).clamp(0.0, 1.0),
+            ImageRange::ZeroToOne => x.clamp(0.0, 1.0),
+        }
+    }
+
     /// CPU reference of one channel value, in f32 and in diffusers' order:
     /// `x / 2 + 0.5`, clamp, `* 255`, round half to even.
     pub fn to_byte(self, x: f32) -> u8 {
-        let unit = match self {
-            ImageRange::MinusOneToOne => (x / 2.0 + 0.5).clamp(0.0, 1.0),
-            ImageRange::ZeroToOne => x.clamp(0.0, 1.0),
-        };
-        (unit * 255.0).round_ties_even() as u8
+        (self.to_unit(x) * 255.0).round_ties_even() as u8
     }
 }
 
@@ -105,7 +148,8 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
     groups[2] = n as u32;
     let params = Params {
         plane: plane as u32,
-        _pad: [0; 3],
+        width: w as u32,
+        _pad: [0; 2],
     };
     rec.dispatch(
         &TO_RGBA8,
@@ -115,6 +159,133 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
         groups,
         0,
     )
+}
+
+fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
+    match format {
+        wgpu::TextureFormat::Rgba8Unorm => Some(&TO_TEXTURE_RGBA8),
+        wgpu::TextureFormat::Rgba16Float => Some(&TO_TEXTURE_RGBA16F),
+        _ => None,
+    }
+}
+
+fn texture_key(spec: &KernelSpec, dtype: DType, range: ImageRange) -> Result<PipelineKey> {
+    let rgba16f = matches!(
+        spec.bindings.last(),
+        Some(BindingKind::WriteTexture(wgpu::TextureFormat::Rgba16Float))
+    );
+    Ok(PipelineKey::new(spec)
+        .flag_if(dtype == DType::F16, "F16")
+        .flag("TEXTURE")
+        .flag_if(rgba16f, "RGBA16F")
+        .alias("T", storage_type(dtype)?)
+        .constant("WG", format!("{WG}u"))
+        .constant("RANGE", format!("{}u", range.code())))
+}
+
+/// x `[1, 3, H, W]` (f32 or f16) → texels `(0..W, 0..H)` of mip level 0,
+/// array layer 0 of `texture`: a 2-D texture with `STORAGE_BINDING` usage in
+/// one of [`STORAGE_TEXTURE_FORMATS`], at least W×H. `Rgba8Unorm` receives
+/// exactly the bytes of [`to_rgba8`]; `Rgba16Float` the clamped values in
+/// [0, 1] before quantisation. Both are the decoder's sRGB-encoded pixel
+/// values (not linear light), alpha 1.
+pub fn to_texture(
+    rec: &mut Recorder,
+    x: &Tensor,
+    range: ImageRange,
+    texture: &wgpu::Texture,
+) -> Result<()> {
+    const OP: &str = "to_texture";
+    let [n, c, h, w] = match *x.shape() {
+        [n, c, h, w] => [n, c, h, w],
+        _ => {
+            return Err(Error::shape(
+                OP,
+                format!("x must be [1, 3, H, W], got {x:?}"),
+            ))
+        }
+    };
+    crate::kernels::group_norm::check_activation_dtype(rec, OP, x)?;
+    if n != 1 || c != 3 {
+        return Err(Error::shape(
+            OP,
+            format!("x must be one 3-channel image [1, 3, H, W], got {x:?}"),
+        ));
+    }
+    let format = texture.format();
+    let spec = texture_spec(format).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{OP}: a {format:?} storage texture (supported: {STORAGE_TEXTURE_FORMATS:?})"
+        ))
+    })?;
+    if texture.dimension() != wgpu::TextureDimension::D2
+        || texture.sample_count() != 1
+        || !texture
+            .usage()
+            .contains(wgpu::TextureUsages::STORAGE_BINDING)
+    {
+        return Err(Error::Unsupported(format!(
+            "{OP}: the texture must be 2-D, single-sampled, with STORAGE_BINDING usage (got {:?}, {} samples, {:?})",
+            texture.dimension(),
+            texture.sample_count(),
+            texture.usage()
+        )));
+    }
+    if (texture.width() as usize) < w || (texture.height() as usize) < h {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "a {w}×{h} image does not fit a {}×{} texture",
+                texture.width(),
+                texture.height()
+            ),
+        ));
+    }
+    if x.numel() > u32::MAX as usize {
+        return Err(Error::shape(OP, format!("{x:?} exceeds u32 indexing")));
+    }
+    let plane = h * w;
+    let groups = linear_groups(rec.ctx(), (plane as u64).div_ceil(WG as u64))?;
+    let params = Params {
+        plane: plane as u32,
+        width: w as u32,
+        _pad: [0; 2],
+    };
+    if rec.ctx().is_dry_run() {
+        return Ok(());
+    }
+    let view = texture.create_view(&wgpu::TextureViewDescriptor {
+        label: Some("wgvae output texture"),
+        format: Some(format),
+        dimension: Some(wgpu::TextureViewDimension::D2),
+        base_mip_level: 0,
+        mip_level_count: Some(1),
+        base_array_layer: 0,
+        array_layer_count: Some(1),
+        ..Default::default()
+    });
+    rec.dispatch_bindings(
+        spec,
+        &texture_key(spec, x.dtype(), range)?,
+        &params,
+        &[Binding::Tensor(x), Binding::Texture(&view)],
+        groups,
+        0,
+    )
+}
+
+/// CPU reference of the `Rgba16Float` texels of [`to_texture`] before the
+/// f16 conversion: x `[1, 3, H, W]` → `[H, W, 4]` values in [0, 1].
+pub fn cpu_to_unit_rgba(x: &[f32], h: usize, w: usize, range: ImageRange) -> Vec<f32> {
+    let plane = h * w;
+    let mut out = Vec::with_capacity(plane * 4);
+    for i in 0..plane {
+        for ch in 0..3 {
+            out.push(range.to_unit(x[ch * plane + i]));
+        }
+        out.push(1.0);
+    }
+    out
 }
 
 /// CPU reference: x `[N, 3, H, W]` → RGBA bytes `[N, H, W, 4]`.
@@ -137,6 +308,10 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     for dtype in [DType::F32, DType::F16] {
         for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
             v.push((TO_RGBA8, key(dtype, range).expect("supported dtype")));
+            for spec in [TO_TEXTURE_RGBA8, TO_TEXTURE_RGBA16F] {
+                let k = texture_key(&spec, dtype, range).expect("supported dtype");
+                v.push((spec, k));
+            }
         }
     }
     v
@@ -247,6 +422,176 @@ mod tests {
                 data[i]
             );
         }
+    }
+
+    /// Reads mip 0 / layer 0 of a `COPY_SRC` texture back: tightly packed rows.
+    fn read_texture(ctx: &crate::Context, tex: &wgpu::Texture) -> Vec<u8> {
+        let bpp = tex.format().block_copy_size(None).unwrap();
+        let (w, h) = (tex.width(), tex.height());
+        let row = (w * bpp).div_ceil(wgpu::COPY_BYTES_PER_ROW_ALIGNMENT)
+            * wgpu::COPY_BYTES_PER_ROW_ALIGNMENT;
+        let staging = Tensor::empty(ctx, &[(row * h / 4) as usize], DType::F32, "tex").unwrap();
+        let mut enc = ctx.device().create_command_encoder(&Default::default());
+        enc.copy_texture_to_buffer(
+            tex.as_image_copy(),
+            wgpu::TexelCopyBufferInfo {
+                buffer: staging.buffer().unwrap(),
+                layout: wgpu::TexelCopyBufferLayout {
+                    offset: staging.block().offset,
+                    bytes_per_row: Some(row),
+                    rows_per_image: None,
+                },
+            },
+            tex.size(),
+        );
+        ctx.queue().submit([enc.finish()]);
+        let padded = staging.to_bytes(ctx).unwrap();
+        padded
+            .chunks_exact(row as usize)
+            .flat_map(|r| r[..(w * bpp) as usize].to_vec())
+            .collect()
+    }
+
+    fn storage_texture(
+        ctx: &crate::Context,
+        w: u32,
+        h: u32,
+        format: wgpu::TextureFormat,
+    ) -> wgpu::Texture {
+        ctx.device().create_texture(&wgpu::TextureDescriptor {
+            label: Some("test target"),
+            size: wgpu::Extent3d {
+                width: w,
+                height: h,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+            view_formats: &[],
+        })
+    }
+
+    /// Rgba8Unorm texels are byte-identical to `to_rgba8` (and so to the CPU
+    /// reference), exact halves included; a larger texture keeps its other
+    /// texels (zero-initialised by wgpu) untouched.
+    #[test]
+    fn texture_rgba8_equals_packed_bytes() {
+        let ctx = test_context();
+        for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
+            let (h, w) = (19usize, 23usize);
+            let mut data = rand_vec(3 * h * w, 31, 1.4);
+            for (k, d) in data.iter_mut().take(255).enumerate() {
+                let unit = (k as f32 + 0.5) / 255.0;
+                *d = match range {
+                    ImageRange::ZeroToOne => unit,
+                    ImageRange::MinusOneToOne => (unit - 0.5) * 2.0,
+                };
+            }
+            let want = cpu_to_rgba8(&data, 1, h, w, range);
+            assert_eq!(gpu(&ctx, &data, 1, h, w, range), want);
+            let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
+            let tex = storage_texture(
+                &ctx,
+                w as u32 + 3,
+                h as u32 + 2,
+                wgpu::TextureFormat::Rgba8Unorm,
+            );
+            let mut rec = Recorder::new(&ctx);
+            to_texture(&mut rec, &x, range, &tex).unwrap();
+            rec.submit().unwrap();
+            let got = read_texture(&ctx, &tex);
+            let tw = w + 3;
+            for y in 0..h + 2 {
+                for xx in 0..tw {
+                    let texel = &got[(y * tw + xx) * 4..(y * tw + xx) * 4 + 4];
+                    if y < h && xx < w {
+                        let i = (y * w + xx) * 4;
+                        assert_eq!(texel, &want[i..i + 4], "{range:?} texel ({xx}, {y})");
+                    } else {
+                        assert_eq!(texel, &[0, 0, 0, 0], "{range:?} outside texel ({xx}, {y})");
+                    }
+                }
+            }
+        }
+    }
+
+    /// Rgba16Float texels are the unquantised values converted to f16: one of
+    /// the two f16 values bracketing the CPU value (Vulkan lets the store round
+    /// either way; lavapipe truncates), i.e. within one f16 ulp.
+    #[test]
+    fn texture_rgba16f_holds_unquantised_values() {
+        let ctx = test_context();
+        let (h, w) = (7usize, 5usize);
+        let data = rand_vec(3 * h * w, 5, 1.3);
+        let range = ImageRange::MinusOneToOne;
+        let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
+        let tex = storage_texture(&ctx, w as u32, h as u32, wgpu::TextureFormat::Rgba16Float);
+        let mut rec = Recorder::new(&ctx);
+        to_texture(&mut rec, &x, range, &tex).unwrap();
+        rec.submit().unwrap();
+        let got: Vec<f32> =
+            bytemuck::pod_collect_to_vec::<u8, half::f16>(&read_texture(&ctx, &tex))
+                .into_iter()
+                .map(f32::from)
+                .collect();
+        let want = cpu_to_unit_rgba(&data, h, w, range);
+        assert_eq!(got.len(), want.len());
+        for (i, (g, v)) in got.iter().zip(&want).enumerate() {
+            let near = half::f16::from_f32(*v);
+            let (lo, hi) = if f32::from(near) <= *v {
+                (near, half::f16::from_bits(near.to_bits() + 1))
+            } else {
+                (half::f16::from_bits(near.to_bits() - 1), near)
+            };
+            assert!(
+                *g == f32::from(lo) || *g == f32::from(hi),
+                "texel value {i}: got {g}, want {v} (f16 neighbours {lo}, {hi})"
+            );
+        }
+    }
+
+    #[test]
+    fn texture_misuse_is_an_error() {
+        let ctx = test_context();
+        let x = Tensor::empty(&ctx, &[1, 3, 5, 5], DType::F32, "x").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let small = storage_texture(&ctx, 4, 5, wgpu::TextureFormat::Rgba8Unorm);
+        assert!(matches!(
+            to_texture(&mut rec, &x, ImageRange::ZeroToOne, &small),
+            Err(Error::Shape { .. })
+        ));
+        let x2 = Tensor::empty(&ctx, &[2, 3, 5, 5], DType::F32, "x2").unwrap();
+        let ok = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::Rgba8Unorm);
+        assert!(matches!(
+            to_texture(&mut rec, &x2, ImageRange::ZeroToOne, &ok),
+            Err(Error::Shape { .. })
+        ));
+        let r32 = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::R32Float);
+        assert!(matches!(
+            to_texture(&mut rec, &x, ImageRange::ZeroToOne, &r32),
+            Err(Error::Unsupported(_))
+        ));
+        let not_storage = ctx.device().create_texture(&wgpu::TextureDescriptor {
+            label: None,
+            size: wgpu::Extent3d {
+                width: 5,
+                height: 5,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format: wgpu::TextureFormat::Rgba8Unorm,
+            usage: wgpu::TextureUsages::COPY_DST,
+            view_formats: &[],
+        });
+        assert!(matches!(
+            to_texture(&mut rec, &x, ImageRange::ZeroToOne, &not_storage),
+            Err(Error::Unsupported(_))
+        ));
     }
 
     #[test]

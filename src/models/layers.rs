@@ -19,7 +19,7 @@ pub fn dims4(t: &Tensor) -> Result<[usize; 4]> {
     }
 }
 
-/// Loads `{prefix}.weight` [cout, cin, k, k] and (if `bias`) `{prefix}.bias` [cout].
+/// Loads `{prefix}.weight` `[cout, cin, k, k]` and (if `bias`) `{prefix}.bias` `[cout]`.
 pub fn load_conv(
     ctx: &Context,
     store: &WeightStore,

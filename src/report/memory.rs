@@ -65,7 +65,7 @@ pub struct Row {
     pub size: usize,
     pub dtype: String,
     pub policy: String,
-    /// "predicted" (estimator) or "measured on <device>".
+    /// "predicted" (estimator) or "measured on `<device>`".
     pub source: String,
     pub weights_mib: f64,
     pub peak_allocated_mib: f64,

@@ -1,0 +1,697 @@
+//! Embedding wgvae in a wgpu application: decode on the host's own device,
+//! into the host's own texture, with no round trip through the CPU.
+//!
+//! # Setting up the device
+//!
+//! wgvae needs no wgpu feature ([`required_features`] is empty) and modest
+//! limits ([`required_limits`]); merge them into the descriptor you create
+//! your device with, e.g.
+//! `my_limits.or_better_values_from(&wgvae::required_limits())`. Request the
+//! adapter's [`optional_features`] when you can: the engine consults the
+//! device's features and simply does without those it lacks (see
+//! [`Engine`]'s "Features" section). [`recommended_limits`] raises the
+//! size-related limits to what the adapter allows, which large images need.
+//!
+//! # Decoding
+//!
+//! An [`Engine`] takes the device and queue (by value: `wgpu::Device` and
+//! `wgpu::Queue` are cheap reference-counted handles in wgpu 30, so pass
+//! `device.clone()`), loads one VAE, and then
+//! - [`Engine::decode_to_image`] returns an [`image::RgbaImage`] (the simple
+//!   path: one submit, one read back), or
+//! - [`Engine::record_decode_to_texture`] records the whole decode into *your*
+//!   `wgpu::CommandEncoder`, writing *your* `wgpu::Texture`. Nothing is
+//!   submitted and nothing is read back: you submit when you want, and keep
+//!   the returned [`PendingDecode`] until you have.
+//!
+//! Latents come from host memory ([`HostTensor`]) or from one of your
+//! buffers ([`DeviceLatents`], e.g. written by your own diffusion model).
+//!
+//! # Thread safety
+//!
+//! [`Engine`] and [`PendingDecode`] are `Send + Sync` (checked at compile
+//! time). An engine serialises its own decodes (one lock around recording);
+//! separate engines are independent. There is no global state: each engine
+//! has its own pipeline cache and memory pool, so several engines may share
+//! one device, each with its own VAE.
+
+use std::sync::Mutex;
+
+use crate::decode::{record_decoder, record_decoder_from_buffer, with_decode_plan, DecodeOptions};
+use crate::error::{Error, Result};
+use crate::gpu::{Capabilities, Context, Recorder};
+use crate::io::{validate_latents, HostTensor};
+use crate::kernels::image::{to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
+use crate::memory::Policy;
+use crate::models::{layers::dims4, LoadOptions, Vae};
+use crate::tensor::{DType, Tensor};
+
+pub use crate::decode::DeviceLatents;
+
+/// Features a device must have for wgvae: none.
+pub fn required_features() -> wgpu::Features {
+    wgpu::Features::empty()
+}
+
+/// Features wgvae uses when the device has them (`SHADER_F16`, timestamp
+/// queries, `SUBGROUP`); without them it takes its f32 / untimed paths.
+/// Intersect with `adapter.features()` before requesting them.
+pub fn optional_features() -> wgpu::Features {
+    crate::gpu::optional_features()
+}
+
+/// Largest `var<workgroup>` footprint of any kernel variant, in bytes: the
+/// attention kernel for head dimension 512 (AutoencoderKL's mid-block),
+/// above WebGPU's default 16384.
+const WORKGROUP_STORAGE_BYTES: u32 = 25088;
+/// Largest workgroup (invocations) of any kernel variant.
+const WORKGROUP_INVOCATIONS: u32 = 256;
+/// Most storage buffers one kernel binds.
+const STORAGE_BUFFERS_PER_STAGE: u32 = 6;
+
+/// The limits wgvae needs: the lowest wgpu knows
+/// ([`wgpu::Limits::downlevel_webgl2_defaults`]) raised where its compute
+/// kernels need more (workgroup size and memory, storage buffers, one
+/// storage texture for [`Engine::record_decode_to_texture`]), with WebGPU's
+/// default 128 MiB storage bindings and 256 MiB buffers.
+///
+/// One value exceeds WebGPU's defaults: `max_compute_workgroup_storage_size`
+/// is 25088 bytes (the attention kernel of AutoencoderKL decoders, head
+/// dimension 512; desktop GPUs and lavapipe offer 32 KiB or more). A device
+/// created with `wgpu::Limits::default()` alone fails [`check_device`].
+///
+/// These suffice to run every kernel. Whether a given image fits depends on
+/// `max_storage_buffer_binding_size` (one activation tensor per binding) and
+/// `max_buffer_size`; a decode that does not fit fails with
+/// [`Error::BindingTooLarge`] / [`Error::BufferTooLarge`]. Request
+/// [`recommended_limits`] for large images.
+///
+/// Combine with your own: `mine.or_better_values_from(&required_limits())`.
+pub fn required_limits() -> wgpu::Limits {
+    let compute = wgpu::Limits::defaults();
+    wgpu::Limits {
+        max_bind_groups: 1,
+        max_bindings_per_bind_group: 1 + STORAGE_BUFFERS_PER_STAGE,
+        max_dynamic_uniform_buffers_per_pipeline_layout: 1,
+        max_uniform_buffers_per_shader_stage: 1,
+        max_uniform_buffer_binding_size: 16 << 10,
+        max_storage_buffers_per_shader_stage: STORAGE_BUFFERS_PER_STAGE,
+        max_storage_textures_per_shader_stage: 1,
+        max_storage_buffer_binding_size: compute.max_storage_buffer_binding_size,
+        max_buffer_size: compute.max_buffer_size,
+        max_compute_workgroup_storage_size: WORKGROUP_STORAGE_BYTES,
+        max_compute_invocations_per_workgroup: WORKGROUP_INVOCATIONS,
+        max_compute_workgroup_size_x: WORKGROUP_INVOCATIONS,
+        max_compute_workgroup_size_y: WORKGROUP_INVOCATIONS,
+        max_compute_workgroup_size_z: 1,
+        max_compute_workgroups_per_dimension: compute.max_compute_workgroups_per_dimension,
+        ..wgpu::Limits::downlevel_webgl2_defaults()
+    }
+}
+
+/// [`required_limits`] with the size limits large decodes need
+/// (`max_storage_buffer_binding_size`, `max_buffer_size`) raised to the best
+/// the adapter offers. Merge with your own limits the same way.
+pub fn recommended_limits(adapter: &wgpu::Adapter) -> wgpu::Limits {
+    let a = adapter.limits();
+    let mut l = required_limits();
+    l.max_storage_buffer_binding_size = l
+        .max_storage_buffer_binding_size
+        .max(a.max_storage_buffer_binding_size);
+    l.max_buffer_size = l.max_buffer_size.max(a.max_buffer_size);
+    l
+}
+
+/// Checks a device against [`required_features`] and [`required_limits`],
+/// naming every shortfall.
+pub fn check_device(device: &wgpu::Device) -> Result<()> {
+    let mut missing = Vec::new();
+    let lacking = required_features() - device.features();
+    if !lacking.is_empty() {
+        missing.push(format!("features {lacking:?}"));
+    }
+    required_limits().check_limits_with_fail_fn(&device.limits(), false, |name, want, have| {
+        missing.push(format!("{name} = {have} (needs {want})"))
+    });
+    if missing.is_empty() {
+        Ok(())
+    } else {
+        Err(Error::Unsupported(format!(
+            "this device does not meet wgvae's requirements: {}; create it with wgvae::required_features() and wgvae::required_limits()",
+            missing.join(", ")
+        )))
+    }
+}
+
+/// Options of an [`Engine`].
+#[derive(Clone, Copy, Debug)]
+pub struct EngineOptions {
+    /// Memory policy of the engine's pool (default: `Planned`, lowest peak).
+    pub policy: Policy,
+    /// Latents passed to the engine are decoder input already: skip the
+    /// pipeline unscaling `latents / scaling_factor + shift_factor`.
+    pub raw_latents: bool,
+}
+
+impl Default for EngineOptions {
+    fn default() -> Self {
+        EngineOptions {
+            policy: Policy::Planned,
+            raw_latents: false,
+        }
+    }
+}
+
+/// Latents for a decode: in host memory or in a host buffer on the device.
+#[derive(Clone, Copy, Debug)]
+pub enum Latents<'a> {
+    /// Pipeline latents `[N, C, h, w]` (or `[C, h, w]`), f32, in host memory.
+    /// Checked for shape and finite values before anything is recorded.
+    Host(&'a HostTensor),
+    /// f32 latents in a host buffer with `COPY_SRC` usage. Copied inside the
+    /// command stream, so they only have to be written by work submitted (or
+    /// recorded into the same encoder) before the decode. Not checked for
+    /// finite values (that would need a read back).
+    Device(DeviceLatents<'a>),
+}
+
+impl<'a> From<&'a HostTensor> for Latents<'a> {
+    fn from(t: &'a HostTensor) -> Self {
+        Latents::Host(t)
+    }
+}
+
+impl<'a> From<DeviceLatents<'a>> for Latents<'a> {
+    fn from(d: DeviceLatents<'a>) -> Self {
+        Latents::Device(d)
+    }
+}
+
+/// Latents checked and (for host latents) unscaled, ready to record.
+enum Prepared<'a> {
+    Host(HostTensor),
+    Device(&'a DeviceLatents<'a>),
+}
+
+impl Prepared<'_> {
+    fn shape(&self) -> [usize; 4] {
+        match self {
+            Prepared::Host(z) => [z.shape[0], z.shape[1], z.shape[2], z.shape[3]],
+            Prepared::Device(d) => d.shape,
+        }
+    }
+}
+
+/// A decode recorded into the host's encoder by
+/// [`Engine::record_decode_to_texture`].
+///
+/// **Keep it until you have submitted that encoder, then drop it.** It owns
+/// the decode's output memory (from the engine's pool) and, for formats
+/// written through an intermediate, that intermediate texture: while it
+/// lives the engine's pool counts them as in use and does not hand them out
+/// again. (wgpu itself keeps every resource an unsubmitted encoder uses alive,
+/// so dropping it early is memory-safe; it only stops the accounting.)
+///
+/// With the default planned memory policy, a decode of a *different* latent
+/// shape cannot be recorded while a `PendingDecode` is alive (its memory
+/// plan would overlap the live one): that call returns
+/// [`Error::Unsupported`]. Decodes of the same shape can be recorded back to
+/// back, even into one encoder: they run in queue order.
+#[must_use = "keep the PendingDecode until the encoder is submitted"]
+#[derive(Debug)]
+pub struct PendingDecode {
+    _output: Tensor,
+    _intermediate: Option<wgpu::Texture>,
+    width: u32,
+    height: u32,
+    dispatches: usize,
+}
+
+impl PendingDecode {
+    /// Width of the decoded image in pixels (texels written: `0..width`).
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Height of the decoded image in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// Compute dispatches recorded.
+    pub fn dispatches(&self) -> usize {
+        self.dispatches
+    }
+}
+
+/// A VAE decoder on a host application's device.
+///
+/// Created from the host's `wgpu::Device` and `wgpu::Queue` (taken by value:
+/// both are reference-counted handles, pass clones). The engine checks the
+/// device against [`required_features`] / [`required_limits`], loads one VAE
+/// and keeps its weights, a pipeline cache and a memory pool of its own. It
+/// never installs an error handler on, polls, or otherwise reconfigures the
+/// device, except that [`Engine::decode_to_image`] submits to the queue and
+/// waits for the device.
+///
+/// # Features
+///
+/// The engine uses what the device was created with: without `SHADER_F16`
+/// it never compiles an f16 kernel (activations are f32 today anyway);
+/// without timestamp queries it does not profile. A device created with
+/// `wgpu::Features::empty()` and [`required_limits`] decodes correctly.
+///
+/// # Threads
+///
+/// `Send + Sync`. Calls on one engine are serialised by an internal lock
+/// (the memory pool replays one plan at a time); use one engine per thread
+/// for parallel recording.
+pub struct Engine {
+    ctx: Context,
+    vae: Vae,
+    options: EngineOptions,
+    /// Held while recording: the pool's planned replay is per pool.
+    recording: Mutex<()>,
+}
+
+impl std::fmt::Debug for Engine {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Engine")
+            .field("ctx", &self.ctx)
+            .field("vae", &self.vae.name)
+            .field("options", &self.options)
+            .finish()
+    }
+}
+
+/// Compile-time proof of the thread-safety the docs promise.
+const _: fn() = || {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Engine>();
+    send_sync::<PendingDecode>();
+    send_sync::<Latents<'static>>();
+};
+
+impl Engine {
+    /// Loads the VAE `vae` (a diffusers folder, a `.safetensors` file in
+    /// diffusers, LDM or TAE layout, or `preset:NAME`; see [`Vae::load`]) onto
+    /// the host's device, with default [`EngineOptions`].
+    pub fn new(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        vae: &str,
+        load: &LoadOptions,
+    ) -> Result<Engine> {
+        Self::with_options(device, queue, vae, load, EngineOptions::default())
+    }
+
+    /// [`Engine::new`] with options.
+    pub fn with_options(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        vae: &str,
+        load: &LoadOptions,
+        options: EngineOptions,
+    ) -> Result<Engine> {
+        check_device(&device)?;
+        let ctx = Context::from_device_with_pool(device, queue, options.policy.new_pool());
+        // Weights go up with queue writes, which wgpu executes before the
+        // next submission on this queue, whoever submits it.
+        let vae = Vae::load(&ctx, vae, load)?;
+        Ok(Engine {
+            ctx,
+            vae,
+            options,
+            recording: Mutex::new(()),
+        })
+    }
+
+    /// The loaded VAE (name, latent channels, scaling).
+    pub fn vae(&self) -> &Vae {
+        &self.vae
+    }
+
+    /// What the engine knows of the device (limits and features it uses).
+    pub fn caps(&self) -> &Capabilities {
+        self.ctx.caps()
+    }
+
+    /// The engine's options.
+    pub fn options(&self) -> &EngineOptions {
+        &self.options
+    }
+
+    /// Latent channels the VAE expects.
+    pub fn latent_channels(&self) -> usize {
+        self.vae.latent_channels()
+    }
+
+    /// `(width, height)` in pixels of the image decoded from latents of
+    /// `latent_shape` (`[N, C, h, w]` or `[C, h, w]`).
+    pub fn image_size(&self, latent_shape: &[usize]) -> Result<(u32, u32)> {
+        let (h, w) = match *latent_shape {
+            [_, h, w] | [_, _, h, w] => (h, w),
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "latent shape {latent_shape:?}: expected [N, C, h, w] or [C, h, w]"
+                )))
+            }
+        };
+        let up = self.vae.upscale();
+        let size = |v: usize| {
+            u32::try_from(v * up).map_err(|_| {
+                Error::InvalidInput(format!("latent shape {latent_shape:?} is too large"))
+            })
+        };
+        Ok((size(w)?, size(h)?))
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
+        // A panic while recording leaves nothing half-done in the engine itself.
+        self.recording
+            .lock()
+            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    }
+
+    fn prepare<'a>(&self, latents: &'a Latents<'a>) -> Result<Prepared<'a>> {
+        match latents {
+            Latents::Host(t) => {
+                let mut z = (*t).clone();
+                validate_latents(&mut z, self.vae.latent_channels())
+                    .map_err(Error::InvalidInput)?;
+                if !self.options.raw_latents {
+                    self.vae.unscale_latents(&mut z);
+                }
+                Ok(Prepared::Host(z))
+            }
+            Latents::Device(d) => {
+                d.validate(&self.vae)?;
+                Ok(Prepared::Device(d))
+            }
+        }
+    }
+
+    fn record_raw(&self, rec: &mut Recorder, latents: &Prepared) -> Result<Tensor> {
+        match latents {
+            Prepared::Host(z) => record_decoder(rec, &self.vae, z),
+            // Host latents were unscaled on the host; device latents on the GPU.
+            Prepared::Device(d) => {
+                record_decoder_from_buffer(rec, &self.vae, d, self.options.raw_latents)
+            }
+        }
+    }
+
+    /// Decodes one image (`N` = 1) and reads it back: submits to the queue
+    /// and waits. Pixels are the decoder's sRGB-encoded output, as the CLI
+    /// writes them (for RGB: `image::DynamicImage::from(img).into_rgb8()`).
+    pub fn decode_to_image<'a>(&self, latents: impl Into<Latents<'a>>) -> Result<image::RgbaImage> {
+        let mut images = self.decode_to_images(latents)?;
+        if images.len() != 1 {
+            return Err(Error::InvalidInput(format!(
+                "decode_to_image decodes one image but the latents hold {}; use decode_to_images",
+                images.len()
+            )));
+        }
+        Ok(images.remove(0))
+    }
+
+    /// Decodes a batch `[N, C, h, w]` into `N` images (submits and waits).
+    /// Host latents take exactly the path of [`crate::decode()`] (the CLI's).
+    pub fn decode_to_images<'a>(
+        &self,
+        latents: impl Into<Latents<'a>>,
+    ) -> Result<Vec<image::RgbaImage>> {
+        let latents = latents.into();
+        let _guard = self.lock();
+        let (rgba, width, height) = match latents {
+            Latents::Host(t) => {
+                let opts = DecodeOptions {
+                    raw_latents: self.options.raw_latents,
+                    ..Default::default()
+                };
+                let out = crate::decode::decode(&self.ctx, &self.vae, t, &opts)?;
+                (out.rgba, out.width, out.height)
+            }
+            Latents::Device(_) => {
+                let prepared = self.prepare(&latents)?;
+                let shape = prepared.shape();
+                let mut rec = Recorder::new(&self.ctx);
+                let pixels = with_decode_plan(&self.ctx, &self.vae, &shape, || {
+                    let raw = self.record_raw(&mut rec, &prepared)?;
+                    let [n, _, h, w] = dims4(&raw)?;
+                    let pixels = Tensor::empty(&self.ctx, &[n, h, w], DType::Rgba8, "rgba8 image")?;
+                    to_rgba8(&mut rec, &raw, self.vae.output_range(), &pixels)?;
+                    Ok(pixels)
+                })?;
+                rec.submit()?;
+                let [n, h, w] = [pixels.shape()[0], pixels.shape()[1], pixels.shape()[2]];
+                let bytes = pixels.to_bytes(&self.ctx)?;
+                let per = h * w * 4;
+                let rgba = bytes
+                    .chunks_exact(per)
+                    .take(n)
+                    .map(|c| c.to_vec())
+                    .collect();
+                (rgba, w, h)
+            }
+        };
+        rgba.into_iter()
+            .map(|px| {
+                image::RgbaImage::from_raw(width as u32, height as u32, px).ok_or_else(|| {
+                    Error::Readback(format!("{width}×{height} image has the wrong byte count"))
+                })
+            })
+            .collect()
+    }
+
+    /// Records a decode of one image (`N` = 1) into the host's `encoder`,
+    /// writing texels `(0..width, 0..height)` of mip level 0, array layer 0
+    /// of `target` (see [`Engine::image_size`]; the texture may be larger).
+    /// Nothing is submitted or read back; submit `encoder` when you like and
+    /// keep the returned [`PendingDecode`] until then.
+    ///
+    /// `target` must be 2-D and single-sampled, in one of these formats:
+    /// - `Rgba8Unorm` or `Rgba16Float` with `STORAGE_BINDING` usage: written
+    ///   directly by a compute shader;
+    /// - `Rgba8Unorm`, `Rgba8UnormSrgb` or `Rgba16Float` with `COPY_DST` usage
+    ///   (and no `STORAGE_BINDING`): written through an intermediate
+    ///   storage texture and `copy_texture_to_texture`. `*Srgb` formats can
+    ///   never be storage textures, so they always take this path.
+    ///
+    /// Values: `Rgba8*` texels hold exactly the bytes of the CLI's PNG.
+    /// Those bytes are sRGB-encoded (VAEs are trained on sRGB images), which
+    /// is what an `Rgba8UnormSrgb` texture stores: the copy moves bytes
+    /// unchanged, and sampling it yields linear light as a renderer expects;
+    /// sampling an `Rgba8Unorm` target yields the encoded values themselves.
+    /// `Rgba16Float` texels hold the clamped values in [0, 1] before 8-bit
+    /// quantisation, also sRGB-encoded (apply the sRGB transfer function in
+    /// your shader if you need linear light). Alpha is 1.
+    ///
+    /// Everything is validated before the first command is recorded. An
+    /// error after that (device out of memory) may leave a partial decode
+    /// in `encoder`: discard it.
+    pub fn record_decode_to_texture<'a>(
+        &self,
+        encoder: &mut wgpu::CommandEncoder,
+        latents: impl Into<Latents<'a>>,
+        target: &wgpu::Texture,
+    ) -> Result<PendingDecode> {
+        let latents = latents.into();
+        let prepared = self.prepare(&latents)?;
+        let shape = prepared.shape();
+        if shape[0] != 1 {
+            return Err(Error::InvalidInput(format!(
+                "record_decode_to_texture decodes one image (N = 1), got latents {shape:?}; record one decode per texture"
+            )));
+        }
+        let (width, height) = self.image_size(&shape)?;
+        let through = self.texture_route(target, width, height)?;
+        let _guard = self.lock();
+        let intermediate = through.map(|format| {
+            self.ctx.device().create_texture(&wgpu::TextureDescriptor {
+                label: Some("wgvae intermediate image"),
+                size: wgpu::Extent3d {
+                    width,
+                    height,
+                    depth_or_array_layers: 1,
+                },
+                mip_level_count: 1,
+                sample_count: 1,
+                dimension: wgpu::TextureDimension::D2,
+                format,
+                usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+                view_formats: &[],
+            })
+        });
+        let mut rec = Recorder::with_encoder(&self.ctx, encoder);
+        let output = with_decode_plan(&self.ctx, &self.vae, &shape, || {
+            let raw = self.record_raw(&mut rec, &prepared)?;
+            let written = intermediate.as_ref().unwrap_or(target);
+            to_texture(&mut rec, &raw, self.vae.output_range(), written)?;
+            Ok(raw)
+        })?;
+        if let Some(src) = &intermediate {
+            rec.encoder().copy_texture_to_texture(
+                src.as_image_copy(),
+                target.as_image_copy(),
+                wgpu::Extent3d {
+                    width,
+                    height,
+                    depth_or_array_layers: 1,
+                },
+            );
+        }
+        let dispatches = rec.finish().len();
+        Ok(PendingDecode {
+            _output: output,
+            _intermediate: intermediate,
+            width,
+            height,
+            dispatches,
+        })
+    }
+
+    /// How to write `target`: `None` directly, `Some(format)` through an
+    /// intermediate storage texture of that format.
+    fn texture_route(
+        &self,
+        target: &wgpu::Texture,
+        width: u32,
+        height: u32,
+    ) -> Result<Option<wgpu::TextureFormat>> {
+        use wgpu::{TextureFormat as F, TextureUsages as U};
+        if target.dimension() != wgpu::TextureDimension::D2 || target.sample_count() != 1 {
+            return Err(Error::Unsupported(format!(
+                "the target texture must be 2-D and single-sampled (got {:?}, {} samples)",
+                target.dimension(),
+                target.sample_count()
+            )));
+        }
+        if target.width() < width || target.height() < height {
+            return Err(Error::InvalidInput(format!(
+                "a {width}×{height} image does not fit the {}×{} target texture",
+                target.width(),
+                target.height()
+            )));
+        }
+        let format = target.format();
+        let usage = target.usage();
+        let storage = format.remove_srgb_suffix();
+        if !matches!(format, F::Rgba8Unorm | F::Rgba8UnormSrgb | F::Rgba16Float)
+            || !STORAGE_TEXTURE_FORMATS.contains(&storage)
+        {
+            return Err(Error::Unsupported(format!(
+                "decoding into a {format:?} texture; use Rgba8Unorm, Rgba8UnormSrgb or Rgba16Float (copy or render from it into other formats)"
+            )));
+        }
+        if format == storage && usage.contains(U::STORAGE_BINDING) {
+            return Ok(None);
+        }
+        if usage.contains(U::COPY_DST) {
+            return Ok(Some(storage));
+        }
+        Err(Error::Unsupported(format!(
+            "the {format:?} target texture needs {} usage (it has {usage:?})",
+            if format == storage {
+                "STORAGE_BINDING or COPY_DST"
+            } else {
+                "COPY_DST"
+            }
+        )))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::preprocess;
+    use crate::kernels::all_variants;
+
+    /// Every kernel variant fits `required_limits()`: workgroup size and
+    /// memory, storage buffers and textures, uniform size.
+    #[test]
+    fn required_limits_cover_every_kernel_variant() {
+        let req = required_limits();
+        let (mut max_wg_bytes, mut max_inv, mut max_buffers) = (0u32, 0u32, 0u32);
+        for (spec, key) in all_variants() {
+            let name = format!("{}::{} {:?}", spec.family, spec.entry, key.defines);
+            let src = preprocess(spec.source, &key).unwrap();
+            let module = naga::front::wgsl::parse_str(&src).unwrap();
+            let ep = module
+                .entry_points
+                .iter()
+                .find(|e| e.name == spec.entry)
+                .unwrap();
+            let [x, y, z] = ep.workgroup_size;
+            assert!(x <= req.max_compute_workgroup_size_x, "{name}: x {x}");
+            assert!(y <= req.max_compute_workgroup_size_y, "{name}: y {y}");
+            assert!(z <= req.max_compute_workgroup_size_z, "{name}: z {z}");
+            let inv = x * y * z;
+            // Conservative: every workgroup variable of the module, used or not.
+            let wg_bytes: u32 = module
+                .global_variables
+                .iter()
+                .filter(|(_, v)| v.space == naga::AddressSpace::WorkGroup)
+                .map(|(_, v)| module.types[v.ty].inner.size(module.to_ctx()))
+                .sum();
+            let buffers = spec
+                .bindings
+                .iter()
+                .filter(|k| !matches!(k, crate::gpu::BindingKind::WriteTexture(_)))
+                .count() as u32;
+            let textures = spec.bindings.len() as u32 - buffers;
+            assert!(
+                inv <= req.max_compute_invocations_per_workgroup,
+                "{name}: {inv} invocations"
+            );
+            assert!(
+                wg_bytes <= req.max_compute_workgroup_storage_size,
+                "{name}: {wg_bytes} B workgroup memory"
+            );
+            assert!(
+                buffers <= req.max_storage_buffers_per_shader_stage,
+                "{name}: {buffers} buffers"
+            );
+            assert!(
+                textures <= req.max_storage_textures_per_shader_stage,
+                "{name}: {textures} textures"
+            );
+            assert!(
+                spec.uniform_size <= req.max_uniform_buffer_binding_size,
+                "{name}: uniform"
+            );
+            if wg_bytes > 16384 {
+                println!("{name}: {wg_bytes} B workgroup memory");
+            }
+            max_wg_bytes = max_wg_bytes.max(wg_bytes);
+            max_inv = max_inv.max(inv);
+            max_buffers = max_buffers.max(buffers);
+        }
+        println!("largest kernel needs: {max_wg_bytes} B workgroup memory, {max_inv} invocations, {max_buffers} storage buffers");
+        // The constants are what the kernels need, not more.
+        assert_eq!(max_inv, WORKGROUP_INVOCATIONS);
+        assert_eq!(max_buffers, STORAGE_BUFFERS_PER_STAGE);
+        assert_eq!(max_wg_bytes, WORKGROUP_STORAGE_BYTES);
+        // Above WebGPU's defaults only in workgroup memory (attention, head dim 512).
+        let mut defaults = wgpu::Limits::defaults();
+        assert!(!req.check_limits(&defaults));
+        defaults.max_compute_workgroup_storage_size = WORKGROUP_STORAGE_BYTES;
+        assert!(req.check_limits(&defaults));
+        assert!(required_features().is_empty());
+    }
+
+    /// The lowest limits wgpu knows fail the check with a message naming them.
+    #[test]
+    fn device_check_names_missing_limits() {
+        let (device, _queue) = wgpu::Device::noop(&wgpu::DeviceDescriptor {
+            required_limits: wgpu::Limits::downlevel_webgl2_defaults(),
+            ..Default::default()
+        });
+        match check_device(&device) {
+            Err(Error::Unsupported(m)) => {
+                assert!(m.contains("max_compute_invocations_per_workgroup"), "{m}")
+            }
+            other => panic!("expected Unsupported, got {other:?}"),
+        }
+    }
+}

@@ -1,0 +1,602 @@
+//! The embedding API (`wgvae::Engine`) on a device the "host" creates itself:
+//! decodes into host textures equal the CLI's PNGs, every target format and
+//! route, latents from a host buffer, a device without optional features,
+//! two engines on one device, and misuse reported before anything is recorded.
+//!
+//! The TAEF2 decodes are slow on lavapipe (astronaut 512²: minutes in a debug
+//! build on a busy machine), so only the acceptance test and the
+//! no-optional-features test use TAEF2; the rest use the tiny AutoencoderKL
+//! goldens.
+
+#[path = "../examples/embed_headless.rs"]
+#[allow(dead_code)]
+mod embed_headless;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::sync::OnceLock;
+
+use embed_headless::{decode_into_host_texture, default_host_device, host_device, run};
+use wgvae::io::{read_npy, HostTensor};
+use wgvae::testing::shared_dir;
+use wgvae::{DeviceLatents, Engine, EngineOptions, Error, LoadOptions};
+
+/// One host device per test process, created the way a host would.
+fn host() -> &'static (wgpu::Device, wgpu::Queue) {
+    static HOST: OnceLock<(wgpu::Device, wgpu::Queue)> = OnceLock::new();
+    HOST.get_or_init(|| default_host_device().expect("a host device (install lavapipe)"))
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wgvae-embed-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn png_rgb(path: &Path) -> Vec<u8> {
+    image::open(path).unwrap().to_rgb8().into_raw()
+}
+
+fn rgb_of(rgba: &[u8]) -> Vec<u8> {
+    rgba.chunks_exact(4)
+        .flat_map(|p| [p[0], p[1], p[2]])
+        .collect()
+}
+
+/// (worst |a - b|, number of differing bytes)
+fn compare(a: &[u8], b: &[u8]) -> (u8, usize) {
+    assert_eq!(a.len(), b.len(), "image sizes differ");
+    let worst = a
+        .iter()
+        .zip(b)
+        .map(|(x, y)| x.abs_diff(*y))
+        .max()
+        .unwrap_or(0);
+    (worst, a.iter().zip(b).filter(|(x, y)| x != y).count())
+}
+
+fn engine(dir: &Path) -> Engine {
+    let (device, queue) = host();
+    Engine::new(
+        device.clone(),
+        queue.clone(),
+        dir.to_str().unwrap(),
+        &LoadOptions::default(),
+    )
+    .unwrap()
+}
+
+fn target(
+    device: &wgpu::Device,
+    (width, height): (u32, u32),
+    format: wgpu::TextureFormat,
+    usage: wgpu::TextureUsages,
+) -> wgpu::Texture {
+    device.create_texture(&wgpu::TextureDescriptor {
+        label: Some("test target"),
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format,
+        usage: usage | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    })
+}
+
+/// Reads a texture back to RGBA8 (`Rgba16Float` quantised as round(v * 255)).
+fn read_rgba8(device: &wgpu::Device, queue: &wgpu::Queue, tex: &wgpu::Texture) -> Vec<u8> {
+    let bpp = tex.format().block_copy_size(None).unwrap();
+    let (w, h) = (tex.width(), tex.height());
+    let row = (w * bpp).div_ceil(256) * 256;
+    let buf = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: (row * h) as u64,
+        usage: wgpu::BufferUsages::COPY_DST | wgpu::BufferUsages::MAP_READ,
+        mapped_at_creation: false,
+    });
+    let mut enc = device.create_command_encoder(&Default::default());
+    enc.copy_texture_to_buffer(
+        tex.as_image_copy(),
+        wgpu::TexelCopyBufferInfo {
+            buffer: &buf,
+            layout: wgpu::TexelCopyBufferLayout {
+                offset: 0,
+                bytes_per_row: Some(row),
+                rows_per_image: None,
+            },
+        },
+        tex.size(),
+    );
+    queue.submit([enc.finish()]);
+    buf.slice(..).map_async(wgpu::MapMode::Read, |r| r.unwrap());
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+    let texels: Vec<u8> = buf
+        .slice(..)
+        .get_mapped_range()
+        .unwrap()
+        .chunks_exact(row as usize)
+        .flat_map(|r| r[..(w * bpp) as usize].to_vec())
+        .collect();
+    embed_headless::HostImage {
+        width: w,
+        height: h,
+        format: tex.format(),
+        texels,
+        gpu_ms: 0.0,
+    }
+    .rgba8()
+}
+
+/// Acceptance: TAEF2 astronaut decoded by the engine into a host texture
+/// (host device, host encoder, host readback: `examples/embed_headless.rs`)
+/// gives the PNG the `wgvae decode` CLI writes, byte for byte (±1 allowed).
+#[test]
+fn host_texture_decode_equals_cli_png_taef2_astronaut() {
+    let Some(shared) = shared_dir() else { return };
+    let latents = shared.join("golden/taef2/astronaut.latents.npy");
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let cli_png = tmp("astronaut_cli.png");
+    let host_png = tmp("astronaut_host.png");
+    // The CLI runs in its own process meanwhile.
+    let cli = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+        .args([
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+            "-o",
+        ])
+        .arg(&cli_png)
+        .env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        )
+        .spawn()
+        .expect("run the wgvae CLI");
+    let (device, queue) = host();
+    let image = run(
+        device,
+        queue,
+        &vae,
+        &latents,
+        wgpu::TextureFormat::Rgba8UnormSrgb,
+        &host_png,
+    )
+    .unwrap();
+    let status = cli.wait_with_output().unwrap().status;
+    assert!(status.success(), "the CLI failed");
+    let (cli_rgb, host_rgb) = (png_rgb(&cli_png), png_rgb(&host_png));
+    let (worst, differing) = compare(&host_rgb, &cli_rgb);
+    println!(
+        "astronaut {}×{}: host texture vs CLI PNG: {differing} of {} bytes differ, worst by {worst}; host submit + wait {:.0} ms",
+        image.width,
+        image.height,
+        cli_rgb.len(),
+        image.gpu_ms
+    );
+    assert_eq!((image.width, image.height), (512, 512));
+    assert!(
+        worst <= 1,
+        "host texture differs from the CLI PNG by {worst}"
+    );
+}
+
+/// A host whose device has no optional feature (no SHADER_F16, no
+/// timestamps, no subgroups) and WebGPU-default limits raised only to
+/// `required_limits()` still decodes (f32 path): within ±1 of PyTorch's PNG.
+#[test]
+fn device_without_optional_features_decodes_taef2_chelsea() {
+    let Some(shared) = shared_dir() else { return };
+    let limits = wgpu::Limits::default().or_better_values_from(&wgvae::required_limits());
+    let (device, queue) = host_device(wgpu::Features::empty(), limits).unwrap();
+    assert!(device.features().is_empty());
+    let png = tmp("chelsea_nofeatures.png");
+    let image = run(
+        &device,
+        &queue,
+        &shared.join("weights/taef2/decoder.safetensors"),
+        &shared.join("golden/taef2/chelsea.latents.npy"),
+        wgpu::TextureFormat::Rgba8Unorm,
+        &png,
+    )
+    .unwrap();
+    assert_eq!((image.width, image.height), (448, 288));
+    let got = png_rgb(&png);
+    let want = png_rgb(&shared.join("golden/taef2/chelsea.decoded.png"));
+    let (worst, differing) = compare(&got, &want);
+    println!(
+        "chelsea without optional features vs PyTorch's PNG: {differing} of {} bytes differ, worst by {worst}; submit + wait {:.0} ms",
+        got.len(),
+        image.gpu_ms
+    );
+    assert!(worst <= 1, "differs from PyTorch's PNG by {worst}");
+}
+
+/// Every target format and route, all recorded back to back into one host
+/// encoder (same latent shape, planned pool), against `decode_to_image`
+/// (the CLI's path) and diffusers' PNG.
+#[test]
+fn every_target_format_and_route_matches_decode_to_image() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let (device, queue) = host();
+    let engine = engine(&dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let reference = engine.decode_to_image(&latents).unwrap();
+    let (w, h) = engine.image_size(&latents.shape).unwrap();
+    assert_eq!((reference.width(), reference.height()), (w, h));
+    let diffusers = png_rgb(&dir.join("decoded_0.png"));
+    let (worst, _) = compare(&rgb_of(reference.as_raw()), &diffusers);
+    assert!(worst <= 1, "decode_to_image vs diffusers: {worst}");
+
+    use wgpu::{TextureFormat as F, TextureUsages as U};
+    let cases = [
+        (
+            "rgba8unorm storage",
+            F::Rgba8Unorm,
+            U::STORAGE_BINDING,
+            (w, h),
+        ),
+        ("rgba8unorm copy", F::Rgba8Unorm, U::COPY_DST, (w, h)),
+        ("rgba8unorm-srgb", F::Rgba8UnormSrgb, U::COPY_DST, (w, h)),
+        (
+            "rgba16float storage",
+            F::Rgba16Float,
+            U::STORAGE_BINDING,
+            (w, h),
+        ),
+        ("rgba16float copy", F::Rgba16Float, U::COPY_DST, (w, h)),
+        (
+            "larger texture",
+            F::Rgba8Unorm,
+            U::STORAGE_BINDING,
+            (w + 5, h + 3),
+        ),
+        (
+            "larger srgb texture",
+            F::Rgba8UnormSrgb,
+            U::COPY_DST,
+            (w + 5, h + 3),
+        ),
+    ];
+    let textures: Vec<_> = cases
+        .iter()
+        .map(|(_, f, u, size)| target(device, *size, *f, *u))
+        .collect();
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending: Vec<_> = textures
+        .iter()
+        .map(|t| {
+            engine
+                .record_decode_to_texture(&mut encoder, &latents, t)
+                .unwrap()
+        })
+        .collect();
+    assert!(pending
+        .iter()
+        .all(|p| p.width() == w && p.height() == h && p.dispatches() > 10));
+    queue.submit([encoder.finish()]);
+    drop(pending);
+    for ((name, format, _, (tw, th)), tex) in cases.iter().zip(&textures) {
+        let got = read_rgba8(device, queue, tex);
+        // The decoded region, then the rest (wgpu zero-initialises textures).
+        let mut region = Vec::new();
+        for y in 0..*th as usize {
+            let row = &got[y * *tw as usize * 4..(y + 1) * *tw as usize * 4];
+            if y < h as usize {
+                region.extend_from_slice(&row[..w as usize * 4]);
+                assert!(
+                    row[w as usize * 4..].iter().all(|&b| b == 0),
+                    "{name}: row {y} outside"
+                );
+            } else {
+                assert!(
+                    row.iter().all(|&b| b == 0),
+                    "{name}: row {y} below the image"
+                );
+            }
+        }
+        let (worst, differing) = compare(&region, reference.as_raw());
+        println!("{name}: {differing} bytes differ from decode_to_image, worst by {worst}");
+        if *format == F::Rgba16Float {
+            assert!(worst <= 1, "{name}: {worst}");
+        } else {
+            assert_eq!(differing, 0, "{name}: bytes differ (worst by {worst})");
+        }
+    }
+}
+
+/// Latents from a host buffer (at an offset, as a host's diffusion model
+/// would leave them), unscaled on the GPU (FLUX-style scaling and shift),
+/// give the host-latent result within ±1 — through both paths.
+#[test]
+fn latents_from_a_host_buffer_match_host_latents() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-flux");
+    let (device, queue) = host();
+    let engine = engine(&dir);
+    let (scale, shift) = engine.vae().latent_scaling();
+    assert!(
+        scale != 1.0 && shift != 0.0,
+        "this test needs a scaled, shifted VAE"
+    );
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let reference = engine.decode_to_image(&latents).unwrap();
+
+    let offset = 256u64;
+    let bytes: &[u8] = bytemuck::cast_slice(&latents.data);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host diffusion output"),
+        size: offset + bytes.len() as u64 + 64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&buffer, offset, bytes);
+    let shape: [usize; 4] = latents.shape.clone().try_into().unwrap();
+    let on_device = DeviceLatents {
+        buffer: &buffer,
+        offset,
+        shape,
+    };
+
+    let simple = engine.decode_to_image(on_device).unwrap();
+    let (worst, differing) = compare(simple.as_raw(), reference.as_raw());
+    println!("decode_to_image from a buffer: {differing} bytes differ, worst by {worst}");
+    assert!(worst <= 1);
+
+    let image = decode_into_host_texture(
+        &engine,
+        device,
+        queue,
+        on_device,
+        &latents.shape,
+        wgpu::TextureFormat::Rgba8Unorm,
+    )
+    .unwrap();
+    let (worst, differing) = compare(&image.texels, reference.as_raw());
+    println!("texture from a buffer: {differing} bytes differ, worst by {worst}");
+    assert!(worst <= 1);
+
+    // Raw latents (decoder input already): the engine must not unscale them.
+    let raw_engine = Engine::with_options(
+        device.clone(),
+        queue.clone(),
+        dir.to_str().unwrap(),
+        &LoadOptions::default(),
+        EngineOptions {
+            raw_latents: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let mut z = latents.clone();
+    raw_engine.vae().unscale_latents(&mut z);
+    queue.write_buffer(&buffer, offset, bytemuck::cast_slice(&z.data));
+    let from_raw = raw_engine.decode_to_image(on_device).unwrap();
+    let (worst, _) = compare(from_raw.as_raw(), reference.as_raw());
+    assert!(worst <= 1, "raw latents from a buffer: {worst}");
+}
+
+/// Two engines (two VAEs) on one host device: recorded into one encoder and
+/// decoded from two threads at once; each matches diffusers.
+#[test]
+fn two_engines_share_one_device() {
+    let Some(shared) = shared_dir() else { return };
+    let (device, queue) = host();
+    let names = ["aekl-tiny-sd", "aekl-tiny-flux"];
+    let dirs: Vec<_> = names
+        .iter()
+        .map(|n| shared.join("golden").join(n))
+        .collect();
+    let engines: Vec<_> = dirs.iter().map(|d| engine(d)).collect();
+    let latents: Vec<_> = dirs
+        .iter()
+        .map(|d| read_npy(&d.join("latents.npy")).unwrap())
+        .collect();
+    let wants: Vec<_> = dirs
+        .iter()
+        .map(|d| png_rgb(&d.join("decoded_0.png")))
+        .collect();
+
+    // One encoder, both engines, the host submits once.
+    let textures: Vec<_> = engines
+        .iter()
+        .zip(&latents)
+        .map(|(e, l)| {
+            target(
+                device,
+                e.image_size(&l.shape).unwrap(),
+                wgpu::TextureFormat::Rgba8Unorm,
+                wgpu::TextureUsages::STORAGE_BINDING,
+            )
+        })
+        .collect();
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending: Vec<_> = engines
+        .iter()
+        .zip(&latents)
+        .zip(&textures)
+        .map(|((e, l), t)| e.record_decode_to_texture(&mut encoder, l, t).unwrap())
+        .collect();
+    queue.submit([encoder.finish()]);
+    drop(pending);
+    for ((name, tex), want) in names.iter().zip(&textures).zip(&wants) {
+        let (worst, _) = compare(&rgb_of(&read_rgba8(device, queue, tex)), want);
+        assert!(worst <= 1, "{name} (one encoder): {worst}");
+    }
+
+    // Both engines from two threads at once (each engine is Sync; they share
+    // device and queue and nothing else).
+    std::thread::scope(|s| {
+        let handles: Vec<_> = engines
+            .iter()
+            .zip(&latents)
+            .map(|(e, l)| s.spawn(move || e.decode_to_image(l).unwrap()))
+            .collect();
+        for ((h, name), want) in handles.into_iter().zip(names).zip(&wants) {
+            let (worst, _) = compare(&rgb_of(h.join().unwrap().as_raw()), want);
+            assert!(worst <= 1, "{name} (threads): {worst}");
+        }
+    });
+}
+
+/// The planned pool and a live `PendingDecode`: a different latent shape is
+/// refused until the pending decode is dropped; then it decodes correctly.
+#[test]
+fn planned_pool_refuses_a_new_shape_while_a_decode_is_pending() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let (device, queue) = host();
+    let engine = engine(&dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    // An 8×8 crop of the 12×16 latents.
+    let [n, c, h, w]: [usize; 4] = latents.shape.clone().try_into().unwrap();
+    let mut crop = Vec::new();
+    for b in 0..n * c {
+        for y in 0..8 {
+            let row = (b * h + y) * w;
+            crop.extend_from_slice(&latents.data[row..row + 8]);
+        }
+    }
+    let small = HostTensor::new(vec![n, c, 8, 8], crop).unwrap();
+    let big_tex = target(
+        device,
+        engine.image_size(&latents.shape).unwrap(),
+        wgpu::TextureFormat::Rgba8Unorm,
+        wgpu::TextureUsages::STORAGE_BINDING,
+    );
+    let small_tex = target(
+        device,
+        engine.image_size(&small.shape).unwrap(),
+        wgpu::TextureFormat::Rgba8Unorm,
+        wgpu::TextureUsages::STORAGE_BINDING,
+    );
+
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending = engine
+        .record_decode_to_texture(&mut encoder, &latents, &big_tex)
+        .unwrap();
+    let mut other = device.create_command_encoder(&Default::default());
+    match engine.record_decode_to_texture(&mut other, &small, &small_tex) {
+        Err(Error::Unsupported(m)) => println!("refused as documented: {m}"),
+        r => panic!("expected Error::Unsupported, got {r:?}"),
+    }
+    queue.submit([encoder.finish()]);
+    drop(pending);
+    let mut encoder = device.create_command_encoder(&Default::default());
+    let pending = engine
+        .record_decode_to_texture(&mut encoder, &small, &small_tex)
+        .unwrap();
+    queue.submit([encoder.finish()]);
+    drop(pending);
+    let want = engine.decode_to_image(&small).unwrap();
+    assert_eq!(read_rgba8(device, queue, &small_tex), want.into_raw());
+}
+
+/// Misuse is an error returned before anything is recorded.
+#[test]
+fn misuse_is_reported() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let (device, _queue) = host();
+    let engine = engine(&dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let size = engine.image_size(&latents.shape).unwrap();
+    let mut enc = device.create_command_encoder(&Default::default());
+    use wgpu::{TextureFormat as F, TextureUsages as U};
+    let mut record = |tex: &wgpu::Texture, l: &HostTensor| {
+        engine
+            .record_decode_to_texture(&mut enc, l, tex)
+            .map(|_| ())
+    };
+    // Formats and usages.
+    assert!(matches!(
+        record(&target(device, size, F::Bgra8Unorm, U::COPY_DST), &latents),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        record(
+            &target(device, size, F::Rgba8UnormSrgb, U::TEXTURE_BINDING),
+            &latents
+        ),
+        Err(Error::Unsupported(_))
+    ));
+    assert!(matches!(
+        record(
+            &target(device, size, F::Rgba8Unorm, U::TEXTURE_BINDING),
+            &latents
+        ),
+        Err(Error::Unsupported(_))
+    ));
+    // Too small.
+    let small = (size.0 - 1, size.1);
+    assert!(matches!(
+        record(
+            &target(device, small, F::Rgba8Unorm, U::STORAGE_BINDING),
+            &latents
+        ),
+        Err(Error::InvalidInput(_))
+    ));
+    // A batch into one texture; wrong channels; NaN.
+    let ok_tex = target(device, size, F::Rgba8Unorm, U::STORAGE_BINDING);
+    let mut two = latents.clone();
+    two.shape[0] = 2;
+    two.data.extend(latents.data.clone());
+    assert!(matches!(record(&ok_tex, &two), Err(Error::InvalidInput(_))));
+    let mut nan = latents.clone();
+    nan.data[3] = f32::NAN;
+    assert!(matches!(record(&ok_tex, &nan), Err(Error::InvalidInput(_))));
+    let wrong_channels = HostTensor::new(vec![1, 3, 12, 16], vec![0.0; 3 * 12 * 16]).unwrap();
+    assert!(matches!(
+        record(&ok_tex, &wrong_channels),
+        Err(Error::InvalidInput(_))
+    ));
+    assert!(matches!(
+        engine.decode_to_image(&two),
+        Err(Error::InvalidInput(_))
+    ));
+    // Device latents: usage, alignment, bounds.
+    let shape: [usize; 4] = latents.shape.clone().try_into().unwrap();
+    let bytes = latents.data.len() as u64 * 4;
+    let no_copy = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: bytes,
+        usage: wgpu::BufferUsages::STORAGE,
+        mapped_at_creation: false,
+    });
+    let copy_src = device.create_buffer(&wgpu::BufferDescriptor {
+        label: None,
+        size: bytes + 4,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC,
+        mapped_at_creation: false,
+    });
+    for (what, buffer, offset) in [
+        ("no COPY_SRC", &no_copy, 0),
+        ("misaligned", &copy_src, 2),
+        ("overrun", &copy_src, 8),
+    ] {
+        let l = DeviceLatents {
+            buffer,
+            offset,
+            shape,
+        };
+        assert!(
+            matches!(
+                engine.record_decode_to_texture(&mut enc, l, &ok_tex),
+                Err(Error::InvalidInput(_))
+            ),
+            "{what}"
+        );
+    }
+    // Nothing was recorded: the encoder finishes and submits cleanly.
+    let (_, queue) = host();
+    queue.submit([enc.finish()]);
+    device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
+}
