@@ -225,8 +225,10 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
     }
     if let Some(p) = &a.memory_snapshot {
-        std::fs::write(p, ctx.pool().snapshot().to_json())
-            .map_err(|source| wgvae::Error::Io { path: p.clone(), source })?;
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
     }
     let n = out.rgba.len();
     if a.json {
