@@ -70,6 +70,7 @@ fn estimate_equals_measured_for_every_policy() {
             let opts = DecodeOptions {
                 raw_latents: true,
                 keep_raw: true,
+                ..Default::default()
             };
             let real = decode(&ctx, &vae, &case.latents, &opts).unwrap();
             let est = estimate_decode(
