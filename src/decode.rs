@@ -17,7 +17,8 @@ use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
 use crate::memory::{
-    plan_greedy_by_size, MemoryPool, MemoryStats, PlannedPool, Policy, TracingPool,
+    plan_greedy_by_size, round_up, AllocationTrace, MemoryPool, MemoryStats, PlannedPool, Policy,
+    TracingPool,
 };
 use crate::models::{LoadOptions, Taps, Vae};
 use crate::tensor::{DType, Tensor};
@@ -70,30 +71,83 @@ fn plan_key(vae: &Vae, shape: &[usize]) -> String {
     format!("vae{}:{shape:?}", vae.id)
 }
 
-/// For a planned pool: traces `run` once in a dry run under `key` and installs its plan.
+/// Largest trace the planned pool plans (greedy placement is quadratic in
+/// the number of allocations); longer tiled decodes allocate one buffer per
+/// tensor instead, as the exact policy.
+const MAX_PLANNED_ALLOCATIONS: usize = 8192;
+
+/// For a planned pool: traces `run` once in a dry run under `key` and
+/// installs its plan; `None` when the trace is too long to plan.
 fn ensure_plan_with(
     ctx: &Context,
     planned: &PlannedPool,
     key: String,
     run: impl FnOnce(&Context) -> Result<()>,
-) -> Result<String> {
+) -> Result<Option<String>> {
     if !planned.has_plan(&key) {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
         run(&dry)?;
+        let trace = tracer.trace();
+        if trace.entries.len() > MAX_PLANNED_ALLOCATIONS {
+            return Ok(None);
+        }
         let caps = ctx.caps();
         let plan = plan_greedy_by_size(
-            &tracer.trace(),
+            &trace,
             caps.min_storage_buffer_offset_alignment as u64,
             caps.max_buffer_size,
         )?;
         planned.install_plan(&key, plan);
     }
-    Ok(key)
+    Ok(Some(key))
+}
+
+/// Peak of live bytes of a trace with every size rounded up to `align`
+/// (what a planned pool's replay counts as allocated).
+fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
+    let mut events: Vec<(usize, i64)> = Vec::with_capacity(2 * trace.entries.len());
+    for e in &trace.entries {
+        let size = round_up(e.bytes.max(4), align) as i64;
+        events.push((e.start, size));
+        if e.end != usize::MAX {
+            events.push((e.end, -size));
+        }
+    }
+    events.sort_unstable();
+    let (mut live, mut peak) = (0i64, 0i64);
+    for (_, d) in events {
+        live += d;
+        peak = peak.max(live);
+    }
+    peak as u64
+}
+
+/// Peak allocated bytes of `run` in a dry run that predicts `ctx`'s pool: a
+/// fresh pool of the same policy; for planned pools, the traced peak with
+/// sizes rounded as a replay rounds them (an upper bound when the decode is
+/// too long to plan).
+fn dry_peak_of<T>(ctx: &Context, run: impl FnOnce(&Context) -> Result<T>) -> Result<(u64, T)> {
+    if ctx.pool().policy_name() == Policy::Planned.name() {
+        let tracer = Arc::new(TracingPool::new());
+        let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
+        let out = run(&dry)?;
+        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
+        Ok((traced_peak(&tracer.trace(), align), out))
+    } else {
+        let dry = Context::dry_run(ctx.caps().clone(), same_policy_pool(ctx));
+        let out = run(&dry)?;
+        Ok((dry.pool().stats().allocated_bytes.peak, out))
+    }
 }
 
 /// For a planned pool: traces this decode once in a dry run and installs its plan.
-fn ensure_plan(ctx: &Context, planned: &PlannedPool, vae: &Vae, z: &HostTensor) -> Result<String> {
+fn ensure_plan(
+    ctx: &Context,
+    planned: &PlannedPool,
+    vae: &Vae,
+    z: &HostTensor,
+) -> Result<Option<String>> {
     ensure_plan_with(ctx, planned, plan_key(vae, &z.shape), |dry| {
         let mut rec = Recorder::new(dry);
         record_decode(&mut rec, vae, z).map(|_| ())
@@ -212,13 +266,12 @@ fn round_to(px: usize, m: usize) -> usize {
 
 /// True when the untiled decode stays within the device limits and `budget`.
 fn untiled_fits(ctx: &Context, vae: &Vae, z: &HostTensor, budget: u64, base: u64) -> Result<bool> {
-    let dry = Context::dry_run(ctx.caps().clone(), same_policy_pool(ctx));
-    let recorded = {
-        let mut rec = Recorder::new(&dry);
+    let measured = dry_peak_of(ctx, |dry| {
+        let mut rec = Recorder::new(dry);
         record_decode(&mut rec, vae, z).map(|_| ())
-    };
-    match recorded {
-        Ok(()) => Ok(base + dry.pool().stats().allocated_bytes.peak <= budget),
+    });
+    match measured {
+        Ok((peak, ())) => Ok(base + peak <= budget),
         Err(e) if is_limit_error(&e) => Ok(false),
         Err(e) => Err(e),
     }
@@ -259,8 +312,21 @@ fn choose_exact(
             )
             .collect(),
     };
+    // Fewest host transfers first (each byte parked on the host crosses the
+    // bus twice), then fewer tile steps: a tile step costs about as much
+    // as moving STEP_COST bytes. Stops at the first plan that parks nothing
+    // on the host, or when smaller tiles stop helping.
+    const STEP_COST: u64 = 1 << 20;
+    const MAX_TILES: usize = 4096;
+    let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
+    let mut best: Option<(u64, ExactPlan)> = None;
+    let mut worse = 0;
     let mut last_limit = None;
+    let (out_h, out_w) = (h * up, w * up);
     for px in candidates {
+        if best.is_some() && out_h.div_ceil(px) * out_w.div_ceil(px) > MAX_TILES {
+            break;
+        }
         let tiled: Vec<Option<usize>> = (0..levels)
             .map(|l| {
                 let t = (px >> (top - l)).max(1);
@@ -286,12 +352,30 @@ fn choose_exact(
                 total_steps: 0,
             };
             match fit_plan(ctx, vae, z, plan, avail, opts.keep_raw) {
-                Ok(Some(p)) => return Ok(p),
+                Ok(Some((plan, report))) => {
+                    if report.host_parked_peak_bytes == 0 {
+                        return Ok(plan);
+                    }
+                    let s = score(&report);
+                    if best.as_ref().is_none_or(|(b, _)| s < *b) {
+                        best = Some((s, plan));
+                        worse = 0;
+                    } else {
+                        worse += 1;
+                    }
+                    break;
+                }
                 Ok(None) => {}
                 Err(e) if is_limit_error(&e) => last_limit = Some(e),
                 Err(e) => return Err(e),
             }
         }
+        if worse >= 2 {
+            break;
+        }
+    }
+    if let Some((_, plan)) = best {
+        return Ok(plan);
     }
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
@@ -348,15 +432,17 @@ fn dry_peak(
     z: &HostTensor,
     plan: &ExactPlan,
     keep_raw: bool,
-) -> Result<(u64, usize)> {
-    let dry = Context::dry_run(ctx.caps().clone(), same_policy_pool(ctx));
-    let out = run_exact(&dry, vae, z, plan.clone(), keep_raw, None)?;
-    Ok((dry.pool().stats().allocated_bytes.peak, out.report.steps))
+) -> Result<(u64, TilingReport)> {
+    let (peak, out) = dry_peak_of(ctx, |dry| {
+        run_exact(dry, vae, z, plan.clone(), keep_raw, None)
+    })?;
+    Ok((peak, out.report))
 }
 
 /// Fits `plan` into `avail` bytes: the working set is the peak with every
 /// tile parked on the host; parked device bytes get what remains, checked
-/// (and if need be lowered) with a second dry run.
+/// (and if need be lowered) with a second dry run. Returns the plan and the
+/// report of its dry run.
 fn fit_plan(
     ctx: &Context,
     vae: &Vae,
@@ -364,19 +450,19 @@ fn fit_plan(
     mut plan: ExactPlan,
     avail: u64,
     keep_raw: bool,
-) -> Result<Option<ExactPlan>> {
+) -> Result<Option<(ExactPlan, TilingReport)>> {
     plan.device_cap = 0;
-    let (working, steps) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+    let (working, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
     if working > avail {
         return Ok(None);
     }
-    plan.total_steps = steps;
+    plan.total_steps = report.steps;
     let mut cap = avail - working;
     for _ in 0..4 {
         plan.device_cap = cap;
-        let (peak, _) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+        let (peak, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
         if peak <= avail {
-            return Ok(Some(plan));
+            return Ok(Some((plan, report)));
         }
         cap = cap.saturating_sub(peak - avail);
     }
@@ -396,7 +482,7 @@ fn decode_untiled(
 ) -> Result<Decoded> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let plan = match planned {
-        Some(p) => Some(ensure_plan(ctx, p, vae, z)?),
+        Some(p) => ensure_plan(ctx, p, vae, z)?,
         None => None,
     };
     ctx.pool().reset_peak_stats();
@@ -455,9 +541,9 @@ fn decode_exact(
                 plan.key(),
                 opts.keep_raw
             );
-            Some(ensure_plan_with(ctx, p, key, |dry| {
+            ensure_plan_with(ctx, p, key, |dry| {
                 run_exact(dry, vae, z, plan.clone(), opts.keep_raw, None).map(|_| ())
-            })?)
+            })?
         }
         None => None,
     };
@@ -564,7 +650,7 @@ fn decode_tile_raw(
 ) -> Result<(usize, usize, Option<Vec<f32>>)> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let plan = match planned {
-        Some(p) => Some(ensure_plan(ctx, p, vae, z)?),
+        Some(p) => ensure_plan(ctx, p, vae, z)?,
         None => None,
     };
     let mut rec = Recorder::new(ctx);

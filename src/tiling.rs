@@ -203,7 +203,7 @@ pub struct TilingReport {
     pub device_parking_cap: u64,
     /// Peak bytes of tiles parked on the device.
     pub device_parked_peak_bytes: u64,
-    /// Peak bytes of tiles parked in host memory (plus the latents).
+    /// Peak bytes of tiles parked in host memory (the latents excluded).
     pub host_parked_peak_bytes: u64,
     /// Host → device bytes uploaded for windows of host-parked tiles.
     pub uploaded_bytes: u64,
@@ -319,16 +319,17 @@ impl Drop for DevicePiece {
     }
 }
 
-/// A tile in host memory (`None` data in dry runs).
+/// A tile in host memory (`None` data in dry runs), counted as parked
+/// unless it is the caller's input.
 struct HostPiece {
     data: Option<Vec<u8>>,
     bytes: u64,
-    counters: Shared,
+    counters: Option<Shared>,
 }
 
 impl HostPiece {
-    fn new(data: Option<Vec<u8>>, bytes: u64, counters: &Shared) -> Self {
-        {
+    fn new(data: Option<Vec<u8>>, bytes: u64, counters: Option<&Shared>) -> Self {
+        if let Some(counters) = counters {
             let mut c = counters.borrow_mut();
             c.host += bytes;
             c.host_peak = c.host_peak.max(c.host);
@@ -336,14 +337,16 @@ impl HostPiece {
         HostPiece {
             data,
             bytes,
-            counters: counters.clone(),
+            counters: counters.cloned(),
         }
     }
 }
 
 impl Drop for HostPiece {
     fn drop(&mut self) {
-        self.counters.borrow_mut().host -= self.bytes;
+        if let Some(c) = &self.counters {
+            c.borrow_mut().host -= self.bytes;
+        }
     }
 }
 
@@ -625,7 +628,7 @@ impl Executor {
             w,
             dtype: DType::F32,
             grid: Grid::new(h, w, None),
-            pieces: vec![Piece::Host(HostPiece::new(data, bytes, &self.counters))],
+            pieces: vec![Piece::Host(HostPiece::new(data, bytes, None))],
         }
     }
 
@@ -647,7 +650,7 @@ impl Executor {
             self.staging = 0;
             self.report.syncs += 1;
             self.report.readback_bytes += bytes;
-            Piece::Host(HostPiece::new(data, bytes, &self.counters))
+            Piece::Host(HostPiece::new(data, bytes, Some(&self.counters)))
         };
         Ok(())
     }
@@ -1136,6 +1139,9 @@ impl Executor {
             .map(|&i| act.bytes_of(&act.grid.rect(i)))
             .sum();
         self.report.readback_bytes += bytes;
+        if !device.is_empty() {
+            self.report.syncs += 1;
+        }
         if self.ctx.is_dry_run() {
             return Ok(None);
         }
@@ -1149,7 +1155,6 @@ impl Executor {
         let data = if tensors.is_empty() {
             Vec::new()
         } else {
-            self.report.syncs += 1;
             read_back(&self.ctx, &tensors)?
         };
         let mut out = vec![0u8; act.bytes_of(&whole) as usize];
