@@ -1,5 +1,11 @@
 //! The main job: latents in host memory → decoded images, and the memory
 //! estimate of the same decode (a dry run through the same code).
+//!
+//! A decode runs untiled (one recorded forward, one submit) or tiled (see
+//! [`crate::tiling`]): `exact` tiles equal the untiled output up to float
+//! rounding within a memory budget, `fast` tiles are independent and blended
+//! like diffusers. `auto` (the default) decodes untiled whenever the whole
+//! decode fits the budget and the device's limits, as predicted by a dry run.
 
 use std::sync::Arc;
 use std::time::Instant;
@@ -10,9 +16,16 @@ use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
-use crate::memory::{plan_greedy_by_size, MemoryStats, PlannedPool, Policy, TracingPool};
+use crate::memory::{
+    plan_greedy_by_size, round_up, AllocationTrace, MemoryPool, MemoryStats, PlannedPool, Policy,
+    TracingPool,
+};
 use crate::models::{LoadOptions, Taps, Vae};
 use crate::tensor::{DType, Tensor};
+use crate::tiling::{
+    ExactPlan, Executor, Progress, ProgressUpdate, TileMode, Tiling, TilingReport,
+    FAST_DEFAULT_TILE,
+};
 
 /// Options for [`decode`].
 #[derive(Clone, Debug, Default)]
@@ -21,6 +34,10 @@ pub struct DecodeOptions {
     pub raw_latents: bool,
     /// Also read back the raw float output.
     pub keep_raw: bool,
+    /// Tiling mode, tile size and memory budget (default: auto).
+    pub tiling: Tiling,
+    /// Called once per tile step of a tiled decode.
+    pub progress: Option<Progress>,
     /// Time every kernel with GPU timestamps (when the adapter can).
     pub profile: bool,
 }
@@ -53,6 +70,8 @@ pub struct Decoded {
     pub macs: u64,
     /// Per-kernel GPU times when profiling was asked for and available.
     pub profile: Option<crate::gpu::Profile>,
+    /// How the decode was tiled.
+    pub tiling: TilingReport,
 }
 
 /// Records a whole decode of decoder-input latents `z` [N, C, h, w]: upload,
@@ -70,41 +89,118 @@ fn plan_key(vae: &Vae, shape: &[usize]) -> String {
     format!("vae{}:{shape:?}", vae.id)
 }
 
-/// For a planned pool: traces this decode once in a dry run and installs its plan.
-fn ensure_plan(ctx: &Context, planned: &PlannedPool, vae: &Vae, z: &HostTensor) -> Result<String> {
-    ensure_plan_with(ctx, planned, plan_key(vae, &z.shape), |rec| {
-        record_decode(rec, vae, z)
-    })
-}
+/// Largest trace the planned pool plans (greedy placement is quadratic in
+/// the number of allocations); longer tiled decodes allocate one buffer per
+/// tensor instead, as the exact policy.
+const MAX_PLANNED_ALLOCATIONS: usize = 8192;
 
-/// For a planned pool: traces `record` once in a dry run and installs its
-/// plan under `key` (the same allocation sequence must follow in the real run).
-pub(crate) fn ensure_plan_with<T>(
+/// For a planned pool: traces `run` once in a dry run under `key` and
+/// installs its plan; `None` when the trace is too long to plan.
+fn ensure_plan_with(
     ctx: &Context,
     planned: &PlannedPool,
     key: String,
-    record: impl FnOnce(&mut Recorder) -> Result<T>,
-) -> Result<String> {
+    run: impl FnOnce(&Context) -> Result<()>,
+) -> Result<Option<String>> {
     if !planned.has_plan(&key) {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
-        {
-            let mut rec = Recorder::new(&dry);
-            let _outputs = record(&mut rec)?;
+        run(&dry)?;
+        let trace = tracer.trace();
+        if trace.entries.len() > MAX_PLANNED_ALLOCATIONS {
+            return Ok(None);
         }
         let caps = ctx.caps();
         let plan = plan_greedy_by_size(
-            &tracer.trace(),
+            &trace,
             caps.min_storage_buffer_offset_alignment as u64,
             caps.max_buffer_size,
         )?;
         planned.install_plan(&key, plan);
     }
-    Ok(key)
+    Ok(Some(key))
 }
 
-/// Decodes `latents` [N, C, h, w] with `vae`: one recorded forward, one submit.
-/// In a dry-run context nothing runs and only the memory figures are real.
+/// Peak of live bytes of a trace with every size rounded up to `align`
+/// (what a planned pool's replay counts as allocated).
+fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
+    let mut events: Vec<(usize, i64)> = Vec::with_capacity(2 * trace.entries.len());
+    for e in &trace.entries {
+        let size = round_up(e.bytes.max(4), align) as i64;
+        events.push((e.start, size));
+        if e.end != usize::MAX {
+            events.push((e.end, -size));
+        }
+    }
+    events.sort_unstable();
+    let (mut live, mut peak) = (0i64, 0i64);
+    for (_, d) in events {
+        live += d;
+        peak = peak.max(live);
+    }
+    peak as u64
+}
+
+/// Peak allocated bytes of `run` in a dry run that predicts `ctx`'s pool: a
+/// fresh pool of the same policy; for planned pools, the traced peak with
+/// sizes rounded as a replay rounds them (an upper bound when the decode is
+/// too long to plan).
+fn dry_peak_of<T>(ctx: &Context, run: impl FnOnce(&Context) -> Result<T>) -> Result<(u64, T)> {
+    if ctx.pool().policy_name() == Policy::Planned.name() {
+        let tracer = Arc::new(TracingPool::new());
+        let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
+        let out = run(&dry)?;
+        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
+        Ok((traced_peak(&tracer.trace(), align), out))
+    } else {
+        let dry = Context::dry_run(ctx.caps().clone(), same_policy_pool(ctx));
+        let out = run(&dry)?;
+        Ok((dry.pool().stats().allocated_bytes.peak, out))
+    }
+}
+
+/// For a planned pool: traces this decode once in a dry run and installs its plan.
+fn ensure_plan(
+    ctx: &Context,
+    planned: &PlannedPool,
+    vae: &Vae,
+    z: &HostTensor,
+) -> Result<Option<String>> {
+    ensure_plan_with(ctx, planned, plan_key(vae, &z.shape), |dry| {
+        let mut rec = Recorder::new(dry);
+        record_decode(&mut rec, vae, z).map(|_| ())
+    })
+}
+
+/// A fresh pool of the context's policy, for dry runs that predict it.
+fn same_policy_pool(ctx: &Context) -> Arc<dyn MemoryPool> {
+    ctx.pool()
+        .policy_name()
+        .parse::<Policy>()
+        .unwrap_or(Policy::Exact)
+        .new_pool()
+}
+
+/// Errors that mean "too large for this device", which tiling can avoid.
+fn is_limit_error(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::BindingTooLarge { .. }
+            | Error::BufferTooLarge { .. }
+            | Error::DispatchTooLarge { .. }
+    )
+}
+
+/// How one decode runs.
+enum Strategy {
+    Untiled,
+    Exact(ExactPlan),
+    Fast { px: usize, overlap: usize },
+}
+
+/// Decodes `latents` [N, C, h, w] with `vae`. Untiled: one recorded forward,
+/// one submit; tiled as `opts.tiling` says. In a dry-run context nothing
+/// runs and only the memory figures are real.
 pub fn decode(
     ctx: &Context,
     vae: &Vae,
@@ -116,9 +212,295 @@ pub fn decode(
     if !opts.raw_latents {
         vae.unscale_latents(&mut z);
     }
+    let budget = opts.tiling.budget(ctx.caps());
+    let base = ctx.pool().stats().allocated_bytes.current;
+    let strategy = choose_strategy(ctx, vae, &z, opts, budget, base)?;
+    let mut out = match strategy {
+        Strategy::Untiled => decode_untiled(ctx, vae, &z, opts),
+        Strategy::Exact(plan) => decode_exact(ctx, vae, &z, plan, opts),
+        Strategy::Fast { px, overlap } => decode_fast(ctx, vae, &z, px, overlap, opts),
+    }?;
+    out.tiling.max_memory = budget;
+    Ok(out)
+}
+
+fn choose_strategy(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    opts: &DecodeOptions,
+    budget: u64,
+    base: u64,
+) -> Result<Strategy> {
+    let tiling = &opts.tiling;
+    let up = vae.upscale();
+    match tiling.mode {
+        TileMode::Off => Ok(Strategy::Untiled),
+        TileMode::Fast => {
+            let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), up);
+            loop {
+                let overlap = tiling.overlap.unwrap_or(px / 4 / up * up);
+                if overlap % up != 0 || overlap >= px {
+                    return Err(Error::InvalidInput(format!(
+                        "--tile-overlap {overlap}: must be a multiple of {up} below the tile size {px}"
+                    )));
+                }
+                // The largest tile must decode within the budget.
+                let (th, tw) = ((px / up).min(z.shape[2]), (px / up).min(z.shape[3]));
+                let probe = HostTensor {
+                    shape: vec![z.shape[0], z.shape[1], th, tw],
+                    data: vec![0.0; z.shape[0] * z.shape[1] * th * tw],
+                };
+                if untiled_fits(ctx, vae, &probe, budget, base)? {
+                    return Ok(Strategy::Fast { px, overlap });
+                }
+                if tiling.tile_size.is_some() || px <= 8 * up {
+                    return Err(Error::InvalidInput(format!(
+                        "a {px}-pixel fast tile does not decode within the memory budget of {budget} bytes; lower --tile-size or raise --max-memory"
+                    )));
+                }
+                px = round_to(px / 2, up);
+            }
+        }
+        TileMode::Auto => {
+            if untiled_fits(ctx, vae, z, budget, base)? {
+                Ok(Strategy::Untiled)
+            } else {
+                Ok(Strategy::Exact(choose_exact(
+                    ctx, vae, z, opts, budget, base,
+                )?))
+            }
+        }
+        TileMode::Exact => Ok(Strategy::Exact(choose_exact(
+            ctx, vae, z, opts, budget, base,
+        )?)),
+    }
+}
+
+/// `px` rounded up to a positive multiple of `m`.
+fn round_to(px: usize, m: usize) -> usize {
+    px.max(1).div_ceil(m) * m
+}
+
+/// True when the untiled decode stays within the device limits and `budget`.
+fn untiled_fits(ctx: &Context, vae: &Vae, z: &HostTensor, budget: u64, base: u64) -> Result<bool> {
+    let measured = dry_peak_of(ctx, |dry| {
+        let mut rec = Recorder::new(dry);
+        record_decode(&mut rec, vae, z).map(|_| ())
+    });
+    match measured {
+        Ok((peak, ())) => Ok(base + peak <= budget),
+        Err(e) if is_limit_error(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Tile sizes (output pixels) tried when none is given, largest first.
+const TILE_CANDIDATES: [usize; 16] = [
+    4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 16,
+];
+
+/// The exact plan with the largest tile that fits `budget` (or the given tile).
+fn choose_exact(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    opts: &DecodeOptions,
+    budget: u64,
+    base: u64,
+) -> Result<ExactPlan> {
+    let tiling = &opts.tiling;
+    let avail = budget.checked_sub(base).ok_or_else(|| {
+        Error::InvalidInput(format!(
+            "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (--max-memory)"
+        ))
+    })?;
+    let up = vae.upscale();
+    let levels = vae.levels();
+    let top = levels - 1;
+    let (h, w) = (z.shape[2], z.shape[3]);
+    let longest = round_to(h.max(w) * up, up);
+    let candidates: Vec<usize> = match tiling.tile_size {
+        Some(px) => vec![round_to(px, up)],
+        None => std::iter::once(longest)
+            .chain(
+                TILE_CANDIDATES
+                    .into_iter()
+                    .filter(|&p| p < longest && p >= up),
+            )
+            .collect(),
+    };
+    // Fewest host transfers first (each byte parked on the host crosses the
+    // bus twice), then fewer tile steps: a tile step costs about as much
+    // as moving STEP_COST bytes. Stops at the first plan that parks nothing
+    // on the host, or when smaller tiles stop helping.
+    const STEP_COST: u64 = 1 << 20;
+    const MAX_TILES: usize = 4096;
+    let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
+    let mut best: Option<(u64, ExactPlan)> = None;
+    let mut worse = 0;
+    let mut last_limit = None;
+    let (out_h, out_w) = (h * up, w * up);
+    for px in candidates {
+        if best.is_some() && out_h.div_ceil(px) * out_w.div_ceil(px) > MAX_TILES {
+            break;
+        }
+        let tiled: Vec<Option<usize>> = (0..levels)
+            .map(|l| {
+                let t = (px >> (top - l)).max(1);
+                (t < h << l || t < w << l).then_some(t)
+            })
+            .collect();
+        let mut mids = Vec::new();
+        if !tiling.tile_mid_block {
+            mids.push(None);
+        }
+        if tiled[0].is_some() || mids.is_empty() {
+            mids.push(tiled[0]);
+        }
+        for mid in mids {
+            let mut lv = tiled.clone();
+            lv[0] = mid;
+            let plan = ExactPlan {
+                px,
+                levels: lv,
+                latent: (h, w),
+                device_cap: 0,
+                attention_state_budget: avail / 4,
+                total_steps: 0,
+            };
+            match fit_plan(ctx, vae, z, plan, avail, opts.keep_raw) {
+                Ok(Some((plan, report))) => {
+                    if report.host_parked_peak_bytes == 0 {
+                        return Ok(plan);
+                    }
+                    let s = score(&report);
+                    if best.as_ref().is_none_or(|(b, _)| s < *b) {
+                        best = Some((s, plan));
+                        worse = 0;
+                    } else {
+                        worse += 1;
+                    }
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) if is_limit_error(&e) => last_limit = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if worse >= 2 {
+            break;
+        }
+    }
+    if let Some((_, plan)) = best {
+        return Ok(plan);
+    }
+    Err(match last_limit {
+        Some(e) if tiling.tile_size.is_some() => e,
+        _ => Error::InvalidInput(format!(
+            "no tile size decodes these latents within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise --max-memory{}",
+            budget as f64 / 1048576.0,
+            base as f64 / 1048576.0,
+            if tiling.tile_size.is_some() { " or lower --tile-size" } else { "" }
+        )),
+    })
+}
+
+/// Runs an exact tiled decode and returns its host outputs and report.
+struct ExactOutput {
+    rgba: Option<Vec<u8>>,
+    raw: Option<Vec<u8>>,
+    height: usize,
+    width: usize,
+    report: TilingReport,
+}
+
+fn run_exact(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    plan: ExactPlan,
+    keep_raw: bool,
+    progress: Option<Progress>,
+) -> Result<ExactOutput> {
+    let mut ex = Executor::new(ctx, plan, progress);
+    let shape = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
+    let input = ex.host_act(shape, &z.data);
+    let (rgba, raw) = vae.forward_tiled(&mut ex, input, keep_raw)?;
+    let (height, width) = (rgba.h, rgba.w);
+    let raw = match raw {
+        Some(r) => ex.to_host(r)?,
+        None => None,
+    };
+    let rgba = ex.to_host(rgba)?;
+    let report = ex.finish()?;
+    Ok(ExactOutput {
+        rgba,
+        raw,
+        height,
+        width,
+        report,
+    })
+}
+
+/// Peak allocated bytes (above the start) and tile steps of a dry run of `plan`.
+fn dry_peak(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    plan: &ExactPlan,
+    keep_raw: bool,
+) -> Result<(u64, TilingReport)> {
+    let (peak, out) = dry_peak_of(ctx, |dry| {
+        run_exact(dry, vae, z, plan.clone(), keep_raw, None)
+    })?;
+    Ok((peak, out.report))
+}
+
+/// Fits `plan` into `avail` bytes: the working set is the peak with every
+/// tile parked on the host; parked device bytes get what remains, checked
+/// (and if need be lowered) with a second dry run. Returns the plan and the
+/// report of its dry run.
+fn fit_plan(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    mut plan: ExactPlan,
+    avail: u64,
+    keep_raw: bool,
+) -> Result<Option<(ExactPlan, TilingReport)>> {
+    plan.device_cap = 0;
+    let (working, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+    if working > avail {
+        return Ok(None);
+    }
+    plan.total_steps = report.steps;
+    let mut cap = avail - working;
+    for _ in 0..4 {
+        plan.device_cap = cap;
+        let (peak, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+        if peak <= avail {
+            return Ok(Some((plan, report)));
+        }
+        cap = cap.saturating_sub(peak - avail);
+    }
+    Ok(None)
+}
+
+fn split_images(bytes: Vec<u8>, n: usize) -> Vec<Vec<u8>> {
+    let per = bytes.len() / n.max(1);
+    bytes.chunks_exact(per.max(1)).map(|c| c.to_vec()).collect()
+}
+
+fn decode_untiled(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    opts: &DecodeOptions,
+) -> Result<Decoded> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let plan = match planned {
-        Some(p) => Some(ensure_plan(ctx, p, vae, &z)?),
+        Some(p) => ensure_plan(ctx, p, vae, z)?,
         None => None,
     };
     ctx.pool().reset_peak_stats();
@@ -130,7 +512,7 @@ pub fn decode(
     if let (Some(p), Some(key)) = (planned, &plan) {
         p.begin_replay(key)?;
     }
-    let recorded = record_decode(&mut rec, vae, &z);
+    let recorded = record_decode(&mut rec, vae, z);
     if let Some(p) = planned {
         p.end_replay();
     }
@@ -156,11 +538,7 @@ pub fn decode(
             true => Some(HostTensor::new(raw.shape().to_vec(), raw.to_f32(ctx)?)?),
             false => None,
         };
-        let per = height * width * 4;
-        (
-            bytes.chunks_exact(per).map(|c| c.to_vec()).collect(),
-            raw_host,
-        )
+        (split_images(bytes, n), raw_host)
     };
     debug_assert!(rgba.is_empty() || rgba.len() == n);
     timings.readback_ms = read_start.elapsed().as_secs_f64() * 1e3;
@@ -174,6 +552,287 @@ pub fn decode(
         raw: raw_host,
         decode_ms: start.elapsed().as_secs_f64() * 1e3,
         memory: ctx.pool().stats(),
+        tiling: TilingReport {
+            mode: "untiled".into(),
+            tiles: 1,
+            steps: 1,
+            ..Default::default()
+        },
+    })
+}
+
+fn decode_exact(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    plan: ExactPlan,
+    opts: &DecodeOptions,
+) -> Result<Decoded> {
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let key = match planned {
+        Some(p) => {
+            let key = format!(
+                "{}:{}:raw{}",
+                plan_key(vae, &z.shape),
+                plan.key(),
+                opts.keep_raw
+            );
+            ensure_plan_with(ctx, p, key, |dry| {
+                run_exact(dry, vae, z, plan.clone(), opts.keep_raw, None).map(|_| ())
+            })?
+        }
+        None => None,
+    };
+    ctx.pool().reset_peak_stats();
+    let start = Instant::now();
+    if let (Some(p), Some(key)) = (planned, &key) {
+        p.begin_replay(key)?;
+    }
+    let result = run_exact(ctx, vae, z, plan, opts.keep_raw, opts.progress.clone());
+    if let Some(p) = planned {
+        p.end_replay();
+    }
+    let out = result?;
+    let n = z.shape[0];
+    let (height, width) = (out.height, out.width);
+    let rgba = out.rgba.map(|b| split_images(b, n)).unwrap_or_default();
+    let raw = match out.raw {
+        Some(b) => Some(HostTensor::new(
+            vec![n, 3, height, width],
+            bytemuck::pod_collect_to_vec::<u8, f32>(&b),
+        )?),
+        None => None,
+    };
+    let mut report = out.report;
+    report.tiles = {
+        let px = report.tile_size.unwrap_or(height.max(width)).max(1);
+        height.div_ceil(px) * width.div_ceil(px)
+    };
+    Ok(Decoded {
+        rgba,
+        width,
+        height,
+        raw,
+        decode_ms: start.elapsed().as_secs_f64() * 1e3,
+        memory: ctx.pool().stats(),
+        tiling: report,
+        // Tiled decodes submit per tile step: no single-submission profile or MAC count yet.
+        timings: Timings::default(),
+        macs: 0,
+        profile: None,
+    })
+}
+
+/// Latents `[N, C, y0..y1, x0..x1]` of `z`.
+fn crop_latents(z: &HostTensor, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
+    let [n, c, h, w] = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
+    let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
+    for p in 0..n * c {
+        for y in y0..y1 {
+            let row = (p * h + y) * w;
+            data.extend_from_slice(&z.data[row + x0..row + x1]);
+        }
+    }
+    HostTensor {
+        shape: vec![n, c, y1 - y0, x1 - x0],
+        data,
+    }
+}
+
+/// A decoded fast-mode tile `[N, 3, h, w]` on the host.
+struct FastTile {
+    h: usize,
+    w: usize,
+    data: Vec<f32>,
+}
+
+/// diffusers' `blend_v`: the first rows of `b` fade in over the last rows of `a`.
+fn blend_v(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
+    let e = a.h.min(b.h).min(extent);
+    for y in 0..e {
+        let (wa, wb) = ramp(y, e);
+        for p in 0..planes {
+            let ra = (p * a.h + a.h - e + y) * a.w;
+            let rb = (p * b.h + y) * b.w;
+            for x in 0..b.w.min(a.w) {
+                b.data[rb + x] = a.data[ra + x] * wa + b.data[rb + x] * wb;
+            }
+        }
+    }
+}
+
+/// diffusers' `blend_h`: the first columns of `b` fade in over the last columns of `a`.
+fn blend_h(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
+    let e = a.w.min(b.w).min(extent);
+    for p in 0..planes {
+        for y in 0..b.h.min(a.h) {
+            let ra = (p * a.h + y) * a.w;
+            let rb = (p * b.h + y) * b.w;
+            for x in 0..e {
+                let (wa, wb) = ramp(x, e);
+                b.data[rb + x] = a.data[ra + a.w - e + x] * wa + b.data[rb + x] * wb;
+            }
+        }
+    }
+}
+
+/// Weights `(1 - i/e, i/e)` as PyTorch applies Python floats to f32 tensors.
+fn ramp(i: usize, e: usize) -> (f32, f32) {
+    let t = i as f64 / e as f64;
+    ((1.0 - t) as f32, t as f32)
+}
+
+/// One untiled decode of a tile, raw output read back (`None` in dry runs).
+fn decode_tile_raw(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+) -> Result<(usize, usize, Option<Vec<f32>>)> {
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let plan = match planned {
+        Some(p) => ensure_plan(ctx, p, vae, z)?,
+        None => None,
+    };
+    let mut rec = Recorder::new(ctx);
+    if let (Some(p), Some(key)) = (planned, &plan) {
+        p.begin_replay(key)?;
+    }
+    let recorded = record_decode(&mut rec, vae, z);
+    if let Some(p) = planned {
+        p.end_replay();
+    }
+    let (raw, _pixels) = recorded?;
+    rec.submit()?;
+    let [_, _, h, w] = crate::models::layers::dims4(&raw)?;
+    let data = if ctx.is_dry_run() {
+        None
+    } else {
+        Some(raw.to_f32(ctx)?)
+    };
+    Ok((h, w, data))
+}
+
+/// Fast tiling exactly as diffusers' `AutoencoderKL.tiled_decode`: latent
+/// tiles of `px / 8` with a stride of `(px - overlap) / 8`, each decoded
+/// independently (its own GroupNorm statistics and attention), blended in
+/// raster order over `overlap` pixels with linear ramps (in place, so later
+/// tiles blend with already blended neighbours) and cropped to `px - overlap`.
+fn decode_fast(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    px: usize,
+    overlap: usize,
+    opts: &DecodeOptions,
+) -> Result<Decoded> {
+    let up = vae.upscale();
+    let [n, _, h, w] = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
+    let tile = px / up;
+    let stride = (px - overlap) / up;
+    let row_limit = px - overlap;
+    let (height, width) = (h * up, w * up);
+    let planes = n * 3;
+    let rows: Vec<usize> = (0..h).step_by(stride).collect();
+    let cols: Vec<usize> = (0..w).step_by(stride).collect();
+    let total = rows.len() * cols.len();
+    let dry = ctx.is_dry_run();
+    ctx.pool().reset_peak_stats();
+    let start = Instant::now();
+    let mut image = (!dry).then(|| vec![0f32; planes * height * width]);
+    let mut prev: Vec<FastTile> = Vec::new();
+    let (mut out_y, mut done) = (0, 0);
+    let mut readback = 0u64;
+    for &i in &rows {
+        let mut row: Vec<FastTile> = Vec::new();
+        let (mut out_x, mut crop_h) = (0, 0);
+        for (ci, &j) in cols.iter().enumerate() {
+            let zt = crop_latents(z, i, (i + tile).min(h), j, (j + tile).min(w));
+            let (th, tw, data) = decode_tile_raw(ctx, vae, &zt)?;
+            readback += (planes * th * tw * 4) as u64;
+            let mut t = FastTile {
+                h: th,
+                w: tw,
+                data: data.unwrap_or_default(),
+            };
+            if !dry {
+                if let Some(above) = prev.get(ci) {
+                    blend_v(above, &mut t, planes, overlap);
+                }
+                if let Some(left) = row.last() {
+                    blend_h(left, &mut t, planes, overlap);
+                }
+            }
+            let (ch, cw) = (row_limit.min(th), row_limit.min(tw));
+            if let Some(img) = image.as_mut() {
+                for p in 0..planes {
+                    for y in 0..ch {
+                        let src = (p * th + y) * tw;
+                        let dst = (p * height + out_y + y) * width + out_x;
+                        img[dst..dst + cw].copy_from_slice(&t.data[src..src + cw]);
+                    }
+                }
+            }
+            out_x += cw;
+            crop_h = ch;
+            row.push(t);
+            done += 1;
+            if let Some(p) = &opts.progress {
+                (p.0)(ProgressUpdate {
+                    done,
+                    total,
+                    stage: "fast tile",
+                });
+            }
+        }
+        out_y += crop_h;
+        prev = row;
+    }
+    debug_assert!(dry || out_y == height);
+    let range = vae.output_range();
+    let (rgba, raw) = match image {
+        Some(img) => {
+            let plane = height * width;
+            let rgba = (0..n)
+                .map(|b| {
+                    let mut px = Vec::with_capacity(plane * 4);
+                    for i in 0..plane {
+                        for ch in 0..3 {
+                            px.push(range.to_byte(img[(b * 3 + ch) * plane + i]));
+                        }
+                        px.push(255);
+                    }
+                    px
+                })
+                .collect();
+            let raw = opts
+                .keep_raw
+                .then(|| HostTensor::new(vec![n, 3, height, width], img))
+                .transpose()?;
+            (rgba, raw)
+        }
+        None => (Vec::new(), None),
+    };
+    Ok(Decoded {
+        rgba,
+        width,
+        height,
+        raw,
+        decode_ms: start.elapsed().as_secs_f64() * 1e3,
+        memory: ctx.pool().stats(),
+        timings: Timings::default(),
+        macs: 0,
+        profile: None,
+        tiling: TilingReport {
+            mode: "fast".into(),
+            tile_size: Some(px),
+            overlap: Some(overlap),
+            tiles: total,
+            steps: total,
+            readback_bytes: readback,
+            syncs: total,
+            host_parked_peak_bytes: (2 * cols.len() * planes * px * px * 4) as u64,
+            ..Default::default()
+        },
     })
 }
 
@@ -188,18 +847,34 @@ pub struct MemoryEstimate {
     /// Peaks over the decode, weights included.
     pub peak_allocated_bytes: u64,
     pub peak_reserved_bytes: u64,
+    /// How the decode would be tiled (host bytes for parking included).
+    pub tiling: TilingReport,
 }
 
 /// Predicts the pool's peaks for decoding latents of `latent_shape` with
 /// `vae_spec` under `policy` on a device with `caps`, without running any
 /// kernel or allocating device memory: the decode runs in a dry-run context
-/// and the pool replays its allocation sequence.
+/// and the pool replays its allocation sequence. Untiled (as
+/// [`Tiling::off`]); see [`estimate_decode_with`].
 pub fn estimate_decode(
     caps: &Capabilities,
     policy: Policy,
     vae_spec: &str,
     load: &LoadOptions,
     latent_shape: [usize; 4],
+) -> Result<MemoryEstimate> {
+    estimate_decode_with(caps, policy, vae_spec, load, latent_shape, &Tiling::off())
+}
+
+/// [`estimate_decode`] of a decode tiled as `tiling` says (the same
+/// choices [`decode`] makes with these options on a device with `caps`).
+pub fn estimate_decode_with(
+    caps: &Capabilities,
+    policy: Policy,
+    vae_spec: &str,
+    load: &LoadOptions,
+    latent_shape: [usize; 4],
+    tiling: &Tiling,
 ) -> Result<MemoryEstimate> {
     let dry = Context::dry_run(caps.clone(), policy.new_pool());
     let vae = Vae::load(&dry, vae_spec, load)?;
@@ -213,6 +888,7 @@ pub fn estimate_decode(
         &z,
         &DecodeOptions {
             raw_latents: true,
+            tiling: tiling.clone(),
             ..Default::default()
         },
     )?;
@@ -224,6 +900,7 @@ pub fn estimate_decode(
         weights_bytes: vae.weights_bytes,
         peak_allocated_bytes: out.memory.allocated_bytes.peak,
         peak_reserved_bytes: out.memory.reserved_bytes.peak,
+        tiling: out.tiling,
     })
 }
 
@@ -353,9 +1030,55 @@ pub fn with_decode_plan<T>(
         return record();
     };
     let z = HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])?;
-    let key = ensure_plan(ctx, planned, vae, &z)?;
+    let Some(key) = ensure_plan(ctx, planned, vae, &z)? else {
+        return record();
+    };
     planned.begin_replay(&key)?;
     let out = record();
     planned.end_replay();
     out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// diffusers' blend on a 1-plane example, computed by hand.
+    #[test]
+    fn blends_follow_diffusers() {
+        let a = FastTile {
+            h: 4,
+            w: 2,
+            data: vec![1.0; 8],
+        };
+        let mut b = FastTile {
+            h: 3,
+            w: 2,
+            data: vec![0.0; 6],
+        };
+        blend_v(&a, &mut b, 1, 2);
+        // y = 0: a weight 1; y = 1: a weight 0.5; y = 2 untouched.
+        assert_eq!(b.data, vec![1.0, 1.0, 0.5, 0.5, 0.0, 0.0]);
+        let mut c = FastTile {
+            h: 3,
+            w: 2,
+            data: vec![0.0; 6],
+        };
+        blend_h(&b, &mut c, 1, 4);
+        assert_eq!(c.data, vec![1.0, 0.5, 0.5, 0.25, 0.0, 0.0]);
+    }
+}
+
+/// For a planned pool: traces `record` (recorded with one recorder) once in a
+/// dry run and installs its plan; `None` when the trace is too long to plan.
+pub(crate) fn ensure_recorded_plan<T>(
+    ctx: &Context,
+    planned: &PlannedPool,
+    key: String,
+    record: impl FnOnce(&mut Recorder) -> Result<T>,
+) -> Result<Option<String>> {
+    ensure_plan_with(ctx, planned, key, |dry| {
+        let mut rec = Recorder::new(dry);
+        record(&mut rec).map(|_| ())
+    })
 }

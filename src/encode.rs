@@ -181,12 +181,12 @@ pub fn encode(
     };
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let key = match planned {
-        Some(p) => Some(crate::decode::ensure_plan_with(
+        Some(p) => crate::decode::ensure_recorded_plan(
             ctx,
             p,
             format!("enc{}:{:?}", enc.id, pixels.shape),
             record,
-        )?),
+        )?,
         None => None,
     };
     ctx.pool().reset_peak_stats();
@@ -283,5 +283,6 @@ pub fn estimate_encode(
         weights_bytes: enc.weights_bytes,
         peak_allocated_bytes: out.memory.allocated_bytes.peak,
         peak_reserved_bytes: out.memory.reserved_bytes.peak,
+        tiling: Default::default(),
     })
 }

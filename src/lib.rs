@@ -72,6 +72,7 @@ pub mod models;
 pub mod report;
 pub mod tensor;
 pub mod testing;
+pub mod tiling;
 
 pub use decode::{decode, DecodeOptions, Decoded};
 pub use embed::{
@@ -82,3 +83,4 @@ pub use error::{Error, Result};
 pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
+pub use tiling::{TileMode, Tiling};

@@ -7,6 +7,7 @@ use clap::{Parser, Subcommand};
 use serde_json::json;
 use wgvae::gpu::{AdapterChoice, Context, ContextOptions};
 use wgvae::memory::Policy;
+use wgvae::tiling::{Progress, TileMode, Tiling};
 use wgvae::{DecodeOptions, LoadOptions, Vae};
 
 #[derive(Parser)]
@@ -178,6 +179,86 @@ enum ReportKind {
     },
 }
 
+#[derive(clap::Args, Clone)]
+struct TileArgs {
+    /// Tiling: auto (untiled when the decode fits --max-memory and the device's limits,
+    /// else exact), off, exact (equals the untiled decode up to rounding; global GroupNorm
+    /// statistics) or fast (independent overlapping tiles blended like diffusers).
+    #[arg(long, default_value = "auto")]
+    tile: String,
+    /// Tile side in output pixels (multiple of 8). Default: the largest that fits
+    /// --max-memory (exact/auto), 512 (fast).
+    #[arg(long)]
+    tile_size: Option<usize>,
+    /// fast: overlap of neighbouring tiles in output pixels (default: a quarter tile).
+    #[arg(long)]
+    tile_overlap: Option<usize>,
+    /// Peak device memory of the decode, weights included: bytes, or with a
+    /// K/M/G/KiB/MiB/GiB suffix. Default: 3/4 of the device's max_buffer_size
+    /// clamped to [1 GiB, 16 GiB] (wgpu reports no VRAM size).
+    #[arg(long)]
+    max_memory: Option<String>,
+    /// exact: tile the mid-block even when it fits whole.
+    #[arg(long, hide = true)]
+    tile_mid_block: bool,
+}
+
+impl TileArgs {
+    fn tiling(&self) -> wgvae::Result<Tiling> {
+        Ok(Tiling {
+            mode: self.tile.parse::<TileMode>()?,
+            tile_size: self.tile_size,
+            overlap: self.tile_overlap,
+            max_memory: self.max_memory.as_deref().map(parse_bytes).transpose()?,
+            tile_mid_block: self.tile_mid_block,
+        })
+    }
+}
+
+/// `1073741824`, `1GiB`, `1.5G`, `512MiB`, `800M` (K/M/G are powers of 1024).
+fn parse_bytes(s: &str) -> wgvae::Result<u64> {
+    let t = s.trim();
+    let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
+    let (num, unit) = t.split_at(split);
+    let scale: u64 = match unit.trim().to_ascii_lowercase().as_str() {
+        "" | "b" => 1,
+        "k" | "kb" | "kib" => 1 << 10,
+        "m" | "mb" | "mib" => 1 << 20,
+        "g" | "gb" | "gib" => 1 << 30,
+        "t" | "tb" | "tib" => 1 << 40,
+        _ => 0,
+    };
+    match num.trim().parse::<f64>() {
+        Ok(v) if scale > 0 && v > 0.0 => Ok((v * scale as f64) as u64),
+        _ => Err(wgvae::Error::InvalidInput(format!(
+            "--max-memory `{s}`: expected bytes, e.g. 1073741824, 1GiB or 800MiB"
+        ))),
+    }
+}
+
+/// A per-tile progress bar on a terminal (nothing otherwise).
+fn progress_bar(quiet: bool) -> Option<Progress> {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(0);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} tiles {bar:40} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(Progress(std::sync::Arc::new(move |u| {
+        bar.set_length(u.total as u64);
+        bar.set_position(u.done as u64);
+        bar.set_message(u.stage);
+        if u.done >= u.total {
+            bar.finish_and_clear();
+        }
+    })))
+}
+
 #[derive(clap::Args)]
 struct MemoryArgs {
     /// VAE: folder, .safetensors file or preset:NAME.
@@ -195,6 +276,8 @@ struct MemoryArgs {
     /// Predict for a 24 GB reference GPU's limits instead of this machine's adapter.
     #[arg(long)]
     reference_gpu: bool,
+    #[command(flatten)]
+    tiles: TileArgs,
     #[arg(long)]
     json: bool,
 }
@@ -238,6 +321,8 @@ struct DecodeArgs {
     /// Write the pool's segments and blocks after the decode as JSON.
     #[arg(long)]
     memory_snapshot: Option<PathBuf>,
+    #[command(flatten)]
+    tiles: TileArgs,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -338,6 +423,8 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
         profile: a.profile,
+        tiling: a.tiles.tiling()?,
+        progress: progress_bar(a.json),
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
     ctx.save_pipeline_cache();
@@ -371,6 +458,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "peak_allocated_bytes": out.memory.allocated_bytes.peak,
                 "peak_reserved_bytes": out.memory.reserved_bytes.peak,
                 "policy": ctx.pool().policy_name(),
+                "tiling": out.tiling,
                 "outputs": paths,
                 "raw": a.save_raw,
                 "timings": out.timings,
@@ -405,8 +493,36 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 ),
             }
         }
+        print_tiling(&out.tiling);
     }
     Ok(())
+}
+
+fn print_tiling(t: &wgvae::tiling::TilingReport) {
+    let mib = |b: u64| b as f64 / 1048576.0;
+    match t.mode.as_str() {
+        "exact" => println!(
+            "tiling: exact, {}-pixel tiles ({} tiles; per level {:?}{}), budget {:.0} MiB, device parking {:.1} MiB peak, host parking {:.1} MiB peak, {:.1} MiB uploaded, {} syncs, {} steps",
+            t.tile_size.unwrap_or(0),
+            t.tiles,
+            t.level_tiles,
+            if t.mid_block_tiled { ", mid-block tiled" } else { ", mid-block whole" },
+            mib(t.max_memory),
+            mib(t.device_parked_peak_bytes),
+            mib(t.host_parked_peak_bytes),
+            mib(t.uploaded_bytes),
+            t.syncs,
+            t.steps
+        ),
+        "fast" => println!(
+            "tiling: fast, {}-pixel tiles, overlap {} ({} tiles), budget {:.0} MiB",
+            t.tile_size.unwrap_or(0),
+            t.overlap.unwrap_or(0),
+            t.tiles,
+            mib(t.max_memory)
+        ),
+        _ => println!("tiling: none (fits the budget of {:.0} MiB)", mib(t.max_memory)),
+    }
 }
 
 fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
@@ -444,7 +560,14 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
     let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
     let channels = Vae::load(&probe, &a.vae, &LoadOptions::default())?.latent_channels();
     let shape = [a.batch, channels, h / 8, w / 8];
-    let e = wgvae::decode::estimate_decode(&caps, policy, &a.vae, &LoadOptions::default(), shape)?;
+    let e = wgvae::decode::estimate_decode_with(
+        &caps,
+        policy,
+        &a.vae,
+        &LoadOptions::default(),
+        shape,
+        &a.tiles.tiling()?,
+    )?;
     if a.json {
         let mut v = serde_json::to_value(&e).unwrap_or_default();
         v["device"] = json!(caps.adapter_name);
@@ -467,6 +590,7 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
             mib(e.peak_reserved_bytes),
             e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64
         );
+        print_tiling(&e.tiling);
     }
     Ok(())
 }

@@ -332,7 +332,12 @@ fn binding_limit_is_an_error_not_a_panic() {
     }
     let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
     let latents = HostTensor::new(vec![1, 4, 64, 64], vec![0.1; 4 * 64 * 64]).unwrap();
-    let e = decode(&ctx, &vae, &latents, &DecodeOptions::default())
+    // Untiled on purpose (`auto` would tile it: tests/tiled_decode.rs).
+    let untiled = DecodeOptions {
+        tiling: wgvae::Tiling::off(),
+        ..Default::default()
+    };
+    let e = decode(&ctx, &vae, &latents, &untiled)
         .err()
         .expect("must fail")
         .to_string();

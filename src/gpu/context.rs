@@ -232,6 +232,23 @@ impl Context {
         }
     }
 
+    /// A context sharing device, queue, pipelines and pool that reports
+    /// `caps` instead of the device's own: emulates a smaller device (lower
+    /// binding or buffer limits) on this one. `caps` must not exceed what
+    /// the device supports.
+    pub fn with_caps(&self, caps: Capabilities) -> Self {
+        Context {
+            inner: Arc::new(Inner {
+                device: self.inner.device.clone(),
+                queue: self.inner.queue.clone(),
+                caps,
+                pipelines: self.inner.pipelines.clone(),
+                pool: self.inner.pool.clone(),
+                dry_run: self.inner.dry_run,
+            }),
+        }
+    }
+
     /// A dry-run context: the limits of `caps`, a pool, and no GPU work at
     /// all. Models load (weights are accounted, not uploaded) and forward
     /// passes record nothing, so the pool sees exactly the allocation sequence

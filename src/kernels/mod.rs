@@ -5,11 +5,13 @@
 //! Layout convention: activations are NCHW, contiguous.
 
 pub mod attention;
+pub mod attention_stream;
 pub mod conv2d;
 pub mod elementwise;
 pub mod group_norm;
 pub mod image;
 pub mod matmul;
+pub mod tensor_ops;
 
 /// An activation applied inside a kernel (fused), never materialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
@@ -46,9 +48,11 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     let mut v = Vec::new();
     v.extend(elementwise::variants());
     v.extend(attention::variants());
+    v.extend(attention_stream::variants());
     v.extend(conv2d::variants());
     v.extend(group_norm::variants());
     v.extend(image::variants());
     v.extend(matmul::variants());
+    v.extend(tensor_ops::variants());
     v
 }

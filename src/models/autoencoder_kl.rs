@@ -7,15 +7,17 @@
 //! the activation) while loading its input. Residual adds happen in the conv
 //! that produces the second operand, in place.
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::kernels::attention::attention;
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::layers::{conv, conv_add, dims4, load_conv, Norm, Taps};
 use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
+use crate::tiling::{Act, AttentionSpec, ConvSpec, Executor, Residual};
 
 /// diffusers uses eps 1e-6 for every GroupNorm of the VAE decoder.
 pub(crate) const EPS: f32 = 1e-6;
@@ -91,6 +93,39 @@ impl Resnet {
             &same3,
         )
     }
+}
+
+impl Resnet {
+    /// Tile by tile: `a1` is norm1's global affine over `x`; returns the
+    /// output and the affine of `next` (the following GroupNorm) over it.
+    fn forward_tiled(
+        &self,
+        ex: &mut Executor,
+        x: Act,
+        a1: Tensor,
+        next: Option<&Norm>,
+    ) -> Result<(Act, Option<Tensor>)> {
+        let spec1 = ConvSpec::new(&self.conv1)
+            .prologue(&a1, Activation::Silu)
+            .stats(Some(&self.norm2));
+        let (h, a2) = ex.conv(&x, spec1, Residual::None)?;
+        drop(a1);
+        let a2 = need(a2)?;
+        let spec2 = ConvSpec::new(&self.conv2)
+            .prologue(&a2, Activation::Silu)
+            .stats(next);
+        match &self.shortcut {
+            Some(sc) => ex.conv(&h, spec2, Residual::Shortcut(&x, sc)),
+            None => ex.conv(&h, spec2, Residual::Take(x)),
+        }
+    }
+}
+
+/// The affine a tiled layer was asked to gather.
+fn need(affine: Option<Tensor>) -> Result<Tensor> {
+    affine.ok_or_else(|| {
+        Error::Unsupported("tiled layer without its GroupNorm statistics (a wgvae bug)".into())
+    })
 }
 
 /// The mid-block attention: GroupNorm, q/k/v projections (1×1 convs on the
@@ -248,6 +283,79 @@ impl AutoencoderKl {
             norm_out,
             conv_out,
         })
+    }
+
+    /// Resolution levels: the latent and one per 2× upsample.
+    pub fn levels(&self) -> usize {
+        self.up_blocks.len()
+    }
+
+    /// The decoder tile by tile (exact: global GroupNorm statistics). `z`
+    /// holds unscaled latents `[N, C, h, w]`; returns RGBA8 pixels `[N, 1, 8h, 8w]`
+    /// and, when `keep_raw`, the raw output `[N, 3, 8h, 8w]`.
+    pub(crate) fn forward_tiled(
+        &self,
+        ex: &mut Executor,
+        z: Act,
+        keep_raw: bool,
+    ) -> Result<(Act, Option<Act>)> {
+        let mut x = z;
+        if let Some(pq) = &self.post_quant_conv {
+            x = ex.conv(&x, ConvSpec::new(pq), Residual::None)?.0;
+        }
+        let res0 = &self.mid_resnets[0];
+        let res1 = &self.mid_resnets[1];
+        let (mut x, mut a) = ex.conv(
+            &x,
+            ConvSpec::new(&self.conv_in).stats(Some(&res0.norm1)),
+            Residual::None,
+        )?;
+        let after_res0 = match &self.mid_attention {
+            Some(at) => &at.norm,
+            None => &res1.norm1,
+        };
+        (x, a) = res0.forward_tiled(ex, x, need(a)?, Some(after_res0))?;
+        if let Some(at) = &self.mid_attention {
+            let affine = need(a)?;
+            (x, a) = ex.attention(
+                x,
+                AttentionSpec {
+                    q: &at.q,
+                    k: &at.k,
+                    v: &at.v,
+                    out: &at.out,
+                    affine: &affine,
+                    stats: Some(&res1.norm1),
+                },
+            )?;
+        }
+        let first_up = &self.up_blocks[0].resnets[0].norm1;
+        (x, a) = res1.forward_tiled(ex, x, need(a)?, Some(first_up))?;
+        for (i, block) in self.up_blocks.iter().enumerate() {
+            let after_block = match self.up_blocks.get(i + 1) {
+                Some(b) => &b.resnets[0].norm1,
+                None => &self.norm_out,
+            };
+            for (j, r) in block.resnets.iter().enumerate() {
+                let next = match block.resnets.get(j + 1) {
+                    Some(r2) => Some(&r2.norm1),
+                    None if block.upsample.is_some() => None,
+                    None => Some(after_block),
+                };
+                (x, a) = r.forward_tiled(ex, x, need(a)?, next)?;
+            }
+            if let Some(up) = &block.upsample {
+                let spec = ConvSpec::new(up).upsample().stats(Some(after_block));
+                (x, a) = ex.conv(&x, spec, Residual::None)?;
+            }
+        }
+        let a = need(a)?;
+        ex.conv_to_image(
+            &x,
+            ConvSpec::new(&self.conv_out).prologue(&a, Activation::Silu),
+            ImageRange::MinusOneToOne,
+            keep_raw,
+        )
     }
 
     /// Records the decoder. `z` [N, latent_channels, h, w] are *unscaled*

@@ -90,6 +90,20 @@ impl Norm {
         })
     }
 
+    pub fn groups(&self) -> usize {
+        self.groups
+    }
+    pub fn channels(&self) -> usize {
+        self.gamma.numel()
+    }
+    pub fn eps(&self) -> f32 {
+        self.eps
+    }
+    /// gamma `[C]`, beta `[C]`.
+    pub fn gamma_beta(&self) -> (&Tensor, &Tensor) {
+        (&self.gamma, &self.beta)
+    }
+
     /// Statistics of `x` [N, C, H, W] as affine coefficients [N, C, 2].
     pub fn affine(&self, rec: &mut Recorder, x: &Tensor) -> Result<Tensor> {
         let [n, c, h, w] = dims4(x)?;

@@ -258,6 +258,28 @@ impl Vae {
         }
     }
 
+    /// Resolution levels of the decoder: the latent and one per 2× upsample.
+    pub fn levels(&self) -> usize {
+        match &self.decoder {
+            Decoder::Kl(k) => k.levels(),
+            Decoder::Tae(_) => 4,
+        }
+    }
+
+    /// The decoder tile by tile (see [`crate::tiling`]): `z` unscaled
+    /// latents; returns RGBA8 pixels `[N, 1, H, W]` and the raw output when `keep_raw`.
+    pub(crate) fn forward_tiled(
+        &self,
+        ex: &mut crate::tiling::Executor,
+        z: crate::tiling::Act,
+        keep_raw: bool,
+    ) -> Result<(crate::tiling::Act, Option<crate::tiling::Act>)> {
+        match &self.decoder {
+            Decoder::Kl(k) => k.forward_tiled(ex, z, keep_raw),
+            Decoder::Tae(t) => t.forward_tiled(ex, z, keep_raw),
+        }
+    }
+
     /// How the raw output maps to pixels.
     pub fn output_range(&self) -> ImageRange {
         match &self.decoder {

@@ -11,10 +11,12 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::elementwise::{unary, Unary};
+use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
 use crate::models::layers::{conv, conv_add, dims4, identity_affine, load_conv, Norm, Taps};
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
+use crate::tiling::{Act, ConvSpec, Executor, Residual};
 
 pub(crate) const WIDTH: usize = 64;
 /// PyTorch GroupNorm default.
@@ -180,6 +182,56 @@ impl TaeDecoder {
             layers,
             conv_out,
         })
+    }
+
+    /// The decoder tile by tile (exact; the taef2 pool branches' GroupNorms
+    /// use global statistics). Returns RGBA8 pixels `[N, 1, 8h, 8w]` and,
+    /// when `keep_raw`, the raw output `[N, 3, 8h, 8w]`.
+    pub(crate) fn forward_tiled(
+        &self,
+        ex: &mut Executor,
+        z: Act,
+        keep_raw: bool,
+    ) -> Result<(Act, Option<Act>)> {
+        let n = z.n;
+        let relu = identity_affine(ex.rec(), n, WIDTH)?;
+        let z = ex.map(z, Unary::TanhClamp(3.0))?;
+        let spec = ConvSpec::new(&self.conv_in).epilogue(Unary::Relu);
+        let (mut x, _) = ex.conv(&z, spec, Residual::None)?;
+        drop(z);
+        for layer in &self.layers {
+            match layer {
+                Layer::UpConv(w) => {
+                    x = ex.conv(&x, ConvSpec::new(w).upsample(), Residual::None)?.0;
+                }
+                Layer::Block(b) => {
+                    if let Some(p) = &b.pool {
+                        let spec = ConvSpec::new(&p.expand).stats(Some(&p.norm));
+                        let (t, a) = ex.conv(&x, spec, Residual::None)?;
+                        let a = a.ok_or_else(|| {
+                            Error::Unsupported(
+                                "pool branch without statistics (a wgvae bug)".into(),
+                            )
+                        })?;
+                        let spec = ConvSpec::new(&p.project).prologue(&a, Activation::Relu);
+                        x = ex.conv(&t, spec, Residual::Take(x))?.0;
+                    }
+                    let (h, _) = ex.conv(&x, ConvSpec::new(&b.convs[0]), Residual::None)?;
+                    let spec = ConvSpec::new(&b.convs[1]).prologue(&relu, Activation::Relu);
+                    let (h, _) = ex.conv(&h, spec, Residual::None)?;
+                    let spec = ConvSpec::new(&b.convs[2])
+                        .prologue(&relu, Activation::Relu)
+                        .epilogue(Unary::Relu);
+                    x = ex.conv(&h, spec, Residual::Take(x))?.0;
+                }
+            }
+        }
+        ex.conv_to_image(
+            &x,
+            ConvSpec::new(&self.conv_out),
+            ImageRange::ZeroToOne,
+            keep_raw,
+        )
     }
 
     /// Records the decoder: `z` [N, C, h, w] latents (scale 1) → raw image [N, 3, 8h, 8w] in ≈[0, 1].

@@ -1,0 +1,410 @@
+//! Tiled decoding: `exact` equals the untiled decode (≤ 1e-3 max abs on the
+//! AutoencoderKL goldens, ≤ 2e-3 on TAEF2), keeps `--max-memory` (estimator
+//! and measured runs), `auto` tiles only when it must, and `fast`
+//! reproduces diffusers' own tiled decode.
+
+use std::path::PathBuf;
+
+use wgvae::decode::estimate_decode_with;
+use wgvae::gpu::Context;
+use wgvae::io::{read_npy, HostTensor};
+use wgvae::memory::Policy;
+use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::{decode, DecodeOptions, Decoded, LoadOptions, TileMode, Tiling, Vae};
+
+/// `../shared` beside the project root, or `../../shared` for a git
+/// worktree one level deeper (tests skip, saying so, without either).
+fn shared() -> Option<PathBuf> {
+    let deeper = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../../shared");
+    if deeper.join("golden").is_dir() {
+        return Some(deeper);
+    }
+    shared_dir()
+}
+
+fn golden(name: &str) -> Option<PathBuf> {
+    shared().map(|s| s.join("golden").join(name))
+}
+
+fn run(ctx: &Context, vae: &Vae, z: &HostTensor, tiling: Tiling) -> Decoded {
+    decode(
+        ctx,
+        vae,
+        z,
+        &DecodeOptions {
+            keep_raw: true,
+            tiling,
+            ..Default::default()
+        },
+    )
+    .unwrap()
+}
+
+fn mean_abs(a: &[f32], b: &[f32]) -> f64 {
+    a.iter()
+        .zip(b)
+        .map(|(x, y)| (x - y).abs() as f64)
+        .sum::<f64>()
+        / a.len() as f64
+}
+
+/// Exact tiles (mid-block tiled too) vs the untiled decode and the golden.
+fn check_exact(name: &str, tile: usize) {
+    let Some(dir) = golden(name) else { return };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let whole = run(&ctx, &vae, &z, Tiling::off());
+    assert_eq!(whole.tiling.mode, "untiled");
+    let mut tiling = Tiling::exact().with_tile_size(tile);
+    tiling.tile_mid_block = true;
+    let tiled = run(&ctx, &vae, &z, tiling);
+    let t = &tiled.tiling;
+    println!("{name}: {t:?}");
+    assert_eq!(t.mode, "exact");
+    assert!(t.mid_block_tiled && t.tiles > 1, "{name}: {t:?}");
+    let (a, b) = (whole.raw.unwrap(), tiled.raw.unwrap());
+    assert_eq!(a.shape, b.shape);
+    let (err, at) = max_abs_diff(&b.data, &a.data);
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let (gerr, _) = max_abs_diff(&b.data, &want.data);
+    println!(
+        "{name}: exact {tile}-px tiles ({} tiles): max abs vs untiled {err:.3e} (mean {:.3e}), vs diffusers {gerr:.3e}",
+        t.tiles,
+        mean_abs(&b.data, &a.data)
+    );
+    assert!(err <= 1e-3, "{name}: tiled vs untiled {err} at {at}");
+    assert!(gerr <= 1e-3, "{name}: tiled vs diffusers {gerr}");
+    let worst = whole.rgba[0]
+        .iter()
+        .zip(&tiled.rgba[0])
+        .map(|(p, q)| p.abs_diff(*q))
+        .max()
+        .unwrap();
+    assert!(worst <= 1, "{name}: pixels differ by {worst}");
+    assert_eq!(whole.rgba.len(), tiled.rgba.len());
+}
+
+#[test]
+fn exact_matches_untiled_aekl_tiny_sd() {
+    check_exact("aekl-tiny-sd", 32); // 96×128: 3×4 tiles, 4×4 latent tiles
+}
+
+#[test]
+fn exact_matches_untiled_aekl_tiny_flux() {
+    check_exact("aekl-tiny-flux", 48); // 128×128: odd 48/48/32 edges
+}
+
+#[test]
+fn exact_matches_untiled_aekl_tiny_sd_batch2() {
+    check_exact("aekl-tiny-sd-batch2", 24); // 64×64, batch 2
+}
+
+#[test]
+fn exact_matches_untiled_aekl_tiny_sd_tiled_many_odd_tiles() {
+    check_exact("aekl-tiny-sd-tiled", 56); // 320×384: 6×7 tiles, 40/48-px edge tiles
+}
+
+/// `auto` on a device whose storage bindings are too small for the untiled
+/// decode (a lowered limit emulates lavapipe's 128 MiB vs SD1.5 at 512²):
+/// it tiles, exactly; `off` fails naming the limit.
+#[test]
+fn auto_tiles_when_the_binding_limit_is_too_small() {
+    let Some(dir) = golden("aekl-tiny-sd-tiled") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let whole = run(&ctx, &vae, &z, Tiling::default());
+    assert_eq!(whole.tiling.mode, "untiled", "auto must not tile what fits");
+    let mut caps = ctx.caps().clone();
+    // The 32-channel 320×384 activations are 15 MiB; bind at most 2 MiB.
+    caps.max_storage_buffer_binding_size = 2 << 20;
+    let small = ctx.with_caps(caps);
+    let e = decode(
+        &small,
+        &vae,
+        &z,
+        &DecodeOptions {
+            tiling: Tiling::off(),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("untiled must exceed the binding limit")
+    .to_string();
+    assert!(e.contains("max_storage_buffer_binding_size"), "{e}");
+    let tiled = run(&small, &vae, &z, Tiling::default());
+    println!("auto under a 2 MiB binding limit: {:?}", tiled.tiling);
+    assert_eq!(tiled.tiling.mode, "exact");
+    assert!(tiled.tiling.tiles > 1);
+    let (err, at) = max_abs_diff(&tiled.raw.unwrap().data, &whole.raw.unwrap().data);
+    println!("auto-tiled vs untiled: max abs {err:.3e}");
+    assert!(err <= 1e-3, "{err} at {at}");
+}
+
+/// `--max-memory` is a promise: with a budget far below the untiled peak
+/// the estimator predicts exactly the measured peak, both stay within the
+/// budget (tiles parked in host memory, mid-block K/V streamed from there)
+/// and the output is still exact; for every pool policy.
+#[test]
+fn max_memory_is_kept_estimated_and_exact() {
+    let Some(dir) = golden("aekl-tiny-sd") else {
+        return;
+    };
+    let spec = dir.to_str().unwrap();
+    let base = test_context();
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let shape: [usize; 4] = z.shape.clone().try_into().unwrap();
+    let reference = {
+        let vae = Vae::load(&base, spec, &LoadOptions::default()).unwrap();
+        run(&base, &vae, &z, Tiling::off())
+    };
+    let untiled_peak = reference.memory.allocated_bytes.peak;
+    for policy in Policy::ALL {
+        let ctx = base.with_pool(policy.new_pool());
+        let vae = Vae::load(&ctx, spec, &LoadOptions::default()).unwrap();
+        let budget = vae.weights_bytes + (3 << 19);
+        let mut tiling = Tiling::exact().with_max_memory(budget);
+        tiling.tile_mid_block = true;
+        let est = estimate_decode_with(
+            ctx.caps(),
+            policy,
+            spec,
+            &LoadOptions::default(),
+            shape,
+            &tiling,
+        )
+        .unwrap();
+        // The estimator predicts a decode without the raw output (as the CLI).
+        let out = decode(
+            &ctx,
+            &vae,
+            &z,
+            &DecodeOptions {
+                tiling: tiling.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let peak = out.memory.allocated_bytes.peak;
+        let t = &out.tiling;
+        let worst = out.rgba[0]
+            .iter()
+            .zip(&reference.rgba[0])
+            .map(|(p, q)| p.abs_diff(*q))
+            .max()
+            .unwrap();
+        println!(
+            "{}: budget {budget} B (untiled peak {untiled_peak} B): measured peak {peak} B, predicted {} B; {}-px tiles {:?}, device parking {} B, host parking {} B, {} B uploaded, {} syncs; pixels within {worst}",
+            policy.name(),
+            est.peak_allocated_bytes,
+            t.tile_size.unwrap_or(0),
+            t.level_tiles,
+            t.device_parked_peak_bytes,
+            t.host_parked_peak_bytes,
+            t.uploaded_bytes,
+            t.syncs
+        );
+        assert!(untiled_peak > budget, "the budget must force tiling");
+        assert!(
+            peak <= budget,
+            "{}: peak {peak} > budget {budget}",
+            policy.name()
+        );
+        assert_eq!(
+            est.peak_allocated_bytes,
+            peak,
+            "{}: estimate vs measured",
+            policy.name()
+        );
+        assert_eq!(
+            &est.tiling,
+            t,
+            "{}: the estimator plans the same tiling",
+            policy.name()
+        );
+        assert!(
+            t.host_parked_peak_bytes > 0,
+            "a tight budget parks on the host"
+        );
+        assert!(t.mid_block_tiled);
+        assert!(worst <= 1, "{}: pixels differ by {worst}", policy.name());
+        if policy == Policy::Exact {
+            let out = run(&ctx, &vae, &z, tiling);
+            assert!(out.memory.allocated_bytes.peak <= budget);
+            let (err, at) = max_abs_diff(
+                &out.raw.unwrap().data,
+                &reference.raw.as_ref().unwrap().data,
+            );
+            println!("host-parked exact decode: max abs vs untiled {err:.3e}");
+            assert!(err <= 1e-3, "{err} at {at}");
+        }
+    }
+}
+
+/// TAEF2 (GroupNorm only in its pool branches): exact tiles vs untiled and
+/// PyTorch on the small chelsea photo (36×56 latents).
+#[test]
+fn taef2_exact_matches_untiled_on_chelsea() {
+    let Some(shared) = shared() else { return };
+    let ctx = test_context();
+    let weights = shared.join("weights/taef2/decoder.safetensors");
+    let vae = Vae::load(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let dir = shared.join("golden/taef2");
+    let z = read_npy(&dir.join("chelsea.latents.npy")).unwrap();
+    let want = read_npy(&dir.join("chelsea.decoded.npy")).unwrap();
+    let whole = run(&ctx, &vae, &z, Tiling::off());
+    let tiled = run(&ctx, &vae, &z, Tiling::exact().with_tile_size(120));
+    println!("taef2 chelsea: {:?}", tiled.tiling);
+    assert!(tiled.tiling.tiles > 1);
+    let (a, b) = (whole.raw.unwrap(), tiled.raw.unwrap());
+    let (err, at) = max_abs_diff(&b.data, &a.data);
+    let (gerr, _) = max_abs_diff(&b.data, &want.data);
+    println!(
+        "taef2 chelsea: exact 120-px tiles ({} tiles): max abs vs untiled {err:.3e} (mean {:.3e}), vs PyTorch {gerr:.3e}",
+        tiled.tiling.tiles,
+        mean_abs(&b.data, &a.data)
+    );
+    assert!(err <= 2e-3, "{err} at {at}");
+    assert!(gerr <= 2e-3, "{gerr}");
+}
+
+/// `fast` is diffusers' `tiled_decode`: same tiles, same blend; it lands
+/// on diffusers' own tiled output, seams and all (unlike `exact`).
+#[test]
+fn fast_reproduces_diffusers_tiled_decode() {
+    let Some(dir) = golden("aekl-tiny-sd-tiled") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let theirs_tiled = read_npy(&dir.join("decoded_diffusers_tiled.npy")).unwrap();
+    let theirs_whole = read_npy(&dir.join("decoded.npy")).unwrap();
+    let fast = run(
+        &ctx,
+        &vae,
+        &z,
+        Tiling::fast().with_tile_size(128).with_overlap(32),
+    );
+    assert_eq!(fast.tiling.mode, "fast");
+    let raw = fast.raw.unwrap();
+    assert_eq!(raw.shape, theirs_tiled.shape);
+    let (err, at) = max_abs_diff(&raw.data, &theirs_tiled.data);
+    let (seam, _) = max_abs_diff(&raw.data, &theirs_whole.data);
+    let exact = run(&ctx, &vae, &z, Tiling::exact().with_tile_size(128));
+    let (exact_err, _) = max_abs_diff(&exact.raw.as_ref().unwrap().data, &theirs_whole.data);
+    println!(
+        "fast (128 px, overlap 32, {} tiles) vs diffusers tiled: max abs {err:.3e}, mean {:.3e}; \
+         fast vs whole decode: max {seam:.3}, mean {:.4}; exact 128-px tiles vs whole: max {exact_err:.2e}",
+        fast.tiling.tiles,
+        mean_abs(&raw.data, &theirs_tiled.data),
+        mean_abs(&raw.data, &theirs_whole.data),
+    );
+    assert!(err <= 1e-3, "fast vs diffusers tiled: {err} at {at}");
+    assert!(seam > 0.1, "fast tiling must show diffusers' seams");
+    assert!(exact_err <= 1e-3);
+}
+
+/// The FLUX.1 preset within 1 GiB (weights included) at 1024² and 2048²,
+/// predicted on the reference GPU: the estimator keeps the promise.
+#[test]
+fn flux_preset_estimate_keeps_a_1gib_budget() {
+    let caps = wgvae::gpu::Capabilities::reference_gpu();
+    let budget = 1u64 << 30;
+    for side in [1024usize, 2048] {
+        let est = estimate_decode_with(
+            &caps,
+            Policy::Caching,
+            "preset:flux1",
+            &LoadOptions::default(),
+            [1, 16, side / 8, side / 8],
+            &Tiling::exact().with_max_memory(budget),
+        )
+        .unwrap();
+        let t = &est.tiling;
+        println!(
+            "flux1 {side}²: peak {:.1} MiB (weights {:.1}), {}-px tiles {:?}, host parking {:.0} MiB",
+            est.peak_allocated_bytes as f64 / 1048576.0,
+            est.weights_bytes as f64 / 1048576.0,
+            t.tile_size.unwrap_or(0),
+            t.level_tiles,
+            t.host_parked_peak_bytes as f64 / 1048576.0
+        );
+        assert_eq!(t.mode, "exact");
+        assert!(est.peak_allocated_bytes <= budget);
+    }
+}
+
+/// Modes parse; `auto` is the default.
+#[test]
+fn tile_modes_parse() {
+    assert_eq!(Tiling::default().mode, TileMode::Auto);
+    for m in ["auto", "off", "exact", "fast"] {
+        assert_eq!(m.parse::<TileMode>().unwrap().name(), m);
+    }
+    assert!("tiles".parse::<TileMode>().is_err());
+}
+
+/// Overhead of exact tiling where the untiled decode fits too:
+/// `cargo test --release --test tiled_decode exact_overhead -- --ignored --nocapture`
+/// (WGVAE_BENCH_LATENT=32 by default: SD1.5 preset at 256²).
+#[test]
+#[ignore]
+fn exact_overhead_benchmark() {
+    let ctx = test_context();
+    let side: usize = std::env::var("WGVAE_BENCH_LATENT")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(32);
+    let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
+    let z = HostTensor::new(
+        vec![1, 4, side, side],
+        wgvae::testing::rand_vec(4 * side * side, 11, 1.0),
+    )
+    .unwrap();
+    let time = |tiling: Tiling| {
+        let opts = DecodeOptions {
+            raw_latents: true,
+            keep_raw: true,
+            tiling,
+            ..Default::default()
+        };
+        decode(&ctx, &vae, &z, &opts).unwrap(); // warm-up (pipelines, plans)
+        let mut best = f64::MAX;
+        let mut out = None;
+        for _ in 0..2 {
+            let t = std::time::Instant::now();
+            let d = decode(&ctx, &vae, &z, &opts).unwrap();
+            best = best.min(t.elapsed().as_secs_f64());
+            out = Some(d);
+        }
+        (best, out.unwrap())
+    };
+    let (base, whole) = time(Tiling::off());
+    println!("untiled {}²: {base:.3} s", side * 8);
+    for (px, mid) in [
+        (side * 4, false),
+        (side * 4, true),
+        (side * 2, false),
+        (side * 2, true),
+    ] {
+        let mut t = Tiling::exact().with_tile_size(px);
+        t.tile_mid_block = mid;
+        let (secs, d) = time(t);
+        let (err, _) = max_abs_diff(
+            &d.raw.as_ref().unwrap().data,
+            &whole.raw.as_ref().unwrap().data,
+        );
+        println!(
+            "exact {px}-px tiles ({} tiles, mid-block {}): {secs:.3} s = {:.3}× untiled, max abs {err:.2e}, {} steps, {} copies",
+            d.tiling.tiles,
+            if mid { "tiled" } else { "whole" },
+            secs / base,
+            d.tiling.steps,
+            d.tiling.window_copies
+        );
+    }
+}
