@@ -322,24 +322,83 @@ fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
     s
 }
 
-/// The tiled kernel's spec for tiles, kernel size and stride (the generated part of the
-/// source depends on them; each source is built once per process).
-fn tiled_spec(tiles: &ConvTiles, k: usize, stride: u32) -> KernelSpec {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Sources = HashMap<(u32, u32, bool, usize, u32), &'static str>;
-    static SOURCES: OnceLock<Mutex<Sources>> = OnceLock::new();
-    let mut map = SOURCES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let shape = (tiles.rm, tiles.rn, tiles.direct, k, stride);
-    let source = *map.entry(shape).or_insert_with(|| {
-        // Leaked once per distinct shape: a handful per process.
-        let block = micro_kernel_source(tiles, k as u32, stride);
-        Box::leak(format!("{SOURCE}{block}").into_boxed_str())
-    });
-    KernelSpec { source, ..TILED }
+/// One specialisation of the kernel: everything the pipeline key and the generated part of
+/// the source depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Variant {
+    /// `None`: the naive kernel.
+    tiles: Option<ConvTiles>,
+    k: usize,
+    stride: u32,
+    upsample: bool,
+    act: Option<Activation>,
+    bias: bool,
+    residual: bool,
+}
+
+impl Variant {
+    /// The variant a call needs: the weights' tiles (or `None` for the naive kernel).
+    fn for_call(
+        tiles: Option<ConvTiles>,
+        w: &Conv2dWeights,
+        prologue: Option<&Prologue>,
+        residual: bool,
+        opts: &Conv2dOptions,
+    ) -> Self {
+        Variant {
+            tiles,
+            k: w.k,
+            stride: opts.stride,
+            upsample: opts.upsample,
+            act: prologue.map(|p| p.act),
+            bias: w.bias.is_some(),
+            residual,
+        }
+    }
+
+    fn spec(&self) -> KernelSpec {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        type Sources = HashMap<(ConvTiles, usize, u32), &'static str>;
+        static SOURCES: OnceLock<Mutex<Sources>> = OnceLock::new();
+        let Some(tiles) = self.tiles else {
+            return NAIVE;
+        };
+        let mut map = SOURCES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let shape = (tiles, self.k, self.stride);
+        let source = *map.entry(shape).or_insert_with(|| {
+            // Leaked once per distinct shape: a handful per process.
+            let block = micro_kernel_source(&tiles, self.k as u32, self.stride);
+            Box::leak(format!("{SOURCE}{block}").into_boxed_str())
+        });
+        KernelSpec { source, ..TILED }
+    }
+
+    fn key(&self) -> PipelineKey {
+        let key = PipelineKey::new(&self.spec())
+            .alias("T", "f32")
+            .constant("KS", format!("{}u", self.k))
+            .constant("STRIDE", format!("{}u", self.stride))
+            .constant("ACT", format!("{}u", self.act.unwrap_or_default().code()))
+            .flag_if(self.upsample, "UPSAMPLE")
+            .flag_if(self.act.is_some(), "PROLOGUE")
+            .flag_if(self.bias, "HAS_BIAS")
+            .flag_if(self.residual, "HAS_RESIDUAL");
+        match self.tiles {
+            None => key.flag("NAIVE").constant("WG", format!("{NAIVE_WG}u")),
+            Some(t) => key
+                .constant("TM", format!("{}u", t.tm))
+                .constant("TN", format!("{}u", t.tn))
+                .constant("TW", format!("{}u", t.tw))
+                .constant("TK", format!("{}u", t.tk))
+                .constant("RM", format!("{}u", t.rm))
+                .constant("RN", format!("{}u", t.rn))
+                .flag_if(t.direct, "DIRECT"),
+        }
+    }
 }
 
 /// Convolution weights on the device, re-laid-out once at load for the tiled kernel:
@@ -628,67 +687,6 @@ fn plan(
     })
 }
 
-fn base_key(
-    spec: &KernelSpec,
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    PipelineKey::new(spec)
-        .alias("T", "f32")
-        .constant("KS", format!("{k}u"))
-        .constant("STRIDE", format!("{stride}u"))
-        .constant("ACT", format!("{}u", act.unwrap_or_default().code()))
-        .flag_if(upsample, "UPSAMPLE")
-        .flag_if(act.is_some(), "PROLOGUE")
-        .flag_if(bias, "HAS_BIAS")
-        .flag_if(residual, "HAS_RESIDUAL")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tiled_key(
-    tiles: ConvTiles,
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    base_key(
-        &tiled_spec(&tiles, k, stride),
-        k,
-        stride,
-        upsample,
-        act,
-        bias,
-        residual,
-    )
-    .constant("TM", format!("{}u", tiles.tm))
-    .constant("TN", format!("{}u", tiles.tn))
-    .constant("TW", format!("{}u", tiles.tw))
-    .constant("TK", format!("{}u", tiles.tk))
-    .constant("RM", format!("{}u", tiles.rm))
-    .constant("RN", format!("{}u", tiles.rn))
-    .flag_if(tiles.direct, "DIRECT")
-}
-
-fn naive_key(
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    base_key(&NAIVE, k, stride, upsample, act, bias, residual)
-        .flag("NAIVE")
-        .constant("WG", format!("{NAIVE_WG}u"))
-}
-
 fn bindings<'t>(
     input: &'t Tensor,
     w: &'t Conv2dWeights,
@@ -722,14 +720,12 @@ pub fn conv2d(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let key = tiled_key(
-        w.tiles,
-        w.k,
-        opts.stride,
-        opts.upsample,
-        prologue.map(|p| p.act),
-        w.bias.is_some(),
+    let variant = Variant::for_call(
+        Some(w.tiles),
+        w,
+        prologue.as_ref(),
         residual.is_some(),
+        opts,
     );
     let groups_xy = linear_groups(rec.ctx(), plan.params.ntiles as u64)?;
     let gz = plan.n as u64 * plan.params.mtiles as u64;
@@ -740,8 +736,8 @@ pub fn conv2d(
     })?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
     rec.dispatch(
-        &tiled_spec(&w.tiles, w.k, opts.stride),
-        &key,
+        &variant.spec(),
+        &variant.key(),
         &plan.params,
         &tensors,
         [groups_xy[0], groups_xy[1], gz],
@@ -761,20 +757,13 @@ pub fn conv2d_naive(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let key = naive_key(
-        w.k,
-        opts.stride,
-        opts.upsample,
-        prologue.map(|p| p.act),
-        w.bias.is_some(),
-        residual.is_some(),
-    );
+    let variant = Variant::for_call(None, w, prologue.as_ref(), residual.is_some(), opts);
     let per_image = w.cout as u64 * plan.params.npix as u64;
     let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
     rec.dispatch(
-        &NAIVE,
-        &key,
+        &variant.spec(),
+        &variant.key(),
         &plan.params,
         &tensors,
         [groups[0], groups[1], plan.n as u32],
@@ -902,27 +891,34 @@ fn default_tile_sets() -> Vec<ConvTiles> {
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    // Every default the engine picks, on GPUs and on CPU adapters.
-    let tile_sets = default_tile_sets();
+    // The naive kernel and every default tile set, with every option combination.
+    let tile_sets: Vec<Option<ConvTiles>> = std::iter::once(None)
+        .chain(default_tile_sets().into_iter().map(Some))
+        .collect();
     let acts = [
         None,
         Some(Activation::None),
         Some(Activation::Silu),
         Some(Activation::Relu),
     ];
-    for k in [1, 3] {
-        for stride in [1, 2] {
-            for upsample in [false, true] {
-                for act in acts {
-                    for bias in [false, true] {
-                        for residual in [false, true] {
-                            for &tiles in &tile_sets {
-                                v.push((
-                                    tiled_spec(&tiles, k, stride),
-                                    tiled_key(tiles, k, stride, upsample, act, bias, residual),
-                                ));
+    for &tiles in &tile_sets {
+        for k in [1, 3] {
+            for stride in [1, 2] {
+                for upsample in [false, true] {
+                    for act in acts {
+                        for bias in [false, true] {
+                            for residual in [false, true] {
+                                let var = Variant {
+                                    tiles,
+                                    k,
+                                    stride,
+                                    upsample,
+                                    act,
+                                    bias,
+                                    residual,
+                                };
+                                v.push((var.spec(), var.key()));
                             }
-                            v.push((NAIVE, naive_key(k, stride, upsample, act, bias, residual)));
                         }
                     }
                 }
