@@ -12,6 +12,8 @@
 //!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
 //! - `WGVAE_BENCH_NAIVE`: `0` skips the naive kernel, `criterion` measures it like the tiled one;
 //!   by default one dispatch is timed (it takes minutes on a CPU adapter).
+//! - `WGVAE_BENCH_FUSED=1`: also time the decoder's fused form (GroupNorm-affine + SiLU
+//!   prologue and an in-place residual add).
 //! - `WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]`: tiles of the tiled kernel (default: the engine's choice).
 
 use std::cell::RefCell;
@@ -20,8 +22,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, Throughput};
 use wgvae::gpu::Recorder;
 use wgvae::kernels::conv2d::{
-    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles,
+    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles, Prologue,
 };
+use wgvae::kernels::Activation;
 use wgvae::testing::{rand_vec, test_context};
 use wgvae::{Context, DType, Tensor};
 
@@ -201,6 +204,8 @@ struct Problem {
     input: Tensor,
     out: Tensor,
     weights: Conv2dWeights,
+    /// GroupNorm-style scale/shift `[1, Cin, 2]` for the fused form.
+    affine: Tensor,
     macs: u64,
 }
 
@@ -220,12 +225,17 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
         None => Conv2dWeights::from_pytorch(ctx, &wv, cout, cin, k, Some(&bias), "w"),
     }
     .unwrap();
+    let aff: Vec<f32> = (0..cin)
+        .flat_map(|c| [1.0 + 0.01 * (c % 7) as f32, 0.1])
+        .collect();
+    let affine = Tensor::from_f32(ctx, &[1, cin, 2], &aff, "affine").unwrap();
     Problem {
         shape,
         opts,
         input,
         out,
         weights,
+        affine,
         macs: macs(1, cin, cout, ho, wo, k),
     }
 }
@@ -359,6 +369,35 @@ fn main() {
         };
         let m = measure(&mut c, &ctx, &timer, "conv2d_tiled", &p, false, &tiled);
         let g_tiled = report("conv2d_tiled", &p, &m, &timer);
+        if std::env::var("WGVAE_BENCH_FUSED").is_ok_and(|v| v == "1") {
+            // out = conv(silu(x * scale + shift)) + bias + out, as in the decoder's ResNet blocks.
+            let fused = |rec: &mut Recorder| {
+                let pro = Prologue {
+                    affine: &p.affine,
+                    act: Activation::Silu,
+                };
+                conv2d(
+                    rec,
+                    &p.input,
+                    &p.weights,
+                    Some(pro),
+                    Some(&p.out),
+                    &p.out,
+                    &p.opts,
+                )
+                .expect("conv2d")
+            };
+            let m = measure(
+                &mut c,
+                &ctx,
+                &timer,
+                "conv2d_tiled_fused",
+                &p,
+                false,
+                &fused,
+            );
+            report("conv2d_tiled_fused", &p, &m, &timer);
+        }
         let mut g_naive = None;
         if naive_mode != "0" {
             let naive = |rec: &mut Recorder| {
