@@ -7,7 +7,7 @@
 //! in f32. On GPUs both operand tiles are staged in workgroup memory TK reduction steps at a
 //! time (the input one built im2col-style while loading); on CPU adapters (lavapipe) the
 //! invocations read their operands directly (see [`ConvTiles::direct`] for why).
-//! The register block is unrolled on the host ([`micro_kernel_source`]).
+//! The register block is unrolled on the host (`micro_kernel_source`).
 
 use bytemuck::{Pod, Zeroable};
 
