@@ -2,9 +2,8 @@
 //!
 //! conv2d at VAE decoder shapes, the tiled implicit-GEMM kernel and the naive
 //! one-output-per-invocation kernel (for the ratio). GPU time comes from timestamp queries
-//! written around a batch of dispatches in one encoder when the device has
-//! `TIMESTAMP_QUERY | TIMESTAMP_QUERY_INSIDE_ENCODERS`, else from wall time around
-//! submit + wait (which is printed). Throughput is reported as GFLOP/s = 2 * MACs / time
+//! written (by empty compute passes) around a batch of dispatches in one encoder when the
+//! device has `TIMESTAMP_QUERY`, else from wall time around submit + wait (which is printed). Throughput is reported as GFLOP/s = 2 * MACs / time
 //! (criterion's "elem/s" with one element per FLOP, and a summary line per benchmark).
 //!
 //! Environment:
@@ -12,6 +11,8 @@
 //!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
 //! - `WGVAE_BENCH_NAIVE`: `0` skips the naive kernel, `criterion` measures it like the tiled one;
 //!   by default one dispatch is timed (it takes minutes on a CPU adapter).
+//! - `WGVAE_BENCH_FUSED=1`: also time the decoder's fused form (GroupNorm-affine + SiLU
+//!   prologue and an in-place residual add).
 //! - `WGVAE_CONV_TILES=tm,tn,tw,tk,rm,rn[,direct 0|1]`: tiles of the tiled kernel (default: the engine's choice).
 
 use std::cell::RefCell;
@@ -20,8 +21,9 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, Throughput};
 use wgvae::gpu::Recorder;
 use wgvae::kernels::conv2d::{
-    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles,
+    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles, Prologue,
 };
+use wgvae::kernels::Activation;
 use wgvae::testing::{rand_vec, test_context};
 use wgvae::{Context, DType, Tensor};
 
@@ -105,9 +107,11 @@ enum Timer {
 
 impl Timer {
     fn new(ctx: &Context) -> Timer {
-        let need =
-            wgpu::Features::TIMESTAMP_QUERY | wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS;
-        if !ctx.device().features().contains(need) {
+        if !ctx
+            .device()
+            .features()
+            .contains(wgpu::Features::TIMESTAMP_QUERY)
+        {
             return Timer::Wall;
         }
         let d = ctx.device();
@@ -136,7 +140,7 @@ impl Timer {
     fn describe(&self) -> &'static str {
         match self {
             Timer::Gpu { .. } => "GPU timestamp queries",
-            Timer::Wall => "wall time around submit + wait (no TIMESTAMP_QUERY_INSIDE_ENCODERS)",
+            Timer::Wall => "wall time around submit + wait (no TIMESTAMP_QUERY)",
         }
     }
 
@@ -165,7 +169,18 @@ impl Timer {
                     period_ns,
                 } => {
                     let mut encoder = ctx.device().create_command_encoder(&Default::default());
-                    encoder.write_timestamp(queries, 0);
+                    // Empty passes whose ends write the timestamps: needs only TIMESTAMP_QUERY.
+                    let stamp = |encoder: &mut wgpu::CommandEncoder, index: u32| {
+                        encoder.begin_compute_pass(&wgpu::ComputePassDescriptor {
+                            label: Some("bench timestamp"),
+                            timestamp_writes: Some(wgpu::ComputePassTimestampWrites {
+                                query_set: queries,
+                                beginning_of_pass_write_index: None,
+                                end_of_pass_write_index: Some(index),
+                            }),
+                        });
+                    };
+                    stamp(&mut encoder, 0);
                     {
                         let mut rec = Recorder::with_encoder(ctx, &mut encoder);
                         for _ in 0..n {
@@ -173,7 +188,7 @@ impl Timer {
                         }
                         rec.finish();
                     }
-                    encoder.write_timestamp(queries, 1);
+                    stamp(&mut encoder, 1);
                     encoder.resolve_query_set(queries, 0..2, resolve, 0);
                     encoder.copy_buffer_to_buffer(resolve, 0, readback, 0, 16);
                     ctx.queue().submit([encoder.finish()]);
@@ -201,6 +216,8 @@ struct Problem {
     input: Tensor,
     out: Tensor,
     weights: Conv2dWeights,
+    /// GroupNorm-style scale/shift `[1, Cin, 2]` for the fused form.
+    affine: Tensor,
     macs: u64,
 }
 
@@ -220,12 +237,17 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
         None => Conv2dWeights::from_pytorch(ctx, &wv, cout, cin, k, Some(&bias), "w"),
     }
     .unwrap();
+    let aff: Vec<f32> = (0..cin)
+        .flat_map(|c| [1.0 + 0.01 * (c % 7) as f32, 0.1])
+        .collect();
+    let affine = Tensor::from_f32(ctx, &[1, cin, 2], &aff, "affine").unwrap();
     Problem {
         shape,
         opts,
         input,
         out,
         weights,
+        affine,
         macs: macs(1, cin, cout, ho, wo, k),
     }
 }
@@ -359,6 +381,35 @@ fn main() {
         };
         let m = measure(&mut c, &ctx, &timer, "conv2d_tiled", &p, false, &tiled);
         let g_tiled = report("conv2d_tiled", &p, &m, &timer);
+        if std::env::var("WGVAE_BENCH_FUSED").is_ok_and(|v| v == "1") {
+            // out = conv(silu(x * scale + shift)) + bias + out, as in the decoder's ResNet blocks.
+            let fused = |rec: &mut Recorder| {
+                let pro = Prologue {
+                    affine: &p.affine,
+                    act: Activation::Silu,
+                };
+                conv2d(
+                    rec,
+                    &p.input,
+                    &p.weights,
+                    Some(pro),
+                    Some(&p.out),
+                    &p.out,
+                    &p.opts,
+                )
+                .expect("conv2d")
+            };
+            let m = measure(
+                &mut c,
+                &ctx,
+                &timer,
+                "conv2d_tiled_fused",
+                &p,
+                false,
+                &fused,
+            );
+            report("conv2d_tiled_fused", &p, &m, &timer);
+        }
         let mut g_naive = None;
         if naive_mode != "0" {
             let naive = |rec: &mut Recorder| {

@@ -126,11 +126,18 @@ fn xrow_base(plane: u32, iy: i32, ok: bool) -> vec2<u32> {
     return vec2<u32>(select(0u, (plane * p.h + sy) * p.w, inside), u32(inside));
 }
 
-fn epilogue(nb: u32, m: u32, pix: u32, acc: f32) -> f32 {
-    var v = acc;
+// Bias of output channel m (0 without HAS_BIAS); m < mpad, the padded bias length.
+fn bias_of(m: u32) -> f32 {
 #ifdef HAS_BIAS
-    v += bias[m];
+    return bias[m];
+#else
+    return 0.0;
 #endif
+}
+
+// acc + bias + residual for output channel m, pixel pix.
+fn epilogue(nb: u32, m: u32, pix: u32, acc: f32, b: f32) -> f32 {
+    var v = acc + b;
 #ifdef HAS_RESIDUAL
     v += f32(res[(nb * p.cout + m) * p.npix + pix]);
 #endif
@@ -161,7 +168,7 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
-    out[(nb * p.cout + m) * p.npix + pix] = T(epilogue(nb, m, pix, acc));
+    out[(nb * p.cout + m) * p.npix + pix] = T(epilogue(nb, m, pix, acc, bias_of(m)));
 }
 #else
 
@@ -183,12 +190,13 @@ fn outer4(acc: ptr<function, Acc>, o: u32, a: vec4<f32>, b: vec4<f32>) {
 // Writes 4 consecutive pixels (oy, ox..ox+3) of output channel m.
 fn store4(nb: u32, m: u32, oy: u32, ox: u32, v: vec4<f32>) {
     if m >= p.cout || oy >= p.ho { return; }
+    let b = bias_of(m);
     let pix = oy * p.wo + ox;
     let base = (nb * p.cout + m) * p.npix + pix;
-    if ox < p.wo { out[base] = T(epilogue(nb, m, pix, v.x)); }
-    if ox + 1u < p.wo { out[base + 1u] = T(epilogue(nb, m, pix + 1u, v.y)); }
-    if ox + 2u < p.wo { out[base + 2u] = T(epilogue(nb, m, pix + 2u, v.z)); }
-    if ox + 3u < p.wo { out[base + 3u] = T(epilogue(nb, m, pix + 3u, v.w)); }
+    if ox < p.wo { out[base] = T(epilogue(nb, m, pix, v.x, b)); }
+    if ox + 1u < p.wo { out[base + 1u] = T(epilogue(nb, m, pix + 1u, v.y, b)); }
+    if ox + 2u < p.wo { out[base + 2u] = T(epilogue(nb, m, pix + 2u, v.z, b)); }
+    if ox + 3u < p.wo { out[base + 3u] = T(epilogue(nb, m, pix + 3u, v.w, b)); }
 }
 
 #ifndef DIRECT

@@ -7,7 +7,7 @@
 //! in f32. On GPUs both operand tiles are staged in workgroup memory TK reduction steps at a
 //! time (the input one built im2col-style while loading); on CPU adapters (lavapipe) the
 //! invocations read their operands directly (see [`ConvTiles::direct`] for why).
-//! The register block is unrolled on the host ([`micro_kernel_source`]).
+//! The register block is unrolled on the host (`micro_kernel_source`).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -56,7 +56,7 @@ const BINDINGS: &[BindingKind] = &[
     BindingKind::ReadWrite,
 ];
 
-/// The tiled kernel; its source gets the unrolled register block appended (see [`tiled_spec`]).
+/// The tiled kernel; its source gets the unrolled register block appended (`Variant::spec`).
 const TILED: KernelSpec = KernelSpec {
     family: "conv2d",
     source: SOURCE,
@@ -65,7 +65,8 @@ const TILED: KernelSpec = KernelSpec {
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
-pub const NAIVE: KernelSpec = KernelSpec {
+/// The naive kernel (one output per invocation), for benchmarks.
+const NAIVE: KernelSpec = KernelSpec {
     family: "conv2d",
     source: SOURCE,
     entry: "naive",
@@ -176,8 +177,9 @@ impl ConvTiles {
             // CPU adapters (lavapipe): a workgroup runs on one CPU thread, invocations are
             // SIMD lanes, and every workgroup-memory access is a scalar loop over the lanes;
             // large register blocks fed directly from the (cached) buffers do best.
-            // Measured on lavapipe (Mesa 22.3, 2 cores): 16 x 16 blocks reach ~12.5 GFLOP
-            // per CPU-second at 3x3, 32 x 16 ~14 but compile 3-4x longer (~10 s cold).
+            // Measured on lavapipe (Mesa 22.3, LLVM 15, AVX-512 Xeon), 3x3, GFLOP per CPU
+            // second / cold pipeline compile: 16 x 16: ~13 / ~2.5 s; 16 x 32: ~14.7 / ~9 s;
+            // 8 x 64: ~15.6 / ~27 s. Compile time grows fast with the block: 16 x 16.
             if small {
                 ConvTiles {
                     tm: 4,
@@ -322,24 +324,83 @@ fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
     s
 }
 
-/// The tiled kernel's spec for tiles, kernel size and stride (the generated part of the
-/// source depends on them; each source is built once per process).
-fn tiled_spec(tiles: &ConvTiles, k: usize, stride: u32) -> KernelSpec {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    type Sources = HashMap<(u32, u32, bool, usize, u32), &'static str>;
-    static SOURCES: OnceLock<Mutex<Sources>> = OnceLock::new();
-    let mut map = SOURCES
-        .get_or_init(Default::default)
-        .lock()
-        .unwrap_or_else(|e| e.into_inner());
-    let shape = (tiles.rm, tiles.rn, tiles.direct, k, stride);
-    let source = *map.entry(shape).or_insert_with(|| {
-        // Leaked once per distinct shape: a handful per process.
-        let block = micro_kernel_source(tiles, k as u32, stride);
-        Box::leak(format!("{SOURCE}{block}").into_boxed_str())
-    });
-    KernelSpec { source, ..TILED }
+/// One specialisation of the kernel: everything the pipeline key and the generated part of
+/// the source depend on.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+struct Variant {
+    /// `None`: the naive kernel.
+    tiles: Option<ConvTiles>,
+    k: usize,
+    stride: u32,
+    upsample: bool,
+    act: Option<Activation>,
+    bias: bool,
+    residual: bool,
+}
+
+impl Variant {
+    /// The variant a call needs: the weights' tiles (or `None` for the naive kernel).
+    fn for_call(
+        tiles: Option<ConvTiles>,
+        w: &Conv2dWeights,
+        prologue: Option<&Prologue>,
+        residual: bool,
+        opts: &Conv2dOptions,
+    ) -> Self {
+        Variant {
+            tiles,
+            k: w.k,
+            stride: opts.stride,
+            upsample: opts.upsample,
+            act: prologue.map(|p| p.act),
+            bias: w.bias.is_some(),
+            residual,
+        }
+    }
+
+    fn spec(&self) -> KernelSpec {
+        use std::collections::HashMap;
+        use std::sync::{Mutex, OnceLock};
+        type Sources = HashMap<(ConvTiles, usize, u32), &'static str>;
+        static SOURCES: OnceLock<Mutex<Sources>> = OnceLock::new();
+        let Some(tiles) = self.tiles else {
+            return NAIVE;
+        };
+        let mut map = SOURCES
+            .get_or_init(Default::default)
+            .lock()
+            .unwrap_or_else(|e| e.into_inner());
+        let shape = (tiles, self.k, self.stride);
+        let source = *map.entry(shape).or_insert_with(|| {
+            // Leaked once per distinct shape: a handful per process.
+            let block = micro_kernel_source(&tiles, self.k as u32, self.stride);
+            Box::leak(format!("{SOURCE}{block}").into_boxed_str())
+        });
+        KernelSpec { source, ..TILED }
+    }
+
+    fn key(&self) -> PipelineKey {
+        let key = PipelineKey::new(&self.spec())
+            .alias("T", "f32")
+            .constant("KS", format!("{}u", self.k))
+            .constant("STRIDE", format!("{}u", self.stride))
+            .constant("ACT", format!("{}u", self.act.unwrap_or_default().code()))
+            .flag_if(self.upsample, "UPSAMPLE")
+            .flag_if(self.act.is_some(), "PROLOGUE")
+            .flag_if(self.bias, "HAS_BIAS")
+            .flag_if(self.residual, "HAS_RESIDUAL");
+        match self.tiles {
+            None => key.flag("NAIVE").constant("WG", format!("{NAIVE_WG}u")),
+            Some(t) => key
+                .constant("TM", format!("{}u", t.tm))
+                .constant("TN", format!("{}u", t.tn))
+                .constant("TW", format!("{}u", t.tw))
+                .constant("TK", format!("{}u", t.tk))
+                .constant("RM", format!("{}u", t.rm))
+                .constant("RN", format!("{}u", t.rn))
+                .flag_if(t.direct, "DIRECT"),
+        }
+    }
 }
 
 /// Convolution weights on the device, re-laid-out once at load for the tiled kernel:
@@ -567,9 +628,6 @@ fn plan(
         if r.shape() != want {
             return shape_err(format!("residual is {:?}, expected {want:?}", r.shape()));
         }
-        if same_memory(r, input) {
-            return shape_err("residual aliases the input".into());
-        }
     }
     if let Some(pro) = prologue {
         if pro.affine.shape() != [n, cin, 2] {
@@ -582,9 +640,10 @@ fn plan(
     if same_memory(out, input) {
         return shape_err("out aliases the input".into());
     }
-    // The shader's multiply-shift division by k*k and its f32 division of tile indices are
-    // exact only below these bounds.
-    if (cin * w.k * w.k >= 1 << 16 && !w.tiles.direct) || n * w.cout >= 1 << 22 {
+    // The shader's multiply-shift division by k*k and its f32 division of workgroup indices
+    // are exact only below these bounds.
+    let mtiles = w.cout.div_ceil(w.tiles.tm as usize);
+    if (cin * w.k * w.k >= 1 << 16 && !w.tiles.direct) || n * mtiles >= 1 << 22 {
         return Err(Error::Unsupported(format!(
             "conv2d with {cin} input channels, batch {n} x {} output channels",
             w.cout
@@ -615,7 +674,7 @@ fn plan(
         mpad: w.mpad as u32,
         tiles_x: tiles_x as u32,
         ntiles: ntiles as u32,
-        mtiles: w.cout.div_ceil(t.tm as usize) as u32,
+        mtiles: mtiles as u32,
         npix: npix as u32,
     };
     Ok(Plan {
@@ -623,67 +682,6 @@ fn plan(
         n,
         macs: macs(n, cin, w.cout, ho, wo, w.k),
     })
-}
-
-fn base_key(
-    spec: &KernelSpec,
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    PipelineKey::new(spec)
-        .alias("T", "f32")
-        .constant("KS", format!("{k}u"))
-        .constant("STRIDE", format!("{stride}u"))
-        .constant("ACT", format!("{}u", act.unwrap_or_default().code()))
-        .flag_if(upsample, "UPSAMPLE")
-        .flag_if(act.is_some(), "PROLOGUE")
-        .flag_if(bias, "HAS_BIAS")
-        .flag_if(residual, "HAS_RESIDUAL")
-}
-
-#[allow(clippy::too_many_arguments)]
-fn tiled_key(
-    tiles: ConvTiles,
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    base_key(
-        &tiled_spec(&tiles, k, stride),
-        k,
-        stride,
-        upsample,
-        act,
-        bias,
-        residual,
-    )
-    .constant("TM", format!("{}u", tiles.tm))
-    .constant("TN", format!("{}u", tiles.tn))
-    .constant("TW", format!("{}u", tiles.tw))
-    .constant("TK", format!("{}u", tiles.tk))
-    .constant("RM", format!("{}u", tiles.rm))
-    .constant("RN", format!("{}u", tiles.rn))
-    .flag_if(tiles.direct, "DIRECT")
-}
-
-fn naive_key(
-    k: usize,
-    stride: u32,
-    upsample: bool,
-    act: Option<Activation>,
-    bias: bool,
-    residual: bool,
-) -> PipelineKey {
-    base_key(&NAIVE, k, stride, upsample, act, bias, residual)
-        .flag("NAIVE")
-        .constant("WG", format!("{NAIVE_WG}u"))
 }
 
 fn bindings<'t>(
@@ -719,14 +717,12 @@ pub fn conv2d(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let key = tiled_key(
-        w.tiles,
-        w.k,
-        opts.stride,
-        opts.upsample,
-        prologue.map(|p| p.act),
-        w.bias.is_some(),
+    let variant = Variant::for_call(
+        Some(w.tiles),
+        w,
+        prologue.as_ref(),
         residual.is_some(),
+        opts,
     );
     let groups_xy = linear_groups(rec.ctx(), plan.params.ntiles as u64)?;
     let gz = plan.n as u64 * plan.params.mtiles as u64;
@@ -737,8 +733,8 @@ pub fn conv2d(
     })?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
     rec.dispatch(
-        &tiled_spec(&w.tiles, w.k, opts.stride),
-        &key,
+        &variant.spec(),
+        &variant.key(),
         &plan.params,
         &tensors,
         [groups_xy[0], groups_xy[1], gz],
@@ -758,20 +754,13 @@ pub fn conv2d_naive(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let key = naive_key(
-        w.k,
-        opts.stride,
-        opts.upsample,
-        prologue.map(|p| p.act),
-        w.bias.is_some(),
-        residual.is_some(),
-    );
+    let variant = Variant::for_call(None, w, prologue.as_ref(), residual.is_some(), opts);
     let per_image = w.cout as u64 * plan.params.npix as u64;
     let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
     rec.dispatch(
-        &NAIVE,
-        &key,
+        &variant.spec(),
+        &variant.key(),
         &plan.params,
         &tensors,
         [groups[0], groups[1], plan.n as u32],
@@ -899,27 +888,34 @@ fn default_tile_sets() -> Vec<ConvTiles> {
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    // Every default the engine picks, on GPUs and on CPU adapters.
-    let tile_sets = default_tile_sets();
+    // The naive kernel and every default tile set, with every option combination.
+    let tile_sets: Vec<Option<ConvTiles>> = std::iter::once(None)
+        .chain(default_tile_sets().into_iter().map(Some))
+        .collect();
     let acts = [
         None,
         Some(Activation::None),
         Some(Activation::Silu),
         Some(Activation::Relu),
     ];
-    for k in [1, 3] {
-        for stride in [1, 2] {
-            for upsample in [false, true] {
-                for act in acts {
-                    for bias in [false, true] {
-                        for residual in [false, true] {
-                            for &tiles in &tile_sets {
-                                v.push((
-                                    tiled_spec(&tiles, k, stride),
-                                    tiled_key(tiles, k, stride, upsample, act, bias, residual),
-                                ));
+    for &tiles in &tile_sets {
+        for k in [1, 3] {
+            for stride in [1, 2] {
+                for upsample in [false, true] {
+                    for act in acts {
+                        for bias in [false, true] {
+                            for residual in [false, true] {
+                                let var = Variant {
+                                    tiles,
+                                    k,
+                                    stride,
+                                    upsample,
+                                    act,
+                                    bias,
+                                    residual,
+                                };
+                                v.push((var.spec(), var.key()));
                             }
-                            v.push((NAIVE, naive_key(k, stride, upsample, act, bias, residual)));
                         }
                     }
                 }
