@@ -181,7 +181,13 @@ struct CellState {
     out: Tensor,
 }
 
-fn cell_state(ctx: &Context, cfg: &SweepConfig, mode: SweepMode, tokens: usize, fill: bool) -> Result<CellState> {
+fn cell_state(
+    ctx: &Context,
+    cfg: &SweepConfig,
+    mode: SweepMode,
+    tokens: usize,
+    fill: bool,
+) -> Result<CellState> {
     let (h, dh) = (cfg.heads, cfg.head_dim());
     let shape = [1, tokens, h, dh];
     let make = |seed: u64, label: &str| -> Result<Tensor> {
@@ -202,7 +208,14 @@ fn cell_state(ctx: &Context, cfg: &SweepConfig, mode: SweepMode, tokens: usize, 
 
 /// Records and submits one evaluation of a cell (the ring mode streams every
 /// frame through a fresh ring). Returns the KV bytes held.
-fn run_cell_once(ctx: &Context, cfg: &SweepConfig, mode: SweepMode, frames: usize, tpf: usize, st: &CellState) -> Result<u64> {
+fn run_cell_once(
+    ctx: &Context,
+    cfg: &SweepConfig,
+    mode: SweepMode,
+    frames: usize,
+    tpf: usize,
+    st: &CellState,
+) -> Result<u64> {
     let mut rec = Recorder::new(ctx);
     let kv_bytes = match mode {
         SweepMode::Global | SweepMode::Window => {
@@ -211,7 +224,14 @@ fn run_cell_once(ctx: &Context, cfg: &SweepConfig, mode: SweepMode, frames: usiz
             } else {
                 cfg.mask(tpf)
             };
-            multi_head_attention(&mut rec, &st.q, &st.k, &st.v, &st.out, &AttentionOptions::masked(mask))?;
+            multi_head_attention(
+                &mut rec,
+                &st.q,
+                &st.k,
+                &st.v,
+                &st.out,
+                &AttentionOptions::masked(mask),
+            )?;
             st.k.byte_size() + st.v.byte_size()
         }
         SweepMode::WindowRing => {
@@ -242,7 +262,11 @@ fn prediction_caps() -> Capabilities {
 
 /// Runs the sweep: every cell predicted by a dry run; cells within the time
 /// budget also measured. `progress` receives a line per cell.
-pub fn run_sweep(ctx: &Context, cfg: &SweepConfig, mut progress: impl FnMut(&str)) -> Result<Vec<SweepRow>> {
+pub fn run_sweep(
+    ctx: &Context,
+    cfg: &SweepConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<Vec<SweepRow>> {
     if cfg.heads == 0 || cfg.embed % cfg.heads != 0 {
         return Err(Error::InvalidInput(format!(
             "embed {} is not a multiple of {} heads",
@@ -262,7 +286,11 @@ pub fn run_sweep(ctx: &Context, cfg: &SweepConfig, mut progress: impl FnMut(&str
                 let flop = 4.0 * cfg.visible_pairs(mode, f, tpf) as f64 * cfg.embed as f64;
                 // Memory: a dry run of exactly the same calls.
                 let dry = Context::dry_run(prediction_caps(), cfg.policy.new_pool());
-                let in_tokens = if mode == SweepMode::WindowRing { tpf } else { tokens };
+                let in_tokens = if mode == SweepMode::WindowRing {
+                    tpf
+                } else {
+                    tokens
+                };
                 let predicted = cell_state(&dry, cfg, mode, in_tokens, false)
                     .and_then(|st| run_cell_once(&dry, cfg, mode, f, tpf, &st).map(|kv| (kv, st)));
                 let (kv_bytes, pred_alloc, pred_res) = match predicted {
@@ -306,7 +334,11 @@ pub fn run_sweep(ctx: &Context, cfg: &SweepConfig, mut progress: impl FnMut(&str
                     rows.push(row);
                     continue;
                 }
-                progress(&format!("{} {f}×{tpf}: running ({:.1} s predicted)", mode.name(), predicted_s));
+                progress(&format!(
+                    "{} {f}×{tpf}: running ({:.1} s predicted)",
+                    mode.name(),
+                    predicted_s
+                ));
                 let real = ctx.with_pool(cfg.policy.new_pool());
                 let measured = (|| -> Result<Vec<f64>> {
                     let st = cell_state(&real, cfg, mode, in_tokens, true)?;
@@ -339,7 +371,12 @@ pub fn run_sweep(ctx: &Context, cfg: &SweepConfig, mut progress: impl FnMut(&str
                         over_budget = true;
                     }
                 }
-                progress(&format!("{} {f}×{tpf}: {} {:.1} ms", mode.name(), row.status, row.time_ms));
+                progress(&format!(
+                    "{} {f}×{tpf}: {} {:.1} ms",
+                    mode.name(),
+                    row.status,
+                    row.time_ms
+                ));
                 rows.push(row);
             }
         }
@@ -392,10 +429,13 @@ pub fn read_vggt(path: &Path) -> Result<Vec<VggtRow>> {
     let mut lines = text.lines().filter(|l| !l.trim().is_empty());
     let header: Vec<&str> = lines.next().unwrap_or_default().split(',').collect();
     let col = |name: &str| {
-        header.iter().position(|h| h.trim() == name).ok_or_else(|| Error::BadFile {
-            path: path.to_path_buf(),
-            message: format!("no `{name}` column"),
-        })
+        header
+            .iter()
+            .position(|h| h.trim() == name)
+            .ok_or_else(|| Error::BadFile {
+                path: path.to_path_buf(),
+                message: format!("no `{name}` column"),
+            })
     };
     let (c_name, c_batch, c_frames, c_img, c_ms, c_mem) = (
         col("name")?,
@@ -546,7 +586,13 @@ pub fn write_sweep_report(
         md += "\nPublished VGGT sweep (batch-1 rows; another device and a whole transformer, so only the shape compares):\n\n| tokens/frame | frames | full ms | full MiB (distorted, see README) |\n|---|---|---|---|\n";
         let mut by_tpf: std::collections::BTreeMap<usize, Vec<(f64, f64)>> = Default::default();
         for r in reference.iter().filter(|r| r.batch == 1) {
-            md += &format!("| {} | {} | {:.1} | {:.0} |\n", r.tokens_per_frame(), r.frames, r.full_ms, r.full_mem_mb);
+            md += &format!(
+                "| {} | {} | {:.1} | {:.0} |\n",
+                r.tokens_per_frame(),
+                r.frames,
+                r.full_ms,
+                r.full_mem_mb
+            );
             by_tpf
                 .entry(r.tokens_per_frame())
                 .or_default()
@@ -609,7 +655,13 @@ pub fn write_sweep_report(
         &format!("attention time vs frames on {}", meta.adapter),
         "frames",
         "ms",
-        &series(&|r| if r.status == "ok" { r.time_ms } else { f64::NAN }),
+        &series(&|r| {
+            if r.status == "ok" {
+                r.time_ms
+            } else {
+                f64::NAN
+            }
+        }),
     )?;
     loglog_svg(
         &out.join("attention_sweep_memory.svg"),
@@ -620,7 +672,13 @@ pub fn write_sweep_report(
     )
 }
 
-fn loglog_svg(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[(String, Vec<(f64, f64)>)]) -> Result<()> {
+fn loglog_svg(
+    path: &Path,
+    title: &str,
+    x_desc: &str,
+    y_desc: &str,
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
     let err = |e: String| Error::BadFile {
         path: path.to_path_buf(),
         message: format!("could not draw the plot: {e}"),
@@ -643,7 +701,10 @@ fn loglog_svg(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[(S
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(70)
-        .build_cartesian_2d((x0 / 1.3..x1 * 1.3).log_scale(), (y0 / 1.5..y1 * 1.5).log_scale())
+        .build_cartesian_2d(
+            (x0 / 1.3..x1 * 1.3).log_scale(),
+            (y0 / 1.5..y1 * 1.5).log_scale(),
+        )
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
@@ -657,7 +718,9 @@ fn loglog_svg(path: &Path, title: &str, x_desc: &str, y_desc: &str, series: &[(S
             .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
             .map_err(|e| err(e.to_string()))?
             .label(name.clone())
-            .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+            .legend(move |(x, y)| {
+                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
+            });
         chart
             .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
             .map_err(|e| err(e.to_string()))?;
@@ -688,7 +751,11 @@ pub enum StreamPreset {
 }
 
 impl StreamPreset {
-    pub const ALL: [StreamPreset; 3] = [StreamPreset::Baseline, StreamPreset::StaticKv, StreamPreset::Int8Kv];
+    pub const ALL: [StreamPreset; 3] = [
+        StreamPreset::Baseline,
+        StreamPreset::StaticKv,
+        StreamPreset::Int8Kv,
+    ];
     pub fn name(self) -> &'static str {
         match self {
             StreamPreset::Baseline => "baseline",
@@ -704,7 +771,11 @@ impl std::str::FromStr for StreamPreset {
         StreamPreset::ALL
             .into_iter()
             .find(|p| p.name() == s)
-            .ok_or_else(|| Error::InvalidInput(format!("unknown preset `{s}`; use baseline, static-kv or int8-kv")))
+            .ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "unknown preset `{s}`; use baseline, static-kv or int8-kv"
+                ))
+            })
     }
 }
 
@@ -827,7 +898,11 @@ enum Cache {
 
 /// Streams `cfg.chunks` chunks: each appends its keys / values to the cache
 /// and attends its queries over the cache, in one submission, waited for.
-pub fn run_stream(ctx: &Context, cfg: &StreamConfig, mut progress: impl FnMut(&str)) -> Result<StreamResult> {
+pub fn run_stream(
+    ctx: &Context,
+    cfg: &StreamConfig,
+    mut progress: impl FnMut(&str),
+) -> Result<StreamResult> {
     let ctx = ctx.with_pool(cfg.policy.new_pool());
     let tpf = cfg.tokens_per_frame();
     let chunk_tokens = cfg.frames_per_chunk * tpf;
@@ -874,7 +949,11 @@ pub fn run_stream(ctx: &Context, cfg: &StreamConfig, mut progress: impl FnMut(&s
             kv_bytes,
         });
         if chunk % 10 == 0 || chunk == cfg.chunks {
-            progress(&format!("{} chunk {chunk}/{}: {ms:.1} ms", cfg.preset.name(), cfg.chunks));
+            progress(&format!(
+                "{} chunk {chunk}/{}: {ms:.1} ms",
+                cfg.preset.name(),
+                cfg.chunks
+            ));
         }
     }
     let stats = ctx.pool().stats();
@@ -1052,7 +1131,10 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
         .map(|r| {
             (
                 format!("{} allocated", r.preset),
-                r.samples.iter().map(|s| (s.chunk as f64, s.allocated_bytes as f64 / MIB)).collect(),
+                r.samples
+                    .iter()
+                    .map(|s| (s.chunk as f64, s.allocated_bytes as f64 / MIB))
+                    .collect(),
             )
         })
         .collect();
@@ -1065,7 +1147,12 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
     )?;
     let lat: Vec<(String, Vec<(f64, f64)>)> = results
         .iter()
-        .map(|r| (format!("{} ms", r.preset), r.samples.iter().map(|s| (s.chunk as f64, s.ms)).collect()))
+        .map(|r| {
+            (
+                format!("{} ms", r.preset),
+                r.samples.iter().map(|s| (s.chunk as f64, s.ms)).collect(),
+            )
+        })
         .collect();
     loglog_svg(
         &out.join("attention_stream_latency.svg"),
