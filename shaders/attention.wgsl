@@ -114,6 +114,9 @@ fn unpack_codes(w: u32) -> vec4<f32> {
 // writes 4 vec4 (one per channel, keys along the vec4).
 fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
     let dw = p.d / 4u;
+    // Dense layout: a row's scale index is its word offset / dw.
+    let scale_base = base / dw;
+    let scale_stride = p.kv_st / dw;
     for (var e = li; e < dw * KV4; e += WG) {
         let w4 = e % dw;
         let jq = e / dw;
@@ -124,8 +127,8 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
         var c3 = vec4<f32>(0.0);
         for (var u = 0u; u < 4u; u++) {
             if j + u < end {
-                let row = base + (j + u) * p.kv_st;
-                let x = unpack_codes(k_codes[row + w4]) * k_scales[row / dw];
+                let x = unpack_codes(k_codes[base + (j + u) * p.kv_st + w4])
+                    * k_scales[scale_base + (j + u) * scale_stride];
                 c0[u] = x.x;
                 c1[u] = x.y;
                 c2[u] = x.z;
@@ -142,6 +145,9 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
 
 fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
     let dw = p.d / 4u;
+    // Dense layout: a row's scale index is its word offset / dw.
+    let scale_base = base / dw;
+    let scale_stride = p.kv_st / dw;
     for (var e = li; e < dw * KV4; e += WG) {
         let w4 = e % dw;
         let jq = e / dw;
@@ -152,8 +158,8 @@ fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
         var c3 = vec4<f32>(0.0);
         for (var u = 0u; u < 4u; u++) {
             if j + u < end {
-                let row = base + (j + u) * p.kv_st;
-                let x = unpack_codes(v_codes[row + w4]) * v_scales[row / dw];
+                let x = unpack_codes(v_codes[base + (j + u) * p.kv_st + w4])
+                    * v_scales[scale_base + (j + u) * scale_stride];
                 c0[u] = x.x;
                 c1[u] = x.y;
                 c2[u] = x.z;

@@ -350,6 +350,7 @@ impl RingKvCache {
             scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
             mask: Mask::NONE,
             q_pos0: 0,
+            config: None,
         };
         let kv = match (&self.k, &self.v) {
             (Store::F32(k), Store::F32(v)) => KvInput::F32 { k, v },
@@ -577,6 +578,7 @@ impl ConcatKvCache {
             scale: scale.unwrap_or(1.0 / (d as f32).sqrt()),
             mask: Mask::NONE,
             q_pos0: 0,
+            config: None,
         };
         let kv = KvInput::F32 {
             k: &copies[0],

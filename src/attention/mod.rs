@@ -107,6 +107,7 @@ fn problem(
         scale: opts.scale.unwrap_or(1.0 / (d as f32).sqrt()),
         mask: opts.mask,
         q_pos0: opts.query_offset,
+        config: None,
     })
 }
 
