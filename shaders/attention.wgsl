@@ -49,6 +49,15 @@
 // f32. The running max starts at FLOOR (not -BIG), so a tile whose keys are
 // all masked for a query contributes exp(-BIG - FLOOR) == 0, never exp(0).
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
+//
+// Split key ranges. Software rasterisers cap the loop iterations of one
+// invocation (llvmpipe: 65535 in total over all loops, after which loops
+// silently exit), so on CPU adapters the keys are processed in shares
+// [kv_begin, kv_end) by consecutive dispatches: a share that is not the last
+// leaves the unnormalised accumulator in `out` and the running (max, sum) of
+// each query in `stats` ([batch * heads, n_q, 2]); the next share resumes
+// from them. GPUs run one share (kv_begin = 0, kv_end = n_kv; `stats` is
+// then never touched).
 
 #ifdef ATTENTION
 struct Params {
@@ -70,8 +79,15 @@ struct Params {
     frame_tokens: u32,
     sink_frames: u32,
     window_frames: u32,
+    // This dispatch's share of the keys (see "Split key ranges" above).
+    kv_begin: u32,
+    kv_end: u32,
+    // Bit 0: first share (start from an empty state); bit 1: last share
+    // (normalise and write the output).
+    phase: u32,
     _pad0: u32,
     _pad1: u32,
+    _pad2: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -81,11 +97,13 @@ struct Params {
 @group(0) @binding(3) var<storage, read_write> k_scales: array<f32>;
 @group(0) @binding(4) var<storage, read_write> v_codes: array<u32>;
 @group(0) @binding(5) var<storage, read_write> v_scales: array<f32>;
-@group(0) @binding(6) var<storage, read_write> out: array<f32>;
+@group(0) @binding(6) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(7) var<storage, read_write> out: array<f32>;
 #else
 @group(0) @binding(2) var<storage, read_write> k: array<f32>;
 @group(0) @binding(3) var<storage, read_write> v: array<f32>;
-@group(0) @binding(4) var<storage, read_write> out: array<f32>;
+@group(0) @binding(4) var<storage, read_write> stats: array<f32>;
+@group(0) @binding(5) var<storage, read_write> out: array<f32>;
 #endif
 
 const WG = QG * DS;
@@ -273,21 +291,38 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     let i0 = i_lo + qi;
     let i1 = i0 + QG;
 
-    // .x: query i0, .y: query i1.
+    // .x: query i0, .y: query i1. A later share of the keys resumes from
+    // the unnormalised accumulator in `out` and (max, sum) in `stats`.
+    let resume = (p.phase & 1u) == 0u;
     var q_reg: array<vec2<f32>, DPT>;
     var acc: array<vec2<f32>, DPT>;
     for (var t = 0u; t < DPT; t++) {
         let c = s + t * DS;
         var val = vec2<f32>(0.0);
+        var a = vec2<f32>(0.0);
         if c < p.d {
-            if i0 < p.n_q { val.x = q[q_base + i0 * p.q_st + c * p.q_sc] * p.scale; }
-            if i1 < p.n_q { val.y = q[q_base + i1 * p.q_st + c * p.q_sc] * p.scale; }
+            let o0 = q_base + i0 * p.q_st + c * p.q_sc;
+            let o1 = q_base + i1 * p.q_st + c * p.q_sc;
+            if i0 < p.n_q {
+                val.x = q[o0] * p.scale;
+                if resume { a.x = out[o0]; }
+            }
+            if i1 < p.n_q {
+                val.y = q[o1] * p.scale;
+                if resume { a.y = out[o1]; }
+            }
         }
         q_reg[t] = val;
-        acc[t] = vec2<f32>(0.0);
+        acc[t] = a;
     }
     var run_max = vec2<f32>(FLOOR);
     var run_sum = vec2<f32>(0.0);
+    let stat0 = 2u * (wg.y * p.n_q + i0);
+    let stat1 = 2u * (wg.y * p.n_q + i1);
+    if resume {
+        if i0 < p.n_q { run_max.x = stats[stat0]; run_sum.x = stats[stat0 + 1u]; }
+        if i1 < p.n_q { run_max.y = stats[stat1]; run_sum.y = stats[stat1 + 1u]; }
+    }
 
     // The key ranges this block needs: [start0, end0) and [start1, end1).
     var last = p.n_kv;
@@ -317,8 +352,8 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
 
     for (var r = 0u; r < 2u; r++) {
-        let start = select(start1, 0u, r == 0u);
-        let end = select(end1, end0, r == 0u);
+        let start = max(select(start1, 0u, r == 0u), p.kv_begin);
+        let end = min(select(end1, end0, r == 0u), p.kv_end);
         for (var j0 = start; j0 < end; j0 += BKV) {
             let full = tile_is_full(j0, end, i_lo, i_hi);
 
@@ -401,7 +436,14 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
 
     // A query that sees no key at all gets zeros, not 0 / 0.
-    let inv = select(vec2<f32>(0.0), 1.0 / max(run_sum, vec2<f32>(1.0e-30)), run_sum > vec2<f32>(0.0));
+    let last_share = (p.phase & 2u) != 0u;
+    var inv = vec2<f32>(1.0);
+    if last_share {
+        inv = select(vec2<f32>(0.0), 1.0 / max(run_sum, vec2<f32>(1.0e-30)), run_sum > vec2<f32>(0.0));
+    } else if s == 0u {
+        if i0 < p.n_q { stats[stat0] = run_max.x; stats[stat0 + 1u] = run_sum.x; }
+        if i1 < p.n_q { stats[stat1] = run_max.y; stats[stat1 + 1u] = run_sum.y; }
+    }
     for (var t = 0u; t < DPT; t++) {
         let c = s + t * DS;
         if c < p.d {

@@ -150,6 +150,70 @@ fn every_mask_matches_cpu() {
     }
 }
 
+/// Long key ranges: software rasterisers cap an invocation's loop
+/// iterations (llvmpipe: 65535, then loops exit silently), so on CPU
+/// adapters the kernel splits the keys over several dispatches that carry
+/// the softmax state. f32 and int8, with and without masks, d = 128 and 512.
+#[test]
+fn long_key_ranges_match_cpu() {
+    let ctx = test_context();
+    let cases = [
+        (2, 64, 3500, 128, Mask::NONE, 0),
+        (2, 64, 3500, 128, Mask::causal(), 3436),
+        (1, 64, 3500, 128, Mask::frame_window(100, 2, Some(8)), 3000),
+        (
+            1,
+            200,
+            1000,
+            512,
+            Mask::frame_window(50, 1, Some(12)).and_causal(),
+            800,
+        ),
+    ];
+    for (i, &(h, n_q, n_kv, d, mask, q_pos0)) in cases.iter().enumerate() {
+        let seed = 900 + 10 * i as u64;
+        let qd = rand_vec(n_q * h * d, seed, 2.0);
+        let kd = rand_vec(n_kv * h * d, seed + 1, 2.0);
+        let vd = rand_vec(n_kv * h * d, seed + 2, 1.0);
+        let q = upload(&ctx, &[1, n_q, h, d], &qd);
+        let k = upload(&ctx, &[1, n_kv, h, d], &kd);
+        let v = upload(&ctx, &[1, n_kv, h, d], &vd);
+        let out = Tensor::empty(&ctx, &[1, n_q, h, d], DType::F32, "out").unwrap();
+        let out8 = Tensor::empty(&ctx, &[1, n_q, h, d], DType::F32, "out8").unwrap();
+        let opts = AttentionOptions {
+            mask,
+            query_offset: q_pos0,
+            ..Default::default()
+        };
+        let mut rec = Recorder::new(&ctx);
+        multi_head_attention(&mut rec, &q, &k, &v, &out, &opts).unwrap();
+        let dispatches = rec.labels().len();
+        let k8 = QuantizedKv::quantize(&mut rec, &k, "k").unwrap();
+        let v8 = QuantizedKv::quantize(&mut rec, &v, "v").unwrap();
+        multi_head_attention_int8(&mut rec, &q, &k8, &v8, &out8, &opts).unwrap();
+        rec.submit().unwrap();
+        if ctx.caps().is_cpu() {
+            assert!(
+                dispatches > 1,
+                "{n_kv} keys at d = {d} ran in one dispatch on a CPU adapter"
+            );
+        }
+        let scale = 1.0 / (d as f32).sqrt();
+        let what = format!("H{h} d{d} q{n_q}@{q_pos0} kv{n_kv} {mask:?} ({dispatches} dispatches)");
+        let want = cpu_attention(&qd, &kd, &vd, 1, h, n_q, n_kv, d, scale, &mask, q_pos0);
+        assert_close(&out.to_f32(&ctx).unwrap(), &want, ATOL, RTOL, &what);
+        let (kq, vq) = (k8.to_f32(&ctx).unwrap(), v8.to_f32(&ctx).unwrap());
+        let want8 = cpu_attention(&qd, &kq, &vq, 1, h, n_q, n_kv, d, scale, &mask, q_pos0);
+        assert_close(
+            &out8.to_f32(&ctx).unwrap(),
+            &want8,
+            ATOL,
+            RTOL,
+            &format!("int8 {what}"),
+        );
+    }
+}
+
 /// Tiles entirely outside every query block's window are skipped, not
 /// masked: keys and values there are NaN, and NaN · 0 would poison the
 /// output if a skipped tile were ever read.

@@ -57,11 +57,17 @@ pub struct Params {
     pub sink_frames: u32,
     /// 0: every frame (no window).
     pub window_frames: u32,
+    /// This dispatch's share of the keys.
+    pub kv_begin: u32,
+    pub kv_end: u32,
+    /// Bit 0: first share; bit 1: last share.
+    pub phase: u32,
     pub _pad0: u32,
     pub _pad1: u32,
+    pub _pad2: u32,
 }
 
-/// Attention with f32 K/V: q, k, v, out.
+/// Attention with f32 K/V: q, k, v, stats (scratch of split key ranges), out.
 pub const ATTENTION: KernelSpec = KernelSpec {
     family: "attention",
     source: SOURCE,
@@ -71,11 +77,13 @@ pub const ATTENTION: KernelSpec = KernelSpec {
         BindingKind::Read,
         BindingKind::Read,
         BindingKind::ReadWrite,
+        BindingKind::ReadWrite,
     ],
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
-/// Attention with int8 K/V: q, k codes, k scales, v codes, v scales, out.
+/// Attention with int8 K/V: q, k codes, k scales, v codes, v scales,
+/// stats, out.
 pub const ATTENTION_INT8: KernelSpec = KernelSpec {
     family: "attention",
     source: SOURCE,
@@ -86,6 +94,7 @@ pub const ATTENTION_INT8: KernelSpec = KernelSpec {
         BindingKind::Read,
         BindingKind::Read,
         BindingKind::Read,
+        BindingKind::ReadWrite,
         BindingKind::ReadWrite,
     ],
     uniform_size: std::mem::size_of::<Params>() as u64,
@@ -392,17 +401,89 @@ fn check_device(rec: &Recorder, config: &AttentionConfig, d: usize) -> Result<()
     Ok(())
 }
 
-/// Flash attention over strided q / k / v (see the module docs):
-/// `out[b, h, i] = sum_j softmax_j(q[b, h, i] . k[b, h, j] * scale) v[b, h, j]`
-/// over the keys `j < kv_len` that `prob.mask` lets query i see. `out` uses
-/// `q_strides` and must not overlap q, k or v. A query that sees no key gets
-/// zeros. MACs are counted over the visible (query, key) pairs.
+/// Total loop iterations one invocation may run on software rasterisers
+/// (llvmpipe's loop limiter: 65535 over all loops of an invocation, after
+/// which every loop exits silently and results are wrong).
+pub const CPU_LOOP_ITERATION_LIMIT: usize = 65535;
+
+/// Keys one dispatch may process with configuration `c` on a device:
+/// `None` (all keys at once) on GPUs; on CPU adapters, as many tiles as keep
+/// a conservative count of the kernel's loop iterations (per tile: the key
+/// loop, both tile loads with their per-key loops, the partial-sum
+/// reduction, the two channel loops) under 90 % of
+/// [`CPU_LOOP_ITERATION_LIMIT`].
+pub fn keys_per_dispatch(
+    c: &AttentionConfig,
+    d: usize,
+    int8: bool,
+    caps: &Capabilities,
+) -> Option<usize> {
+    if !caps.is_cpu() {
+        return None;
+    }
+    let (wg, dpt, ds) = (c.invocations() as usize, c.dpt as usize, c.ds as usize);
+    let load_elems = if int8 { d / 4 * 2 } else { d * 2 };
+    let load = load_elems.div_ceil(wg) * 5;
+    let reduce = (c.queries() as usize * 2).div_ceil(wg) * (1 + ds);
+    let per_tile = 1 + 2 * load + reduce + 2 * dpt;
+    let fixed = 2 * dpt + 64;
+    let tiles = (CPU_LOOP_ITERATION_LIMIT * 9 / 10 - fixed) / per_tile;
+    Some(tiles.max(1) * KEYS_PER_TILE as usize)
+}
+
+/// f32 elements of the `stats` scratch a problem needs on this device
+/// (`batch · heads · q_len · 2` when its keys are split over several
+/// dispatches, else 0).
+pub fn stats_len(prob: &AttentionProblem, int8: bool, caps: &Capabilities) -> usize {
+    let config = prob
+        .config
+        .or_else(|| config_for_device(prob.head_dim, prob.q_len, caps));
+    match config.and_then(|c| keys_per_dispatch(&c, prob.head_dim, int8, caps)) {
+        Some(keys) if prob.kv_len > keys => prob.batch * prob.heads * prob.q_len * 2,
+        _ => 0,
+    }
+}
+
+/// [`flash_attention_with_stats`], allocating the `stats` scratch from the
+/// pool when this device needs one (CPU adapters with many keys; never on GPUs).
 pub fn flash_attention(
     rec: &mut Recorder,
     prob: &AttentionProblem,
     q: &Tensor,
     kv: KvInput,
     out: &Tensor,
+) -> Result<()> {
+    let int8 = matches!(kv, KvInput::Int8 { .. });
+    let n = stats_len(prob, int8, rec.ctx().caps());
+    let stats = if n > 0 {
+        Some(Tensor::empty(
+            rec.ctx(),
+            &[n],
+            DType::F32,
+            "attention stats",
+        )?)
+    } else {
+        None
+    };
+    flash_attention_with_stats(rec, prob, q, kv, out, stats.as_ref())
+}
+
+/// Flash attention over strided q / k / v (see the module docs):
+/// `out[b, h, i] = sum_j softmax_j(q[b, h, i] . k[b, h, j] * scale) v[b, h, j]`
+/// over the keys `j < kv_len` that `prob.mask` lets query i see. `out` uses
+/// `q_strides` and must not overlap q, k or v. A query that sees no key gets
+/// zeros. MACs are counted over the visible (query, key) pairs.
+///
+/// Where the device caps loop iterations ([`keys_per_dispatch`]) the keys
+/// are split over several dispatches that carry the online-softmax state in
+/// `stats` (f32, at least [`stats_len`] elements; unused otherwise).
+pub fn flash_attention_with_stats(
+    rec: &mut Recorder,
+    prob: &AttentionProblem,
+    q: &Tensor,
+    kv: KvInput,
+    out: &Tensor,
+    stats: Option<&Tensor>,
 ) -> Result<()> {
     const OP: &str = "flash_attention";
     let AttentionProblem {
@@ -494,8 +575,10 @@ pub fn flash_attention(
         frame_tokens: to_u32(OP, "tokens per frame", tpf)?,
         sink_frames: to_u32(OP, "sink frames", sink)?,
         window_frames: to_u32(OP, "window frames", window)?,
-        _pad0: 0,
-        _pad1: 0,
+        kv_begin: 0,
+        kv_end: to_u32(OP, "kv_len", kv_len)?,
+        phase: 3,
+        ..Default::default()
     };
     // Positions must stay in u32 inside the shader.
     to_u32(OP, "q_pos0 + q_len", prob.q_pos0 + q_len)?;
@@ -513,10 +596,49 @@ pub fn flash_attention(
     let macs = 2 * pairs * (batch * heads * d) as u64;
     let int8 = matches!(kv, KvInput::Int8 { .. });
     let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
+    let share = keys_per_dispatch(&config, d, int8, rec.ctx().caps())
+        .filter(|&keys| kv_len > keys)
+        .unwrap_or(kv_len.max(1));
+    // Unused in a single dispatch: `out` stands in for the binding.
+    let stats = match stats {
+        _ if share >= kv_len => out,
+        Some(t) => {
+            check_holds(OP, "stats", t, DType::F32, batch * heads * q_len * 2)?;
+            if t.overlaps(out) || kv_tensors.iter().chain([&q]).any(|x| t.overlaps(x)) {
+                return Err(Error::shape(OP, "stats must not overlap q, k, v or out"));
+            }
+            t
+        }
+        None => {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "{kv_len} keys need {} dispatches on this device and a stats scratch of {} f32 (see stats_len)",
+                    kv_len.div_ceil(share),
+                    batch * heads * q_len * 2
+                ),
+            ))
+        }
+    };
     let mut tensors: Vec<&Tensor> = vec![q];
     tensors.extend(kv_tensors);
+    tensors.push(stats);
     tensors.push(out);
-    rec.dispatch(spec, &key(&config, int8), &params, &tensors, groups, macs)
+    let shares = kv_len.div_ceil(share).max(1);
+    for i in 0..shares {
+        let begin = i * share;
+        let end = (begin + share).min(kv_len);
+        let params = Params {
+            kv_begin: begin as u32,
+            kv_end: end as u32,
+            phase: u32::from(i == 0) | (u32::from(i + 1 == shares) << 1),
+            ..params
+        };
+        // The work (MACs) is counted once, on the first share.
+        let m = if i == 0 { macs } else { 0 };
+        rec.dispatch(spec, &key(&config, int8), &params, &tensors, groups, m)?;
+    }
+    Ok(())
 }
 
 /// q, k, v `[N, d, T]` f32 (T = H*W tokens, d <= 512); out `[N, d, T]`;
