@@ -779,9 +779,7 @@ fn bench_attention(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> 
             let settings = format!(
                 "frames {frames:?}, tokens/frame {tokens_per_frame:?}, embed {embed}, {heads} heads, sink {sink}, window {window}, budget {budget} s/cell, runs {runs}, policy {policy}, f32"
             );
-            let bar = indicatif::ProgressBar::new_spinner();
-            let rows = ra::run_sweep(&ctx, &cfg, |m| bar.println(m))?;
-            bar.finish_and_clear();
+            let rows = ra::run_sweep(&ctx, &cfg, |m| eprintln!("{m}"))?;
             let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
             ra::write_sweep_report(&rows, &cfg, &meta, reference.as_deref(), out)?;
             let ran = rows.iter().filter(|r| r.status == "ok").count();

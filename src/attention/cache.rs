@@ -183,17 +183,9 @@ pub struct KvWindow {
     pub v_int8: Option<(Vec<i8>, Vec<f32>)>,
 }
 
-/// Rows of `data` (`[B, slots·tpf, H, d]`, `row` = H·d or H values per token)
-/// reordered as the slots `order`, token blocks of `tpf`.
-fn gather_slots<T: Copy>(
-    data: &[T],
-    batch: usize,
-    slots: usize,
-    tpf: usize,
-    order: &[usize],
-) -> Vec<T> {
+/// `data` laid out `[B, slots, per-slot values]` with the slots reordered as `order`.
+fn gather_slots<T: Copy>(data: &[T], batch: usize, slots: usize, order: &[usize]) -> Vec<T> {
     let per_slot = data.len() / batch / slots;
-    let _ = tpf;
     let mut out = Vec::with_capacity(batch * order.len() * per_slot);
     for b in 0..batch {
         for &s in order {
@@ -375,21 +367,21 @@ impl RingKvCache {
             .collect();
         held.sort_unstable();
         let order: Vec<usize> = held.iter().map(|&(_, s)| s).collect();
-        let (b, slots, tpf) = (self.cfg.batch, self.cfg.slots(), self.cfg.tokens_per_frame);
+        let (b, slots) = (self.cfg.batch, self.cfg.slots());
         let (k, k8) = self.k.read(ctx)?;
         let (v, v8) = self.v.read(ctx)?;
         let g8 = |x: Option<(Vec<i8>, Vec<f32>)>| {
             x.map(|(c, s)| {
                 (
-                    gather_slots(&c, b, slots, tpf, &order),
-                    gather_slots(&s, b, slots, tpf, &order),
+                    gather_slots(&c, b, slots, &order),
+                    gather_slots(&s, b, slots, &order),
                 )
             })
         };
         Ok(KvWindow {
             frames: held.iter().map(|&(f, _)| f).collect(),
-            k: gather_slots(&k, b, slots, tpf, &order),
-            v: gather_slots(&v, b, slots, tpf, &order),
+            k: gather_slots(&k, b, slots, &order),
+            v: gather_slots(&v, b, slots, &order),
             k_int8: g8(k8),
             v_int8: g8(v8),
         })

@@ -1087,6 +1087,11 @@ mod tests {
             Err(_) => Mask::NONE,
         };
         let int8 = std::env::var("ATT_INT8").is_ok();
+        // ATT_CFG=ds,qg,dpt forces a configuration.
+        let forced = std::env::var("ATT_CFG").ok().map(|v| {
+            let v: Vec<u32> = v.split(',').filter_map(|x| x.parse().ok()).collect();
+            cfg(v[0], v[1], v[2])
+        });
         let ctx = test_context();
         let shape = [1, t, h, d];
         let x = Tensor::from_f32(&ctx, &shape, &rand_vec(t * h * d, 1, 1.0), "x").unwrap();
@@ -1115,18 +1120,45 @@ mod tests {
             let c0 = cpu_s();
             let mut rec = Recorder::new(&ctx);
             rec.enable_profiling();
-            if int8 {
+            if let Some(config) = forced {
+                let prob = AttentionProblem {
+                    batch: 1,
+                    heads: h,
+                    q_len: nq,
+                    kv_len: t,
+                    head_dim: d,
+                    q_strides: Strides::token_major(nq, h, d),
+                    kv_strides: Strides::token_major(t, h, d),
+                    scale: 1.0 / (d as f32).sqrt(),
+                    mask,
+                    q_pos0: 0,
+                    config: Some(config),
+                };
+                let kv = if int8 {
+                    KvInput::Int8 {
+                        k_codes: &k8.codes,
+                        k_scales: &k8.scales,
+                        v_codes: &v8.codes,
+                        v_scales: &v8.scales,
+                    }
+                } else {
+                    KvInput::F32 { k: &x, v: &y }
+                };
+                flash_attention(&mut rec, &prob, &qx, kv, &out).unwrap();
+            } else if int8 {
                 multi_head_attention_int8(&mut rec, &qx, &k8, &v8, &out, &opts).unwrap();
             } else {
                 multi_head_attention(&mut rec, &qx, &x, &y, &out, &opts).unwrap();
             }
+            let rec_macs: u64 = rec.labels().iter().map(|l| l.macs).sum();
             let (_, prof) = rec.submit_profiled().unwrap();
             let p = prof.unwrap();
             let cpu = cpu_s() - c0;
-            let flop = 2.0 * p.kernels[0].gflops * p.gpu_ms / 1e3 / 2.0;
+            let macs: u64 = rec_macs;
+            let flop = 2.0 * macs as f64 / 1e9;
             println!(
                 "run {run}: Q={nq} T={t} H={h} d={d} int8={int8} {mask:?}: {:.1} ms, {:.2} GFLOP/s; {cpu:.2} CPU s, {:.2} GFLOP per CPU s",
-                p.gpu_ms, p.kernels[0].gflops, flop / cpu
+                p.gpu_ms, flop / (p.gpu_ms / 1e3), flop / cpu
             );
         }
     }

@@ -181,13 +181,7 @@ struct CellState {
     out: Tensor,
 }
 
-fn cell_state(
-    ctx: &Context,
-    cfg: &SweepConfig,
-    mode: SweepMode,
-    tokens: usize,
-    fill: bool,
-) -> Result<CellState> {
+fn cell_state(ctx: &Context, cfg: &SweepConfig, tokens: usize, fill: bool) -> Result<CellState> {
     let (h, dh) = (cfg.heads, cfg.head_dim());
     let shape = [1, tokens, h, dh];
     let make = |seed: u64, label: &str| -> Result<Tensor> {
@@ -197,7 +191,6 @@ fn cell_state(
             Tensor::empty(ctx, &shape, DType::F32, label)
         }
     };
-    let _ = mode;
     Ok(CellState {
         q: make(1, "sweep q")?,
         k: make(2, "sweep k")?,
@@ -252,10 +245,12 @@ fn run_cell_once(
     Ok(kv_bytes)
 }
 
-/// Reference-GPU limits with bindings as large as buffers, so every cell's
-/// memory can be predicted.
-fn prediction_caps() -> Capabilities {
-    let mut caps = Capabilities::reference_gpu();
+/// This device's capabilities with buffer and binding limits lifted, so a
+/// dry run predicts every cell (including those too large to bind here) and
+/// takes the same decisions (kernel configuration, key splitting) as a real run.
+fn prediction_caps(ctx: &Context) -> Capabilities {
+    let mut caps = ctx.caps().clone();
+    caps.max_buffer_size = caps.max_buffer_size.max(1 << 40);
     caps.max_storage_buffer_binding_size = caps.max_buffer_size;
     caps
 }
@@ -285,13 +280,13 @@ pub fn run_sweep(
                 let tokens = f * tpf;
                 let flop = 4.0 * cfg.visible_pairs(mode, f, tpf) as f64 * cfg.embed as f64;
                 // Memory: a dry run of exactly the same calls.
-                let dry = Context::dry_run(prediction_caps(), cfg.policy.new_pool());
+                let dry = Context::dry_run(prediction_caps(ctx), cfg.policy.new_pool());
                 let in_tokens = if mode == SweepMode::WindowRing {
                     tpf
                 } else {
                     tokens
                 };
-                let predicted = cell_state(&dry, cfg, mode, in_tokens, false)
+                let predicted = cell_state(&dry, cfg, in_tokens, false)
                     .and_then(|st| run_cell_once(&dry, cfg, mode, f, tpf, &st).map(|kv| (kv, st)));
                 let (kv_bytes, pred_alloc, pred_res) = match predicted {
                     Ok((kv, st)) => {
@@ -341,10 +336,16 @@ pub fn run_sweep(
                 ));
                 let real = ctx.with_pool(cfg.policy.new_pool());
                 let measured = (|| -> Result<Vec<f64>> {
-                    let st = cell_state(&real, cfg, mode, in_tokens, true)?;
-                    // Uploads land with the first submit: flush them untimed.
+                    let st = cell_state(&real, cfg, in_tokens, true)?;
+                    // Uploads land with the first submit: flush them untimed;
+                    // cheap cells also get an untimed warm-up run (pipeline
+                    // compilation; larger cells reuse the pipelines of the
+                    // smaller cells of their series).
                     Recorder::new(&real).submit()?;
                     real.wait_idle()?;
+                    if predicted_s / (cfg.runs.max(1) as f64) < 2.0 {
+                        run_cell_once(&real, cfg, mode, f, tpf, &st)?;
+                    }
                     let mut times = Vec::new();
                     for _ in 0..cfg.runs.max(1) {
                         let t0 = Instant::now();
@@ -485,6 +486,9 @@ pub fn loglog_slope(points: &[(f64, f64)]) -> Option<f64> {
     (sxx > 0.0).then(|| sxy / sxx)
 }
 
+/// Cells faster than this are dominated by the fixed cost of a submission.
+const MIN_FIT_MS: f64 = 20.0;
+
 fn fmt_ms(ms: f64) -> String {
     if ms.is_finite() {
         format!("{ms:.1}")
@@ -549,7 +553,8 @@ pub fn write_sweep_report(
         cfg.policy.name()
     );
     // Scaling exponents.
-    md += "## Scaling with the frame count (time ∝ frames^k, least squares over measured cells)\n\n| series | tokens/frame | k (time) | k (peak allocated) | k (KV bytes) | measured cells |\n|---|---|---|---|---|---|\n";
+    let past_window = 2 * cfg.window_frames;
+    md += &format!("## Scaling with the frame count\n\nExponent k of y ∝ frames^k (least squares on log–log). Time: over measured cells that take ≥ {MIN_FIT_MS} ms (above the fixed submit cost), and over those with ≥ {past_window} frames (past the window, where windowed attention must be linear). Memory and KV bytes: over all cells (measured or dry run).\n\n| series | tokens/frame | k (time) | k (time, ≥ {past_window} frames) | k (peak allocated) | k (KV bytes) | measured cells |\n|---|---|---|---|---|---|---|\n");
     for &mode in &cfg.modes {
         for &tpf in &cfg.tokens_per_frame {
             let series: Vec<&SweepRow> = rows
@@ -558,9 +563,15 @@ pub fn write_sweep_report(
                 .collect();
             let timed: Vec<(f64, f64)> = series
                 .iter()
-                .filter(|r| r.status == "ok")
+                .filter(|r| r.status == "ok" && r.time_ms >= MIN_FIT_MS)
                 .map(|r| (r.frames as f64, r.time_ms))
                 .collect();
+            let timed_past: Vec<(f64, f64)> = timed
+                .iter()
+                .copied()
+                .filter(|p| p.0 >= past_window as f64)
+                .collect();
+            let measured = series.iter().filter(|r| r.status == "ok").count();
             let mem: Vec<(f64, f64)> = series
                 .iter()
                 .filter(|r| r.peak_allocated_bytes > 0)
@@ -573,18 +584,20 @@ pub fn write_sweep_report(
                 .collect();
             let k = |p: &[(f64, f64)]| loglog_slope(p).map_or("-".into(), |k| format!("{k:.2}"));
             md += &format!(
-                "| {} | {tpf} | {} | {} | {} | {} |\n",
+                "| {} | {tpf} | {} | {} | {} | {} | {} |\n",
                 mode.name(),
                 k(&timed),
+                k(&timed_past),
                 k(&mem),
                 k(&kv),
-                timed.len()
+                measured
             );
         }
     }
     if let Some(reference) = reference {
         md += "\nPublished VGGT sweep (batch-1 rows; another device and a whole transformer, so only the shape compares):\n\n| tokens/frame | frames | full ms | full MiB (distorted, see README) |\n|---|---|---|---|\n";
-        let mut by_tpf: std::collections::BTreeMap<usize, Vec<(f64, f64)>> = Default::default();
+        let mut by_tpf: std::collections::BTreeMap<usize, Vec<(f64, f64, f64)>> =
+            Default::default();
         for r in reference.iter().filter(|r| r.batch == 1) {
             md += &format!(
                 "| {} | {} | {:.1} | {:.0} |\n",
@@ -593,18 +606,28 @@ pub fn write_sweep_report(
                 r.full_ms,
                 r.full_mem_mb
             );
-            by_tpf
-                .entry(r.tokens_per_frame())
-                .or_default()
-                .push((r.frames as f64, r.full_ms));
+            by_tpf.entry(r.tokens_per_frame()).or_default().push((
+                r.frames as f64,
+                r.full_ms,
+                r.full_mem_mb,
+            ));
         }
         for (tpf, pts) in by_tpf {
-            // Above 8 frames the attention's frames² dominates the per-frame work.
-            let big: Vec<(f64, f64)> = pts.iter().copied().filter(|p| p.0 >= 8.0).collect();
-            if let Some(k) = loglog_slope(&big) {
+            // From 8 frames on, the attention's frames² dominates the per-frame work.
+            let time: Vec<(f64, f64)> = pts
+                .iter()
+                .filter(|p| p.0 >= 8.0)
+                .map(|p| (p.0, p.1))
+                .collect();
+            let mem: Vec<(f64, f64)> = pts
+                .iter()
+                .filter(|p| p.0 >= 8.0)
+                .map(|p| (p.0, p.2))
+                .collect();
+            if let (Some(kt), Some(km)) = (loglog_slope(&time), loglog_slope(&mem)) {
                 md += &format!(
-                    "\nReference at {tpf} tokens/frame, ≥ 8 frames: time ∝ frames^{k:.2} ({} rows).\n",
-                    big.len()
+                    "\nReference at {tpf} tokens/frame, ≥ 8 frames ({} rows): time ∝ frames^{kt:.2}, memory ∝ frames^{km:.2}.\n",
+                    time.len()
                 );
             }
         }
