@@ -402,6 +402,18 @@ fn exact_overhead_benchmark() {
         wgvae::testing::rand_vec(4 * side * side, 11, 1.0),
     )
     .unwrap();
+    // CPU seconds of this process (lavapipe runs in-process), which other
+    // load on the machine does not inflate the way it inflates wall time.
+    let cpu = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let after = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<f64> = after
+            .split_whitespace()
+            .map(|v| v.parse().unwrap_or(0.0))
+            .collect();
+        // utime and stime are fields 14 and 15 (11 and 12 after the name), in ticks.
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+    };
     let time = |tiling: Tiling| {
         let opts = DecodeOptions {
             raw_latents: true,
@@ -409,9 +421,15 @@ fn exact_overhead_benchmark() {
             tiling,
             ..Default::default()
         };
-        let t = std::time::Instant::now();
+        let (t, c) = (std::time::Instant::now(), cpu());
         let d = decode(&ctx, &vae, &z, &opts).unwrap();
-        (t.elapsed().as_secs_f64(), d)
+        println!(
+            "  {} decode: {:.2} s wall, {:.2} s cpu",
+            d.tiling.mode,
+            t.elapsed().as_secs_f64(),
+            cpu() - c
+        );
+        (cpu() - c, d)
     };
     let (_, whole) = time(Tiling::off()); // warm-up: pipelines
     let configs = [(side * 4, false), (side * 2, false), (side * 2, true)];
@@ -428,7 +446,7 @@ fn exact_overhead_benchmark() {
             &whole.raw.as_ref().unwrap().data,
         );
         println!(
-            "{}²: untiled {a:.2} s; exact {px}-px tiles ({} tiles, mid-block {}): {b:.2} s = {:.3}× (max abs {err:.2e}, {} steps, {} window copies)",
+            "{}²: untiled {a:.2} cpu-s; exact {px}-px tiles ({} tiles, mid-block {}): {b:.2} cpu-s = {:.3}× (max abs {err:.2e}, {} steps, {} window copies)",
             side * 8,
             d.tiling.tiles,
             if mid { "tiled" } else { "whole" },
@@ -440,7 +458,7 @@ fn exact_overhead_benchmark() {
     let mean = untiled / configs.len() as f64;
     for (i, &(px, mid)) in configs.iter().enumerate() {
         println!(
-            "exact {px}-px (mid {}) vs mean untiled {mean:.2} s: {:.3}×",
+            "exact {px}-px (mid {}) vs mean untiled {mean:.2} cpu-s: {:.3}×",
             if mid { "tiled" } else { "whole" },
             tiled[i] / mean
         );
