@@ -111,8 +111,8 @@ pub struct Tiling {
     /// Peak pool-allocated bytes of the decode, weights included.
     /// `None`: [`default_max_memory`] of the device.
     pub max_memory: Option<u64>,
-    /// `exact`: tile the mid-block even when it fits whole (tests, and a
-    /// guarantee of bounded memory at any size).
+    /// `exact`: tile the latent-resolution level (the AutoencoderKL
+    /// mid-block, TAE's first blocks) even when it fits whole (tests).
     pub tile_mid_block: bool,
 }
 
@@ -677,8 +677,7 @@ impl Executor {
                 match &act.pieces[i] {
                     Piece::Device(d) => return Ok(d.tensor().clone()),
                     Piece::Host(h) => {
-                        let data = h.data.clone();
-                        return self.upload(&act.shape_of(&win), act.dtype, data.as_deref());
+                        return self.upload(&act.shape_of(&win), act.dtype, h.data.as_deref());
                     }
                     Piece::Empty => {}
                 }
