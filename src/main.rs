@@ -89,7 +89,11 @@ enum AttentionBenchKind {
         #[arg(long, default_value = "64,256,1024,1369", value_delimiter = ',')]
         tokens_per_frame: Vec<usize>,
         /// Modes, comma-separated: global, window, window-ring.
-        #[arg(long, default_value = "global,window,window-ring", value_delimiter = ',')]
+        #[arg(
+            long,
+            default_value = "global,window,window-ring",
+            value_delimiter = ','
+        )]
         modes: Vec<String>,
         #[arg(long, default_value_t = 128)]
         embed: usize,
@@ -519,7 +523,6 @@ fn bench_decode(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn bench_attention(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> wgvae::Result<()> {
     use wgvae::report::attention as ra;
     let ctx = context(cli_adapter)?;
