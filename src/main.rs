@@ -723,7 +723,6 @@ fn encode(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
 fn bench_attention(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> wgvae::Result<()> {
     use wgvae::report::attention as ra;
     let ctx = context(cli_adapter)?;

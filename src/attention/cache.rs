@@ -84,7 +84,7 @@ impl KvCacheConfig {
                 format!("head dimension {}", self.head_dim),
             ));
         }
-        if self.dtype == KvDtype::Int8 && self.head_dim % 4 != 0 {
+        if self.dtype == KvDtype::Int8 && !self.head_dim.is_multiple_of(4) {
             return Err(Error::shape(
                 op,
                 "int8 caches need a head dimension divisible by 4",
@@ -127,6 +127,9 @@ impl KvCacheConfig {
     }
 }
 
+/// int8 codes and scales read back.
+type Int8Rows = (Vec<i8>, Vec<f32>);
+
 enum Store {
     F32(Tensor),
     Int8(QuantizedKv),
@@ -157,7 +160,7 @@ impl Store {
 
     /// f32 values `[B, tokens, H, d]` (dequantised for int8) and, for int8,
     /// the codes and scales.
-    fn read(&self, ctx: &Context) -> Result<(Vec<f32>, Option<(Vec<i8>, Vec<f32>)>)> {
+    fn read(&self, ctx: &Context) -> Result<(Vec<f32>, Option<Int8Rows>)> {
         Ok(match self {
             Store::F32(t) => (t.to_f32(ctx)?, None),
             Store::Int8(q) => {

@@ -33,7 +33,7 @@ impl QuantizedKv {
         head_dim: usize,
         label: &str,
     ) -> Result<Self> {
-        if head_dim == 0 || head_dim % 4 != 0 {
+        if head_dim == 0 || !head_dim.is_multiple_of(4) {
             return Err(Error::shape(
                 "QuantizedKv",
                 format!("int8 K/V need a head dimension divisible by 4, got {head_dim}"),

@@ -530,11 +530,11 @@ pub fn flash_attention_with_stats(
             v_scales,
         } => {
             let s = prob.kv_strides;
-            if d % 4 != 0
+            if !d.is_multiple_of(4)
                 || s.channel != 1
-                || s.batch % d != 0
-                || s.head % d != 0
-                || s.token % d != 0
+                || !s.batch.is_multiple_of(d)
+                || !s.head.is_multiple_of(d)
+                || !s.token.is_multiple_of(d)
             {
                 return Err(Error::shape(
                     OP,
@@ -741,7 +741,11 @@ pub fn kv_append(
         }
         KvOutput::Int8 { codes, scales } => {
             let s = dst_strides;
-            if d % 4 != 0 || s.batch % d != 0 || s.head % d != 0 || s.token % d != 0 {
+            if !d.is_multiple_of(4)
+                || !s.batch.is_multiple_of(d)
+                || !s.head.is_multiple_of(d)
+                || !s.token.is_multiple_of(d)
+            {
                 return Err(Error::shape(
                     OP,
                     format!("int8 caches need d % 4 == 0 and a dense layout, got d = {d}, {s:?}"),
@@ -838,7 +842,7 @@ mod tests {
 
     #[test]
     fn configs_fit_webgpu_default_limits() {
-        for c in CONFIGS.iter().chain(&CPU_CONFIGS).copied() {
+        for c in CONFIGS.iter().chain(&CPU_CONFIGS) {
             assert!(
                 c.workgroup_bytes() <= 16384 * 2,
                 "{c:?}: {} bytes",

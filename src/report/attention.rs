@@ -262,7 +262,7 @@ pub fn run_sweep(
     cfg: &SweepConfig,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<SweepRow>> {
-    if cfg.heads == 0 || cfg.embed % cfg.heads != 0 {
+    if cfg.heads == 0 || !cfg.embed.is_multiple_of(cfg.heads) {
         return Err(Error::InvalidInput(format!(
             "embed {} is not a multiple of {} heads",
             cfg.embed, cfg.heads
@@ -582,7 +582,9 @@ pub fn write_sweep_report(
                 .filter(|r| r.kv_bytes > 0)
                 .map(|r| (r.frames as f64, r.kv_bytes as f64))
                 .collect();
-            let k = |p: &[(f64, f64)]| loglog_slope(p).map_or("-".into(), |k| format!("{k:.2}"));
+            let k = |p: &[(f64, f64)]| {
+                loglog_slope(p).map_or("-".into(), |k| format!("{:.2}", k + 0.0))
+            };
             md += &format!(
                 "| {} | {tpf} | {} | {} | {} | {} | {} |\n",
                 mode.name(),
