@@ -66,8 +66,9 @@ pub fn optional_features() -> wgpu::Features {
 const WORKGROUP_STORAGE_BYTES: u32 = 28672;
 /// Largest workgroup (invocations) of any kernel variant.
 const WORKGROUP_INVOCATIONS: u32 = 256;
-/// Most storage buffers one kernel binds.
-const STORAGE_BUFFERS_PER_STAGE: u32 = 6;
+/// Most storage buffers one kernel binds (attention over int8 K/V: q, codes
+/// and scales of K and V, output, stats).
+const STORAGE_BUFFERS_PER_STAGE: u32 = 7;
 
 /// The limits wgvae needs: the lowest wgpu knows
 /// ([`wgpu::Limits::downlevel_webgl2_defaults`]) raised where its compute
