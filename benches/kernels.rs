@@ -231,9 +231,17 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
     let wv = rand_vec(cout * cin * k * k, 2, 0.05);
     let bias = rand_vec(cout, 3, 0.1);
     let weights = match tiles_override() {
-        Some(t) => {
-            Conv2dWeights::from_pytorch_with_tiles(ctx, &wv, cout, cin, k, Some(&bias), t, "w")
-        }
+        Some(t) => Conv2dWeights::from_pytorch_with_tiles(
+            ctx,
+            &wv,
+            cout,
+            cin,
+            k,
+            Some(&bias),
+            t,
+            wgvae::tensor::DType::F32,
+            "w",
+        ),
         None => Conv2dWeights::from_pytorch(ctx, &wv, cout, cin, k, Some(&bias), "w"),
     }
     .unwrap();

@@ -10,7 +10,9 @@
 // output pixels, the pixels being a (TN / TW) x TW patch of the output image (TW a power of
 // two: tile coordinates need no division). Each invocation accumulates an RM x RN register
 // block (RM channels x RN pixels of one output row) in f32. WG = (TM / RM) * (TN / RN).
-// KS (1 | 3), STRIDE (1 | 2), ACT (0 none, 1 SiLU, 2 ReLU), activation storage type T.
+// KS (1 | 3), STRIDE (1 | 2), ACT (0 none, 1 SiLU, 2 ReLU). x, wt, res and out are read and
+// written through `#storage` accessors (f32, f16 or packed f16/bf16 each, from the key);
+// accumulation is always f32.
 //
 // Two ways to feed the register blocks, chosen per device:
 // - default (GPUs): both operand tiles are staged in workgroup memory, TK reduction steps at
@@ -53,16 +55,17 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<T>;
+#storage x 1 read
 #ifdef NAIVE
-@group(0) @binding(2) var<storage, read_write> wt: array<f32>;
+#storage wt 2 read
 #else
-@group(0) @binding(2) var<storage, read_write> wt: array<vec4<f32>>;
+#storage wt 2 read vec4
 #endif
 @group(0) @binding(3) var<storage, read_write> bias: array<f32>;
 @group(0) @binding(4) var<storage, read_write> affine: array<vec2<f32>>;
-@group(0) @binding(5) var<storage, read_write> res: array<T>;
-@group(0) @binding(6) var<storage, read_write> out: array<T>;
+// res may be out itself (in-place residual).
+#storage res 5 shared
+#storage out 6 write
 
 const KK = KS * KS;
 
@@ -108,7 +111,7 @@ fn xrow(rowbase: u32, ix: i32, ok: bool, ss: vec2<f32>) -> f32 {
 #else
     let sx = u32(ix);
 #endif
-    var v = f32(x[select(0u, rowbase + sx, inside)]);
+    var v = x_ld(select(0u, rowbase + sx, inside));
 #ifdef PROLOGUE
     v = activate(v * ss.x + ss.y);
 #endif
@@ -139,7 +142,7 @@ fn bias_of(m: u32) -> f32 {
 fn epilogue(nb: u32, m: u32, pix: u32, acc: f32, b: f32) -> f32 {
     var v = acc + b;
 #ifdef HAS_RESIDUAL
-    v += f32(res[(nb * p.cout + m) * p.npix + pix]);
+    v += res_ld((nb * p.cout + m) * p.npix + pix);
 #endif
     return v;
 }
@@ -164,11 +167,11 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
         let ss = plane_affine(plane, true);
         for (var t = 0u; t < KK; t++) {
             let row = xrow_base(plane, iy0 + i32(t / KS), true);
-            let wv = wt[(ci * KK + t) * p.mpad + m];
+            let wv = wt_ld((ci * KK + t) * p.mpad + m);
             acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
-    out[(nb * p.cout + m) * p.npix + pix] = T(epilogue(nb, m, pix, acc, bias_of(m)));
+    out_st((nb * p.cout + m) * p.npix + pix, epilogue(nb, m, pix, acc, bias_of(m)));
 }
 #else
 
@@ -193,10 +196,10 @@ fn store4(nb: u32, m: u32, oy: u32, ox: u32, v: vec4<f32>) {
     let b = bias_of(m);
     let pix = oy * p.wo + ox;
     let base = (nb * p.cout + m) * p.npix + pix;
-    if ox < p.wo { out[base] = T(epilogue(nb, m, pix, v.x, b)); }
-    if ox + 1u < p.wo { out[base + 1u] = T(epilogue(nb, m, pix + 1u, v.y, b)); }
-    if ox + 2u < p.wo { out[base + 2u] = T(epilogue(nb, m, pix + 2u, v.z, b)); }
-    if ox + 3u < p.wo { out[base + 3u] = T(epilogue(nb, m, pix + 3u, v.w, b)); }
+    if ox < p.wo { out_st(base, epilogue(nb, m, pix, v.x, b)); }
+    if ox + 1u < p.wo { out_st(base + 1u, epilogue(nb, m, pix + 1u, v.y, b)); }
+    if ox + 2u < p.wo { out_st(base + 2u, epilogue(nb, m, pix + 2u, v.z, b)); }
+    if ox + 3u < p.wo { out_st(base + 3u, epilogue(nb, m, pix + 3u, v.w, b)); }
 }
 
 #ifndef DIRECT
@@ -250,7 +253,7 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
         // Weight tile: vec4 rows of the padded weights.
         for (var idx = li; idx < TK * TM4; idx += WG) {
-            a_tile[idx] = wt[(k0 + (idx >> TM4_SHIFT)) * mpad4 + (m0 >> 2u) + (idx & (TM4 - 1u))];
+            a_tile[idx] = wt_ld4((k0 + (idx >> TM4_SHIFT)) * mpad4 + (m0 >> 2u) + (idx & (TM4 - 1u)));
         }
         // Input tile, im2col on the fly: 4 pixels of one output row per element.
         for (var idx = li; idx < TK * TN4; idx += WG) {

@@ -5,7 +5,8 @@
 //   2 ReLU         max(x, 0)
 //   3 tanh clamp   tanh(x / alpha) * alpha      (TAE latent clamp, alpha = 3)
 //   4 add          x + y                        (entry `binary`)
-// Storage type T is an alias from the key; arithmetic is f32.
+// Storage through `#storage` accessors (f32, f16, packed f16/bf16); arithmetic is f32.
+// `unary` may convert: x and out can have different storage types.
 // One element per invocation: these ops are memory bound.
 // All storage is read_write: pooled tensors share buffers (see BindingKind).
 
@@ -17,12 +18,13 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<T>;
+// x and y may be out itself (in place).
+#storage x 1 shared
 #ifdef BINARY
-@group(0) @binding(2) var<storage, read_write> y: array<T>;
-@group(0) @binding(3) var<storage, read_write> out: array<T>;
+#storage y 2 shared
+#storage out 3 write
 #else
-@group(0) @binding(2) var<storage, read_write> out: array<T>;
+#storage out 2 write
 #endif
 
 fn unary_op(v: f32) -> f32 {
@@ -46,7 +48,7 @@ fn binary(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) li: u32) {
     let i = index(wg, nwg, li);
     if i >= p.n { return; }
-    out[i] = T(f32(x[i]) + f32(y[i]));
+    out_st(i, x_ld(i) + y_ld(i));
 }
 #else
 @compute @workgroup_size(WG)
@@ -54,6 +56,6 @@ fn unary(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
          @builtin(local_invocation_index) li: u32) {
     let i = index(wg, nwg, li);
     if i >= p.n { return; }
-    out[i] = T(unary_op(f32(x[i])));
+    out_st(i, unary_op(x_ld(i)));
 }
 #endif

@@ -80,7 +80,7 @@ fn workgroup_merge(li: u32, mine: vec3<f32>) -> vec3<f32> {
 }
 
 #ifdef PARTIALS
-@group(0) @binding(1) var<storage, read_write> x: array<T>;
+#storage x 1 read
 @group(0) @binding(2) var<storage, read_write> scratch: array<vec4<f32>>;
 
 // Address of the e-th element of group (n, g)'s covered elements.
@@ -122,7 +122,7 @@ fn partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             let e = start + (b0 + t) * WG + li;
             var v = 0.0;
             if e < end {
-                v = f32(x[element_address(ng, e)]);
+                v = x_ld(element_address(ng, e));
                 count += 1u;
             }
             vals[t] = v;
@@ -176,9 +176,10 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 #endif
 
 #ifdef APPLY
-@group(0) @binding(1) var<storage, read_write> x: array<T>;
+// x may be out itself (in place).
+#storage x 1 shared
 @group(0) @binding(2) var<storage, read_write> affine: array<vec2<f32>>;
-@group(0) @binding(3) var<storage, read_write> out: array<T>;
+#storage out 3 write
 
 fn activate(v: f32) -> f32 {
     switch ACT {
@@ -199,7 +200,7 @@ fn apply(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     for (var t = 0u; t < ITEMS; t++) {
         let e = start + t * WG + li;
         if e < p.plane {
-            out[base + e] = T(activate(f32(x[base + e]) * ab.x + ab.y));
+            out_st(base + e, activate(x_ld(base + e) * ab.x + ab.y));
         }
     }
 }

@@ -25,7 +25,7 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
-@group(0) @binding(1) var<storage, read_write> x: array<T>;
+#storage x 1 read
 #ifdef TEXTURE
 #ifdef RGBA16F
 @group(0) @binding(2) var out_tex: texture_storage_2d<rgba16float, write>;
@@ -53,9 +53,9 @@ fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
               @builtin(local_invocation_index) li: u32) {
     let pixel = (wg.x + wg.y * nwg.x) * WG + li;
     if pixel >= p.plane { return; }
-    let r = f32(x[pixel]);
-    let g = f32(x[pixel + p.plane]);
-    let b = f32(x[pixel + 2u * p.plane]);
+    let r = x_ld(pixel);
+    let g = x_ld(pixel + p.plane);
+    let b = x_ld(pixel + 2u * p.plane);
 #ifdef RGBA16F
     let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), 1.0);
 #else
@@ -70,9 +70,9 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let pixel = (wg.x + wg.y * nwg.x) * WG + li;
     if pixel >= p.plane { return; }
     let base = wg.z * 3u * p.plane + pixel;
-    let r = to_byte(f32(x[base]));
-    let g = to_byte(f32(x[base + p.plane]));
-    let b = to_byte(f32(x[base + 2u * p.plane]));
+    let r = to_byte(x_ld(base));
+    let g = to_byte(x_ld(base + p.plane));
+    let b = to_byte(x_ld(base + 2u * p.plane));
     out[wg.z * p.plane + pixel] = r | (g << 8u) | (b << 16u) | (255u << 24u);
 }
 #endif

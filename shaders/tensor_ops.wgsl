@@ -4,8 +4,10 @@
 //                for every plane p < planes (N * C, the same in both tensors),
 //                y < h, x < w.
 //
-// Elements are copied as raw 32-bit words, so any 4-byte dtype works (f32
-// activations, packed RGBA8 pixels). One invocation per copied element, the
+// WORDS: elements are raw 32-bit words, so any 4-byte dtype works (f32
+// activations, packed RGBA8 pixels). Otherwise elements go through `#storage`
+// accessors (f16, packed f16/bf16: 16-bit elements that share words), exact
+// because a half value survives the round trip through f32. One invocation per copied element, the
 // linear index recovered from a 2-D grid (see linear_groups); each
 // invocation handles ITEMS consecutive elements of a row segment to amortise
 // the index arithmetic. Memory bound.
@@ -27,8 +29,13 @@ struct Params {
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
+#ifdef WORDS
 @group(0) @binding(1) var<storage, read_write> src: array<u32>;
 @group(0) @binding(2) var<storage, read_write> dst: array<u32>;
+#else
+#storage src 1 read
+#storage dst 2 write
+#endif
 
 @compute @workgroup_size(WG)
 fn copy_window(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
@@ -44,6 +51,10 @@ fn copy_window(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     let d = (plane * p.dst_h + p.dy + y) * p.dst_w + p.dx + x0;
     let n = min(ITEMS, p.w - x0);
     for (var t = 0u; t < n; t++) {
+#ifdef WORDS
         dst[d + t] = src[s + t];
+#else
+        dst_st(d + t, src_ld(s + t));
+#endif
     }
 }

@@ -99,6 +99,47 @@ impl Tensor {
         Ok(t)
     }
 
+    /// Uploads f32 data as a new tensor of `dtype` (rounded to nearest even;
+    /// f16 saturates at ±65504).
+    pub fn from_f32_as(
+        ctx: &Context,
+        shape: &[usize],
+        data: &[f32],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            return Err(Error::shape(
+                "Tensor::from_f32_as",
+                format!("{} values for shape {shape:?}", data.len()),
+            ));
+        }
+        let t = Tensor::empty(ctx, shape, dtype, label)?;
+        t.write_bytes(ctx, &crate::gpu::storage::encode_f32(data, dtype)?);
+        Ok(t)
+    }
+
+    /// [`Tensor::from_f32_in`] into a tensor of `dtype`.
+    pub fn from_f32_in_as(
+        rec: &mut crate::gpu::Recorder,
+        shape: &[usize],
+        data: &[f32],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor> {
+        if numel(shape) != data.len() {
+            return Err(Error::shape(
+                "Tensor::from_f32_in_as",
+                format!("{} values for shape {shape:?}", data.len()),
+            ));
+        }
+        let t = Tensor::empty(rec.ctx(), shape, dtype, label)?;
+        let mut bytes = crate::gpu::storage::encode_f32(data, dtype)?;
+        bytes.resize(t.byte_size() as usize, 0);
+        rec.upload(&t, &bytes)?;
+        Ok(t)
+    }
+
     /// Allocates an f32 tensor and uploads `data` inside `rec`'s command
     /// stream (use this for tensors created during a forward pass).
     pub fn from_f32_in(

@@ -17,6 +17,23 @@ pub fn test_context() -> Context {
     .clone()
 }
 
+/// The test context once per storage path: (context, activation dtype) for
+/// f32, native f16 (when the adapter has shader-f16), packed f16 (the same
+/// device with shader-f16 hidden) and packed bf16.
+pub fn dtype_contexts() -> Vec<(Context, crate::tensor::DType)> {
+    use crate::tensor::DType;
+    let ctx = test_context();
+    let mut v = vec![(ctx.clone(), DType::F32)];
+    if ctx.caps().shader_f16 {
+        v.push((ctx.clone(), DType::F16));
+    }
+    let mut caps = ctx.caps().clone();
+    caps.shader_f16 = false;
+    v.push((ctx.with_caps(caps), DType::F16));
+    v.push((ctx, DType::BF16));
+    v
+}
+
 /// Deterministic pseudo-random values in [-scale, scale] (xorshift64*).
 pub fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     let mut s = seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1;

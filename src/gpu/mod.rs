@@ -6,6 +6,7 @@ mod context;
 mod pipeline;
 mod profiler;
 mod recorder;
+pub mod storage;
 
 pub use context::{
     default_cache_dir, optional_features, AdapterChoice, Capabilities, Context, ContextOptions,
@@ -13,6 +14,7 @@ pub use context::{
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
 pub use profiler::{KernelTime, Profile, Profiler};
 pub use recorder::{linear_groups, read_back, Binding, DispatchLabel, Recorder};
+pub use storage::{Access, StorageType};
 
 #[cfg(test)]
 mod shader_tests;

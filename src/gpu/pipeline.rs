@@ -13,6 +13,7 @@ use std::collections::HashMap;
 use std::sync::{Arc, Mutex};
 
 use crate::error::{Error, Result};
+use crate::gpu::storage::{self, StorageType};
 
 /// What a kernel does with one binding. Binding 0 is always the kernel's
 /// uniform parameter block (bound with a dynamic offset); storage bindings
@@ -54,6 +55,8 @@ pub enum Define {
     Flag(&'static str),
     Const(&'static str, String),
     Alias(&'static str, String),
+    /// How the `#storage` binding of this name holds its elements.
+    Storage(&'static str, StorageType),
 }
 
 /// Cache key: kernel family, entry point and specialisation.
@@ -91,9 +94,30 @@ impl PipelineKey {
         self.defines.push(Define::Alias(name, ty.to_string()));
         self
     }
+    /// The storage type of the `#storage` binding `name` (f32 when unset).
+    pub fn storage(mut self, name: &'static str, ty: StorageType) -> Self {
+        self.defines.push(Define::Storage(name, ty));
+        self
+    }
     fn is_defined(&self, name: &str) -> bool {
         self.defines.iter().any(|d| match d {
             Define::Flag(n) | Define::Const(n, _) | Define::Alias(n, _) => *n == name,
+            Define::Storage(..) => false,
+        })
+    }
+    fn storage_of(&self, name: &str) -> StorageType {
+        self.defines
+            .iter()
+            .find_map(|d| match d {
+                Define::Storage(n, t) if *n == name => Some(*t),
+                _ => None,
+            })
+            .unwrap_or(StorageType::F32)
+    }
+    fn storage_types(&self) -> impl Iterator<Item = StorageType> + '_ {
+        self.defines.iter().filter_map(|d| match d {
+            Define::Storage(_, t) => Some(*t),
+            _ => None,
         })
     }
 }
@@ -102,12 +126,15 @@ impl PipelineKey {
 /// `F16` flag is set (WGSL requires enables before any declaration).
 pub fn preprocess(source: &str, key: &PipelineKey) -> Result<String> {
     let mut out = String::with_capacity(source.len() + 256);
-    if key.is_defined("F16") {
+    if key.is_defined("F16") || key.storage_types().any(|t| t == StorageType::F16) {
         out.push_str("enable f16;\n");
+    }
+    if storage::needs_packed_helpers(key.storage_types()) {
+        out.push_str(storage::packed_helpers());
     }
     for d in &key.defines {
         match d {
-            Define::Flag(_) => {}
+            Define::Flag(_) | Define::Storage(..) => {}
             Define::Const(n, v) => out.push_str(&format!("const {n} = {v};\n")),
             Define::Alias(n, v) => out.push_str(&format!("alias {n} = {v};\n")),
         }
@@ -135,6 +162,18 @@ pub fn preprocess(source: &str, key: &PipelineKey) -> Result<String> {
             *top = (!top.0, true);
         } else if t.starts_with("#endif") {
             stack.pop().ok_or_else(|| err(i, "#endif without #ifdef"))?;
+        } else if let Some(rest) = t.strip_prefix("#storage ") {
+            if active(&stack) {
+                let (name, binding, access, vec4) =
+                    storage::parse_directive(rest).map_err(|m| err(i, &m))?;
+                out.push_str(&storage::declare(
+                    name,
+                    binding,
+                    key.storage_of(name),
+                    access,
+                    vec4,
+                )?);
+            }
         } else if t.starts_with('#') {
             return Err(err(i, "unknown preprocessor directive"));
         } else if active(&stack) {

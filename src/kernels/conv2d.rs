@@ -14,6 +14,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::{Error, Result};
 use crate::gpu::{
     linear_groups, BindingKind, Capabilities, Context, KernelSpec, PipelineKey, Recorder,
+    StorageType,
 };
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
@@ -264,7 +265,7 @@ fn micro_kernel_source(tiles: &ConvTiles, ks: u32, stride: u32) -> String {
             for i in 0..rm4 {
                 let _ = writeln!(
                     s,
-                    "    let a{kx}_{i} = wt[w0 + {kx}u * (p.mpad >> 2u) + {i}u];"
+                    "    let a{kx}_{i} = wt_ld4(w0 + {kx}u * (p.mpad >> 2u) + {i}u);"
                 );
             }
         }
@@ -336,26 +337,39 @@ struct Variant {
     act: Option<Activation>,
     bias: bool,
     residual: bool,
+    /// Storage of x, wt, res, out.
+    storage: [StorageType; 4],
 }
 
 impl Variant {
     /// The variant a call needs: the weights' tiles (or `None` for the naive kernel).
+    #[allow(clippy::too_many_arguments)]
     fn for_call(
+        caps: &Capabilities,
         tiles: Option<ConvTiles>,
+        input: &Tensor,
         w: &Conv2dWeights,
         prologue: Option<&Prologue>,
-        residual: bool,
+        residual: Option<&Tensor>,
+        out: &Tensor,
         opts: &Conv2dOptions,
-    ) -> Self {
-        Variant {
+    ) -> Result<Self> {
+        let st = |t: &Tensor| StorageType::of(t.dtype(), caps);
+        Ok(Variant {
             tiles,
             k: w.k,
             stride: opts.stride,
             upsample: opts.upsample,
             act: prologue.map(|p| p.act),
             bias: w.bias.is_some(),
-            residual,
-        }
+            residual: residual.is_some(),
+            storage: [
+                st(input)?,
+                st(&w.weight)?,
+                residual.map(st).transpose()?.unwrap_or(StorageType::F32),
+                st(out)?,
+            ],
+        })
     }
 
     fn spec(&self) -> KernelSpec {
@@ -380,8 +394,12 @@ impl Variant {
     }
 
     fn key(&self) -> PipelineKey {
+        let [x, wt, res, out] = self.storage;
         let key = PipelineKey::new(&self.spec())
-            .alias("T", "f32")
+            .storage("x", x)
+            .storage("wt", wt)
+            .storage("res", res)
+            .storage("out", out)
             .constant("KS", format!("{}u", self.k))
             .constant("STRIDE", format!("{}u", self.stride))
             .constant("ACT", format!("{}u", self.act.unwrap_or_default().code()))
@@ -442,7 +460,24 @@ impl Conv2dWeights {
         label: &str,
     ) -> Result<Conv2dWeights> {
         let tiles = ConvTiles::for_layer(ctx.caps(), cout, k);
-        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, label)
+        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, DType::F32, label)
+    }
+
+    /// [`Conv2dWeights::from_pytorch`] with the weights stored in `dtype`
+    /// (f16/bf16 halve their memory; the bias stays f32).
+    #[allow(clippy::too_many_arguments)]
+    pub fn from_pytorch_as(
+        ctx: &Context,
+        weight: &[f32],
+        cout: usize,
+        cin: usize,
+        k: usize,
+        bias: Option<&[f32]>,
+        dtype: DType,
+        label: &str,
+    ) -> Result<Conv2dWeights> {
+        let tiles = ConvTiles::for_layer(ctx.caps(), cout, k);
+        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, dtype, label)
     }
 
     /// Like [`Conv2dWeights::from_pytorch`] with explicit tiles (tuning, benchmarks).
@@ -455,6 +490,7 @@ impl Conv2dWeights {
         k: usize,
         bias: Option<&[f32]>,
         tiles: ConvTiles,
+        dtype: DType,
         label: &str,
     ) -> Result<Conv2dWeights> {
         let op = "Conv2dWeights::from_pytorch";
@@ -499,7 +535,7 @@ impl Conv2dWeights {
                 packed[kg * mpad + m] = weight[m * ktot + kg];
             }
         }
-        let weight = Tensor::from_f32(ctx, &[kpad, mpad], &packed, label)?;
+        let weight = Tensor::from_f32_as(ctx, &[kpad, mpad], &packed, dtype, label)?;
         let bias = match bias {
             Some(b) => {
                 let mut padded = b.to_vec();
@@ -535,6 +571,10 @@ impl Conv2dWeights {
     }
     pub fn has_bias(&self) -> bool {
         self.bias.is_some()
+    }
+    /// Storage dtype of the weight matrix.
+    pub fn dtype(&self) -> DType {
+        self.weight.dtype()
     }
     /// The tiles the weights were laid out for.
     pub fn tiles(&self) -> ConvTiles {
@@ -588,15 +628,21 @@ fn plan(
 ) -> Result<Plan> {
     let op = "conv2d";
     let shape_err = |msg: String| Err(Error::shape(op, msg));
-    for t in [Some(input), Some(out), residual, prologue.map(|p| p.affine)]
-        .into_iter()
-        .flatten()
-    {
-        if t.dtype() != DType::F32 {
-            return Err(Error::Unsupported(format!(
-                "conv2d on {} tensors (f32 only)",
-                t.dtype().name()
-            )));
+    for t in [Some(input), Some(out), residual].into_iter().flatten() {
+        if t.dtype() == DType::Rgba8 {
+            return shape_err(format!("{t:?} is not a float tensor"));
+        }
+    }
+    if let Some(pro) = prologue {
+        if pro.affine.dtype() != DType::F32 {
+            return shape_err(format!("prologue affine {:?} must be f32", pro.affine));
+        }
+    }
+    if let Some(r) = residual {
+        if r.overlaps(out) && r.dtype() != out.dtype() {
+            return shape_err(format!(
+                "in-place residual {r:?} differs in dtype from out {out:?}"
+            ));
         }
     }
     if opts.stride != 1 && opts.stride != 2 {
@@ -718,12 +764,15 @@ pub fn conv2d(
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
     let variant = Variant::for_call(
+        rec.ctx().caps(),
         Some(w.tiles),
+        input,
         w,
         prologue.as_ref(),
-        residual.is_some(),
+        residual,
+        out,
         opts,
-    );
+    )?;
     let groups_xy = linear_groups(rec.ctx(), plan.params.ntiles as u64)?;
     let gz = plan.n as u64 * plan.params.mtiles as u64;
     let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
@@ -754,7 +803,16 @@ pub fn conv2d_naive(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let variant = Variant::for_call(None, w, prologue.as_ref(), residual.is_some(), opts);
+    let variant = Variant::for_call(
+        rec.ctx().caps(),
+        None,
+        input,
+        w,
+        prologue.as_ref(),
+        residual,
+        out,
+        opts,
+    )?;
     let per_image = w.cout as u64 * plan.params.npix as u64;
     let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
     let tensors = bindings(input, w, prologue.as_ref(), residual, out);
@@ -913,8 +971,24 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                                     act,
                                     bias,
                                     residual,
+                                    storage: [StorageType::F32; 4],
                                 };
                                 v.push((var.spec(), var.key()));
+                                // Half storage: every tensor in one dtype (fused options all
+                                // on or all off), and half in / f32 out (attention q, k, v).
+                                let all = upsample && act.is_some() && bias && residual;
+                                let none = !upsample && act.is_none() && !bias && !residual;
+                                if all || none {
+                                    for t in &StorageType::ALL[1..] {
+                                        for out in [*t, StorageType::F32] {
+                                            let half = Variant {
+                                                storage: [*t, *t, *t, out],
+                                                ..var
+                                            };
+                                            v.push((half.spec(), half.key()));
+                                        }
+                                    }
+                                }
                             }
                         }
                     }
@@ -1000,7 +1074,14 @@ mod tests {
         }
 
         fn run(&self, seed: u64) {
-            let ctx = test_context();
+            self.run_in(&test_context(), DType::F32, seed);
+        }
+
+        /// Runs with activations, weights and residual stored in `dt`; the CPU
+        /// reference sees the same rounded inputs, so the error is the output's
+        /// rounding (plus f32 summation order).
+        fn run_in(&self, ctx: &Context, dt: DType, seed: u64) {
+            let ctx = ctx.clone();
             let Case {
                 n,
                 cin,
@@ -1014,17 +1095,22 @@ mod tests {
                 "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {} tiles {:?}",
                 self.opts, self.bias, self.act, self.residual, self.in_place, self.naive, self.tiles
             );
-            let x = rand_vec(n * cin * h * w, seed, 1.0);
+            let round = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter()
+                    .map(|x| crate::gpu::storage::round_through(x, dt))
+                    .collect()
+            };
+            let x = round(rand_vec(n * cin * h * w, seed, 1.0));
             // Weights scaled like a trained layer's so sums stay O(1).
             let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
-            let wv = rand_vec(cout * cin * k * k, seed + 1, wscale);
+            let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
             let bv = rand_vec(cout, seed + 2, 0.5);
             let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
                 .chunks(2)
                 .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
                 .collect();
             let (ho, wo) = output_size(h, w, k, &self.opts);
-            let rv = rand_vec(n * cout * ho * wo, seed + 4, 1.0);
+            let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
             let want = cpu_conv2d(
                 &x,
                 [n, cin, h, w],
@@ -1037,21 +1123,21 @@ mod tests {
                 &self.opts,
             );
 
-            let xt = Tensor::from_f32(&ctx, &[n, cin, h, w], &x, "x").unwrap();
+            let xt = Tensor::from_f32_as(&ctx, &[n, cin, h, w], &x, dt, "x").unwrap();
             let bias = self.bias.then_some(&bv[..]);
             let weights = match self.tiles {
-                Some(t) => {
-                    Conv2dWeights::from_pytorch_with_tiles(&ctx, &wv, cout, cin, k, bias, t, "w")
-                }
-                None => Conv2dWeights::from_pytorch(&ctx, &wv, cout, cin, k, bias, "w"),
+                Some(t) => Conv2dWeights::from_pytorch_with_tiles(
+                    &ctx, &wv, cout, cin, k, bias, t, dt, "w",
+                ),
+                None => Conv2dWeights::from_pytorch_as(&ctx, &wv, cout, cin, k, bias, dt, "w"),
             }
             .unwrap();
             let at = Tensor::from_f32(&ctx, &[n, cin, 2], &aff, "affine").unwrap();
-            let rt = Tensor::from_f32(&ctx, &[n, cout, ho, wo], &rv, "res").unwrap();
+            let rt = Tensor::from_f32_as(&ctx, &[n, cout, ho, wo], &rv, dt, "res").unwrap();
             let out = if self.in_place {
                 rt.clone()
             } else {
-                Tensor::empty(&ctx, &[n, cout, ho, wo], DType::F32, "out").unwrap()
+                Tensor::empty(&ctx, &[n, cout, ho, wo], dt, "out").unwrap()
             };
             let prologue = self.act.map(|act| Prologue { affine: &at, act });
             let residual = self.residual.then_some(&rt);
@@ -1063,7 +1149,55 @@ mod tests {
             .unwrap();
             assert_eq!(rec.labels()[0].macs, macs(n, cin, cout, ho, wo, k));
             rec.submit().unwrap();
-            assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-4, 1e-4, &what);
+            let tol = match dt {
+                DType::F32 => 1e-4,
+                DType::F16 => 2e-3,
+                _ => 1e-2,
+            };
+            let what = format!(
+                "{what} {} (shader-f16 {})",
+                dt.name(),
+                ctx.caps().shader_f16
+            );
+            assert_close(&out.to_f32(&ctx).unwrap(), &want, tol, tol, &what);
+        }
+    }
+
+    /// Every storage path (native f16, packed f16, packed bf16) through both
+    /// tile kinds, the naive kernel and a fused upsample + prologue +
+    /// in-place residual block, on odd shapes.
+    #[test]
+    fn half_storage_matches_cpu() {
+        let up = Conv2dOptions {
+            upsample: true,
+            ..Conv2dOptions::same(3)
+        };
+        let block = Case {
+            act: Some(Activation::Silu),
+            residual: true,
+            in_place: true,
+            opts: up,
+            ..Case::new(1, 37, 9, 11, 67, 3)
+        };
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            if dt == DType::F32 {
+                continue;
+            }
+            for tiles in [SMALL_DIRECT, SMALL_SHARED] {
+                let tiles = Some(tiles);
+                Case {
+                    tiles,
+                    ..Case::new(2, 37, 19, 23, 67, 3)
+                }
+                .run_in(&ctx, dt, 50);
+                Case { tiles, ..block }.run_in(&ctx, dt, 51);
+            }
+            Case {
+                naive: true,
+                ..Case::new(1, 5, 7, 9, 3, 1)
+            }
+            .run_in(&ctx, dt, 52);
+            block.run_in(&ctx, dt, 53);
         }
     }
 

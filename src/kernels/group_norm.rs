@@ -26,8 +26,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder};
-use crate::kernels::elementwise::storage_type;
+use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType};
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
 
@@ -106,32 +105,30 @@ pub struct StatsRegion {
     pub w: usize,
 }
 
-fn partials_key(dtype: DType, region: bool) -> Result<PipelineKey> {
-    Ok(PipelineKey::new(&PARTIALS)
-        .flag_if(dtype == DType::F16, "F16")
+fn partials_key(x: StorageType, region: bool) -> PipelineKey {
+    PipelineKey::new(&PARTIALS)
         .flag("PARTIALS")
         .flag_if(region, "REGION")
-        .alias("T", storage_type(dtype)?)
+        .storage("x", x)
         .constant("WG", format!("{WG}u"))
         .constant("ITEMS", format!("{ITEMS}u"))
-        .constant("SUB", format!("{SUB}u")))
+        .constant("SUB", format!("{SUB}u"))
 }
 
 fn combine_key() -> PipelineKey {
     PipelineKey::new(&COMBINE)
         .flag("COMBINE")
-        .alias("T", "f32")
         .constant("WG", format!("{WG}u"))
 }
 
-fn apply_key(dtype: DType, act: Activation) -> Result<PipelineKey> {
-    Ok(PipelineKey::new(&APPLY)
-        .flag_if(dtype == DType::F16, "F16")
+fn apply_key(x: StorageType, out: StorageType, act: Activation) -> PipelineKey {
+    PipelineKey::new(&APPLY)
         .flag("APPLY")
-        .alias("T", storage_type(dtype)?)
+        .storage("x", x)
+        .storage("out", out)
         .constant("WG", format!("{WG}u"))
         .constant("ITEMS", format!("{APPLY_ITEMS}u"))
-        .constant("ACT", format!("{}u", act.code())))
+        .constant("ACT", format!("{}u", act.code()))
 }
 
 /// Scratch slots one `(n, g)` needs for an `h x w` region of `c` channels.
@@ -158,20 +155,15 @@ fn dims4(op: &str, t: &Tensor) -> Result<[usize; 4]> {
     }
 }
 
-/// Activation storage the norm and image kernels read: f32, or f16 on
-/// devices with shader-f16. Other dtypes are shape errors.
-pub(crate) fn check_activation_dtype(rec: &Recorder, op: &str, t: &Tensor) -> Result<()> {
-    match t.dtype() {
-        DType::F32 => Ok(()),
-        DType::F16 if rec.ctx().caps().shader_f16 => Ok(()),
-        DType::F16 => Err(Error::Unsupported(format!(
-            "{op} on f16 tensors: the device has no shader-f16"
-        ))),
-        _ => Err(Error::shape(
+/// The storage type of an activation tensor (f32, f16 or bf16) on this
+/// recorder's device; other dtypes are shape errors.
+pub(crate) fn activation_storage(rec: &Recorder, op: &str, t: &Tensor) -> Result<StorageType> {
+    StorageType::of(t.dtype(), rec.ctx().caps()).map_err(|_| {
+        Error::shape(
             op,
-            format!("expected an f32 or f16 tensor, got {t:?}"),
-        )),
-    }
+            format!("expected an f32, f16 or bf16 tensor, got {t:?}"),
+        )
+    })
 }
 
 fn check_f32(op: &str, what: &str, t: &Tensor, min_len: usize) -> Result<()> {
@@ -215,7 +207,7 @@ pub fn group_norm_partials(
 ) -> Result<()> {
     const OP: &str = "group_norm_partials";
     let [n, c, h, w] = dims4(OP, x)?;
-    check_activation_dtype(rec, OP, x)?;
+    let x_storage = activation_storage(rec, OP, x)?;
     check_groups(OP, c, groups)?;
     let r = region.unwrap_or(StatsRegion { y0: 0, x0: 0, h, w });
     if r.y0 + r.h > h || r.x0 + r.w > w {
@@ -256,7 +248,7 @@ pub fn group_norm_partials(
     };
     u32_of(OP, x.numel())?;
     let full = region.is_none() || (r.h == h && r.w == w);
-    let key = partials_key(x.dtype(), !full)?;
+    let key = partials_key(x_storage, !full);
     let groups_xy = linear_groups(rec.ctx(), (n * groups * slots) as u64)?;
     rec.dispatch(&PARTIALS, &key, &params, &[x, scratch], groups_xy, 0)
 }
@@ -358,8 +350,8 @@ pub fn group_norm_apply(
 ) -> Result<()> {
     const OP: &str = "group_norm_apply";
     let [n, c, h, w] = dims4(OP, x)?;
-    check_activation_dtype(rec, OP, x)?;
-    if out.shape() != x.shape() || out.dtype() != x.dtype() {
+    let x_storage = activation_storage(rec, OP, x)?;
+    if out.shape() != x.shape() || (out.overlaps(x) && out.dtype() != x.dtype()) {
         return Err(Error::shape(OP, format!("x {x:?} vs out {out:?}")));
     }
     if affine.numel() != n * c * 2 {
@@ -382,7 +374,7 @@ pub fn group_norm_apply(
     let gx = (h * w).div_ceil((WG * APPLY_ITEMS) as usize);
     let gz = planes.div_ceil(max.max(1));
     let gy = planes.div_ceil(gz.max(1));
-    let key = apply_key(x.dtype(), act)?;
+    let key = apply_key(x_storage, activation_storage(rec, OP, out)?, act);
     let dims = [u32_of(OP, gx)?, gy as u32, gz as u32];
     rec.dispatch(&APPLY, &key, &params, &[x, affine, out], dims, 0)
 }
@@ -450,16 +442,14 @@ fn cpu_group_stats(x: &[f32], shape: [usize; 4], groups: usize, eps: f32) -> Vec
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    for dtype in [DType::F32, DType::F16] {
+    for t in StorageType::ALL {
         for region in [false, true] {
-            v.push((
-                PARTIALS,
-                partials_key(dtype, region).expect("supported dtype"),
-            ));
+            v.push((PARTIALS, partials_key(t, region)));
         }
         for act in [Activation::None, Activation::Silu, Activation::Relu] {
-            v.push((APPLY, apply_key(dtype, act).expect("supported dtype")));
+            v.push((APPLY, apply_key(t, t, act)));
         }
+        v.push((APPLY, apply_key(t, StorageType::F32, Activation::None)));
     }
     v.push((COMBINE, combine_key()));
     v
@@ -669,58 +659,58 @@ mod tests {
         assert_close(&got, &want, 1e-5, 1e-4, "tiled partials");
     }
 
+    /// Half storage (native f16, packed f16, packed bf16), in place:
+    /// statistics stay f32, so the error is the output's rounding.
     #[test]
-    fn group_norm_f16_storage_matches_cpu() {
-        let ctx = test_context();
-        if !ctx.caps().shader_f16 {
-            eprintln!("SKIPPED: no shader-f16 on this adapter");
-            return;
+    fn group_norm_half_storage_matches_cpu() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            if dt == DType::F32 {
+                continue;
+            }
+            let shape = [1, 64, 19, 23];
+            let len: usize = shape.iter().product();
+            let data: Vec<f32> = rand_vec(len, 9, 2.0)
+                .iter()
+                .map(|&v| crate::gpu::storage::round_through(v, dt))
+                .collect();
+            let x = Tensor::from_f32_as(&ctx, &shape, &data, dt, "x").unwrap();
+            let gamma = vec![1.5; 64];
+            let beta = vec![0.25; 64];
+            let g = Tensor::from_f32(&ctx, &[64], &gamma, "g").unwrap();
+            let b = Tensor::from_f32(&ctx, &[64], &beta, "b").unwrap();
+            let scratch = Tensor::empty(
+                &ctx,
+                &[stats_scratch_len(1, 64, 19, 23, 32)],
+                DType::F32,
+                "s",
+            )
+            .unwrap();
+            let affine = Tensor::empty(&ctx, &[1, 64, 2], DType::F32, "a").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            group_norm(
+                &mut rec,
+                &x,
+                32,
+                &g,
+                &b,
+                1e-6,
+                Activation::Silu,
+                &scratch,
+                &affine,
+                &x,
+            )
+            .unwrap();
+            rec.submit().unwrap();
+            let want = cpu_group_norm(&data, shape, 32, &gamma, &beta, 1e-6, Activation::Silu);
+            // One rounding of the output: 2^-11 (f16) or 2^-8 (bf16) relative, plus f32 noise.
+            let tol = if dt == DType::BF16 { 8e-3 } else { 2e-3 };
+            let what = format!(
+                "{} group_norm (shader-f16 {})",
+                dt.name(),
+                ctx.caps().shader_f16
+            );
+            assert_close(&x.to_f32(&ctx).unwrap(), &want, tol, tol, &what);
         }
-        let shape = [1, 64, 19, 23];
-        let len: usize = shape.iter().product();
-        let data: Vec<f32> = rand_vec(len, 9, 2.0)
-            .iter()
-            .map(|&v| half::f16::from_f32(v).to_f32())
-            .collect();
-        let bits: Vec<half::f16> = data.iter().map(|&v| half::f16::from_f32(v)).collect();
-        let x = Tensor::empty(&ctx, &shape, DType::F16, "x").unwrap();
-        x.write_bytes(&ctx, bytemuck::cast_slice(&bits));
-        let gamma = vec![1.5; 64];
-        let beta = vec![0.25; 64];
-        let g = Tensor::from_f32(&ctx, &[64], &gamma, "g").unwrap();
-        let b = Tensor::from_f32(&ctx, &[64], &beta, "b").unwrap();
-        let scratch = Tensor::empty(
-            &ctx,
-            &[stats_scratch_len(1, 64, 19, 23, 32)],
-            DType::F32,
-            "s",
-        )
-        .unwrap();
-        let affine = Tensor::empty(&ctx, &[1, 64, 2], DType::F32, "a").unwrap();
-        let mut rec = Recorder::new(&ctx);
-        group_norm(
-            &mut rec,
-            &x,
-            32,
-            &g,
-            &b,
-            1e-6,
-            Activation::Silu,
-            &scratch,
-            &affine,
-            &x,
-        )
-        .unwrap();
-        rec.submit().unwrap();
-        let want = cpu_group_norm(&data, shape, 32, &gamma, &beta, 1e-6, Activation::Silu);
-        // f16 output: tolerance is f16 rounding (2^-10 relative).
-        assert_close(
-            &x.to_f32(&ctx).unwrap(),
-            &want,
-            2e-3,
-            2e-3,
-            "f16 group_norm",
-        );
     }
 
     #[test]

@@ -5,8 +5,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder};
-use crate::kernels::elementwise::storage_type;
+use crate::gpu::{
+    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
+};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/image.wgsl");
@@ -98,12 +99,11 @@ impl ImageRange {
     }
 }
 
-fn key(dtype: DType, range: ImageRange) -> Result<PipelineKey> {
-    Ok(PipelineKey::new(&TO_RGBA8)
-        .flag_if(dtype == DType::F16, "F16")
-        .alias("T", storage_type(dtype)?)
+fn key(x: StorageType, range: ImageRange) -> PipelineKey {
+    PipelineKey::new(&TO_RGBA8)
+        .storage("x", x)
         .constant("WG", format!("{WG}u"))
-        .constant("RANGE", format!("{}u", range.code())))
+        .constant("RANGE", format!("{}u", range.code()))
 }
 
 /// x `[N, 3, H, W]` (f32 or f16) → out `[N, H, W]` tensor of `DType::Rgba8`
@@ -120,7 +120,7 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
             ))
         }
     };
-    crate::kernels::group_norm::check_activation_dtype(rec, OP, x)?;
+    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
     if c != 3 {
         return Err(Error::shape(
             OP,
@@ -153,7 +153,7 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
     };
     rec.dispatch(
         &TO_RGBA8,
-        &key(x.dtype(), range)?,
+        &key(x_storage, range),
         &params,
         &[x, out],
         groups,
@@ -169,18 +169,17 @@ fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
     }
 }
 
-fn texture_key(spec: &KernelSpec, dtype: DType, range: ImageRange) -> Result<PipelineKey> {
+fn texture_key(spec: &KernelSpec, x: StorageType, range: ImageRange) -> PipelineKey {
     let rgba16f = matches!(
         spec.bindings.last(),
         Some(BindingKind::WriteTexture(wgpu::TextureFormat::Rgba16Float))
     );
-    Ok(PipelineKey::new(spec)
-        .flag_if(dtype == DType::F16, "F16")
+    PipelineKey::new(spec)
         .flag("TEXTURE")
         .flag_if(rgba16f, "RGBA16F")
-        .alias("T", storage_type(dtype)?)
+        .storage("x", x)
         .constant("WG", format!("{WG}u"))
-        .constant("RANGE", format!("{}u", range.code())))
+        .constant("RANGE", format!("{}u", range.code()))
 }
 
 /// x `[1, 3, H, W]` (f32 or f16) → texels `(0..W, 0..H)` of mip level 0,
@@ -205,7 +204,7 @@ pub fn to_texture(
             ))
         }
     };
-    crate::kernels::group_norm::check_activation_dtype(rec, OP, x)?;
+    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
     if n != 1 || c != 3 {
         return Err(Error::shape(
             OP,
@@ -266,7 +265,7 @@ pub fn to_texture(
     });
     rec.dispatch_bindings(
         spec,
-        &texture_key(spec, x.dtype(), range)?,
+        &texture_key(spec, x_storage, range),
         &params,
         &[Binding::Tensor(x), Binding::Texture(&view)],
         groups,
@@ -305,11 +304,11 @@ pub fn cpu_to_rgba8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) 
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    for dtype in [DType::F32, DType::F16] {
+    for dtype in StorageType::ALL {
         for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
-            v.push((TO_RGBA8, key(dtype, range).expect("supported dtype")));
+            v.push((TO_RGBA8, key(dtype, range)));
             for spec in [TO_TEXTURE_RGBA8, TO_TEXTURE_RGBA16F] {
-                let k = texture_key(&spec, dtype, range).expect("supported dtype");
+                let k = texture_key(&spec, dtype, range);
                 v.push((spec, k));
             }
         }

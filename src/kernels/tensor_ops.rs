@@ -4,7 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/tensor_ops.wgsl");
@@ -39,10 +39,22 @@ pub const COPY_WINDOW: KernelSpec = KernelSpec {
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
-fn key() -> PipelineKey {
-    PipelineKey::new(&COPY_WINDOW)
+/// `None`: raw 32-bit words (f32, rgba8); else 16-bit elements of this storage.
+fn key(half: Option<StorageType>) -> PipelineKey {
+    let key = PipelineKey::new(&COPY_WINDOW)
         .constant("WG", format!("{WG}u"))
-        .constant("ITEMS", format!("{ITEMS}u"))
+        .constant("ITEMS", format!("{ITEMS}u"));
+    match half {
+        None => key.flag("WORDS"),
+        Some(t) => key.storage("src", t).storage("dst", t),
+    }
+}
+
+fn element_storage(rec: &Recorder, dtype: DType) -> Result<Option<StorageType>> {
+    Ok(match dtype {
+        DType::F32 | DType::Rgba8 => None,
+        d => Some(StorageType::of(d, rec.ctx().caps())?),
+    })
 }
 
 /// A window of a tensor's `H x W` planes: origin and size.
@@ -91,8 +103,8 @@ fn planes_hw(op: &str, t: &Tensor) -> Result<(usize, usize, usize)> {
 
 /// Copies the `size` window at `(sy, sx)` of every plane of `src` to
 /// `(dy, dx)` of the same plane of `dst`. src `[N, C, Hs, Ws]`, dst
-/// `[N, C, Hd, Wd]` (or `[N, H, W]` images): same `N * C`, same 4-byte dtype
-/// (f32 or rgba8). `src` and `dst` must not overlap.
+/// `[N, C, Hd, Wd]` (or `[N, H, W]` images): same `N * C`, same dtype (f32,
+/// f16, bf16 or rgba8). `src` and `dst` must not overlap.
 pub fn copy_window(
     rec: &mut Recorder,
     src: &Tensor,
@@ -104,10 +116,10 @@ pub fn copy_window(
     const OP: &str = "copy_window";
     let (sp, sh, sw) = planes_hw(OP, src)?;
     let (dp, dh, dw) = planes_hw(OP, dst)?;
-    if src.dtype() != dst.dtype() || src.dtype().size() != 4 || src.dtype() == DType::BF16 {
+    if src.dtype() != dst.dtype() {
         return Err(Error::shape(
             OP,
-            format!("src {src:?} and dst {dst:?} must share a 4-byte dtype (f32, rgba8)"),
+            format!("src {src:?} and dst {dst:?} must share a dtype"),
         ));
     }
     if sp != dp {
@@ -150,7 +162,8 @@ pub fn copy_window(
         dx: u(dx)?,
     };
     let groups = linear_groups(rec.ctx(), total.div_ceil(WG as u64))?;
-    rec.dispatch(&COPY_WINDOW, &key(), &params, &[src, dst], groups, 0)
+    let key = key(element_storage(rec, src.dtype())?);
+    rec.dispatch(&COPY_WINDOW, &key, &params, &[src, dst], groups, 0)
 }
 
 /// CPU reference of [`copy_window`] on plane-major data: `src` has `planes`
@@ -176,7 +189,11 @@ pub fn cpu_copy_window<T: Copy>(
 }
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
-    vec![(COPY_WINDOW, key())]
+    let mut v = vec![(COPY_WINDOW, key(None))];
+    for t in &StorageType::ALL[1..] {
+        v.push((COPY_WINDOW, key(Some(*t))));
+    }
+    v
 }
 
 #[cfg(test)]
@@ -188,11 +205,22 @@ mod tests {
     /// plane sizes, batch 2 x 3 channels; exact (bit) equality with the CPU.
     #[test]
     fn copy_window_matches_cpu_on_odd_windows() {
-        let ctx = test_context();
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            copy_windows_exactly(&ctx, dt);
+        }
+    }
+
+    fn copy_windows_exactly(ctx: &crate::Context, dt: DType) {
+        let ctx = ctx.clone();
         let (n, c) = (2, 3);
         let (sh, sw, dh, dw) = (19, 23, 13, 11);
-        let src_data = rand_vec(n * c * sh * sw, 7, 3.0);
-        let dst_data = rand_vec(n * c * dh * dw, 8, 3.0);
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|x| crate::gpu::storage::round_through(x, dt))
+                .collect()
+        };
+        let src_data = round(rand_vec(n * c * sh * sw, 7, 3.0));
+        let dst_data = round(rand_vec(n * c * dh * dw, 8, 3.0));
         for (s, d, size) in [
             ((0, 0), (0, 0), (13, 11)),
             ((5, 7), (2, 3), (9, 5)),
@@ -200,8 +228,8 @@ mod tests {
             ((3, 1), (0, 4), (7, 7)),
             ((6, 12), (1, 0), (12, 11)),
         ] {
-            let src = Tensor::from_f32(&ctx, &[n, c, sh, sw], &src_data, "src").unwrap();
-            let dst = Tensor::from_f32(&ctx, &[n, c, dh, dw], &dst_data, "dst").unwrap();
+            let src = Tensor::from_f32_as(&ctx, &[n, c, sh, sw], &src_data, dt, "src").unwrap();
+            let dst = Tensor::from_f32_as(&ctx, &[n, c, dh, dw], &dst_data, dt, "dst").unwrap();
             let mut rec = Recorder::new(&ctx);
             copy_window(&mut rec, &src, s, &dst, d, size).unwrap();
             rec.submit().unwrap();
@@ -212,7 +240,8 @@ mod tests {
                 got.iter()
                     .zip(&want)
                     .all(|(a, b)| a.to_bits() == b.to_bits()),
-                "copy {size:?} from {s:?} to {d:?}"
+                "{} copy {size:?} from {s:?} to {d:?}",
+                dt.name()
             );
         }
     }
