@@ -4,7 +4,8 @@
 //
 // Fused on load:  nearest-2x upsample (UPSAMPLE), per-(image, channel) affine + activation
 // (PROLOGUE, ACT), zero padding (after the prologue: padded taps contribute exactly 0).
-// Fused on store: bias (HAS_BIAS), residual add (HAS_RESIDUAL; `res` may alias `out`).
+// Fused on store: bias (HAS_BIAS), residual add (HAS_RESIDUAL; `res` may alias `out`), and
+// for f16 outputs a count of values f16 cannot hold (CHECK_RANGE).
 //
 // Specialisation (pipeline-key constants): a workgroup computes TM output channels x TN
 // output pixels, the pixels being a (TN / TW) x TW patch of the output image (TW a power of
@@ -66,6 +67,17 @@ struct Params {
 // res may be out itself (in-place residual).
 #storage res 5 shared
 #storage out 6 write
+// Counter of stored values outside f16's finite range (CHECK_RANGE, f16 outputs): a
+// decode reads it once and redoes an overflowed f16 decode in bf16.
+@group(0) @binding(7) var<storage, read_write> range_flags: array<atomic<u32>>;
+
+fn out_store(i: u32, v: f32) {
+#ifdef CHECK_RANGE
+    // Negated so NaN counts too.
+    if !(abs(v) < 65504.0) { atomicAdd(&range_flags[0], 1u); }
+#endif
+    out_st(i, v);
+}
 
 const KK = KS * KS;
 
@@ -171,7 +183,7 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
-    out_st((nb * p.cout + m) * p.npix + pix, epilogue(nb, m, pix, acc, bias_of(m)));
+    out_store((nb * p.cout + m) * p.npix + pix, epilogue(nb, m, pix, acc, bias_of(m)));
 }
 #else
 
@@ -196,10 +208,10 @@ fn store4(nb: u32, m: u32, oy: u32, ox: u32, v: vec4<f32>) {
     let b = bias_of(m);
     let pix = oy * p.wo + ox;
     let base = (nb * p.cout + m) * p.npix + pix;
-    if ox < p.wo { out_st(base, epilogue(nb, m, pix, v.x, b)); }
-    if ox + 1u < p.wo { out_st(base + 1u, epilogue(nb, m, pix + 1u, v.y, b)); }
-    if ox + 2u < p.wo { out_st(base + 2u, epilogue(nb, m, pix + 2u, v.z, b)); }
-    if ox + 3u < p.wo { out_st(base + 3u, epilogue(nb, m, pix + 3u, v.w, b)); }
+    if ox < p.wo { out_store(base, epilogue(nb, m, pix, v.x, b)); }
+    if ox + 1u < p.wo { out_store(base + 1u, epilogue(nb, m, pix + 1u, v.y, b)); }
+    if ox + 2u < p.wo { out_store(base + 2u, epilogue(nb, m, pix + 2u, v.z, b)); }
+    if ox + 3u < p.wo { out_store(base + 3u, epilogue(nb, m, pix + 3u, v.w, b)); }
 }
 
 #ifndef DIRECT

@@ -40,6 +40,9 @@ pub struct DecodeOptions {
     pub progress: Option<Progress>,
     /// Time every kernel with GPU timestamps (when the adapter can).
     pub profile: bool,
+    /// Return an f16 decode that overflowed as it is (counted in
+    /// [`Decoded::f16_overflows`]) instead of re-decoding it in bf16.
+    pub keep_f16_overflow: bool,
 }
 
 /// Where a decode's wall time went.
@@ -72,11 +75,23 @@ pub struct Decoded {
     pub profile: Option<crate::gpu::Profile>,
     /// How the decode was tiled.
     pub tiling: TilingReport,
+    /// Storage dtype the pixels were decoded in (bf16 after an f16 overflow).
+    pub dtype: DType,
+    /// Values f16 convolutions could not hold (0 unless the model ran in f16).
+    pub f16_overflows: u64,
+    /// What was done about an f16 overflow, when one happened.
+    pub precision_note: Option<String>,
 }
 
 /// Records a whole decode of decoder-input latents `z` [N, C, h, w]: upload,
 /// decoder, RGBA8 conversion. Returns (raw output, RGBA8 pixels).
+///
+/// f16 models count overflowing stores into the recorder's range flag
+/// ([`Recorder::range_flag`]); read it after the submit.
 pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
+    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
+        rec.track_f16_range()?;
+    }
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     let raw = vae.forward(rec, input, &mut Taps::default())?;
     let [n, _, h, w] = crate::models::layers::dims4(&raw)?;
@@ -221,6 +236,21 @@ pub fn decode(
         Strategy::Fast { px, overlap } => decode_fast(ctx, vae, &z, px, overlap, opts),
     }?;
     out.tiling.max_memory = budget;
+    if out.f16_overflows > 0 && !opts.keep_f16_overflow {
+        // Values beyond ±65504 were saturated: the image is wrong. bf16 has
+        // f32's range; decode again with a bf16 copy of the model.
+        let twin = vae.bf16_twin(ctx)?;
+        let note = format!(
+            "f16 overflow: {} values beyond ±65504 (or NaN) in {}; re-decoded in bf16",
+            out.f16_overflows, vae.name
+        );
+        log::warn!("{note}");
+        let mut again = decode(ctx, twin, latents, opts)?;
+        again.f16_overflows = out.f16_overflows;
+        again.precision_note = Some(note);
+        again.decode_ms += out.decode_ms;
+        return Ok(again);
+    }
     Ok(out)
 }
 
@@ -413,6 +443,7 @@ struct ExactOutput {
     height: usize,
     width: usize,
     report: TilingReport,
+    f16_overflows: u32,
 }
 
 fn run_exact(
@@ -424,6 +455,10 @@ fn run_exact(
     progress: Option<Progress>,
 ) -> Result<ExactOutput> {
     let mut ex = Executor::new(ctx, plan, progress);
+    let range_flag = match vae.dtype {
+        DType::F16 => Some(ex.track_f16_range()?),
+        _ => None,
+    };
     let shape = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
     let input = ex.host_act(shape, &z.data);
     let (rgba, raw) = vae.forward_tiled(&mut ex, input, keep_raw)?;
@@ -434,9 +469,14 @@ fn run_exact(
     };
     let rgba = ex.to_host(rgba)?;
     let report = ex.finish()?;
+    let f16_overflows = match &range_flag {
+        Some(f) => crate::gpu::read_range_flag(ctx, f)?,
+        None => 0,
+    };
     Ok(ExactOutput {
         rgba,
         raw,
+        f16_overflows,
         height,
         width,
         report,
@@ -517,6 +557,7 @@ fn decode_untiled(
         p.end_replay();
     }
     let (raw, pixels) = recorded?;
+    let range_flag = rec.range_flag().cloned();
     let mut timings = Timings {
         record_ms: start.elapsed().as_secs_f64() * 1e3,
         ..Default::default()
@@ -540,6 +581,10 @@ fn decode_untiled(
         };
         (split_images(bytes, n), raw_host)
     };
+    let f16_overflows = match &range_flag {
+        Some(f) => crate::gpu::read_range_flag(ctx, f)?,
+        None => 0,
+    };
     debug_assert!(rgba.is_empty() || rgba.len() == n);
     timings.readback_ms = read_start.elapsed().as_secs_f64() * 1e3;
     Ok(Decoded {
@@ -552,6 +597,9 @@ fn decode_untiled(
         raw: raw_host,
         decode_ms: start.elapsed().as_secs_f64() * 1e3,
         memory: ctx.pool().stats(),
+        dtype: vae.dtype,
+        f16_overflows: f16_overflows as u64,
+        precision_note: None,
         tiling: TilingReport {
             mode: "untiled".into(),
             tiles: 1,
@@ -620,6 +668,9 @@ fn decode_exact(
         timings: Timings::default(),
         macs: 0,
         profile: None,
+        dtype: vae.dtype,
+        f16_overflows: out.f16_overflows as u64,
+        precision_note: None,
     })
 }
 
@@ -687,7 +738,7 @@ fn decode_tile_raw(
     ctx: &Context,
     vae: &Vae,
     z: &HostTensor,
-) -> Result<(usize, usize, Option<Vec<f32>>)> {
+) -> Result<(usize, usize, Option<Vec<f32>>, u32)> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let plan = match planned {
         Some(p) => ensure_plan(ctx, p, vae, z)?,
@@ -702,6 +753,7 @@ fn decode_tile_raw(
         p.end_replay();
     }
     let (raw, _pixels) = recorded?;
+    let flag = rec.range_flag().cloned();
     rec.submit()?;
     let [_, _, h, w] = crate::models::layers::dims4(&raw)?;
     let data = if ctx.is_dry_run() {
@@ -709,7 +761,11 @@ fn decode_tile_raw(
     } else {
         Some(raw.to_f32(ctx)?)
     };
-    Ok((h, w, data))
+    let overflows = match &flag {
+        Some(f) => crate::gpu::read_range_flag(ctx, f)?,
+        None => 0,
+    };
+    Ok((h, w, data, overflows))
 }
 
 /// Fast tiling exactly as diffusers' `AutoencoderKL.tiled_decode`: latent
@@ -742,12 +798,14 @@ fn decode_fast(
     let mut prev: Vec<FastTile> = Vec::new();
     let (mut out_y, mut done) = (0, 0);
     let mut readback = 0u64;
+    let mut f16_overflows = 0u64;
     for &i in &rows {
         let mut row: Vec<FastTile> = Vec::new();
         let (mut out_x, mut crop_h) = (0, 0);
         for (ci, &j) in cols.iter().enumerate() {
             let zt = crop_latents(z, i, (i + tile).min(h), j, (j + tile).min(w));
-            let (th, tw, data) = decode_tile_raw(ctx, vae, &zt)?;
+            let (th, tw, data, overflows) = decode_tile_raw(ctx, vae, &zt)?;
+            f16_overflows += overflows as u64;
             readback += (planes * th * tw * 4) as u64;
             let mut t = FastTile {
                 h: th,
@@ -822,6 +880,9 @@ fn decode_fast(
         timings: Timings::default(),
         macs: 0,
         profile: None,
+        dtype: vae.dtype,
+        f16_overflows,
+        precision_note: None,
         tiling: TilingReport {
             mode: "fast".into(),
             tile_size: Some(px),

@@ -315,6 +315,10 @@ struct DecodeArgs {
     /// Memory pool policy: caching (PyTorch-like), planned or exact.
     #[arg(long, default_value = "planned")]
     policy: String,
+    /// Storage of weights and activations: f32, f16, bf16 or auto (f16 for models known to fit
+    /// f16, else bf16). Arithmetic stays f32; an f16 overflow is detected and re-decoded in bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
     /// Per-kernel GPU time table (timestamp queries) and the record / GPU / readback split.
     #[arg(long)]
     profile: bool,
@@ -413,6 +417,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         scaling_factor: a.scaling_factor,
         shift_factor: a.shift_factor,
         seed: a.seed,
+        precision: a.dtype.parse()?,
     };
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if vae.random_weights && !a.json {
@@ -425,6 +430,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         profile: a.profile,
         tiling: a.tiles.tiling()?,
         progress: progress_bar(a.json),
+        keep_f16_overflow: false,
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
     ctx.save_pipeline_cache();
@@ -452,7 +458,9 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "random_weights": vae.random_weights,
                 "latents_shape": latents.shape,
                 "image_shape": [n, 3, out.height, out.width],
-                "dtype": "f32",
+                "dtype": out.dtype.name(),
+                "f16_overflows": out.f16_overflows,
+                "precision_note": out.precision_note,
                 "decode_ms": out.decode_ms,
                 "weights_bytes": vae.weights_bytes,
                 "peak_allocated_bytes": out.memory.allocated_bytes.peak,
@@ -494,6 +502,11 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
             }
         }
         print_tiling(&out.tiling);
+        if let Some(note) = &out.precision_note {
+            println!("precision: {note}");
+        } else if out.dtype != wgvae::tensor::DType::F32 {
+            println!("precision: {} storage, f32 arithmetic", out.dtype.name());
+        }
     }
     Ok(())
 }

@@ -377,14 +377,23 @@ impl Act {
 }
 
 /// Row-copies the overlap `o` (image coordinates) from a host block laid
-/// out `[planes, src.h, src.w]` at `src` into `[planes, dst.h, dst.w]` at `dst`.
-fn host_copy(planes: usize, from: &[u8], src: &Window, to: &mut [u8], dst: &Window, o: &Window) {
-    const E: usize = 4;
+/// out `[planes, src.h, src.w]` at `src` into `[planes, dst.h, dst.w]` at `dst`;
+/// elements of `e` bytes.
+#[allow(clippy::too_many_arguments)]
+fn host_copy(
+    planes: usize,
+    e: usize,
+    from: &[u8],
+    src: &Window,
+    to: &mut [u8],
+    dst: &Window,
+    o: &Window,
+) {
     for p in 0..planes {
         for y in o.y..o.bottom() {
-            let s = ((p * src.h + y - src.y) * src.w + o.x - src.x) * E;
-            let d = ((p * dst.h + y - dst.y) * dst.w + o.x - dst.x) * E;
-            to[d..d + o.w * E].copy_from_slice(&from[s..s + o.w * E]);
+            let s = ((p * src.h + y - src.y) * src.w + o.x - src.x) * e;
+            let d = ((p * dst.h + y - dst.y) * dst.w + o.x - dst.x) * e;
+            to[d..d + o.w * e].copy_from_slice(&from[s..s + o.w * e]);
         }
     }
 }
@@ -519,6 +528,8 @@ pub(crate) struct Executor {
     progress: Option<Progress>,
     staging: u64,
     steps_since_submit: usize,
+    /// The f16 overflow counter every recorder of this run counts into.
+    range_flag: Option<Tensor>,
 }
 
 impl Executor {
@@ -532,12 +543,27 @@ impl Executor {
             progress,
             staging: 0,
             steps_since_submit: 0,
+            range_flag: None,
         }
     }
 
     pub(crate) fn rec(&mut self) -> &mut Recorder<'static> {
-        let ctx = &self.ctx;
-        self.rec.get_or_insert_with(|| Recorder::new(ctx))
+        let (ctx, flag) = (&self.ctx, &self.range_flag);
+        self.rec.get_or_insert_with(|| {
+            let mut rec = Recorder::new(ctx);
+            if let Some(f) = flag {
+                rec.set_range_flag(f.clone());
+            }
+            rec
+        })
+    }
+
+    /// Counts f16 conv stores outside f16's range from now on (see
+    /// [`Recorder::track_f16_range`]); returns the counter.
+    pub(crate) fn track_f16_range(&mut self) -> Result<Tensor> {
+        let t = self.rec().track_f16_range()?;
+        self.range_flag = Some(t.clone());
+        Ok(t)
     }
 
     fn submit(&mut self) -> Result<()> {
@@ -696,7 +722,7 @@ impl Executor {
                     let r = act.grid.rect(i);
                     let o = r.intersect(&win).expect("overlapping tile");
                     if let Some(src) = &h.data {
-                        host_copy(planes, src, &r, buf, &win, &o);
+                        host_copy(planes, act.dtype.size() as usize, src, &r, buf, &win, &o);
                     }
                 }
             }
@@ -871,7 +897,7 @@ impl Executor {
                 let full = Tensor::empty(
                     &self.ctx,
                     &[n, cout, out_hw.0, out_hw.1],
-                    DType::F32,
+                    spec.w.dtype(),
                     "conv tile",
                 )?;
                 conv2d(self.rec(), &input, spec.w, prologue, None, &full, &opts)?;
@@ -879,8 +905,12 @@ impl Executor {
                     full
                 } else {
                     drop(input);
-                    let tile =
-                        Tensor::empty(&self.ctx, &[n, cout, r.h, r.w], DType::F32, "conv tile")?;
+                    let tile = Tensor::empty(
+                        &self.ctx,
+                        &[n, cout, r.h, r.w],
+                        spec.w.dtype(),
+                        "conv tile",
+                    )?;
                     copy_window(self.rec(), &full, offset, &tile, (0, 0), (r.h, r.w))?;
                     self.report.window_copies += 1;
                     tile
@@ -902,7 +932,8 @@ impl Executor {
         mut residual: Residual,
     ) -> Result<(Act, Option<Tensor>)> {
         let up = if spec.upsample { 2 } else { 1 };
-        let mut out = self.empty_act(x.n, spec.w.cout(), x.h * up, x.w * up, DType::F32);
+        // Activations take the weights' dtype (the model's).
+        let mut out = self.empty_act(x.n, spec.w.cout(), x.h * up, x.w * up, spec.w.dtype());
         if let Residual::Take(res) = &residual {
             if res.grid != out.grid || res.c != out.c || res.n != out.n {
                 return Err(Error::shape(
@@ -928,7 +959,7 @@ impl Executor {
                     let t = Tensor::empty(
                         &self.ctx,
                         &[x.n, sc.cout(), r.h, r.w],
-                        DType::F32,
+                        sc.dtype(),
                         "shortcut tile",
                     )?;
                     conv2d(self.rec(), &xw, sc, None, None, &t, &Conv2dOptions::same(1))?;
@@ -969,6 +1000,22 @@ impl Executor {
             to_rgba8(self.rec(), &tile, range, &px.reshape(&[n, r.h, r.w])?)?;
             self.park(&mut rgba, i, px)?;
             if let Some(raw) = &mut raw {
+                // The raw output is handed out as f32 whatever the model's dtype.
+                let tile = if tile.dtype() == DType::F32 {
+                    tile
+                } else {
+                    let wide = Tensor::empty(&self.ctx, tile.shape(), DType::F32, "raw tile")?;
+                    unary(
+                        self.rec(),
+                        Unary::ScaleShift {
+                            alpha: 1.0,
+                            beta: 0.0,
+                        },
+                        &tile,
+                        &wide,
+                    )?;
+                    wide
+                };
                 self.park(raw, i, tile)?;
             }
             self.step_done(stage::OUTPUT)?;
@@ -1008,7 +1055,7 @@ impl Executor {
             act: Activation::None,
         });
         let tiles = x.grid.len();
-        let mut out = self.empty_act(n, spec.out.cout(), x.h, x.w, DType::F32);
+        let mut out = self.empty_act(n, spec.out.cout(), x.h, x.w, spec.out.dtype());
         let stats = match spec.stats {
             Some(norm) => Some(self.stats_acc(norm, &out)?),
             None => None,
@@ -1158,17 +1205,18 @@ impl Executor {
         };
         let mut out = vec![0u8; act.bytes_of(&whole) as usize];
         let planes = act.n * act.c;
+        let esize = act.dtype.size() as usize;
         let mut next = data.into_iter();
         for (i, piece) in act.pieces.iter().enumerate() {
             let r = act.grid.rect(i);
             match piece {
                 Piece::Device(_) => {
                     let d = next.next().expect("one read-back per device tile");
-                    host_copy(planes, &d, &r, &mut out, &whole, &r);
+                    host_copy(planes, esize, &d, &r, &mut out, &whole, &r);
                 }
                 Piece::Host(h) => {
                     if let Some(d) = &h.data {
-                        host_copy(planes, d, &r, &mut out, &whole, &r);
+                        host_copy(planes, esize, d, &r, &mut out, &whole, &r);
                     }
                 }
                 Piece::Empty => {

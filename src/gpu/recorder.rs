@@ -63,6 +63,8 @@ pub struct Recorder<'a> {
     uniforms: Vec<UniformChunk>,
     labels: Vec<DispatchLabel>,
     profiler: Option<crate::gpu::Profiler>,
+    /// Counter that f16 conv stores increment for values f16 cannot hold.
+    range_flag: Option<Tensor>,
 }
 
 impl<'a> Recorder<'a> {
@@ -80,6 +82,7 @@ impl<'a> Recorder<'a> {
             uniforms: Vec::new(),
             labels: Vec::new(),
             profiler: None,
+            range_flag: None,
         }
     }
 
@@ -93,6 +96,7 @@ impl<'a> Recorder<'a> {
             uniforms: Vec::new(),
             labels: Vec::new(),
             profiler: None,
+            range_flag: None,
         }
     }
 
@@ -295,6 +299,30 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
+    /// Allocates a zeroed overflow counter: from now on, convolutions with f16
+    /// outputs count the values they store outside f16's finite range (and
+    /// NaNs) into it. Read it with [`read_range_flag`] after the submit.
+    pub fn track_f16_range(&mut self) -> Result<Tensor> {
+        let t = Tensor::empty(
+            &self.ctx,
+            &[1],
+            crate::tensor::DType::F32,
+            "f16 range counter",
+        )?;
+        self.upload(&t, &[0; 4])?;
+        self.range_flag = Some(t.clone());
+        Ok(t)
+    }
+
+    /// Counts into an existing counter (one per decode across several recorders).
+    pub fn set_range_flag(&mut self, t: Tensor) {
+        self.range_flag = Some(t);
+    }
+
+    pub fn range_flag(&self) -> Option<&Tensor> {
+        self.range_flag.as_ref()
+    }
+
     /// Uploads `bytes` into `t` inside the command stream (ordered with the
     /// recorded kernels, unlike `queue.write_buffer`, which lands before the
     /// whole submission — wrong for a block a pool reuses mid-forward).
@@ -421,6 +449,18 @@ pub fn linear_groups(ctx: &Context, total: u64) -> Result<[u32; 3]> {
         });
     }
     Ok([total.div_ceil(y) as u32, y as u32, 1])
+}
+
+/// The value of an overflow counter from [`Recorder::track_f16_range`]
+/// (blocking; 0 in dry runs).
+pub fn read_range_flag(ctx: &Context, t: &Tensor) -> Result<u32> {
+    if ctx.is_dry_run() {
+        return Ok(0);
+    }
+    let bytes = read_back(ctx, &[t])?.pop().unwrap_or_default();
+    Ok(bytes
+        .get(..4)
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
 }
 
 /// Reads tensors back to the host (one submit, one wait).

@@ -46,14 +46,15 @@ pub struct Params {
     pub npix: u32,
 }
 
-// input, weights, bias, affine, residual, out. Absent optional operands are bound to a
-// placeholder (the weights) that the specialised shader never reads.
+// input, weights, bias, affine, residual, out, f16 range counter. Absent optional operands
+// are bound to a placeholder (the weights) that the specialised shader never reads.
 const BINDINGS: &[BindingKind] = &[
     BindingKind::Read,
     BindingKind::Read,
     BindingKind::Read,
     BindingKind::Read,
     BindingKind::Read,
+    BindingKind::ReadWrite,
     BindingKind::ReadWrite,
 ];
 
@@ -339,6 +340,8 @@ struct Variant {
     residual: bool,
     /// Storage of x, wt, res, out.
     storage: [StorageType; 4],
+    /// Count stores outside f16's range (f16 outputs under a recorder with a range flag).
+    check_range: bool,
 }
 
 impl Variant {
@@ -369,6 +372,7 @@ impl Variant {
                 residual.map(st).transpose()?.unwrap_or(StorageType::F32),
                 st(out)?,
             ],
+            check_range: false,
         })
     }
 
@@ -406,7 +410,8 @@ impl Variant {
             .flag_if(self.upsample, "UPSAMPLE")
             .flag_if(self.act.is_some(), "PROLOGUE")
             .flag_if(self.bias, "HAS_BIAS")
-            .flag_if(self.residual, "HAS_RESIDUAL");
+            .flag_if(self.residual, "HAS_RESIDUAL")
+            .flag_if(self.check_range, "CHECK_RANGE");
         match self.tiles {
             None => key.flag("NAIVE").constant("WG", format!("{NAIVE_WG}u")),
             Some(t) => key
@@ -736,7 +741,8 @@ fn bindings<'t>(
     prologue: Option<&Prologue<'t>>,
     residual: Option<&'t Tensor>,
     out: &'t Tensor,
-) -> [&'t Tensor; 6] {
+    range_flag: Option<&'t Tensor>,
+) -> [&'t Tensor; 7] {
     let placeholder = &w.weight;
     [
         input,
@@ -745,7 +751,19 @@ fn bindings<'t>(
         prologue.map(|p| p.affine).unwrap_or(placeholder),
         residual.unwrap_or(placeholder),
         out,
+        range_flag.unwrap_or(placeholder),
     ]
+}
+
+/// f16 outputs are range-checked when the recorder carries a range flag.
+fn range_flag_for(rec: &Recorder, variant: &mut Variant) -> Option<Tensor> {
+    let half = matches!(
+        variant.storage[3],
+        StorageType::F16 | StorageType::F16Packed
+    );
+    let flag = rec.range_flag().filter(|_| half).cloned();
+    variant.check_range = flag.is_some();
+    flag
 }
 
 /// `out = conv(prologue(upsample?(input))) + bias + residual`.
@@ -763,7 +781,7 @@ pub fn conv2d(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let variant = Variant::for_call(
+    let mut variant = Variant::for_call(
         rec.ctx().caps(),
         Some(w.tiles),
         input,
@@ -780,7 +798,8 @@ pub fn conv2d(
         groups: gz,
         limit: rec.ctx().caps().max_compute_workgroups_per_dimension,
     })?;
-    let tensors = bindings(input, w, prologue.as_ref(), residual, out);
+    let flag = range_flag_for(rec, &mut variant);
+    let tensors = bindings(input, w, prologue.as_ref(), residual, out, flag.as_ref());
     rec.dispatch(
         &variant.spec(),
         &variant.key(),
@@ -803,7 +822,7 @@ pub fn conv2d_naive(
     opts: &Conv2dOptions,
 ) -> Result<()> {
     let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let variant = Variant::for_call(
+    let mut variant = Variant::for_call(
         rec.ctx().caps(),
         None,
         input,
@@ -815,7 +834,8 @@ pub fn conv2d_naive(
     )?;
     let per_image = w.cout as u64 * plan.params.npix as u64;
     let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
-    let tensors = bindings(input, w, prologue.as_ref(), residual, out);
+    let flag = range_flag_for(rec, &mut variant);
+    let tensors = bindings(input, w, prologue.as_ref(), residual, out, flag.as_ref());
     rec.dispatch(
         &variant.spec(),
         &variant.key(),
@@ -972,6 +992,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                                     bias,
                                     residual,
                                     storage: [StorageType::F32; 4],
+                                    check_range: false,
                                 };
                                 v.push((var.spec(), var.key()));
                                 // Half storage: every tensor in one dtype (fused options all
@@ -983,6 +1004,8 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                                         for out in [*t, StorageType::F32] {
                                             let half = Variant {
                                                 storage: [*t, *t, *t, out],
+                                                check_range: out != StorageType::F32
+                                                    && *t != StorageType::BF16,
                                                 ..var
                                             };
                                             v.push((half.spec(), half.key()));

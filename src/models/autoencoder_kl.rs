@@ -14,7 +14,7 @@ use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
 use crate::models::config::AutoencoderKlConfig;
-use crate::models::layers::{conv, conv_add, dims4, load_conv, Norm, Taps};
+use crate::models::layers::{conv, conv_add, conv_as, dims4, load_conv, Norm, Taps};
 use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{Act, AttentionSpec, ConvSpec, Executor, Residual};
@@ -166,9 +166,11 @@ impl MidAttention {
                 act: Activation::None,
             })
         };
-        let q = conv(rec, &x, &self.q, pro(), &same1)?;
-        let k = conv(rec, &x, &self.k, pro(), &same1)?;
-        let v = conv(rec, &x, &self.v, pro(), &same1)?;
+        // The attention kernel reads f32 q, k, v (softmax inputs stay f32).
+        let f32 = DType::F32;
+        let q = conv_as(rec, &x, &self.q, pro(), &same1, f32)?;
+        let k = conv_as(rec, &x, &self.k, pro(), &same1, f32)?;
+        let v = conv_as(rec, &x, &self.v, pro(), &same1, f32)?;
         let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
         let tokens = [n, c, h * w];
         attention(
@@ -390,7 +392,7 @@ impl AutoencoderKl {
         let a = self.norm_out.affine(rec, &x)?;
         if taps.is_enabled() {
             // conv_act is never materialised in a normal decode; build it for the check.
-            let act = Tensor::empty(rec.ctx(), x.shape(), DType::F32, "conv_act")?;
+            let act = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "conv_act")?;
             crate::kernels::group_norm::group_norm_apply(rec, &x, &a, Activation::Silu, &act)?;
             taps.tap(rec, "decoder.conv_act", &act)?;
         }

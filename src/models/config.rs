@@ -54,6 +54,13 @@ fn yes() -> bool {
 pub const PRESETS: &[&str] = &["sd15", "sdxl", "sd3", "flux1"];
 
 impl AutoencoderKlConfig {
+    /// True for the SD 1.x VAE (scaling factor 0.18215, 4 latent channels),
+    /// whose activations stay within f16's range; SDXL's overflows f16 and the
+    /// 16-channel VAEs are run upcast by diffusers.
+    pub fn is_f16_safe(&self) -> bool {
+        self.latent_channels == 4 && (self.scaling_factor - 0.18215).abs() < 1e-6
+    }
+
     /// The public configurations of the SD 1.x, SDXL, SD3 and FLUX.1 VAEs.
     pub fn preset(name: &str) -> Result<Self> {
         let base = AutoencoderKlConfig {

@@ -31,10 +31,11 @@ pub fn load_conv(
 ) -> Result<Conv2dWeights> {
     let w = store.take(&format!("{prefix}.weight"), &[cout, cin, k, k]);
     let b = bias.then(|| store.take(&format!("{prefix}.bias"), &[cout]));
-    Conv2dWeights::from_pytorch(ctx, &w, cout, cin, k, b.as_deref(), prefix)
+    Conv2dWeights::from_pytorch_as(ctx, &w, cout, cin, k, b.as_deref(), store.dtype(), prefix)
 }
 
-/// Runs a conv into a fresh pool tensor.
+/// Runs a conv into a fresh pool tensor of the weights' dtype (the model's
+/// activation dtype).
 pub fn conv(
     rec: &mut Recorder,
     x: &Tensor,
@@ -42,9 +43,21 @@ pub fn conv(
     prologue: Option<Prologue>,
     opts: &Conv2dOptions,
 ) -> Result<Tensor> {
+    conv_as(rec, x, w, prologue, opts, w.dtype())
+}
+
+/// [`conv`] into a tensor of `dtype`.
+pub fn conv_as(
+    rec: &mut Recorder,
+    x: &Tensor,
+    w: &Conv2dWeights,
+    prologue: Option<Prologue>,
+    opts: &Conv2dOptions,
+    dtype: DType,
+) -> Result<Tensor> {
     let [n, _, h, wd] = dims4(x)?;
     let (ho, wo) = conv2d::output_size(h, wd, w.k(), opts);
-    let out = Tensor::empty(rec.ctx(), &[n, w.cout(), ho, wo], DType::F32, "conv out")?;
+    let out = Tensor::empty(rec.ctx(), &[n, w.cout(), ho, wo], dtype, "conv out")?;
     conv2d::conv2d(rec, x, w, prologue, None, &out, opts)?;
     Ok(out)
 }

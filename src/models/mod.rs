@@ -13,7 +13,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::ImageRange;
-use crate::tensor::Tensor;
+use crate::tensor::{DType, Tensor};
 pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
@@ -30,6 +30,52 @@ pub struct LoadOptions {
     pub shift_factor: Option<f32>,
     /// Seed of the random weights of `preset:NAME`.
     pub seed: u64,
+    /// Storage dtype of weights and activations.
+    pub precision: Precision,
+}
+
+/// Storage precision of a model's weights and activations (arithmetic,
+/// GroupNorm statistics and softmax are f32 in all of them).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum Precision {
+    #[default]
+    F32,
+    F16,
+    BF16,
+    /// f16 for models known to stay in f16's range (the TAE family, the SD
+    /// 1.x VAE), bf16 for the others (SDXL's VAE overflows f16; the SD3 and
+    /// FLUX.1 VAEs are run upcast by diffusers).
+    Auto,
+}
+
+impl std::str::FromStr for Precision {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s {
+            "f32" => Ok(Precision::F32),
+            "f16" => Ok(Precision::F16),
+            "bf16" => Ok(Precision::BF16),
+            "auto" => Ok(Precision::Auto),
+            o => Err(Error::InvalidInput(format!(
+                "dtype `{o}`: expected f32, f16, bf16 or auto"
+            ))),
+        }
+    }
+}
+
+impl Precision {
+    /// The dtype for a model: `f16_safe` says whether its activations are
+    /// known to fit f16.
+    pub fn resolve(self, f16_safe: bool) -> DType {
+        match self {
+            Precision::F32 => DType::F32,
+            Precision::F16 => DType::F16,
+            Precision::BF16 => DType::BF16,
+            Precision::Auto if f16_safe => DType::F16,
+            Precision::Auto => DType::BF16,
+        }
+    }
 }
 
 /// The decoder behind a [`Vae`].
@@ -49,6 +95,12 @@ pub struct Vae {
     pub weights_bytes: u64,
     /// Process-unique id (memory plans are cached per model and shape).
     pub id: u64,
+    /// Storage dtype of weights and activations.
+    pub dtype: DType,
+    /// What was loaded, to load it again in another precision.
+    source: Option<(String, LoadOptions)>,
+    /// The same model in bf16, loaded on the first f16 overflow.
+    bf16_twin: std::sync::OnceLock<Box<Vae>>,
 }
 
 fn next_vae_id() -> u64 {
@@ -189,6 +241,7 @@ impl Vae {
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
         let before = ctx.pool().stats().allocated_bytes.current;
         let mut vae = Self::load_inner(ctx, spec, opts)?;
+        vae.source = Some((spec.to_string(), opts.clone()));
         vae.weights_bytes = ctx
             .pool()
             .stats()
@@ -207,6 +260,8 @@ impl Vae {
             } else {
                 WeightStore::random(opts.seed)
             };
+            let dtype = opts.precision.resolve(cfg.is_f16_safe());
+            store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
             return Ok(Vae {
                 decoder: Decoder::Kl(kl),
@@ -214,11 +269,16 @@ impl Vae {
                 random_weights: true,
                 weights_bytes: 0,
                 id: next_vae_id(),
+                dtype,
+                source: None,
+                bf16_twin: Default::default(),
             });
         }
         let (weights, config) = locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
         if store.layout() == Layout::Tae {
+            let dtype = opts.precision.resolve(true);
+            store.set_dtype(dtype);
             let tae = TaeDecoder::load(ctx, &store)?;
             return Ok(Vae {
                 name: format!("{} ({})", tae.variant_name(), weights.display()),
@@ -226,9 +286,14 @@ impl Vae {
                 random_weights: false,
                 weights_bytes: 0,
                 id: next_vae_id(),
+                dtype,
+                source: None,
+                bf16_twin: Default::default(),
             });
         }
         let cfg = resolve_config(&store, config.as_deref(), opts)?;
+        let dtype = opts.precision.resolve(cfg.is_f16_safe());
+        store.set_dtype(dtype);
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
         Ok(Vae {
             decoder: Decoder::Kl(kl),
@@ -240,7 +305,27 @@ impl Vae {
             random_weights: false,
             weights_bytes: 0,
             id: next_vae_id(),
+            dtype,
+            source: None,
+            bf16_twin: Default::default(),
         })
+    }
+
+    /// This model in bf16 (loaded once, on first use): where an f16 decode
+    /// overflowed. Weights are read again from the same source.
+    pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
+        if let Some(t) = self.bf16_twin.get() {
+            return Ok(t);
+        }
+        let (spec, opts) = self.source.as_ref().ok_or_else(|| {
+            Error::Unsupported("this model was not loaded from a file or preset".into())
+        })?;
+        let opts = LoadOptions {
+            precision: Precision::BF16,
+            ..opts.clone()
+        };
+        let twin = Box::new(Vae::load(ctx, spec, &opts)?);
+        Ok(self.bf16_twin.get_or_init(|| twin))
     }
 
     pub fn latent_channels(&self) -> usize {

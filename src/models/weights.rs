@@ -7,6 +7,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::tensor::DType;
 
 /// How the keys of a weight file are laid out.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
@@ -44,6 +45,8 @@ pub struct WeightStore {
     used: RefCell<BTreeSet<String>>,
     missing: RefCell<Vec<String>>,
     wrong_shape: RefCell<Vec<String>>,
+    /// Storage dtype of the convolution weights uploaded from this store.
+    dtype: std::cell::Cell<DType>,
 }
 
 fn bad(path: &Path, message: impl Into<String>) -> Error {
@@ -145,7 +148,17 @@ impl WeightStore {
             used: RefCell::default(),
             missing: RefCell::default(),
             wrong_shape: RefCell::default(),
+            dtype: std::cell::Cell::new(DType::F32),
         }
+    }
+
+    /// Storage dtype for the weights models load from here (f32 by default):
+    /// a model's activations take its weights' dtype.
+    pub fn set_dtype(&self, dtype: DType) {
+        self.dtype.set(dtype);
+    }
+    pub fn dtype(&self) -> DType {
+        self.dtype.get()
     }
 
     /// Weights already in host memory, keys in diffusers or TAE naming.
