@@ -75,6 +75,7 @@ impl VaeEncoder {
             } else {
                 WeightStore::random(opts.seed)
             };
+            store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
             return Ok(VaeEncoder {
                 encoder: EncoderKind::Kl(AutoencoderKlEncoder::load(ctx, &cfg, &store)?),
                 name: format!("{name} preset encoder (random weights, seed {})", opts.seed),
@@ -85,6 +86,7 @@ impl VaeEncoder {
         let (weights, config) = crate::models::locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
         if store.layout() == Layout::Tae {
+            store.set_dtype(opts.precision.resolve(true));
             let tae = TaeEncoder::load(ctx, &store)?;
             return Ok(VaeEncoder {
                 name: format!(
@@ -98,6 +100,7 @@ impl VaeEncoder {
             });
         }
         let cfg = crate::models::resolve_config(&store, config.as_deref(), opts)?;
+        store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
         Ok(VaeEncoder {
             encoder: EncoderKind::Kl(AutoencoderKlEncoder::load(ctx, &cfg, &store)?),
             name: format!(

@@ -12,11 +12,17 @@ use crate::decode::estimate_decode;
 use crate::error::{Error, Result};
 use crate::gpu::Capabilities;
 use crate::memory::Policy;
-use crate::models::LoadOptions;
+use crate::models::{LoadOptions, Precision};
 
 /// Report sizes (output pixels per side) and models, as in the PyTorch report.
 pub const SIZES: [usize; 5] = [512, 768, 1024, 1536, 2048];
-pub const MODELS: [(&str, &str); 3] = [("FLUX", "flux1"), ("SD15", "sd15"), ("SDXL", "sdxl")];
+pub const MODELS: [(&str, &str); 3] = [("FLUX", "flux1"), ("SD1.5", "sd15"), ("SDXL", "sdxl")];
+/// Storage dtypes, named as in the PyTorch report, with their precision and element bytes.
+pub const DTYPES: [(&str, Precision, f64); 3] = [
+    ("float32", Precision::F32, 4.0),
+    ("float16", Precision::F16, 2.0),
+    ("bfloat16", Precision::BF16, 2.0),
+];
 
 /// One PyTorch row of the reference CSV.
 #[derive(Clone, Debug, Serialize)]
@@ -87,11 +93,15 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
     for op in ["decode", "encode"] {
         for (model, preset) in MODELS {
             for size in SIZES {
+                for (dtype, precision, bytes) in DTYPES {
                 for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
                     let spec = format!("preset:{preset}");
                     let channels = if preset == "flux1" { 16 } else { 4 };
                     let l = size / 8;
-                    let load = LoadOptions::default();
+                    let load = LoadOptions {
+                        precision,
+                        ..Default::default()
+                    };
                     let estimate = match op {
                         "decode" => {
                             estimate_decode(caps, policy, &spec, &load, [1, channels, l, l])
@@ -107,13 +117,14 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                     let e = match estimate {
                         Ok(e) => e,
                         Err(e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. })) => {
-                            failed.push(format!("{model} {op} {size}² {}: {e}", policy.name()));
+                            failed.push(format!(
+                                "{model} {op} {size}² {dtype} {}: {e}",
+                                policy.name()
+                            ));
                             continue;
                         }
                         Err(e) => return Err(e),
                     };
-                    let dtype = "float32";
-                    let bytes = 4.0;
                     let py = pytorch.iter().find(|r| {
                         r.model == model && r.op == op && r.size == size && r.dtype == dtype
                     });
@@ -136,6 +147,7 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                         pytorch_reserved_mib: py.map(|r| r.reserved_mib),
                         working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
                     });
+                }
                 }
             }
         }
@@ -169,9 +181,15 @@ fn csv(rows: &[Row]) -> String {
     s
 }
 
-fn get<'a>(rows: &'a [Row], op: &str, model: &str, size: usize, policy: &str) -> Option<&'a Row> {
-    rows.iter()
-        .find(|r| r.op == op && r.model == model && r.size == size && r.policy == policy)
+fn get<'a>(
+    rows: &'a [Row],
+    (op, model, dtype): (&str, &str, &str),
+    size: usize,
+    policy: &str,
+) -> Option<&'a Row> {
+    rows.iter().find(|r| {
+        r.op == op && r.model == model && r.dtype == dtype && r.size == size && r.policy == policy
+    })
 }
 
 fn markdown(rows: &[Row], failed: &[String], header: &str) -> String {
@@ -181,19 +199,22 @@ fn markdown(rows: &[Row], failed: &[String], header: &str) -> String {
     s += "All wgvae figures are **predicted** by the estimator (a dry run of the real decode/encode code through the \
 chosen pool; `wgvae memory` gives the same numbers, and CI checks that real decodes and encodes measure exactly what it predicts). \
 PyTorch figures are the published RTX 4090 measurements (`torch.cuda.max_memory_allocated/reserved`), which \
-exclude the weights; ours include them, and the working-memory column subtracts them. f16/bf16 rows wait for f16 storage.\n\n";
-    for (op, model) in ["decode", "encode"]
-        .into_iter()
-        .flat_map(|op| MODELS.map(|(m, _)| (op, m)))
-    {
-        s += &format!("## {model} {op}, float32\n\n");
+exclude the weights; ours include them, and the working-memory column subtracts them. f16 and bf16 rows store \
+weights and activations in 16 bits (arithmetic, GroupNorm statistics and softmax stay f32).\n\n";
+    for (op, model, dtype) in ["decode", "encode"].into_iter().flat_map(|op| {
+        MODELS
+            .into_iter()
+            .flat_map(move |(m, _)| DTYPES.map(|(d, _, _)| (op, m, d)))
+    }) {
+        let key = (op, model, dtype);
+        s += &format!("## {model} {op}, {dtype}\n\n");
         s += "| size | PyTorch alloc MiB | PyTorch reserved MiB | PyTorch res/alloc | wgvae weights MiB | caching alloc / reserved MiB (ratio) | planned alloc / reserved MiB (ratio) | exact MiB | planned working vs PyTorch alloc | implied constant (planned) |\n";
         s += "|---|---|---|---|---|---|---|---|---|---|\n";
         for size in SIZES {
             let (Some(c), Some(p), Some(e)) = (
-                get(rows, op, model, size, "caching"),
-                get(rows, op, model, size, "planned"),
-                get(rows, op, model, size, "exact"),
+                get(rows, key, size, "caching"),
+                get(rows, key, size, "planned"),
+                get(rows, key, size, "exact"),
             ) else {
                 continue;
             };
@@ -242,7 +263,8 @@ fn findings(all: &[Row]) -> String {
     // Resolution scaling: working memory per 2× pixels.
     for (model, _) in MODELS {
         let w = |size| {
-            get(all, "decode", model, size, "planned").map(|r| r.peak_allocated_mib - r.weights_mib)
+            get(all, ("decode", model, "float32"), size, "planned")
+                .map(|r| r.peak_allocated_mib - r.weights_mib)
         };
         if let (Some(a), Some(b)) = (w(1024), w(2048)) {
             s += &format!("- {model} decode: working memory grows {:.2}× from 1024² to 2048² (4× the pixels): it is linear in pixels, as PyTorch's is.\n", b / a);
@@ -278,24 +300,35 @@ activation size needs fresh segments while the smaller cached ones sit idle; the
 then fragments what is reused.\n"
     );
     s += &format!("- The `planned` policy reserves {plo:.3}–{phi:.3}× allocated: lifetimes are known before the decode runs, so reserved memory is the peak of live tensors.\n");
-    let vs: Vec<f64> = rows
-        .iter()
-        .filter(|r| r.policy == "planned")
-        .filter_map(|r| r.working_vs_pytorch)
-        .collect();
-    if !vs.is_empty() {
-        let (lo, hi) = vs
+    for (dtype, _, _) in DTYPES {
+        let vs: Vec<f64> = rows
             .iter()
-            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-        s += &format!(
-            "- Planned working memory is {:.0}–{:.0} % of PyTorch's allocated peak at the same dtype (float32).\n",
-            lo * 100.0,
-            hi * 100.0
-        );
+            .filter(|r| r.policy == "planned" && r.dtype == dtype)
+            .filter_map(|r| r.working_vs_pytorch)
+            .collect();
+        if !vs.is_empty() {
+            let (lo, hi) = vs
+                .iter()
+                .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            s += &format!(
+                "- Planned {dtype} decodes: working memory is {:.0}–{:.0} % of PyTorch's allocated peak at the same dtype.\n",
+                lo * 100.0,
+                hi * 100.0
+            );
+        }
+    }
+    if let Some(r) = get(all, ("decode", "FLUX", "float16"), 1024, "planned") {
+        if let Some(py) = r.pytorch_allocated_mib {
+            let working = r.peak_allocated_mib - r.weights_mib;
+            s += &format!(
+                "- Target: FLUX.1 decode 1024² float16, planned: working memory {working:.1} MiB = {:.1} % of PyTorch's {py:.1} MiB (goal ≤ 50 %), without tiling.\n",
+                working / py * 100.0
+            );
+        }
     }
     let consts: Vec<f64> = rows
         .iter()
-        .filter(|r| r.policy == "planned")
+        .filter(|r| r.policy == "planned" && r.dtype == "float32")
         .map(|r| r.implied_constant)
         .collect();
     if !consts.is_empty() {
@@ -326,6 +359,15 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     let mut series: BTreeMap<String, Vec<(f64, f64)>> = BTreeMap::new();
     for r in rows.iter().filter(|r| r.model == model && r.op == "decode") {
         let mp = (r.size * r.size) as f64 / 1e6;
+        if r.dtype == "float16" && r.policy == "planned" {
+            series
+                .entry("wgvae planned allocated, float16".into())
+                .or_default()
+                .push((mp, r.peak_allocated_mib));
+        }
+        if r.dtype != "float32" {
+            continue;
+        }
         series
             .entry(format!("wgvae {} allocated", r.policy))
             .or_default()
@@ -350,7 +392,7 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     let series: Vec<(String, Vec<(f64, f64)>)> = series.into_iter().collect();
     line_chart(
         path,
-        &format!("{model} decode, float32: peak memory vs image size"),
+        &format!("{model} decode: peak memory vs image size (float32 unless marked)"),
         ("megapixels", "MiB"),
         &series,
     )
