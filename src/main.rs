@@ -269,6 +269,7 @@ struct MemoryArgs {
     size: String,
     #[arg(long, default_value_t = 1)]
     batch: usize,
+    /// Storage precision: f32, f16, bf16 or auto (as `wgvae decode --dtype`).
     #[arg(long, default_value = "f32")]
     dtype: String,
     #[arg(long, default_value = "planned")]
@@ -557,12 +558,10 @@ fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
 
 fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
     let policy: Policy = a.policy.parse()?;
-    if a.dtype != "f32" {
-        return Err(wgvae::Error::Unsupported(format!(
-            "--dtype {}: activations are f32 for now (f16/bf16 storage is a planned feature)",
-            a.dtype
-        )));
-    }
+    let load = LoadOptions {
+        precision: a.dtype.parse()?,
+        ..Default::default()
+    };
     let (h, w) = parse_size(&a.size)?;
     let caps = if a.reference_gpu {
         wgvae::gpu::Capabilities::reference_gpu()
@@ -571,26 +570,27 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
     };
     // The latent channel count comes from the model: load it once in a dry run.
     let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
-    let channels = Vae::load(&probe, &a.vae, &LoadOptions::default())?.latent_channels();
+    let probe = Vae::load(&probe, &a.vae, &load)?;
+    let (channels, dtype) = (probe.latent_channels(), probe.dtype.name());
     let shape = [a.batch, channels, h / 8, w / 8];
     let e = wgvae::decode::estimate_decode_with(
         &caps,
         policy,
         &a.vae,
-        &LoadOptions::default(),
+        &load,
         shape,
         &a.tiles.tiling()?,
     )?;
     if a.json {
         let mut v = serde_json::to_value(&e).unwrap_or_default();
         v["device"] = json!(caps.adapter_name);
-        v["dtype"] = json!(a.dtype);
+        v["dtype"] = json!(dtype);
         println!("{v}");
     } else {
         let mib = |b: u64| b as f64 / 1048576.0;
         println!(
             "{} decode {}x{} ×{} ({}, {} policy) on {}:",
-            e.model, h, w, a.batch, a.dtype, e.policy, caps.adapter_name
+            e.model, h, w, a.batch, dtype, e.policy, caps.adapter_name
         );
         println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
         println!(

@@ -5,12 +5,25 @@
 use wgvae::decode::estimate_decode;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
+use wgvae::models::Precision;
 use wgvae::testing::{shared_dir, test_context};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
 
 struct Case {
     spec: String,
     latents: HostTensor,
+    load: LoadOptions,
+}
+
+fn in_precision(c: &Case, precision: Precision) -> Case {
+    Case {
+        spec: c.spec.clone(),
+        latents: c.latents.clone(),
+        load: LoadOptions {
+            precision,
+            ..Default::default()
+        },
+    }
 }
 
 fn cases() -> Vec<Case> {
@@ -21,18 +34,24 @@ fn cases() -> Vec<Case> {
             wgvae::testing::rand_vec(4 * 8 * 6, 3, 1.0),
         )
         .unwrap(),
+        load: LoadOptions::default(),
     }];
+    v.push(in_precision(&v[0], Precision::F16));
     if let Some(s) = shared_dir() {
         let g = s.join("golden/aekl-tiny-sd");
         v.push(Case {
             spec: g.to_str().unwrap().into(),
             latents: read_npy(&g.join("latents.npy")).unwrap(),
+            load: LoadOptions::default(),
         });
+        v.push(in_precision(v.last().unwrap(), Precision::F16));
         let f = s.join("golden/aekl-tiny-flux");
         v.push(Case {
             spec: f.to_str().unwrap().into(),
             latents: read_npy(&f.join("latents.npy")).unwrap(),
+            load: LoadOptions::default(),
         });
+        v.push(in_precision(v.last().unwrap(), Precision::BF16));
         let t = s.join("golden/taef2/chelsea.latents.npy");
         let mut lat = read_npy(&t).unwrap();
         // A crop keeps the test fast: 1×32×12×10.
@@ -53,7 +72,9 @@ fn cases() -> Vec<Case> {
                 .unwrap()
                 .into(),
             latents: lat,
+            load: LoadOptions::default(),
         });
+        v.push(in_precision(v.last().unwrap(), Precision::F16));
     }
     v
 }
@@ -66,28 +87,22 @@ fn estimate_equals_measured_for_every_policy() {
         let mut outputs = Vec::new();
         for policy in Policy::ALL {
             let ctx = base.with_pool(policy.new_pool());
-            let vae = Vae::load(&ctx, &case.spec, &LoadOptions::default()).unwrap();
+            let vae = Vae::load(&ctx, &case.spec, &case.load).unwrap();
             let opts = DecodeOptions {
                 raw_latents: true,
                 keep_raw: true,
                 ..Default::default()
             };
             let real = decode(&ctx, &vae, &case.latents, &opts).unwrap();
-            let est = estimate_decode(
-                ctx.caps(),
-                policy,
-                &case.spec,
-                &LoadOptions::default(),
-                shape,
-            )
-            .unwrap();
+            let est = estimate_decode(ctx.caps(), policy, &case.spec, &case.load, shape).unwrap();
             let (a, r) = (
                 real.memory.allocated_bytes.peak,
                 real.memory.reserved_bytes.peak,
             );
             println!(
-                "{} {}: weights {} B, peak allocated {a} B (predicted {}), reserved {r} B (predicted {}), ratio {:.3}",
+                "{} {:?} {}: weights {} B, peak allocated {a} B (predicted {}), reserved {r} B (predicted {}), ratio {:.3}",
                 case.spec,
+                case.load.precision,
                 policy.name(),
                 vae.weights_bytes,
                 est.peak_allocated_bytes,

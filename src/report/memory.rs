@@ -94,60 +94,63 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
         for (model, preset) in MODELS {
             for size in SIZES {
                 for (dtype, precision, bytes) in DTYPES {
-                for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
-                    let spec = format!("preset:{preset}");
-                    let channels = if preset == "flux1" { 16 } else { 4 };
-                    let l = size / 8;
-                    let load = LoadOptions {
-                        precision,
-                        ..Default::default()
-                    };
-                    let estimate = match op {
-                        "decode" => {
-                            estimate_decode(caps, policy, &spec, &load, [1, channels, l, l])
-                        }
-                        _ => crate::encode::estimate_encode(
-                            caps,
-                            policy,
-                            &spec,
-                            &load,
-                            [1, 3, size, size],
-                        ),
-                    };
-                    let e = match estimate {
-                        Ok(e) => e,
-                        Err(e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. })) => {
-                            failed.push(format!(
-                                "{model} {op} {size}² {dtype} {}: {e}",
-                                policy.name()
-                            ));
-                            continue;
-                        }
-                        Err(e) => return Err(e),
-                    };
-                    let py = pytorch.iter().find(|r| {
-                        r.model == model && r.op == op && r.size == size && r.dtype == dtype
-                    });
-                    let weights = e.weights_bytes as f64 / MIB;
-                    let alloc = e.peak_allocated_bytes as f64 / MIB;
-                    let reserved = e.peak_reserved_bytes as f64 / MIB;
-                    rows.push(Row {
-                        model: model.into(),
-                        op: op.into(),
-                        size,
-                        dtype: dtype.into(),
-                        policy: policy.name().into(),
-                        source: "predicted".into(),
-                        weights_mib: weights,
-                        peak_allocated_mib: alloc,
-                        peak_reserved_mib: reserved,
-                        reserved_over_allocated: reserved / alloc,
-                        implied_constant: (alloc - weights) * MIB / ((size * size) as f64 * bytes),
-                        pytorch_allocated_mib: py.map(|r| r.allocated_mib),
-                        pytorch_reserved_mib: py.map(|r| r.reserved_mib),
-                        working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
-                    });
-                }
+                    for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
+                        let spec = format!("preset:{preset}");
+                        let channels = if preset == "flux1" { 16 } else { 4 };
+                        let l = size / 8;
+                        let load = LoadOptions {
+                            precision,
+                            ..Default::default()
+                        };
+                        let estimate = match op {
+                            "decode" => {
+                                estimate_decode(caps, policy, &spec, &load, [1, channels, l, l])
+                            }
+                            _ => crate::encode::estimate_encode(
+                                caps,
+                                policy,
+                                &spec,
+                                &load,
+                                [1, 3, size, size],
+                            ),
+                        };
+                        let e = match estimate {
+                            Ok(e) => e,
+                            Err(
+                                e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. }),
+                            ) => {
+                                failed.push(format!(
+                                    "{model} {op} {size}² {dtype} {}: {e}",
+                                    policy.name()
+                                ));
+                                continue;
+                            }
+                            Err(e) => return Err(e),
+                        };
+                        let py = pytorch.iter().find(|r| {
+                            r.model == model && r.op == op && r.size == size && r.dtype == dtype
+                        });
+                        let weights = e.weights_bytes as f64 / MIB;
+                        let alloc = e.peak_allocated_bytes as f64 / MIB;
+                        let reserved = e.peak_reserved_bytes as f64 / MIB;
+                        rows.push(Row {
+                            model: model.into(),
+                            op: op.into(),
+                            size,
+                            dtype: dtype.into(),
+                            policy: policy.name().into(),
+                            source: "predicted".into(),
+                            weights_mib: weights,
+                            peak_allocated_mib: alloc,
+                            peak_reserved_mib: reserved,
+                            reserved_over_allocated: reserved / alloc,
+                            implied_constant: (alloc - weights) * MIB
+                                / ((size * size) as f64 * bytes),
+                            pytorch_allocated_mib: py.map(|r| r.allocated_mib),
+                            pytorch_reserved_mib: py.map(|r| r.reserved_mib),
+                            working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
+                        });
+                    }
                 }
             }
         }
