@@ -41,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{read_back, Capabilities, Context, Recorder};
 use crate::kernels::attention::attention;
 use crate::kernels::attention_stream::{attention_block, BlockRole};
-use crate::kernels::conv2d::{conv2d, Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::elementwise::{unary, Unary};
 use crate::kernels::group_norm::{group_norm_combine, group_norm_partials, partial_slots};
 use crate::kernels::image::{to_rgba8, ImageRange};
@@ -463,6 +463,11 @@ pub(crate) struct ConvSpec<'a> {
     pub prologue: Option<(&'a Tensor, Activation)>,
     /// Nearest 2× upsample before a 3×3 conv.
     pub upsample: bool,
+    /// 1, or 2 for a downsampling conv.
+    pub stride: usize,
+    /// Zero padding of the whole image (top, left, bottom, right); `None`:
+    /// `k / 2` on every side.
+    pub pad: Option<[u32; 4]>,
     /// Applied to each output tile after the residual add.
     pub epilogue: Option<Unary>,
     /// Gather statistics of this norm over the output.
@@ -475,6 +480,8 @@ impl<'a> ConvSpec<'a> {
             w,
             prologue: None,
             upsample: false,
+            stride: 1,
+            pad: None,
             epilogue: None,
             stats: None,
         }
@@ -486,6 +493,21 @@ impl<'a> ConvSpec<'a> {
     pub(crate) fn upsample(mut self) -> Self {
         self.upsample = true;
         self
+    }
+    /// A stride-2 conv over the image zero-padded by `pad` (top, left,
+    /// bottom, right): diffusers' Downsample2D pads (0, 0, 1, 1), TAE (1, 1, 1, 1).
+    pub(crate) fn downsample(mut self, pad: [u32; 4]) -> Self {
+        self.stride = 2;
+        self.pad = Some(pad);
+        self
+    }
+    /// Whole-image geometry of the layer.
+    fn options(&self) -> Conv2dOptions {
+        Conv2dOptions {
+            stride: self.stride as u32,
+            pad: self.pad.unwrap_or([self.w.k() as u32 / 2; 4]),
+            upsample: self.upsample,
+        }
     }
     pub(crate) fn epilogue(mut self, f: Unary) -> Self {
         self.epilogue = Some(f);
@@ -819,31 +841,22 @@ impl Executor {
                 (oy, ox),
                 (oh, ow),
             )
-        } else if k == 1 {
-            (r, [0; 4], (0, 0), (r.h, r.w))
         } else {
-            let h = k / 2;
-            let y0 = r.y.saturating_sub(h);
-            let x0 = r.x.saturating_sub(h);
-            let y1 = (r.bottom() + h).min(x.h);
-            let x1 = (r.right() + h).min(x.w);
-            let pad = [
-                (h - (r.y - y0)) as u32,
-                (h - (r.x - x0)) as u32,
-                (h - (y1 - r.bottom())) as u32,
-                (h - (x1 - r.right())) as u32,
-            ];
+            let whole = spec.options();
+            let s = spec.stride;
+            let [pt, pl, ..] = whole.pad;
+            let (y0, y1, pt, pb) = conv_span(r.y, r.bottom(), x.h, k, s, pt as usize);
+            let (x0, x1, pl, pr) = conv_span(r.x, r.right(), x.w, k, s, pl as usize);
             (
                 Window::new(y0, x0, y1 - y0, x1 - x0),
-                pad,
+                [pt, pl, pb, pr],
                 (0, 0),
                 (r.h, r.w),
             )
         };
         let opts = Conv2dOptions {
-            stride: 1,
             pad,
-            upsample: spec.upsample,
+            ..spec.options()
         };
         let input = self.read_window(x, win)?;
         let prologue = spec.prologue.map(|(affine, act)| Prologue { affine, act });
@@ -901,8 +914,13 @@ impl Executor {
         spec: ConvSpec,
         mut residual: Residual,
     ) -> Result<(Act, Option<Tensor>)> {
-        let up = if spec.upsample { 2 } else { 1 };
-        let mut out = self.empty_act(x.n, spec.w.cout(), x.h * up, x.w * up, DType::F32);
+        let (oh, ow) = output_size(x.h, x.w, spec.w.k(), &spec.options());
+        if spec.stride != 1 && !matches!(residual, Residual::None) {
+            return Err(Error::Unsupported(
+                "tiled residual add after a strided conv".into(),
+            ));
+        }
+        let mut out = self.empty_act(x.n, spec.w.cout(), oh, ow, DType::F32);
         if let Residual::Take(res) = &residual {
             if res.grid != out.grid || res.c != out.c || res.n != out.n {
                 return Err(Error::shape(
@@ -1196,6 +1214,27 @@ fn upsample_span(o0: usize, o1: usize, n: usize) -> (usize, usize, u32, u32, usi
     (a, b, before as u32, after as u32, o0 - first, len)
 }
 
+/// For a conv with kernel `k` and stride `s` over an `n`-long axis zero-padded
+/// by `pad_before` (and as much after as the whole-image conv has), output
+/// span `[o0, o1)`: the input span `[a, b)` it reads and the zero padding
+/// before and after it. Inside the image the halo is real data, so the
+/// conv of the padded span is the whole-image conv restricted to the span.
+fn conv_span(
+    o0: usize,
+    o1: usize,
+    n: usize,
+    k: usize,
+    s: usize,
+    pad_before: usize,
+) -> (usize, usize, u32, u32) {
+    // Output j reads padded rows [s·j, s·j + k), i.e. input rows shifted by pad_before.
+    let lo = (s * o0) as isize - pad_before as isize;
+    let hi = (s * (o1 - 1) + k) as isize - pad_before as isize;
+    let a = lo.max(0) as usize;
+    let b = (hi.min(n as isize) as usize).max(a);
+    (a, b, (a as isize - lo) as u32, (hi - b as isize) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1223,6 +1262,53 @@ mod tests {
         }
         let g = Grid::new(40, 48, Some(16));
         assert_eq!(g.overlapping(&Window::new(15, 15, 2, 2)), vec![0, 1, 3, 4]);
+    }
+
+    /// 1-D conv of `x` zero-padded by (`before`, `after`) with kernel `kern`, stride `s`.
+    fn conv1d(x: &[f32], kern: &[f32], s: usize, before: usize, after: usize) -> Vec<f32> {
+        let mut p = vec![0.0; before];
+        p.extend_from_slice(x);
+        p.extend(std::iter::repeat_n(0.0, after));
+        let k = kern.len();
+        (0..)
+            .map(|j| s * j)
+            .take_while(|&i| i + k <= p.len())
+            .map(|i| (0..k).map(|t| p[i + t] * kern[t]).sum())
+            .collect()
+    }
+
+    /// Every output span of stride-1 and stride-2 convs (same padding,
+    /// diffusers' (0, 1) and TAE's (1, 1) downsampling padding), computed
+    /// from the span `conv_span` names with its padding, equals the
+    /// whole-axis conv there: the halo rule the tiled encoder relies on.
+    #[test]
+    fn conv_spans_reproduce_the_whole_conv() {
+        let kern3 = [0.5f32, -1.25, 2.0];
+        for n in 1..=13usize {
+            let x: Vec<f32> = (0..n).map(|i| (i * 7 % 5) as f32 - 1.5).collect();
+            for (k, s, before, after) in [
+                (1, 1, 0, 0),
+                (3, 1, 1, 1),
+                (3, 2, 0, 1),
+                (3, 2, 1, 1),
+            ] {
+                let kern = &kern3[..k];
+                let whole = conv1d(&x, kern, s, before, after);
+                for o0 in 0..whole.len() {
+                    for o1 in o0 + 1..=whole.len() {
+                        let (a, b, pb, pa) = conv_span(o0, o1, n, k, s, before);
+                        assert!(a <= b && b <= n);
+                        assert!(pb as usize <= before && pa as usize <= after);
+                        let part = conv1d(&x[a..b], kern, s, pb as usize, pa as usize);
+                        assert_eq!(
+                            part,
+                            whole[o0..o1],
+                            "n {n} k {k} s {s} pad ({before}, {after}) [{o0}, {o1})"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// The upsample span covers exactly the output rows the tile needs.
