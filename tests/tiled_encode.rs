@@ -288,3 +288,112 @@ fn fast_tiles_blend_like_diffusers() {
     println!("fast 32-px tiles, overlap 8: max abs vs untiled {seam:.3} (independent tiles)");
     assert!(seam > 1e-3, "independent tiles cannot equal the whole encode");
 }
+
+/// `wgvae encode --tile exact --tile-size 40 --json` reports its tiling and
+/// writes the untiled encode's latents; `wgvae memory --encode` predicts it.
+#[test]
+fn cli_encode_tiles_and_memory_predicts_encodes() {
+    let Some(shared) = shared() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let image = dir.join("encode_input.png");
+    let out = std::env::temp_dir().join(format!("wgvae-tiled-enc-{}.npy", std::process::id()));
+    let wgvae = |args: &[&str]| {
+        let o = std::process::Command::new(env!("CARGO_BIN_EXE_wgvae"))
+            .args(args)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .expect("run wgvae");
+        let stderr = String::from_utf8_lossy(&o.stderr).into_owned();
+        assert!(o.status.success(), "{args:?}: {stderr}");
+        let stdout = String::from_utf8_lossy(&o.stdout).into_owned();
+        serde_json::from_str::<serde_json::Value>(stdout.trim())
+            .unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"))
+    };
+    let vae = dir.to_str().unwrap();
+    let v = wgvae(&[
+        "encode",
+        image.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        out.to_str().unwrap(),
+        "--tile",
+        "exact",
+        "--tile-size",
+        "40",
+        "--json",
+    ]);
+    assert_eq!(v["tiling"]["mode"], "exact", "{v}");
+    assert_eq!(v["tiling"]["tiles"], 12, "{v}");
+    let written = read_npy(&out).unwrap();
+    let ctx = test_context();
+    let enc = VaeEncoder::load(&ctx, vae, &LoadOptions::default()).unwrap();
+    let img = load_image(&image, false).unwrap();
+    let opts = EncodeOptions {
+        tiling: Tiling::off(),
+        ..Default::default()
+    };
+    let whole = encode(&ctx, &enc, &img, &opts).unwrap();
+    let (err, _) = max_abs_diff(&written.data, &whole.latents.data);
+    assert!(err <= 1e-4, "CLI tiled vs untiled latents: {err}");
+    let m = wgvae(&[
+        "memory",
+        "--encode",
+        "--vae",
+        vae,
+        "--size",
+        "96x128",
+        "--tile",
+        "exact",
+        "--tile-size",
+        "40",
+        "--json",
+    ]);
+    assert_eq!(m["op"], "encode", "{m}");
+    assert_eq!(m["tiling"]["mode"], "exact", "{m}");
+    assert_eq!(m["latents_shape"], serde_json::json!([1, 4, 12, 16]), "{m}");
+    let _ = std::fs::remove_file(&out);
+}
+
+/// The SD1.5 preset encoder (random weights) at 256² on this device:
+/// untiled vs `auto` under a budget of a third of the untiled working
+/// memory. Slow on lavapipe (about a minute):
+/// `cargo test --test tiled_encode sd15_encode_peak -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn sd15_encode_peak_untiled_vs_tiled() {
+    let ctx = test_context().with_pool(Policy::Planned.new_pool());
+    let enc = VaeEncoder::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
+    let img = random_image(256, 256, 21);
+    let time = |tiling: Tiling| {
+        let t = std::time::Instant::now();
+        let out = run(&ctx, &enc, &img, tiling);
+        (t.elapsed().as_secs_f64(), out)
+    };
+    let (tw, whole) = time(Tiling::off());
+    let untiled = whole.memory.allocated_bytes.peak;
+    let budget = enc.weights_bytes + (untiled - enc.weights_bytes) / 3;
+    let (tt, tiled) = time(Tiling::default().with_max_memory(budget));
+    let t = &tiled.tiling;
+    let peak = tiled.memory.allocated_bytes.peak;
+    let mib = |b: u64| b as f64 / 1048576.0;
+    println!(
+        "sd15 encode 256² on {} (planned pool): weights {:.1} MiB; untiled peak allocated {:.1} MiB in {tw:.1} s; \
+         auto under {:.1} MiB: {} {}-px tiles {:?}, peak allocated {:.1} MiB in {tt:.1} s, host parking {:.1} MiB; max abs vs untiled {:.2e}",
+        ctx.caps().adapter_name,
+        mib(enc.weights_bytes),
+        mib(untiled),
+        mib(budget),
+        t.mode,
+        t.tile_size.unwrap_or(0),
+        t.level_tiles,
+        mib(peak),
+        mib(t.host_parked_peak_bytes),
+        diff(&tiled, &whole)
+    );
+    assert_eq!(t.mode, "exact");
+    assert!(peak <= budget);
+}
