@@ -145,7 +145,10 @@ fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
 /// fresh pool of the same policy; for planned pools, the traced peak with
 /// sizes rounded as a replay rounds them (an upper bound when the decode is
 /// too long to plan).
-pub(crate) fn dry_peak_of<T>(ctx: &Context, run: impl FnOnce(&Context) -> Result<T>) -> Result<(u64, T)> {
+pub(crate) fn dry_peak_of<T>(
+    ctx: &Context,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<(u64, T)> {
     if ctx.pool().policy_name() == Policy::Planned.name() {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
@@ -240,7 +243,7 @@ fn choose_strategy(
             let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), up);
             loop {
                 let overlap = tiling.overlap.unwrap_or(px / 4 / up * up);
-                if overlap % up != 0 || overlap >= px {
+                if !overlap.is_multiple_of(up) || overlap >= px {
                     return Err(Error::InvalidInput(format!(
                         "--tile-overlap {overlap}: must be a multiple of {up} below the tile size {px}"
                     )));
@@ -476,10 +479,10 @@ fn run_exact(
     let (rgba, raw) = vae.forward_tiled(&mut ex, input, keep_raw)?;
     let (height, width) = (rgba.h, rgba.w);
     let raw = match raw {
-        Some(r) => ex.to_host(r)?,
+        Some(r) => ex.gather_host(r)?,
         None => None,
     };
-    let rgba = ex.to_host(rgba)?;
+    let rgba = ex.gather_host(rgba)?;
     let report = ex.finish()?;
     Ok(ExactOutput {
         rgba,
@@ -1071,6 +1074,20 @@ pub fn with_decode_plan<T>(
     out
 }
 
+/// For a planned pool: traces `record` (recorded with one recorder) once in a
+/// dry run and installs its plan; `None` when the trace is too long to plan.
+pub(crate) fn ensure_recorded_plan<T>(
+    ctx: &Context,
+    planned: &PlannedPool,
+    key: String,
+    record: impl FnOnce(&mut Recorder) -> Result<T>,
+) -> Result<Option<String>> {
+    ensure_plan_with(ctx, planned, key, |dry| {
+        let mut rec = Recorder::new(dry);
+        record(&mut rec).map(|_| ())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1099,18 +1116,4 @@ mod tests {
         blend_h(&b, &mut c, 1, 4);
         assert_eq!(c.data, vec![1.0, 0.5, 0.5, 0.25, 0.0, 0.0]);
     }
-}
-
-/// For a planned pool: traces `record` (recorded with one recorder) once in a
-/// dry run and installs its plan; `None` when the trace is too long to plan.
-pub(crate) fn ensure_recorded_plan<T>(
-    ctx: &Context,
-    planned: &PlannedPool,
-    key: String,
-    record: impl FnOnce(&mut Recorder) -> Result<T>,
-) -> Result<Option<String>> {
-    ensure_plan_with(ctx, planned, key, |dry| {
-        let mut rec = Recorder::new(dry);
-        record(&mut rec).map(|_| ())
-    })
 }

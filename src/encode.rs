@@ -28,6 +28,8 @@ use crate::tiling::{
 };
 
 /// The encoder behind a [`VaeEncoder`].
+// One per loaded model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum EncoderKind {
     Kl(AutoencoderKlEncoder),
     Tae(TaeEncoder),
@@ -269,12 +271,9 @@ fn encode_untiled(
 ) -> Result<(HostTensor, MemoryStats, TilingReport)> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let key = match planned {
-        Some(p) => ensure_recorded_plan(
-            ctx,
-            p,
-            format!("enc{}:{:?}", enc.id, x.shape),
-            |rec| record_encode(rec, enc, x),
-        )?,
+        Some(p) => ensure_recorded_plan(ctx, p, format!("enc{}:{:?}", enc.id, x.shape), |rec| {
+            record_encode(rec, enc, x)
+        })?,
         None => None,
     };
     ctx.pool().reset_peak_stats();
@@ -300,7 +299,11 @@ fn encode_untiled(
         steps: 1,
         ..Default::default()
     };
-    Ok((HostTensor::new(out.shape().to_vec(), values)?, memory, report))
+    Ok((
+        HostTensor::new(out.shape().to_vec(), values)?,
+        memory,
+        report,
+    ))
 }
 
 fn choose_strategy(
@@ -329,7 +332,7 @@ fn choose_strategy(
             let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), scale);
             loop {
                 let overlap = tiling.overlap.unwrap_or(px / 4 / scale * scale);
-                if overlap % scale != 0 || overlap >= px {
+                if !overlap.is_multiple_of(scale) || overlap >= px {
                     return Err(Error::InvalidInput(format!(
                         "--tile-overlap {overlap}: must be a multiple of {scale} below the tile size {px}"
                     )));
@@ -406,7 +409,7 @@ fn run_exact(
         EncoderKind::Tae(t) => t.forward_tiled(&mut ex, image)?,
     };
     let shape = [out.n, out.c, out.h, out.w];
-    let data = ex.to_host(out)?;
+    let data = ex.gather_host(out)?;
     Ok((shape, data, ex.finish()?))
 }
 
@@ -502,12 +505,11 @@ fn encode_fast(
         for (ci, &j) in cols.iter().enumerate() {
             let xt = crop(x, i, (i + px).min(h), j, (j + px).min(w));
             let key = match planned {
-                Some(p) => ensure_recorded_plan(
-                    ctx,
-                    p,
-                    format!("enc{}:{:?}", enc.id, xt.shape),
-                    |rec| record_encode(rec, enc, &xt),
-                )?,
+                Some(p) => {
+                    ensure_recorded_plan(ctx, p, format!("enc{}:{:?}", enc.id, xt.shape), |rec| {
+                        record_encode(rec, enc, &xt)
+                    })?
+                }
                 None => None,
             };
             let mut rec = Recorder::new(ctx);
@@ -579,7 +581,11 @@ fn encode_fast(
         host_parked_peak_bytes: held_peak,
         ..Default::default()
     };
-    Ok((HostTensor::new(vec![n, channels, lh, lw], data)?, memory, report))
+    Ok((
+        HostTensor::new(vec![n, channels, lh, lw], data)?,
+        memory,
+        report,
+    ))
 }
 
 /// Latents from the encoder output: TAE outputs are the latents;

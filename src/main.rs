@@ -1,6 +1,6 @@
 //! The `wgvae` command line: thin — parses, calls the library, prints.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -609,8 +609,8 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
 
 fn report_memory(
     cli_adapter: &Option<String>,
-    out: &PathBuf,
-    reference: &PathBuf,
+    out: &Path,
+    reference: &Path,
     this_device: bool,
 ) -> wgvae::Result<()> {
     let caps = if this_device {
@@ -618,7 +618,7 @@ fn report_memory(
     } else {
         wgvae::gpu::Capabilities::reference_gpu()
     };
-    let reference = reference.exists().then_some(reference.as_path());
+    let reference = reference.exists().then_some(reference);
     let header = format!(
         "Predicted for: {} (max binding {} MiB, max buffer {} MiB). wgvae {} ({}), {}.",
         caps.adapter_name,
@@ -647,7 +647,7 @@ fn bench_decode(
     warmup: usize,
     runs: usize,
     policy: &str,
-    out: &PathBuf,
+    out: &Path,
 ) -> wgvae::Result<()> {
     if let Some(d) = dtypes.iter().find(|d| d.as_str() != "f32") {
         return Err(wgvae::Error::Unsupported(format!(

@@ -1145,7 +1145,7 @@ impl Executor {
 
     /// Gathers an activation in host memory (`None` in dry runs): one
     /// read-back of its device tiles, host tiles copied.
-    pub(crate) fn to_host(&mut self, act: Act) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn gather_host(&mut self, act: Act) -> Result<Option<Vec<u8>>> {
         self.submit()?;
         let whole = Window::new(0, 0, act.h, act.w);
         let device: Vec<usize> = (0..act.pieces.len())
@@ -1286,12 +1286,7 @@ mod tests {
         let kern3 = [0.5f32, -1.25, 2.0];
         for n in 1..=13usize {
             let x: Vec<f32> = (0..n).map(|i| (i * 7 % 5) as f32 - 1.5).collect();
-            for (k, s, before, after) in [
-                (1, 1, 0, 0),
-                (3, 1, 1, 1),
-                (3, 2, 0, 1),
-                (3, 2, 1, 1),
-            ] {
+            for (k, s, before, after) in [(1, 1, 0, 0), (3, 1, 1, 1), (3, 2, 0, 1), (3, 2, 1, 1)] {
                 let kern = &kern3[..k];
                 let whole = conv1d(&x, kern, s, before, after);
                 for o0 in 0..whole.len() {

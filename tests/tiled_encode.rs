@@ -107,7 +107,10 @@ fn exact_matches_untiled_aekl_tiny_sd() {
         t.tiles
     );
     assert!(err <= 1e-4, "tiled vs untiled {err}");
-    assert!(gm <= 1e-3 && gs <= 1e-3, "vs diffusers: mean {gm}, std {gs}");
+    assert!(
+        gm <= 1e-3 && gs <= 1e-3,
+        "vs diffusers: mean {gm}, std {gs}"
+    );
 }
 
 /// TAEF2 encoder on the chelsea photo (288×448): 120-px tiles, 3×4 per
@@ -195,7 +198,10 @@ fn auto_tiles_under_a_small_budget_and_lowers_the_peak() {
     );
     assert_eq!(t.mode, "exact");
     assert!(t.tiles > 1);
-    assert!(peak <= budget && peak < untiled_peak, "{peak} vs {untiled_peak}");
+    assert!(
+        peak <= budget && peak < untiled_peak,
+        "{peak} vs {untiled_peak}"
+    );
     assert!(err <= 1e-4, "{err}");
     // `off` ignores the budget.
     let off = run(&ctx, &enc, &img, Tiling::off().with_max_memory(budget));
@@ -220,7 +226,10 @@ fn tiled_encode_estimate_matches_measured() {
     for policy in Policy::ALL {
         let ctx = base.with_pool(policy.new_pool());
         let enc = VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
-        let untiled = run(&ctx, &enc, &img, Tiling::off()).memory.allocated_bytes.peak;
+        let untiled = run(&ctx, &enc, &img, Tiling::off())
+            .memory
+            .allocated_bytes
+            .peak;
         let budget = enc.weights_bytes + (untiled - enc.weights_bytes) / 4;
         let mut tiling = Tiling::exact().with_max_memory(budget);
         tiling.tile_mid_block = true;
@@ -280,13 +289,20 @@ fn fast_tiles_blend_like_diffusers() {
     for c in 0..4 {
         for y in 0..3 {
             for x in 0..3 {
-                assert_eq!(m[(c * 6 + y) * 8 + x], f[(c * 4 + y) * 4 + x], "c {c} ({y}, {x})");
+                assert_eq!(
+                    m[(c * 6 + y) * 8 + x],
+                    f[(c * 4 + y) * 4 + x],
+                    "c {c} ({y}, {x})"
+                );
             }
         }
     }
     let seam = diff(&fast, &whole);
     println!("fast 32-px tiles, overlap 8: max abs vs untiled {seam:.3} (independent tiles)");
-    assert!(seam > 1e-3, "independent tiles cannot equal the whole encode");
+    assert!(
+        seam > 1e-3,
+        "independent tiles cannot equal the whole encode"
+    );
 }
 
 /// `wgvae encode --tile exact --tile-size 40 --json` reports its tiling and

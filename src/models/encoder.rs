@@ -191,9 +191,7 @@ impl AutoencoderKlEncoder {
                 KlStage::Resnet(r) => r.forward_tiled(ex, x, need(a)?, next(i + 1))?,
                 KlStage::Attention(at) => at.forward_tiled(ex, x, need(a)?, next(i + 1))?,
                 KlStage::Down(w) => {
-                    let spec = ConvSpec::new(w)
-                        .downsample(KL_DOWN_PAD)
-                        .stats(next(i + 1));
+                    let spec = ConvSpec::new(w).downsample(KL_DOWN_PAD).stats(next(i + 1));
                     ex.conv(&x, spec, Residual::None)?
                 }
             };
@@ -218,6 +216,8 @@ pub struct TaeEncoder {
     conv_out: Conv2dWeights,
 }
 
+// Built once per model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum TaeLayer {
     Down(Conv2dWeights),
     Block(Block),
@@ -303,6 +303,8 @@ impl TaeEncoder {
                 TaeLayer::Block(b) => b.forward_tiled(ex, x, &relu)?,
             };
         }
-        Ok(ex.conv(&x, ConvSpec::new(&self.conv_out), Residual::None)?.0)
+        Ok(ex
+            .conv(&x, ConvSpec::new(&self.conv_out), Residual::None)?
+            .0)
     }
 }

@@ -124,6 +124,8 @@ impl Block {
     }
 }
 
+// Built once per model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Layer {
     Block(Block),
     /// Nearest 2× upsample fused into a bias-free conv.
