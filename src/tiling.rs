@@ -22,6 +22,11 @@
 //! pixels so tiles nest across levels; a level smaller than its tile runs
 //! whole.
 //!
+//! Encoders run on the same executor in the other direction (image → latent
+//! level): a stride-2 conv reads the input span [`conv_span`] names for its
+//! output tile (halo plus the whole-image padding where the tile touches a
+//! border, e.g. diffusers' asymmetric (0, 1, 0, 1) pad).
+//!
 //! # Memory
 //! `max_memory` bounds the pool's peak *allocated* bytes of the whole decode,
 //! weights included. The plan is found with dry runs of the same code
@@ -96,23 +101,24 @@ impl std::str::FromStr for TileMode {
 /// Default tile side of `fast` mode in output pixels (diffusers' SD default).
 pub const FAST_DEFAULT_TILE: usize = 512;
 
-/// Tiling options of a decode (a field of [`crate::DecodeOptions`]).
+/// Tiling options of a decode or encode (a field of [`crate::DecodeOptions`]
+/// and [`crate::encode::EncodeOptions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tiling {
     pub mode: TileMode,
-    /// Tile side in output pixels, rounded up to a multiple of the decoder's
-    /// upscale (8). `None`: the largest that fits `max_memory` (exact, auto),
+    /// Tile side in image pixels (decode output, encode input), rounded up
+    /// to a multiple of the model's scale (8). `None`: the largest that fits `max_memory` (exact, auto),
     /// [`FAST_DEFAULT_TILE`] (fast).
     pub tile_size: Option<usize>,
-    /// `fast` only: overlap of neighbouring tiles in output pixels, a
+    /// `fast` only: overlap of neighbouring tiles in image pixels, a
     /// multiple of 8 below the tile size (default a quarter of the tile, as
     /// diffusers). Exact tiles need no overlap: their halos are exact.
     pub overlap: Option<usize>,
-    /// Peak pool-allocated bytes of the decode, weights included.
+    /// Peak pool-allocated bytes of the decode or encode, weights included.
     /// `None`: [`default_max_memory`] of the device.
     pub max_memory: Option<u64>,
     /// `exact`: tile the latent-resolution level (the AutoencoderKL
-    /// mid-block, TAE's first blocks) even when it fits whole (tests).
+    /// mid-block, TAE's latent-resolution blocks) even when it fits whole (tests).
     pub tile_mid_block: bool,
 }
 
@@ -172,7 +178,7 @@ pub struct ProgressUpdate {
     pub stage: &'static str,
 }
 
-/// A progress callback (called once per tile step of a tiled decode).
+/// A progress callback (called once per tile step of a tiled decode or encode).
 #[derive(Clone)]
 pub struct Progress(pub Arc<dyn Fn(ProgressUpdate) + Send + Sync>);
 
@@ -182,18 +188,18 @@ impl std::fmt::Debug for Progress {
     }
 }
 
-/// How a decode was tiled, and what tiling cost.
+/// How a decode or encode was tiled, and what tiling cost.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct TilingReport {
     /// `untiled`, `exact` or `fast`.
     pub mode: String,
     /// The memory budget (bytes, weights included).
     pub max_memory: u64,
-    /// Tile side in output pixels.
+    /// Tile side in image pixels (decode output, encode input).
     pub tile_size: Option<usize>,
-    /// `fast`: overlap in output pixels.
+    /// `fast`: overlap in image pixels.
     pub overlap: Option<usize>,
-    /// Tiles of the output image.
+    /// Tiles of the image.
     pub tiles: usize,
     /// `exact`: tile side per resolution level, latent first (`None`: whole).
     pub level_tiles: Vec<Option<usize>>,
@@ -396,7 +402,7 @@ fn host_copy(planes: usize, from: &[u8], src: &Window, to: &mut [u8], dst: &Wind
 /// Everything a tiled run needs to allocate identically in dry and real runs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ExactPlan {
-    /// Tile side in output pixels.
+    /// Tile side in pixels of the largest level (the image).
     pub px: usize,
     /// Tile side per level (latent first); `None`: whole.
     pub levels: Vec<Option<usize>>,
@@ -531,7 +537,7 @@ pub(crate) struct AttentionSpec<'a> {
     pub stats: Option<&'a Norm>,
 }
 
-/// Runs decoder layers tile by tile, parking tiles within a device budget.
+/// Runs decoder or encoder layers tile by tile, parking tiles within a device budget.
 pub(crate) struct Executor {
     ctx: Context,
     rec: Option<Recorder<'static>>,

@@ -413,3 +413,32 @@ fn sd15_encode_peak_untiled_vs_tiled() {
     assert_eq!(t.mode, "exact");
     assert!(peak <= budget);
 }
+
+/// `auto` on a device whose storage bindings are too small for the untiled
+/// encode (a lowered limit): it tiles, exactly; `off` fails naming the limit.
+#[test]
+fn auto_tiles_when_the_binding_limit_is_too_small() {
+    let ctx = test_context();
+    let enc = random_kl(&ctx);
+    let img = random_image(72, 104, 7);
+    let whole = run(&ctx, &enc, &img, Tiling::off());
+    let mut caps = ctx.caps().clone();
+    // The 16-channel 72×104 activations are 468 KiB; bind at most 256 KiB.
+    caps.max_storage_buffer_binding_size = 256 << 10;
+    let small = ctx.with_caps(caps);
+    let opts = EncodeOptions {
+        tiling: Tiling::off(),
+        ..Default::default()
+    };
+    let e = encode(&small, &enc, &img, &opts)
+        .err()
+        .expect("over the limit");
+    let e = e.to_string();
+    assert!(e.contains("max_storage_buffer_binding_size"), "{e}");
+    let tiled = run(&small, &enc, &img, Tiling::default());
+    println!("auto under a 256 KiB binding limit: {:?}", tiled.tiling);
+    assert_eq!(tiled.tiling.mode, "exact");
+    assert!(tiled.tiling.tiles > 1);
+    let err = diff(&tiled, &whole);
+    assert!(err <= 1e-4, "{err}");
+}
