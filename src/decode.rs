@@ -111,7 +111,7 @@ const MAX_PLANNED_ALLOCATIONS: usize = 8192;
 
 /// For a planned pool: traces `run` once in a dry run under `key` and
 /// installs its plan; `None` when the trace is too long to plan.
-fn ensure_plan_with(
+pub(crate) fn ensure_plan_with(
     ctx: &Context,
     planned: &PlannedPool,
     key: String,
@@ -160,7 +160,10 @@ fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
 /// fresh pool of the same policy; for planned pools, the traced peak with
 /// sizes rounded as a replay rounds them (an upper bound when the decode is
 /// too long to plan).
-fn dry_peak_of<T>(ctx: &Context, run: impl FnOnce(&Context) -> Result<T>) -> Result<(u64, T)> {
+pub(crate) fn dry_peak_of<T>(
+    ctx: &Context,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<(u64, T)> {
     if ctx.pool().policy_name() == Policy::Planned.name() {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
@@ -197,7 +200,7 @@ fn same_policy_pool(ctx: &Context) -> Arc<dyn MemoryPool> {
 }
 
 /// Errors that mean "too large for this device", which tiling can avoid.
-fn is_limit_error(e: &Error) -> bool {
+pub(crate) fn is_limit_error(e: &Error) -> bool {
     matches!(
         e,
         Error::BindingTooLarge { .. }
@@ -270,7 +273,7 @@ fn choose_strategy(
             let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), up);
             loop {
                 let overlap = tiling.overlap.unwrap_or(px / 4 / up * up);
-                if overlap % up != 0 || overlap >= px {
+                if !overlap.is_multiple_of(up) || overlap >= px {
                     return Err(Error::InvalidInput(format!(
                         "--tile-overlap {overlap}: must be a multiple of {up} below the tile size {px}"
                     )));
@@ -296,29 +299,39 @@ fn choose_strategy(
             if untiled_fits(ctx, vae, z, budget, base)? {
                 Ok(Strategy::Untiled)
             } else {
-                Ok(Strategy::Exact(choose_exact(
+                Ok(Strategy::Exact(choose_exact_decode(
                     ctx, vae, z, opts, budget, base,
                 )?))
             }
         }
-        TileMode::Exact => Ok(Strategy::Exact(choose_exact(
+        TileMode::Exact => Ok(Strategy::Exact(choose_exact_decode(
             ctx, vae, z, opts, budget, base,
         )?)),
     }
 }
 
 /// `px` rounded up to a positive multiple of `m`.
-fn round_to(px: usize, m: usize) -> usize {
+pub(crate) fn round_to(px: usize, m: usize) -> usize {
     px.max(1).div_ceil(m) * m
 }
 
 /// True when the untiled decode stays within the device limits and `budget`.
 fn untiled_fits(ctx: &Context, vae: &Vae, z: &HostTensor, budget: u64, base: u64) -> Result<bool> {
-    let measured = dry_peak_of(ctx, |dry| {
+    fits_budget(ctx, budget, base, |dry| {
         let mut rec = Recorder::new(dry);
         record_decode(&mut rec, vae, z).map(|_| ())
-    });
-    match measured {
+    })
+}
+
+/// True when `run` (one untiled pass, run in a dry-run context) stays within
+/// the device limits and `budget` on top of `base` bytes already allocated.
+pub(crate) fn fits_budget(
+    ctx: &Context,
+    budget: u64,
+    base: u64,
+    run: impl FnOnce(&Context) -> Result<()>,
+) -> Result<bool> {
+    match dry_peak_of(ctx, run) {
         Ok((peak, ())) => Ok(base + peak <= budget),
         Err(e) if is_limit_error(&e) => Ok(false),
         Err(e) => Err(e),
@@ -330,8 +343,22 @@ const TILE_CANDIDATES: [usize; 16] = [
     4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 16,
 ];
 
-/// The exact plan with the largest tile that fits `budget` (or the given tile).
-fn choose_exact(
+/// The resolution pyramid of a tiled run: level 0 (the latent) is `small`
+/// `(h, w)`, each further level twice as large; tile sizes count pixels of
+/// the largest level, `scale` = 2^(levels − 1) of them per latent pixel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pyramid {
+    pub levels: usize,
+    pub scale: usize,
+    pub small: (usize, usize),
+}
+
+/// One exact tiled run (decode or encode) of a plan in the given context,
+/// returning its report; [`choose_exact`] calls it in dry runs.
+pub(crate) type TiledRun<'a> = dyn Fn(&Context, &ExactPlan) -> Result<TilingReport> + 'a;
+
+/// The exact decode plan with the largest tile that fits `budget`.
+fn choose_exact_decode(
     ctx: &Context,
     vae: &Vae,
     z: &HostTensor,
@@ -339,16 +366,39 @@ fn choose_exact(
     budget: u64,
     base: u64,
 ) -> Result<ExactPlan> {
-    let tiling = &opts.tiling;
+    let pyramid = Pyramid {
+        levels: vae.levels(),
+        scale: vae.upscale(),
+        small: (z.shape[2], z.shape[3]),
+    };
+    let run = |dry: &Context, plan: &ExactPlan| {
+        run_exact(dry, vae, z, plan.clone(), opts.keep_raw, None).map(|o| o.report)
+    };
+    let what = "decodes these latents";
+    choose_exact(ctx, pyramid, &opts.tiling, budget, base, what, &run)
+}
+
+/// The exact plan with the largest tile that fits `budget` (or the given
+/// tile), found with dry runs of `run`; `what` completes the error message
+/// ("no tile size {what} within the memory budget").
+pub(crate) fn choose_exact(
+    ctx: &Context,
+    pyramid: Pyramid,
+    tiling: &Tiling,
+    budget: u64,
+    base: u64,
+    what: &str,
+    run: &TiledRun,
+) -> Result<ExactPlan> {
     let avail = budget.checked_sub(base).ok_or_else(|| {
         Error::InvalidInput(format!(
             "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (--max-memory)"
         ))
     })?;
-    let up = vae.upscale();
-    let levels = vae.levels();
+    let up = pyramid.scale;
+    let levels = pyramid.levels;
     let top = levels - 1;
-    let (h, w) = (z.shape[2], z.shape[3]);
+    let (h, w) = pyramid.small;
     let longest = round_to(h.max(w) * up, up);
     let candidates: Vec<usize> = match tiling.tile_size {
         Some(px) => vec![round_to(px, up)],
@@ -399,7 +449,7 @@ fn choose_exact(
                 attention_state_budget: avail / 4,
                 total_steps: 0,
             };
-            match fit_plan(ctx, vae, z, plan, avail, opts.keep_raw) {
+            match fit_plan(ctx, plan, avail, run) {
                 Ok(Some((plan, report))) => {
                     if report.host_parked_peak_bytes == 0 {
                         return Ok(plan);
@@ -428,7 +478,7 @@ fn choose_exact(
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
         _ => Error::InvalidInput(format!(
-            "no tile size decodes these latents within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise --max-memory{}",
+            "no tile size {what} within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise --max-memory{}",
             budget as f64 / 1048576.0,
             base as f64 / 1048576.0,
             if tiling.tile_size.is_some() { " or lower --tile-size" } else { "" }
@@ -464,10 +514,10 @@ fn run_exact(
     let (rgba, raw) = vae.forward_tiled(&mut ex, input, keep_raw)?;
     let (height, width) = (rgba.h, rgba.w);
     let raw = match raw {
-        Some(r) => ex.to_host(r)?,
+        Some(r) => ex.gather_host(r)?,
         None => None,
     };
-    let rgba = ex.to_host(rgba)?;
+    let rgba = ex.gather_host(rgba)?;
     let report = ex.finish()?;
     let f16_overflows = match &range_flag {
         Some(f) => crate::gpu::read_range_flag(ctx, f)?,
@@ -483,34 +533,19 @@ fn run_exact(
     })
 }
 
-/// Peak allocated bytes (above the start) and tile steps of a dry run of `plan`.
-fn dry_peak(
-    ctx: &Context,
-    vae: &Vae,
-    z: &HostTensor,
-    plan: &ExactPlan,
-    keep_raw: bool,
-) -> Result<(u64, TilingReport)> {
-    let (peak, out) = dry_peak_of(ctx, |dry| {
-        run_exact(dry, vae, z, plan.clone(), keep_raw, None)
-    })?;
-    Ok((peak, out.report))
-}
-
 /// Fits `plan` into `avail` bytes: the working set is the peak with every
 /// tile parked on the host; parked device bytes get what remains, checked
 /// (and if need be lowered) with a second dry run. Returns the plan and the
 /// report of its dry run.
 fn fit_plan(
     ctx: &Context,
-    vae: &Vae,
-    z: &HostTensor,
     mut plan: ExactPlan,
     avail: u64,
-    keep_raw: bool,
+    run: &TiledRun,
 ) -> Result<Option<(ExactPlan, TilingReport)>> {
+    let dry_peak = |plan: &ExactPlan| dry_peak_of(ctx, |dry| run(dry, plan));
     plan.device_cap = 0;
-    let (working, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+    let (working, report) = dry_peak(&plan)?;
     if working > avail {
         return Ok(None);
     }
@@ -518,7 +553,7 @@ fn fit_plan(
     let mut cap = avail - working;
     for _ in 0..4 {
         plan.device_cap = cap;
-        let (peak, report) = dry_peak(ctx, vae, z, &plan, keep_raw)?;
+        let (peak, report) = dry_peak(&plan)?;
         if peak <= avail {
             return Ok(Some((plan, report)));
         }
@@ -691,14 +726,14 @@ fn crop_latents(z: &HostTensor, y0: usize, y1: usize, x0: usize, x1: usize) -> H
 }
 
 /// A decoded fast-mode tile `[N, 3, h, w]` on the host.
-struct FastTile {
-    h: usize,
-    w: usize,
-    data: Vec<f32>,
+pub(crate) struct FastTile {
+    pub h: usize,
+    pub w: usize,
+    pub data: Vec<f32>,
 }
 
 /// diffusers' `blend_v`: the first rows of `b` fade in over the last rows of `a`.
-fn blend_v(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
+pub(crate) fn blend_v(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
     let e = a.h.min(b.h).min(extent);
     for y in 0..e {
         let (wa, wb) = ramp(y, e);
@@ -713,7 +748,7 @@ fn blend_v(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
 }
 
 /// diffusers' `blend_h`: the first columns of `b` fade in over the last columns of `a`.
-fn blend_h(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
+pub(crate) fn blend_h(a: &FastTile, b: &mut FastTile, planes: usize, extent: usize) {
     let e = a.w.min(b.w).min(extent);
     for p in 0..planes {
         for y in 0..b.h.min(a.h) {
@@ -1100,6 +1135,20 @@ pub fn with_decode_plan<T>(
     out
 }
 
+/// For a planned pool: traces `record` (recorded with one recorder) once in a
+/// dry run and installs its plan; `None` when the trace is too long to plan.
+pub(crate) fn ensure_recorded_plan<T>(
+    ctx: &Context,
+    planned: &PlannedPool,
+    key: String,
+    record: impl FnOnce(&mut Recorder) -> Result<T>,
+) -> Result<Option<String>> {
+    ensure_plan_with(ctx, planned, key, |dry| {
+        let mut rec = Recorder::new(dry);
+        record(&mut rec).map(|_| ())
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1128,18 +1177,4 @@ mod tests {
         blend_h(&b, &mut c, 1, 4);
         assert_eq!(c.data, vec![1.0, 0.5, 0.5, 0.25, 0.0, 0.0]);
     }
-}
-
-/// For a planned pool: traces `record` (recorded with one recorder) once in a
-/// dry run and installs its plan; `None` when the trace is too long to plan.
-pub(crate) fn ensure_recorded_plan<T>(
-    ctx: &Context,
-    planned: &PlannedPool,
-    key: String,
-    record: impl FnOnce(&mut Recorder) -> Result<T>,
-) -> Result<Option<String>> {
-    ensure_plan_with(ctx, planned, key, |dry| {
-        let mut rec = Recorder::new(dry);
-        record(&mut rec).map(|_| ())
-    })
 }

@@ -1,17 +1,35 @@
 //! The other direction: images → latents (img2img, inpainting, video-to-video).
+//!
+//! An encode runs untiled (one recorded forward, one submit) or tiled with
+//! the decode's machinery ([`crate::tiling`]): `exact` tiles (halos through
+//! every stride-2 conv, global GroupNorm statistics, the mid-block attention
+//! over all latent tokens) equal the untiled encode up to float rounding
+//! within a memory budget; `fast` encodes overlapping tiles independently and
+//! blends their moments like diffusers' `tiled_encode`; `auto` (the default)
+//! encodes untiled whenever that fits the budget and the device's limits.
 
 use std::path::Path;
 
+use crate::decode::{
+    blend_h, blend_v, choose_exact, ensure_plan_with, ensure_recorded_plan, fits_budget, round_to,
+    FastTile, Pyramid,
+};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::HostTensor;
-use crate::memory::{PlannedPool, Policy};
+use crate::memory::{MemoryStats, PlannedPool, Policy};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
 use crate::models::{Layout, LoadOptions, WeightStore};
 use crate::tensor::Tensor;
+use crate::tiling::{
+    ExactPlan, Executor, Progress, ProgressUpdate, TileMode, Tiling, TilingReport,
+    FAST_DEFAULT_TILE,
+};
 
 /// The encoder behind a [`VaeEncoder`].
+// One per loaded model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 pub enum EncoderKind {
     Kl(AutoencoderKlEncoder),
     Tae(TaeEncoder),
@@ -39,6 +57,10 @@ pub struct EncodeOptions {
     pub sample: Option<u64>,
     /// Return raw latents (skip `(z − shift_factor) · scaling_factor`).
     pub raw_latents: bool,
+    /// Tiling mode, tile size (in image pixels) and memory budget (default: auto).
+    pub tiling: Tiling,
+    /// Called once per tile step of a tiled encode.
+    pub progress: Option<Progress>,
 }
 
 /// What an encode produced.
@@ -50,6 +72,8 @@ pub struct Encoded {
     /// The distribution's raw mean and std (AutoencoderKL only).
     pub mean: Option<HostTensor>,
     pub std: Option<HostTensor>,
+    /// How the encode was tiled.
+    pub tiling: TilingReport,
 }
 
 impl VaeEncoder {
@@ -76,12 +100,9 @@ impl VaeEncoder {
                 WeightStore::random(opts.seed)
             };
             store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
-            return Ok(VaeEncoder {
-                encoder: EncoderKind::Kl(AutoencoderKlEncoder::load(ctx, &cfg, &store)?),
-                name: format!("{name} preset encoder (random weights, seed {})", opts.seed),
-                weights_bytes: 0,
-                id: next_id(),
-            });
+            let mut enc = Self::from_kl_config(ctx, &cfg, &store)?;
+            enc.name = format!("{name} preset encoder (random weights, seed {})", opts.seed);
+            return Ok(enc);
         }
         let (weights, config) = crate::models::locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
@@ -113,11 +134,47 @@ impl VaeEncoder {
         })
     }
 
+    /// An AutoencoderKL encoder of `config` with the weights in `store`
+    /// (diffusers names), e.g. [`WeightStore::random`] for tests and studies.
+    pub fn from_kl_config(
+        ctx: &Context,
+        config: &AutoencoderKlConfig,
+        store: &WeightStore,
+    ) -> Result<VaeEncoder> {
+        let before = ctx.pool().stats().allocated_bytes.current;
+        let kl = AutoencoderKlEncoder::load(ctx, config, store)?;
+        Ok(VaeEncoder {
+            encoder: EncoderKind::Kl(kl),
+            name: format!("AutoencoderKL encoder ({})", store.origin()),
+            weights_bytes: ctx
+                .pool()
+                .stats()
+                .allocated_bytes
+                .current
+                .saturating_sub(before),
+            id: next_id(),
+        })
+    }
+
     pub fn latent_channels(&self) -> usize {
         match &self.encoder {
             EncoderKind::Kl(k) => k.config.latent_channels,
             EncoderKind::Tae(t) => t.latent_channels,
         }
+    }
+
+    /// Resolution levels: the image's, then one per stride-2 conv (the last
+    /// is the latent's).
+    pub fn levels(&self) -> usize {
+        match &self.encoder {
+            EncoderKind::Kl(k) => k.levels(),
+            EncoderKind::Tae(t) => t.levels(),
+        }
+    }
+
+    /// Image pixels per latent pixel along each axis.
+    pub fn downscale(&self) -> usize {
+        1 << (self.levels() - 1)
     }
 }
 
@@ -151,14 +208,23 @@ pub fn load_image(path: &Path, pad: bool) -> Result<HostTensor> {
     HostTensor::new(vec![1, 3, ph, pw], data)
 }
 
-/// Encodes `pixels` [N, 3, H, W] (values 0–255).
+/// How one encode runs.
+enum Strategy {
+    Untiled,
+    Exact(ExactPlan),
+    Fast { px: usize, overlap: usize },
+}
+
+/// Encodes `pixels` [N, 3, H, W] (values 0–255), untiled or tiled as
+/// `opts.tiling` says. In a dry-run context nothing runs and only the memory
+/// figures are real.
 pub fn encode(
     ctx: &Context,
     enc: &VaeEncoder,
     pixels: &HostTensor,
     opts: &EncodeOptions,
 ) -> Result<Encoded> {
-    let &[n, c, h, w] = pixels.shape.as_slice() else {
+    let &[_, c, h, w] = pixels.shape.as_slice() else {
         return Err(Error::InvalidInput(format!(
             "images must be N×3×H×W, got {:?}",
             pixels.shape
@@ -171,25 +237,46 @@ pub fn encode(
         )));
     }
     // diffusers: png / 127.5 − 1; TAE: png / 255.
-    let x: Vec<f32> = match enc.encoder {
-        EncoderKind::Kl(_) => pixels.data.iter().map(|v| v / 127.5 - 1.0).collect(),
-        EncoderKind::Tae(_) => pixels.data.iter().map(|v| v / 255.0).collect(),
+    let x = HostTensor {
+        shape: pixels.shape.clone(),
+        data: match enc.encoder {
+            EncoderKind::Kl(_) => pixels.data.iter().map(|v| v / 127.5 - 1.0).collect(),
+            EncoderKind::Tae(_) => pixels.data.iter().map(|v| v / 255.0).collect(),
+        },
     };
-    let record = |rec: &mut Recorder| -> Result<Tensor> {
-        let input = Tensor::from_f32_in(rec, &pixels.shape, &x, "image")?;
-        match &enc.encoder {
-            EncoderKind::Kl(k) => k.forward(rec, input),
-            EncoderKind::Tae(t) => t.forward(rec, input),
-        }
+    let budget = opts.tiling.budget(ctx.caps());
+    let base = ctx.pool().stats().allocated_bytes.current;
+    let (moments, memory, mut tiling) = match choose_strategy(ctx, enc, &x, opts, budget, base)? {
+        Strategy::Untiled => encode_untiled(ctx, enc, &x)?,
+        Strategy::Exact(plan) => encode_exact(ctx, enc, &x, plan, opts.progress.clone())?,
+        Strategy::Fast { px, overlap } => encode_fast(ctx, enc, &x, px, overlap, opts)?,
     };
+    tiling.max_memory = budget;
+    finish(enc, moments, memory, tiling, opts)
+}
+
+/// Records the upload of encoder input `x` [N, 3, H, W] and the encoder →
+/// its output [N, C, H/8, W/8] (AutoencoderKL: the moments, 2·latent channels).
+fn record_encode(rec: &mut Recorder, enc: &VaeEncoder, x: &HostTensor) -> Result<Tensor> {
+    let input = Tensor::from_f32_in(rec, &x.shape, &x.data, "image")?;
+    match &enc.encoder {
+        EncoderKind::Kl(k) => k.forward(rec, input),
+        EncoderKind::Tae(t) => t.forward(rec, input),
+    }
+}
+
+/// One untiled encode of `x`: the output on the host (zeros in dry runs)
+/// and the pool's statistics over it.
+fn encode_untiled(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+) -> Result<(HostTensor, MemoryStats, TilingReport)> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let key = match planned {
-        Some(p) => crate::decode::ensure_recorded_plan(
-            ctx,
-            p,
-            format!("enc{}:{:?}", enc.id, pixels.shape),
-            record,
-        )?,
+        Some(p) => ensure_recorded_plan(ctx, p, format!("enc{}:{:?}", enc.id, x.shape), |rec| {
+            record_encode(rec, enc, x)
+        })?,
         None => None,
     };
     ctx.pool().reset_peak_stats();
@@ -197,28 +284,334 @@ pub fn encode(
     if let (Some(p), Some(k)) = (planned, &key) {
         p.begin_replay(k)?;
     }
-    let recorded = record(&mut rec);
+    let recorded = record_encode(&mut rec, enc, x);
     if let Some(p) = planned {
         p.end_replay();
     }
     let out = recorded?;
     rec.submit()?;
-    let shape = out.shape().to_vec();
     let memory = ctx.pool().stats();
     let values = if ctx.is_dry_run() {
         vec![0.0; out.numel()]
     } else {
         out.to_f32(ctx)?
     };
-    let (lh, lw) = (h / 8, w / 8);
+    let report = TilingReport {
+        mode: "untiled".into(),
+        tiles: 1,
+        steps: 1,
+        ..Default::default()
+    };
+    Ok((
+        HostTensor::new(out.shape().to_vec(), values)?,
+        memory,
+        report,
+    ))
+}
+
+fn choose_strategy(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+    opts: &EncodeOptions,
+    budget: u64,
+    base: u64,
+) -> Result<Strategy> {
+    let tiling = &opts.tiling;
+    let scale = enc.downscale();
+    let untiled_fits = |x: &HostTensor| {
+        fits_budget(ctx, budget, base, |dry| {
+            let mut rec = Recorder::new(dry);
+            record_encode(&mut rec, enc, x).map(|_| ())
+        })
+    };
+    match tiling.mode {
+        TileMode::Off => Ok(Strategy::Untiled),
+        TileMode::Auto if untiled_fits(x)? => Ok(Strategy::Untiled),
+        TileMode::Auto | TileMode::Exact => Ok(Strategy::Exact(choose_exact_encode(
+            ctx, enc, x, tiling, budget, base,
+        )?)),
+        TileMode::Fast => {
+            let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), scale);
+            loop {
+                let overlap = tiling.overlap.unwrap_or(px / 4 / scale * scale);
+                if !overlap.is_multiple_of(scale) || overlap >= px {
+                    return Err(Error::InvalidInput(format!(
+                        "--tile-overlap {overlap}: must be a multiple of {scale} below the tile size {px}"
+                    )));
+                }
+                // The largest tile must encode within the budget.
+                let (n, h, w) = (x.shape[0], x.shape[2].min(px), x.shape[3].min(px));
+                let probe = HostTensor {
+                    shape: vec![n, 3, h, w],
+                    data: vec![0.0; n * 3 * h * w],
+                };
+                if untiled_fits(&probe)? {
+                    return Ok(Strategy::Fast { px, overlap });
+                }
+                if tiling.tile_size.is_some() || px <= 8 * scale {
+                    return Err(Error::InvalidInput(format!(
+                        "a {px}-pixel fast tile does not encode within the memory budget of {budget} bytes; lower --tile-size or raise --max-memory"
+                    )));
+                }
+                px = round_to(px / 2, scale);
+            }
+        }
+    }
+}
+
+/// The exact plan with the largest image tile that fits `budget`.
+fn choose_exact_encode(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+    tiling: &Tiling,
+    budget: u64,
+    base: u64,
+) -> Result<ExactPlan> {
+    let scale = enc.downscale();
+    let (h, w) = (x.shape[2], x.shape[3]);
+    if h % scale != 0 || w % scale != 0 {
+        return Err(Error::InvalidInput(format!(
+            "a tiled encode needs image sides that are multiples of {scale}, got {h}×{w}"
+        )));
+    }
+    let pyramid = Pyramid {
+        levels: enc.levels(),
+        scale,
+        small: (h / scale, w / scale),
+    };
+    let run = |dry: &Context, plan: &ExactPlan| {
+        run_exact(dry, enc, x, plan.clone(), None).map(|(_, _, report)| report)
+    };
+    choose_exact(
+        ctx,
+        pyramid,
+        tiling,
+        budget,
+        base,
+        "encodes this image",
+        &run,
+    )
+}
+
+/// Runs an exact tiled encode: the output's shape and host bytes (`None` in
+/// dry runs) and the report.
+fn run_exact(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+    plan: ExactPlan,
+    progress: Option<Progress>,
+) -> Result<([usize; 4], Option<Vec<u8>>, TilingReport)> {
+    let mut ex = Executor::new(ctx, plan, progress);
+    let shape = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let image = ex.host_act(shape, &x.data);
+    let out = match &enc.encoder {
+        EncoderKind::Kl(k) => k.forward_tiled(&mut ex, image)?,
+        EncoderKind::Tae(t) => t.forward_tiled(&mut ex, image)?,
+    };
+    let shape = [out.n, out.c, out.h, out.w];
+    let data = ex.gather_host(out)?;
+    Ok((shape, data, ex.finish()?))
+}
+
+fn encode_exact(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+    plan: ExactPlan,
+    progress: Option<Progress>,
+) -> Result<(HostTensor, MemoryStats, TilingReport)> {
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let key = match planned {
+        Some(p) => {
+            let key = format!("enc{}:{:?}:{}", enc.id, x.shape, plan.key());
+            ensure_plan_with(ctx, p, key, |dry| {
+                run_exact(dry, enc, x, plan.clone(), None).map(|_| ())
+            })?
+        }
+        None => None,
+    };
+    ctx.pool().reset_peak_stats();
+    if let (Some(p), Some(key)) = (planned, &key) {
+        p.begin_replay(key)?;
+    }
+    let result = run_exact(ctx, enc, x, plan, progress);
+    if let Some(p) = planned {
+        p.end_replay();
+    }
+    let (shape, data, mut report) = result?;
+    let memory = ctx.pool().stats();
+    let (h, w) = (x.shape[2], x.shape[3]);
+    let px = report.tile_size.unwrap_or(h.max(w)).max(1);
+    report.tiles = h.div_ceil(px) * w.div_ceil(px);
+    let values = match data {
+        Some(b) => bytemuck::pod_collect_to_vec::<u8, f32>(&b),
+        None => vec![0.0; shape.iter().product()],
+    };
+    Ok((HostTensor::new(shape.to_vec(), values)?, memory, report))
+}
+
+/// `x[:, :, y0..y1, x0..x1]`.
+fn crop(x: &HostTensor, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
+    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
+    for p in 0..n * c {
+        for y in y0..y1 {
+            let row = (p * h + y) * w;
+            data.extend_from_slice(&x.data[row + x0..row + x1]);
+        }
+    }
+    HostTensor {
+        shape: vec![n, c, y1 - y0, x1 - x0],
+        data,
+    }
+}
+
+/// Fast tiling as diffusers' `AutoencoderKL._tiled_encode`: image tiles of
+/// `px` pixels with a stride of `px - overlap`, each encoded independently
+/// (its own GroupNorm statistics and attention), their outputs blended in
+/// raster order over `overlap / 8` latent pixels with linear ramps (in place,
+/// so later tiles blend with already blended neighbours) and cropped to
+/// `(px - overlap) / 8`.
+fn encode_fast(
+    ctx: &Context,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+    px: usize,
+    overlap: usize,
+    opts: &EncodeOptions,
+) -> Result<(HostTensor, MemoryStats, TilingReport)> {
+    let scale = enc.downscale();
+    let [n, _, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
+    let stride = px - overlap;
+    let (extent, limit) = (overlap / scale, (px - overlap) / scale);
+    let (lh, lw) = (h / scale, w / scale);
+    let rows: Vec<usize> = (0..h).step_by(stride).collect();
+    let cols: Vec<usize> = (0..w).step_by(stride).collect();
+    let total = rows.len() * cols.len();
+    let dry = ctx.is_dry_run();
+    ctx.pool().reset_peak_stats();
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let mut out: Option<Vec<f32>> = None;
+    let mut channels = 0;
+    let mut prev: Vec<FastTile> = Vec::new();
+    let (mut out_y, mut done, mut readback, mut held_peak) = (0, 0, 0u64, 0u64);
+    // Host bytes of tile outputs kept for blending (this row and the last).
+    let held = |tiles: &[FastTile], planes: usize| -> u64 {
+        tiles.iter().map(|t| (planes * t.h * t.w * 4) as u64).sum()
+    };
+    for &i in &rows {
+        let mut row: Vec<FastTile> = Vec::new();
+        let (mut out_x, mut crop_h) = (0, 0);
+        for (ci, &j) in cols.iter().enumerate() {
+            let xt = crop(x, i, (i + px).min(h), j, (j + px).min(w));
+            let key = match planned {
+                Some(p) => {
+                    ensure_recorded_plan(ctx, p, format!("enc{}:{:?}", enc.id, xt.shape), |rec| {
+                        record_encode(rec, enc, &xt)
+                    })?
+                }
+                None => None,
+            };
+            let mut rec = Recorder::new(ctx);
+            if let (Some(p), Some(k)) = (planned, &key) {
+                p.begin_replay(k)?;
+            }
+            let recorded = record_encode(&mut rec, enc, &xt);
+            if let Some(p) = planned {
+                p.end_replay();
+            }
+            let t = recorded?;
+            rec.submit()?;
+            let [_, c, th, tw] = crate::models::layers::dims4(&t)?;
+            let planes = n * c;
+            channels = c;
+            readback += t.byte_size();
+            let mut tile = FastTile {
+                h: th,
+                w: tw,
+                data: if dry { Vec::new() } else { t.to_f32(ctx)? },
+            };
+            drop(t);
+            if !dry {
+                if let Some(above) = prev.get(ci) {
+                    blend_v(above, &mut tile, planes, extent);
+                }
+                if let Some(left) = row.last() {
+                    blend_h(left, &mut tile, planes, extent);
+                }
+            }
+            let (ch, cw) = (limit.min(th), limit.min(tw));
+            if !dry {
+                let o = out.get_or_insert_with(|| vec![0.0; planes * lh * lw]);
+                for p in 0..planes {
+                    for y in 0..ch {
+                        let src = (p * th + y) * tw;
+                        let dst = (p * lh + out_y + y) * lw + out_x;
+                        o[dst..dst + cw].copy_from_slice(&tile.data[src..src + cw]);
+                    }
+                }
+            }
+            out_x += cw;
+            crop_h = ch;
+            row.push(tile);
+            held_peak = held_peak.max(held(&prev, planes) + held(&row, planes));
+            done += 1;
+            if let Some(p) = &opts.progress {
+                (p.0)(ProgressUpdate {
+                    done,
+                    total,
+                    stage: "fast tile",
+                });
+            }
+        }
+        out_y += crop_h;
+        prev = row;
+    }
+    debug_assert!(out_y == lh);
+    let memory = ctx.pool().stats();
+    let data = out.unwrap_or_else(|| vec![0.0; n * channels * lh * lw]);
+    let report = TilingReport {
+        mode: "fast".into(),
+        tile_size: Some(px),
+        overlap: Some(overlap),
+        tiles: total,
+        steps: total,
+        readback_bytes: readback,
+        syncs: total,
+        host_parked_peak_bytes: held_peak,
+        ..Default::default()
+    };
+    Ok((
+        HostTensor::new(vec![n, channels, lh, lw], data)?,
+        memory,
+        report,
+    ))
+}
+
+/// Latents from the encoder output: TAE outputs are the latents;
+/// AutoencoderKL moments are split into mean and std, sampled if asked for,
+/// and scaled to pipeline latents unless `raw_latents`.
+fn finish(
+    enc: &VaeEncoder,
+    out: HostTensor,
+    memory: MemoryStats,
+    tiling: TilingReport,
+    opts: &EncodeOptions,
+) -> Result<Encoded> {
     let EncoderKind::Kl(k) = &enc.encoder else {
         return Ok(Encoded {
             memory,
-            latents: HostTensor::new(shape, values)?,
+            latents: out,
             mean: None,
             std: None,
+            tiling,
         });
     };
+    let [n, _, lh, lw] = [out.shape[0], out.shape[1], out.shape[2], out.shape[3]];
+    let values = out.data;
     // Moments: mean = first half of the channels, log-variance the second.
     let l = k.config.latent_channels;
     let plane = lh * lw;
@@ -259,11 +652,13 @@ pub fn encode(
         latents: HostTensor::new(lshape.clone(), z)?,
         mean: Some(HostTensor::new(lshape.clone(), mean)?),
         std: Some(HostTensor::new(lshape, std)?),
+        tiling,
     })
 }
 
 /// Predicts the pool's peaks for encoding images of `image_shape`
-/// [N, 3, H, W] (see [`crate::decode::estimate_decode`]).
+/// [N, 3, H, W] untiled (see [`crate::decode::estimate_decode`] and
+/// [`estimate_encode_with`]).
 pub fn estimate_encode(
     caps: &Capabilities,
     policy: Policy,
@@ -271,13 +666,30 @@ pub fn estimate_encode(
     load: &LoadOptions,
     image_shape: [usize; 4],
 ) -> Result<crate::decode::MemoryEstimate> {
+    estimate_encode_with(caps, policy, vae_spec, load, image_shape, &Tiling::off())
+}
+
+/// [`estimate_encode`] of an encode tiled as `tiling` says (the same choices
+/// [`encode`] makes with these options on a device with `caps`).
+pub fn estimate_encode_with(
+    caps: &Capabilities,
+    policy: Policy,
+    vae_spec: &str,
+    load: &LoadOptions,
+    image_shape: [usize; 4],
+    tiling: &Tiling,
+) -> Result<crate::decode::MemoryEstimate> {
     let dry = Context::dry_run(caps.clone(), policy.new_pool());
     let enc = VaeEncoder::load(&dry, vae_spec, load)?;
     let pixels = HostTensor::new(
         image_shape.to_vec(),
         vec![0.0; image_shape.iter().product()],
     )?;
-    let out = encode(&dry, &enc, &pixels, &EncodeOptions::default())?;
+    let opts = EncodeOptions {
+        tiling: tiling.clone(),
+        ..Default::default()
+    };
+    let out = encode(&dry, &enc, &pixels, &opts)?;
     Ok(crate::decode::MemoryEstimate {
         policy: policy.name(),
         model: enc.name.clone(),
@@ -286,6 +698,6 @@ pub fn estimate_encode(
         weights_bytes: enc.weights_bytes,
         peak_allocated_bytes: out.memory.allocated_bytes.peak,
         peak_reserved_bytes: out.memory.reserved_bytes.peak,
-        tiling: Default::default(),
+        tiling: out.tiling,
     })
 }

@@ -1,6 +1,6 @@
 //! The `wgvae` command line: thin — parses, calls the library, prints.
 
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 
 use clap::{Parser, Subcommand};
@@ -35,28 +35,8 @@ enum Command {
     /// Decode latents (.npy / .safetensors) to PNG.
     Decode(DecodeArgs),
     /// Encode an image to latents (.npy / .safetensors).
-    Encode {
-        image: PathBuf,
-        /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL or a TAE *encoder*) or preset:NAME.
-        #[arg(long)]
-        vae: String,
-        #[arg(short, long)]
-        output: PathBuf,
-        /// Sample from the latent distribution with this seed instead of taking its mean.
-        #[arg(long)]
-        sample: Option<u64>,
-        /// Write raw latents (skip `(z − shift_factor) · scaling_factor`).
-        #[arg(long)]
-        raw_latents: bool,
-        /// Extend images whose sides are not multiples of 8 by replicating the right/bottom edges.
-        #[arg(long)]
-        pad: bool,
-        #[arg(long)]
-        config: Option<PathBuf>,
-        #[arg(long)]
-        json: bool,
-    },
-    /// Predict a decode's memory without running it (weights, peak allocated, peak reserved).
+    Encode(EncodeArgs),
+    /// Predict a decode's (or with --encode an encode's) memory without running it (weights, peak allocated, peak reserved).
     Memory(MemoryArgs),
     /// Benchmarks with metadata, CSV + Markdown + SVG.
     Bench {
@@ -181,19 +161,19 @@ enum ReportKind {
 
 #[derive(clap::Args, Clone)]
 struct TileArgs {
-    /// Tiling: auto (untiled when the decode fits --max-memory and the device's limits,
-    /// else exact), off, exact (equals the untiled decode up to rounding; global GroupNorm
+    /// Tiling: auto (untiled when the run fits --max-memory and the device's limits,
+    /// else exact), off, exact (equals the untiled run up to rounding; global GroupNorm
     /// statistics) or fast (independent overlapping tiles blended like diffusers).
     #[arg(long, default_value = "auto")]
     tile: String,
-    /// Tile side in output pixels (multiple of 8). Default: the largest that fits
-    /// --max-memory (exact/auto), 512 (fast).
+    /// Tile side in image pixels (decode output, encode input; multiple of 8). Default:
+    /// the largest that fits --max-memory (exact/auto), 512 (fast).
     #[arg(long)]
     tile_size: Option<usize>,
-    /// fast: overlap of neighbouring tiles in output pixels (default: a quarter tile).
+    /// fast: overlap of neighbouring tiles in image pixels (default: a quarter tile).
     #[arg(long)]
     tile_overlap: Option<usize>,
-    /// Peak device memory of the decode, weights included: bytes, or with a
+    /// Peak device memory of the decode or encode, weights included: bytes, or with a
     /// K/M/G/KiB/MiB/GiB suffix. Default: 3/4 of the device's max_buffer_size
     /// clamped to [1 GiB, 16 GiB] (wgpu reports no VRAM size).
     #[arg(long)]
@@ -277,6 +257,35 @@ struct MemoryArgs {
     /// Predict for a 24 GB reference GPU's limits instead of this machine's adapter.
     #[arg(long)]
     reference_gpu: bool,
+    /// Predict encoding an HxW image instead of decoding to one.
+    #[arg(long)]
+    encode: bool,
+    #[command(flatten)]
+    tiles: TileArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::Args)]
+struct EncodeArgs {
+    image: PathBuf,
+    /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL or a TAE *encoder*) or preset:NAME.
+    #[arg(long)]
+    vae: String,
+    #[arg(short, long)]
+    output: PathBuf,
+    /// Sample from the latent distribution with this seed instead of taking its mean.
+    #[arg(long)]
+    sample: Option<u64>,
+    /// Write raw latents (skip `(z − shift_factor) · scaling_factor`).
+    #[arg(long)]
+    raw_latents: bool,
+    /// Extend images whose sides are not multiples of 8 by replicating the right/bottom edges.
+    #[arg(long)]
+    pad: bool,
+    #[arg(long)]
+    config: Option<PathBuf>,
+    /// Tiling as for decode; tile sizes count input image pixels.
     #[command(flatten)]
     tiles: TileArgs,
     #[arg(long)]
@@ -568,28 +577,31 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
     } else {
         context(cli_adapter)?.caps().clone()
     };
-    // The latent channel count comes from the model: load it once in a dry run.
-    let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
-    let probe = Vae::load(&probe, &a.vae, &load)?;
-    let (channels, dtype) = (probe.latent_channels(), probe.dtype.name());
-    let shape = [a.batch, channels, h / 8, w / 8];
-    let e = wgvae::decode::estimate_decode_with(
-        &caps,
-        policy,
-        &a.vae,
-        &load,
-        shape,
-        &a.tiles.tiling()?,
-    )?;
+    let tiling = a.tiles.tiling()?;
+    let (e, dtype) = if a.encode {
+        let shape = [a.batch, 3, h, w];
+        let e = wgvae::encode::estimate_encode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        (e, a.dtype.clone())
+    } else {
+        // The latent channel count comes from the model: load it once in a dry run.
+        let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+        let probe = Vae::load(&probe, &a.vae, &load)?;
+        let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
+        let shape = [a.batch, channels, h / 8, w / 8];
+        let e = wgvae::decode::estimate_decode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        (e, dtype)
+    };
+    let op = if a.encode { "encode" } else { "decode" };
     if a.json {
         let mut v = serde_json::to_value(&e).unwrap_or_default();
         v["device"] = json!(caps.adapter_name);
         v["dtype"] = json!(dtype);
+        v["op"] = json!(op);
         println!("{v}");
     } else {
         let mib = |b: u64| b as f64 / 1048576.0;
         println!(
-            "{} decode {}x{} ×{} ({}, {} policy) on {}:",
+            "{} {op} {}x{} ×{} ({}, {} policy) on {}:",
             e.model, h, w, a.batch, dtype, e.policy, caps.adapter_name
         );
         println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
@@ -610,8 +622,8 @@ fn memory(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
 
 fn report_memory(
     cli_adapter: &Option<String>,
-    out: &PathBuf,
-    reference: &PathBuf,
+    out: &Path,
+    reference: &Path,
     this_device: bool,
 ) -> wgvae::Result<()> {
     let caps = if this_device {
@@ -619,7 +631,7 @@ fn report_memory(
     } else {
         wgvae::gpu::Capabilities::reference_gpu()
     };
-    let reference = reference.exists().then_some(reference.as_path());
+    let reference = reference.exists().then_some(reference);
     let header = format!(
         "Predicted for: {} (max binding {} MiB, max buffer {} MiB). wgvae {} ({}), {}.",
         caps.adapter_name,
@@ -648,7 +660,7 @@ fn bench_decode(
     warmup: usize,
     runs: usize,
     policy: &str,
-    out: &PathBuf,
+    out: &Path,
 ) -> wgvae::Result<()> {
     if let Some(d) = dtypes.iter().find(|d| d.as_str() != "f32") {
         return Err(wgvae::Error::Unsupported(format!(
@@ -684,54 +696,50 @@ fn bench_decode(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn encode(
-    cli_adapter: &Option<String>,
-    image: &std::path::Path,
-    vae: &str,
-    output: &std::path::Path,
-    sample: Option<u64>,
-    raw_latents: bool,
-    pad: bool,
-    config: &Option<PathBuf>,
-    as_json: bool,
-) -> wgvae::Result<()> {
+fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
-        config: config.clone(),
+        config: a.config.clone(),
         ..Default::default()
     };
-    let enc = wgvae::encode::VaeEncoder::load(&ctx, vae, &opts)?;
-    let pixels = wgvae::encode::load_image(image, pad)?;
+    let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;
+    let pixels = wgvae::encode::load_image(&a.image, a.pad)?;
     let start = std::time::Instant::now();
     let out = wgvae::encode::encode(
         &ctx,
         &enc,
         &pixels,
         &wgvae::encode::EncodeOptions {
-            sample,
-            raw_latents,
+            sample: a.sample,
+            raw_latents: a.raw_latents,
+            tiling: a.tiles.tiling()?,
+            progress: progress_bar(a.json),
         },
     )?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    wgvae::io::write_latents(output, &out.latents)?;
+    wgvae::io::write_latents(&a.output, &out.latents)?;
     ctx.save_pipeline_cache();
-    if as_json {
+    if a.json {
         println!(
             "{}",
             json!({"adapter": ctx.caps().adapter_name, "backend": format!("{:?}", ctx.caps().backend),
                    "model": enc.name, "image_shape": pixels.shape, "latents_shape": out.latents.shape,
-                   "encode_ms": ms, "sampled": sample.is_some(), "raw_latents": raw_latents,
-                   "peak_allocated_bytes": ctx.pool().stats().allocated_bytes.peak,
-                   "peak_reserved_bytes": ctx.pool().stats().reserved_bytes.peak, "output": output})
+                   "encode_ms": ms, "sampled": a.sample.is_some(), "raw_latents": a.raw_latents,
+                   "weights_bytes": enc.weights_bytes,
+                   "peak_allocated_bytes": out.memory.allocated_bytes.peak,
+                   "peak_reserved_bytes": out.memory.reserved_bytes.peak,
+                   "tiling": out.tiling, "output": a.output})
         );
     } else {
         println!(
-            "wrote {} ({:?}) — {} in {ms:.1} ms",
-            output.display(),
+            "wrote {} ({:?}) — {} in {ms:.1} ms; peak allocated {:.1} MiB, reserved {:.1} MiB",
+            a.output.display(),
             out.latents.shape,
-            enc.name
+            enc.name,
+            out.memory.allocated_bytes.peak as f64 / 1048576.0,
+            out.memory.reserved_bytes.peak as f64 / 1048576.0
         );
+        print_tiling(&out.tiling);
     }
     Ok(())
 }
@@ -872,26 +880,7 @@ fn main() -> ExitCode {
         Command::Info { json } => info(&cli.adapter, *json),
         Command::Decode(a) => decode(&cli.adapter, a),
         Command::Memory(a) => memory(&cli.adapter, a),
-        Command::Encode {
-            image,
-            vae,
-            output,
-            sample,
-            raw_latents,
-            pad,
-            config,
-            json,
-        } => encode(
-            &cli.adapter,
-            image,
-            vae,
-            output,
-            *sample,
-            *raw_latents,
-            *pad,
-            config,
-            *json,
-        ),
+        Command::Encode(a) => encode(&cli.adapter, a),
         Command::Bench {
             which:
                 BenchKind::Decode {

@@ -22,6 +22,11 @@
 //! pixels so tiles nest across levels; a level smaller than its tile runs
 //! whole.
 //!
+//! Encoders run on the same executor in the other direction (image → latent
+//! level): a stride-2 conv reads the input span [`conv_span`] names for its
+//! output tile (halo plus the whole-image padding where the tile touches a
+//! border, e.g. diffusers' asymmetric (0, 1, 0, 1) pad).
+//!
 //! # Memory
 //! `max_memory` bounds the pool's peak *allocated* bytes of the whole decode,
 //! weights included. The plan is found with dry runs of the same code
@@ -41,7 +46,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{read_back, Capabilities, Context, Recorder};
 use crate::kernels::attention::attention;
 use crate::kernels::attention_stream::{attention_block, BlockRole};
-use crate::kernels::conv2d::{conv2d, Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::elementwise::{unary, Unary};
 use crate::kernels::group_norm::{group_norm_combine, group_norm_partials, partial_slots};
 use crate::kernels::image::{to_rgba8, ImageRange};
@@ -96,23 +101,24 @@ impl std::str::FromStr for TileMode {
 /// Default tile side of `fast` mode in output pixels (diffusers' SD default).
 pub const FAST_DEFAULT_TILE: usize = 512;
 
-/// Tiling options of a decode (a field of [`crate::DecodeOptions`]).
+/// Tiling options of a decode or encode (a field of [`crate::DecodeOptions`]
+/// and [`crate::encode::EncodeOptions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tiling {
     pub mode: TileMode,
-    /// Tile side in output pixels, rounded up to a multiple of the decoder's
-    /// upscale (8). `None`: the largest that fits `max_memory` (exact, auto),
+    /// Tile side in image pixels (decode output, encode input), rounded up
+    /// to a multiple of the model's scale (8). `None`: the largest that fits `max_memory` (exact, auto),
     /// [`FAST_DEFAULT_TILE`] (fast).
     pub tile_size: Option<usize>,
-    /// `fast` only: overlap of neighbouring tiles in output pixels, a
+    /// `fast` only: overlap of neighbouring tiles in image pixels, a
     /// multiple of 8 below the tile size (default a quarter of the tile, as
     /// diffusers). Exact tiles need no overlap: their halos are exact.
     pub overlap: Option<usize>,
-    /// Peak pool-allocated bytes of the decode, weights included.
+    /// Peak pool-allocated bytes of the decode or encode, weights included.
     /// `None`: [`default_max_memory`] of the device.
     pub max_memory: Option<u64>,
     /// `exact`: tile the latent-resolution level (the AutoencoderKL
-    /// mid-block, TAE's first blocks) even when it fits whole (tests).
+    /// mid-block, TAE's latent-resolution blocks) even when it fits whole (tests).
     pub tile_mid_block: bool,
 }
 
@@ -172,7 +178,7 @@ pub struct ProgressUpdate {
     pub stage: &'static str,
 }
 
-/// A progress callback (called once per tile step of a tiled decode).
+/// A progress callback (called once per tile step of a tiled decode or encode).
 #[derive(Clone)]
 pub struct Progress(pub Arc<dyn Fn(ProgressUpdate) + Send + Sync>);
 
@@ -182,18 +188,18 @@ impl std::fmt::Debug for Progress {
     }
 }
 
-/// How a decode was tiled, and what tiling cost.
+/// How a decode or encode was tiled, and what tiling cost.
 #[derive(Clone, Debug, Default, Serialize, PartialEq, Eq)]
 pub struct TilingReport {
     /// `untiled`, `exact` or `fast`.
     pub mode: String,
     /// The memory budget (bytes, weights included).
     pub max_memory: u64,
-    /// Tile side in output pixels.
+    /// Tile side in image pixels (decode output, encode input).
     pub tile_size: Option<usize>,
-    /// `fast`: overlap in output pixels.
+    /// `fast`: overlap in image pixels.
     pub overlap: Option<usize>,
-    /// Tiles of the output image.
+    /// Tiles of the image.
     pub tiles: usize,
     /// `exact`: tile side per resolution level, latent first (`None`: whole).
     pub level_tiles: Vec<Option<usize>>,
@@ -405,7 +411,7 @@ fn host_copy(
 /// Everything a tiled run needs to allocate identically in dry and real runs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub(crate) struct ExactPlan {
-    /// Tile side in output pixels.
+    /// Tile side in pixels of the largest level (the image).
     pub px: usize,
     /// Tile side per level (latent first); `None`: whole.
     pub levels: Vec<Option<usize>>,
@@ -472,6 +478,11 @@ pub(crate) struct ConvSpec<'a> {
     pub prologue: Option<(&'a Tensor, Activation)>,
     /// Nearest 2× upsample before a 3×3 conv.
     pub upsample: bool,
+    /// 1, or 2 for a downsampling conv.
+    pub stride: usize,
+    /// Zero padding of the whole image (top, left, bottom, right); `None`:
+    /// `k / 2` on every side.
+    pub pad: Option<[u32; 4]>,
     /// Applied to each output tile after the residual add.
     pub epilogue: Option<Unary>,
     /// Gather statistics of this norm over the output.
@@ -484,6 +495,8 @@ impl<'a> ConvSpec<'a> {
             w,
             prologue: None,
             upsample: false,
+            stride: 1,
+            pad: None,
             epilogue: None,
             stats: None,
         }
@@ -495,6 +508,21 @@ impl<'a> ConvSpec<'a> {
     pub(crate) fn upsample(mut self) -> Self {
         self.upsample = true;
         self
+    }
+    /// A stride-2 conv over the image zero-padded by `pad` (top, left,
+    /// bottom, right): diffusers' Downsample2D pads (0, 0, 1, 1), TAE (1, 1, 1, 1).
+    pub(crate) fn downsample(mut self, pad: [u32; 4]) -> Self {
+        self.stride = 2;
+        self.pad = Some(pad);
+        self
+    }
+    /// Whole-image geometry of the layer.
+    fn options(&self) -> Conv2dOptions {
+        Conv2dOptions {
+            stride: self.stride as u32,
+            pad: self.pad.unwrap_or([self.w.k() as u32 / 2; 4]),
+            upsample: self.upsample,
+        }
     }
     pub(crate) fn epilogue(mut self, f: Unary) -> Self {
         self.epilogue = Some(f);
@@ -518,7 +546,7 @@ pub(crate) struct AttentionSpec<'a> {
     pub stats: Option<&'a Norm>,
 }
 
-/// Runs decoder layers tile by tile, parking tiles within a device budget.
+/// Runs decoder or encoder layers tile by tile, parking tiles within a device budget.
 pub(crate) struct Executor {
     ctx: Context,
     rec: Option<Recorder<'static>>,
@@ -845,31 +873,22 @@ impl Executor {
                 (oy, ox),
                 (oh, ow),
             )
-        } else if k == 1 {
-            (r, [0; 4], (0, 0), (r.h, r.w))
         } else {
-            let h = k / 2;
-            let y0 = r.y.saturating_sub(h);
-            let x0 = r.x.saturating_sub(h);
-            let y1 = (r.bottom() + h).min(x.h);
-            let x1 = (r.right() + h).min(x.w);
-            let pad = [
-                (h - (r.y - y0)) as u32,
-                (h - (r.x - x0)) as u32,
-                (h - (y1 - r.bottom())) as u32,
-                (h - (x1 - r.right())) as u32,
-            ];
+            let whole = spec.options();
+            let s = spec.stride;
+            let [pt, pl, ..] = whole.pad;
+            let (y0, y1, pt, pb) = conv_span(r.y, r.bottom(), x.h, k, s, pt as usize);
+            let (x0, x1, pl, pr) = conv_span(r.x, r.right(), x.w, k, s, pl as usize);
             (
                 Window::new(y0, x0, y1 - y0, x1 - x0),
-                pad,
+                [pt, pl, pb, pr],
                 (0, 0),
                 (r.h, r.w),
             )
         };
         let opts = Conv2dOptions {
-            stride: 1,
             pad,
-            upsample: spec.upsample,
+            ..spec.options()
         };
         let input = self.read_window(x, win)?;
         let prologue = spec.prologue.map(|(affine, act)| Prologue { affine, act });
@@ -931,9 +950,14 @@ impl Executor {
         spec: ConvSpec,
         mut residual: Residual,
     ) -> Result<(Act, Option<Tensor>)> {
-        let up = if spec.upsample { 2 } else { 1 };
+        let (oh, ow) = output_size(x.h, x.w, spec.w.k(), &spec.options());
+        if spec.stride != 1 && !matches!(residual, Residual::None) {
+            return Err(Error::Unsupported(
+                "tiled residual add after a strided conv".into(),
+            ));
+        }
         // Activations take the weights' dtype (the model's).
-        let mut out = self.empty_act(x.n, spec.w.cout(), x.h * up, x.w * up, spec.w.dtype());
+        let mut out = self.empty_act(x.n, spec.w.cout(), oh, ow, spec.w.dtype());
         if let Residual::Take(res) = &residual {
             if res.grid != out.grid || res.c != out.c || res.n != out.n {
                 return Err(Error::shape(
@@ -1174,7 +1198,7 @@ impl Executor {
 
     /// Gathers an activation in host memory (`None` in dry runs): one
     /// read-back of its device tiles, host tiles copied.
-    pub(crate) fn to_host(&mut self, act: Act) -> Result<Option<Vec<u8>>> {
+    pub(crate) fn gather_host(&mut self, act: Act) -> Result<Option<Vec<u8>>> {
         self.submit()?;
         let whole = Window::new(0, 0, act.h, act.w);
         let device: Vec<usize> = (0..act.pieces.len())
@@ -1244,6 +1268,27 @@ fn upsample_span(o0: usize, o1: usize, n: usize) -> (usize, usize, u32, u32, usi
     (a, b, before as u32, after as u32, o0 - first, len)
 }
 
+/// For a conv with kernel `k` and stride `s` over an `n`-long axis zero-padded
+/// by `pad_before` (and as much after as the whole-image conv has), output
+/// span `[o0, o1)`: the input span `[a, b)` it reads and the zero padding
+/// before and after it. Inside the image the halo is real data, so the
+/// conv of the padded span is the whole-image conv restricted to the span.
+fn conv_span(
+    o0: usize,
+    o1: usize,
+    n: usize,
+    k: usize,
+    s: usize,
+    pad_before: usize,
+) -> (usize, usize, u32, u32) {
+    // Output j reads padded rows [s·j, s·j + k), i.e. input rows shifted by pad_before.
+    let lo = (s * o0) as isize - pad_before as isize;
+    let hi = (s * (o1 - 1) + k) as isize - pad_before as isize;
+    let a = lo.max(0) as usize;
+    let b = (hi.min(n as isize) as usize).max(a);
+    (a, b, (a as isize - lo) as u32, (hi - b as isize) as u32)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -1271,6 +1316,48 @@ mod tests {
         }
         let g = Grid::new(40, 48, Some(16));
         assert_eq!(g.overlapping(&Window::new(15, 15, 2, 2)), vec![0, 1, 3, 4]);
+    }
+
+    /// 1-D conv of `x` zero-padded by (`before`, `after`) with kernel `kern`, stride `s`.
+    fn conv1d(x: &[f32], kern: &[f32], s: usize, before: usize, after: usize) -> Vec<f32> {
+        let mut p = vec![0.0; before];
+        p.extend_from_slice(x);
+        p.extend(std::iter::repeat_n(0.0, after));
+        let k = kern.len();
+        (0..)
+            .map(|j| s * j)
+            .take_while(|&i| i + k <= p.len())
+            .map(|i| (0..k).map(|t| p[i + t] * kern[t]).sum())
+            .collect()
+    }
+
+    /// Every output span of stride-1 and stride-2 convs (same padding,
+    /// diffusers' (0, 1) and TAE's (1, 1) downsampling padding), computed
+    /// from the span `conv_span` names with its padding, equals the
+    /// whole-axis conv there: the halo rule the tiled encoder relies on.
+    #[test]
+    fn conv_spans_reproduce_the_whole_conv() {
+        let kern3 = [0.5f32, -1.25, 2.0];
+        for n in 1..=13usize {
+            let x: Vec<f32> = (0..n).map(|i| (i * 7 % 5) as f32 - 1.5).collect();
+            for (k, s, before, after) in [(1, 1, 0, 0), (3, 1, 1, 1), (3, 2, 0, 1), (3, 2, 1, 1)] {
+                let kern = &kern3[..k];
+                let whole = conv1d(&x, kern, s, before, after);
+                for o0 in 0..whole.len() {
+                    for o1 in o0 + 1..=whole.len() {
+                        let (a, b, pb, pa) = conv_span(o0, o1, n, k, s, before);
+                        assert!(a <= b && b <= n);
+                        assert!(pb as usize <= before && pa as usize <= after);
+                        let part = conv1d(&x[a..b], kern, s, pb as usize, pa as usize);
+                        assert_eq!(
+                            part,
+                            whole[o0..o1],
+                            "n {n} k {k} s {s} pad ({before}, {after}) [{o0}, {o1})"
+                        );
+                    }
+                }
+            }
+        }
     }
 
     /// The upsample span covers exactly the output rows the tile needs.

@@ -44,6 +44,7 @@ fn autoencoder_kl_encoders_match_diffusers() {
             &EncodeOptions {
                 sample: Some(3),
                 raw_latents: true,
+                ..Default::default()
             },
         )
         .unwrap()
@@ -55,6 +56,7 @@ fn autoencoder_kl_encoders_match_diffusers() {
             &EncodeOptions {
                 sample: Some(3),
                 raw_latents: true,
+                ..Default::default()
             },
         )
         .unwrap()

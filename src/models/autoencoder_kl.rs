@@ -25,7 +25,7 @@ pub(crate) const EPS: f32 = 1e-6;
 /// ResnetBlock2D: norm1 → SiLU → conv1 → norm2 → SiLU → conv2, plus the
 /// (1×1-conv shortcut of the) input.
 pub(crate) struct Resnet {
-    norm1: Norm,
+    pub(crate) norm1: Norm,
     conv1: Conv2dWeights,
     norm2: Norm,
     conv2: Conv2dWeights,
@@ -98,7 +98,7 @@ impl Resnet {
 impl Resnet {
     /// Tile by tile: `a1` is norm1's global affine over `x`; returns the
     /// output and the affine of `next` (the following GroupNorm) over it.
-    fn forward_tiled(
+    pub(crate) fn forward_tiled(
         &self,
         ex: &mut Executor,
         x: Act,
@@ -122,7 +122,7 @@ impl Resnet {
 }
 
 /// The affine a tiled layer was asked to gather.
-fn need(affine: Option<Tensor>) -> Result<Tensor> {
+pub(crate) fn need(affine: Option<Tensor>) -> Result<Tensor> {
     affine.ok_or_else(|| {
         Error::Unsupported("tiled layer without its GroupNorm statistics (a wgvae bug)".into())
     })
@@ -132,7 +132,7 @@ fn need(affine: Option<Tensor>) -> Result<Tensor> {
 /// channel-major activations), one head over all h·w tokens, output
 /// projection and residual.
 pub(crate) struct MidAttention {
-    norm: Norm,
+    pub(crate) norm: Norm,
     q: Conv2dWeights,
     k: Conv2dWeights,
     v: Conv2dWeights,
@@ -183,6 +183,29 @@ impl MidAttention {
         )?;
         drop((q, k, v));
         conv_add(rec, &o, &self.out, None, x, &same1)
+    }
+
+    /// Tile by tile (see [`Executor::attention`]): `affine` is the global
+    /// GroupNorm affine `[N, C, 2]` of `x`; returns the output and the affine
+    /// of `next` over it.
+    pub(crate) fn forward_tiled(
+        &self,
+        ex: &mut Executor,
+        x: Act,
+        affine: Tensor,
+        next: Option<&Norm>,
+    ) -> Result<(Act, Option<Tensor>)> {
+        ex.attention(
+            x,
+            AttentionSpec {
+                q: &self.q,
+                k: &self.k,
+                v: &self.v,
+                out: &self.out,
+                affine: &affine,
+                stats: next,
+            },
+        )
     }
 }
 
@@ -318,18 +341,7 @@ impl AutoencoderKl {
         };
         (x, a) = res0.forward_tiled(ex, x, need(a)?, Some(after_res0))?;
         if let Some(at) = &self.mid_attention {
-            let affine = need(a)?;
-            (x, a) = ex.attention(
-                x,
-                AttentionSpec {
-                    q: &at.q,
-                    k: &at.k,
-                    v: &at.v,
-                    out: &at.out,
-                    affine: &affine,
-                    stats: Some(&res1.norm1),
-                },
-            )?;
+            (x, a) = at.forward_tiled(ex, x, need(a)?, Some(&res1.norm1))?;
         }
         let first_up = &self.up_blocks[0].resnets[0].norm1;
         (x, a) = res1.forward_tiled(ex, x, need(a)?, Some(first_up))?;

@@ -8,12 +8,36 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::Activation;
-use crate::models::autoencoder_kl::{MidAttention, Resnet, EPS};
+use crate::models::autoencoder_kl::{need, MidAttention, Resnet, EPS};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::layers::{conv, identity_affine, load_conv, Norm};
 use crate::models::tae::{Block, WIDTH};
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
+use crate::tiling::{Act, ConvSpec, Executor, Residual};
+
+/// diffusers' Downsample2D: zero pad (top 0, left 0, bottom 1, right 1), stride 2.
+const KL_DOWN_PAD: [u32; 4] = [0, 0, 1, 1];
+/// TAE's stride-2 convs pad 1 on every side.
+const TAE_DOWN_PAD: [u32; 4] = [1; 4];
+
+/// One layer of the AutoencoderKL encoder between conv_in and conv_norm_out.
+enum KlStage<'a> {
+    Resnet(&'a Resnet),
+    Down(&'a Conv2dWeights),
+    Attention(&'a MidAttention),
+}
+
+impl KlStage<'_> {
+    /// The GroupNorm applied to this stage's input (none before a downsample).
+    fn input_norm(&self) -> Option<&Norm> {
+        match self {
+            KlStage::Resnet(r) => Some(&r.norm1),
+            KlStage::Down(_) => None,
+            KlStage::Attention(a) => Some(&a.norm),
+        }
+    }
+}
 
 /// The AutoencoderKL encoder on the device.
 pub struct AutoencoderKlEncoder {
@@ -102,7 +126,7 @@ impl AutoencoderKlEncoder {
         // diffusers' Downsample2D pads (left 0, right 1, top 0, bottom 1) then convolves with stride 2.
         let down2 = Conv2dOptions {
             stride: 2,
-            pad: [0, 0, 1, 1],
+            pad: KL_DOWN_PAD,
             upsample: false,
         };
         let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
@@ -130,6 +154,57 @@ impl AutoencoderKlEncoder {
         }
         Ok(moments)
     }
+
+    /// Resolution levels: the latent and one per stride-2 conv.
+    pub fn levels(&self) -> usize {
+        self.down.len()
+    }
+
+    /// The layers between conv_in and conv_norm_out, in order.
+    fn stages(&self) -> Vec<KlStage<'_>> {
+        let mut stages = Vec::new();
+        for (resnets, downsample) in &self.down {
+            stages.extend(resnets.iter().map(KlStage::Resnet));
+            stages.extend(downsample.iter().map(KlStage::Down));
+        }
+        stages.push(KlStage::Resnet(&self.mid_resnets[0]));
+        stages.extend(self.mid_attention.iter().map(KlStage::Attention));
+        stages.push(KlStage::Resnet(&self.mid_resnets[1]));
+        stages
+    }
+
+    /// [`Self::forward`] tile by tile (exact: every GroupNorm with global
+    /// statistics, gathered while the layer before it produces its input).
+    /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8].
+    pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
+        let stages = self.stages();
+        // The norm each layer's output feeds (conv_norm_out after the last).
+        let next = |i: usize| match stages.get(i) {
+            Some(s) => s.input_norm(),
+            None => Some(&self.norm_out),
+        };
+        let spec = ConvSpec::new(&self.conv_in).stats(next(0));
+        let (mut x, mut a) = ex.conv(&image, spec, Residual::None)?;
+        drop(image);
+        for (i, stage) in stages.iter().enumerate() {
+            (x, a) = match stage {
+                KlStage::Resnet(r) => r.forward_tiled(ex, x, need(a)?, next(i + 1))?,
+                KlStage::Attention(at) => at.forward_tiled(ex, x, need(a)?, next(i + 1))?,
+                KlStage::Down(w) => {
+                    let spec = ConvSpec::new(w).downsample(KL_DOWN_PAD).stats(next(i + 1));
+                    ex.conv(&x, spec, Residual::None)?
+                }
+            };
+        }
+        let a = need(a)?;
+        let spec = ConvSpec::new(&self.conv_out).prologue(&a, Activation::Silu);
+        let (mut moments, _) = ex.conv(&x, spec, Residual::None)?;
+        drop(x);
+        if let Some(q) = &self.quant_conv {
+            moments = ex.conv(&moments, ConvSpec::new(q), Residual::None)?.0;
+        }
+        Ok(moments)
+    }
 }
 
 /// A TAE encoder on the device.
@@ -141,6 +216,8 @@ pub struct TaeEncoder {
     conv_out: Conv2dWeights,
 }
 
+// Built once per model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum TaeLayer {
     Down(Conv2dWeights),
     Block(Block),
@@ -185,7 +262,11 @@ impl TaeEncoder {
     pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
         let n = x.shape()[0];
         let same3 = Conv2dOptions::same(3);
-        let down2 = Conv2dOptions { stride: 2, ..same3 };
+        let down2 = Conv2dOptions {
+            stride: 2,
+            pad: TAE_DOWN_PAD,
+            upsample: false,
+        };
         let relu = identity_affine(rec, n, WIDTH)?;
         let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
         for layer in &self.layers {
@@ -195,5 +276,35 @@ impl TaeEncoder {
             };
         }
         conv(rec, &x, &self.conv_out, None, &same3)
+    }
+
+    /// Resolution levels: the latent and one per stride-2 conv.
+    pub fn levels(&self) -> usize {
+        1 + self
+            .layers
+            .iter()
+            .filter(|l| matches!(l, TaeLayer::Down(_)))
+            .count()
+    }
+
+    /// [`Self::forward`] tile by tile (the pool branches' GroupNorms, where
+    /// present, with global statistics). `x` [N, 3, H, W] in [0, 1] →
+    /// latents [N, C, H/8, W/8].
+    pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
+        let relu = identity_affine(ex.rec(), image.n, WIDTH)?;
+        let (mut x, _) = ex.conv(&image, ConvSpec::new(&self.conv_in), Residual::None)?;
+        drop(image);
+        for layer in &self.layers {
+            x = match layer {
+                TaeLayer::Down(w) => {
+                    let spec = ConvSpec::new(w).downsample(TAE_DOWN_PAD);
+                    ex.conv(&x, spec, Residual::None)?.0
+                }
+                TaeLayer::Block(b) => b.forward_tiled(ex, x, &relu)?,
+            };
+        }
+        Ok(ex
+            .conv(&x, ConvSpec::new(&self.conv_out), Residual::None)?
+            .0)
     }
 }

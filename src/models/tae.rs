@@ -100,8 +100,32 @@ impl Block {
         unary(rec, Unary::Relu, &x, &x)?;
         Ok(x)
     }
+
+    /// Tile by tile (the pool branch's GroupNorm with global statistics).
+    /// `relu` is an identity affine [N, 64, 2].
+    pub(crate) fn forward_tiled(&self, ex: &mut Executor, x: Act, relu: &Tensor) -> Result<Act> {
+        let mut x = x;
+        if let Some(p) = &self.pool {
+            let spec = ConvSpec::new(&p.expand).stats(Some(&p.norm));
+            let (t, a) = ex.conv(&x, spec, Residual::None)?;
+            let a = a.ok_or_else(|| {
+                Error::Unsupported("pool branch without statistics (a wgvae bug)".into())
+            })?;
+            let spec = ConvSpec::new(&p.project).prologue(&a, Activation::Relu);
+            x = ex.conv(&t, spec, Residual::Take(x))?.0;
+        }
+        let (h, _) = ex.conv(&x, ConvSpec::new(&self.convs[0]), Residual::None)?;
+        let spec = ConvSpec::new(&self.convs[1]).prologue(relu, Activation::Relu);
+        let (h, _) = ex.conv(&h, spec, Residual::None)?;
+        let spec = ConvSpec::new(&self.convs[2])
+            .prologue(relu, Activation::Relu)
+            .epilogue(Unary::Relu);
+        Ok(ex.conv(&h, spec, Residual::Take(x))?.0)
+    }
 }
 
+// Built once per model: the size difference of the variants does not matter.
+#[allow(clippy::large_enum_variant)]
 enum Layer {
     Block(Block),
     /// Nearest 2× upsample fused into a bias-free conv.
@@ -204,26 +228,7 @@ impl TaeDecoder {
                 Layer::UpConv(w) => {
                     x = ex.conv(&x, ConvSpec::new(w).upsample(), Residual::None)?.0;
                 }
-                Layer::Block(b) => {
-                    if let Some(p) = &b.pool {
-                        let spec = ConvSpec::new(&p.expand).stats(Some(&p.norm));
-                        let (t, a) = ex.conv(&x, spec, Residual::None)?;
-                        let a = a.ok_or_else(|| {
-                            Error::Unsupported(
-                                "pool branch without statistics (a wgvae bug)".into(),
-                            )
-                        })?;
-                        let spec = ConvSpec::new(&p.project).prologue(&a, Activation::Relu);
-                        x = ex.conv(&t, spec, Residual::Take(x))?.0;
-                    }
-                    let (h, _) = ex.conv(&x, ConvSpec::new(&b.convs[0]), Residual::None)?;
-                    let spec = ConvSpec::new(&b.convs[1]).prologue(&relu, Activation::Relu);
-                    let (h, _) = ex.conv(&h, spec, Residual::None)?;
-                    let spec = ConvSpec::new(&b.convs[2])
-                        .prologue(&relu, Activation::Relu)
-                        .epilogue(Unary::Relu);
-                    x = ex.conv(&h, spec, Residual::Take(x))?.0;
-                }
+                Layer::Block(b) => x = b.forward_tiled(ex, x, &relu)?,
             }
         }
         ex.conv_to_image(
