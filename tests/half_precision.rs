@@ -233,3 +233,37 @@ fn f16_overflow_is_detected_and_redecoded_in_bf16() {
     assert!(recovered >= 35.0, "bf16 recovery: {recovered:.1} dB");
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// Exact tiles in f16 and bf16 (host parking of 16-bit tiles, half window
+/// copies, global statistics from half activations) equal the untiled decode
+/// in the same precision up to one rounding of the storage type.
+#[test]
+fn exact_tiles_in_half_precision_match_untiled() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let ctx = test_context();
+    for (p, tol) in [(Precision::F16, 1e-2), (Precision::BF16, 6e-2)] {
+        let vae = load(dir.to_str().unwrap(), p);
+        let run = |tiling: wgvae::Tiling| {
+            let opts = DecodeOptions {
+                keep_raw: true,
+                tiling,
+                ..Default::default()
+            };
+            decode(&ctx, &vae, &z, &opts).unwrap()
+        };
+        let whole = run(wgvae::Tiling::off());
+        let mut tiling = wgvae::Tiling::exact().with_tile_size(24);
+        tiling.tile_mid_block = true;
+        let tiled = run(tiling);
+        assert!(tiled.tiling.tiles > 1, "{:?}", tiled.tiling);
+        assert_eq!(tiled.dtype, whole.dtype);
+        let (err, at) = max_abs_diff(&tiled.raw.unwrap().data, &whole.raw.unwrap().data);
+        println!(
+            "aekl-tiny-sd {p:?}: exact tiles ({}) vs untiled: max abs {err:.2e}",
+            tiled.tiling.tiles
+        );
+        assert!(err <= tol, "{p:?}: {err} at {at}");
+    }
+}
