@@ -59,7 +59,7 @@ enum BenchKind {
         /// Output sizes in pixels (square), comma-separated.
         #[arg(long, default_value = "128,256", value_delimiter = ',')]
         sizes: Vec<usize>,
-        /// Storage dtypes, comma-separated (f32 for now).
+        /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
         #[arg(long, default_value = "f32", value_delimiter = ',')]
         dtypes: Vec<String>,
         #[arg(long, default_value_t = 1)]
@@ -662,11 +662,10 @@ fn bench_decode(
     policy: &str,
     out: &Path,
 ) -> wgvae::Result<()> {
-    if let Some(d) = dtypes.iter().find(|d| d.as_str() != "f32") {
-        return Err(wgvae::Error::Unsupported(format!(
-            "--dtypes {d}: activations are f32 for now"
-        )));
-    }
+    let precisions = dtypes
+        .iter()
+        .map(|d| d.parse())
+        .collect::<wgvae::Result<Vec<wgvae::models::Precision>>>()?;
     let ctx = context(cli_adapter)?;
     let b = wgvae::report::bench::DecodeBench {
         vae: vae.to_string(),
@@ -675,8 +674,9 @@ fn bench_decode(
         warmup,
         runs,
         policy: policy.parse()?,
+        dtypes: precisions,
     };
-    let settings = format!("vae {vae}, sizes {sizes:?}, batch {batch}, warm-up {warmup}, runs {runs}, policy {policy}, f32, untiled");
+    let settings = format!("vae {vae}, sizes {sizes:?}, dtypes {dtypes:?}, batch {batch}, warm-up {warmup}, runs {runs}, policy {policy}, untiled");
     let bar = indicatif::ProgressBar::new_spinner();
     let rows =
         wgvae::report::bench::run_decode_bench(&ctx, &b, |m| bar.set_message(m.to_string()))?;
@@ -685,8 +685,8 @@ fn bench_decode(
     wgvae::report::bench::write_decode_report(&rows, &meta, out)?;
     for r in &rows {
         println!(
-            "{}²: median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
-            r.size, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+            "{}² {}: median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.dtype, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
     println!(

@@ -91,6 +91,8 @@ pub struct DecodeBench {
     pub warmup: usize,
     pub runs: usize,
     pub policy: Policy,
+    /// Storage precisions to measure (each a row per size).
+    pub dtypes: Vec<crate::models::Precision>,
 }
 
 /// One measured cell.
@@ -121,73 +123,84 @@ pub fn run_decode_bench(
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<BenchRow>> {
     let ctx = ctx.with_pool(b.policy.new_pool());
-    let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
     let mut rows = Vec::new();
-    for &size in &b.sizes {
-        if size % vae.upscale() != 0 {
-            return Err(Error::InvalidInput(format!(
-                "size {size} is not a multiple of {}",
-                vae.upscale()
-            )));
-        }
-        let l = size / vae.upscale();
-        let shape = vec![b.batch, vae.latent_channels(), l, l];
-        let n: usize = shape.iter().product();
-        let z = HostTensor::new(shape, crate::testing::rand_vec(n, size as u64, 1.0))?;
-        let opts = DecodeOptions {
-            raw_latents: true,
+    for &precision in &b.dtypes {
+        let load = LoadOptions {
+            precision,
             ..Default::default()
         };
-        let mut times = Vec::new();
-        let mut first_ms = f64::NAN;
-        let mut last = None;
-        let mut status = "ok".to_string();
-        for i in 0..b.warmup + b.runs {
-            progress(&format!("{size}² run {}/{}", i + 1, b.warmup + b.runs));
-            match decode(&ctx, &vae, &z, &opts) {
-                Ok(out) => {
-                    if i == 0 {
-                        first_ms = out.decode_ms;
+        let vae = Vae::load(&ctx, &b.vae, &load)?;
+        for &size in &b.sizes {
+            if size % vae.upscale() != 0 {
+                return Err(Error::InvalidInput(format!(
+                    "size {size} is not a multiple of {}",
+                    vae.upscale()
+                )));
+            }
+            let l = size / vae.upscale();
+            let shape = vec![b.batch, vae.latent_channels(), l, l];
+            let n: usize = shape.iter().product();
+            let z = HostTensor::new(shape, crate::testing::rand_vec(n, size as u64, 1.0))?;
+            let opts = DecodeOptions {
+                raw_latents: true,
+                ..Default::default()
+            };
+            let mut times = Vec::new();
+            let mut first_ms = f64::NAN;
+            let mut last = None;
+            let mut status = "ok".to_string();
+            for i in 0..b.warmup + b.runs {
+                progress(&format!(
+                    "{size}² {} run {}/{}",
+                    vae.dtype.name(),
+                    i + 1,
+                    b.warmup + b.runs
+                ));
+                match decode(&ctx, &vae, &z, &opts) {
+                    Ok(out) => {
+                        if i == 0 {
+                            first_ms = out.decode_ms;
+                        }
+                        if i >= b.warmup {
+                            times.push(out.decode_ms);
+                        }
+                        last = Some(out);
                     }
-                    if i >= b.warmup {
-                        times.push(out.decode_ms);
+                    Err(e) => {
+                        status = e.to_string();
+                        break;
                     }
-                    last = Some(out);
-                }
-                Err(e) => {
-                    status = e.to_string();
-                    break;
                 }
             }
+            times.sort_by(f64::total_cmp);
+            let (median, min, max) = match times.len() {
+                0 => (f64::NAN, f64::NAN, f64::NAN),
+                k => (times[k / 2], times[0], times[k - 1]),
+            };
+            let secs = median / 1e3;
+            rows.push(BenchRow {
+                size,
+                dtype: vae.dtype.name(),
+                batch: b.batch,
+                runs: times.len(),
+                first_ms,
+                median_ms: median,
+                min_ms: min,
+                max_ms: max,
+                images_per_s: b.batch as f64 / secs,
+                megapixels_per_s: (b.batch * size * size) as f64 / 1e6 / secs,
+                gflops: last
+                    .as_ref()
+                    .map_or(f64::NAN, |o| 2.0 * o.macs as f64 / 1e9 / secs),
+                peak_allocated_mib: last
+                    .as_ref()
+                    .map_or(f64::NAN, |o| o.memory.allocated_bytes.peak as f64 / MIB),
+                peak_reserved_mib: last
+                    .as_ref()
+                    .map_or(f64::NAN, |o| o.memory.reserved_bytes.peak as f64 / MIB),
+                status,
+            });
         }
-        times.sort_by(f64::total_cmp);
-        let (median, min, max) = match times.len() {
-            0 => (f64::NAN, f64::NAN, f64::NAN),
-            k => (times[k / 2], times[0], times[k - 1]),
-        };
-        let secs = median / 1e3;
-        rows.push(BenchRow {
-            size,
-            dtype: "f32",
-            batch: b.batch,
-            runs: times.len(),
-            first_ms,
-            median_ms: median,
-            min_ms: min,
-            max_ms: max,
-            images_per_s: b.batch as f64 / secs,
-            megapixels_per_s: (b.batch * size * size) as f64 / 1e6 / secs,
-            gflops: last
-                .as_ref()
-                .map_or(f64::NAN, |o| 2.0 * o.macs as f64 / 1e9 / secs),
-            peak_allocated_mib: last
-                .as_ref()
-                .map_or(f64::NAN, |o| o.memory.allocated_bytes.peak as f64 / MIB),
-            peak_reserved_mib: last
-                .as_ref()
-                .map_or(f64::NAN, |o| o.memory.reserved_bytes.peak as f64 / MIB),
-            status,
-        });
     }
     Ok(rows)
 }
@@ -231,29 +244,31 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
     }
     write(&out.join("decode.md"), &md)?;
     let mp = |r: &BenchRow| (r.size * r.size) as f64 / 1e6;
+    let mut dtypes: Vec<&str> = rows.iter().map(|r| r.dtype).collect();
+    dtypes.dedup();
+    // One series per dtype.
+    let series = |f: &dyn Fn(&BenchRow) -> f64, what: &str| -> Vec<(String, Vec<(f64, f64)>)> {
+        dtypes
+            .iter()
+            .map(|d| {
+                let pts = rows.iter().filter(|r| r.dtype == *d).map(|r| (mp(r), f(r)));
+                (format!("{what} {d}"), pts.collect())
+            })
+            .collect()
+    };
     line_chart(
         &out.join("decode_time.svg"),
         &format!("decode time on {}", meta.adapter),
         ("megapixels per image", "median ms"),
-        &[(
-            "median ms".into(),
-            rows.iter().map(|r| (mp(r), r.median_ms)).collect(),
-        )],
+        &series(&|r| r.median_ms, "median ms"),
     )?;
+    let mut memory = series(&|r| r.peak_allocated_mib, "peak allocated");
+    memory.extend(series(&|r| r.peak_reserved_mib, "peak reserved"));
     line_chart(
         &out.join("decode_memory.svg"),
         &format!("decode memory ({})", meta.settings),
         ("megapixels per image", "MiB"),
-        &[
-            (
-                "peak allocated".into(),
-                rows.iter().map(|r| (mp(r), r.peak_allocated_mib)).collect(),
-            ),
-            (
-                "peak reserved".into(),
-                rows.iter().map(|r| (mp(r), r.peak_reserved_mib)).collect(),
-            ),
-        ],
+        &memory,
     )
 }
 
