@@ -285,6 +285,9 @@ struct EncodeArgs {
     pad: bool,
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Storage precision: f32, f16, bf16 or auto (arithmetic stays f32).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
     /// Tiling as for decode; tile sizes count input image pixels.
     #[command(flatten)]
     tiles: TileArgs,
@@ -700,6 +703,7 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
         config: a.config.clone(),
+        precision: a.dtype.parse()?,
         ..Default::default()
     };
     let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;

@@ -267,3 +267,28 @@ fn exact_tiles_in_half_precision_match_untiled() {
         assert!(err <= tol, "{p:?}: {err} at {at}");
     }
 }
+
+/// Encoders in f16 / bf16 against diffusers' f32 distribution mean.
+#[test]
+fn aekl_encoders_in_half_precision() {
+    use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+    let Some(shared) = shared_dir() else { return };
+    let ctx = test_context();
+    for name in ["aekl-tiny-sd", "aekl-tiny-flux"] {
+        let dir = shared.join("golden").join(name);
+        let img = load_image(&dir.join("encode_input.png"), false).unwrap();
+        let want = read_npy(&dir.join("encoded_mean.npy")).unwrap();
+        for (p, tol) in [(Precision::F16, 2e-2), (Precision::BF16, 1.5e-1)] {
+            let opts = LoadOptions {
+                precision: p,
+                ..Default::default()
+            };
+            let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &opts).unwrap();
+            let out = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
+            let mean = out.mean.unwrap();
+            let (err, _) = max_abs_diff(&mean.data, &want.data);
+            println!("{name} encoder {p:?}: mean max abs error vs diffusers {err:.3e}");
+            assert!(err <= tol, "{name} {p:?}: {err}");
+        }
+    }
+}
