@@ -164,7 +164,7 @@ impl Tensor {
         let b = &self.storage.block;
         let Some(buffer) = &b.buffer else { return }; // dry run
         let n = bytes.len() as u64;
-        if n % 4 == 0 {
+        if n.is_multiple_of(4) {
             ctx.queue().write_buffer(buffer, b.offset, bytes);
         } else {
             let mut padded = bytes.to_vec();

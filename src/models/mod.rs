@@ -79,6 +79,8 @@ impl Precision {
 }
 
 /// The decoder behind a [`Vae`].
+// One per loaded model: the size difference of the variants costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub enum Decoder {
     Kl(AutoencoderKl),
     Tae(TaeDecoder),
