@@ -16,6 +16,22 @@ fn main() {
         .map(|v| v.trim_end_matches('"').to_string())
         .unwrap_or_else(|| "unknown".into());
     println!("cargo:rustc-env=WGVAE_WGPU_VERSION={wgpu}");
-    println!("cargo:rerun-if-changed=.git/HEAD");
+    // A commit changes the branch's ref, not HEAD: watch both (and packed refs).
+    let git = |args: &[&str]| {
+        std::process::Command::new("git")
+            .args(args)
+            .output()
+            .ok()
+            .filter(|o| o.status.success())
+            .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
+    };
+    if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
+        println!("cargo:rerun-if-changed={dir}/HEAD");
+        println!("cargo:rerun-if-changed={dir}/packed-refs");
+        if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
+            let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or(dir);
+            println!("cargo:rerun-if-changed={common}/{r}");
+        }
+    }
     println!("cargo:rerun-if-changed=Cargo.lock");
 }
