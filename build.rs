@@ -26,11 +26,17 @@ fn main() {
             .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
     };
     if let Some(dir) = git(&["rev-parse", "--git-dir"]) {
-        println!("cargo:rerun-if-changed={dir}/HEAD");
-        println!("cargo:rerun-if-changed={dir}/packed-refs");
+        // Only existing files: cargo reruns the script every build for a missing one.
+        let watch = |p: String| {
+            if std::path::Path::new(&p).exists() {
+                println!("cargo:rerun-if-changed={p}");
+            }
+        };
+        let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or_else(|| dir.clone());
+        watch(format!("{dir}/HEAD"));
+        watch(format!("{common}/packed-refs"));
         if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
-            let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or(dir);
-            println!("cargo:rerun-if-changed={common}/{r}");
+            watch(format!("{common}/{r}"));
         }
     }
     println!("cargo:rerun-if-changed=Cargo.lock");
