@@ -85,7 +85,7 @@ pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(T
     Ok((raw, pixels))
 }
 
-fn plan_key(vae: &Vae, shape: &[usize]) -> String {
+pub(crate) fn plan_key(vae: &Vae, shape: &[usize]) -> String {
     format!("vae{}:{shape:?}", vae.id)
 }
 
@@ -145,7 +145,10 @@ fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
 /// fresh pool of the same policy; for planned pools, the traced peak with
 /// sizes rounded as a replay rounds them (an upper bound when the decode is
 /// too long to plan).
-fn dry_peak_of<T>(ctx: &Context, run: impl FnOnce(&Context) -> Result<T>) -> Result<(u64, T)> {
+pub(crate) fn dry_peak_of<T>(
+    ctx: &Context,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<(u64, T)> {
     if ctx.pool().policy_name() == Policy::Planned.name() {
         let tracer = Arc::new(TracingPool::new());
         let dry = Context::dry_run(ctx.caps().clone(), tracer.clone());
@@ -182,7 +185,7 @@ fn same_policy_pool(ctx: &Context) -> Arc<dyn MemoryPool> {
 }
 
 /// Errors that mean "too large for this device", which tiling can avoid.
-fn is_limit_error(e: &Error) -> bool {
+pub(crate) fn is_limit_error(e: &Error) -> bool {
     matches!(
         e,
         Error::BindingTooLarge { .. }

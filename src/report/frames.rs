@@ -1,0 +1,379 @@
+//! `wgvae bench frames`: frames/s and per-frame latency of the streaming
+//! frame decoder ([`crate::frames`]) per chunk size, against decoding the same
+//! frames one at a time in a loop with [`crate::decode()`].
+
+use std::path::{Path, PathBuf};
+use std::time::Instant;
+
+use serde::Serialize;
+
+use super::bench::Metadata;
+use super::{write, MIB};
+use crate::decode::{decode, DecodeOptions};
+use crate::error::{Error, Result};
+use crate::frames::{decode_frames, FramesOptions, LatencySummary};
+use crate::gpu::Context;
+use crate::io::HostTensor;
+use crate::memory::Policy;
+use crate::models::{LoadOptions, Vae};
+
+/// What to benchmark.
+#[derive(Clone, Debug)]
+pub struct FramesBench {
+    /// VAE spec (file, folder or `preset:NAME`).
+    pub vae: String,
+    /// Frames per decode (`N`).
+    pub frames: usize,
+    /// Latents file whose frames are used (cycled, with a small seeded
+    /// perturbation on repeats, when it holds fewer than `frames`).
+    pub latents: Option<PathBuf>,
+    /// Square output size in pixels of random latents (when no file is given).
+    pub size: usize,
+    /// Chunk sizes to measure; `None` is the automatic choice.
+    pub chunks: Vec<Option<usize>>,
+    /// Also measure the one-frame-at-a-time loop (the baseline of the ratio).
+    pub baseline: bool,
+    pub warmup: usize,
+    pub runs: usize,
+    pub policy: Policy,
+}
+
+/// One measured configuration.
+#[derive(Clone, Debug, Serialize)]
+pub struct FramesRow {
+    /// `streamed` (chunks, double-buffered readback) or `loop` (decode() per frame).
+    pub mode: &'static str,
+    /// `auto` or the chunk size asked for.
+    pub chunk_setting: String,
+    /// Frames per batched forward used (1 for the loop).
+    pub chunk: usize,
+    pub frames: usize,
+    pub width: usize,
+    pub height: usize,
+    pub runs: usize,
+    /// Median over runs of the wall time for all frames.
+    pub median_total_ms: f64,
+    /// `frames / median_total`.
+    pub frames_per_s: f64,
+    /// Per-frame latency over all runs' frames.
+    pub latency: LatencySummary,
+    pub peak_allocated_mib: f64,
+    pub peak_reserved_mib: f64,
+    /// Readback staging buffers (outside the pool).
+    pub staging_mib: f64,
+    /// Host time blocked on the device, share of the total (streamed only).
+    pub wait_share: f64,
+    /// frames/s divided by the loop's (NaN without the baseline).
+    pub vs_loop: f64,
+    /// "ok" or why the configuration did not run.
+    pub status: String,
+}
+
+/// Per-frame latencies of every timed run, for the latency CSV.
+#[derive(Clone, Debug)]
+pub struct LatencySample {
+    pub mode: &'static str,
+    pub chunk_setting: String,
+    pub run: usize,
+    pub frame: usize,
+    pub latency_ms: f64,
+}
+
+/// The benchmark's frames `[N, C, h, w]` and whether they are pipeline
+/// latents (a file) or decoder input (random).
+fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
+    let c = vae.latent_channels();
+    if b.frames == 0 {
+        return Err(Error::InvalidInput("--frames 0: nothing to decode".into()));
+    }
+    let Some(path) = &b.latents else {
+        let up = vae.upscale();
+        if b.size == 0 || b.size % up != 0 {
+            return Err(Error::InvalidInput(format!(
+                "--size {}: must be a positive multiple of {up}",
+                b.size
+            )));
+        }
+        let l = b.size / up;
+        let n = b.frames * c * l * l;
+        let data = crate::testing::rand_vec(n, b.size as u64, 1.0);
+        return Ok((HostTensor::new(vec![b.frames, c, l, l], data)?, true));
+    };
+    let file = crate::io::load_latents(path, None, c)?;
+    let per: usize = file.shape[1..].iter().product();
+    let have = file.shape[0];
+    let mut data = Vec::with_capacity(b.frames * per);
+    for i in 0..b.frames {
+        let src = &file.data[(i % have) * per..(i % have + 1) * per];
+        if i < have {
+            data.extend_from_slice(src);
+        } else {
+            // A repeat: perturb it so frames differ, as video frames do.
+            let noise = crate::testing::rand_vec(per, i as u64, 0.05);
+            data.extend(src.iter().zip(noise).map(|(v, r)| v + r));
+        }
+    }
+    let mut shape = file.shape.clone();
+    shape[0] = b.frames;
+    Ok((HostTensor::new(shape, data)?, false))
+}
+
+/// Runs the benchmark: the loop baseline first (when asked for), then each
+/// chunk size. Configurations the device cannot run are rows with a status.
+pub fn run_frames_bench(
+    ctx: &Context,
+    b: &FramesBench,
+    mut progress: impl FnMut(&str),
+) -> Result<(Vec<FramesRow>, Vec<LatencySample>)> {
+    let ctx = ctx.with_pool(b.policy.new_pool());
+    let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
+    let (z, pipeline_latents) = bench_latents(&vae, b)?;
+    let n = z.shape[0];
+    let up = vae.upscale();
+    let (height, width) = (z.shape[2] * up, z.shape[3] * up);
+    let mut rows = Vec::new();
+    let mut samples = Vec::new();
+    let total_runs = b.warmup + b.runs;
+
+    let mut loop_fps = f64::NAN;
+    if b.baseline {
+        let per: usize = z.shape[1..].iter().product();
+        let mut one_shape = z.shape.clone();
+        one_shape[0] = 1;
+        let singles: Vec<HostTensor> = (0..n)
+            .map(|i| HostTensor::new(one_shape.clone(), z.data[i * per..(i + 1) * per].to_vec()))
+            .collect::<Result<_>>()?;
+        let opts = DecodeOptions {
+            raw_latents: !pipeline_latents,
+            ..Default::default()
+        };
+        let mut totals = Vec::new();
+        let mut latencies = Vec::new();
+        let mut status = "ok".to_string();
+        let mut memory = None;
+        'runs: for run in 0..total_runs {
+            progress(&format!("loop: run {}/{total_runs}", run + 1));
+            let start = Instant::now();
+            let mut lat = Vec::with_capacity(n);
+            for (i, single) in singles.iter().enumerate() {
+                let t = Instant::now();
+                match decode(&ctx, &vae, single, &opts) {
+                    Ok(out) => {
+                        lat.push(t.elapsed().as_secs_f64() * 1e3);
+                        memory = Some(out.memory);
+                        if run >= b.warmup {
+                            samples.push(LatencySample {
+                                mode: "loop",
+                                chunk_setting: "1".into(),
+                                run: run - b.warmup,
+                                frame: i,
+                                latency_ms: lat[i],
+                            });
+                        }
+                    }
+                    Err(e) => {
+                        status = e.to_string();
+                        break 'runs;
+                    }
+                }
+            }
+            if run >= b.warmup {
+                totals.push(start.elapsed().as_secs_f64() * 1e3);
+                latencies.extend(lat);
+            }
+        }
+        let median = median(&mut totals);
+        loop_fps = n as f64 / (median / 1e3);
+        rows.push(FramesRow {
+            mode: "loop",
+            chunk_setting: "1".into(),
+            chunk: 1,
+            frames: n,
+            width,
+            height,
+            runs: totals.len(),
+            median_total_ms: median,
+            frames_per_s: loop_fps,
+            latency: LatencySummary::of(&latencies),
+            peak_allocated_mib: memory
+                .as_ref()
+                .map_or(f64::NAN, |m| m.allocated_bytes.peak as f64 / MIB),
+            peak_reserved_mib: memory
+                .as_ref()
+                .map_or(f64::NAN, |m| m.reserved_bytes.peak as f64 / MIB),
+            staging_mib: 0.0,
+            wait_share: f64::NAN,
+            vs_loop: 1.0,
+            status,
+        });
+    }
+
+    for &chunk in &b.chunks {
+        let setting = chunk.map_or("auto".to_string(), |c| c.to_string());
+        let opts = FramesOptions {
+            raw_latents: !pipeline_latents,
+            chunk,
+            max_memory: None,
+        };
+        let mut totals = Vec::new();
+        let mut latencies = Vec::new();
+        let mut last = None;
+        let mut status = "ok".to_string();
+        let mut wait_share = Vec::new();
+        for run in 0..total_runs {
+            progress(&format!("chunk {setting}: run {}/{total_runs}", run + 1));
+            // Touch every byte as a consumer would, without copying it.
+            let mut checksum = 0u64;
+            let result = decode_frames(&ctx, &vae, &z, &opts, |f| {
+                checksum = f
+                    .rgba
+                    .iter()
+                    .fold(checksum, |s, &v| s.wrapping_add(v as u64));
+                Ok(())
+            });
+            std::hint::black_box(checksum);
+            match result {
+                Ok(r) => {
+                    if run >= b.warmup {
+                        totals.push(r.total_ms);
+                        wait_share.push(r.wait_ms / r.total_ms);
+                        latencies.extend_from_slice(&r.latency_ms);
+                        samples.extend(r.latency_ms.iter().enumerate().map(|(frame, &l)| {
+                            LatencySample {
+                                mode: "streamed",
+                                chunk_setting: setting.clone(),
+                                run: run - b.warmup,
+                                frame,
+                                latency_ms: l,
+                            }
+                        }));
+                    }
+                    last = Some(r);
+                }
+                Err(e) => {
+                    status = e.to_string();
+                    break;
+                }
+            }
+        }
+        let median_ms = median(&mut totals);
+        let fps = n as f64 / (median_ms / 1e3);
+        rows.push(FramesRow {
+            mode: "streamed",
+            chunk_setting: setting,
+            chunk: last.as_ref().map_or(0, |r| r.chunk),
+            frames: n,
+            width,
+            height,
+            runs: totals.len(),
+            median_total_ms: median_ms,
+            frames_per_s: fps,
+            latency: LatencySummary::of(&latencies),
+            peak_allocated_mib: last
+                .as_ref()
+                .map_or(f64::NAN, |r| r.peak_allocated_bytes as f64 / MIB),
+            peak_reserved_mib: last
+                .as_ref()
+                .map_or(f64::NAN, |r| r.peak_reserved_bytes as f64 / MIB),
+            staging_mib: last
+                .as_ref()
+                .map_or(f64::NAN, |r| r.staging_bytes as f64 / MIB),
+            wait_share: wait_share.iter().sum::<f64>() / wait_share.len().max(1) as f64,
+            vs_loop: fps / loop_fps,
+            status,
+        });
+    }
+    Ok((rows, samples))
+}
+
+/// Median of `v` (NaN when empty); sorts `v`.
+fn median(v: &mut [f64]) -> f64 {
+    v.sort_by(f64::total_cmp);
+    match v.len() {
+        0 => f64::NAN,
+        k => v[k / 2],
+    }
+}
+
+/// Writes `frames.csv`, `frames.md` and `frames_latency.csv` (every frame's
+/// latency in every timed run) into `out`.
+pub fn write_frames_report(
+    rows: &[FramesRow],
+    samples: &[LatencySample],
+    meta: &Metadata,
+    out: &Path,
+) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|source| Error::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let mut csv = meta.lines("# ");
+    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,vs_loop,status\n";
+    for r in rows {
+        csv += &format!(
+            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3},\"{}\"\n",
+            r.mode,
+            r.chunk_setting,
+            r.chunk,
+            r.frames,
+            r.width,
+            r.height,
+            r.runs,
+            r.median_total_ms,
+            r.frames_per_s,
+            r.latency.mean_ms,
+            r.latency.p99_ms,
+            r.latency.max_ms,
+            r.peak_allocated_mib,
+            r.peak_reserved_mib,
+            r.staging_mib,
+            r.wait_share,
+            r.vs_loop,
+            r.status.replace('"', "'")
+        );
+    }
+    write(&out.join("frames.csv"), &csv)?;
+    let mut lat = meta.lines("# ");
+    lat += "mode,chunk_setting,run,frame,latency_ms\n";
+    for s in samples {
+        lat += &format!(
+            "{},{},{},{},{:.3}\n",
+            s.mode, s.chunk_setting, s.run, s.frame, s.latency_ms
+        );
+    }
+    write(&out.join("frames_latency.csv"), &lat)?;
+    let mut md = String::from("# Frame streaming benchmark\n\n");
+    md += &meta.lines("- ");
+    md += "\nLatency: from a chunk's submit (the first chunk: from the call) to its frames mapped on the host; \
+           the loop's: one `decode()` call. `vs loop`: frames/s over the one-frame-at-a-time loop's. \
+           `host waits`: share of the wall time the host was blocked on the device.\n\n";
+    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | vs loop | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    for r in rows {
+        let chunk = if r.chunk_setting == "auto" {
+            format!("auto ({})", r.chunk)
+        } else {
+            r.chunk.to_string()
+        };
+        md += &format!(
+            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.2}× | {} |\n",
+            r.mode,
+            chunk,
+            r.frames,
+            r.width,
+            r.height,
+            r.runs,
+            r.median_total_ms,
+            r.frames_per_s,
+            r.latency.mean_ms,
+            r.latency.p99_ms,
+            r.latency.max_ms,
+            r.peak_allocated_mib,
+            r.peak_reserved_mib,
+            r.staging_mib,
+            r.wait_share * 100.0,
+            r.vs_loop,
+            r.status
+        );
+    }
+    write(&out.join("frames.md"), &md)
+}
