@@ -13,6 +13,24 @@
 //! Activations come from the context's pool as in [`crate::decode()`] (same
 //! allocation order, so a planned pool shares its memory plans with it); the
 //! staging buffers are not tensors and are reported separately.
+//!
+//! ```no_run
+//! use wgvae::{Context, ContextOptions, FramesOptions, LoadOptions, Vae};
+//!
+//! fn main() -> wgvae::Result<()> {
+//!     let ctx = Context::new(&ContextOptions::default())?;
+//!     let vae = Vae::load(&ctx, "../shared/weights/taef2/decoder.safetensors", &LoadOptions::default())?;
+//!     // [N, C, h, w]: one latent per frame.
+//!     let latents = wgvae::io::load_latents("video_latents.npy".as_ref(), None, vae.latent_channels())?;
+//!     let report = wgvae::decode_frames(&ctx, &vae, &latents, &FramesOptions::default(), |f| {
+//!         // f.rgba: the [H, W, 4] bytes of frame f.index, lent for the duration of the call.
+//!         let path = format!("frame_{:05}.png", f.index);
+//!         wgvae::io::write_png_rgb(path.as_ref(), f.width, f.height, f.rgba)
+//!     })?;
+//!     println!("{:.2} frames/s, P99 latency {:.0} ms", report.frames_per_s, report.latency.p99_ms);
+//!     Ok(())
+//! }
+//! ```
 
 use std::collections::VecDeque;
 use std::sync::mpsc;

@@ -63,6 +63,11 @@ pub struct FramesRow {
     pub staging_mib: f64,
     /// Host time blocked on the device, share of the total (streamed only).
     pub wait_share: f64,
+    /// CPU time of the whole process per frame (median over runs; Linux,
+    /// NaN elsewhere). On a CPU adapter (lavapipe) this includes the
+    /// "device", and unlike wall time it does not grow when other processes
+    /// share the cores.
+    pub cpu_ms_per_frame: f64,
     /// frames/s divided by the loop's (NaN without the baseline).
     pub vs_loop: f64,
     /// "ok" or why the configuration did not run.
@@ -135,24 +140,34 @@ pub fn run_frames_bench(
     let mut samples = Vec::new();
     let total_runs = b.warmup + b.runs;
 
+    let per: usize = z.shape[1..].iter().product();
+    let mut one_shape = z.shape.clone();
+    one_shape[0] = 1;
+    let singles: Vec<HostTensor> = (0..n)
+        .map(|i| HostTensor::new(one_shape.clone(), z.data[i * per..(i + 1) * per].to_vec()))
+        .collect::<Result<_>>()?;
+    let opts = DecodeOptions {
+        raw_latents: !pipeline_latents,
+        ..Default::default()
+    };
+    // Compile the pipelines once before anything is timed, so that neither
+    // mode pays for it (a failure shows up in the rows' status below).
+    progress("priming: one frame");
+    let _ = decode(&ctx, &vae, &singles[0], &opts);
+
     let mut loop_fps = f64::NAN;
     if b.baseline {
-        let per: usize = z.shape[1..].iter().product();
-        let mut one_shape = z.shape.clone();
-        one_shape[0] = 1;
-        let singles: Vec<HostTensor> = (0..n)
-            .map(|i| HostTensor::new(one_shape.clone(), z.data[i * per..(i + 1) * per].to_vec()))
-            .collect::<Result<_>>()?;
-        let opts = DecodeOptions {
-            raw_latents: !pipeline_latents,
-            ..Default::default()
-        };
         let mut totals = Vec::new();
         let mut latencies = Vec::new();
         let mut status = "ok".to_string();
         let mut memory = None;
+        let mut cpu = Vec::new();
+        // Each configuration starts from an empty cache, so its reserved
+        // peak is its own (a planned pool keeps the last plan's arenas).
+        ctx.pool().empty_cache();
         'runs: for run in 0..total_runs {
             progress(&format!("loop: run {}/{total_runs}", run + 1));
+            let cpu0 = process_cpu_seconds();
             let start = Instant::now();
             let mut lat = Vec::with_capacity(n);
             for (i, single) in singles.iter().enumerate() {
@@ -180,10 +195,11 @@ pub fn run_frames_bench(
             if run >= b.warmup {
                 totals.push(start.elapsed().as_secs_f64() * 1e3);
                 latencies.extend(lat);
+                cpu.extend(cpu_ms_since(cpu0, n));
             }
         }
-        let median = median(&mut totals);
-        loop_fps = n as f64 / (median / 1e3);
+        let median_ms = median(&mut totals);
+        loop_fps = n as f64 / (median_ms / 1e3);
         rows.push(FramesRow {
             mode: "loop",
             chunk_setting: "1".into(),
@@ -192,7 +208,7 @@ pub fn run_frames_bench(
             width,
             height,
             runs: totals.len(),
-            median_total_ms: median,
+            median_total_ms: median_ms,
             frames_per_s: loop_fps,
             latency: LatencySummary::of(&latencies),
             peak_allocated_mib: memory
@@ -203,6 +219,7 @@ pub fn run_frames_bench(
                 .map_or(f64::NAN, |m| m.reserved_bytes.peak as f64 / MIB),
             staging_mib: 0.0,
             wait_share: f64::NAN,
+            cpu_ms_per_frame: median(&mut cpu),
             vs_loop: 1.0,
             status,
         });
@@ -220,8 +237,11 @@ pub fn run_frames_bench(
         let mut last = None;
         let mut status = "ok".to_string();
         let mut wait_share = Vec::new();
+        let mut cpu = Vec::new();
+        ctx.pool().empty_cache();
         for run in 0..total_runs {
             progress(&format!("chunk {setting}: run {}/{total_runs}", run + 1));
+            let cpu0 = process_cpu_seconds();
             // Touch every byte as a consumer would, without copying it.
             let mut checksum = 0u64;
             let result = decode_frames(&ctx, &vae, &z, &opts, |f| {
@@ -235,6 +255,7 @@ pub fn run_frames_bench(
             match result {
                 Ok(r) => {
                     if run >= b.warmup {
+                        cpu.extend(cpu_ms_since(cpu0, n));
                         totals.push(r.total_ms);
                         wait_share.push(r.wait_ms / r.total_ms);
                         latencies.extend_from_slice(&r.latency_ms);
@@ -279,11 +300,30 @@ pub fn run_frames_bench(
                 .as_ref()
                 .map_or(f64::NAN, |r| r.staging_bytes as f64 / MIB),
             wait_share: wait_share.iter().sum::<f64>() / wait_share.len().max(1) as f64,
+            cpu_ms_per_frame: median(&mut cpu),
             vs_loop: fps / loop_fps,
             status,
         });
     }
     Ok((rows, samples))
+}
+
+/// CPU time of this process's threads (Linux): the sum of
+/// `/proc/self/task/*/schedstat` run times (lavapipe's threads persist).
+fn process_cpu_seconds() -> Option<f64> {
+    let mut ns = 0u64;
+    for task in std::fs::read_dir("/proc/self/task").ok()? {
+        let path = task.ok()?.path().join("schedstat");
+        if let Ok(stat) = std::fs::read_to_string(path) {
+            ns += stat.split_whitespace().next()?.parse::<u64>().ok()?;
+        }
+    }
+    Some(ns as f64 * 1e-9)
+}
+
+/// Process CPU milliseconds per frame since `start` (none off Linux).
+fn cpu_ms_since(start: Option<f64>, frames: usize) -> Option<f64> {
+    Some((process_cpu_seconds()? - start?) * 1e3 / frames as f64)
 }
 
 /// Median of `v` (NaN when empty); sorts `v`.
@@ -308,10 +348,10 @@ pub fn write_frames_report(
         source,
     })?;
     let mut csv = meta.lines("# ");
-    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,vs_loop,status\n";
+    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,status\n";
     for r in rows {
         csv += &format!(
-            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.3},\"{}\"\n",
+            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.1},{:.3},\"{}\"\n",
             r.mode,
             r.chunk_setting,
             r.chunk,
@@ -328,6 +368,7 @@ pub fn write_frames_report(
             r.peak_reserved_mib,
             r.staging_mib,
             r.wait_share,
+            r.cpu_ms_per_frame,
             r.vs_loop,
             r.status.replace('"', "'")
         );
@@ -346,8 +387,10 @@ pub fn write_frames_report(
     md += &meta.lines("- ");
     md += "\nLatency: from a chunk's submit (the first chunk: from the call) to its frames mapped on the host; \
            the loop's: one `decode()` call. `vs loop`: frames/s over the one-frame-at-a-time loop's. \
-           `host waits`: share of the wall time the host was blocked on the device.\n\n";
-    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | vs loop | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+           `host waits`: share of the wall time the host was blocked on the device. \
+           `CPU ms/frame`: CPU time of the whole process per frame (on a CPU adapter the device's work included; \
+           robust to other processes sharing the cores, unlike wall time).\n\n";
+    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | CPU ms/frame | vs loop | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         let chunk = if r.chunk_setting == "auto" {
             format!("auto ({})", r.chunk)
@@ -355,7 +398,7 @@ pub fn write_frames_report(
             r.chunk.to_string()
         };
         md += &format!(
-            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.2}× | {} |\n",
+            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.0} | {:.2}× | {} |\n",
             r.mode,
             chunk,
             r.frames,
@@ -371,6 +414,7 @@ pub fn write_frames_report(
             r.peak_reserved_mib,
             r.staging_mib,
             r.wait_share * 100.0,
+            r.cpu_ms_per_frame,
             r.vs_loop,
             r.status
         );
