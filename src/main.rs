@@ -858,10 +858,10 @@ fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Res
     wgvae::report::frames::write_frames_report(&rows, &samples, &meta, &a.out)?;
     for r in &rows {
         println!(
-            "{} chunk {} ({}): {} frames of {}×{}: {:.3} frames/s (median {:.1} ms of {} runs), latency mean {:.1} / P99 {:.1} / max {:.1} ms, peak allocated {:.1} MiB, reserved {:.1} MiB, process CPU {:.0} ms/frame, {:.2}× the loop [{}]",
+            "{} chunk {} ({}): {} frames of {}×{}: {:.3} frames/s (median {:.1} ms of {} runs), latency mean {:.1} / P99 {:.1} / max {:.1} ms, peak allocated {:.1} MiB, reserved {:.1} MiB, process CPU {:.0} ms/frame, {:.2}× the loop ({:.2}× in CPU time) [{}]",
             r.mode, r.chunk_setting, r.chunk, r.frames, r.width, r.height, r.frames_per_s, r.median_total_ms, r.runs,
             r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.peak_allocated_mib, r.peak_reserved_mib,
-            r.cpu_ms_per_frame, r.vs_loop, r.status
+            r.cpu_ms_per_frame, r.vs_loop, r.vs_loop_cpu, r.status
         );
     }
     println!(

@@ -206,8 +206,7 @@ fn bad_frame_inputs_are_errors() {
             },
             |_| Ok(()),
         )
-        .err()
-        .expect("must fail")
+        .expect_err("must fail")
         .to_string()
     };
     let empty = HostTensor::new(vec![0, 4, 6, 5], vec![]).unwrap();

@@ -70,6 +70,9 @@ pub struct FramesRow {
     pub cpu_ms_per_frame: f64,
     /// frames/s divided by the loop's (NaN without the baseline).
     pub vs_loop: f64,
+    /// The loop's CPU time per frame divided by this one's (NaN without
+    /// the baseline or off Linux): the ratio contention does not distort.
+    pub vs_loop_cpu: f64,
     /// "ok" or why the configuration did not run.
     pub status: String,
 }
@@ -93,7 +96,7 @@ fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
     }
     let Some(path) = &b.latents else {
         let up = vae.upscale();
-        if b.size == 0 || b.size % up != 0 {
+        if b.size == 0 || !b.size.is_multiple_of(up) {
             return Err(Error::InvalidInput(format!(
                 "--size {}: must be a positive multiple of {up}",
                 b.size
@@ -123,8 +126,86 @@ fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
     Ok((HostTensor::new(shape, data)?, false))
 }
 
-/// Runs the benchmark: the loop baseline first (when asked for), then each
-/// chunk size. Configurations the device cannot run are rows with a status.
+/// One timed pass of a configuration over all frames.
+struct Pass {
+    total_ms: f64,
+    latency_ms: Vec<f64>,
+    /// Host time blocked on the device (streamed only).
+    wait_ms: f64,
+    chunk: usize,
+    peak_allocated_bytes: u64,
+    peak_reserved_bytes: u64,
+    staging_bytes: u64,
+}
+
+/// The baseline: one [`decode()`] per frame; a frame's latency is its call.
+fn loop_pass(
+    ctx: &Context,
+    vae: &Vae,
+    singles: &[HostTensor],
+    opts: &DecodeOptions,
+) -> Result<Pass> {
+    let start = Instant::now();
+    let mut latency_ms = Vec::with_capacity(singles.len());
+    let (mut allocated, mut reserved) = (0, 0);
+    for single in singles {
+        let t = Instant::now();
+        let out = decode(ctx, vae, single, opts)?;
+        latency_ms.push(t.elapsed().as_secs_f64() * 1e3);
+        // decode() resets the peaks per call: keep the largest.
+        allocated = allocated.max(out.memory.allocated_bytes.peak);
+        reserved = reserved.max(out.memory.reserved_bytes.peak);
+    }
+    Ok(Pass {
+        total_ms: start.elapsed().as_secs_f64() * 1e3,
+        latency_ms,
+        wait_ms: f64::NAN,
+        chunk: 1,
+        peak_allocated_bytes: allocated,
+        peak_reserved_bytes: reserved,
+        staging_bytes: 0,
+    })
+}
+
+/// All frames through [`decode_frames`]; the callback touches every byte
+/// as a consumer would, without copying it.
+fn streamed_pass(ctx: &Context, vae: &Vae, z: &HostTensor, opts: &FramesOptions) -> Result<Pass> {
+    let mut checksum = 0u64;
+    let r = decode_frames(ctx, vae, z, opts, |f| {
+        checksum = f
+            .rgba
+            .iter()
+            .fold(checksum, |s, &v| s.wrapping_add(v as u64));
+        Ok(())
+    })?;
+    std::hint::black_box(checksum);
+    Ok(Pass {
+        total_ms: r.total_ms,
+        latency_ms: r.latency_ms,
+        wait_ms: r.wait_ms,
+        chunk: r.chunk,
+        peak_allocated_bytes: r.peak_allocated_bytes,
+        peak_reserved_bytes: r.peak_reserved_bytes,
+        staging_bytes: r.staging_bytes,
+    })
+}
+
+/// One configuration's timed passes so far.
+struct Cell {
+    mode: &'static str,
+    setting: String,
+    /// `None` for the loop.
+    frames_options: Option<FramesOptions>,
+    passes: Vec<Pass>,
+    cpu_ms_per_frame: Vec<f64>,
+    status: String,
+}
+
+/// Runs the benchmark. Runs are interleaved (run 1 of every configuration,
+/// then run 2, …) so that load from other processes, which lavapipe feels
+/// directly, spreads over all configurations alike. A single untimed frame
+/// compiles the pipelines first. Configurations the device cannot run are
+/// rows with a status.
 pub fn run_frames_bench(
     ctx: &Context,
     b: &FramesBench,
@@ -136,95 +217,32 @@ pub fn run_frames_bench(
     let n = z.shape[0];
     let up = vae.upscale();
     let (height, width) = (z.shape[2] * up, z.shape[3] * up);
-    let mut rows = Vec::new();
-    let mut samples = Vec::new();
-    let total_runs = b.warmup + b.runs;
-
     let per: usize = z.shape[1..].iter().product();
     let mut one_shape = z.shape.clone();
     one_shape[0] = 1;
     let singles: Vec<HostTensor> = (0..n)
         .map(|i| HostTensor::new(one_shape.clone(), z.data[i * per..(i + 1) * per].to_vec()))
         .collect::<Result<_>>()?;
-    let opts = DecodeOptions {
+    let decode_options = DecodeOptions {
         raw_latents: !pipeline_latents,
         ..Default::default()
     };
-    // Compile the pipelines once before anything is timed, so that neither
-    // mode pays for it (a failure shows up in the rows' status below).
     progress("priming: one frame");
-    let _ = decode(&ctx, &vae, &singles[0], &opts);
+    // A failure here shows up again in the rows' status.
+    let _ = decode(&ctx, &vae, &singles[0], &decode_options);
 
-    let mut loop_fps = f64::NAN;
+    let mut cells: Vec<Cell> = Vec::new();
+    let cell = |mode, setting: String, frames_options| Cell {
+        mode,
+        setting,
+        frames_options,
+        passes: Vec::new(),
+        cpu_ms_per_frame: Vec::new(),
+        status: "ok".into(),
+    };
     if b.baseline {
-        let mut totals = Vec::new();
-        let mut latencies = Vec::new();
-        let mut status = "ok".to_string();
-        let mut memory = None;
-        let mut cpu = Vec::new();
-        // Each configuration starts from an empty cache, so its reserved
-        // peak is its own (a planned pool keeps the last plan's arenas).
-        ctx.pool().empty_cache();
-        'runs: for run in 0..total_runs {
-            progress(&format!("loop: run {}/{total_runs}", run + 1));
-            let cpu0 = process_cpu_seconds();
-            let start = Instant::now();
-            let mut lat = Vec::with_capacity(n);
-            for (i, single) in singles.iter().enumerate() {
-                let t = Instant::now();
-                match decode(&ctx, &vae, single, &opts) {
-                    Ok(out) => {
-                        lat.push(t.elapsed().as_secs_f64() * 1e3);
-                        memory = Some(out.memory);
-                        if run >= b.warmup {
-                            samples.push(LatencySample {
-                                mode: "loop",
-                                chunk_setting: "1".into(),
-                                run: run - b.warmup,
-                                frame: i,
-                                latency_ms: lat[i],
-                            });
-                        }
-                    }
-                    Err(e) => {
-                        status = e.to_string();
-                        break 'runs;
-                    }
-                }
-            }
-            if run >= b.warmup {
-                totals.push(start.elapsed().as_secs_f64() * 1e3);
-                latencies.extend(lat);
-                cpu.extend(cpu_ms_since(cpu0, n));
-            }
-        }
-        let median_ms = median(&mut totals);
-        loop_fps = n as f64 / (median_ms / 1e3);
-        rows.push(FramesRow {
-            mode: "loop",
-            chunk_setting: "1".into(),
-            chunk: 1,
-            frames: n,
-            width,
-            height,
-            runs: totals.len(),
-            median_total_ms: median_ms,
-            frames_per_s: loop_fps,
-            latency: LatencySummary::of(&latencies),
-            peak_allocated_mib: memory
-                .as_ref()
-                .map_or(f64::NAN, |m| m.allocated_bytes.peak as f64 / MIB),
-            peak_reserved_mib: memory
-                .as_ref()
-                .map_or(f64::NAN, |m| m.reserved_bytes.peak as f64 / MIB),
-            staging_mib: 0.0,
-            wait_share: f64::NAN,
-            cpu_ms_per_frame: median(&mut cpu),
-            vs_loop: 1.0,
-            status,
-        });
+        cells.push(cell("loop", "1".into(), None));
     }
-
     for &chunk in &b.chunks {
         let setting = chunk.map_or("auto".to_string(), |c| c.to_string());
         let opts = FramesOptions {
@@ -232,78 +250,85 @@ pub fn run_frames_bench(
             chunk,
             max_memory: None,
         };
-        let mut totals = Vec::new();
-        let mut latencies = Vec::new();
-        let mut last = None;
-        let mut status = "ok".to_string();
-        let mut wait_share = Vec::new();
-        let mut cpu = Vec::new();
-        ctx.pool().empty_cache();
-        for run in 0..total_runs {
-            progress(&format!("chunk {setting}: run {}/{total_runs}", run + 1));
+        cells.push(cell("streamed", setting, Some(opts)));
+    }
+    let total_runs = b.warmup + b.runs;
+    for run in 0..total_runs {
+        for c in cells.iter_mut().filter(|c| c.status == "ok") {
+            progress(&format!(
+                "{} chunk {}: run {}/{total_runs}",
+                c.mode,
+                c.setting,
+                run + 1
+            ));
+            // Each pass starts from an empty cache, so its reserved peak is
+            // its own (a planned pool keeps the last plan's arenas).
+            ctx.pool().empty_cache();
             let cpu0 = process_cpu_seconds();
-            // Touch every byte as a consumer would, without copying it.
-            let mut checksum = 0u64;
-            let result = decode_frames(&ctx, &vae, &z, &opts, |f| {
-                checksum = f
-                    .rgba
-                    .iter()
-                    .fold(checksum, |s, &v| s.wrapping_add(v as u64));
-                Ok(())
-            });
-            std::hint::black_box(checksum);
-            match result {
-                Ok(r) => {
-                    if run >= b.warmup {
-                        cpu.extend(cpu_ms_since(cpu0, n));
-                        totals.push(r.total_ms);
-                        wait_share.push(r.wait_ms / r.total_ms);
-                        latencies.extend_from_slice(&r.latency_ms);
-                        samples.extend(r.latency_ms.iter().enumerate().map(|(frame, &l)| {
-                            LatencySample {
-                                mode: "streamed",
-                                chunk_setting: setting.clone(),
-                                run: run - b.warmup,
-                                frame,
-                                latency_ms: l,
-                            }
-                        }));
-                    }
-                    last = Some(r);
+            let pass = match &c.frames_options {
+                None => loop_pass(&ctx, &vae, &singles, &decode_options),
+                Some(opts) => streamed_pass(&ctx, &vae, &z, opts),
+            };
+            match pass {
+                Ok(p) if run >= b.warmup => {
+                    c.cpu_ms_per_frame.extend(cpu_ms_since(cpu0, n));
+                    c.passes.push(p);
                 }
-                Err(e) => {
-                    status = e.to_string();
-                    break;
-                }
+                Ok(_) => {}
+                Err(e) => c.status = e.to_string(),
             }
         }
+    }
+
+    let mut rows = Vec::new();
+    let mut samples = Vec::new();
+    for c in &mut cells {
+        let mut totals: Vec<f64> = c.passes.iter().map(|p| p.total_ms).collect();
         let median_ms = median(&mut totals);
-        let fps = n as f64 / (median_ms / 1e3);
+        let latencies: Vec<f64> = c.passes.iter().flat_map(|p| p.latency_ms.clone()).collect();
+        for (run, p) in c.passes.iter().enumerate() {
+            samples.extend(
+                p.latency_ms
+                    .iter()
+                    .enumerate()
+                    .map(|(frame, &l)| LatencySample {
+                        mode: c.mode,
+                        chunk_setting: c.setting.clone(),
+                        run,
+                        frame,
+                        latency_ms: l,
+                    }),
+            );
+        }
+        let last = c.passes.last();
+        let mib = |f: fn(&Pass) -> u64| last.map_or(f64::NAN, |p| f(p) as f64 / MIB);
+        let wait: Vec<f64> = c.passes.iter().map(|p| p.wait_ms / p.total_ms).collect();
         rows.push(FramesRow {
-            mode: "streamed",
-            chunk_setting: setting,
-            chunk: last.as_ref().map_or(0, |r| r.chunk),
+            mode: c.mode,
+            chunk_setting: c.setting.clone(),
+            chunk: last.map_or(0, |p| p.chunk),
             frames: n,
             width,
             height,
-            runs: totals.len(),
+            runs: c.passes.len(),
             median_total_ms: median_ms,
-            frames_per_s: fps,
+            frames_per_s: n as f64 / (median_ms / 1e3),
             latency: LatencySummary::of(&latencies),
-            peak_allocated_mib: last
-                .as_ref()
-                .map_or(f64::NAN, |r| r.peak_allocated_bytes as f64 / MIB),
-            peak_reserved_mib: last
-                .as_ref()
-                .map_or(f64::NAN, |r| r.peak_reserved_bytes as f64 / MIB),
-            staging_mib: last
-                .as_ref()
-                .map_or(f64::NAN, |r| r.staging_bytes as f64 / MIB),
-            wait_share: wait_share.iter().sum::<f64>() / wait_share.len().max(1) as f64,
-            cpu_ms_per_frame: median(&mut cpu),
-            vs_loop: fps / loop_fps,
-            status,
+            peak_allocated_mib: mib(|p| p.peak_allocated_bytes),
+            peak_reserved_mib: mib(|p| p.peak_reserved_bytes),
+            staging_mib: mib(|p| p.staging_bytes),
+            wait_share: wait.iter().sum::<f64>() / wait.len().max(1) as f64,
+            cpu_ms_per_frame: median(&mut c.cpu_ms_per_frame),
+            vs_loop: f64::NAN,
+            vs_loop_cpu: f64::NAN,
+            status: c.status.clone(),
         });
+    }
+    if let Some(base) = rows.iter().find(|r| r.mode == "loop").cloned() {
+        for r in &mut rows {
+            r.vs_loop = r.frames_per_s / base.frames_per_s;
+            r.vs_loop_cpu = base.cpu_ms_per_frame / r.cpu_ms_per_frame;
+        }
     }
     Ok((rows, samples))
 }
@@ -348,10 +373,10 @@ pub fn write_frames_report(
         source,
     })?;
     let mut csv = meta.lines("# ");
-    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,status\n";
+    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,vs_loop_cpu,status\n";
     for r in rows {
         csv += &format!(
-            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.1},{:.3},\"{}\"\n",
+            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.1},{:.3},{:.3},\"{}\"\n",
             r.mode,
             r.chunk_setting,
             r.chunk,
@@ -370,6 +395,7 @@ pub fn write_frames_report(
             r.wait_share,
             r.cpu_ms_per_frame,
             r.vs_loop,
+            r.vs_loop_cpu,
             r.status.replace('"', "'")
         );
     }
@@ -386,11 +412,12 @@ pub fn write_frames_report(
     let mut md = String::from("# Frame streaming benchmark\n\n");
     md += &meta.lines("- ");
     md += "\nLatency: from a chunk's submit (the first chunk: from the call) to its frames mapped on the host; \
-           the loop's: one `decode()` call. `vs loop`: frames/s over the one-frame-at-a-time loop's. \
+           the loop's: one `decode()` call. `vs loop`: frames/s over the one-frame-at-a-time loop's; `vs loop (CPU)`: the loop's CPU ms/frame over this one's. \
+           Runs are interleaved across configurations. \
            `host waits`: share of the wall time the host was blocked on the device. \
            `CPU ms/frame`: CPU time of the whole process per frame (on a CPU adapter the device's work included; \
            robust to other processes sharing the cores, unlike wall time).\n\n";
-    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | CPU ms/frame | vs loop | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | CPU ms/frame | vs loop | vs loop (CPU) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         let chunk = if r.chunk_setting == "auto" {
             format!("auto ({})", r.chunk)
@@ -398,7 +425,7 @@ pub fn write_frames_report(
             r.chunk.to_string()
         };
         md += &format!(
-            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.0} | {:.2}× | {} |\n",
+            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.0} | {:.2}× | {:.2}× | {} |\n",
             r.mode,
             chunk,
             r.frames,
@@ -416,6 +443,7 @@ pub fn write_frames_report(
             r.wait_share * 100.0,
             r.cpu_ms_per_frame,
             r.vs_loop,
+            r.vs_loop_cpu,
             r.status
         );
     }
