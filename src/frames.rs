@@ -126,6 +126,9 @@ pub struct FramesReport {
     pub latency: LatencySummary,
     /// Host time spent recording chunks (plan tracing included).
     pub record_ms: f64,
+    /// Host time inside `queue.submit`. Near zero on GPUs; on lavapipe the
+    /// device work runs inside the submit call (so it overlaps nothing).
+    pub submit_ms: f64,
     /// Host time blocked waiting for chunks to finish and map.
     pub wait_ms: f64,
     /// Host time spent in the callback.
@@ -434,7 +437,7 @@ pub fn decode_frames(
         wait_ms: 0.0,
         callback_ms: 0.0,
     };
-    let (mut record_ms, mut dispatches) = (0.0, 0);
+    let (mut record_ms, mut submit_ms, mut dispatches) = (0.0, 0.0, 0);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
     for k in 0..chunks {
         let recording = Instant::now();
@@ -489,9 +492,11 @@ pub fn decode_frames(
         );
         record_ms += recording.elapsed().as_secs_f64() * 1e3;
         let origin = if k == 0 { start } else { Instant::now() };
+        let submitting = Instant::now();
         let submission = ctx.scoped("submitting a frame chunk", || {
             Ok(ctx.queue().submit([encoder.finish()]))
         })?;
+        submit_ms += submitting.elapsed().as_secs_f64() * 1e3;
         // Queue order keeps the next chunk's writes to this memory after the copy.
         drop(pixels);
         let (tx, mapped) = mpsc::channel();
@@ -533,6 +538,7 @@ pub fn decode_frames(
         latency: LatencySummary::of(&delivery.latency_ms),
         latency_ms: delivery.latency_ms,
         record_ms,
+        submit_ms,
         wait_ms: delivery.wait_ms,
         callback_ms: delivery.callback_ms,
         dispatches,

@@ -624,8 +624,8 @@ fn decode_frames(
             r.frames_per_s
         );
         println!(
-            "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host blocked on the device {:.1} ms, writing PNGs {:.1} ms",
-            r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.wait_ms, r.callback_ms
+            "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host: recording {:.1} ms, in submit {:.1} ms, blocked on the device {:.1} ms, writing PNGs {:.1} ms",
+            r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.record_ms, r.submit_ms, r.wait_ms, r.callback_ms
         );
         println!(
             "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
