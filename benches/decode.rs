@@ -5,10 +5,16 @@
 //! summed from timestamp queries when the adapter writes them inside passes,
 //! wall time (submit to pixels on the host) otherwise; the choice is printed.
 //! Throughput is in pixels; GFLOP/s = 2·MACs / time is printed per cell.
+//!
+//! Group `frames`: `WGVAE_BENCH_FRAMES` (default 16) TAEF2 frames per size,
+//! streamed by `wgvae::frames::decode_frames` (automatic chunk size, batched
+//! forwards, double-buffered RGBA8 readback) against one `decode()` per
+//! frame; wall time, throughput in frames. Needs `../shared` (TAEF2 weights).
 
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use wgvae::frames::{decode_frames, FramesOptions};
 use wgvae::io::HostTensor;
 use wgvae::memory::Policy;
 use wgvae::testing::{rand_vec, shared_dir, test_context};
@@ -106,5 +112,85 @@ fn bench_decode(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, bench_decode);
+fn frame_count() -> usize {
+    std::env::var("WGVAE_BENCH_FRAMES")
+        .ok()
+        .and_then(|s| s.trim().parse().ok())
+        .unwrap_or(16)
+}
+
+fn bench_frames(c: &mut Criterion) {
+    let Some(shared) = shared_dir() else {
+        println!("frames: skipped (TAEF2 weights live in ../shared)");
+        return;
+    };
+    let ctx = test_context().with_pool(Policy::Planned.new_pool());
+    let weights = shared.join("weights/taef2/decoder.safetensors");
+    let vae = Vae::load(
+        &ctx,
+        &weights.display().to_string(),
+        &LoadOptions::default(),
+    )
+    .expect("load TAEF2");
+    let n = frame_count();
+    let c_lat = vae.latent_channels();
+    let mut group = c.benchmark_group("frames");
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(1))
+        .measurement_time(Duration::from_secs(1));
+    for size in sizes() {
+        let l = size / 8;
+        let per = c_lat * l * l;
+        let z = HostTensor::new(vec![n, c_lat, l, l], rand_vec(n * per, 2, 1.0)).unwrap();
+        let singles: Vec<HostTensor> = (0..n)
+            .map(|i| {
+                HostTensor::new(
+                    vec![1, c_lat, l, l],
+                    z.data[i * per..(i + 1) * per].to_vec(),
+                )
+                .unwrap()
+            })
+            .collect();
+        let opts = FramesOptions {
+            raw_latents: true,
+            ..Default::default()
+        };
+        let single = DecodeOptions {
+            raw_latents: true,
+            ..Default::default()
+        };
+        // Sizes the device cannot stream are skipped, saying why.
+        match decode_frames(&ctx, &vae, &z, &opts, |_| Ok(())) {
+            Ok(r) => println!(
+                "frames/taef2/{size}: {n} frames in chunks of {}: {:.3} frames/s, latency mean {:.1} / P99 {:.1} / max {:.1} ms",
+                r.chunk, r.frames_per_s, r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms
+            ),
+            Err(e) => {
+                println!("frames/taef2/{size}: skipped: {e}");
+                continue;
+            }
+        }
+        group.throughput(Throughput::Elements(n as u64));
+        group.bench_with_input(BenchmarkId::new("streamed", size), &z, |b, z| {
+            b.iter(|| {
+                decode_frames(&ctx, &vae, z, &opts, |f| {
+                    std::hint::black_box(f.rgba);
+                    Ok(())
+                })
+                .expect("stream frames")
+            })
+        });
+        group.bench_with_input(BenchmarkId::new("loop", size), &singles, |b, s| {
+            b.iter(|| {
+                for z in s {
+                    std::hint::black_box(decode(&ctx, &vae, z, &single).expect("decode"));
+                }
+            })
+        });
+    }
+    group.finish();
+}
+
+criterion_group!(benches, bench_decode, bench_frames);
 criterion_main!(benches);

@@ -100,7 +100,7 @@ pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(T
     Ok((raw, pixels))
 }
 
-fn plan_key(vae: &Vae, shape: &[usize]) -> String {
+pub(crate) fn plan_key(vae: &Vae, shape: &[usize]) -> String {
     format!("vae{}:{shape:?}", vae.id)
 }
 

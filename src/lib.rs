@@ -64,6 +64,7 @@ pub mod decode;
 pub mod embed;
 pub mod encode;
 pub mod error;
+pub mod frames;
 pub mod gpu;
 pub mod io;
 pub mod kernels;
@@ -80,6 +81,7 @@ pub use embed::{
     DeviceLatents, Engine, EngineOptions, Latents, PendingDecode,
 };
 pub use error::{Error, Result};
+pub use frames::{decode_frames, FrameOut, FramesOptions, FramesReport};
 pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};

@@ -73,6 +73,9 @@ enum BenchKind {
         #[arg(long, default_value = "bench")]
         out: PathBuf,
     },
+    /// Streamed frame decoding (batched chunks, double-buffered RGBA8 readback) against a
+    /// one-frame-at-a-time loop: frames/s, per-frame latency mean / P99 / max, peak memory.
+    Frames(FramesBenchArgs),
     /// Attention: a VGGT-shaped frame sweep and a LongLive-shaped streaming benchmark.
     Attention {
         #[command(subcommand)]
@@ -240,6 +243,35 @@ fn progress_bar(quiet: bool) -> Option<Progress> {
 }
 
 #[derive(clap::Args)]
+struct FramesBenchArgs {
+    #[arg(long)]
+    vae: String,
+    /// Frames per decode (N).
+    #[arg(long, default_value_t = 16)]
+    frames: usize,
+    /// Square output size in pixels of random latents (ignored with --latents).
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+    /// Take the frames from this latent file (cycled and perturbed when it holds fewer).
+    #[arg(long)]
+    latents: Option<PathBuf>,
+    /// Chunk sizes to measure, comma-separated: numbers or `auto`.
+    #[arg(long, default_value = "auto", value_delimiter = ',')]
+    chunk: Vec<String>,
+    /// Skip the one-frame-at-a-time loop baseline.
+    #[arg(long)]
+    no_baseline: bool,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+}
+
+#[derive(clap::Args)]
 struct MemoryArgs {
     /// VAE: folder, .safetensors file or preset:NAME.
     #[arg(long)]
@@ -340,6 +372,14 @@ struct DecodeArgs {
     memory_snapshot: Option<PathBuf>,
     #[command(flatten)]
     tiles: TileArgs,
+    /// Stream the frames of N×C×h×w latents (e.g. a video's) in batched chunks with
+    /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw", "profile"])]
+    frames_out: Option<PathBuf>,
+    /// Frames per batched forward with --frames-out (default: the largest that fits
+    /// --max-memory and the device's limits).
+    #[arg(long, value_name = "B", requires = "frames_out")]
+    chunk: Option<usize>,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -437,6 +477,9 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
     let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
+    if let Some(dir) = &a.frames_out {
+        return decode_frames(&ctx, &vae, &latents, a, dir);
+    }
     let opts = DecodeOptions {
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
@@ -520,6 +563,102 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
         } else if out.dtype != wgvae::tensor::DType::F32 {
             println!("precision: {} storage, f32 arithmetic", out.dtype.name());
         }
+    }
+    Ok(())
+}
+
+/// `decode --frames-out DIR`: streams the frames through `wgvae::frames` and
+/// writes one PNG per frame as it arrives.
+fn decode_frames(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &wgvae::io::HostTensor,
+    a: &DecodeArgs,
+    dir: &std::path::Path,
+) -> wgvae::Result<()> {
+    let tiling = a.tiles.tiling()?;
+    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off)
+        || tiling.tile_size.is_some()
+        || tiling.overlap.is_some()
+    {
+        return Err(wgvae::Error::InvalidInput(
+            "--frames-out decodes whole frames in batched chunks; it takes no --tile exact/fast, --tile-size or --tile-overlap (decode without --frames-out to tile)".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|source| wgvae::Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let opts = wgvae::FramesOptions {
+        raw_latents: a.raw_latents,
+        chunk: a.chunk,
+        max_memory: tiling.max_memory,
+    };
+    let mut paths = Vec::with_capacity(latents.shape[0]);
+    let report = wgvae::decode_frames(ctx, vae, latents, &opts, |f| {
+        let path = dir.join(format!("frame_{:05}.png", f.index));
+        wgvae::io::write_png_rgb(&path, f.width, f.height, f.rgba)?;
+        paths.push(path);
+        Ok(())
+    })?;
+    ctx.save_pipeline_cache();
+    if let Some(p) = &a.memory_snapshot {
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    let r = &report;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": vae.name,
+                "random_weights": vae.random_weights,
+                "latents_shape": latents.shape,
+                "image_shape": [r.frames, 3, r.height, r.width],
+                "dtype": "f32",
+                "decode_ms": r.total_ms,
+                "weights_bytes": vae.weights_bytes,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "policy": ctx.pool().policy_name(),
+                "outputs": paths,
+                "frames": report,
+            })
+        );
+    } else {
+        println!(
+            "wrote {} frames to {} (frame_00000.png … frame_{:05}.png)",
+            r.frames,
+            dir.display(),
+            r.frames - 1
+        );
+        println!(
+            "{}: {} frames of {}×{} in chunks of {} ({} chunks) in {:.1} ms on {} ({:?}): {:.3} frames/s",
+            vae.name,
+            r.frames,
+            r.width,
+            r.height,
+            r.chunk,
+            r.chunks,
+            r.total_ms,
+            ctx.caps().adapter_name,
+            ctx.caps().backend,
+            r.frames_per_s
+        );
+        println!(
+            "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host: recording {:.1} ms, in submit {:.1} ms, blocked on the device {:.1} ms, writing PNGs {:.1} ms",
+            r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.record_ms, r.submit_ms, r.wait_ms, r.callback_ms
+        );
+        println!(
+            "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
+            r.peak_allocated_bytes as f64 / 1048576.0,
+            r.peak_reserved_bytes as f64 / 1048576.0,
+            r.staging_bytes as f64 / 1048576.0
+        );
     }
     Ok(())
 }
@@ -695,6 +834,67 @@ fn bench_decode(
     println!(
         "wrote {}/decode.csv, decode.md, decode_time.svg, decode_memory.svg",
         out.display()
+    );
+    Ok(())
+}
+
+fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Result<()> {
+    let chunks = a
+        .chunk
+        .iter()
+        .map(|c| match c.trim() {
+            "auto" => Ok(None),
+            s => match s.parse::<usize>() {
+                Ok(v) if v > 0 => Ok(Some(v)),
+                _ => Err(wgvae::Error::InvalidInput(format!(
+                    "--chunk {s}: expected a positive number or auto"
+                ))),
+            },
+        })
+        .collect::<wgvae::Result<_>>()?;
+    let b = wgvae::report::frames::FramesBench {
+        vae: a.vae.clone(),
+        frames: a.frames,
+        latents: a.latents.clone(),
+        size: a.size,
+        chunks,
+        baseline: !a.no_baseline,
+        warmup: a.warmup,
+        runs: a.runs,
+        policy: a.policy.parse()?,
+    };
+    let ctx = context(cli_adapter)?;
+    // Lavapipe shares the CPU with everything else: record the load.
+    let load = std::fs::read_to_string("/proc/loadavg")
+        .map(|l| {
+            format!(
+                ", load average at start {}",
+                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            )
+        })
+        .unwrap_or_default();
+    let source = match &b.latents {
+        Some(p) => format!("latents {}", p.display()),
+        None => format!("random latents {}²", b.size),
+    };
+    let settings = format!(
+        "vae {}, {} frames, {source}, chunks {:?}, baseline {}, warm-up {}, runs {}, policy {}, f32{load}",
+        b.vae, b.frames, a.chunk, b.baseline, b.warmup, b.runs, a.policy
+    );
+    let (rows, samples) = wgvae::report::frames::run_frames_bench(&ctx, &b, |m| eprintln!("{m}"))?;
+    let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
+    wgvae::report::frames::write_frames_report(&rows, &samples, &meta, &a.out)?;
+    for r in &rows {
+        println!(
+            "{} chunk {} ({}): {} frames of {}×{}: {:.3} frames/s (median {:.1} ms of {} runs), latency mean {:.1} / P99 {:.1} / max {:.1} ms, peak allocated {:.1} MiB, reserved {:.1} MiB, process CPU {:.0} ms/frame, {:.2}× the loop ({:.2}× in CPU time) [{}]",
+            r.mode, r.chunk_setting, r.chunk, r.frames, r.width, r.height, r.frames_per_s, r.median_total_ms, r.runs,
+            r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.peak_allocated_mib, r.peak_reserved_mib,
+            r.cpu_ms_per_frame, r.vs_loop, r.vs_loop_cpu, r.status
+        );
+    }
+    println!(
+        "wrote {}/frames.csv, frames.md, frames_latency.csv",
+        a.out.display()
     );
     Ok(())
 }
@@ -911,6 +1111,9 @@ fn main() -> ExitCode {
         Command::Bench {
             which: BenchKind::Attention { which },
         } => bench_attention(&cli.adapter, which),
+        Command::Bench {
+            which: BenchKind::Frames(a),
+        } => bench_frames(&cli.adapter, a),
         Command::Report {
             which:
                 ReportKind::Memory {

@@ -343,10 +343,11 @@ impl<'a> Recorder<'a> {
             usage: wgpu::BufferUsages::COPY_SRC,
             mapped_at_creation: true,
         });
-        let mut padded = bytes.to_vec();
-        padded.resize(len.max(4) as usize, 0);
+        // Straight into the mapped staging memory (no padded host copy first).
         if let Ok(mut view) = staging.slice(..).get_mapped_range_mut() {
-            view.copy_from_slice(&padded);
+            let pad = view.len() - bytes.len(); // 0..=4 bytes
+            view.slice(..bytes.len()).copy_from_slice(bytes);
+            view.slice(bytes.len()..).copy_from_slice(&[0u8; 4][..pad]);
         }
         staging.unmap();
         let (dst, off) = (t.buffer()?.clone(), t.block().offset);

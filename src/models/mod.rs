@@ -313,6 +313,34 @@ impl Vae {
         })
     }
 
+    /// An AutoencoderKL decoder of a custom configuration from `store` (its
+    /// weights in `store.dtype()`); without a file to reload, it has no bf16
+    /// twin, so an f16 overflow is reported, not redone.
+    pub fn from_kl_config(
+        ctx: &Context,
+        config: &AutoencoderKlConfig,
+        store: &WeightStore,
+        name: &str,
+    ) -> Result<Vae> {
+        let before = ctx.pool().stats().allocated_bytes.current;
+        let kl = AutoencoderKl::load(ctx, config, store)?;
+        Ok(Vae {
+            decoder: Decoder::Kl(kl),
+            name: name.to_string(),
+            random_weights: store.origin().starts_with("random"),
+            weights_bytes: ctx
+                .pool()
+                .stats()
+                .allocated_bytes
+                .current
+                .saturating_sub(before),
+            id: next_vae_id(),
+            dtype: store.dtype(),
+            source: None,
+            bf16_twin: Default::default(),
+        })
+    }
+
     /// This model in bf16 (loaded once, on first use): where an f16 decode
     /// overflowed. Weights are read again from the same source.
     pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {

@@ -66,7 +66,7 @@ impl Metadata {
         }
     }
 
-    fn lines(&self, prefix: &str) -> String {
+    pub(crate) fn lines(&self, prefix: &str) -> String {
         let v = serde_json::to_value(self).unwrap_or_default();
         v.as_object()
             .into_iter()

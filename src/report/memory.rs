@@ -377,7 +377,12 @@ then fragments what is reused.\n"
         let tiled: Vec<(f64, f64)> = all
             .iter()
             .filter(|r| r.op == "decode_tiled" && r.policy == "planned" && r.dtype == dtype)
-            .filter_map(|r| Some((r.peak_allocated_mib - r.weights_mib, r.pytorch_allocated_mib?)))
+            .filter_map(|r| {
+                Some((
+                    r.peak_allocated_mib - r.weights_mib,
+                    r.pytorch_allocated_mib?,
+                ))
+            })
             .collect();
         if !tiled.is_empty() {
             let lo = tiled.iter().map(|t| t.0 / t.1).fold(f64::MAX, f64::min);

@@ -2,6 +2,7 @@
 
 pub mod attention;
 pub mod bench;
+pub mod frames;
 pub mod memory;
 
 use std::path::Path;

@@ -1,0 +1,625 @@
+//! Streaming decode of many latent frames (a video's): `[N, C, h, w]` in,
+//! one RGBA8 image per frame out, handed to a callback in frame order.
+//!
+//! Frames are decoded in chunks of `B`: each chunk is one recorded, batched
+//! forward (`N = B` in every dispatch, not a loop over frames), the RGBA8
+//! conversion on the GPU (4 bytes per pixel instead of 12 for f32 RGB) and a
+//! copy into a `MAP_READ` staging buffer, in one command buffer. Two staging
+//! buffers alternate: chunk `k + 1` is recorded and submitted before the host
+//! waits for chunk `k`'s map, so the device decodes `k + 1` while the host
+//! reads `k` and runs the callback on it. The callback borrows the mapped
+//! bytes directly: no host copy between the device and the callback.
+//!
+//! Activations come from the context's pool as in [`crate::decode()`] (same
+//! allocation order, so a planned pool shares its memory plans with it); the
+//! staging buffers are not tensors and are reported separately.
+//!
+//! ```no_run
+//! use wgvae::{Context, ContextOptions, FramesOptions, LoadOptions, Vae};
+//!
+//! fn main() -> wgvae::Result<()> {
+//!     let ctx = Context::new(&ContextOptions::default())?;
+//!     let vae = Vae::load(&ctx, "../shared/weights/taef2/decoder.safetensors", &LoadOptions::default())?;
+//!     // [N, C, h, w]: one latent per frame.
+//!     let latents = wgvae::io::load_latents("video_latents.npy".as_ref(), None, vae.latent_channels())?;
+//!     let report = wgvae::decode_frames(&ctx, &vae, &latents, &FramesOptions::default(), |f| {
+//!         // f.rgba: the [H, W, 4] bytes of frame f.index, lent for the duration of the call.
+//!         let path = format!("frame_{:05}.png", f.index);
+//!         wgvae::io::write_png_rgb(path.as_ref(), f.width, f.height, f.rgba)
+//!     })?;
+//!     println!("{:.2} frames/s, P99 latency {:.0} ms", report.frames_per_s, report.latency.p99_ms);
+//!     Ok(())
+//! }
+//! ```
+
+use std::collections::VecDeque;
+use std::sync::mpsc;
+use std::time::Instant;
+
+use serde::Serialize;
+
+use crate::decode::{dry_peak_of, ensure_recorded_plan, is_limit_error, plan_key};
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::io::HostTensor;
+use crate::kernels::image::to_rgba8;
+use crate::memory::PlannedPool;
+use crate::models::{layers::dims4, Taps, Vae};
+use crate::tensor::{DType, Tensor};
+use crate::tiling::default_max_memory;
+
+/// Options of [`decode_frames`].
+#[derive(Clone, Debug, Default)]
+pub struct FramesOptions {
+    /// Latents are decoder input already: skip `/ scaling_factor + shift_factor`.
+    pub raw_latents: bool,
+    /// Frames per batched forward (`B`, clamped to `N`). `None`: the largest
+    /// `B ≤ N` that fits (see [`choose_chunk`]).
+    pub chunk: Option<usize>,
+    /// Memory budget of the automatic chunk size in bytes: pool memory
+    /// (weights included) plus the staging buffers. `None`:
+    /// [`default_max_memory`] of the device.
+    pub max_memory: Option<u64>,
+}
+
+/// One decoded frame, lent to the callback of [`decode_frames`].
+#[derive(Debug)]
+pub struct FrameOut<'a> {
+    /// Position of the frame in the latents (0-based); frames arrive in order.
+    pub index: usize,
+    pub width: usize,
+    pub height: usize,
+    /// Packed RGBA8 pixels `[H, W, 4]` (R first, alpha 255), borrowed from
+    /// the mapped staging buffer: valid during the callback only.
+    pub rgba: &'a [u8],
+    /// Milliseconds from the submit of the frame's chunk (for the first
+    /// chunk: from the start of [`decode_frames`]) until its pixels were
+    /// mapped on the host.
+    pub latency_ms: f64,
+}
+
+/// Mean, 99th percentile (nearest rank) and maximum of latencies.
+#[derive(Clone, Copy, Debug, Default, Serialize)]
+pub struct LatencySummary {
+    pub mean_ms: f64,
+    pub p99_ms: f64,
+    pub max_ms: f64,
+}
+
+impl LatencySummary {
+    /// Summary of `samples` (NaN fields when empty).
+    pub fn of(samples: &[f64]) -> Self {
+        if samples.is_empty() {
+            return LatencySummary {
+                mean_ms: f64::NAN,
+                p99_ms: f64::NAN,
+                max_ms: f64::NAN,
+            };
+        }
+        let mut sorted = samples.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let rank = ((0.99 * sorted.len() as f64).ceil() as usize).clamp(1, sorted.len());
+        LatencySummary {
+            mean_ms: sorted.iter().sum::<f64>() / sorted.len() as f64,
+            p99_ms: sorted[rank - 1],
+            max_ms: sorted[sorted.len() - 1],
+        }
+    }
+}
+
+/// What a [`decode_frames`] call did.
+#[derive(Clone, Debug, Serialize)]
+pub struct FramesReport {
+    /// `N`.
+    pub frames: usize,
+    /// Frames per batched forward (`B`); the last chunk may hold fewer.
+    pub chunk: usize,
+    pub chunks: usize,
+    pub width: usize,
+    pub height: usize,
+    /// Wall time from the call to the last frame handed over (plan tracing,
+    /// recording and callbacks included).
+    pub total_ms: f64,
+    pub frames_per_s: f64,
+    /// Per-frame latency (see [`FrameOut::latency_ms`]), in frame order.
+    pub latency_ms: Vec<f64>,
+    pub latency: LatencySummary,
+    /// Host time spent recording chunks (plan tracing included).
+    pub record_ms: f64,
+    /// Host time inside `queue.submit`. Near zero on GPUs; on lavapipe the
+    /// device work runs inside the submit call (so it overlaps nothing).
+    pub submit_ms: f64,
+    /// Host time blocked waiting for chunks to finish and map.
+    pub wait_ms: f64,
+    /// Host time spent in the callback.
+    pub callback_ms: f64,
+    /// Compute dispatches recorded over all chunks.
+    pub dispatches: usize,
+    /// Bytes read back (`N · H · W · 4`).
+    pub readback_bytes: u64,
+    /// Bytes of the staging buffers (one or two of `B · H · W · 4` + 4), outside the pool.
+    pub staging_bytes: u64,
+    /// Values f16 convolutions could not hold (0 unless the model runs in
+    /// f16). Streams are not redone: a non-zero count is logged, and the
+    /// frames should be decoded in bf16.
+    pub f16_overflows: u64,
+    /// Pool peaks during the call (weights included), as [`crate::Decoded::memory`].
+    pub peak_allocated_bytes: u64,
+    pub peak_reserved_bytes: u64,
+}
+
+/// `[N, C, h, w]` of frame latents (`[C, h, w]` is one frame), checked:
+/// at least one frame, `channels` channels, data filling the shape, finite.
+pub fn frames_shape(latents: &HostTensor, channels: usize) -> Result<[usize; 4]> {
+    let shape = match *latents.shape.as_slice() {
+        [n, c, h, w] => [n, c, h, w],
+        [c, h, w] => [1, c, h, w],
+        _ => {
+            return Err(Error::InvalidInput(format!(
+                "frame latents have rank {} (shape {:?}); expected N×C×h×w",
+                latents.shape.len(),
+                latents.shape
+            )))
+        }
+    };
+    let [n, c, h, w] = shape;
+    if n == 0 {
+        return Err(Error::InvalidInput(format!(
+            "frame latents {:?} hold no frames",
+            latents.shape
+        )));
+    }
+    if h == 0 || w == 0 {
+        return Err(Error::InvalidInput(format!(
+            "frame latents {:?} are empty",
+            latents.shape
+        )));
+    }
+    if c != channels {
+        return Err(Error::InvalidInput(format!(
+            "frame latents have {c} channels (shape {:?}) but this VAE expects {channels}",
+            latents.shape
+        )));
+    }
+    if latents.data.len() != n * c * h * w {
+        return Err(Error::InvalidInput(format!(
+            "{} values do not fill frame latents of shape {:?}",
+            latents.data.len(),
+            latents.shape
+        )));
+    }
+    if let Some(i) = latents.data.iter().position(|v| !v.is_finite()) {
+        return Err(Error::InvalidInput(format!(
+            "frame latents contain non-finite values (first at flat index {i}, frame {}: {})",
+            i / (c * h * w),
+            latents.data[i]
+        )));
+    }
+    Ok(shape)
+}
+
+/// Records one chunk: latents `[B, C, h, w]` (uploaded inside the command
+/// stream; `None`, in dry runs, only allocates them) → decoder → RGBA8
+/// `[B, H, W]`. Allocates in the order of [`crate::decode::record_decode`],
+/// so the two share memory plans.
+fn record_chunk(
+    rec: &mut Recorder,
+    vae: &Vae,
+    shape: [usize; 4],
+    latents: Option<&[f32]>,
+) -> Result<Tensor> {
+    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
+        rec.track_f16_range()?;
+    }
+    let input = match latents {
+        Some(data) => Tensor::from_f32_in(rec, &shape, data, "latents")?,
+        None => Tensor::empty(rec.ctx(), &shape, DType::F32, "latents")?,
+    };
+    let raw = vae.forward(rec, input, &mut Taps::default())?;
+    let [n, _, h, w] = dims4(&raw)?;
+    let pixels = Tensor::empty(rec.ctx(), &[n, h, w], DType::Rgba8, "rgba8 image")?;
+    to_rgba8(rec, &raw, vae.output_range(), &pixels)?;
+    Ok(pixels)
+}
+
+/// Staging buffers a decode of `n` frames in chunks of `chunk` uses.
+fn staging_slots(n: usize, chunk: usize) -> usize {
+    n.div_ceil(chunk).min(2)
+}
+
+/// The largest chunk `B ≤ N` for frame latents of `latent_shape`
+/// `[N, C, h, w]` whose batched decode stays within the device's binding,
+/// buffer and dispatch limits and, with the pool's current allocations and
+/// the staging buffers, within `max_memory` (default
+/// [`default_max_memory`]). Predicted by dry runs of the chunk's decode
+/// (binary search over `B`), nothing runs. An error when not even one frame
+/// fits: decode such frames one by one with tiling ([`crate::decode()`]).
+pub fn choose_chunk(
+    ctx: &Context,
+    vae: &Vae,
+    latent_shape: [usize; 4],
+    max_memory: Option<u64>,
+) -> Result<usize> {
+    let [n, c, h, w] = latent_shape;
+    if n == 0 {
+        return Err(Error::InvalidInput("no frames to decode".into()));
+    }
+    let budget = max_memory.unwrap_or_else(|| default_max_memory(ctx.caps()));
+    let base = ctx.pool().stats().allocated_bytes.current;
+    let up = vae.upscale();
+    let frame_bytes = (h * up * w * up * 4) as u64;
+    // `None` when `b` frames fit, else why not.
+    let misfit = |b: usize| -> Result<Option<Error>> {
+        let staging = staging_slots(n, b) as u64 * (b as u64 * frame_bytes + 4);
+        let run = dry_peak_of(ctx, |dry| {
+            let mut rec = Recorder::new(dry);
+            record_chunk(&mut rec, vae, [b, c, h, w], None).map(|_| ())
+        });
+        match run {
+            Ok((peak, ())) if base + peak + staging <= budget => Ok(None),
+            Ok((peak, ())) => Ok(Some(Error::InvalidInput(format!(
+                "a chunk of {b} frame(s) needs {} MiB ({} MiB already in use, {} MiB of activations, {} MiB of staging), more than the memory budget of {} MiB; raise --max-memory",
+                (base + peak + staging) >> 20,
+                base >> 20,
+                peak >> 20,
+                staging >> 20,
+                budget >> 20
+            )))),
+            Err(e) if is_limit_error(&e) => Ok(Some(e)),
+            Err(e) => Err(e),
+        }
+    };
+    if misfit(n)?.is_none() {
+        return Ok(n);
+    }
+    if let Some(e) = misfit(1)? {
+        return Err(e);
+    }
+    // Invariant: `lo` frames fit, `hi` frames do not.
+    let (mut lo, mut hi) = (1, n);
+    while hi - lo > 1 {
+        let mid = lo + (hi - lo) / 2;
+        if misfit(mid)?.is_none() {
+            lo = mid;
+        } else {
+            hi = mid;
+        }
+    }
+    Ok(lo)
+}
+
+/// A submitted chunk whose pixels are on their way to a staging buffer.
+struct InFlight {
+    slot: usize,
+    first: usize,
+    count: usize,
+    /// Where its latency is measured from.
+    origin: Instant,
+    submission: wgpu::SubmissionIndex,
+    /// The staging buffer ends with the chunk's f16 overflow counter.
+    counted: bool,
+    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+}
+
+/// Host-side bookkeeping of one [`decode_frames`] call.
+struct Delivery {
+    width: usize,
+    height: usize,
+    latency_ms: Vec<f64>,
+    next_index: usize,
+    wait_ms: f64,
+    callback_ms: f64,
+    /// Values f16 convolutions could not hold, over all chunks so far.
+    f16_overflows: u64,
+}
+
+impl Delivery {
+    /// Waits for `chunk`'s submission (not for later ones), then lends its
+    /// frames to `on_frame` straight from the mapped staging buffer.
+    fn deliver(
+        &mut self,
+        ctx: &Context,
+        staging: &wgpu::Buffer,
+        chunk: InFlight,
+        on_frame: &mut impl FnMut(FrameOut<'_>) -> Result<()>,
+    ) -> Result<()> {
+        let waited = Instant::now();
+        ctx.device()
+            .poll(wgpu::PollType::Wait {
+                submission_index: Some(chunk.submission),
+                timeout: None,
+            })
+            .map_err(|e| Error::DeviceLost(e.to_string()))?;
+        // The wait ran the map callback of this submission; fall back to a
+        // full wait should a backend defer it.
+        let mapped = match chunk.mapped.try_recv() {
+            Ok(r) => r,
+            Err(_) => {
+                ctx.wait_idle()?;
+                chunk
+                    .mapped
+                    .recv()
+                    .map_err(|e| Error::Readback(e.to_string()))?
+            }
+        };
+        mapped.map_err(|e| Error::Readback(e.to_string()))?;
+        let latency_ms = chunk.origin.elapsed().as_secs_f64() * 1e3;
+        self.wait_ms += waited.elapsed().as_secs_f64() * 1e3;
+        let frame_bytes = self.width * self.height * 4;
+        let called = Instant::now();
+        {
+            let view = staging
+                .slice(..(chunk.count * frame_bytes) as u64 + 4)
+                .get_mapped_range()
+                .map_err(|e| Error::Readback(e.to_string()))?;
+            let tail = chunk.count * frame_bytes;
+            if let (true, Ok(counter)) = (chunk.counted, <[u8; 4]>::try_from(&view[tail..tail + 4]))
+            {
+                self.f16_overflows += u32::from_le_bytes(counter) as u64;
+            }
+            for i in 0..chunk.count {
+                let index = chunk.first + i;
+                debug_assert_eq!(index, self.next_index);
+                self.latency_ms[index] = latency_ms;
+                self.next_index = index + 1;
+                on_frame(FrameOut {
+                    index,
+                    width: self.width,
+                    height: self.height,
+                    rgba: &view[i * frame_bytes..(i + 1) * frame_bytes],
+                    latency_ms,
+                })?;
+            }
+        }
+        staging.unmap();
+        self.callback_ms += called.elapsed().as_secs_f64() * 1e3;
+        Ok(())
+    }
+}
+
+/// Decodes frame latents `[N, C, h, w]` (pipeline latents unless
+/// `opts.raw_latents`) in chunks of `B` frames (see the module docs) and calls
+/// `on_frame` once per frame, in frame order, with its RGBA8 pixels
+/// `[H, W, 4]`. Pixels equal those of [`crate::decode()`] of each frame alone
+/// (checked by `tests/frames.rs`).
+///
+/// Untiled only: a frame that does not decode untiled on the device is an
+/// error (decode it with [`crate::decode()`], which tiles). An error from
+/// `on_frame` stops the decode and is returned. Not available in dry runs
+/// (predict a chunk's memory with [`crate::decode::estimate_decode`] at
+/// `[B, C, h, w]`).
+pub fn decode_frames(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &HostTensor,
+    opts: &FramesOptions,
+    mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
+) -> Result<FramesReport> {
+    let start = Instant::now();
+    if ctx.is_dry_run() {
+        return Err(Error::Unsupported(
+            "decode_frames in a dry run; estimate a chunk's memory with estimate_decode at [B, C, h, w]".into(),
+        ));
+    }
+    let shape = frames_shape(latents, vae.latent_channels())?;
+    let [n, c, h, w] = shape;
+    let chunk = match opts.chunk {
+        Some(0) => {
+            return Err(Error::InvalidInput(
+                "chunk size 0: a chunk holds at least one frame".into(),
+            ))
+        }
+        Some(b) => b.min(n),
+        None => choose_chunk(ctx, vae, shape, opts.max_memory)?,
+    };
+    let chunks = n.div_ceil(chunk);
+    let up = vae.upscale();
+    let (height, width) = (h * up, w * up);
+    let frame_bytes = (height * width * 4) as u64;
+    let frame_len = c * h * w;
+
+    // The pixels, then the chunk's f16 overflow counter (f16 models).
+    let staging_size = chunk as u64 * frame_bytes + 4;
+    let max_buffer = ctx.caps().max_buffer_size;
+    if staging_size > max_buffer {
+        return Err(Error::BufferTooLarge {
+            what: format!("the readback buffer of a chunk of {chunk} frames"),
+            bytes: staging_size,
+            limit: max_buffer,
+        });
+    }
+    let staging = ctx.scoped("allocating frame readback buffers", || {
+        Ok((0..staging_slots(n, chunk))
+            .map(|_| {
+                ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgvae frame readback"),
+                    size: staging_size,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                })
+            })
+            .collect::<Vec<_>>())
+    })?;
+
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
+    let (scale, shift) = vae.latent_scaling();
+    let unscale = !opts.raw_latents && (scale != 1.0 || shift != 0.0);
+    let mut unscaled = Vec::new();
+    ctx.pool().reset_peak_stats();
+    let mut delivery = Delivery {
+        width,
+        height,
+        latency_ms: vec![f64::NAN; n],
+        next_index: 0,
+        wait_ms: 0.0,
+        callback_ms: 0.0,
+        f16_overflows: 0,
+    };
+    let (mut record_ms, mut submit_ms, mut dispatches) = (0.0, 0.0, 0);
+    let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
+    for k in 0..chunks {
+        let recording = Instant::now();
+        let first = k * chunk;
+        let count = chunk.min(n - first);
+        let chunk_shape = [count, c, h, w];
+        let mut data = &latents.data[first * frame_len..(first + count) * frame_len];
+        if unscale {
+            // As Vae::unscale_latents (same f32 operations), chunk by chunk.
+            unscaled.clear();
+            unscaled.extend(data.iter().map(|v| *v / scale + shift));
+            data = &unscaled;
+        }
+        let plan = match planned {
+            Some(p) => ensure_recorded_plan(ctx, p, plan_key(vae, &chunk_shape), |rec| {
+                record_chunk(rec, vae, chunk_shape, None)
+            })?,
+            None => None,
+        };
+        let mut encoder = ctx
+            .device()
+            .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                label: Some("wgvae frame chunk"),
+            });
+        let mut rec = Recorder::with_encoder(ctx, &mut encoder);
+        if let (Some(p), Some(key)) = (planned, &plan) {
+            p.begin_replay(key)?;
+        }
+        let recorded = record_chunk(&mut rec, vae, chunk_shape, Some(data));
+        if let Some(p) = planned {
+            p.end_replay();
+        }
+        let pixels = recorded?;
+        let range_flag = rec.range_flag().cloned();
+        dispatches += rec.finish().len();
+        if pixels.shape() != [count, height, width] {
+            return Err(Error::shape(
+                "decode_frames",
+                format!(
+                    "decoded {:?}, expected [{count}, {height}, {width}]",
+                    pixels.shape()
+                ),
+            ));
+        }
+        let slot = k % 2;
+        let bytes = count as u64 * frame_bytes;
+        encoder.copy_buffer_to_buffer(
+            pixels.buffer()?,
+            pixels.block().offset,
+            &staging[slot],
+            0,
+            bytes,
+        );
+        if let Some(flag) = &range_flag {
+            encoder.copy_buffer_to_buffer(
+                flag.buffer()?,
+                flag.block().offset,
+                &staging[slot],
+                bytes,
+                4,
+            );
+        }
+        record_ms += recording.elapsed().as_secs_f64() * 1e3;
+        let origin = if k == 0 { start } else { Instant::now() };
+        let submitting = Instant::now();
+        let submission = ctx.scoped("submitting a frame chunk", || {
+            Ok(ctx.queue().submit([encoder.finish()]))
+        })?;
+        submit_ms += submitting.elapsed().as_secs_f64() * 1e3;
+        // Queue order keeps the next chunk's writes to this memory after the copy.
+        let counted = range_flag.is_some();
+        drop((pixels, range_flag));
+        let (tx, mapped) = mpsc::channel();
+        staging[slot]
+            .slice(..bytes + 4)
+            .map_async(wgpu::MapMode::Read, move |r| {
+                let _ = tx.send(r);
+            });
+        in_flight.push_back(InFlight {
+            slot,
+            first,
+            count,
+            origin,
+            submission,
+            counted,
+            mapped,
+        });
+        // Chunk k is submitted: now take chunk k - 1 (freeing its slot for k + 1).
+        if in_flight.len() == 2 {
+            if let Some(done) = in_flight.pop_front() {
+                let buffer = &staging[done.slot];
+                delivery.deliver(ctx, buffer, done, &mut on_frame)?;
+            }
+        }
+    }
+    while let Some(done) = in_flight.pop_front() {
+        let buffer = &staging[done.slot];
+        delivery.deliver(ctx, buffer, done, &mut on_frame)?;
+    }
+    let total_ms = start.elapsed().as_secs_f64() * 1e3;
+    let memory = ctx.pool().stats();
+    if delivery.f16_overflows > 0 {
+        log::warn!(
+            "f16 overflow: {} values beyond ±65504 (or NaN) in {}: frames may be saturated; decode them with --dtype bf16",
+            delivery.f16_overflows,
+            vae.name
+        );
+    }
+    Ok(FramesReport {
+        f16_overflows: delivery.f16_overflows,
+        frames: n,
+        chunk,
+        chunks,
+        width,
+        height,
+        total_ms,
+        frames_per_s: n as f64 / (total_ms / 1e3),
+        latency: LatencySummary::of(&delivery.latency_ms),
+        latency_ms: delivery.latency_ms,
+        record_ms,
+        submit_ms,
+        wait_ms: delivery.wait_ms,
+        callback_ms: delivery.callback_ms,
+        dispatches,
+        readback_bytes: n as u64 * frame_bytes,
+        staging_bytes: staging.len() as u64 * staging_size,
+        peak_allocated_bytes: memory.allocated_bytes.peak,
+        peak_reserved_bytes: memory.reserved_bytes.peak,
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn latency_summary_uses_nearest_rank() {
+        let s = LatencySummary::of(&[5.0, 1.0, 3.0, 2.0, 4.0]);
+        assert_eq!((s.mean_ms, s.p99_ms, s.max_ms), (3.0, 5.0, 5.0));
+        let many: Vec<f64> = (1..=200).map(f64::from).collect();
+        assert_eq!(LatencySummary::of(&many).p99_ms, 198.0);
+        assert!(LatencySummary::of(&[]).mean_ms.is_nan());
+    }
+
+    #[test]
+    fn frame_shapes_are_checked() {
+        let t = |shape: Vec<usize>| HostTensor {
+            data: vec![0.5; shape.iter().product()],
+            shape,
+        };
+        assert_eq!(frames_shape(&t(vec![5, 4, 2, 3]), 4).unwrap(), [5, 4, 2, 3]);
+        assert_eq!(frames_shape(&t(vec![4, 2, 3]), 4).unwrap(), [1, 4, 2, 3]);
+        let err = |x: &HostTensor| frames_shape(x, 4).unwrap_err().to_string();
+        assert!(err(&t(vec![0, 4, 2, 3])).contains("no frames"));
+        assert!(err(&t(vec![2, 3, 2, 3])).contains("expects 4"));
+        assert!(err(&t(vec![4, 6])).contains("rank 2"));
+        assert!(err(&t(vec![1, 4, 0, 3])).contains("empty"));
+        let mut short = t(vec![2, 4, 2, 3]);
+        short.data.pop();
+        assert!(err(&short).contains("do not fill"));
+        let mut nan = t(vec![2, 4, 2, 3]);
+        nan.data[30] = f32::INFINITY;
+        assert!(err(&nan).contains("frame 1"));
+        assert_eq!(staging_slots(5, 2), 2);
+        assert_eq!(staging_slots(5, 5), 1);
+    }
+}

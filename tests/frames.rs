@@ -1,0 +1,446 @@
+//! Streaming frame decoding (`wgvae::frames`): chunked, batched, double
+//! buffered output against `decode()` of each frame alone, frame order,
+//! automatic chunk size, errors, and the CLI's `--frames-out`.
+//!
+//! Equality is exact: every byte of every streamed frame equals the byte of
+//! the single-frame decode (the kernels treat the batch dimension
+//! independently, so batching changes no summation order).
+
+use std::path::PathBuf;
+use std::process::Command;
+use std::sync::Arc;
+
+use wgvae::frames::{choose_chunk, decode_frames, FramesOptions, FramesReport};
+use wgvae::gpu::Context;
+use wgvae::io::HostTensor;
+use wgvae::memory::Policy;
+use wgvae::models::{AutoencoderKlConfig, WeightStore};
+use wgvae::testing::{rand_vec, shared_dir, test_context};
+use wgvae::{decode, DecodeOptions, Error, LoadOptions, Vae};
+
+/// A tiny AutoencoderKL with seeded random weights (two levels, so 2×
+/// upscale; mid-block attention; scaling and shift so unscaling is exercised).
+fn tiny_random_vae(ctx: &Context) -> Vae {
+    let cfg = AutoencoderKlConfig {
+        block_out_channels: vec![16, 32],
+        layers_per_block: 1,
+        norm_num_groups: 8,
+        latent_channels: 4,
+        out_channels: 3,
+        scaling_factor: 0.5,
+        shift_factor: Some(0.1),
+        use_post_quant_conv: true,
+        use_quant_conv: true,
+        mid_block_add_attention: true,
+    };
+    Vae::from_kl_config(
+        ctx,
+        &cfg,
+        &WeightStore::random(7),
+        "tiny random AutoencoderKL",
+    )
+    .unwrap()
+}
+
+/// One frame `i` of `[N, C, h, w]` latents as a batch of one.
+fn frame(z: &HostTensor, i: usize) -> HostTensor {
+    let per: usize = z.shape[1..].iter().product();
+    let mut shape = z.shape.clone();
+    shape[0] = 1;
+    HostTensor::new(shape, z.data[i * per..(i + 1) * per].to_vec()).unwrap()
+}
+
+/// Streams `z` and checks every frame against `want` (RGBA8 per frame),
+/// byte for byte, and that frames arrive in order exactly once.
+fn stream_and_compare(
+    ctx: &Context,
+    vae: &Vae,
+    z: &HostTensor,
+    opts: &FramesOptions,
+    want: &[Vec<u8>],
+    what: &str,
+) -> FramesReport {
+    let mut seen = Vec::new();
+    let report = decode_frames(ctx, vae, z, opts, |f| {
+        seen.push(f.index);
+        let expected = &want[f.index];
+        assert_eq!(
+            f.rgba.len(),
+            expected.len(),
+            "{what}: frame {} size",
+            f.index
+        );
+        let differ = f.rgba.iter().zip(expected).filter(|(a, b)| a != b).count();
+        assert_eq!(
+            differ, 0,
+            "{what}: frame {}: {differ} bytes differ from decode() of the frame alone",
+            f.index
+        );
+        assert!(f.latency_ms.is_finite() && f.latency_ms >= 0.0);
+        Ok(())
+    })
+    .unwrap();
+    let n = z.shape[0];
+    assert_eq!(seen, (0..n).collect::<Vec<_>>(), "{what}: order");
+    assert_eq!(report.frames, n);
+    assert_eq!(report.latency_ms.len(), n);
+    assert!(report.latency_ms.iter().all(|l| l.is_finite()));
+    assert!(report.frames_per_s > 0.0 && report.dispatches > 0);
+    // (The mean of equal latencies may round one ulp above them.)
+    assert!(report.latency.max_ms >= report.latency.mean_ms * (1.0 - 1e-12));
+    assert_eq!(
+        report.readback_bytes,
+        (n * report.width * report.height * 4) as u64
+    );
+    println!(
+        "{what}: {n} frames in chunks of {} ({} chunks): {:.2} frames/s, latency mean {:.1} / P99 {:.1} / max {:.1} ms, peak allocated {} B, reserved {} B",
+        report.chunk,
+        report.chunks,
+        report.frames_per_s,
+        report.latency.mean_ms,
+        report.latency.p99_ms,
+        report.latency.max_ms,
+        report.peak_allocated_bytes,
+        report.peak_reserved_bytes
+    );
+    report
+}
+
+fn single_frame_decodes(ctx: &Context, vae: &Vae, z: &HostTensor) -> Vec<Vec<u8>> {
+    (0..z.shape[0])
+        .map(|i| {
+            let out = decode(ctx, vae, &frame(z, i), &DecodeOptions::default()).unwrap();
+            out.rgba.into_iter().next().unwrap()
+        })
+        .collect()
+}
+
+#[test]
+fn random_weights_stream_matches_single_frame_decodes_under_every_policy() {
+    let base = test_context();
+    for policy in Policy::ALL {
+        let ctx = base.with_pool(policy.new_pool());
+        let vae = tiny_random_vae(&ctx);
+        // 7 pipeline latents frames, 6×5 → 12×10 pixels; chunks 3, 3, 1.
+        let z = HostTensor::new(vec![7, 4, 6, 5], rand_vec(7 * 4 * 30, 11, 1.5)).unwrap();
+        let want = single_frame_decodes(&ctx, &vae, &z);
+        let opts = FramesOptions {
+            chunk: Some(3),
+            ..Default::default()
+        };
+        let what = format!("tiny random AutoencoderKL, {}", policy.name());
+        let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, &what);
+        assert_eq!((r.chunk, r.chunks), (3, 3));
+        assert_eq!((r.width, r.height), (10, 12));
+        // Two alternating staging buffers of one chunk each (+ 4 bytes: the f16 overflow counter).
+        assert_eq!(r.staging_bytes, 2 * (3 * 10 * 12 * 4 + 4));
+        assert_eq!(r.f16_overflows, 0);
+        // Chunk larger than N: one chunk, one staging buffer.
+        let opts = FramesOptions {
+            chunk: Some(100),
+            ..Default::default()
+        };
+        let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, &what);
+        assert_eq!((r.chunk, r.chunks, r.staging_bytes), (7, 1, 7 * 480 + 4));
+    }
+}
+
+#[test]
+fn automatic_chunk_is_the_largest_that_fits() {
+    let base = test_context().with_pool(Policy::Planned.new_pool());
+    let vae = tiny_random_vae(&base);
+    let z = HostTensor::new(vec![7, 4, 6, 5], rand_vec(7 * 120, 3, 1.0)).unwrap();
+    // Everything fits the default budget: one chunk of all frames.
+    assert_eq!(choose_chunk(&base, &vae, [7, 4, 6, 5], None).unwrap(), 7);
+    // Emulate a device that binds at most 80000 bytes (the largest weight
+    // is 73728 B): the 32-channel 12×10 activation (15360 B per frame)
+    // limits the chunk.
+    let mut caps = base.caps().clone();
+    caps.max_storage_buffer_binding_size = 80_000;
+    let small = base.with_caps(caps);
+    let b = choose_chunk(&small, &vae, [7, 4, 6, 5], None).unwrap();
+    assert!((1..7).contains(&b), "chunk {b}");
+    let want = single_frame_decodes(&base, &vae, &z);
+    let r = stream_and_compare(
+        &small,
+        &vae,
+        &z,
+        &FramesOptions::default(),
+        &want,
+        "binding-limited",
+    );
+    assert_eq!(r.chunk, b);
+    // One more frame per chunk exceeds the binding limit.
+    let e = decode_frames(
+        &small,
+        &vae,
+        &z,
+        &FramesOptions {
+            chunk: Some(b + 1),
+            ..Default::default()
+        },
+        |_| Ok(()),
+    )
+    .unwrap_err();
+    assert!(matches!(e, Error::BindingTooLarge { .. }), "{e}");
+    // A memory budget below the weights: not even one frame fits, said so.
+    let e = choose_chunk(&base, &vae, [7, 4, 6, 5], Some(1024))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("memory budget"), "{e}");
+}
+
+#[test]
+fn bad_frame_inputs_are_errors() {
+    let ctx = test_context();
+    let vae = tiny_random_vae(&ctx);
+    let run = |z: &HostTensor, chunk: Option<usize>| {
+        decode_frames(
+            &ctx,
+            &vae,
+            z,
+            &FramesOptions {
+                chunk,
+                ..Default::default()
+            },
+            |_| Ok(()),
+        )
+        .expect_err("must fail")
+        .to_string()
+    };
+    let empty = HostTensor::new(vec![0, 4, 6, 5], vec![]).unwrap();
+    assert!(run(&empty, None).contains("no frames"));
+    let wrong = HostTensor::new(vec![2, 3, 6, 5], vec![0.0; 180]).unwrap();
+    assert!(run(&wrong, None).contains("expects 4"));
+    let flat = HostTensor::new(vec![2, 120], vec![0.0; 240]).unwrap();
+    assert!(run(&flat, None).contains("rank 2"));
+    let mut nan = HostTensor::new(vec![2, 4, 6, 5], vec![0.0; 240]).unwrap();
+    nan.data[200] = f32::NAN;
+    assert!(run(&nan, None).contains("non-finite"));
+    let ok = HostTensor::new(vec![5, 4, 6, 5], rand_vec(600, 1, 1.0)).unwrap();
+    assert!(run(&ok, Some(0)).contains("chunk size 0"));
+
+    // An error from the callback stops the stream and is returned.
+    let mut seen = Vec::new();
+    let e = decode_frames(
+        &ctx,
+        &vae,
+        &ok,
+        &FramesOptions {
+            chunk: Some(2),
+            ..Default::default()
+        },
+        |f| {
+            seen.push(f.index);
+            if f.index == 2 {
+                return Err(Error::InvalidInput("disk full".into()));
+            }
+            Ok(())
+        },
+    )
+    .unwrap_err();
+    assert!(e.to_string().contains("disk full"), "{e}");
+    assert_eq!(seen, vec![0, 1, 2]);
+
+    // Dry runs predict memory; they have no frames to hand over.
+    let dry = Context::dry_run(
+        ctx.caps().clone(),
+        Arc::new(wgvae::memory::ExactPool::new()),
+    );
+    let dry_vae = tiny_random_vae(&dry);
+    let e = decode_frames(&dry, &dry_vae, &ok, &FramesOptions::default(), |_| Ok(()))
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("dry run"), "{e}");
+}
+
+/// Five TAEF2 frames: crops of the three golden photos' latents and two
+/// perturbed copies, 6×7 latents (48×56 pixels) to keep lavapipe fast.
+fn taef2_frames(shared: &std::path::Path) -> HostTensor {
+    let (h, w) = (6, 7);
+    let crop = |name: &str, y0: usize, x0: usize| -> Vec<f32> {
+        let z =
+            wgvae::io::read_npy(&shared.join(format!("golden/taef2/{name}.latents.npy"))).unwrap();
+        assert_eq!(z.shape.len(), 4, "{name}: {:?}", z.shape);
+        assert_eq!(z.shape[1], 32, "{name}: {:?}", z.shape);
+        let (zh, zw) = (z.shape[2], z.shape[3]);
+        assert!(y0 + h <= zh && x0 + w <= zw, "{name}: {:?}", z.shape);
+        let mut out = Vec::with_capacity(32 * h * w);
+        for c in 0..32 {
+            for y in y0..y0 + h {
+                let row = (c * zh + y) * zw;
+                out.extend_from_slice(&z.data[row + x0..row + x0 + w]);
+            }
+        }
+        out
+    };
+    let astronaut = crop("astronaut", 20, 24);
+    let chelsea = crop("chelsea", 10, 30);
+    let coffee = crop("coffee", 30, 40);
+    let noisy: Vec<f32> = astronaut
+        .iter()
+        .zip(rand_vec(astronaut.len(), 9, 0.1))
+        .map(|(a, r)| a + r)
+        .collect();
+    let dimmed: Vec<f32> = chelsea.iter().map(|v| v * 0.8).collect();
+    let data = [astronaut, chelsea, coffee, noisy, dimmed].concat();
+    HostTensor::new(vec![5, 32, h, w], data).unwrap()
+}
+
+fn taef2_path(shared: &std::path::Path) -> String {
+    shared
+        .join("weights/taef2/decoder.safetensors")
+        .display()
+        .to_string()
+}
+
+#[test]
+fn taef2_chunks_of_two_match_single_frame_decodes() {
+    let Some(shared) = shared_dir() else { return };
+    let ctx = test_context().with_pool(Policy::Planned.new_pool());
+    let vae = Vae::load(&ctx, &taef2_path(&shared), &LoadOptions::default()).unwrap();
+    let z = taef2_frames(&shared);
+    let want = single_frame_decodes(&ctx, &vae, &z);
+    // N = 5, B = 2: chunks 2, 2, 1 (the last one of another shape).
+    let opts = FramesOptions {
+        chunk: Some(2),
+        ..Default::default()
+    };
+    let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, "taef2");
+    assert_eq!((r.chunk, r.chunks, r.width, r.height), (2, 3, 56, 48));
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wgvae-frames-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn wgvae_cli(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+        .args(args)
+        .env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        )
+        .output()
+        .expect("run wgvae");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn cli_frames_out_writes_numbered_pngs() {
+    let Some(shared) = shared_dir() else { return };
+    let z = taef2_frames(&shared);
+    let latents = tmp("five.npy");
+    wgvae::io::write_npy(&latents, &z.shape, &z.data).unwrap();
+    let dir = tmp("five-frames");
+    let _ = std::fs::remove_dir_all(&dir);
+    let vae = taef2_path(&shared);
+    let (ok, out, err) = wgvae_cli(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        &vae,
+        "--frames-out",
+        dir.to_str().unwrap(),
+        "--chunk",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    let f = &v["frames"];
+    assert_eq!(f["frames"], 5);
+    assert_eq!(f["chunk"], 2);
+    for key in ["frames_per_s", "total_ms"] {
+        assert!(f[key].as_f64().unwrap() > 0.0, "{key}: {v}");
+    }
+    for key in ["mean_ms", "p99_ms", "max_ms"] {
+        assert!(f["latency"][key].as_f64().unwrap() >= 0.0, "{key}: {v}");
+    }
+    let mut names: Vec<String> = std::fs::read_dir(&dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    names.sort();
+    let want: Vec<String> = (0..5).map(|i| format!("frame_{i:05}.png")).collect();
+    assert_eq!(names, want);
+    for name in &names {
+        let img = image::open(dir.join(name)).unwrap();
+        assert_eq!((img.width(), img.height()), (56, 48), "{name}");
+    }
+    assert_eq!(v["outputs"].as_array().unwrap().len(), 5);
+
+    // Text output names the rate and the latencies.
+    let (ok, out, err) = wgvae_cli(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        &vae,
+        "--frames-out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("frames/s") && out.contains("P99"), "{out}");
+
+    // Errors: a zero chunk, and options the frame stream does not take.
+    let (ok, _, err) = wgvae_cli(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        &vae,
+        "--frames-out",
+        dir.to_str().unwrap(),
+        "--chunk",
+        "0",
+    ]);
+    assert!(!ok && err.contains("chunk"), "{err}");
+    let (ok, _, err) = wgvae_cli(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        &vae,
+        "--frames-out",
+        dir.to_str().unwrap(),
+        "--tile",
+        "exact",
+    ]);
+    assert!(!ok && err.contains("--frames-out"), "{err}");
+}
+
+/// f16 frames: streamed chunks equal single-frame f16 decodes byte for byte
+/// under the planned pool (the chunk allocates like `decode()`, overflow
+/// counter included, so both replay the same plans), with no overflow.
+#[test]
+fn half_precision_stream_matches_single_frame_decodes() {
+    let ctx = test_context().with_pool(Policy::Planned.new_pool());
+    let store = WeightStore::random(7);
+    store.set_dtype(wgvae::DType::F16);
+    let cfg = AutoencoderKlConfig {
+        block_out_channels: vec![16, 32],
+        layers_per_block: 1,
+        norm_num_groups: 8,
+        latent_channels: 4,
+        out_channels: 3,
+        scaling_factor: 0.5,
+        shift_factor: Some(0.1),
+        use_post_quant_conv: true,
+        use_quant_conv: true,
+        mid_block_add_attention: true,
+    };
+    let vae = Vae::from_kl_config(&ctx, &cfg, &store, "tiny random f16").unwrap();
+    assert_eq!(vae.dtype, wgvae::DType::F16);
+    let z = HostTensor::new(vec![5, 4, 6, 5], rand_vec(5 * 4 * 30, 12, 1.5)).unwrap();
+    let want = single_frame_decodes(&ctx, &vae, &z);
+    let opts = FramesOptions {
+        chunk: Some(2),
+        ..Default::default()
+    };
+    let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, "f16 planned");
+    assert_eq!(r.f16_overflows, 0);
+}
