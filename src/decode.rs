@@ -89,15 +89,23 @@ pub struct Decoded {
 /// f16 models count overflowing stores into the recorder's range flag
 /// ([`Recorder::range_flag`]); read it after the submit.
 pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
-    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
-        rec.track_f16_range()?;
-    }
+    track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     let raw = vae.forward(rec, input, &mut Taps::default())?;
     let [n, _, h, w] = crate::models::layers::dims4(&raw)?;
     let pixels = Tensor::empty(rec.ctx(), &[n, h, w], DType::Rgba8, "rgba8 image")?;
     to_rgba8(rec, &raw, vae.output_range(), &pixels)?;
     Ok((raw, pixels))
+}
+
+/// f16 models count overflowing conv stores (see [`Recorder::track_f16_range`]).
+/// Every decode recording starts with it, so all of them allocate alike and
+/// share memory plans.
+pub(crate) fn track_f16(rec: &mut Recorder, vae: &Vae) -> Result<()> {
+    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
+        rec.track_f16_range()?;
+    }
+    Ok(())
 }
 
 pub(crate) fn plan_key(vae: &Vae, shape: &[usize]) -> String {
@@ -1065,6 +1073,7 @@ impl DeviceLatents<'_> {
 /// Records upload and decoder for decoder-input latents `z` [N, C, h, w] in
 /// host memory → raw output [N, 3, H, W] (the first half of [`record_decode`]).
 pub fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<Tensor> {
+    track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     vae.forward(rec, input, &mut Taps::default())
 }
@@ -1086,6 +1095,7 @@ pub fn record_decoder_from_buffer(
     raw_latents: bool,
 ) -> Result<Tensor> {
     latents.validate(vae)?;
+    track_f16(rec, vae)?;
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
     if !rec.ctx().is_dry_run() {
         let (dst, dst_offset) = (input.buffer()?.clone(), input.block().offset);

@@ -208,9 +208,7 @@ fn record_chunk(
     shape: [usize; 4],
     latents: Option<&[f32]>,
 ) -> Result<Tensor> {
-    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
-        rec.track_f16_range()?;
-    }
+    crate::decode::track_f16(rec, vae)?;
     let input = match latents {
         Some(data) => Tensor::from_f32_in(rec, &shape, data, "latents")?,
         None => Tensor::empty(rec.ctx(), &shape, DType::F32, "latents")?,

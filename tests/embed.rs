@@ -600,3 +600,36 @@ fn misuse_is_reported() {
     queue.submit([enc.finish()]);
     device.poll(wgpu::PollType::wait_indefinitely()).unwrap();
 }
+
+/// An f16 engine (planned pool): decode_to_image, a host buffer of latents
+/// and a texture target all record the same allocation sequence (the f16
+/// overflow counter first) and agree with each other, and with the f32
+/// engine to within f16 rounding of the pixels.
+#[test]
+fn f16_engine_paths_agree() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let (device, queue) = host();
+    let load = LoadOptions {
+        precision: wgvae::models::Precision::F16,
+        ..Default::default()
+    };
+    let f16 = Engine::new(device.clone(), queue.clone(), dir.to_str().unwrap(), &load).unwrap();
+    assert_eq!(f16.vae().dtype, wgvae::DType::F16);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let simple = f16.decode_to_image(&latents).unwrap();
+    let texture = decode_into_host_texture(
+        &f16,
+        device,
+        queue,
+        &latents,
+        &latents.shape,
+        wgpu::TextureFormat::Rgba8Unorm,
+    )
+    .unwrap();
+    assert_eq!(compare(&texture.texels, simple.as_raw()), (0, 0));
+    let full = engine(&dir).decode_to_image(&latents).unwrap();
+    let (worst, differing) = compare(simple.as_raw(), full.as_raw());
+    println!("f16 engine vs f32: {differing} bytes differ, worst by {worst}");
+    assert!(worst <= 3, "f16 vs f32 pixels: {worst}");
+}
