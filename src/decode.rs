@@ -614,19 +614,24 @@ fn decode_untiled(
     timings.gpu_wait_ms = submitted.elapsed().as_secs_f64() * 1e3;
     let read_start = Instant::now();
     let [n, _, height, width] = crate::models::layers::dims4(&raw)?;
-    let (rgba, raw_host) = if ctx.is_dry_run() {
-        (Vec::new(), None)
+    let (rgba, raw_host, f16_overflows) = if ctx.is_dry_run() {
+        (Vec::new(), None, 0)
     } else {
-        let bytes = pixels.to_bytes(ctx)?;
+        // One readback: pixels, the raw output when asked for, the f16 counter.
+        let mut wanted = vec![&pixels];
+        wanted.extend(opts.keep_raw.then_some(&raw));
+        wanted.extend(range_flag.as_ref());
+        let mut back = crate::gpu::read_back(ctx, &wanted)?.into_iter();
+        let bytes = back.next().unwrap_or_default();
         let raw_host = match opts.keep_raw {
-            true => Some(HostTensor::new(raw.shape().to_vec(), raw.to_f32(ctx)?)?),
+            true => {
+                let values = raw.f32_from_bytes(&back.next().unwrap_or_default())?;
+                Some(HostTensor::new(raw.shape().to_vec(), values)?)
+            }
             false => None,
         };
-        (split_images(bytes, n), raw_host)
-    };
-    let f16_overflows = match &range_flag {
-        Some(f) => crate::gpu::read_range_flag(ctx, f)?,
-        None => 0,
+        let count = back.next().map_or(0, |b| crate::gpu::range_count(&b));
+        (split_images(bytes, n), raw_host, count)
     };
     debug_assert!(rgba.is_empty() || rgba.len() == n);
     timings.readback_ms = read_start.elapsed().as_secs_f64() * 1e3;
@@ -717,22 +722,6 @@ fn decode_exact(
     })
 }
 
-/// Latents `[N, C, y0..y1, x0..x1]` of `z`.
-fn crop_latents(z: &HostTensor, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
-    let [n, c, h, w] = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
-    let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
-    for p in 0..n * c {
-        for y in y0..y1 {
-            let row = (p * h + y) * w;
-            data.extend_from_slice(&z.data[row + x0..row + x1]);
-        }
-    }
-    HostTensor {
-        shape: vec![n, c, y1 - y0, x1 - x0],
-        data,
-    }
-}
-
 /// A decoded fast-mode tile `[N, 3, h, w]` on the host.
 pub(crate) struct FastTile {
     pub h: usize,
@@ -799,16 +788,16 @@ fn decode_tile_raw(
     let flag = rec.range_flag().cloned();
     rec.submit()?;
     let [_, _, h, w] = crate::models::layers::dims4(&raw)?;
-    let data = if ctx.is_dry_run() {
-        None
-    } else {
-        Some(raw.to_f32(ctx)?)
-    };
-    let overflows = match &flag {
-        Some(f) => crate::gpu::read_range_flag(ctx, f)?,
-        None => 0,
-    };
-    Ok((h, w, data, overflows))
+    if ctx.is_dry_run() {
+        return Ok((h, w, None, 0));
+    }
+    // One readback: the tile's raw output and the f16 counter.
+    let mut wanted = vec![&raw];
+    wanted.extend(flag.as_ref());
+    let mut back = crate::gpu::read_back(ctx, &wanted)?.into_iter();
+    let data = raw.f32_from_bytes(&back.next().unwrap_or_default())?;
+    let overflows = back.next().map_or(0, |b| crate::gpu::range_count(&b));
+    Ok((h, w, Some(data), overflows))
 }
 
 /// Fast tiling exactly as diffusers' `AutoencoderKL.tiled_decode`: latent
@@ -846,7 +835,7 @@ fn decode_fast(
         let mut row: Vec<FastTile> = Vec::new();
         let (mut out_x, mut crop_h) = (0, 0);
         for (ci, &j) in cols.iter().enumerate() {
-            let zt = crop_latents(z, i, (i + tile).min(h), j, (j + tile).min(w));
+            let zt = z.crop(i, (i + tile).min(h), j, (j + tile).min(w));
             let (th, tw, data, overflows) = decode_tile_raw(ctx, vae, &zt)?;
             f16_overflows += overflows as u64;
             readback += (planes * th * tw * 4) as u64;

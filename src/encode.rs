@@ -453,22 +453,6 @@ fn encode_exact(
     Ok((HostTensor::new(shape.to_vec(), values)?, memory, report))
 }
 
-/// `x[:, :, y0..y1, x0..x1]`.
-fn crop(x: &HostTensor, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
-    let [n, c, h, w] = [x.shape[0], x.shape[1], x.shape[2], x.shape[3]];
-    let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
-    for p in 0..n * c {
-        for y in y0..y1 {
-            let row = (p * h + y) * w;
-            data.extend_from_slice(&x.data[row + x0..row + x1]);
-        }
-    }
-    HostTensor {
-        shape: vec![n, c, y1 - y0, x1 - x0],
-        data,
-    }
-}
-
 /// Fast tiling as diffusers' `AutoencoderKL._tiled_encode`: image tiles of
 /// `px` pixels with a stride of `px - overlap`, each encoded independently
 /// (its own GroupNorm statistics and attention), their outputs blended in
@@ -506,7 +490,7 @@ fn encode_fast(
         let mut row: Vec<FastTile> = Vec::new();
         let (mut out_x, mut crop_h) = (0, 0);
         for (ci, &j) in cols.iter().enumerate() {
-            let xt = crop(x, i, (i + px).min(h), j, (j + px).min(w));
+            let xt = x.crop(i, (i + px).min(h), j, (j + px).min(w));
             let key = match planned {
                 Some(p) => {
                     ensure_recorded_plan(ctx, p, format!("enc{}:{:?}", enc.id, xt.shape), |rec| {

@@ -24,6 +24,23 @@ impl HostTensor {
         }
         Ok(HostTensor { shape, data })
     }
+
+    /// `self[:, :, y0..y1, x0..x1]` of an `[N, C, H, W]` tensor (the ranges
+    /// must lie inside it).
+    pub fn crop(&self, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
+        let [n, c, h, w] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
+        let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
+        for p in 0..n * c {
+            for y in y0..y1 {
+                let row = (p * h + y) * w;
+                data.extend_from_slice(&self.data[row + x0..row + x1]);
+            }
+        }
+        HostTensor {
+            shape: vec![n, c, y1 - y0, x1 - x0],
+            data,
+        }
+    }
 }
 
 fn bad(path: &Path, message: impl Into<String>) -> Error {

@@ -61,6 +61,16 @@ impl std::fmt::Debug for Tensor {
     }
 }
 
+fn check_len(op: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+    if numel(shape) != data.len() {
+        return Err(Error::shape(
+            op,
+            format!("{} values for shape {shape:?}", data.len()),
+        ));
+    }
+    Ok(())
+}
+
 /// Number of elements of a shape.
 pub fn numel(shape: &[usize]) -> usize {
     shape.iter().product()
@@ -88,15 +98,7 @@ impl Tensor {
 
     /// Uploads f32 data as a new f32 tensor.
     pub fn from_f32(ctx: &Context, shape: &[usize], data: &[f32], label: &str) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            return Err(Error::shape(
-                "Tensor::from_f32",
-                format!("{} values for shape {shape:?}", data.len()),
-            ));
-        }
-        let t = Tensor::empty(ctx, shape, DType::F32, label)?;
-        t.write_bytes(ctx, bytemuck::cast_slice(data));
-        Ok(t)
+        Self::from_f32_as(ctx, shape, data, DType::F32, label)
     }
 
     /// Uploads f32 data as a new tensor of `dtype` (rounded to nearest even;
@@ -108,35 +110,9 @@ impl Tensor {
         dtype: DType,
         label: &str,
     ) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            return Err(Error::shape(
-                "Tensor::from_f32_as",
-                format!("{} values for shape {shape:?}", data.len()),
-            ));
-        }
+        check_len("Tensor::from_f32", shape, data)?;
         let t = Tensor::empty(ctx, shape, dtype, label)?;
         t.write_bytes(ctx, &crate::gpu::storage::encode_f32(data, dtype)?);
-        Ok(t)
-    }
-
-    /// [`Tensor::from_f32_in`] into a tensor of `dtype`.
-    pub fn from_f32_in_as(
-        rec: &mut crate::gpu::Recorder,
-        shape: &[usize],
-        data: &[f32],
-        dtype: DType,
-        label: &str,
-    ) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            return Err(Error::shape(
-                "Tensor::from_f32_in_as",
-                format!("{} values for shape {shape:?}", data.len()),
-            ));
-        }
-        let t = Tensor::empty(rec.ctx(), shape, dtype, label)?;
-        let mut bytes = crate::gpu::storage::encode_f32(data, dtype)?;
-        bytes.resize(t.byte_size() as usize, 0);
-        rec.upload(&t, &bytes)?;
         Ok(t)
     }
 
@@ -148,14 +124,20 @@ impl Tensor {
         data: &[f32],
         label: &str,
     ) -> Result<Tensor> {
-        if numel(shape) != data.len() {
-            return Err(Error::shape(
-                "Tensor::from_f32_in",
-                format!("{} values for shape {shape:?}", data.len()),
-            ));
-        }
-        let t = Tensor::empty(rec.ctx(), shape, DType::F32, label)?;
-        rec.upload(&t, bytemuck::cast_slice(data))?;
+        Self::from_f32_in_as(rec, shape, data, DType::F32, label)
+    }
+
+    /// [`Tensor::from_f32_in`] into a tensor of `dtype`.
+    pub fn from_f32_in_as(
+        rec: &mut crate::gpu::Recorder,
+        shape: &[usize],
+        data: &[f32],
+        dtype: DType,
+        label: &str,
+    ) -> Result<Tensor> {
+        check_len("Tensor::from_f32_in", shape, data)?;
+        let t = Tensor::empty(rec.ctx(), shape, dtype, label)?;
+        rec.upload(&t, &crate::gpu::storage::encode_f32(data, dtype)?)?;
         Ok(t)
     }
 
@@ -236,14 +218,19 @@ impl Tensor {
         let bytes = crate::gpu::read_back(ctx, &[self])?
             .pop()
             .unwrap_or_default();
+        self.f32_from_bytes(&bytes)
+    }
+
+    /// This tensor's values from its read-back bytes (see [`crate::gpu::read_back`]).
+    pub fn f32_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f32>> {
         Ok(match self.dtype {
-            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(&bytes),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(&bytes)
+            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
+            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
                 .into_iter()
                 .take(self.numel())
                 .map(f32::from)
                 .collect(),
-            DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(&bytes)
+            DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
                 .into_iter()
                 .take(self.numel())
                 .map(f32::from)

@@ -13,7 +13,9 @@ pub use context::{
 };
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
 pub use profiler::{KernelTime, Profile, Profiler};
-pub use recorder::{linear_groups, read_back, read_range_flag, Binding, DispatchLabel, Recorder};
+pub use recorder::{
+    linear_groups, range_count, read_back, read_range_flag, Binding, DispatchLabel, Recorder,
+};
 pub use storage::{Access, StorageType};
 
 #[cfg(test)]

@@ -309,7 +309,10 @@ impl<'a> Recorder<'a> {
             crate::tensor::DType::F32,
             "f16 range counter",
         )?;
-        self.upload(&t, &[0; 4])?;
+        if !self.ctx.is_dry_run() {
+            let (buffer, offset) = (t.buffer()?.clone(), t.block().offset);
+            self.encoder().clear_buffer(&buffer, offset, Some(4));
+        }
         self.range_flag = Some(t.clone());
         Ok(t)
     }
@@ -459,9 +462,15 @@ pub fn read_range_flag(ctx: &Context, t: &Tensor) -> Result<u32> {
         return Ok(0);
     }
     let bytes = read_back(ctx, &[t])?.pop().unwrap_or_default();
-    Ok(bytes
+    Ok(range_count(&bytes))
+}
+
+/// The count in an overflow counter's read-back bytes (to read it in the
+/// same [`read_back`] as a decode's outputs).
+pub fn range_count(bytes: &[u8]) -> u32 {
+    bytes
         .get(..4)
-        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]])))
+        .map_or(0, |b| u32::from_le_bytes([b[0], b[1], b[2], b[3]]))
 }
 
 /// Reads tensors back to the host (one submit, one wait).

@@ -228,10 +228,11 @@ pub(crate) fn parse_directive(
 }
 
 /// Host-side encoding of f32 values into a tensor dtype's bytes (round to
-/// nearest even, like the shaders' stores; f16 saturates at ±65504).
-pub fn encode_f32(data: &[f32], dtype: DType) -> Result<Vec<u8>> {
+/// nearest even, like the shaders' stores; f16 saturates at ±65504). f32
+/// data is borrowed as it is.
+pub fn encode_f32(data: &[f32], dtype: DType) -> Result<std::borrow::Cow<'_, [u8]>> {
     Ok(match dtype {
-        DType::F32 => bytemuck::cast_slice(data).to_vec(),
+        DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(data)),
         DType::F16 => data
             .iter()
             .flat_map(|&v| {
@@ -242,11 +243,13 @@ pub fn encode_f32(data: &[f32], dtype: DType) -> Result<Vec<u8>> {
                 };
                 half::f16::from_f32(v).to_le_bytes()
             })
-            .collect(),
+            .collect::<Vec<u8>>()
+            .into(),
         DType::BF16 => data
             .iter()
             .flat_map(|&v| half::bf16::from_f32(v).to_le_bytes())
-            .collect(),
+            .collect::<Vec<u8>>()
+            .into(),
         DType::Rgba8 => {
             return Err(Error::Unsupported(
                 "f32 values cannot be stored as rgba8".into(),
@@ -300,6 +303,6 @@ mod tests {
         assert_eq!(round_through(1e6, DType::BF16), 999424.0);
         assert!(round_through(f32::NAN, DType::BF16).is_nan());
         let bytes = encode_f32(&[1.0, -2.0], DType::BF16).unwrap();
-        assert_eq!(bytes, vec![0x80, 0x3f, 0x00, 0xc0]);
+        assert_eq!(&bytes[..], &[0x80, 0x3f, 0x00, 0xc0]);
     }
 }
