@@ -35,7 +35,7 @@ pub enum Error {
     DeviceLost(String),
 
     /// A single buffer larger than the device allows.
-    #[error("{what} needs a buffer of {bytes} bytes but the device allows at most {limit} bytes per buffer; use tiling (--tile exact) or a smaller size")]
+    #[error("{what} needs a buffer of {bytes} bytes but the device's max_buffer_size is {limit} bytes; use tiling (--tile exact) or a smaller size")]
     BufferTooLarge {
         what: String,
         bytes: u64,

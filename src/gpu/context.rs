@@ -147,6 +147,30 @@ struct Inner {
     /// Nothing runs and no device memory is allocated: allocations are only
     /// replayed through the pool (memory estimation).
     dry_run: bool,
+    /// wgpu errors that reached no error scope (see [`Context::from_device`]).
+    uncaptured: UncapturedErrors,
+}
+
+/// wgpu errors raised outside any error scope, recorded by the handler
+/// [`Context::from_device`] installs (shared by contexts on one device).
+type UncapturedErrors = Arc<std::sync::Mutex<Vec<String>>>;
+
+/// Keeps at most this many uncaptured error messages (the oldest are kept).
+const MAX_UNCAPTURED: usize = 64;
+
+/// Installs a handler that logs and records wgpu errors no error scope caught,
+/// so they never abort the process (wgpu's default handler panics).
+fn install_uncaptured_handler(device: &wgpu::Device) -> UncapturedErrors {
+    let errors: UncapturedErrors = Default::default();
+    let sink = errors.clone();
+    device.on_uncaptured_error(Arc::new(move |e| {
+        log::error!("uncaptured wgpu error: {e}");
+        let mut v = sink.lock().unwrap_or_else(|p| p.into_inner());
+        if v.len() < MAX_UNCAPTURED {
+            v.push(e.to_string());
+        }
+    }));
+    errors
 }
 
 impl std::fmt::Debug for Context {
@@ -195,6 +219,15 @@ fn backend_rank(b: wgpu::Backend) -> u32 {
 impl Context {
     /// Wraps a device the host application already owns. wgvae uses only the
     /// features and limits the device was created with.
+    ///
+    /// Every wgpu call wgvae makes runs inside error scopes and comes back as an
+    /// [`Error`]. For errors that reach no scope (e.g. from host work on the same
+    /// device) this installs an uncaptured-error handler that logs and records
+    /// them ([`Context::take_uncaptured_errors`]) instead of wgpu's default, which
+    /// panics. wgpu offers no way to read a device's current handler, so this
+    /// replaces one the host installed before: a host with its own handler
+    /// should install it again after creating the context (wgvae's errors are
+    /// still returned through its error scopes).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         Self::from_device_with_pool(device, queue, Arc::new(ExactPool::new()))
     }
@@ -206,6 +239,7 @@ impl Context {
         pool: Arc<dyn MemoryPool>,
     ) -> Self {
         let caps = Capabilities::of_device(&device);
+        let uncaptured = install_uncaptured_handler(&device);
         Context {
             inner: Arc::new(Inner {
                 pipelines: PipelineCache::new(),
@@ -214,8 +248,20 @@ impl Context {
                 caps,
                 pool,
                 dry_run: false,
+                uncaptured,
             }),
         }
+    }
+
+    /// Messages of wgpu errors no error scope caught on this device since the
+    /// context was created (at most 64), oldest first; drains the record.
+    pub fn take_uncaptured_errors(&self) -> Vec<String> {
+        let mut v = self
+            .inner
+            .uncaptured
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        std::mem::take(&mut *v)
     }
 
     /// A new context sharing device, queue and pipelines but with another pool.
@@ -228,6 +274,7 @@ impl Context {
                 pipelines: self.inner.pipelines.clone(),
                 pool,
                 dry_run: self.inner.dry_run,
+                uncaptured: self.inner.uncaptured.clone(),
             }),
         }
     }
@@ -245,6 +292,7 @@ impl Context {
                 pipelines: self.inner.pipelines.clone(),
                 pool: self.inner.pool.clone(),
                 dry_run: self.inner.dry_run,
+                uncaptured: self.inner.uncaptured.clone(),
             }),
         }
     }
@@ -263,6 +311,7 @@ impl Context {
                 pipelines: PipelineCache::new(),
                 pool,
                 dry_run: true,
+                uncaptured: Default::default(),
             }),
         }
     }
@@ -383,8 +432,7 @@ impl Context {
                 source: e,
             }
         })?;
-        // Errors outside our error scopes must not abort the process.
-        device.on_uncaptured_error(Arc::new(|e| log::error!("uncaptured wgpu error: {e}")));
+        // from_device installs the uncaptured-error handler.
         Ok(Self::from_device(device, queue))
     }
 

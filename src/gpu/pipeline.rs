@@ -312,7 +312,9 @@ impl PipelineCache {
         }
         let source = preprocess(spec.source, key)?;
         let label = format!("{}::{}", key.family, key.entry);
-        let oom = device.push_error_scope(wgpu::ErrorFilter::Validation);
+        // Innermost scope: validation (a bug in a shader); outer: out of memory.
+        let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
+        let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
         let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
@@ -340,7 +342,11 @@ impl PipelineCache {
             cache: disk.as_ref().map(|d| &d.cache),
         });
         drop(disk);
+        let invalid = pollster::block_on(validation.pop());
         if let Some(e) = pollster::block_on(oom.pop()) {
+            return Err(Error::from_wgpu(&format!("compiling {label}"), e));
+        }
+        if let Some(e) = invalid {
             return Err(Error::Shader {
                 name: label,
                 message: e.to_string(),

@@ -128,7 +128,7 @@ impl<'a> Recorder<'a> {
         self.encoder.get()
     }
 
-    fn push_uniform(&mut self, bytes: &[u8]) -> (usize, u32) {
+    fn push_uniform(&mut self, bytes: &[u8]) -> Result<(usize, u32)> {
         let align = self.ctx.caps().min_uniform_buffer_offset_alignment as u64;
         let need = round_up(bytes.len() as u64, align);
         let fits = self
@@ -136,12 +136,15 @@ impl<'a> Recorder<'a> {
             .last()
             .is_some_and(|c| round_up(c.data.len() as u64, align) + need <= UNIFORM_CHUNK);
         if !fits {
-            let buffer = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
-                label: Some("wgvae uniforms"),
-                size: UNIFORM_CHUNK,
-                usage: wgpu::BufferUsages::UNIFORM,
-                mapped_at_creation: true,
-            });
+            let ctx = self.ctx.clone();
+            let buffer = ctx.scoped("allocating a uniform buffer", || {
+                Ok(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgvae uniforms"),
+                    size: UNIFORM_CHUNK,
+                    usage: wgpu::BufferUsages::UNIFORM,
+                    mapped_at_creation: true,
+                }))
+            })?;
             self.uniforms.push(UniformChunk {
                 buffer,
                 data: Vec::new(),
@@ -152,7 +155,7 @@ impl<'a> Recorder<'a> {
         let offset = round_up(chunk.data.len() as u64, align) as usize;
         chunk.data.resize(offset, 0);
         chunk.data.extend_from_slice(bytes);
-        (i, offset as u32)
+        Ok((i, offset as u32))
     }
 
     /// Records one dispatch of `spec` specialised by `key`.
@@ -242,7 +245,7 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         let pipeline = self.ctx.pipelines().get(self.ctx.device(), spec, key)?;
-        let (chunk, offset) = self.push_uniform(bytemuck::bytes_of(params));
+        let (chunk, offset) = self.push_uniform(bytemuck::bytes_of(params))?;
         let mut entries = vec![wgpu::BindGroupEntry {
             binding: 0,
             resource: wgpu::BindingResource::Buffer(wgpu::BufferBinding {
@@ -260,14 +263,18 @@ impl<'a> Recorder<'a> {
                 },
             });
         }
-        let bind_group = self
-            .ctx
-            .device()
-            .create_bind_group(&wgpu::BindGroupDescriptor {
-                label: Some(spec.family),
-                layout: &pipeline.layout,
-                entries: &entries,
-            });
+        // Bad bindings (offsets, sizes, usages) surface here as an Error.
+        let during = format!("binding the operands of {}::{}", spec.family, spec.entry);
+        let bind_group = self.ctx.scoped(&during, || {
+            Ok(self
+                .ctx
+                .device()
+                .create_bind_group(&wgpu::BindGroupDescriptor {
+                    label: Some(spec.family),
+                    layout: &pipeline.layout,
+                    entries: &entries,
+                }))
+        })?;
         if self.pass.is_none() {
             let pass = self
                 .encoder
@@ -340,14 +347,25 @@ impl<'a> Recorder<'a> {
                 format!("{} bytes into {t:?}", bytes.len()),
             ));
         }
-        let staging = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
-            label: Some("wgvae upload"),
-            size: len.max(4),
-            usage: wgpu::BufferUsages::COPY_SRC,
-            mapped_at_creation: true,
-        });
+        let ctx = self.ctx.clone();
+        let staging = ctx.scoped("allocating an upload staging buffer", || {
+            Ok(ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some("wgvae upload"),
+                size: len.max(4),
+                usage: wgpu::BufferUsages::COPY_SRC,
+                mapped_at_creation: true,
+            }))
+        })?;
         // Straight into the mapped staging memory (no padded host copy first).
-        if let Ok(mut view) = staging.slice(..).get_mapped_range_mut() {
+        {
+            let mut view =
+                staging
+                    .slice(..)
+                    .get_mapped_range_mut()
+                    .map_err(|e| Error::Validation {
+                        during: format!("mapping the upload staging buffer for {t:?}"),
+                        message: e.to_string(),
+                    })?;
             let pad = view.len() - bytes.len(); // 0..=4 bytes
             view.slice(..bytes.len()).copy_from_slice(bytes);
             view.slice(bytes.len()..).copy_from_slice(&[0u8; 4][..pad]);
