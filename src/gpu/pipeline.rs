@@ -213,6 +213,13 @@ impl PipelineCache {
         Self::default()
     }
 
+    /// The keys of every pipeline compiled so far (tests check them against
+    /// [`crate::kernels::all_variants`]).
+    pub fn keys(&self) -> Vec<PipelineKey> {
+        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        map.keys().cloned().collect()
+    }
+
     /// Loads (or starts) the driver's pipeline cache for this device from
     /// `dir`. Needs `Features::PIPELINE_CACHE` (Vulkan); returns whether a
     /// cache is in use.

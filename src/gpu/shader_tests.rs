@@ -22,9 +22,25 @@ fn validate(name: &str, src: &str) -> naga::Module {
 fn every_shader_variant_validates_and_matches_its_spec() {
     let variants = all_variants();
     assert!(!variants.is_empty());
-    for (spec, key) in variants {
+    // Thousands of variants (conv2d's options x storage combinations): validate them on
+    // every core.
+    let threads = std::thread::available_parallelism().map_or(2, |n| n.get());
+    let chunk = variants.len().div_ceil(threads);
+    std::thread::scope(|s| {
+        for part in variants.chunks(chunk) {
+            s.spawn(move || {
+                for (spec, key) in part {
+                    check_variant(spec, key);
+                }
+            });
+        }
+    });
+}
+
+fn check_variant(spec: &crate::gpu::KernelSpec, key: &crate::gpu::PipelineKey) {
+    {
         let name = format!("{}::{} {:?}", spec.family, spec.entry, key.defines);
-        let src = preprocess(spec.source, &key).unwrap();
+        let src = preprocess(spec.source, key).unwrap();
         let module = validate(&name, &src);
         assert!(
             module.entry_points.iter().any(|e| e.name == spec.entry),

@@ -964,9 +964,42 @@ fn default_tile_sets() -> Vec<ConvTiles> {
     sets
 }
 
+/// Storage of `[x, wt, res, out]` and the f16 range check, for every call the engine's
+/// layers make, per weight storage `wt` (one device has either native or packed f16):
+/// - x is in the model's storage, or f32 (latents into conv_in / post_quant_conv, the f32
+///   attention output into its projection, the image into the encoder's conv_in);
+/// - out is in the model's storage, or f32 (attention q, k, v);
+/// - a residual is always added in place, so it is stored like `out` (f32 when absent);
+/// - f16 outputs are range-checked when the recorder carries a counter, and not otherwise.
+fn storage_configs(residual: bool) -> Vec<([StorageType; 4], bool)> {
+    let mut v = Vec::new();
+    for wt in StorageType::ALL {
+        let mut xs = vec![wt];
+        let mut outs = vec![wt];
+        if wt != StorageType::F32 {
+            xs.push(StorageType::F32);
+            outs.push(StorageType::F32);
+        }
+        for &x in &xs {
+            for &out in &outs {
+                let res = if residual { out } else { StorageType::F32 };
+                let half_out = matches!(out, StorageType::F16 | StorageType::F16Packed);
+                for check_range in [false, true] {
+                    if check_range && !half_out {
+                        continue;
+                    }
+                    v.push(([x, wt, res, out], check_range));
+                }
+            }
+        }
+    }
+    v
+}
+
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
-    // The naive kernel and every default tile set, with every option combination.
+    // The naive kernel and every default tile set, with every option combination and
+    // every storage combination the engine's layers use.
     let tile_sets: Vec<Option<ConvTiles>> = std::iter::once(None)
         .chain(default_tile_sets().into_iter().map(Some))
         .collect();
@@ -983,34 +1016,19 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                     for act in acts {
                         for bias in [false, true] {
                             for residual in [false, true] {
-                                let var = Variant {
-                                    tiles,
-                                    k,
-                                    stride,
-                                    upsample,
-                                    act,
-                                    bias,
-                                    residual,
-                                    storage: [StorageType::F32; 4],
-                                    check_range: false,
-                                };
-                                v.push((var.spec(), var.key()));
-                                // Half storage: every tensor in one dtype (fused options all
-                                // on or all off), and half in / f32 out (attention q, k, v).
-                                let all = upsample && act.is_some() && bias && residual;
-                                let none = !upsample && act.is_none() && !bias && !residual;
-                                if all || none {
-                                    for t in &StorageType::ALL[1..] {
-                                        for out in [*t, StorageType::F32] {
-                                            let half = Variant {
-                                                storage: [*t, *t, *t, out],
-                                                check_range: out != StorageType::F32
-                                                    && *t != StorageType::BF16,
-                                                ..var
-                                            };
-                                            v.push((half.spec(), half.key()));
-                                        }
-                                    }
+                                for (storage, check_range) in storage_configs(residual) {
+                                    let var = Variant {
+                                        tiles,
+                                        k,
+                                        stride,
+                                        upsample,
+                                        act,
+                                        bias,
+                                        residual,
+                                        storage,
+                                        check_range,
+                                    };
+                                    v.push((var.spec(), var.key()));
                                 }
                             }
                         }

@@ -1,0 +1,106 @@
+//! Every pipeline the engine actually compiles is one the shader-validation
+//! test validates: decodes (untiled and exact-tiled) and encodes of a small
+//! random AutoencoderKL in every storage path record only keys listed by
+//! `wgvae::kernels::all_variants()`.
+
+use std::collections::HashSet;
+
+use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
+use wgvae::gpu::{Context, ContextOptions};
+use wgvae::io::HostTensor;
+use wgvae::models::config::AutoencoderKlConfig;
+use wgvae::models::weights::WeightStore;
+use wgvae::testing::rand_vec;
+use wgvae::{decode, DType, DecodeOptions, Tiling, Vae};
+
+fn tiny_config() -> AutoencoderKlConfig {
+    AutoencoderKlConfig {
+        block_out_channels: vec![16, 32],
+        layers_per_block: 1,
+        norm_num_groups: 8,
+        latent_channels: 4,
+        out_channels: 3,
+        scaling_factor: 0.5,
+        shift_factor: Some(0.1),
+        use_post_quant_conv: true,
+        use_quant_conv: true,
+        mid_block_add_attention: true,
+    }
+}
+
+/// One f16 path (mixed f32/f16 operands: latents, attention), untiled decode
+/// only: compiling pipelines on lavapipe is slow (the full run takes minutes).
+#[test]
+fn f16_decode_pipelines_are_validated_variants() {
+    let ctx = Context::new(&ContextOptions::default()).expect("an adapter");
+    check_coverage(&ctx, vec![(ctx.clone(), DType::F16)], false);
+}
+
+/// Every storage path, decodes untiled and exact-tiled, and encodes
+/// (about 4 minutes on lavapipe: `cargo test --test pipeline_coverage -- --ignored`).
+#[test]
+#[ignore]
+fn every_compiled_pipeline_is_a_validated_variant() {
+    // A context of its own: its pipeline cache holds only what this test ran.
+    let ctx = Context::new(&ContextOptions::default()).expect("an adapter");
+    let mut paths = vec![(ctx.clone(), DType::F32)];
+    if ctx.caps().shader_f16 {
+        paths.push((ctx.clone(), DType::F16));
+    }
+    let mut packed = ctx.caps().clone();
+    packed.shader_f16 = false;
+    paths.push((ctx.with_caps(packed), DType::F16));
+    paths.push((ctx.clone(), DType::BF16));
+    check_coverage(&ctx, paths, true);
+}
+
+/// Runs the model in every `(context, dtype)` of `paths` (all sharing `ctx`'s
+/// pipeline cache) and checks the compiled keys against `all_variants()`.
+fn check_coverage(ctx: &Context, paths: Vec<(Context, DType)>, everything: bool) {
+    let cfg = tiny_config();
+    let z = HostTensor::new(vec![1, 4, 6, 5], rand_vec(4 * 30, 3, 1.5)).unwrap();
+    let image = HostTensor::new(
+        vec![1, 3, 16, 24],
+        rand_vec(3 * 16 * 24, 4, 127.0)
+            .into_iter()
+            .map(|v| v + 127.5)
+            .collect(),
+    )
+    .unwrap();
+    for (c, dt) in &paths {
+        let store = WeightStore::random(7);
+        store.set_dtype(*dt);
+        let vae = Vae::from_kl_config(c, &cfg, &store, "tiny random").unwrap();
+        decode(c, &vae, &z, &DecodeOptions::default()).unwrap();
+        if !everything {
+            continue;
+        }
+        let tiled = DecodeOptions {
+            tiling: Tiling {
+                tile_size: Some(8),
+                tile_mid_block: true,
+                ..Tiling::exact()
+            },
+            ..Default::default()
+        };
+        decode(c, &vae, &z, &tiled).unwrap();
+        let store = WeightStore::random(8);
+        store.set_dtype(*dt);
+        let enc = VaeEncoder::from_kl_config(c, &cfg, &store).unwrap();
+        encode(c, &enc, &image, &EncodeOptions::default()).unwrap();
+    }
+
+    let listed: HashSet<_> = wgvae::kernels::all_variants()
+        .into_iter()
+        .map(|(_, key)| key)
+        .collect();
+    let compiled = ctx.pipelines().keys();
+    assert!(compiled.len() > 10, "{} pipelines", compiled.len());
+    let missing: Vec<_> = compiled.iter().filter(|k| !listed.contains(*k)).collect();
+    assert!(
+        missing.is_empty(),
+        "{} of {} compiled pipelines are not in all_variants(): {missing:#?}",
+        missing.len(),
+        compiled.len()
+    );
+}
