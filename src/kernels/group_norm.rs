@@ -515,6 +515,11 @@ mod tests {
             ([2, 64, 19, 23], 32, Activation::Silu),
             ([2, 66, 19, 23], 3, Activation::Relu),
             ([1, 66, 37, 19], 33, Activation::Silu),
+            // Prime channel counts: one channel per group, and one group of all.
+            ([2, 67, 19, 23], 67, Activation::Silu),
+            ([1, 67, 19, 23], 1, Activation::None),
+            ([2, 37, 19, 23], 37, Activation::Relu),
+            ([2, 37, 19, 23], 1, Activation::Silu),
             // Groups spanning two statistics chunks (20440 elements per group).
             ([1, 8, 70, 73], 2, Activation::None),
         ];
