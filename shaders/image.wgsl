@@ -1,5 +1,9 @@
 // Postprocessing of decoder output x [N, 3, H, W] (planar RGB, storage type T):
 //   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255)
+//   to_rgb8     -> out: the RGB8 byte stream of all N images (H * W * 3 bytes each, R G B per
+//                  pixel, row-major), packed 4 bytes per u32 word, little-endian; flag RGB8.
+//                  One invocation per word: a word may straddle pixels and images, and the
+//                  last word's unused bytes are 0.
 //   to_texture  -> the top-left W×H texels of a 2-D storage texture (flag TEXTURE; N = 1):
 //                  rgba8unorm (default) gets exactly the bytes to_rgba8 produces, as k / 255
 //                  (the unorm store converts back to k: the value is within a few ulp of k / 255);
@@ -20,8 +24,8 @@
 struct Params {
     plane: u32,   // H * W
     width: u32,   // W (to_texture)
-    _pad0: u32,
-    _pad1: u32,
+    images: u32,  // N (to_rgb8)
+    words: u32,   // output u32 words (to_rgb8)
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -64,6 +68,29 @@ fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     textureStore(out_tex, vec2<u32>(pixel % p.width, pixel / p.width), texel);
 }
 #else
+#ifdef RGB8
+@compute @workgroup_size(WG)
+fn to_rgb8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+           @builtin(local_invocation_index) li: u32) {
+    let word = (wg.x + wg.y * nwg.x) * WG + li;
+    if word >= p.words { return; }
+    let image_bytes = 3u * p.plane;
+    let total = p.images * image_bytes;
+    var packed = 0u;
+    for (var k = 0u; k < 4u; k++) {
+        let byte = word * 4u + k;
+        if byte < total {
+            let image = byte / image_bytes;
+            let within = byte - image * image_bytes;
+            let pixel = within / 3u;
+            let ch = within - pixel * 3u;
+            let v = to_byte(x_ld((image * 3u + ch) * p.plane + pixel));
+            packed |= v << (8u * k);
+        }
+    }
+    out[word] = packed;
+}
+#else
 @compute @workgroup_size(WG)
 fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
             @builtin(local_invocation_index) li: u32) {
@@ -75,4 +102,5 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let b = to_byte(x_ld(base + 2u * p.plane));
     out[wg.z * p.plane + pixel] = r | (g << 8u) | (b << 16u) | (255u << 24u);
 }
+#endif
 #endif

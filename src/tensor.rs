@@ -13,7 +13,7 @@ pub enum DType {
     F32,
     F16,
     BF16,
-    /// Four u8 channels packed in a u32 (RGBA8 images).
+    /// Four u8 packed in a u32: RGBA8 pixels, or an RGB8 byte stream (`kernels::image::to_rgb8`).
     Rgba8,
 }
 

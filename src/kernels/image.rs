@@ -22,8 +22,10 @@ pub struct Params {
     pub plane: u32,
     /// W (used by `to_texture`)
     pub width: u32,
-    /// Padding to 16 bytes.
-    pub _pad: [u32; 2],
+    /// N (used by `to_rgb8`)
+    pub images: u32,
+    /// Output words (used by `to_rgb8`)
+    pub words: u32,
 }
 
 /// `to_rgba8`: packed RGBA8 into a tensor.
@@ -31,6 +33,15 @@ pub const TO_RGBA8: KernelSpec = KernelSpec {
     family: "image",
     source: SOURCE,
     entry: "to_rgba8",
+    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
+    uniform_size: std::mem::size_of::<Params>() as u64,
+};
+
+/// `to_rgb8`: the RGB8 byte stream packed 4 bytes per u32 word.
+pub const TO_RGB8: KernelSpec = KernelSpec {
+    family: "image",
+    source: SOURCE,
+    entry: "to_rgb8",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
@@ -149,7 +160,8 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
     let params = Params {
         plane: plane as u32,
         width: w as u32,
-        _pad: [0; 2],
+        images: 0,
+        words: 0,
     };
     rec.dispatch(
         &TO_RGBA8,
@@ -159,6 +171,82 @@ pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor)
         groups,
         0,
     )
+}
+
+fn rgb8_key(x: StorageType, range: ImageRange) -> PipelineKey {
+    PipelineKey::new(&TO_RGB8)
+        .flag("RGB8")
+        .storage("x", x)
+        .constant("WG", format!("{WG}u"))
+        .constant("RANGE", format!("{}u", range.code()))
+}
+
+/// u32 words holding the RGB8 bytes of `n` images of `h x w` (3 bytes per pixel).
+pub fn rgb8_words(n: usize, h: usize, w: usize) -> usize {
+    (n * h * w * 3).div_ceil(4)
+}
+
+/// x `[N, 3, H, W]` (f32, f16 or bf16) → out, a `DType::Rgba8` tensor of shape
+/// `[rgb8_words(N, H, W)]` holding the RGB8 bytes of all images back to back
+/// (R, G, B per pixel, row-major, image after image), 4 bytes per u32 word,
+/// little-endian; unused bytes of the last word are 0. Same rounding as [`to_rgba8`].
+pub fn to_rgb8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor) -> Result<()> {
+    const OP: &str = "to_rgb8";
+    let [n, c, h, w] = match *x.shape() {
+        [n, c, h, w] => [n, c, h, w],
+        _ => {
+            return Err(Error::shape(
+                OP,
+                format!("x must be [N, 3, H, W], got {x:?}"),
+            ))
+        }
+    };
+    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
+    if c != 3 {
+        return Err(Error::shape(
+            OP,
+            format!("x must have 3 channels, got {x:?}"),
+        ));
+    }
+    let words = rgb8_words(n, h, w);
+    if out.shape() != [words] || out.dtype() != DType::Rgba8 {
+        return Err(Error::shape(
+            OP,
+            format!("out must be an rgba8 [{words}] tensor (packed RGB8 bytes), got {out:?}"),
+        ));
+    }
+    if n * h * w * 3 > u32::MAX as usize {
+        return Err(Error::shape(OP, format!("{x:?} exceeds u32 indexing")));
+    }
+    let groups = linear_groups(rec.ctx(), (words as u64).div_ceil(WG as u64))?;
+    let params = Params {
+        plane: (h * w) as u32,
+        width: w as u32,
+        images: n as u32,
+        words: words as u32,
+    };
+    rec.dispatch(
+        &TO_RGB8,
+        &rgb8_key(x_storage, range),
+        &params,
+        &[x, out],
+        groups,
+        0,
+    )
+}
+
+/// CPU reference of [`to_rgb8`]'s bytes: x `[N, 3, H, W]` → RGB bytes `[N, H, W, 3]`.
+pub fn cpu_to_rgb8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -> Vec<u8> {
+    let plane = h * w;
+    let mut out = Vec::with_capacity(n * plane * 3);
+    for b in 0..n {
+        for i in 0..plane {
+            for ch in 0..3 {
+                out.push(range.to_byte(x[(b * 3 + ch) * plane + i]));
+            }
+        }
+    }
+    out
 }
 
 fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
@@ -248,7 +336,8 @@ pub fn to_texture(
     let params = Params {
         plane: plane as u32,
         width: w as u32,
-        _pad: [0; 2],
+        images: 0,
+        words: 0,
     };
     if rec.ctx().is_dry_run() {
         return Ok(());
@@ -307,6 +396,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     for dtype in StorageType::ALL {
         for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
             v.push((TO_RGBA8, key(dtype, range)));
+            v.push((TO_RGB8, rgb8_key(dtype, range)));
             for spec in [TO_TEXTURE_RGBA8, TO_TEXTURE_RGBA16F] {
                 let k = texture_key(&spec, dtype, range);
                 v.push((spec, k));
@@ -390,6 +480,68 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// RGB8 bytes equal the CPU reference exactly, in every storage type, on
+    /// sizes whose images end mid-word (3 * H * W not a multiple of 4: words
+    /// straddle pixels and images) and whose last word is partial (padded with 0).
+    #[test]
+    fn rgb8_matches_cpu_exactly_on_odd_sizes() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
+                for (n, h, w) in [(1, 7, 5), (2, 19, 23), (3, 1, 1), (2, 3, 5)] {
+                    let len = n * 3 * h * w;
+                    let data: Vec<f32> = rand_vec(len, 91 + n as u64, 1.3)
+                        .into_iter()
+                        .map(|v| crate::gpu::storage::round_through(v, dt))
+                        .collect();
+                    let x = Tensor::from_f32_as(&ctx, &[n, 3, h, w], &data, dt, "x").unwrap();
+                    let words = rgb8_words(n, h, w);
+                    let out = Tensor::empty(&ctx, &[words], DType::Rgba8, "rgb").unwrap();
+                    let mut rec = Recorder::new(&ctx);
+                    to_rgb8(&mut rec, &x, range, &out).unwrap();
+                    rec.submit().unwrap();
+                    let got = out.to_bytes(&ctx).unwrap();
+                    let want = cpu_to_rgb8(&data, n, h, w, range);
+                    let what = format!("{} {range:?} {n}x{h}x{w}", dt.name());
+                    assert_eq!(got.len(), words * 4, "{what}");
+                    assert_eq!(&got[..want.len()], &want[..], "{what}");
+                    assert!(got[want.len()..].iter().all(|&b| b == 0), "{what}: padding");
+                    // The same bytes as the RGBA8 kernel without alpha.
+                    let rgba = gpu_rgba(&ctx, &x, range);
+                    assert_eq!(crate::testing::rgb_of(&rgba), want, "{what}: vs rgba8");
+                }
+            }
+        }
+    }
+
+    fn gpu_rgba(ctx: &crate::Context, x: &Tensor, range: ImageRange) -> Vec<u8> {
+        let [n, _, h, w] = *x.shape() else {
+            unreachable!()
+        };
+        let out = Tensor::empty(ctx, &[n, h, w], DType::Rgba8, "rgba").unwrap();
+        let mut rec = Recorder::new(ctx);
+        to_rgba8(&mut rec, x, range, &out).unwrap();
+        rec.submit().unwrap();
+        out.to_bytes(ctx).unwrap()
+    }
+
+    #[test]
+    fn rgb8_rejects_bad_shapes() {
+        let ctx = test_context();
+        let x = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::F32, "x").unwrap();
+        let r = ImageRange::ZeroToOne;
+        let mut rec = Recorder::new(&ctx);
+        for shape in [[27usize].as_slice(), &[26], &[1, 7, 5]] {
+            let out = Tensor::empty(&ctx, shape, DType::Rgba8, "o").unwrap();
+            let ok = to_rgb8(&mut rec, &x, r, &out);
+            assert_eq!(ok.is_ok(), shape == [27], "{shape:?}");
+        }
+        let out = Tensor::empty(&ctx, &[27], DType::F32, "o").unwrap();
+        assert!(to_rgb8(&mut rec, &x, r, &out).is_err());
+        let x4 = Tensor::empty(&ctx, &[1, 4, 7, 5], DType::F32, "x4").unwrap();
+        let out = Tensor::empty(&ctx, &[35], DType::Rgba8, "o").unwrap();
+        assert!(to_rgb8(&mut rec, &x4, r, &out).is_err());
     }
 
     #[test]
