@@ -393,11 +393,16 @@ fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
             Err(_) => AdapterChoice::Name(s.clone()),
         },
     };
-    Context::new(&ContextOptions {
+    let ctx = Context::new(&ContextOptions {
         adapter: choice,
         backends: None,
         pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
-    })
+    })?;
+    // The CPU fallback (slow) is said on stderr, whatever the log level.
+    if let Some(n) = ctx.notice() {
+        eprintln!("wgvae: warning: {n}");
+    }
+    Ok(ctx)
 }
 
 fn info(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
@@ -429,7 +434,8 @@ fn info(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
     if as_json {
         println!(
             "{}",
-            json!({"wgvae": env!("CARGO_PKG_VERSION"), "adapters": adapters, "chosen": chosen})
+            json!({"wgvae": env!("CARGO_PKG_VERSION"), "adapters": adapters, "chosen": chosen,
+                   "notice": ctx.notice()})
         );
         return Ok(());
     }
@@ -451,6 +457,9 @@ fn info(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
         "chosen: {} ({:?}, {:?})",
         c.adapter_name, c.backend, c.device_type
     );
+    if let Some(n) = ctx.notice() {
+        println!("notice: {n}");
+    }
     println!(
         "features: shader_f16={} timestamp_query={} timestamp_inside_passes={} subgroup={}",
         c.shader_f16, c.timestamp_query, c.timestamp_inside_passes, c.subgroup

@@ -45,6 +45,12 @@ fn info_lists_the_adapter() {
             > 0
     );
     assert!(!v["adapters"].as_array().unwrap().is_empty());
+    // A CPU adapter chosen automatically is announced, in JSON and in text.
+    let cpu = v["chosen"]["type"] == "Cpu";
+    assert_eq!(v["notice"].is_string(), cpu, "{v}");
+    let (ok, text, err) = wgvae(&["info"]);
+    assert!(ok, "{err}");
+    assert_eq!(text.contains("notice: no GPU adapter found"), cpu, "{text}");
 }
 
 #[test]

@@ -149,6 +149,8 @@ struct Inner {
     dry_run: bool,
     /// wgpu errors that reached no error scope (see [`Context::from_device`]).
     uncaptured: UncapturedErrors,
+    /// Something the user should see about the adapter choice (CPU fallback).
+    notice: Option<String>,
 }
 
 /// wgpu errors raised outside any error scope, recorded by the handler
@@ -195,6 +197,107 @@ pub fn optional_features() -> wgpu::Features {
 
 fn backends_from_env() -> wgpu::Backends {
     wgpu::Backends::from_env().unwrap_or(wgpu::Backends::all())
+}
+
+/// What adapter selection looks at, per adapter (see [`rank_adapters`]).
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterSummary {
+    pub name: String,
+    pub device_type: wgpu::DeviceType,
+    pub backend: wgpu::Backend,
+    /// Can run compute shaders with storage buffers.
+    pub compute: bool,
+    pub shader_f16: bool,
+}
+
+impl AdapterSummary {
+    pub fn of(a: &wgpu::Adapter) -> Self {
+        let info = a.get_info();
+        AdapterSummary {
+            name: info.name,
+            device_type: info.device_type,
+            backend: info.backend,
+            compute: a
+                .get_downlevel_capabilities()
+                .flags
+                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS),
+            shader_f16: a.features().contains(wgpu::Features::SHADER_F16),
+        }
+    }
+}
+
+/// The adapter [`rank_adapters`] picked.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct AdapterSelection {
+    /// Index into the list given to [`rank_adapters`].
+    pub index: usize,
+    /// Set when the choice is a CPU adapter picked automatically: no GPU
+    /// adapter exists (or matches the name filter). Shown to users.
+    pub notice: Option<String>,
+}
+
+/// Chooses among `adapters` (in [`Context::adapters`] order):
+/// - `Index(i)`: adapter `i`, whatever it is;
+/// - `Name(s)`, or `Auto` with `env_name` (`WGPU_ADAPTER_NAME`) set: only
+///   adapters whose name contains it (case-insensitive), ranked as below;
+/// - `Auto`: compute-capable adapters ranked discrete GPU, integrated,
+///   virtual, other, CPU last; then Vulkan, Metal/DX12, GL; then shader-f16
+///   first; ties keep list order.
+pub fn rank_adapters(
+    adapters: &[AdapterSummary],
+    choice: &AdapterChoice,
+    env_name: Option<&str>,
+) -> Result<AdapterSelection> {
+    if let AdapterChoice::Index(i) = *choice {
+        let n = adapters.len();
+        return if i < n {
+            Ok(AdapterSelection {
+                index: i,
+                notice: None,
+            })
+        } else {
+            Err(Error::NoAdapter(format!(" at index {i} (there are {n})")))
+        };
+    }
+    let filter = match choice {
+        AdapterChoice::Name(n) => Some(n.to_lowercase()),
+        _ => env_name.filter(|s| !s.is_empty()).map(str::to_lowercase),
+    };
+    let best = adapters
+        .iter()
+        .enumerate()
+        .filter(|(_, a)| a.compute)
+        .filter(|(_, a)| {
+            filter
+                .as_ref()
+                .is_none_or(|f| a.name.to_lowercase().contains(f.as_str()))
+        })
+        .min_by_key(|(i, a)| {
+            (
+                type_rank(a.device_type),
+                backend_rank(a.backend),
+                !a.shader_f16 as u32,
+                *i,
+            )
+        });
+    let Some((index, a)) = best else {
+        return Err(Error::NoAdapter(match &filter {
+            Some(f) => format!(" matching `{f}`"),
+            None => String::new(),
+        }));
+    };
+    let notice = (a.device_type == wgpu::DeviceType::Cpu).then(|| {
+        format!(
+            "no GPU adapter found{}: falling back to the CPU adapter `{}` ({:?}); expect slow decodes",
+            filter
+                .as_ref()
+                .map(|f| format!(" matching `{f}`"))
+                .unwrap_or_default(),
+            a.name,
+            a.backend
+        )
+    });
+    Ok(AdapterSelection { index, notice })
 }
 
 fn type_rank(t: wgpu::DeviceType) -> u32 {
@@ -249,8 +352,15 @@ impl Context {
                 pool,
                 dry_run: false,
                 uncaptured,
+                notice: None,
             }),
         }
+    }
+
+    /// A message for the user about how the adapter was chosen: set by
+    /// [`Context::new`] when it fell back to a CPU adapter (slow decodes).
+    pub fn notice(&self) -> Option<&str> {
+        self.inner.notice.as_deref()
     }
 
     /// Messages of wgpu errors no error scope caught on this device since the
@@ -275,6 +385,7 @@ impl Context {
                 pool,
                 dry_run: self.inner.dry_run,
                 uncaptured: self.inner.uncaptured.clone(),
+                notice: self.inner.notice.clone(),
             }),
         }
     }
@@ -293,6 +404,7 @@ impl Context {
                 pool: self.inner.pool.clone(),
                 dry_run: self.inner.dry_run,
                 uncaptured: self.inner.uncaptured.clone(),
+                notice: self.inner.notice.clone(),
             }),
         }
     }
@@ -312,6 +424,7 @@ impl Context {
                 pool,
                 dry_run: true,
                 uncaptured: Default::default(),
+                notice: None,
             }),
         }
     }
@@ -348,60 +461,32 @@ impl Context {
     }
 
     /// Picks an adapter following `choice`: GPUs first, a CPU adapter only
-    /// when nothing else exists (logged as a warning).
+    /// when nothing else exists (see [`rank_adapters`]; the CPU fallback is
+    /// logged as a warning and returned by [`Context::notice`] after
+    /// [`Context::new`]).
     pub fn choose_adapter(options: &ContextOptions) -> Result<wgpu::Adapter> {
+        Ok(Self::select_adapter(options)?.0)
+    }
+
+    fn select_adapter(options: &ContextOptions) -> Result<(wgpu::Adapter, Option<String>)> {
         let mut adapters = Self::adapters(options.backends);
-        let filter = match &options.adapter {
-            AdapterChoice::Name(n) => Some(n.to_lowercase()),
-            AdapterChoice::Auto => std::env::var("WGPU_ADAPTER_NAME")
-                .ok()
-                .map(|s| s.to_lowercase()),
-            AdapterChoice::Index(_) => None,
-        };
-        if let AdapterChoice::Index(i) = options.adapter {
-            let n = adapters.len();
-            return if i < n {
-                Ok(adapters.swap_remove(i))
-            } else {
-                Err(Error::NoAdapter(format!(" at index {i} (there are {n})")))
-            };
+        let summaries: Vec<AdapterSummary> = adapters.iter().map(AdapterSummary::of).collect();
+        let env = std::env::var("WGPU_ADAPTER_NAME").ok();
+        let selection = rank_adapters(&summaries, &options.adapter, env.as_deref())?;
+        if let Some(n) = &selection.notice {
+            log::warn!("{n}");
         }
-        if let Some(f) = &filter {
-            adapters.retain(|a| a.get_info().name.to_lowercase().contains(f.as_str()));
-        }
-        // Only compute-capable adapters: those that can run our storage-buffer kernels.
-        adapters.retain(|a| {
-            a.get_downlevel_capabilities()
-                .flags
-                .contains(wgpu::DownlevelFlags::COMPUTE_SHADERS)
-        });
-        adapters.sort_by_key(|a| {
-            let i = a.get_info();
-            let f16 = !a.features().contains(wgpu::Features::SHADER_F16) as u32;
-            (type_rank(i.device_type), backend_rank(i.backend), f16)
-        });
-        let adapter = adapters.into_iter().next().ok_or_else(|| {
-            Error::NoAdapter(match &filter {
-                Some(f) => format!(" matching `{f}`"),
-                None => String::new(),
-            })
-        })?;
-        let info = adapter.get_info();
-        if info.device_type == wgpu::DeviceType::Cpu {
-            log::warn!(
-                "no GPU found: falling back to the CPU adapter `{}` ({:?}); expect slow decodes",
-                info.name,
-                info.backend
-            );
-        }
-        Ok(adapter)
+        Ok((adapters.swap_remove(selection.index), selection.notice))
     }
 
     /// Creates a device on the best adapter (see [`Context::choose_adapter`])
     /// with the adapter's full limits and every optional feature it offers.
     pub fn new(options: &ContextOptions) -> Result<Self> {
-        let adapter = Self::choose_adapter(options)?;
-        let ctx = Self::from_adapter(&adapter)?;
+        let (adapter, notice) = Self::select_adapter(options)?;
+        let mut ctx = Self::from_adapter(&adapter)?;
+        if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
+            inner.notice = notice;
+        }
         if let Some(dir) = &options.pipeline_cache_dir {
             ctx.pipelines().attach_disk_cache(ctx.device(), dir);
         }
@@ -487,5 +572,128 @@ impl Context {
             .poll(wgpu::PollType::wait_indefinitely())
             .map(|_| ())
             .map_err(|e| Error::DeviceLost(e.to_string()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use wgpu::{Backend, DeviceType};
+
+    fn a(name: &str, device_type: DeviceType, backend: Backend) -> AdapterSummary {
+        AdapterSummary {
+            name: name.into(),
+            device_type,
+            backend,
+            compute: true,
+            shader_f16: false,
+        }
+    }
+
+    fn machine() -> Vec<AdapterSummary> {
+        vec![
+            a("llvmpipe (LLVM 15)", DeviceType::Cpu, Backend::Vulkan),
+            a(
+                "Intel(R) UHD 770",
+                DeviceType::IntegratedGpu,
+                Backend::Vulkan,
+            ),
+            a(
+                "NVIDIA GeForce RTX 4090",
+                DeviceType::DiscreteGpu,
+                Backend::Gl,
+            ),
+            a(
+                "NVIDIA GeForce RTX 4090",
+                DeviceType::DiscreteGpu,
+                Backend::Vulkan,
+            ),
+        ]
+    }
+
+    fn pick(list: &[AdapterSummary], choice: AdapterChoice, env: Option<&str>) -> Result<usize> {
+        rank_adapters(list, &choice, env).map(|s| s.index)
+    }
+
+    #[test]
+    fn auto_prefers_discrete_then_vulkan_and_puts_cpu_last() {
+        let list = machine();
+        let s = rank_adapters(&list, &AdapterChoice::Auto, None).unwrap();
+        assert_eq!(
+            s,
+            AdapterSelection {
+                index: 3,
+                notice: None
+            }
+        );
+        // Without the discrete GPU: the integrated one, still not the CPU.
+        assert_eq!(pick(&list[..2], AdapterChoice::Auto, None).unwrap(), 1);
+        // shader-f16 breaks ties between equal adapters.
+        let mut twins = vec![list[1].clone(), list[1].clone()];
+        twins[1].shader_f16 = true;
+        assert_eq!(pick(&twins, AdapterChoice::Auto, None).unwrap(), 1);
+        // Adapters without compute shaders are never chosen.
+        let mut no_compute = list.clone();
+        no_compute[3].compute = false;
+        no_compute[2].compute = false;
+        assert_eq!(pick(&no_compute, AdapterChoice::Auto, None).unwrap(), 1);
+    }
+
+    #[test]
+    fn cpu_adapter_only_as_a_fallback_and_then_with_a_notice() {
+        let list = machine();
+        let s = rank_adapters(&list[..1], &AdapterChoice::Auto, None).unwrap();
+        assert_eq!(s.index, 0);
+        let notice = s.notice.expect("the CPU fallback is announced");
+        assert!(
+            notice.contains("llvmpipe") && notice.contains("CPU"),
+            "{notice}"
+        );
+        // Asked for explicitly: no fallback notice.
+        let s = rank_adapters(&list, &AdapterChoice::Index(0), None).unwrap();
+        assert_eq!(
+            s,
+            AdapterSelection {
+                index: 0,
+                notice: None
+            }
+        );
+        assert!(rank_adapters(&[], &AdapterChoice::Auto, None).is_err());
+    }
+
+    #[test]
+    fn name_index_and_env_filters() {
+        let list = machine();
+        // Name: case-insensitive substring, then the usual ranking (Vulkan first).
+        assert_eq!(
+            pick(&list, AdapterChoice::Name("rtx".into()), None).unwrap(),
+            3
+        );
+        assert_eq!(
+            pick(&list, AdapterChoice::Name("INTEL".into()), None).unwrap(),
+            1
+        );
+        assert!(matches!(
+            pick(&list, AdapterChoice::Name("radeon".into()), None),
+            Err(Error::NoAdapter(m)) if m.contains("radeon")
+        ));
+        // Index: exactly that adapter, even a CPU or GL one.
+        assert_eq!(pick(&list, AdapterChoice::Index(2), None).unwrap(), 2);
+        assert!(pick(&list, AdapterChoice::Index(4), None).is_err());
+        // WGPU_ADAPTER_NAME applies to Auto only; an explicit name wins.
+        assert_eq!(pick(&list, AdapterChoice::Auto, Some("uhd")).unwrap(), 1);
+        assert_eq!(pick(&list, AdapterChoice::Auto, Some("")).unwrap(), 3);
+        assert_eq!(
+            pick(&list, AdapterChoice::Name("rtx".into()), Some("uhd")).unwrap(),
+            3
+        );
+        assert_eq!(
+            pick(&list, AdapterChoice::Index(0), Some("uhd")).unwrap(),
+            0
+        );
+        // A filter matching only the CPU adapter: chosen, with a notice naming the filter.
+        let s = rank_adapters(&list, &AdapterChoice::Auto, Some("llvm")).unwrap();
+        assert_eq!(s.index, 0);
+        assert!(s.notice.unwrap().contains("matching `llvm`"));
     }
 }

@@ -9,7 +9,8 @@ mod recorder;
 pub mod storage;
 
 pub use context::{
-    default_cache_dir, optional_features, AdapterChoice, Capabilities, Context, ContextOptions,
+    default_cache_dir, optional_features, rank_adapters, AdapterChoice, AdapterSelection,
+    AdapterSummary, Capabilities, Context, ContextOptions,
 };
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
 pub use profiler::{KernelTime, Profile, Profiler};
