@@ -20,7 +20,7 @@ use crate::io::HostTensor;
 use crate::memory::{MemoryStats, PlannedPool, Policy};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
-use crate::models::{Layout, LoadOptions, WeightStore};
+use crate::models::{Layout, LoadOptions, TaePart, WeightStore};
 use crate::tensor::Tensor;
 use crate::tiling::{
     ExactPlan, Executor, Progress, ProgressUpdate, TileMode, Tiling, TilingReport,
@@ -105,7 +105,7 @@ impl VaeEncoder {
             return Ok(enc);
         }
         let (weights, config) = crate::models::locate_weights(Path::new(spec), opts)?;
-        let store = WeightStore::from_safetensors(&weights)?;
+        let store = WeightStore::from_safetensors_part(&weights, TaePart::Encoder)?;
         if store.layout() == Layout::Tae {
             store.set_dtype(opts.precision.resolve(true));
             let tae = TaeEncoder::load(ctx, &store)?;

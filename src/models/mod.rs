@@ -18,7 +18,7 @@ pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
 pub use tae::TaeDecoder;
-pub use weights::{Layout, WeightStore};
+pub use weights::{Layout, TaePart, WeightStore};
 
 /// Options for [`Vae::load`].
 #[derive(Clone, Debug, Default)]

@@ -115,6 +115,26 @@ fn is_vae_key(k: &str) -> bool {
         .any(|p| k.starts_with(p))
 }
 
+/// Which half of a diffusers `AutoencoderTiny` file to load.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum TaePart {
+    Decoder,
+    Encoder,
+}
+
+/// `decoder.layers.N.rest` → `{N+1}.rest` (TAESD's decoder has the Clamp at
+/// index 0), `encoder.layers.N.rest` → `N.rest`; `None` for the other half.
+fn diffusers_tiny_to_tae(key: &str, part: TaePart) -> Option<String> {
+    let (prefix, shift) = match part {
+        TaePart::Decoder => ("decoder.layers.", 1),
+        TaePart::Encoder => ("encoder.layers.", 0),
+    };
+    let rest = key.strip_prefix(prefix)?;
+    let (index, tail) = rest.split_once('.')?;
+    let index: usize = index.parse().ok()?;
+    Some(format!("{}.{tail}", index + shift))
+}
+
 fn is_tae_key(k: &str) -> bool {
     k.split('.')
         .next()
@@ -167,8 +187,19 @@ impl WeightStore {
     }
 
     /// Reads a `.safetensors` file, detects its layout and renames LDM keys.
-    /// Of a full checkpoint only the VAE (`first_stage_model.`) is kept.
+    /// Of a full checkpoint only the VAE (`first_stage_model.`) is kept. Of a
+    /// diffusers `AutoencoderTiny` file, the decoder, renamed to the TAESD
+    /// layout (see [`WeightStore::from_safetensors_part`]).
     pub fn from_safetensors(path: &Path) -> Result<Self> {
+        Self::from_safetensors_part(path, TaePart::Decoder)
+    }
+
+    /// [`WeightStore::from_safetensors`], choosing which half of a diffusers
+    /// `AutoencoderTiny` file (`decoder.layers.N.…`, `encoder.layers.N.…`) to
+    /// keep. Its keys become TAESD `nn.Sequential` keys: the decoder's index
+    /// shifts by one (TAESD's decoder starts with a Clamp module that diffusers
+    /// applies in `forward`), the encoder's stays.
+    pub fn from_safetensors_part(path: &Path, part: TaePart) -> Result<Self> {
         let file = std::fs::File::open(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -198,7 +229,24 @@ impl WeightStore {
             };
             selected.push((n.clone(), stripped.to_string()));
         }
-        let layout = if selected
+        let diffusers_tiny = selected
+            .iter()
+            .any(|(_, k)| k.starts_with("decoder.layers.") || k.starts_with("encoder.layers."));
+        if diffusers_tiny {
+            selected = selected
+                .into_iter()
+                .filter_map(|(f, k)| Some((f, diffusers_tiny_to_tae(&k, part)?)))
+                .collect();
+            if selected.is_empty() {
+                return Err(bad(
+                    path,
+                    format!("a diffusers AutoencoderTiny file without {part:?} weights"),
+                ));
+            }
+        }
+        let layout = if diffusers_tiny {
+            Layout::Tae
+        } else if selected
             .iter()
             .any(|(_, k)| k.starts_with("decoder.mid.") || k.starts_with("encoder.mid."))
         {
