@@ -258,7 +258,15 @@ pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Res
 }
 
 /// Output file names for a batch: `out.png` for one image, `out_0.png`, `out_1.png`, … otherwise.
+/// A name without an extension gets `.png`.
 pub fn batch_paths(out: &Path, n: usize) -> Vec<PathBuf> {
+    let with_ext;
+    let out = if out.extension().is_none() {
+        with_ext = out.with_extension("png");
+        with_ext.as_path()
+    } else {
+        out
+    };
     if n == 1 {
         return vec![out.to_path_buf()];
     }

@@ -628,7 +628,9 @@ fn decode_frames(
                 "random_weights": vae.random_weights,
                 "latents_shape": latents.shape,
                 "image_shape": [r.frames, 3, r.height, r.width],
-                "dtype": "f32",
+                // Frames are decoded in the model's storage dtype (no bf16 redo).
+                "dtype": vae.dtype.name(),
+                "f16_overflows": r.f16_overflows,
                 "decode_ms": r.total_ms,
                 "weights_bytes": vae.weights_bytes,
                 "peak_allocated_bytes": r.peak_allocated_bytes,

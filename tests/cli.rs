@@ -284,3 +284,101 @@ fn encode_then_decode_through_the_cli() {
     ]);
     assert!(!ok && err.contains("multiple of 8"), "{err}");
 }
+
+/// A batch of two through the CLI: `-o NAME` without an extension writes
+/// NAME_0.png and NAME_1.png, each within ±1 of the diffusers PNG.
+#[test]
+fn batch_decode_writes_numbered_pngs_matching_diffusers() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd-batch2");
+    let out_dir = tmp("batch2");
+    std::fs::create_dir_all(&out_dir).unwrap();
+    let stem = out_dir.join("OUT");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        dir.join("latents.safetensors").to_str().unwrap(),
+        "--vae",
+        dir.to_str().unwrap(),
+        "-o",
+        stem.to_str().unwrap(),
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["image_shape"][0], 2, "{v}");
+    let mut written: Vec<String> = std::fs::read_dir(&out_dir)
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .collect();
+    written.sort();
+    assert_eq!(written, ["OUT_0.png", "OUT_1.png"]);
+    for i in 0..2 {
+        let got = image::open(out_dir.join(format!("OUT_{i}.png")))
+            .unwrap()
+            .to_rgb8();
+        let want = image::open(dir.join(format!("decoded_{i}.png")))
+            .unwrap()
+            .to_rgb8();
+        assert_eq!(got.dimensions(), want.dimensions(), "image {i}");
+        let worst = got
+            .as_raw()
+            .iter()
+            .zip(want.as_raw())
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        assert!(worst <= 1, "image {i} differs by {worst}");
+    }
+    // One image and no extension: NAME.png.
+    let single = out_dir.join("single");
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        shared
+            .join("golden/aekl-tiny-sd/latents.npy")
+            .to_str()
+            .unwrap(),
+        "--vae",
+        shared.join("golden/aekl-tiny-sd").to_str().unwrap(),
+        "-o",
+        single.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(out_dir.join("single.png").exists());
+}
+
+/// `--raw-latents`: latents unscaled by hand and decoded raw give the same
+/// PNG bytes as the pipeline latents decoded normally.
+#[test]
+fn raw_latents_flag_skips_unscaling() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let cfg: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
+    let scale = cfg["scaling_factor"].as_f64().unwrap() as f32;
+    let shift = cfg["shift_factor"].as_f64().unwrap_or(0.0) as f32;
+    let z = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
+    let unscaled: Vec<f32> = z.data.iter().map(|v| v / scale + shift).collect();
+    let raw_npy = tmp("unscaled.npy");
+    wgvae::io::write_npy(&raw_npy, &z.shape, &unscaled).unwrap();
+    let run = |latents: &std::path::Path, png: &std::path::Path, raw: bool| {
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            dir.to_str().unwrap(),
+            "-o",
+            png.to_str().unwrap(),
+        ];
+        if raw {
+            args.push("--raw-latents");
+        }
+        let (ok, _, err) = wgvae(&args);
+        assert!(ok, "{err}");
+        image::open(png).unwrap().to_rgb8().into_raw()
+    };
+    let normal = run(&dir.join("latents.npy"), &tmp("normal.png"), false);
+    let raw = run(&raw_npy, &tmp("raw.png"), true);
+    assert_eq!(normal, raw);
+    let skipped = run(&dir.join("latents.npy"), &tmp("skipped.png"), true);
+    assert_ne!(normal, skipped, "--raw-latents must skip the unscaling");
+}

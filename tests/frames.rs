@@ -393,6 +393,23 @@ fn cli_frames_out_writes_numbered_pngs() {
     assert!(ok, "{err}");
     assert!(out.contains("frames/s") && out.contains("P99"), "{out}");
 
+    // The JSON names the storage dtype the frames were decoded in.
+    assert_eq!(v["dtype"], "f32", "{v}");
+    let (ok, out, err) = wgvae_cli(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        &vae,
+        "--frames-out",
+        dir.to_str().unwrap(),
+        "--dtype",
+        "f16",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let half: serde_json::Value = serde_json::from_str(out.trim()).unwrap();
+    assert_eq!(half["dtype"], "f16", "{half}");
+
     // Errors: a zero chunk, and options the frame stream does not take.
     let (ok, _, err) = wgvae_cli(&[
         "decode",
