@@ -174,6 +174,12 @@ pub fn view_to_f32(
 /// Reads one tensor from a `.safetensors` file: `key`, or the only tensor.
 pub fn read_safetensors_tensor(path: &Path, key: Option<&str>) -> Result<HostTensor> {
     let bytes = read(path)?;
+    if bytes.is_empty() {
+        return Err(bad(
+            path,
+            "the file is empty; expected a .safetensors file holding the latent tensor",
+        ));
+    }
     let st = safetensors::SafeTensors::deserialize(&bytes)
         .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
     let names = st.names();

@@ -204,6 +204,12 @@ impl WeightStore {
             path: path.to_path_buf(),
             source,
         })?;
+        if file.metadata().map(|m| m.len()).unwrap_or(1) == 0 {
+            return Err(bad(
+                path,
+                "the file is empty; expected .safetensors VAE weights",
+            ));
+        }
         // SAFETY: read-only map of a file we do not modify; a concurrent writer could
         // only corrupt values, which the safetensors header checks bound.
         let mmap = unsafe { memmap2::Mmap::map(&file) }.map_err(|source| Error::Io {
