@@ -102,3 +102,18 @@ fn from_device_records_uncaptured_errors_instead_of_panicking() {
     rec.submit().unwrap();
     assert_eq!(out.to_f32(&ctx).unwrap(), vec![1.0, 0.0, 0.5]);
 }
+
+#[test]
+fn a_buffer_beyond_max_buffer_size_is_named() {
+    let ctx = wgvae::testing::test_context();
+    let limit = ctx.caps().max_buffer_size;
+    let elems = (limit / 4 + 1) as usize;
+    let err = Tensor::empty(&ctx, &[elems], DType::F32, "huge").expect_err("over the limit");
+    assert!(matches!(err, Error::BufferTooLarge { .. }), "{err:?}");
+    let msg = err.to_string();
+    assert!(
+        msg.contains("max_buffer_size") && msg.contains(&limit.to_string()),
+        "{msg}"
+    );
+    assert!(msg.contains("tiling"), "{msg}");
+}
