@@ -393,5 +393,9 @@ mod tests {
         let p = Path::new("/x/out.png");
         assert_eq!(batch_paths(p, 1), vec![PathBuf::from("/x/out.png")]);
         assert_eq!(batch_paths(p, 2)[1], PathBuf::from("/x/out_1.png"));
+        // No extension: PNG.
+        let bare = Path::new("/x/result");
+        assert_eq!(batch_paths(bare, 1), vec![PathBuf::from("/x/result.png")]);
+        assert_eq!(batch_paths(bare, 2)[0], PathBuf::from("/x/result_0.png"));
     }
 }

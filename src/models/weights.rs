@@ -532,3 +532,32 @@ mod tests {
         );
     }
 }
+
+#[cfg(test)]
+mod tiny_key_tests {
+    use super::*;
+
+    #[test]
+    fn diffusers_autoencoder_tiny_keys_map_to_taesd_indices() {
+        let d = TaePart::Decoder;
+        let e = TaePart::Encoder;
+        // TAESD's decoder has the Clamp at index 0; diffusers applies it in forward().
+        assert_eq!(
+            diffusers_tiny_to_tae("decoder.layers.0.weight", d).as_deref(),
+            Some("1.weight")
+        );
+        assert_eq!(
+            diffusers_tiny_to_tae("decoder.layers.17.conv.4.bias", d).as_deref(),
+            Some("18.conv.4.bias")
+        );
+        assert_eq!(
+            diffusers_tiny_to_tae("encoder.layers.14.weight", e).as_deref(),
+            Some("14.weight")
+        );
+        // The other half, and anything else, is dropped.
+        assert_eq!(diffusers_tiny_to_tae("encoder.layers.0.weight", d), None);
+        assert_eq!(diffusers_tiny_to_tae("decoder.layers.0.weight", e), None);
+        assert_eq!(diffusers_tiny_to_tae("decoder.layers.x.weight", d), None);
+        assert_eq!(diffusers_tiny_to_tae("decoder.conv_in.weight", d), None);
+    }
+}
