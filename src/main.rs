@@ -398,9 +398,12 @@ fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
         backends: None,
         pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
     })?;
-    // The CPU fallback (slow) is said on stderr, whatever the log level.
+    // The CPU fallback (slow) is said on stderr whatever the log level (once:
+    // the library already logs it as a warning when warnings are shown).
     if let Some(n) = ctx.notice() {
-        eprintln!("wgvae: warning: {n}");
+        if !log::log_enabled!(log::Level::Warn) {
+            eprintln!("wgvae: warning: {n}");
+        }
     }
     Ok(ctx)
 }
