@@ -200,8 +200,7 @@ impl Tensor {
             (Some(x), Some(y)) => x == y,
             _ => a.segment == b.segment,
         };
-        same && a.offset < b.offset + other.byte_size()
-            && b.offset < a.offset + self.byte_size()
+        same && a.offset < b.offset + other.byte_size() && b.offset < a.offset + self.byte_size()
     }
 
     /// Same storage, another shape with the same element count.
