@@ -393,8 +393,8 @@ struct DecodeArgs {
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw", "profile"])]
     frames_out: Option<PathBuf>,
-    /// Frames per batched forward with --frames-out (default: the largest that fits
-    /// --max-memory and the device's limits).
+    /// Frames per batched forward with --frames-out (default: the largest of at most
+    /// ceil(N/4) that fits --max-memory and the device's limits).
     #[arg(long, value_name = "B", requires = "frames_out")]
     chunk: Option<usize>,
     /// Print one JSON object on stdout instead of text.

@@ -466,14 +466,18 @@ pub fn read_vggt(path: &Path) -> Result<Vec<VggtRow>> {
     Ok(rows)
 }
 
-/// Least-squares slope of log(y) against log(x): the exponent k of y ∝ x^k.
+/// Fewest points an exponent is fitted from (two points always fit a line).
+pub const MIN_FIT_POINTS: usize = 3;
+
+/// Least-squares slope of log(y) against log(x): the exponent k of y ∝ x^k,
+/// from at least [`MIN_FIT_POINTS`] points.
 pub fn loglog_slope(points: &[(f64, f64)]) -> Option<f64> {
     let pts: Vec<(f64, f64)> = points
         .iter()
         .filter(|p| p.0 > 0.0 && p.1 > 0.0 && p.1.is_finite())
         .map(|p| (p.0.ln(), p.1.ln()))
         .collect();
-    if pts.len() < 2 {
+    if pts.len() < MIN_FIT_POINTS {
         return None;
     }
     let n = pts.len() as f64;
@@ -554,7 +558,7 @@ pub fn write_sweep_report(
     );
     // Scaling exponents.
     let past_window = 2 * cfg.window_frames;
-    md += &format!("## Scaling with the frame count\n\nExponent k of y ∝ frames^k (least squares on log–log). Time: over measured cells that take ≥ {MIN_FIT_MS} ms (above the fixed submit cost), and over those with ≥ {past_window} frames (past the window, where windowed attention must be linear). Memory and KV bytes: over all cells (measured or dry run).\n\n| series | tokens/frame | k (time) | k (time, ≥ {past_window} frames) | k (peak allocated) | k (KV bytes) | measured cells |\n|---|---|---|---|---|---|---|\n");
+    md += &format!("## Scaling with the frame count\n\nExponent k of y ∝ frames^k (least squares on log–log). Time: over measured cells that take ≥ {MIN_FIT_MS} ms (above the fixed submit cost), and over those with ≥ {past_window} frames (past the window, where windowed attention must be linear). Memory and KV bytes: over all cells (measured or dry run). An exponent needs at least {MIN_FIT_POINTS} points (`-` otherwise); the point count is in brackets.\n\n| series | tokens/frame | k (time) | k (time, ≥ {past_window} frames) | k (peak allocated) | k (KV bytes) | measured cells |\n|---|---|---|---|---|---|---|\n");
     for &mode in &cfg.modes {
         for &tpf in &cfg.tokens_per_frame {
             let series: Vec<&SweepRow> = rows
@@ -583,7 +587,7 @@ pub fn write_sweep_report(
                 .map(|r| (r.frames as f64, r.kv_bytes as f64))
                 .collect();
             let k = |p: &[(f64, f64)]| {
-                loglog_slope(p).map_or("-".into(), |k| format!("{:.2}", k + 0.0))
+                loglog_slope(p).map_or("-".into(), |k| format!("{:.2} ({})", k + 0.0, p.len()))
             };
             md += &format!(
                 "| {} | {tpf} | {} | {} | {} | {} | {} |\n",
@@ -1331,7 +1335,10 @@ pub fn run_mid_block(
         let dispatches = config_for_device(d, t, ctx.caps())
             .and_then(|c| keys_per_dispatch(&c, d, false, ctx.caps()))
             .map_or(1, |k| t.div_ceil(k).max(1));
-        let predicted_s = flop / rate.unwrap_or(2e9) * (cfg.runs.max(1) + 1) as f64;
+        let per_run_s = flop / rate.unwrap_or(2e9);
+        // Large sizes reuse the pipelines the smaller ones compiled: no warm-up run.
+        let warm_up = per_run_s < 5.0;
+        let predicted_s = per_run_s * (cfg.runs.max(1) + usize::from(warm_up)) as f64;
         let mut row = MidBlockRow {
             tokens: t,
             head_dim: d,
@@ -1379,7 +1386,12 @@ pub fn run_mid_block(
                 Ok((t0.elapsed().as_secs_f64() * 1e3, profile.map(|p| p.gpu_ms)))
             };
             // Uploads and pipeline compilation stay out of the timed runs.
-            once(false)?;
+            if warm_up {
+                once(false)?;
+            } else {
+                Recorder::new(&real).submit()?;
+                real.wait_idle()?;
+            }
             let (mut wall, mut gpu) = (Vec::new(), Vec::new());
             for _ in 0..cfg.runs.max(1) {
                 let (w, g) = once(true)?;
