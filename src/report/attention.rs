@@ -1443,7 +1443,7 @@ pub fn write_mid_block_report(
         cfg.policy.name()
     );
     let mut csv = metadata_lines(meta, "# ");
-    csv += &format!("# settings: {settings}\n");
+    csv += &format!("# benchmark: {settings}\n");
     csv += "tokens,head_dim,status,runs,ms_median,ms_min,ms_max,gpu_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,score_matrix_bytes,dispatches\n";
     let num = |x: f64| {
         if x.is_finite() {
@@ -1474,7 +1474,7 @@ pub fn write_mid_block_report(
     write(&out.join("attention_midblock.csv"), &csv)?;
     let mut md = String::from("# Mid-block attention (flash, one head)\n\n");
     md += &metadata_lines(meta, "- ");
-    md += &format!("- settings: {settings}\n\n");
+    md += &format!("- benchmark: {settings}\n\n");
     md += "| tokens (decode) | status | median ms (min–max) | GPU ms | GFLOP | GFLOP/s | peak allocated MiB | T×T scores a non-flash kernel holds, MiB | dispatches |\n";
     md += "|---|---|---|---|---|---|---|---|---|\n";
     let fmt = |x: f64, p: usize| {
