@@ -1069,6 +1069,7 @@ mod tests {
     }
 
     /// Channel-major `[n, d, tq]` queries over `[n, d, tk]` keys/values, f64.
+    #[allow(clippy::too_many_arguments)]
     fn cpu_cross(
         q: &[f32],
         k: &[f32],
