@@ -54,7 +54,7 @@ pub struct FramesOptions {
     /// Latents are decoder input already: skip `/ scaling_factor + shift_factor`.
     pub raw_latents: bool,
     /// Frames per batched forward (`B`, clamped to `N`). `None`: the largest
-    /// `B ≤ N` that fits (see [`choose_chunk`]).
+    /// `B ≤ ceil(N / 4)` that fits (see [`choose_chunk`]).
     pub chunk: Option<usize>,
     /// Memory budget of the automatic chunk size in bytes: pool memory
     /// (weights included) plus the staging buffers. `None`:
@@ -225,8 +225,15 @@ fn staging_slots(n: usize, chunk: usize) -> usize {
     n.div_ceil(chunk).min(2)
 }
 
-/// The largest chunk `B ≤ N` for frame latents of `latent_shape`
-/// `[N, C, h, w]` whose batched decode stays within the device's binding,
+/// Chunks a stream is cut into at least (when it has that many frames), so
+/// that reading chunk k back overlaps decoding chunk k + 1: with one chunk
+/// nothing overlaps; with c chunks the unhidden part is about 1/c of the
+/// readback.
+pub const MIN_CHUNKS: usize = 4;
+
+/// The largest chunk `B ≤ ceil(N / MIN_CHUNKS)` for frame latents of
+/// `latent_shape` `[N, C, h, w]` (so the double-buffered readback has
+/// chunks to overlap) whose batched decode stays within the device's binding,
 /// buffer and dispatch limits and, with the pool's current allocations and
 /// the staging buffers, within `max_memory` (default
 /// [`default_max_memory`]). Predicted by dry runs of the chunk's decode
@@ -267,14 +274,15 @@ pub fn choose_chunk(
             Err(e) => Err(e),
         }
     };
-    if misfit(n)?.is_none() {
-        return Ok(n);
+    let cap = n.div_ceil(MIN_CHUNKS);
+    if misfit(cap)?.is_none() {
+        return Ok(cap);
     }
     if let Some(e) = misfit(1)? {
         return Err(e);
     }
     // Invariant: `lo` frames fit, `hi` frames do not.
-    let (mut lo, mut hi) = (1, n);
+    let (mut lo, mut hi) = (1, cap);
     while hi - lo > 1 {
         let mid = lo + (hi - lo) / 2;
         if misfit(mid)?.is_none() {

@@ -142,6 +142,23 @@ enum AttentionBenchKind {
         #[arg(long)]
         json: bool,
     },
+    /// VAE mid-block attention (one head, d = 512) at T = h·w tokens: time, GFLOP/s, memory.
+    Midblock {
+        #[arg(long, default_value = "bench")]
+        out: PathBuf,
+        /// Token counts (1024, 4096, 16384 = 256², 512², 1024² decodes).
+        #[arg(long, default_value = "1024,4096,16384", value_delimiter = ',')]
+        tokens: Vec<usize>,
+        #[arg(long, default_value_t = 512)]
+        head_dim: usize,
+        #[arg(long, default_value_t = 3)]
+        runs: usize,
+        /// Seconds a size may take (warm-up + runs); longer sizes are marked not run.
+        #[arg(long, default_value_t = 300.0)]
+        budget: f64,
+        #[arg(long, default_value = "planned")]
+        policy: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -376,8 +393,8 @@ struct DecodeArgs {
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
     #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw", "profile"])]
     frames_out: Option<PathBuf>,
-    /// Frames per batched forward with --frames-out (default: the largest that fits
-    /// --max-memory and the device's limits).
+    /// Frames per batched forward with --frames-out (default: the largest of at most
+    /// ceil(N/4) that fits --max-memory and the device's limits).
     #[arg(long, value_name = "B", requires = "frames_out")]
     chunk: Option<usize>,
     /// Print one JSON object on stdout instead of text.
@@ -1024,6 +1041,39 @@ fn bench_attention(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> 
             println!(
                 "{ran} of {} cells run; wrote {}/attention_sweep.csv, attention_sweep.md, attention_sweep_time.svg, attention_sweep_memory.svg",
                 rows.len(),
+                out.display()
+            );
+        }
+        AttentionBenchKind::Midblock {
+            out,
+            tokens,
+            head_dim,
+            runs,
+            budget,
+            policy,
+        } => {
+            let cfg = ra::MidBlockConfig {
+                tokens: tokens.clone(),
+                head_dim: *head_dim,
+                runs: *runs,
+                budget_s: *budget,
+                policy: policy.parse()?,
+            };
+            let rows = ra::run_mid_block(&ctx, &cfg, |m| eprintln!("{m}"))?;
+            let settings = format!(
+                "mid-block attention: tokens {tokens:?}, head_dim {head_dim}, runs {runs}, budget {budget} s, policy {policy}, f32"
+            );
+            let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
+            ra::write_mid_block_report(&rows, &cfg, &meta, out)?;
+            for r in &rows {
+                println!(
+                    "T={} (d={}): {} median {:.1} ms, {:.2} GFLOP/s, peak allocated {:.1} MiB (a T×T score matrix would be {:.0} MiB)",
+                    r.tokens, r.head_dim, r.status, r.ms_median, r.gflops,
+                    r.peak_allocated_bytes as f64 / 1048576.0, r.score_matrix_bytes as f64 / 1048576.0
+                );
+            }
+            println!(
+                "wrote {}/attention_midblock.csv, attention_midblock.md",
                 out.display()
             );
         }

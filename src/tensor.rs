@@ -193,9 +193,14 @@ impl Tensor {
     /// True when the two tensors' bytes overlap (same buffer, intersecting ranges).
     pub fn overlaps(&self, other: &Tensor) -> bool {
         let (a, b) = (self.block(), other.block());
-        a.segment == b.segment
-            && a.offset < b.offset + other.byte_size()
-            && b.offset < a.offset + self.byte_size()
+        // Segment ids are unique per pool; tensors of two pools (several
+        // engines or contexts on one device) share a buffer only if it is
+        // the same wgpu buffer. Dry runs have no buffers: ids decide.
+        let same = match (&a.buffer, &b.buffer) {
+            (Some(x), Some(y)) => x == y,
+            _ => a.segment == b.segment,
+        };
+        same && a.offset < b.offset + other.byte_size() && b.offset < a.offset + self.byte_size()
     }
 
     /// Same storage, another shape with the same element count.
@@ -248,5 +253,25 @@ impl Tensor {
         Ok(crate::gpu::read_back(ctx, &[self])?
             .pop()
             .unwrap_or_default())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::memory::Policy;
+    use crate::testing::test_context;
+
+    /// Two pools number their segments alike; only the same wgpu buffer overlaps.
+    #[test]
+    fn overlap_means_the_same_buffer_not_the_same_pool_id() {
+        let ctx = test_context();
+        let a = ctx.with_pool(Policy::Exact.new_pool());
+        let b = ctx.with_pool(Policy::Exact.new_pool());
+        let x = Tensor::empty(&a, &[4, 5], DType::F32, "x").unwrap();
+        let y = Tensor::empty(&b, &[4, 5], DType::F32, "y").unwrap();
+        assert_eq!(x.block().segment, y.block().segment);
+        assert!(!x.overlaps(&y));
+        assert!(x.overlaps(&x.reshape(&[20]).unwrap()));
     }
 }

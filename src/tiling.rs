@@ -13,7 +13,7 @@
 //! conv then applies the global affine (and activation) while loading. The
 //! mid-block attention computes K and V per tile, parks them, and streams
 //! them block by block through each query tile's online-softmax state
-//! ([`attention_block`]). Nothing is recomputed: each conv output pixel is
+//! ([`flash_attention_block`]). Nothing is recomputed: each conv output pixel is
 //! computed once (2× upsample convs compute at most one extra row and column
 //! per tile side).
 //!
@@ -42,10 +42,12 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
+use crate::attention::Mask;
 use crate::error::{Error, Result};
 use crate::gpu::{read_back, Capabilities, Context, Recorder};
-use crate::kernels::attention::attention;
-use crate::kernels::attention_stream::{attention_block, BlockRole};
+use crate::kernels::attention::{
+    attention, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
+};
 use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::elementwise::{unary, Unary};
 use crate::kernels::group_norm::{group_norm_combine, group_norm_partials, partial_slots};
@@ -1168,7 +1170,22 @@ impl Executor {
                         last: b + 1 == tiles,
                     };
                     for (q, acc, ml) in &states {
-                        attention_block(self.rec(), q, &kb, &vb, scale, acc, ml, role)?;
+                        let t = q.shape()[2];
+                        let prob = AttentionProblem {
+                            batch: n,
+                            heads: 1,
+                            q_len: t,
+                            kv_len: rb.area(),
+                            head_dim: c,
+                            q_strides: Strides::channel_major(c, t),
+                            kv_strides: Strides::channel_major(c, rb.area()),
+                            scale,
+                            mask: Mask::NONE,
+                            q_pos0: 0,
+                            config: None,
+                        };
+                        let kv = KvInput::F32 { k: &kb, v: &vb };
+                        flash_attention_block(self.rec(), &prob, q, kv, acc, Some(ml), role)?;
                     }
                     drop((kb, vb));
                     self.step_done(stage::ATTENTION)?;

@@ -691,6 +691,154 @@ fn vae_4096_mid_block_attention_needs_no_n2_buffer() {
     assert!(largest * 256 < tokens * tokens * 4);
 }
 
+/// The whole 4096² SD1.5 decode, planned as `auto` decides on a reference
+/// GPU (dry run, tracing every allocation): it succeeds, and no allocation
+/// of the whole decode comes near the 256 GiB a 262 144² f32 score matrix
+/// would take (the largest is bounded by the device's binding limit).
+#[test]
+fn vae_4096_whole_decode_plans_without_an_n2_buffer() {
+    let caps = Capabilities::reference_gpu();
+    let tracer = Arc::new(TracingPool::new());
+    let ctx = Context::dry_run(caps.clone(), tracer.clone());
+    let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
+    let z = wgvae::io::HostTensor::new(vec![1, 4, 512, 512], vec![0.0; 4 * 512 * 512]).unwrap();
+    let opts = wgvae::decode::DecodeOptions {
+        raw_latents: true,
+        ..Default::default()
+    };
+    let decoded = wgvae::decode::decode(&ctx, &vae, &z, &opts).expect("4096² plans under auto");
+    assert_eq!((decoded.width, decoded.height), (4096, 4096));
+    let trace = tracer.trace();
+    let tokens = 512u64 * 512;
+    let largest = trace.entries.iter().map(|e| e.bytes).max().unwrap();
+    println!(
+        "4096² SD1.5 under auto ({} tiles, mid-block {}): {} allocations, largest {} MiB; a score matrix would be {} GiB",
+        decoded.tiling.tiles,
+        if decoded.tiling.mid_block_tiled { "tiled" } else { "whole" },
+        trace.entries.len(),
+        largest >> 20,
+        (tokens * tokens * 4) >> 30
+    );
+    assert!(largest <= caps.max_storage_buffer_binding_size.max(tokens * 512 * 4));
+    assert!(
+        largest * 256 < tokens * tokens * 4,
+        "largest allocation {largest} B"
+    );
+}
+
+/// `wgvae bench attention …`: the stream `--json` keys the issue names, a
+/// mid-block report whose rows hold what they say, and a tiny sweep.
+#[test]
+fn bench_attention_cli() {
+    let run = |args: &[&str]| {
+        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgvae"))
+            .args(args)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .expect("run wgvae");
+        let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
+        assert!(out.status.success(), "{args:?}: {stderr}");
+        String::from_utf8_lossy(&out.stdout).into_owned()
+    };
+    let stdout = run(&[
+        "bench",
+        "attention",
+        "stream",
+        "--preset",
+        "int8-kv",
+        "--chunks",
+        "3",
+        "--scale",
+        "0.005",
+        "--json",
+    ]);
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).expect("one JSON object");
+    for key in [
+        "preset",
+        "chunks",
+        "mean_ms",
+        "p99_ms",
+        "max_ms",
+        "chunks_per_s",
+        "peak_allocated_bytes",
+        "kv_bytes",
+        "int8_max_abs_error",
+        "int8_cosine",
+    ] {
+        assert!(!v[key].is_null(), "stream --json lacks {key}: {v}");
+    }
+    assert_eq!(v["preset"], "int8-kv");
+    assert!(v["int8_cosine"].as_f64().unwrap() >= 0.999, "{v}");
+
+    let dir = std::env::temp_dir().join(format!("wgvae-attn-bench-{}", std::process::id()));
+    let d = dir.to_str().unwrap();
+    run(&[
+        "bench",
+        "attention",
+        "midblock",
+        "--tokens",
+        "37,100",
+        "--head-dim",
+        "64",
+        "--runs",
+        "1",
+        "--out",
+        d,
+    ]);
+    let csv = std::fs::read_to_string(dir.join("attention_midblock.csv")).unwrap();
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let rows: Vec<Vec<&str>> = lines.map(|l| l.split(',').collect()).collect();
+    assert_eq!(rows.len(), 2, "{csv}");
+    let col = |row: &Vec<&str>, name: &str| -> String {
+        let i = header.iter().position(|h| *h == name).unwrap();
+        row[i].trim_matches('"').to_string()
+    };
+    for (row, t) in rows.iter().zip([37u64, 100]) {
+        assert_eq!(row.len(), header.len(), "{csv}");
+        assert_eq!(col(row, "tokens"), t.to_string());
+        assert_eq!(col(row, "status"), "ok");
+        assert!(col(row, "gflops").parse::<f64>().unwrap() > 0.0);
+        // q, k, v, out of [1, 64, T] f32, plus at most a 2·T scratch.
+        let alloc: u64 = col(row, "peak_allocated_bytes").parse().unwrap();
+        assert!(
+            alloc >= 4 * t * 64 * 4 && alloc <= 4 * t * 64 * 4 + 8 * t + 4096,
+            "{alloc}"
+        );
+        assert_eq!(col(row, "score_matrix_bytes"), (t * t * 4).to_string());
+    }
+    assert!(std::fs::read_to_string(dir.join("attention_midblock.md"))
+        .unwrap()
+        .contains("| 100 ("));
+
+    run(&[
+        "bench",
+        "attention",
+        "sweep",
+        "--frames",
+        "2,4",
+        "--tokens-per-frame",
+        "64",
+        "--modes",
+        "global,window-ring",
+        "--budget",
+        "5",
+        "--runs",
+        "1",
+        "--reference",
+        "/nonexistent.csv",
+        "--out",
+        d,
+    ]);
+    let sweep = std::fs::read_to_string(dir.join("attention_sweep.csv")).unwrap();
+    let data = sweep.lines().filter(|l| !l.starts_with('#')).count();
+    assert_eq!(data, 1 + 4, "{sweep}");
+    std::fs::remove_dir_all(&dir).ok();
+}
+
 #[test]
 fn bad_inputs_are_errors() {
     let ctx = test_context();

@@ -155,26 +155,42 @@ fn automatic_chunk_is_the_largest_that_fits() {
     let base = test_context().with_pool(Policy::Planned.new_pool());
     let vae = tiny_random_vae(&base);
     let z = HostTensor::new(vec![7, 4, 6, 5], rand_vec(7 * 120, 3, 1.0)).unwrap();
-    // Everything fits the default budget: one chunk of all frames.
-    assert_eq!(choose_chunk(&base, &vae, [7, 4, 6, 5], None).unwrap(), 7);
+    // Everything fits the default budget: chunks of ceil(N / 4) frames, so
+    // readback overlaps the next chunk's decode.
+    assert_eq!(choose_chunk(&base, &vae, [7, 4, 6, 5], None).unwrap(), 2);
+    assert_eq!(choose_chunk(&base, &vae, [16, 4, 6, 5], None).unwrap(), 4);
+    assert_eq!(choose_chunk(&base, &vae, [1, 4, 6, 5], None).unwrap(), 1);
     // Emulate a device that binds at most 80000 bytes (the largest weight
     // is 73728 B): the 32-channel 12×10 activation (15360 B per frame)
     // limits the chunk.
     let mut caps = base.caps().clone();
     caps.max_storage_buffer_binding_size = 80_000;
     let small = base.with_caps(caps);
-    let b = choose_chunk(&small, &vae, [7, 4, 6, 5], None).unwrap();
+    // With 28 frames the cap is 7: the binding limit decides.
+    let b = choose_chunk(&small, &vae, [28, 4, 6, 5], None).unwrap();
     assert!((1..7).contains(&b), "chunk {b}");
     let want = single_frame_decodes(&base, &vae, &z);
     let r = stream_and_compare(
         &small,
         &vae,
         &z,
-        &FramesOptions::default(),
+        &FramesOptions {
+            chunk: Some(b),
+            ..Default::default()
+        },
         &want,
         "binding-limited",
     );
     assert_eq!(r.chunk, b);
+    let r = stream_and_compare(
+        &small,
+        &vae,
+        &z,
+        &FramesOptions::default(),
+        &want,
+        "automatic",
+    );
+    assert_eq!((r.chunk, r.chunks), (2.min(b), 7usize.div_ceil(2.min(b))));
     // One more frame per chunk exceeds the binding limit.
     let e = decode_frames(
         &small,

@@ -468,6 +468,26 @@ pub fn flash_attention(
     flash_attention_with_stats(rec, prob, q, kv, out, stats.as_ref())
 }
 
+/// Which part of a query block's pass over several key blocks a call is
+/// (attention over keys that live in separate tensors, e.g. the tiles of a
+/// tiled mid-block): the online-softmax state carries over in `out`
+/// (unnormalised) and `stats` (running max and sum) between calls.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct BlockRole {
+    /// The first key block: the state starts empty.
+    pub first: bool,
+    /// The last key block: `out` receives the normalised output.
+    pub last: bool,
+}
+
+impl BlockRole {
+    /// All keys in one call.
+    pub const WHOLE: BlockRole = BlockRole {
+        first: true,
+        last: true,
+    };
+}
+
 /// Flash attention over strided q / k / v (see the module docs):
 /// `out[b, h, i] = sum_j softmax_j(q[b, h, i] . k[b, h, j] * scale) v[b, h, j]`
 /// over the keys `j < kv_len` that `prob.mask` lets query i see. `out` uses
@@ -484,6 +504,25 @@ pub fn flash_attention_with_stats(
     kv: KvInput,
     out: &Tensor,
     stats: Option<&Tensor>,
+) -> Result<()> {
+    flash_attention_block(rec, prob, q, kv, out, stats, BlockRole::WHOLE)
+}
+
+/// [`flash_attention_with_stats`] over one block of a query block's keys:
+/// the keys of `kv` (`prob.kv_len` of them) are one part of a longer
+/// sequence whose other parts come in other calls, in order, with the same
+/// `out` and `stats` (`[batch * heads, q_len, 2]` f32, required unless
+/// `role` is [`BlockRole::WHOLE`] and the device runs the keys in one
+/// dispatch). Masks are evaluated against this block's own key positions,
+/// so blocks of a longer sequence use [`Mask::NONE`].
+pub fn flash_attention_block(
+    rec: &mut Recorder,
+    prob: &AttentionProblem,
+    q: &Tensor,
+    kv: KvInput,
+    out: &Tensor,
+    stats: Option<&Tensor>,
+    role: BlockRole,
 ) -> Result<()> {
     const OP: &str = "flash_attention";
     let AttentionProblem {
@@ -599,9 +638,10 @@ pub fn flash_attention_with_stats(
     let share = keys_per_dispatch(&config, d, int8, rec.ctx().caps())
         .filter(|&keys| kv_len > keys)
         .unwrap_or(kv_len.max(1));
-    // Unused in a single dispatch: `out` stands in for the binding.
+    let shares = kv_len.div_ceil(share).max(1);
+    // Unused in a single dispatch over all keys: `out` stands in for the binding.
     let stats = match stats {
-        _ if share >= kv_len => out,
+        _ if shares == 1 && role == BlockRole::WHOLE => out,
         Some(t) => {
             check_holds(OP, "stats", t, DType::F32, batch * heads * q_len * 2)?;
             if t.overlaps(out) || kv_tensors.iter().chain([&q]).any(|x| t.overlaps(x)) {
@@ -613,8 +653,7 @@ pub fn flash_attention_with_stats(
             return Err(Error::shape(
                 OP,
                 format!(
-                    "{kv_len} keys need {} dispatches on this device and a stats scratch of {} f32 (see stats_len)",
-                    kv_len.div_ceil(share),
+                    "{kv_len} keys in {shares} dispatch(es) ({role:?}) need a stats scratch of {} f32 (see stats_len)",
                     batch * heads * q_len * 2
                 ),
             ))
@@ -624,14 +663,15 @@ pub fn flash_attention_with_stats(
     tensors.extend(kv_tensors);
     tensors.push(stats);
     tensors.push(out);
-    let shares = kv_len.div_ceil(share).max(1);
     for i in 0..shares {
         let begin = i * share;
         let end = (begin + share).min(kv_len);
+        let first = role.first && i == 0;
+        let last = role.last && i + 1 == shares;
         let params = Params {
             kv_begin: begin as u32,
             kv_end: end as u32,
-            phase: u32::from(i == 0) | (u32::from(i + 1 == shares) << 1),
+            phase: u32::from(first) | (u32::from(last) << 1),
             ..params
         };
         // The work (MACs) is counted once, on the first share.
@@ -1025,6 +1065,172 @@ mod tests {
         assert!(matches!(
             attention(&mut rec, &big, &big, &big, 1.0, &big),
             Err(Error::Unsupported(_))
+        ));
+    }
+
+    /// Channel-major `[n, d, tq]` queries over `[n, d, tk]` keys/values, f64.
+    #[allow(clippy::too_many_arguments)]
+    fn cpu_cross(
+        q: &[f32],
+        k: &[f32],
+        v: &[f32],
+        n: usize,
+        d: usize,
+        tq: usize,
+        tk: usize,
+        scale: f32,
+    ) -> Vec<f32> {
+        let mut out = vec![0f32; n * d * tq];
+        for b in 0..n {
+            let (qb, kb, vb) = (&q[b * d * tq..], &k[b * d * tk..], &v[b * d * tk..]);
+            for i in 0..tq {
+                let s: Vec<f64> = (0..tk)
+                    .map(|j| {
+                        (0..d)
+                            .map(|c| qb[c * tq + i] as f64 * kb[c * tk + j] as f64)
+                            .sum::<f64>()
+                            * scale as f64
+                    })
+                    .collect();
+                let m = s.iter().cloned().fold(f64::MIN, f64::max);
+                let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+                let z: f64 = e.iter().sum();
+                for c in 0..d {
+                    let o: f64 = (0..tk).map(|j| e[j] * vb[c * tk + j] as f64).sum();
+                    out[b * d * tq + c * tq + i] = (o / z) as f32;
+                }
+            }
+        }
+        out
+    }
+
+    /// Columns `[t0, t1)` of `[n, d, t]` data.
+    fn columns(x: &[f32], n: usize, d: usize, t: usize, t0: usize, t1: usize) -> Vec<f32> {
+        let mut out = Vec::with_capacity(n * d * (t1 - t0));
+        for row in 0..n * d {
+            out.extend_from_slice(&x[row * t + t0..row * t + t1]);
+        }
+        out
+    }
+
+    /// Keys split over separate tensors (uneven blocks, blocks shorter than
+    /// a key tile, one block longer than a CPU adapter runs in one dispatch)
+    /// combine through `flash_attention_block` to attention over all keys;
+    /// d in {33, 64, 512}, batch 2, odd query counts. Tolerance 1e-5 abs +
+    /// 1e-4 rel vs an f64 reference.
+    #[test]
+    fn key_blocks_combine_to_full_attention() {
+        let ctx = test_context();
+        let caps = ctx.caps().clone();
+        let n = 2;
+        let cpu_share = |d: usize, tq: usize| {
+            config_for_device(d, tq, &caps)
+                .and_then(|c| keys_per_dispatch(&c, d, false, &caps))
+                .unwrap_or(40)
+        };
+        let long = cpu_share(512, 9) + 13;
+        for (d, tq, k_splits) in [
+            (33usize, 37usize, vec![0, 5, 20, 37]),
+            (64, 13, vec![0, 1, 9, 30, 45]),
+            (512, 29, vec![0, 29]),
+            (512, 9, vec![0, 7, 7 + long, 7 + long + 3]),
+        ] {
+            let tk = *k_splits.last().unwrap();
+            let qd = rand_vec(n * d * tq, d as u64, 2.0);
+            let kd = rand_vec(n * d * tk, d as u64 + 1, 2.0);
+            let vd = rand_vec(n * d * tk, d as u64 + 2, 1.0);
+            let scale = 1.0 / (d as f32).sqrt();
+            let want = cpu_cross(&qd, &kd, &vd, n, d, tq, tk, scale);
+            let q = Tensor::from_f32(&ctx, &[n, d, tq], &qd, "q").unwrap();
+            let out = Tensor::empty(&ctx, &[n, d, tq], DType::F32, "out").unwrap();
+            let stats = Tensor::empty(&ctx, &[n * tq * 2], DType::F32, "stats").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            let blocks = k_splits.len() - 1;
+            for (b, ks) in k_splits.windows(2).enumerate() {
+                let len = ks[1] - ks[0];
+                let k = Tensor::from_f32_in(
+                    &mut rec,
+                    &[n, d, len],
+                    &columns(&kd, n, d, tk, ks[0], ks[1]),
+                    "k",
+                )
+                .unwrap();
+                let v = Tensor::from_f32_in(
+                    &mut rec,
+                    &[n, d, len],
+                    &columns(&vd, n, d, tk, ks[0], ks[1]),
+                    "v",
+                )
+                .unwrap();
+                let prob = AttentionProblem {
+                    batch: n,
+                    heads: 1,
+                    q_len: tq,
+                    kv_len: len,
+                    head_dim: d,
+                    q_strides: Strides::channel_major(d, tq),
+                    kv_strides: Strides::channel_major(d, len),
+                    scale,
+                    mask: Mask::NONE,
+                    q_pos0: 0,
+                    config: None,
+                };
+                let role = BlockRole {
+                    first: b == 0,
+                    last: b + 1 == blocks,
+                };
+                flash_attention_block(
+                    &mut rec,
+                    &prob,
+                    &q,
+                    KvInput::F32 { k: &k, v: &v },
+                    &out,
+                    Some(&stats),
+                    role,
+                )
+                .unwrap();
+            }
+            rec.submit().unwrap();
+            assert_close(
+                &out.to_f32(&ctx).unwrap(),
+                &want,
+                1e-5,
+                1e-4,
+                &format!("d={d} queries {tq} key blocks {k_splits:?}"),
+            );
+        }
+        // A block of a longer sequence without a stats scratch is an error.
+        let q = Tensor::empty(&ctx, &[1, 8, 5], DType::F32, "q").unwrap();
+        let o = Tensor::empty(&ctx, &[1, 8, 5], DType::F32, "o").unwrap();
+        let prob = AttentionProblem {
+            batch: 1,
+            heads: 1,
+            q_len: 5,
+            kv_len: 5,
+            head_dim: 8,
+            q_strides: Strides::channel_major(8, 5),
+            kv_strides: Strides::channel_major(8, 5),
+            scale: 1.0,
+            mask: Mask::NONE,
+            q_pos0: 0,
+            config: None,
+        };
+        let role = BlockRole {
+            first: true,
+            last: false,
+        };
+        let mut rec = Recorder::new(&ctx);
+        assert!(matches!(
+            flash_attention_block(
+                &mut rec,
+                &prob,
+                &q,
+                KvInput::F32 { k: &q, v: &q },
+                &o,
+                None,
+                role
+            ),
+            Err(Error::Shape { .. })
         ));
     }
 

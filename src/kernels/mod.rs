@@ -5,7 +5,6 @@
 //! Layout convention: activations are NCHW, contiguous.
 
 pub mod attention;
-pub mod attention_stream;
 pub mod conv2d;
 pub mod elementwise;
 pub mod group_norm;
@@ -48,7 +47,6 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     let mut v = Vec::new();
     v.extend(elementwise::variants());
     v.extend(attention::variants());
-    v.extend(attention_stream::variants());
     v.extend(conv2d::variants());
     v.extend(group_norm::variants());
     v.extend(image::variants());
