@@ -53,26 +53,10 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchKind {
     /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.
-    Decode {
-        #[arg(long)]
-        vae: String,
-        /// Output sizes in pixels (square), comma-separated.
-        #[arg(long, default_value = "128,256", value_delimiter = ',')]
-        sizes: Vec<usize>,
-        /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
-        #[arg(long, default_value = "f32", value_delimiter = ',')]
-        dtypes: Vec<String>,
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        #[arg(long, default_value_t = 1)]
-        warmup: usize,
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        #[arg(long, default_value = "planned")]
-        policy: String,
-        #[arg(long, default_value = "bench")]
-        out: PathBuf,
-    },
+    Decode(DecodeBenchArgs),
+    /// Process start → first image in a fresh child process, with an empty and then a
+    /// warm pipeline cache directory, beside the steady-state decode time.
+    ColdStart(ColdStartArgs),
     /// Streamed frame decoding (batched chunks, double-buffered RGBA8 readback) against a
     /// one-frame-at-a-time loop: frames/s, per-frame latency mean / P99 / max, peak memory.
     Frames(FramesBenchArgs),
@@ -81,6 +65,97 @@ enum BenchKind {
         #[command(subcommand)]
         which: AttentionBenchKind,
     },
+}
+
+#[derive(clap::Args)]
+struct DecodeBenchArgs {
+    #[arg(long)]
+    vae: String,
+    /// Output sizes in pixels (square), comma-separated.
+    #[arg(long, default_value = "128,256", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    dtypes: Vec<String>,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Tiling of every decode (default: off, so sizes compare untiled kernels).
+    #[command(flatten)]
+    tiles: BenchTileArgs,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+}
+
+/// `--tile` for benchmarks: as [`TileArgs`], default off.
+#[derive(clap::Args, Clone)]
+struct BenchTileArgs {
+    /// off, auto, exact or fast (see `wgvae decode --help`).
+    #[arg(long, default_value = "off")]
+    tile: String,
+    /// Tile side in image pixels (multiple of 8).
+    #[arg(long)]
+    tile_size: Option<usize>,
+    /// fast: overlap of neighbouring tiles in image pixels.
+    #[arg(long)]
+    tile_overlap: Option<usize>,
+    /// Peak device memory (as `wgvae decode --max-memory`).
+    #[arg(long)]
+    max_memory: Option<String>,
+}
+
+impl BenchTileArgs {
+    fn tiling(&self) -> wgvae::Result<Tiling> {
+        TileArgs {
+            tile: self.tile.clone(),
+            tile_size: self.tile_size,
+            tile_overlap: self.tile_overlap,
+            max_memory: self.max_memory.clone(),
+            tile_mid_block: false,
+        }
+        .tiling()
+    }
+
+    /// The settings as given, for report headers.
+    fn describe(&self) -> String {
+        let mut s = format!("tile {}", self.tile);
+        if let Some(px) = self.tile_size {
+            s += &format!(", tile size {px}");
+        }
+        if let Some(o) = self.tile_overlap {
+            s += &format!(", overlap {o}");
+        }
+        if let Some(m) = &self.max_memory {
+            s += &format!(", max memory {m}");
+        }
+        s
+    }
+}
+
+#[derive(clap::Args)]
+struct ColdStartArgs {
+    #[arg(long)]
+    vae: String,
+    /// Square output size in pixels.
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+    /// Storage dtype: f32, f16, bf16 or auto.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Steady-state decodes in the warm process (median reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Pipeline cache directory the children use (emptied first; default: a fresh
+    /// directory under the output folder).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -374,7 +449,7 @@ struct DecodeArgs {
     tiles: TileArgs,
     /// Stream the frames of N×C×h×w latents (e.g. a video's) in batched chunks with
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw", "profile"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw"])]
     frames_out: Option<PathBuf>,
     /// Frames per batched forward with --frames-out (default: the largest that fits
     /// --max-memory and the device's limits).
@@ -526,6 +601,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "outputs": paths,
                 "raw": a.save_raw,
                 "timings": out.timings,
+                "macs": out.macs,
                 "profile": out.profile,
             })
         );
@@ -550,12 +626,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "record {:.1} ms, submit → GPU done {:.1} ms, readback {:.1} ms",
                 t.record_ms, t.gpu_wait_ms, t.readback_ms
             );
-            match &out.profile {
-                Some(p) => print!("{}", p.table()),
-                None => println!(
-                    "(no per-kernel times: the adapter cannot write timestamps inside passes)"
-                ),
-            }
+            print_profile(out.profile.as_ref(), &ctx);
         }
         print_tiling(&out.tiling);
         if let Some(note) = &out.precision_note {
@@ -595,12 +666,17 @@ fn decode_frames(
         max_memory: tiling.max_memory,
     };
     let mut paths = Vec::with_capacity(latents.shape[0]);
-    let report = wgvae::decode_frames(ctx, vae, latents, &opts, |f| {
+    let on_frame = |f: wgvae::FrameOut<'_>| {
         let path = dir.join(format!("frame_{:05}.png", f.index));
         wgvae::io::write_png_rgb(&path, f.width, f.height, f.rgba)?;
         paths.push(path);
         Ok(())
-    })?;
+    };
+    let report = if a.profile {
+        wgvae::decode_frames_profiled(ctx, vae, latents, &opts, on_frame)?
+    } else {
+        wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?
+    };
     ctx.save_pipeline_cache();
     if let Some(p) = &a.memory_snapshot {
         std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
@@ -659,8 +735,23 @@ fn decode_frames(
             r.peak_reserved_bytes as f64 / 1048576.0,
             r.staging_bytes as f64 / 1048576.0
         );
+        if a.profile {
+            print_profile(r.profile.as_ref(), ctx);
+        }
     }
     Ok(())
+}
+
+/// The per-kernel table, or why there is none.
+fn print_profile(profile: Option<&wgvae::gpu::Profile>, ctx: &Context) {
+    match profile {
+        Some(p) if !p.kernels.is_empty() => print!("{}", p.table()),
+        Some(_) => println!("(profile empty: no kernel was timed)"),
+        None if !ctx.caps().timestamp_inside_passes => {
+            println!("(no per-kernel times: the adapter cannot write timestamps inside passes)")
+        }
+        None => println!("(no per-kernel times recorded)"),
+    }
 }
 
 fn print_tiling(t: &wgvae::tiling::TilingReport) {
@@ -792,49 +883,181 @@ fn report_memory(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn bench_decode(
-    cli_adapter: &Option<String>,
-    vae: &str,
-    sizes: &[usize],
-    dtypes: &[String],
-    batch: usize,
-    warmup: usize,
-    runs: usize,
-    policy: &str,
-    out: &Path,
-) -> wgvae::Result<()> {
-    let precisions = dtypes
+fn bench_decode(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Result<()> {
+    let precisions = a
+        .dtypes
         .iter()
         .map(|d| d.parse())
         .collect::<wgvae::Result<Vec<wgvae::models::Precision>>>()?;
     let ctx = context(cli_adapter)?;
     let b = wgvae::report::bench::DecodeBench {
-        vae: vae.to_string(),
-        sizes: sizes.to_vec(),
-        batch,
-        warmup,
-        runs,
-        policy: policy.parse()?,
+        vae: a.vae.clone(),
+        sizes: a.sizes.clone(),
+        batch: a.batch,
+        warmup: a.warmup,
+        runs: a.runs,
+        policy: a.policy.parse()?,
         dtypes: precisions,
+        tiling: a.tiles.tiling()?,
     };
-    let settings = format!("vae {vae}, sizes {sizes:?}, dtypes {dtypes:?}, batch {batch}, warm-up {warmup}, runs {runs}, policy {policy}, untiled");
+    let settings = format!(
+        "vae {}, sizes {:?}, dtypes {:?}, batch {}, warm-up {}, runs {}, policy {}, {}",
+        a.vae,
+        a.sizes,
+        a.dtypes,
+        a.batch,
+        a.warmup,
+        a.runs,
+        a.policy,
+        a.tiles.describe()
+    );
     let bar = indicatif::ProgressBar::new_spinner();
     let rows =
         wgvae::report::bench::run_decode_bench(&ctx, &b, |m| bar.set_message(m.to_string()))?;
     bar.finish_and_clear();
+    ctx.save_pipeline_cache();
     let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
-    wgvae::report::bench::write_decode_report(&rows, &meta, out)?;
+    wgvae::report::bench::write_decode_report(&rows, &meta, &a.out)?;
     for r in &rows {
         println!(
-            "{}² {}: median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
-            r.size, r.dtype, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+            "{}² {} ({}): first {:.1} ms, median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.dtype, r.tiling, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
     println!(
         "wrote {}/decode.csv, decode.md, decode_time.svg, decode_memory.svg",
-        out.display()
+        a.out.display()
     );
+    Ok(())
+}
+
+/// Bytes of the files in `dir` (0 when absent).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::Result<()> {
+    use wgvae::report::bench::ColdStartRow;
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| wgvae::Error::Io { path, source }
+    };
+    std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
+    let ctx = context(cli_adapter)?;
+    let load = LoadOptions {
+        precision: a.dtype.parse()?,
+        ..Default::default()
+    };
+    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if a.size % vae.upscale() != 0 {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--size {}: not a multiple of {}",
+            a.size,
+            vae.upscale()
+        )));
+    }
+    let l = a.size / vae.upscale();
+    let shape = [1, vae.latent_channels(), l, l];
+    let n: usize = shape.iter().product();
+    let latents = a.out.join("cold_start_latents.npy");
+    wgvae::io::write_npy(&latents, &shape, &wgvae::testing::rand_vec(n, 7, 1.0))?;
+    let cache = a
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| a.out.join("cold_start_pipeline_cache"));
+    let _ = std::fs::remove_dir_all(&cache);
+    std::fs::create_dir_all(&cache).map_err(io_err(&cache))?;
+    let exe = std::env::current_exe().map_err(io_err(Path::new("wgvae")))?;
+    let mut rows = Vec::new();
+    for case in ["cold (empty cache)", "warm cache"] {
+        eprintln!("{case}: a fresh `wgvae decode` process");
+        let mut cmd = std::process::Command::new(&exe);
+        if let Some(ad) = cli_adapter {
+            cmd.args(["--adapter", ad]);
+        }
+        cmd.arg("decode")
+            .arg(&latents)
+            .args(["--vae", &a.vae, "--dtype", &a.dtype, "--raw-latents"])
+            .args(["--tile", "off", "--json", "-o"])
+            .arg(a.out.join("cold_start.png"))
+            .env("WGVAE_CACHE_DIR", &cache)
+            .env_remove("WGVAE_PIPELINE_CACHE")
+            // The driver's own shader cache (Mesa's) would warm the "cold"
+            // run: measure wgvae's pipeline cache alone.
+            .env("MESA_SHADER_CACHE_DISABLE", "true");
+        let start = std::time::Instant::now();
+        let out = cmd.output().map_err(io_err(&exe))?;
+        let process_ms = start.elapsed().as_secs_f64() * 1e3;
+        let (decode_ms, status) = if out.status.success() {
+            let v: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            match v["decode_ms"].as_f64() {
+                Some(ms) => (ms, "ok".to_string()),
+                None => (f64::NAN, "no decode_ms in the child's output".into()),
+            }
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            (f64::NAN, format!("child failed: {}", err.trim()))
+        };
+        rows.push(ColdStartRow {
+            case: case.into(),
+            process_ms,
+            decode_ms,
+            cache_bytes: dir_bytes(&cache),
+            status,
+        });
+    }
+    eprintln!(
+        "steady state: {} decodes in this process after one warm-up",
+        a.runs
+    );
+    let z = wgvae::io::read_npy(&latents)?;
+    let opts = DecodeOptions {
+        raw_latents: true,
+        tiling: Tiling::off(),
+        ..Default::default()
+    };
+    let mut times = Vec::new();
+    for i in 0..=a.runs.max(1) {
+        let out = wgvae::decode(&ctx, &vae, &z, &opts)?;
+        if i > 0 {
+            times.push(out.decode_ms);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    rows.push(ColdStartRow {
+        case: "steady state".into(),
+        process_ms: f64::NAN,
+        decode_ms: times[times.len() / 2],
+        cache_bytes: dir_bytes(&cache),
+        status: "ok".into(),
+    });
+    let settings = format!(
+        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied first), MESA_SHADER_CACHE_DISABLE=true in the children",
+        a.vae,
+        a.size,
+        a.dtype,
+        a.runs.max(1),
+        cache.display()
+    );
+    let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
+    wgvae::report::bench::write_cold_start_report(&rows, &meta, &a.out)?;
+    for r in &rows {
+        println!(
+            "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes [{}]",
+            r.case, r.process_ms, r.decode_ms, r.cache_bytes, r.status
+        );
+    }
+    println!("wrote {}/cold_start.csv, cold_start.md", a.out.display());
     Ok(())
 }
 
@@ -1086,28 +1309,11 @@ fn main() -> ExitCode {
         Command::Memory(a) => memory(&cli.adapter, a),
         Command::Encode(a) => encode(&cli.adapter, a),
         Command::Bench {
-            which:
-                BenchKind::Decode {
-                    vae,
-                    sizes,
-                    dtypes,
-                    batch,
-                    warmup,
-                    runs,
-                    policy,
-                    out,
-                },
-        } => bench_decode(
-            &cli.adapter,
-            vae,
-            sizes,
-            dtypes,
-            *batch,
-            *warmup,
-            *runs,
-            policy,
-            out,
-        ),
+            which: BenchKind::Decode(a),
+        } => bench_decode(&cli.adapter, a),
+        Command::Bench {
+            which: BenchKind::ColdStart(a),
+        } => bench_cold_start(&cli.adapter, a),
         Command::Bench {
             which: BenchKind::Attention { which },
         } => bench_attention(&cli.adapter, which),
