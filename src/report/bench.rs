@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{line_chart, write, MIB};
+use super::{line_chart, line_chart_with, write, MIB};
 use crate::decode::{decode, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
@@ -307,12 +307,16 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
         &series(&|r| r.median_ms, "median ms"),
     )?;
     let mut memory = series(&|r| r.peak_allocated_mib, "peak allocated");
+    let allocated = memory.len();
     memory.extend(series(&|r| r.peak_reserved_mib, "peak reserved"));
-    line_chart(
+    // Reserved often equals allocated (planned pool): dashed, so both show.
+    let dashed: Vec<bool> = (0..memory.len()).map(|i| i >= allocated).collect();
+    line_chart_with(
         &out.join("decode_memory.svg"),
-        &format!("decode memory ({})", meta.settings),
+        &format!("peak decode memory on {}", meta.adapter),
         ("megapixels per image", "MiB"),
         &memory,
+        &dashed,
     )
 }
 
@@ -417,6 +421,38 @@ mod tests {
         }
         out.push(cur);
         out
+    }
+
+    #[test]
+    fn decode_report_plots_have_whole_titles_and_both_memory_series() {
+        let dir = std::env::temp_dir().join(format!("wgvae-bench-report-{}", std::process::id()));
+        let rows = [
+            row(256, 3412.8, 2908.8, "ok"),
+            row(512, 11635.7, 11476.9, "ok"),
+        ];
+        write_decode_report(&rows, &meta(), &dir).unwrap();
+        let svg = std::fs::read_to_string(dir.join("decode_memory.svg")).unwrap();
+        assert!(svg.contains("peak decode memory on test adapter"), "{svg}");
+        assert!(svg.contains("peak allocated f16") && svg.contains("peak reserved f16"));
+        // Reserved points are hollow rings over the filled allocated ones.
+        assert!(svg.matches("<circle").count() >= 4, "{svg}");
+        assert!(svg.contains("fill=\"none\""), "{svg}");
+        let md = std::fs::read_to_string(dir.join("decode.md")).unwrap();
+        assert!(
+            md.contains("| 256² | f16 | exact 128px ×4 | 2 | 3 | 3412.8 | 2908.8 |"),
+            "{md}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn git_commit_is_a_hash_with_an_optional_dirty_marker() {
+        let c = env!("WGVAE_GIT_COMMIT");
+        let hash = c.strip_suffix("-dirty").unwrap_or(c);
+        assert!(
+            c == "unknown" || (hash.len() == 12 && hash.chars().all(|ch| ch.is_ascii_hexdigit())),
+            "{c}"
+        );
     }
 
     #[test]
