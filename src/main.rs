@@ -901,7 +901,7 @@ fn bench_decode(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Res
         tiling: a.tiles.tiling()?,
     };
     let settings = format!(
-        "vae {}, sizes {:?}, dtypes {:?}, batch {}, warm-up {}, runs {}, policy {}, {}",
+        "vae {}, sizes {:?}, dtypes {:?}, batch {}, warm-up {}, runs {}, policy {}, {}{}",
         a.vae,
         a.sizes,
         a.dtypes,
@@ -909,7 +909,8 @@ fn bench_decode(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Res
         a.warmup,
         a.runs,
         a.policy,
-        a.tiles.describe()
+        a.tiles.describe(),
+        load_average()
     );
     let bar = indicatif::ProgressBar::new_spinner();
     let rows =
@@ -929,6 +930,19 @@ fn bench_decode(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Res
         a.out.display()
     );
     Ok(())
+}
+
+/// `, load average at start A B C` (Linux; empty elsewhere): lavapipe shares
+/// the CPU with everything else, so reports record the load.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| {
+            format!(
+                ", load average at start {}",
+                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            )
+        })
+        .unwrap_or_default()
 }
 
 /// Bytes of the files in `dir` (0 when absent).
@@ -1042,12 +1056,13 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
         status: "ok".into(),
     });
     let settings = format!(
-        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied first), MESA_SHADER_CACHE_DISABLE=true in the children",
+        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied first), MESA_SHADER_CACHE_DISABLE=true in the children{}",
         a.vae,
         a.size,
         a.dtype,
         a.runs.max(1),
-        cache.display()
+        cache.display(),
+        load_average()
     );
     let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
     wgvae::report::bench::write_cold_start_report(&rows, &meta, &a.out)?;
@@ -1087,15 +1102,7 @@ fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Res
         policy: a.policy.parse()?,
     };
     let ctx = context(cli_adapter)?;
-    // Lavapipe shares the CPU with everything else: record the load.
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| {
-            format!(
-                ", load average at start {}",
-                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-            )
-        })
-        .unwrap_or_default();
+    let load = load_average();
     let source = match &b.latents {
         Some(p) => format!("latents {}", p.display()),
         None => format!("random latents {}²", b.size),
