@@ -383,6 +383,9 @@ fn report(name: &str, p: &Problem, m: &Measured, timer: &Timer) -> f64 {
     gflops(m.median)
 }
 
+/// Records one benchmarked call.
+type Record<'a> = dyn Fn(&mut Recorder) + 'a;
+
 /// GroupNorm at `[1, C, H, W]`, 32 groups: the statistics pass alone (the decoder's
 /// form: the next conv applies the affine) and statistics + SiLU apply. Returns GB/s
 /// (median) of each.
@@ -405,7 +408,7 @@ fn bench_group_norm(
     let affine = Tensor::empty(ctx, &[1, ch, 2], DType::F32, "affine").unwrap();
     // Bytes each form must move: x read once (stats); x read twice and out written (full).
     let act_bytes = 4 * numel as u64;
-    let forms: [(&str, u64, &dyn Fn(&mut Recorder)); 2] = [
+    let forms: [(&str, u64, &Record); 2] = [
         ("group_norm_stats", act_bytes, &|rec: &mut Recorder| {
             group_norm_stats(rec, &x, GROUPS, &gamma, &beta, 1e-6, &scratch, &affine)
                 .expect("group_norm_stats")

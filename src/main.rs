@@ -972,7 +972,7 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
         ..Default::default()
     };
     let vae = Vae::load(&ctx, &a.vae, &load)?;
-    if a.size % vae.upscale() != 0 {
+    if !a.size.is_multiple_of(vae.upscale()) {
         return Err(wgvae::Error::InvalidInput(format!(
             "--size {}: not a multiple of {}",
             a.size,
