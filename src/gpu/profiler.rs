@@ -225,3 +225,42 @@ impl Profiler {
         Ok(Profile::from_totals(per))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(rows: &[(&str, usize, f64, u64)]) -> Profile {
+        Profile::from_totals(
+            rows.iter()
+                .map(|&(k, calls, ms, macs)| (k.to_string(), (calls, ms, macs)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn merged_profiles_sum_calls_times_and_macs_per_kernel() {
+        let mut a = profile(&[
+            ("conv2d::conv2d", 2, 3.0, 3_000_000),
+            ("copy::upload", 1, 1.0, 0),
+        ]);
+        let b = profile(&[
+            ("conv2d::conv2d", 1, 2.0, 2_000_000),
+            ("group_norm::partials", 4, 5.0, 0),
+        ]);
+        a.merge(&b);
+        assert_eq!(a.gpu_ms, 11.0);
+        let names: Vec<&str> = a.kernels.iter().map(|k| k.kernel.as_str()).collect();
+        assert_eq!(
+            names,
+            ["conv2d::conv2d", "group_norm::partials", "copy::upload"]
+        );
+        let conv = &a.kernels[0];
+        assert_eq!((conv.calls, conv.total_ms, conv.macs), (3, 5.0, 5_000_000));
+        // 2 · 5e6 MACs in 5 ms = 2 GFLOP/s; shares of the merged total.
+        assert!((conv.gflops - 2.0).abs() < 1e-9, "{}", conv.gflops);
+        assert!((conv.percent - 100.0 * 5.0 / 11.0).abs() < 1e-9);
+        assert_eq!(a.kernels[2].gflops, 0.0);
+        assert!(a.table().contains("copy::upload"));
+    }
+}
