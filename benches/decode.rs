@@ -4,7 +4,8 @@
 //! Sizes come from `WGVAE_BENCH_DECODE_SIZES` (comma-separated output pixels,
 //! default `128,256,512`; a GPU run can use `1024,2048`); cells the device
 //! cannot run (e.g. an untiled activation above the binding limit) are skipped
-//! with a message. `WGVAE_BENCH_DECODE_TILED=0` skips the tiled variants. Time
+//! with a message. `WGVAE_BENCH_DECODE_TILED=0` skips the tiled variants;
+//! `WGVAE_BENCH_DECODE_MODELS=taef2,sd15,flux1` (default: all) picks models. Time
 //! is the GPU time summed from timestamp queries when the adapter writes them
 //! inside passes (for tiled decodes: summed over all tile steps), wall time
 //! (submit to pixels on the host) otherwise; the choice is printed.
@@ -52,6 +53,11 @@ fn models() -> Vec<(String, String)> {
                     .to_string(),
             ),
         );
+    }
+    // Models named in WGVAE_BENCH_DECODE_MODELS, or all.
+    if let Ok(wanted) = std::env::var("WGVAE_BENCH_DECODE_MODELS") {
+        let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+        m.retain(|(name, _)| wanted.contains(&name.as_str()));
     }
     m
 }

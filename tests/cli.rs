@@ -346,6 +346,25 @@ fn decode_profile_of_exact_tiles_has_kernel_rows() {
     ]);
     assert!(ok, "{err}");
     let tiled = json(&out)["macs"].as_u64().unwrap();
+    // Fast tiles: one recorder per tile, their profiles summed.
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--tile",
+        "fast",
+        "--tile-size",
+        "64",
+        "--profile",
+        "-o",
+        tmp("profile-fast.png").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = profile_rows(&out);
+    let conv = rows.iter().find(|r| r.0 == "conv2d::conv2d");
+    assert!(conv.is_some_and(|c| c.1 > 31 && c.2 > 0.0), "{out}");
+    assert!(out.contains("tiling: fast"), "{out}");
     let (ok, out, err) = wgvae(&[
         "decode",
         latents.to_str().unwrap(),
