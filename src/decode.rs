@@ -45,7 +45,10 @@ pub struct DecodeOptions {
     pub keep_f16_overflow: bool,
 }
 
-/// Where a decode's wall time went.
+/// Where a decode's wall time went. Tiled decodes submit many times: their
+/// `gpu_wait_ms` sums the host's waits for the device (syncs, parked-tile
+/// readbacks, profiled submits), `readback_ms` is the final gather (with the
+/// wait for the last steps), and `record_ms` the rest of the wall time.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Timings {
     /// Recording commands on the CPU (plan tracing excluded).
@@ -69,9 +72,11 @@ pub struct Decoded {
     /// Pool statistics, peaks over this decode (weights included).
     pub memory: MemoryStats,
     pub timings: Timings,
-    /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time).
+    /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time);
+    /// tiled decodes count every tile step, halos included.
     pub macs: u64,
-    /// Per-kernel GPU times when profiling was asked for and available.
+    /// Per-kernel (and per-copy) GPU times when profiling was asked for and
+    /// available; summed over all submits of a tiled decode.
     pub profile: Option<crate::gpu::Profile>,
     /// How the decode was tiled.
     pub tiling: TilingReport,
