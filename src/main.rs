@@ -154,6 +154,10 @@ struct ColdStartArgs {
     /// directory under the output folder).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
+    /// The driver's own shader cache (Mesa's, in a fresh directory under the output
+    /// folder) in the children: off (wgvae's pipeline cache alone), on, or both pairs.
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
+    driver_cache: String,
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }
@@ -945,6 +949,22 @@ fn load_average() -> String {
         .unwrap_or_default()
 }
 
+/// Bytes of the files under `dir`, recursively (0 when absent).
+fn dir_bytes_deep(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes_deep(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
 /// Bytes of the files in `dir` (0 when absent).
 fn dir_bytes(dir: &Path) -> u64 {
     std::fs::read_dir(dir)
@@ -988,11 +1008,33 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
         .cache_dir
         .clone()
         .unwrap_or_else(|| a.out.join("cold_start_pipeline_cache"));
-    let _ = std::fs::remove_dir_all(&cache);
-    std::fs::create_dir_all(&cache).map_err(io_err(&cache))?;
+    // Mesa's own on-disk shader cache (lavapipe, RADV, ANV), in a directory of ours.
+    let driver_cache = a.out.join("cold_start_driver_cache");
+    let _ = std::fs::remove_dir_all(&driver_cache);
+    std::fs::create_dir_all(&driver_cache).map_err(io_err(&driver_cache))?;
     let exe = std::env::current_exe().map_err(io_err(Path::new("wgvae")))?;
     let mut rows = Vec::new();
-    for case in ["cold (empty cache)", "warm cache"] {
+    // Each pair: an emptied pipeline cache, then the one the first process saved;
+    // first with the driver's shader cache off (wgvae's cache alone), then on.
+    let cases = [
+        ("cold: empty pipeline cache; driver cache off", false),
+        ("warm pipeline cache; driver cache off", false),
+        ("cold: empty pipeline and driver caches", true),
+        ("warm pipeline and driver caches", true),
+    ];
+    let wanted = |driver: bool| match a.driver_cache.as_str() {
+        "off" => !driver,
+        "on" => driver,
+        _ => true,
+    };
+    for (i, (case, driver)) in cases.into_iter().enumerate() {
+        if !wanted(driver) {
+            continue;
+        }
+        if i % 2 == 0 {
+            let _ = std::fs::remove_dir_all(&cache);
+            std::fs::create_dir_all(&cache).map_err(io_err(&cache))?;
+        }
         eprintln!("{case}: a fresh `wgvae decode` process");
         let mut cmd = std::process::Command::new(&exe);
         if let Some(ad) = cli_adapter {
@@ -1004,10 +1046,13 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
             .args(["--tile", "off", "--json", "-o"])
             .arg(a.out.join("cold_start.png"))
             .env("WGVAE_CACHE_DIR", &cache)
-            .env_remove("WGVAE_PIPELINE_CACHE")
-            // The driver's own shader cache (Mesa's) would warm the "cold"
-            // run: measure wgvae's pipeline cache alone.
-            .env("MESA_SHADER_CACHE_DISABLE", "true");
+            .env_remove("WGVAE_PIPELINE_CACHE");
+        if driver {
+            cmd.env("MESA_SHADER_CACHE_DIR", &driver_cache)
+                .env_remove("MESA_SHADER_CACHE_DISABLE");
+        } else {
+            cmd.env("MESA_SHADER_CACHE_DISABLE", "true");
+        }
         let start = std::time::Instant::now();
         let out = cmd.output().map_err(io_err(&exe))?;
         let process_ms = start.elapsed().as_secs_f64() * 1e3;
@@ -1027,6 +1072,7 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
             process_ms,
             decode_ms,
             cache_bytes: dir_bytes(&cache),
+            driver_cache_bytes: driver.then(|| dir_bytes_deep(&driver_cache)),
             status,
         });
     }
@@ -1053,23 +1099,31 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
         process_ms: f64::NAN,
         decode_ms: times[times.len() / 2],
         cache_bytes: dir_bytes(&cache),
+        driver_cache_bytes: None,
         status: "ok".into(),
     });
     let settings = format!(
-        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied first), MESA_SHADER_CACHE_DISABLE=true in the children{}",
+        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied before each cold run), driver cache: MESA_SHADER_CACHE_DISABLE=true or MESA_SHADER_CACHE_DIR={} (emptied first; other drivers keep their defaults){}",
         a.vae,
         a.size,
         a.dtype,
         a.runs.max(1),
         cache.display(),
+        driver_cache.display(),
         load_average()
     );
     let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
     wgvae::report::bench::write_cold_start_report(&rows, &meta, &a.out)?;
     for r in &rows {
         println!(
-            "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes [{}]",
-            r.case, r.process_ms, r.decode_ms, r.cache_bytes, r.status
+            "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes, driver cache {} [{}]",
+            r.case,
+            r.process_ms,
+            r.decode_ms,
+            r.cache_bytes,
+            r.driver_cache_bytes
+                .map_or("off".into(), |b| format!("{b} bytes")),
+            r.status
         );
     }
     println!("wrote {}/cold_start.csv, cold_start.md", a.out.display());

@@ -332,6 +332,8 @@ pub struct ColdStartRow {
     pub decode_ms: f64,
     /// Bytes in the pipeline cache directory afterwards.
     pub cache_bytes: u64,
+    /// Bytes in the driver's shader cache directory afterwards (`None`: off).
+    pub driver_cache_bytes: Option<u64>,
     pub status: String,
 }
 
@@ -342,13 +344,14 @@ pub fn write_cold_start_report(rows: &[ColdStartRow], meta: &Metadata, out: &Pat
         source,
     })?;
     let mut csv = meta.lines("# ");
-    csv += "case,process_ms,decode_ms,cache_bytes,status\n";
+    csv += "case,process_ms,decode_ms,cache_bytes,driver_cache_bytes,status\n";
     let mut md = String::from("# Cold start\n\n");
     md += &meta.lines("- ");
-    md += "\n| case | process start → first image ms | decode ms | pipeline cache bytes | status |\n|---|---|---|---|---|\n";
+    md += "\n| case | process start → first image ms | decode ms | pipeline cache bytes | driver cache bytes | status |\n|---|---|---|---|---|---|\n";
     for r in rows {
+        let driver = r.driver_cache_bytes.map_or("off".into(), |b| b.to_string());
         csv += &format!(
-            "\"{}\",{:.1},{:.1},{},\"{}\"\n",
+            "\"{}\",{:.1},{:.1},{},{driver},\"{}\"\n",
             r.case,
             r.process_ms,
             r.decode_ms,
@@ -361,7 +364,7 @@ pub fn write_cold_start_report(rows: &[ColdStartRow], meta: &Metadata, out: &Pat
             "—".into()
         };
         md += &format!(
-            "| {} | {process} | {:.0} | {} | {} |\n",
+            "| {} | {process} | {:.0} | {} | {driver} | {} |\n",
             r.case, r.decode_ms, r.cache_bytes, r.status
         );
     }
