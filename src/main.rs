@@ -151,11 +151,11 @@ struct ColdStartArgs {
     #[arg(long, default_value_t = 3)]
     runs: usize,
     /// Pipeline cache directory the children use (emptied first; default: a fresh
-    /// directory under the output folder).
+    /// directory under the system's temporary folder, removed afterwards).
     #[arg(long)]
     cache_dir: Option<PathBuf>,
-    /// The driver's own shader cache (Mesa's, in a fresh directory under the output
-    /// folder) in the children: off (wgvae's pipeline cache alone), on, or both pairs.
+    /// The driver's own shader cache (Mesa's, in a fresh temporary directory) in the
+    /// children: off (wgvae's pipeline cache alone), on, or both pairs.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     driver_cache: String,
     #[arg(long, default_value = "bench")]
@@ -1002,14 +1002,17 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
     let l = a.size / vae.upscale();
     let shape = [1, vae.latent_channels(), l, l];
     let n: usize = shape.iter().product();
-    let latents = a.out.join("cold_start_latents.npy");
+    // Latents, images and caches of the children: scratch, not report files.
+    let scratch = std::env::temp_dir().join(format!("wgvae-cold-start-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;
+    let latents = scratch.join("latents.npy");
     wgvae::io::write_npy(&latents, &shape, &wgvae::testing::rand_vec(n, 7, 1.0))?;
     let cache = a
         .cache_dir
         .clone()
-        .unwrap_or_else(|| a.out.join("cold_start_pipeline_cache"));
+        .unwrap_or_else(|| scratch.join("pipeline_cache"));
     // Mesa's own on-disk shader cache (lavapipe, RADV, ANV), in a directory of ours.
-    let driver_cache = a.out.join("cold_start_driver_cache");
+    let driver_cache = scratch.join("driver_cache");
     let _ = std::fs::remove_dir_all(&driver_cache);
     std::fs::create_dir_all(&driver_cache).map_err(io_err(&driver_cache))?;
     let exe = std::env::current_exe().map_err(io_err(Path::new("wgvae")))?;
@@ -1044,7 +1047,7 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
             .arg(&latents)
             .args(["--vae", &a.vae, "--dtype", &a.dtype, "--raw-latents"])
             .args(["--tile", "off", "--json", "-o"])
-            .arg(a.out.join("cold_start.png"))
+            .arg(scratch.join("first.png"))
             .env("WGVAE_CACHE_DIR", &cache)
             .env_remove("WGVAE_PIPELINE_CACHE");
         if driver {
@@ -1114,6 +1117,7 @@ fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::R
     );
     let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
     wgvae::report::bench::write_cold_start_report(&rows, &meta, &a.out)?;
+    let _ = std::fs::remove_dir_all(&scratch);
     for r in &rows {
         println!(
             "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes, driver cache {} [{}]",

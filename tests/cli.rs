@@ -466,6 +466,7 @@ fn bench_cold_start_writes_both_numbers() {
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let dir = tmp("cold-start");
+    let _ = std::fs::remove_dir_all(&dir);
     let (ok, out, err) = wgvae(&[
         "bench",
         "cold-start",
@@ -514,5 +515,7 @@ fn bench_cold_start_writes_both_numbers() {
         assert!(ms(&rows[1], 1) < 0.5 * ms(&rows[0], 1), "{csv}");
     }
     assert!(dir.join("cold_start.md").exists());
+    // Latents, images and caches of the children stay out of the report folder.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     assert!(out.contains("warm pipeline and driver caches"), "{out}");
 }
