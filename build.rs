@@ -7,6 +7,19 @@ fn main() {
         .filter(|o| o.status.success())
         .map(|o| String::from_utf8_lossy(&o.stdout).trim().to_string())
         .unwrap_or_else(|| "unknown".into());
+    // As `git describe --dirty`: tracked files differing from the commit
+    // (untracked files do not count) mark the build `-dirty`.
+    let dirty = std::process::Command::new("git")
+        .args(["status", "--porcelain", "--untracked-files=no"])
+        .output()
+        .ok()
+        .filter(|o| o.status.success())
+        .is_some_and(|o| !o.stdout.iter().all(u8::is_ascii_whitespace));
+    let commit = if dirty && commit != "unknown" {
+        format!("{commit}-dirty")
+    } else {
+        commit
+    };
     println!("cargo:rustc-env=WGVAE_GIT_COMMIT={commit}");
     let lock = std::fs::read_to_string("Cargo.lock").unwrap_or_default();
     let wgpu = lock
@@ -34,10 +47,32 @@ fn main() {
         };
         let common = git(&["rev-parse", "--git-common-dir"]).unwrap_or_else(|| dir.clone());
         watch(format!("{dir}/HEAD"));
+        // Staging or committing changes the index: the dirty marker may change.
+        watch(format!("{dir}/index"));
         watch(format!("{common}/packed-refs"));
         if let Some(r) = git(&["symbolic-ref", "-q", "HEAD"]) {
             watch(format!("{common}/{r}"));
         }
     }
     println!("cargo:rerun-if-changed=Cargo.lock");
+    // Editing tracked sources makes the tree dirty (directories are scanned).
+    for p in [
+        "src",
+        "shaders",
+        "benches",
+        "tests",
+        "examples",
+        "bench",
+        "build.rs",
+        "Cargo.toml",
+        "README.md",
+    ] {
+        watch_path(p);
+    }
+}
+
+fn watch_path(p: &str) {
+    if std::path::Path::new(p).exists() {
+        println!("cargo:rerun-if-changed={p}");
+    }
 }

@@ -2,15 +2,16 @@
 """Time diffusers' AutoencoderKL decode against wgvae on the same machine.
 
 Optional and never run by CI: needs `pip install torch diffusers numpy` and a
-built wgvae (`cargo build --release`). Both decode the same seeded latents
-with the same preset architecture (random weights: timing only), at the same
-size; the ratio printed is wgvae's time over diffusers'.
+built wgvae (`cargo build --release`). Both decode seeded random latents with
+the same preset architecture (random weights: timing only), at the same size
+and storage dtype, untiled, warm: one warm-up then the median of --runs in one
+process each (wgvae through `wgvae bench decode --tile off --dtypes ...`). The
+ratio printed is wgvae's time over diffusers'.
 
     python3 bench/compare_diffusers.py --preset sd15 --size 256 --device cpu
     python3 bench/compare_diffusers.py --preset flux1 --size 1024 --device cuda --dtype float16
 """
 import argparse
-import json
 import os
 import subprocess
 import sys
@@ -73,22 +74,33 @@ def main():
             times.append((time.perf_counter() - t) * 1e3)
     torch_ms = sorted(times)[len(times) // 2]
 
+    # Same warm-up and run count as above, in one process (pipelines compiled
+    # once, as torch's kernels are loaded once), same storage dtype, untiled.
+    wgvae_dtype = {"float32": "f32", "float16": "f16", "bfloat16": "bf16"}[args.dtype]
     with tempfile.TemporaryDirectory() as d:
-        path = os.path.join(d, "latents.npy")
-        np.save(path, latents)
-        ours = []
-        for _ in range(args.runs):
-            out = subprocess.run(
-                [args.wgvae, "decode", path, "--vae", f"preset:{args.preset}", "--raw-latents",
-                 "-o", os.path.join(d, "out.png"), "--json"],
-                check=True, capture_output=True, text=True,
-            )
-            ours.append(json.loads(out.stdout)["decode_ms"])
-        info = json.loads(out.stdout)
-    wgvae_ms = sorted(ours)[len(ours) // 2]
-    print(f"diffusers {args.preset} {args.size}² {args.dtype} on {args.device}: {torch_ms:.1f} ms (median of {args.runs})")
-    print(f"wgvae     {args.preset} {args.size}² f32 on {info['adapter']} ({info['backend']}): {wgvae_ms:.1f} ms "
-          f"(decode_ms: upload + decode + readback, per process)")
+        cmd = [args.wgvae, "bench", "decode", "--vae", f"preset:{args.preset}",
+               "--sizes", str(args.size), "--dtypes", wgvae_dtype, "--batch", "1",
+               "--warmup", "1", "--runs", str(args.runs), "--tile", "off", "--out", d]
+        print("$", " ".join(cmd), file=sys.stderr)
+        subprocess.run(cmd, check=True, capture_output=True, text=True)
+        meta, rows = {}, []
+        with open(os.path.join(d, "decode.csv")) as f:
+            for line in f:
+                if line.startswith("# "):
+                    k, _, v = line[2:].partition(": ")
+                    meta[k] = v.strip()
+                elif line.strip():
+                    rows.append(line.strip().split(","))
+    header, row = rows[0], dict(zip(rows[0], rows[1]))
+    assert len(rows[1]) == len(header), "decode.csv row does not match its header"
+    if row["status"].strip('"') != "ok":
+        sys.exit(f"wgvae could not run this cell: {row['status']}")
+    wgvae_ms = float(row["median_ms"])
+    print(f"diffusers {args.preset} {args.size}² {args.dtype} on {args.device}: {torch_ms:.1f} ms "
+          f"(median of {args.runs} after 1 warm-up; latents and output stay on the device)")
+    print(f"wgvae     {args.preset} {args.size}² {row['dtype']} ({row['tiling']}) on {meta.get('adapter')} "
+          f"({meta.get('backend')}): {wgvae_ms:.1f} ms (median of {row['runs']} after 1 warm-up; "
+          f"upload + decode + RGBA8 readback)")
     print(f"ratio wgvae / diffusers: {wgvae_ms / torch_ms:.2f}")
 
 

@@ -1,16 +1,22 @@
-//! Criterion: whole decodes (TAEF2 and the SD1.5 / FLUX.1 presets) per size.
+//! Criterion: whole decodes (TAEF2 and the SD1.5 / FLUX.1 presets) per size,
+//! untiled and with exact tiles (half the image side: 4 tiles).
 //!
-//! Sizes come from `WGVAE_BENCH_SIZES` (comma-separated output pixels,
-//! default `128,256`; a GPU run can use `1024,2048`). Time is the GPU time
-//! summed from timestamp queries when the adapter writes them inside passes,
-//! wall time (submit to pixels on the host) otherwise; the choice is printed.
-//! Throughput is in pixels; GFLOP/s = 2·MACs / time is printed per cell.
+//! Sizes come from `WGVAE_BENCH_DECODE_SIZES` (comma-separated output pixels,
+//! default `128,256,512`; a GPU run can use `1024,2048`); cells the device
+//! cannot run (e.g. an untiled activation above the binding limit) are skipped
+//! with a message. `WGVAE_BENCH_DECODE_TILED=0` skips the tiled variants;
+//! `WGVAE_BENCH_DECODE_MODELS=taef2,sd15,flux1` (default: all) picks models. Time
+//! is the GPU time summed from timestamp queries when the adapter writes them
+//! inside passes (for tiled decodes: summed over all tile steps), wall time
+//! (submit to pixels on the host) otherwise; the choice is printed.
+//! Throughput is in pixels; GFLOP/s = 2·MACs / median time is printed per cell.
 //!
 //! Group `frames`: `WGVAE_BENCH_FRAMES` (default 16) TAEF2 frames per size,
 //! streamed by `wgvae::frames::decode_frames` (automatic chunk size, batched
 //! forwards, double-buffered RGBA8 readback) against one `decode()` per
 //! frame; wall time, throughput in frames. Needs `../shared` (TAEF2 weights).
 
+use std::cell::RefCell;
 use std::time::Duration;
 
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -18,11 +24,15 @@ use wgvae::frames::{decode_frames, FramesOptions};
 use wgvae::io::HostTensor;
 use wgvae::memory::Policy;
 use wgvae::testing::{rand_vec, shared_dir, test_context};
+use wgvae::tiling::Tiling;
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
 
 fn sizes() -> Vec<usize> {
-    std::env::var("WGVAE_BENCH_SIZES")
-        .unwrap_or_else(|_| "128,256".into())
+    if std::env::var_os("WGVAE_BENCH_SIZES").is_some() {
+        println!("note: WGVAE_BENCH_SIZES is ignored; decode sizes are WGVAE_BENCH_DECODE_SIZES");
+    }
+    std::env::var("WGVAE_BENCH_DECODE_SIZES")
+        .unwrap_or_else(|_| "128,256,512".into())
         .split(',')
         .filter_map(|s| s.trim().parse().ok())
         .collect()
@@ -43,6 +53,11 @@ fn models() -> Vec<(String, String)> {
                     .to_string(),
             ),
         );
+    }
+    // Models named in WGVAE_BENCH_DECODE_MODELS, or all.
+    if let Ok(wanted) = std::env::var("WGVAE_BENCH_DECODE_MODELS") {
+        let wanted: Vec<&str> = wanted.split(',').map(str::trim).collect();
+        m.retain(|(name, _)| wanted.contains(&name.as_str()));
     }
     m
 }
@@ -65,6 +80,7 @@ fn bench_decode(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(1))
         .measurement_time(Duration::from_secs(1));
+    let tiled_variants = std::env::var("WGVAE_BENCH_DECODE_TILED").map_or(true, |v| v != "0");
     for (name, spec) in models() {
         let vae = Vae::load(&ctx, &spec, &LoadOptions::default()).expect("load");
         for size in sizes() {
@@ -74,39 +90,52 @@ fn bench_decode(c: &mut Criterion) {
                 rand_vec(vae.latent_channels() * l * l, 1, 1.0),
             )
             .unwrap();
-            let opts = DecodeOptions {
-                raw_latents: true,
-                profile: gpu_time,
-                ..Default::default()
-            };
-            // Sizes the device cannot decode untiled are skipped, saying why.
-            let first = match decode(&ctx, &vae, &z, &opts) {
-                Ok(o) => o,
-                Err(e) => {
-                    println!("decode/{name}/{size}: skipped: {e}");
-                    continue;
-                }
-            };
-            let secs = |o: &wgvae::Decoded| match &o.profile {
-                Some(p) => p.gpu_ms / 1e3,
-                None => o.decode_ms / 1e3,
-            };
-            println!(
-                "decode/{name}/{size}: {:.2} GFLOP/s",
-                2.0 * first.macs as f64 / 1e9 / secs(&first)
-            );
-            group.throughput(Throughput::Elements((size * size) as u64));
-            group.bench_with_input(BenchmarkId::new(name.clone(), size), &z, |b, z| {
-                b.iter_custom(|iters| {
-                    (0..iters)
-                        .map(|_| {
-                            Duration::from_secs_f64(secs(
-                                &decode(&ctx, &vae, z, &opts).expect("decode"),
-                            ))
-                        })
-                        .sum()
-                })
-            });
+            let mut variants = vec![("untiled", Tiling::off())];
+            if tiled_variants {
+                variants.push(("exact", Tiling::exact().with_tile_size(size / 2)));
+            }
+            for (variant, tiling) in variants {
+                let id = format!("{name}/{variant}");
+                let opts = DecodeOptions {
+                    raw_latents: true,
+                    profile: gpu_time,
+                    tiling,
+                    ..Default::default()
+                };
+                // Cells the device cannot decode are skipped, saying why.
+                let first = match decode(&ctx, &vae, &z, &opts) {
+                    Ok(o) => o,
+                    Err(e) => {
+                        println!("decode/{id}/{size}: skipped: {e}");
+                        continue;
+                    }
+                };
+                let secs = |o: &wgvae::Decoded| match &o.profile {
+                    Some(p) => p.gpu_ms / 1e3,
+                    None => o.decode_ms / 1e3,
+                };
+                let samples = RefCell::new(Vec::new());
+                group.throughput(Throughput::Elements((size * size) as u64));
+                group.bench_with_input(BenchmarkId::new(id.clone(), size), &z, |b, z| {
+                    b.iter_custom(|iters| {
+                        let t: f64 = (0..iters)
+                            .map(|_| secs(&decode(&ctx, &vae, z, &opts).expect("decode")))
+                            .sum();
+                        samples.borrow_mut().push(t / iters as f64);
+                        Duration::from_secs_f64(t)
+                    })
+                });
+                let mut v = samples.into_inner();
+                v.sort_by(f64::total_cmp);
+                let median = v.get(v.len() / 2).copied().unwrap_or(f64::NAN);
+                println!(
+                    "decode/{id}/{size}: {:.2} GFLOP/s at the median {:.1} ms ({}, {} MACs)",
+                    2.0 * first.macs as f64 / 1e9 / median,
+                    median * 1e3,
+                    wgvae::report::bench::describe_tiling(&first.tiling),
+                    first.macs
+                );
+            }
         }
     }
     group.finish();

@@ -1,14 +1,20 @@
 //! Kernel benchmarks: `cargo bench --bench kernels`.
 //!
 //! conv2d at VAE decoder shapes, the tiled implicit-GEMM kernel and the naive
-//! one-output-per-invocation kernel (for the ratio). GPU time comes from timestamp queries
+//! one-output-per-invocation kernel (for the ratio), and GroupNorm (32 groups) at the same
+//! activation shapes. GPU time comes from timestamp queries
 //! written (by empty compute passes) around a batch of dispatches in one encoder when the
-//! device has `TIMESTAMP_QUERY`, else from wall time around submit + wait (which is printed). Throughput is reported as GFLOP/s = 2 * MACs / time
-//! (criterion's "elem/s" with one element per FLOP, and a summary line per benchmark).
+//! device has `TIMESTAMP_QUERY`, else from wall time around submit + wait (which is printed).
+//! conv2d throughput is GFLOP/s = 2 * MACs / time (criterion's "elem/s" with one element per
+//! FLOP) plus GB/s of its compulsory traffic (input + weights + output read/written once);
+//! GroupNorm is memory-bound and reports GB/s of the bytes it moves (criterion's "B/s").
+//! Attention has its own suite: `cargo bench --bench attention`.
 //!
 //! Environment:
-//! - `WGVAE_BENCH_SIZES`: comma-separated `CINxHxW->COUT[/K]` (batch 1, K 3 by default), e.g.
+//! - `WGVAE_BENCH_CONV_SHAPES`: comma-separated `CINxHxW->COUT[/K]` (batch 1, K 3 by default), e.g.
 //!   `512x64x64->512,512x64x64->256/1`. Default: the three 3x3 decoder shapes.
+//! - `WGVAE_BENCH_NORM_SHAPES`: comma-separated `CxHxW` for GroupNorm (batch 1, 32 groups).
+//!   Default: `512x64x64,256x128x128,128x256x256`. `0` skips GroupNorm.
 //! - `WGVAE_BENCH_NAIVE`: `0` skips the naive kernel, `criterion` measures it like the tiled one;
 //!   by default one dispatch is timed (it takes minutes on a CPU adapter).
 //! - `WGVAE_BENCH_FUSED=1`: also time the decoder's fused form (GroupNorm-affine + SiLU
@@ -64,11 +70,37 @@ fn parse_shape(s: &str) -> Option<Shape> {
 }
 
 fn shapes() -> Vec<Shape> {
-    let spec = std::env::var("WGVAE_BENCH_SIZES")
+    if std::env::var_os("WGVAE_BENCH_SIZES").is_some() {
+        println!(
+            "note: WGVAE_BENCH_SIZES is ignored here; conv shapes are WGVAE_BENCH_CONV_SHAPES"
+        );
+    }
+    let spec = std::env::var("WGVAE_BENCH_CONV_SHAPES")
         .unwrap_or_else(|_| "512x64x64->512,256x128x128->256,128x256x256->128".into());
     spec.split(',')
         .filter(|s| !s.trim().is_empty())
-        .map(|s| parse_shape(s).unwrap_or_else(|| panic!("WGVAE_BENCH_SIZES: cannot parse `{s}`")))
+        .map(|s| {
+            parse_shape(s).unwrap_or_else(|| panic!("WGVAE_BENCH_CONV_SHAPES: cannot parse `{s}`"))
+        })
+        .collect()
+}
+
+/// GroupNorm activation shapes `[C, H, W]` (batch 1).
+fn norm_shapes() -> Vec<[usize; 3]> {
+    let spec = std::env::var("WGVAE_BENCH_NORM_SHAPES")
+        .unwrap_or_else(|_| "512x64x64,256x128x128,128x256x256".into());
+    if spec.trim() == "0" {
+        return Vec::new();
+    }
+    spec.split(',')
+        .filter(|s| !s.trim().is_empty())
+        .map(|s| {
+            let d: Vec<usize> = s.trim().split('x').filter_map(|d| d.parse().ok()).collect();
+            match d[..] {
+                [c, h, w] => [c, h, w],
+                _ => panic!("WGVAE_BENCH_NORM_SHAPES: cannot parse `{s}` (CxHxW)"),
+            }
+        })
         .collect()
 }
 
@@ -219,6 +251,8 @@ struct Problem {
     /// GroupNorm-style scale/shift `[1, Cin, 2]` for the fused form.
     affine: Tensor,
     macs: u64,
+    /// Compulsory traffic: input and weights read once, output written once.
+    bytes: u64,
 }
 
 fn problem(ctx: &Context, shape: Shape) -> Problem {
@@ -257,6 +291,7 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
         weights,
         affine,
         macs: macs(1, cin, cout, ho, wo, k),
+        bytes: 4 * (cin * h * w + cout * cin * k * k + cout + cout * ho * wo) as u64,
     }
 }
 
@@ -274,12 +309,14 @@ fn median(mut v: Vec<f64>) -> Option<f64> {
 
 /// Times `record` through criterion (tiled kernel) or, when `quick`, over one dispatch
 /// (the naive kernel, whose dispatches take many seconds at these shapes).
+#[allow(clippy::too_many_arguments)]
 fn measure(
     c: &mut Criterion,
     ctx: &Context,
     timer: &Timer,
     name: &str,
-    p: &Problem,
+    label: &str,
+    throughput: Throughput,
     quick: bool,
     record: &dyn Fn(&mut Recorder),
 ) -> Measured {
@@ -290,10 +327,7 @@ fn measure(
         let start = Instant::now();
         timer.time(ctx, 1, record);
         let secs = start.elapsed().as_secs_f64();
-        println!(
-            "{name} {}: first dispatch (with pipeline creation) {secs:.2} s",
-            p.shape
-        );
+        println!("{name} {label}: first dispatch (with pipeline creation) {secs:.2} s");
     }
     let per_dispatch = RefCell::new(Vec::<f64>::new());
     // Process CPU seconds per dispatch: on a CPU adapter shared with other work this says
@@ -318,8 +352,8 @@ fn measure(
             .sample_size(10)
             .sampling_mode(SamplingMode::Flat)
             .warm_up_time(Duration::from_millis(1))
-            .throughput(Throughput::Elements(2 * p.macs));
-        group.bench_function(p.shape.to_string(), |b| b.iter_custom(&mut run));
+            .throughput(throughput);
+        group.bench_function(label, |b| b.iter_custom(&mut run));
         group.finish();
     }
     let times = per_dispatch.into_inner();
@@ -338,14 +372,89 @@ fn report(name: &str, p: &Problem, m: &Measured, timer: &Timer) -> f64 {
         .map(|s| format!(", {:.2} GFLOP per CPU-second", gflops(s)))
         .unwrap_or_default();
     println!(
-        "RESULT {name} {}: {:.2} GFLOP/s median ({:.2} best), {:.1} ms/dispatch{cpu_note} [{}]",
+        "RESULT {name} {}: {:.2} GFLOP/s median ({:.2} best), {:.2} GB/s, {:.1} ms/dispatch{cpu_note} [{}]",
         p.shape,
         gflops(m.median),
         gflops(m.best),
+        p.bytes as f64 / m.median / 1e9,
         m.median * 1e3,
         timer.describe()
     );
     gflops(m.median)
+}
+
+/// Records one benchmarked call.
+type Record<'a> = dyn Fn(&mut Recorder) + 'a;
+
+/// GroupNorm at `[1, C, H, W]`, 32 groups: the statistics pass alone (the decoder's
+/// form: the next conv applies the affine) and statistics + SiLU apply. Returns GB/s
+/// (median) of each.
+fn bench_group_norm(
+    c: &mut Criterion,
+    ctx: &Context,
+    timer: &Timer,
+    [ch, h, w]: [usize; 3],
+) -> (f64, f64) {
+    use wgvae::kernels::group_norm::{group_norm, group_norm_stats, stats_scratch_len};
+    const GROUPS: usize = 32;
+    let label = format!("[1,{ch},{h},{w}] g{GROUPS}");
+    let numel = ch * h * w;
+    let x = Tensor::from_f32(ctx, &[1, ch, h, w], &rand_vec(numel, 4, 1.0), "x").unwrap();
+    let out = Tensor::empty(ctx, &[1, ch, h, w], DType::F32, "out").unwrap();
+    let gamma = Tensor::from_f32(ctx, &[ch], &rand_vec(ch, 5, 1.0), "gamma").unwrap();
+    let beta = Tensor::from_f32(ctx, &[ch], &rand_vec(ch, 6, 0.1), "beta").unwrap();
+    let scratch_len = stats_scratch_len(1, ch, h, w, GROUPS);
+    let scratch = Tensor::empty(ctx, &[scratch_len], DType::F32, "scratch").unwrap();
+    let affine = Tensor::empty(ctx, &[1, ch, 2], DType::F32, "affine").unwrap();
+    // Bytes each form must move: x read once (stats); x read twice and out written (full).
+    let act_bytes = 4 * numel as u64;
+    let forms: [(&str, u64, &Record); 2] = [
+        ("group_norm_stats", act_bytes, &|rec: &mut Recorder| {
+            group_norm_stats(rec, &x, GROUPS, &gamma, &beta, 1e-6, &scratch, &affine)
+                .expect("group_norm_stats")
+        }),
+        ("group_norm_silu", 3 * act_bytes, &|rec: &mut Recorder| {
+            group_norm(
+                rec,
+                &x,
+                GROUPS,
+                &gamma,
+                &beta,
+                1e-6,
+                Activation::Silu,
+                &scratch,
+                &affine,
+                &out,
+            )
+            .expect("group_norm")
+        }),
+    ];
+    let mut gbs = [0.0; 2];
+    for (i, (name, bytes, record)) in forms.into_iter().enumerate() {
+        let m = measure(
+            c,
+            ctx,
+            timer,
+            name,
+            &label,
+            Throughput::Bytes(bytes),
+            false,
+            record,
+        );
+        gbs[i] = bytes as f64 / m.median / 1e9;
+        let cpu_note = m
+            .cpu
+            .map(|s| format!(", {:.2} GB per CPU-second", bytes as f64 / s / 1e9))
+            .unwrap_or_default();
+        println!(
+            "RESULT {name} {label}: {:.2} GB/s median ({:.2} best), {:.2} ms/call{cpu_note} [{}]",
+            gbs[i],
+            bytes as f64 / m.best / 1e9,
+            m.median * 1e3,
+            timer.describe()
+        );
+    }
+    (gbs[0], gbs[1])
 }
 
 /// CPU time of this process's threads (Linux), for CPU adapters: the sum of
@@ -387,7 +496,18 @@ fn main() {
         let tiled = |rec: &mut Recorder| {
             conv2d(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("conv2d")
         };
-        let m = measure(&mut c, &ctx, &timer, "conv2d_tiled", &p, false, &tiled);
+        let label = p.shape.to_string();
+        let flops = Throughput::Elements(2 * p.macs);
+        let m = measure(
+            &mut c,
+            &ctx,
+            &timer,
+            "conv2d_tiled",
+            &label,
+            flops.clone(),
+            false,
+            &tiled,
+        );
         let g_tiled = report("conv2d_tiled", &p, &m, &timer);
         if std::env::var("WGVAE_BENCH_FUSED").is_ok_and(|v| v == "1") {
             // out = conv(silu(x * scale + shift)) + bias + out, as in the decoder's ResNet blocks.
@@ -412,7 +532,8 @@ fn main() {
                 &ctx,
                 &timer,
                 "conv2d_tiled_fused",
-                &p,
+                &label,
+                flops.clone(),
                 false,
                 &fused,
             );
@@ -424,10 +545,23 @@ fn main() {
                 conv2d_naive(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("naive")
             };
             let quick = naive_mode != "criterion";
-            let m = measure(&mut c, &ctx, &timer, "conv2d_naive", &p, quick, &naive);
+            let m = measure(
+                &mut c,
+                &ctx,
+                &timer,
+                "conv2d_naive",
+                &label,
+                flops.clone(),
+                quick,
+                &naive,
+            );
             g_naive = Some(report("conv2d_naive", &p, &m, &timer));
         }
         summary.push((p.shape, g_tiled, g_naive));
+    }
+    let mut norms = Vec::new();
+    for shape in norm_shapes() {
+        norms.push((shape, bench_group_norm(&mut c, &ctx, &timer, shape)));
     }
     println!("SUMMARY (GFLOP/s = 2 * MACs / time, {})", timer.describe());
     for (shape, t, n) in summary {
@@ -435,6 +569,9 @@ fn main() {
             Some(n) => println!("  {shape}: tiled {t:.2}, naive {n:.2}, ratio {:.1}x", t / n),
             None => println!("  {shape}: tiled {t:.2}"),
         }
+    }
+    for ([ch, h, w], (stats, full)) in norms {
+        println!("  group_norm [1,{ch},{h},{w}]: stats {stats:.2} GB/s, stats + SiLU apply {full:.2} GB/s");
     }
     c.final_summary();
 }

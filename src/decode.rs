@@ -45,7 +45,10 @@ pub struct DecodeOptions {
     pub keep_f16_overflow: bool,
 }
 
-/// Where a decode's wall time went.
+/// Where a decode's wall time went. Tiled decodes submit many times: their
+/// `gpu_wait_ms` sums the host's waits for the device (syncs, parked-tile
+/// readbacks, profiled submits), `readback_ms` is the final gather (with the
+/// wait for the last steps), and `record_ms` the rest of the wall time.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct Timings {
     /// Recording commands on the CPU (plan tracing excluded).
@@ -69,9 +72,11 @@ pub struct Decoded {
     /// Pool statistics, peaks over this decode (weights included).
     pub memory: MemoryStats,
     pub timings: Timings,
-    /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time).
+    /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time);
+    /// tiled decodes count every tile step, halos included.
     pub macs: u64,
-    /// Per-kernel GPU times when profiling was asked for and available.
+    /// Per-kernel (and per-copy) GPU times when profiling was asked for and
+    /// available; summed over all submits of a tiled decode.
     pub profile: Option<crate::gpu::Profile>,
     /// How the decode was tiled.
     pub tiling: TilingReport,
@@ -380,7 +385,7 @@ fn choose_exact_decode(
         small: (z.shape[2], z.shape[3]),
     };
     let run = |dry: &Context, plan: &ExactPlan| {
-        run_exact(dry, vae, z, plan.clone(), opts.keep_raw, None).map(|o| o.report)
+        run_exact(dry, vae, z, plan.clone(), (opts.keep_raw, false), None).map(|o| o.report)
     };
     let what = "decodes these latents";
     choose_exact(ctx, pyramid, &opts.tiling, budget, base, what, &run)
@@ -502,6 +507,10 @@ struct ExactOutput {
     width: usize,
     report: TilingReport,
     f16_overflows: u32,
+    /// MACs, GPU times and host wait of all tile steps.
+    stats: crate::gpu::SubmitStats,
+    /// Gathering the output on the host.
+    readback_ms: f64,
 }
 
 fn run_exact(
@@ -509,10 +518,13 @@ fn run_exact(
     vae: &Vae,
     z: &HostTensor,
     plan: ExactPlan,
-    keep_raw: bool,
+    (keep_raw, profile): (bool, bool),
     progress: Option<Progress>,
 ) -> Result<ExactOutput> {
     let mut ex = Executor::new(ctx, plan, progress);
+    if profile && !ex.enable_profiling() {
+        log::warn!("profiling needs TIMESTAMP_QUERY_INSIDE_PASSES, which this adapter lacks");
+    }
     let range_flag = match vae.dtype {
         DType::F16 => Some(ex.track_f16_range()?),
         _ => None,
@@ -521,12 +533,14 @@ fn run_exact(
     let input = ex.host_act(shape, &z.data);
     let (rgba, raw) = vae.forward_tiled(&mut ex, input, keep_raw)?;
     let (height, width) = (rgba.h, rgba.w);
+    let reading = Instant::now();
     let raw = match raw {
         Some(r) => ex.gather_host(r)?,
         None => None,
     };
     let rgba = ex.gather_host(rgba)?;
-    let report = ex.finish()?;
+    let readback_ms = reading.elapsed().as_secs_f64() * 1e3;
+    let (report, stats) = ex.finish_with_stats()?;
     let f16_overflows = match &range_flag {
         Some(f) => crate::gpu::read_range_flag(ctx, f)?,
         None => 0,
@@ -538,6 +552,8 @@ fn run_exact(
         height,
         width,
         report,
+        stats,
+        readback_ms,
     })
 }
 
@@ -674,7 +690,7 @@ fn decode_exact(
                 opts.keep_raw
             );
             ensure_plan_with(ctx, p, key, |dry| {
-                run_exact(dry, vae, z, plan.clone(), opts.keep_raw, None).map(|_| ())
+                run_exact(dry, vae, z, plan.clone(), (opts.keep_raw, false), None).map(|_| ())
             })?
         }
         None => None,
@@ -684,7 +700,14 @@ fn decode_exact(
     if let (Some(p), Some(key)) = (planned, &key) {
         p.begin_replay(key)?;
     }
-    let result = run_exact(ctx, vae, z, plan, opts.keep_raw, opts.progress.clone());
+    let result = run_exact(
+        ctx,
+        vae,
+        z,
+        plan,
+        (opts.keep_raw, opts.profile),
+        opts.progress.clone(),
+    );
     if let Some(p) = planned {
         p.end_replay();
     }
@@ -704,18 +727,24 @@ fn decode_exact(
         let px = report.tile_size.unwrap_or(height.max(width)).max(1);
         height.div_ceil(px) * width.div_ceil(px)
     };
+    let decode_ms = start.elapsed().as_secs_f64() * 1e3;
     Ok(Decoded {
         rgba,
         width,
         height,
         raw,
-        decode_ms: start.elapsed().as_secs_f64() * 1e3,
+        decode_ms,
         memory: ctx.pool().stats(),
         tiling: report,
-        // Tiled decodes submit per tile step: no single-submission profile or MAC count yet.
-        timings: Timings::default(),
-        macs: 0,
-        profile: None,
+        // Summed over the tile steps' submits; host time outside waits and
+        // the final gather counts as recording.
+        timings: Timings {
+            record_ms: (decode_ms - out.stats.wait_ms - out.readback_ms).max(0.0),
+            gpu_wait_ms: out.stats.wait_ms,
+            readback_ms: out.readback_ms,
+        },
+        macs: out.stats.macs,
+        profile: out.stats.profile,
         dtype: vae.dtype,
         f16_overflows: out.f16_overflows as u64,
         precision_note: None,
@@ -770,6 +799,8 @@ fn decode_tile_raw(
     ctx: &Context,
     vae: &Vae,
     z: &HostTensor,
+    profile: bool,
+    stats: &mut crate::gpu::SubmitStats,
 ) -> Result<(usize, usize, Option<Vec<f32>>, u32)> {
     let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let plan = match planned {
@@ -777,6 +808,9 @@ fn decode_tile_raw(
         None => None,
     };
     let mut rec = Recorder::new(ctx);
+    if profile {
+        rec.enable_profiling();
+    }
     if let (Some(p), Some(key)) = (planned, &plan) {
         p.begin_replay(key)?;
     }
@@ -786,7 +820,9 @@ fn decode_tile_raw(
     }
     let (raw, _pixels) = recorded?;
     let flag = rec.range_flag().cloned();
-    rec.submit()?;
+    let waiting = Instant::now();
+    let (labels, times) = rec.submit_profiled()?;
+    stats.add(&labels, times);
     let [_, _, h, w] = crate::models::layers::dims4(&raw)?;
     if ctx.is_dry_run() {
         return Ok((h, w, None, 0));
@@ -795,6 +831,7 @@ fn decode_tile_raw(
     let mut wanted = vec![&raw];
     wanted.extend(flag.as_ref());
     let mut back = crate::gpu::read_back(ctx, &wanted)?.into_iter();
+    stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
     let data = raw.f32_from_bytes(&back.next().unwrap_or_default())?;
     let overflows = back.next().map_or(0, |b| crate::gpu::range_count(&b));
     Ok((h, w, Some(data), overflows))
@@ -831,12 +868,17 @@ fn decode_fast(
     let (mut out_y, mut done) = (0, 0);
     let mut readback = 0u64;
     let mut f16_overflows = 0u64;
+    let mut stats = crate::gpu::SubmitStats::default();
+    if opts.profile && crate::gpu::Profiler::new(ctx).is_none() {
+        log::warn!("profiling needs TIMESTAMP_QUERY_INSIDE_PASSES, which this adapter lacks");
+    }
     for &i in &rows {
         let mut row: Vec<FastTile> = Vec::new();
         let (mut out_x, mut crop_h) = (0, 0);
         for (ci, &j) in cols.iter().enumerate() {
             let zt = z.crop(i, (i + tile).min(h), j, (j + tile).min(w));
-            let (th, tw, data, overflows) = decode_tile_raw(ctx, vae, &zt)?;
+            let (th, tw, data, overflows) =
+                decode_tile_raw(ctx, vae, &zt, opts.profile, &mut stats)?;
             f16_overflows += overflows as u64;
             readback += (planes * th * tw * 4) as u64;
             let mut t = FastTile {
@@ -909,9 +951,15 @@ fn decode_fast(
         raw,
         decode_ms: start.elapsed().as_secs_f64() * 1e3,
         memory: ctx.pool().stats(),
-        timings: Timings::default(),
-        macs: 0,
-        profile: None,
+        // Per tile: submit, wait and read back the raw output; the host
+        // blend and the RGBA conversion count as recording.
+        timings: Timings {
+            record_ms: (start.elapsed().as_secs_f64() * 1e3 - stats.wait_ms).max(0.0),
+            gpu_wait_ms: stats.wait_ms,
+            readback_ms: 0.0,
+        },
+        macs: stats.macs,
+        profile: stats.profile,
         dtype: vae.dtype,
         f16_overflows,
         precision_note: None,
@@ -1088,13 +1136,15 @@ pub fn record_decoder_from_buffer(
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
     if !rec.ctx().is_dry_run() {
         let (dst, dst_offset) = (input.buffer()?.clone(), input.block().offset);
-        rec.encoder().copy_buffer_to_buffer(
-            latents.buffer,
-            latents.offset,
-            &dst,
-            dst_offset,
-            latents.byte_size(),
-        );
+        rec.timed_transfer("copy::latents", |e| {
+            e.copy_buffer_to_buffer(
+                latents.buffer,
+                latents.offset,
+                &dst,
+                dst_offset,
+                latents.byte_size(),
+            )
+        });
     }
     let (scale, shift) = vae.latent_scaling();
     if !raw_latents && (scale != 1.0 || shift != 0.0) {

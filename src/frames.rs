@@ -135,6 +135,10 @@ pub struct FramesReport {
     pub callback_ms: f64,
     /// Compute dispatches recorded over all chunks.
     pub dispatches: usize,
+    /// Per-kernel and per-copy GPU times summed over the chunks
+    /// ([`decode_frames_profiled`] only).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub profile: Option<crate::gpu::Profile>,
     /// Bytes read back (`N · H · W · 4`).
     pub readback_bytes: u64,
     /// Bytes of the staging buffers (one or two of `B · H · W · 4` + 4), outside the pool.
@@ -399,6 +403,31 @@ pub fn decode_frames(
     vae: &Vae,
     latents: &HostTensor,
     opts: &FramesOptions,
+    on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
+) -> Result<FramesReport> {
+    run_frames(ctx, vae, latents, opts, false, on_frame)
+}
+
+/// [`decode_frames`] with every kernel and copy timed by GPU timestamps
+/// ([`FramesReport::profile`], summed over the chunks; `None` when the
+/// adapter has no timestamps inside passes). The timestamps are read after
+/// the last chunk, so the double buffering is kept.
+pub fn decode_frames_profiled(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &HostTensor,
+    opts: &FramesOptions,
+    on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
+) -> Result<FramesReport> {
+    run_frames(ctx, vae, latents, opts, true, on_frame)
+}
+
+fn run_frames(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &HostTensor,
+    opts: &FramesOptions,
+    profile: bool,
     mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
 ) -> Result<FramesReport> {
     let start = Instant::now();
@@ -463,6 +492,7 @@ pub fn decode_frames(
     };
     let (mut record_ms, mut submit_ms, mut dispatches) = (0.0, 0.0, 0);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
+    let mut profilers = Vec::new();
     for k in 0..chunks {
         let recording = Instant::now();
         let first = k * chunk;
@@ -487,6 +517,9 @@ pub fn decode_frames(
                 label: Some("wgvae frame chunk"),
             });
         let mut rec = Recorder::with_encoder(ctx, &mut encoder);
+        if profile {
+            rec.enable_profiling();
+        }
         if let (Some(p), Some(key)) = (planned, &plan) {
             p.begin_replay(key)?;
         }
@@ -496,7 +529,6 @@ pub fn decode_frames(
         }
         let pixels = recorded?;
         let range_flag = rec.range_flag().cloned();
-        dispatches += rec.finish().len();
         if pixels.shape() != [count, height, width] {
             return Err(Error::shape(
                 "decode_frames",
@@ -508,22 +540,21 @@ pub fn decode_frames(
         }
         let slot = k % 2;
         let bytes = count as u64 * frame_bytes;
-        encoder.copy_buffer_to_buffer(
-            pixels.buffer()?,
-            pixels.block().offset,
-            &staging[slot],
-            0,
-            bytes,
-        );
-        if let Some(flag) = &range_flag {
-            encoder.copy_buffer_to_buffer(
-                flag.buffer()?,
-                flag.block().offset,
-                &staging[slot],
-                bytes,
-                4,
-            );
-        }
+        // Recorded through the recorder so a profile times the readback copies too.
+        let (pixel_buffer, pixel_offset) = (pixels.buffer()?.clone(), pixels.block().offset);
+        let flag = match &range_flag {
+            Some(f) => Some((f.buffer()?.clone(), f.block().offset)),
+            None => None,
+        };
+        rec.timed_transfer("copy::frames_to_staging", |e| {
+            e.copy_buffer_to_buffer(&pixel_buffer, pixel_offset, &staging[slot], 0, bytes);
+            if let Some((fb, fo)) = &flag {
+                e.copy_buffer_to_buffer(fb, *fo, &staging[slot], bytes, 4);
+            }
+        });
+        let (labels, profiler) = rec.finish_profiled();
+        dispatches += labels.len();
+        profilers.extend(profiler);
         record_ms += recording.elapsed().as_secs_f64() * 1e3;
         let origin = if k == 0 { start } else { Instant::now() };
         let submitting = Instant::now();
@@ -562,6 +593,10 @@ pub fn decode_frames(
         delivery.deliver(ctx, buffer, done, &mut on_frame)?;
     }
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
+    let mut times = crate::gpu::SubmitStats::default();
+    for p in &profilers {
+        times.add(&[], Some(p.read(ctx)?));
+    }
     let memory = ctx.pool().stats();
     if delivery.f16_overflows > 0 {
         log::warn!(
@@ -590,6 +625,7 @@ pub fn decode_frames(
         staging_bytes: staging.len() as u64 * staging_size,
         peak_allocated_bytes: memory.allocated_bytes.peak,
         peak_reserved_bytes: memory.reserved_bytes.peak,
+        profile: times.profile,
     })
 }
 

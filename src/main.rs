@@ -53,26 +53,10 @@ enum Command {
 #[derive(Subcommand)]
 enum BenchKind {
     /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.
-    Decode {
-        #[arg(long)]
-        vae: String,
-        /// Output sizes in pixels (square), comma-separated.
-        #[arg(long, default_value = "128,256", value_delimiter = ',')]
-        sizes: Vec<usize>,
-        /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
-        #[arg(long, default_value = "f32", value_delimiter = ',')]
-        dtypes: Vec<String>,
-        #[arg(long, default_value_t = 1)]
-        batch: usize,
-        #[arg(long, default_value_t = 1)]
-        warmup: usize,
-        #[arg(long, default_value_t = 3)]
-        runs: usize,
-        #[arg(long, default_value = "planned")]
-        policy: String,
-        #[arg(long, default_value = "bench")]
-        out: PathBuf,
-    },
+    Decode(DecodeBenchArgs),
+    /// Process start → first image in a fresh child process, with an empty and then a
+    /// warm pipeline cache directory, beside the steady-state decode time.
+    ColdStart(ColdStartArgs),
     /// Streamed frame decoding (batched chunks, double-buffered RGBA8 readback) against a
     /// one-frame-at-a-time loop: frames/s, per-frame latency mean / P99 / max, peak memory.
     Frames(FramesBenchArgs),
@@ -81,6 +65,101 @@ enum BenchKind {
         #[command(subcommand)]
         which: AttentionBenchKind,
     },
+}
+
+#[derive(clap::Args)]
+struct DecodeBenchArgs {
+    #[arg(long)]
+    vae: String,
+    /// Output sizes in pixels (square), comma-separated.
+    #[arg(long, default_value = "128,256", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    dtypes: Vec<String>,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Tiling of every decode (default: off, so sizes compare untiled kernels).
+    #[command(flatten)]
+    tiles: BenchTileArgs,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+}
+
+/// `--tile` for benchmarks: as [`TileArgs`], default off.
+#[derive(clap::Args, Clone)]
+struct BenchTileArgs {
+    /// off, auto, exact or fast (see `wgvae decode --help`).
+    #[arg(long, default_value = "off")]
+    tile: String,
+    /// Tile side in image pixels (multiple of 8).
+    #[arg(long)]
+    tile_size: Option<usize>,
+    /// fast: overlap of neighbouring tiles in image pixels.
+    #[arg(long)]
+    tile_overlap: Option<usize>,
+    /// Peak device memory (as `wgvae decode --max-memory`).
+    #[arg(long)]
+    max_memory: Option<String>,
+}
+
+impl BenchTileArgs {
+    fn tiling(&self) -> wgvae::Result<Tiling> {
+        TileArgs {
+            tile: self.tile.clone(),
+            tile_size: self.tile_size,
+            tile_overlap: self.tile_overlap,
+            max_memory: self.max_memory.clone(),
+            tile_mid_block: false,
+        }
+        .tiling()
+    }
+
+    /// The settings as given, for report headers.
+    fn describe(&self) -> String {
+        let mut s = format!("tile {}", self.tile);
+        if let Some(px) = self.tile_size {
+            s += &format!(", tile size {px}");
+        }
+        if let Some(o) = self.tile_overlap {
+            s += &format!(", overlap {o}");
+        }
+        if let Some(m) = &self.max_memory {
+            s += &format!(", max memory {m}");
+        }
+        s
+    }
+}
+
+#[derive(clap::Args)]
+struct ColdStartArgs {
+    #[arg(long)]
+    vae: String,
+    /// Square output size in pixels.
+    #[arg(long, default_value_t = 256)]
+    size: usize,
+    /// Storage dtype: f32, f16, bf16 or auto.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Steady-state decodes in the warm process (median reported).
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    /// Pipeline cache directory the children use (emptied first; default: a fresh
+    /// directory under the system's temporary folder, removed afterwards).
+    #[arg(long)]
+    cache_dir: Option<PathBuf>,
+    /// The driver's own shader cache (Mesa's, in a fresh temporary directory) in the
+    /// children: off (wgvae's pipeline cache alone), on, or both pairs.
+    #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
+    driver_cache: String,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
 }
 
 #[derive(Subcommand)]
@@ -391,7 +470,7 @@ struct DecodeArgs {
     tiles: TileArgs,
     /// Stream the frames of N×C×h×w latents (e.g. a video's) in batched chunks with
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw", "profile"])]
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw"])]
     frames_out: Option<PathBuf>,
     /// Frames per batched forward with --frames-out (default: the largest of at most
     /// ceil(N/4) that fits --max-memory and the device's limits).
@@ -555,6 +634,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "outputs": paths,
                 "raw": a.save_raw,
                 "timings": out.timings,
+                "macs": out.macs,
                 "profile": out.profile,
             })
         );
@@ -579,12 +659,7 @@ fn decode(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
                 "record {:.1} ms, submit → GPU done {:.1} ms, readback {:.1} ms",
                 t.record_ms, t.gpu_wait_ms, t.readback_ms
             );
-            match &out.profile {
-                Some(p) => print!("{}", p.table()),
-                None => println!(
-                    "(no per-kernel times: the adapter cannot write timestamps inside passes)"
-                ),
-            }
+            print_profile(out.profile.as_ref(), &ctx);
         }
         print_tiling(&out.tiling);
         if let Some(note) = &out.precision_note {
@@ -624,12 +699,17 @@ fn decode_frames(
         max_memory: tiling.max_memory,
     };
     let mut paths = Vec::with_capacity(latents.shape[0]);
-    let report = wgvae::decode_frames(ctx, vae, latents, &opts, |f| {
+    let on_frame = |f: wgvae::FrameOut<'_>| {
         let path = dir.join(format!("frame_{:05}.png", f.index));
         wgvae::io::write_png_rgb(&path, f.width, f.height, f.rgba)?;
         paths.push(path);
         Ok(())
-    })?;
+    };
+    let report = if a.profile {
+        wgvae::decode_frames_profiled(ctx, vae, latents, &opts, on_frame)?
+    } else {
+        wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?
+    };
     ctx.save_pipeline_cache();
     if let Some(p) = &a.memory_snapshot {
         std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
@@ -690,8 +770,23 @@ fn decode_frames(
             r.peak_reserved_bytes as f64 / 1048576.0,
             r.staging_bytes as f64 / 1048576.0
         );
+        if a.profile {
+            print_profile(r.profile.as_ref(), ctx);
+        }
     }
     Ok(())
+}
+
+/// The per-kernel table, or why there is none.
+fn print_profile(profile: Option<&wgvae::gpu::Profile>, ctx: &Context) {
+    match profile {
+        Some(p) if !p.kernels.is_empty() => print!("{}", p.table()),
+        Some(_) => println!("(profile empty: no kernel was timed)"),
+        None if !ctx.caps().timestamp_inside_passes => {
+            println!("(no per-kernel times: the adapter cannot write timestamps inside passes)")
+        }
+        None => println!("(no per-kernel times recorded)"),
+    }
 }
 
 fn print_tiling(t: &wgvae::tiling::TilingReport) {
@@ -823,49 +918,250 @@ fn report_memory(
     Ok(())
 }
 
-#[allow(clippy::too_many_arguments)]
-fn bench_decode(
-    cli_adapter: &Option<String>,
-    vae: &str,
-    sizes: &[usize],
-    dtypes: &[String],
-    batch: usize,
-    warmup: usize,
-    runs: usize,
-    policy: &str,
-    out: &Path,
-) -> wgvae::Result<()> {
-    let precisions = dtypes
+fn bench_decode(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Result<()> {
+    let precisions = a
+        .dtypes
         .iter()
         .map(|d| d.parse())
         .collect::<wgvae::Result<Vec<wgvae::models::Precision>>>()?;
     let ctx = context(cli_adapter)?;
     let b = wgvae::report::bench::DecodeBench {
-        vae: vae.to_string(),
-        sizes: sizes.to_vec(),
-        batch,
-        warmup,
-        runs,
-        policy: policy.parse()?,
+        vae: a.vae.clone(),
+        sizes: a.sizes.clone(),
+        batch: a.batch,
+        warmup: a.warmup,
+        runs: a.runs,
+        policy: a.policy.parse()?,
         dtypes: precisions,
+        tiling: a.tiles.tiling()?,
     };
-    let settings = format!("vae {vae}, sizes {sizes:?}, dtypes {dtypes:?}, batch {batch}, warm-up {warmup}, runs {runs}, policy {policy}, untiled");
+    let settings = format!(
+        "vae {}, sizes {:?}, dtypes {:?}, batch {}, warm-up {}, runs {}, policy {}, {}{}",
+        a.vae,
+        a.sizes,
+        a.dtypes,
+        a.batch,
+        a.warmup,
+        a.runs,
+        a.policy,
+        a.tiles.describe(),
+        load_average()
+    );
     let bar = indicatif::ProgressBar::new_spinner();
     let rows =
         wgvae::report::bench::run_decode_bench(&ctx, &b, |m| bar.set_message(m.to_string()))?;
     bar.finish_and_clear();
+    ctx.save_pipeline_cache();
     let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
-    wgvae::report::bench::write_decode_report(&rows, &meta, out)?;
+    wgvae::report::bench::write_decode_report(&rows, &meta, &a.out)?;
     for r in &rows {
         println!(
-            "{}² {}: median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
-            r.size, r.dtype, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+            "{}² {} ({}): first {:.1} ms, median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.dtype, r.tiling, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
     println!(
         "wrote {}/decode.csv, decode.md, decode_time.svg, decode_memory.svg",
-        out.display()
+        a.out.display()
     );
+    Ok(())
+}
+
+/// `, load average at start A B C` (Linux; empty elsewhere): lavapipe shares
+/// the CPU with everything else, so reports record the load.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| {
+            format!(
+                ", load average at start {}",
+                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            )
+        })
+        .unwrap_or_default()
+}
+
+/// Bytes of the files under `dir`, recursively (0 when absent).
+fn dir_bytes_deep(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .map(|e| match e.metadata() {
+                    Ok(m) if m.is_dir() => dir_bytes_deep(&e.path()),
+                    Ok(m) => m.len(),
+                    Err(_) => 0,
+                })
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+/// Bytes of the files in `dir` (0 when absent).
+fn dir_bytes(dir: &Path) -> u64 {
+    std::fs::read_dir(dir)
+        .map(|entries| {
+            entries
+                .flatten()
+                .filter_map(|e| e.metadata().ok())
+                .filter(|m| m.is_file())
+                .map(|m| m.len())
+                .sum()
+        })
+        .unwrap_or(0)
+}
+
+fn bench_cold_start(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::Result<()> {
+    use wgvae::report::bench::ColdStartRow;
+    let io_err = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| wgvae::Error::Io { path, source }
+    };
+    std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
+    let ctx = context(cli_adapter)?;
+    let load = LoadOptions {
+        precision: a.dtype.parse()?,
+        ..Default::default()
+    };
+    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if !a.size.is_multiple_of(vae.upscale()) {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--size {}: not a multiple of {}",
+            a.size,
+            vae.upscale()
+        )));
+    }
+    let l = a.size / vae.upscale();
+    let shape = [1, vae.latent_channels(), l, l];
+    let n: usize = shape.iter().product();
+    // Latents, images and caches of the children: scratch, not report files.
+    let scratch = std::env::temp_dir().join(format!("wgvae-cold-start-{}", std::process::id()));
+    std::fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;
+    let latents = scratch.join("latents.npy");
+    wgvae::io::write_npy(&latents, &shape, &wgvae::testing::rand_vec(n, 7, 1.0))?;
+    let cache = a
+        .cache_dir
+        .clone()
+        .unwrap_or_else(|| scratch.join("pipeline_cache"));
+    // Mesa's own on-disk shader cache (lavapipe, RADV, ANV), in a directory of ours.
+    let driver_cache = scratch.join("driver_cache");
+    let _ = std::fs::remove_dir_all(&driver_cache);
+    std::fs::create_dir_all(&driver_cache).map_err(io_err(&driver_cache))?;
+    let exe = std::env::current_exe().map_err(io_err(Path::new("wgvae")))?;
+    let mut rows = Vec::new();
+    // Each pair: an emptied pipeline cache, then the one the first process saved;
+    // first with the driver's shader cache off (wgvae's cache alone), then on.
+    let cases = [
+        ("cold: empty pipeline cache; driver cache off", false),
+        ("warm pipeline cache; driver cache off", false),
+        ("cold: empty pipeline and driver caches", true),
+        ("warm pipeline and driver caches", true),
+    ];
+    let wanted = |driver: bool| match a.driver_cache.as_str() {
+        "off" => !driver,
+        "on" => driver,
+        _ => true,
+    };
+    for (i, (case, driver)) in cases.into_iter().enumerate() {
+        if !wanted(driver) {
+            continue;
+        }
+        if i % 2 == 0 {
+            let _ = std::fs::remove_dir_all(&cache);
+            std::fs::create_dir_all(&cache).map_err(io_err(&cache))?;
+        }
+        eprintln!("{case}: a fresh `wgvae decode` process");
+        let mut cmd = std::process::Command::new(&exe);
+        if let Some(ad) = cli_adapter {
+            cmd.args(["--adapter", ad]);
+        }
+        cmd.arg("decode")
+            .arg(&latents)
+            .args(["--vae", &a.vae, "--dtype", &a.dtype, "--raw-latents"])
+            .args(["--tile", "off", "--json", "-o"])
+            .arg(scratch.join("first.png"))
+            .env("WGVAE_CACHE_DIR", &cache)
+            .env_remove("WGVAE_PIPELINE_CACHE");
+        if driver {
+            cmd.env("MESA_SHADER_CACHE_DIR", &driver_cache)
+                .env_remove("MESA_SHADER_CACHE_DISABLE");
+        } else {
+            cmd.env("MESA_SHADER_CACHE_DISABLE", "true");
+        }
+        let start = std::time::Instant::now();
+        let out = cmd.output().map_err(io_err(&exe))?;
+        let process_ms = start.elapsed().as_secs_f64() * 1e3;
+        let (decode_ms, status) = if out.status.success() {
+            let v: serde_json::Value =
+                serde_json::from_slice(&out.stdout).unwrap_or(serde_json::Value::Null);
+            match v["decode_ms"].as_f64() {
+                Some(ms) => (ms, "ok".to_string()),
+                None => (f64::NAN, "no decode_ms in the child's output".into()),
+            }
+        } else {
+            let err = String::from_utf8_lossy(&out.stderr);
+            (f64::NAN, format!("child failed: {}", err.trim()))
+        };
+        rows.push(ColdStartRow {
+            case: case.into(),
+            process_ms,
+            decode_ms,
+            cache_bytes: dir_bytes(&cache),
+            driver_cache_bytes: driver.then(|| dir_bytes_deep(&driver_cache)),
+            status,
+        });
+    }
+    eprintln!(
+        "steady state: {} decodes in this process after one warm-up",
+        a.runs
+    );
+    let z = wgvae::io::read_npy(&latents)?;
+    let opts = DecodeOptions {
+        raw_latents: true,
+        tiling: Tiling::off(),
+        ..Default::default()
+    };
+    let mut times = Vec::new();
+    for i in 0..=a.runs.max(1) {
+        let out = wgvae::decode(&ctx, &vae, &z, &opts)?;
+        if i > 0 {
+            times.push(out.decode_ms);
+        }
+    }
+    times.sort_by(f64::total_cmp);
+    rows.push(ColdStartRow {
+        case: "steady state".into(),
+        process_ms: f64::NAN,
+        decode_ms: times[times.len() / 2],
+        cache_bytes: dir_bytes(&cache),
+        driver_cache_bytes: None,
+        status: "ok".into(),
+    });
+    let settings = format!(
+        "vae {}, {}², dtype {}, untiled, steady-state median of {} after 1 warm-up, pipeline cache dir {} (emptied before each cold run), driver cache: MESA_SHADER_CACHE_DISABLE=true or MESA_SHADER_CACHE_DIR={} (emptied first; other drivers keep their defaults){}",
+        a.vae,
+        a.size,
+        a.dtype,
+        a.runs.max(1),
+        cache.display(),
+        driver_cache.display(),
+        load_average()
+    );
+    let meta = wgvae::report::bench::Metadata::of(&ctx, settings);
+    wgvae::report::bench::write_cold_start_report(&rows, &meta, &a.out)?;
+    let _ = std::fs::remove_dir_all(&scratch);
+    for r in &rows {
+        println!(
+            "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes, driver cache {} [{}]",
+            r.case,
+            r.process_ms,
+            r.decode_ms,
+            r.cache_bytes,
+            r.driver_cache_bytes
+                .map_or("off".into(), |b| format!("{b} bytes")),
+            r.status
+        );
+    }
+    println!("wrote {}/cold_start.csv, cold_start.md", a.out.display());
     Ok(())
 }
 
@@ -895,15 +1191,7 @@ fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Res
         policy: a.policy.parse()?,
     };
     let ctx = context(cli_adapter)?;
-    // Lavapipe shares the CPU with everything else: record the load.
-    let load = std::fs::read_to_string("/proc/loadavg")
-        .map(|l| {
-            format!(
-                ", load average at start {}",
-                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
-            )
-        })
-        .unwrap_or_default();
+    let load = load_average();
     let source = match &b.latents {
         Some(p) => format!("latents {}", p.display()),
         None => format!("random latents {}²", b.size),
@@ -1150,28 +1438,11 @@ fn main() -> ExitCode {
         Command::Memory(a) => memory(&cli.adapter, a),
         Command::Encode(a) => encode(&cli.adapter, a),
         Command::Bench {
-            which:
-                BenchKind::Decode {
-                    vae,
-                    sizes,
-                    dtypes,
-                    batch,
-                    warmup,
-                    runs,
-                    policy,
-                    out,
-                },
-        } => bench_decode(
-            &cli.adapter,
-            vae,
-            sizes,
-            dtypes,
-            *batch,
-            *warmup,
-            *runs,
-            policy,
-            out,
-        ),
+            which: BenchKind::Decode(a),
+        } => bench_decode(&cli.adapter, a),
+        Command::Bench {
+            which: BenchKind::ColdStart(a),
+        } => bench_cold_start(&cli.adapter, a),
         Command::Bench {
             which: BenchKind::Attention { which },
         } => bench_attention(&cli.adapter, which),

@@ -44,7 +44,7 @@ use serde::Serialize;
 
 use crate::attention::Mask;
 use crate::error::{Error, Result};
-use crate::gpu::{read_back, Capabilities, Context, Recorder};
+use crate::gpu::{read_back, Capabilities, Context, Recorder, SubmitStats};
 use crate::kernels::attention::{
     attention, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
 };
@@ -560,6 +560,10 @@ pub(crate) struct Executor {
     steps_since_submit: usize,
     /// The f16 overflow counter every recorder of this run counts into.
     range_flag: Option<Tensor>,
+    /// Time every kernel (each submit then waits for its timestamps).
+    profile: bool,
+    /// MACs and GPU times summed over this run's submits.
+    stats: SubmitStats,
 }
 
 impl Executor {
@@ -574,15 +578,27 @@ impl Executor {
             staging: 0,
             steps_since_submit: 0,
             range_flag: None,
+            profile: false,
+            stats: SubmitStats::default(),
         }
     }
 
+    /// Profiles every following submit (per-kernel GPU times summed over
+    /// all tile steps; returns whether the device can).
+    pub(crate) fn enable_profiling(&mut self) -> bool {
+        self.profile = crate::gpu::Profiler::new(&self.ctx).is_some();
+        self.profile
+    }
+
     pub(crate) fn rec(&mut self) -> &mut Recorder<'static> {
-        let (ctx, flag) = (&self.ctx, &self.range_flag);
+        let (ctx, flag, profile) = (&self.ctx, &self.range_flag, self.profile);
         self.rec.get_or_insert_with(|| {
             let mut rec = Recorder::new(ctx);
             if let Some(f) = flag {
                 rec.set_range_flag(f.clone());
+            }
+            if profile {
+                rec.enable_profiling();
             }
             rec
         })
@@ -598,7 +614,15 @@ impl Executor {
 
     fn submit(&mut self) -> Result<()> {
         if let Some(rec) = self.rec.take() {
-            rec.submit()?;
+            if self.profile {
+                let waiting = std::time::Instant::now();
+                let (labels, profile) = rec.submit_profiled()?;
+                self.stats.add(&labels, profile);
+                self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
+            } else {
+                let labels = rec.submit()?;
+                self.stats.add(&labels, None);
+            }
         }
         self.steps_since_submit = 0;
         Ok(())
@@ -608,7 +632,9 @@ impl Executor {
     fn sync(&mut self) -> Result<()> {
         self.submit()?;
         if !self.ctx.is_dry_run() {
+            let waiting = std::time::Instant::now();
             self.ctx.wait_idle()?;
+            self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
         }
         self.staging = 0;
         self.report.syncs += 1;
@@ -616,7 +642,13 @@ impl Executor {
     }
 
     /// Submits what is recorded and returns the report.
-    pub(crate) fn finish(mut self) -> Result<TilingReport> {
+    pub(crate) fn finish(self) -> Result<TilingReport> {
+        Ok(self.finish_with_stats()?.0)
+    }
+
+    /// [`Executor::finish`], with the MACs and (when profiling) the GPU
+    /// times of every submit of the run.
+    pub(crate) fn finish_with_stats(mut self) -> Result<(TilingReport, SubmitStats)> {
         self.submit()?;
         let c = self.counters.borrow();
         let mut r = std::mem::take(&mut self.report);
@@ -627,7 +659,7 @@ impl Executor {
         r.device_parking_cap = self.plan.device_cap;
         r.device_parked_peak_bytes = c.device_peak;
         r.host_parked_peak_bytes = c.host_peak;
-        Ok(r)
+        Ok((r, std::mem::take(&mut self.stats)))
     }
 
     fn step_done(&mut self, stage: &'static str) -> Result<()> {
@@ -701,7 +733,10 @@ impl Executor {
                 None
             } else {
                 self.submit()?;
-                read_back(&self.ctx, &[&t])?.pop()
+                let waiting = std::time::Instant::now();
+                let data = read_back(&self.ctx, &[&t])?.pop();
+                self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
+                data
             };
             self.staging = 0;
             self.report.syncs += 1;

@@ -382,3 +382,244 @@ fn raw_latents_flag_skips_unscaling() {
     let skipped = run(&dir.join("latents.npy"), &tmp("skipped.png"), true);
     assert_ne!(normal, skipped, "--raw-latents must skip the unscaling");
 }
+
+/// Kernel rows of a `--profile` table: (name, calls, total ms).
+fn profile_rows(stdout: &str) -> Vec<(String, usize, f64)> {
+    stdout
+        .lines()
+        .skip_while(|l| !l.starts_with("kernel "))
+        .skip(1)
+        .take_while(|l| !l.starts_with("total (GPU)"))
+        .filter_map(|l| {
+            let f: Vec<&str> = l.split_whitespace().collect();
+            Some((
+                f.first()?.to_string(),
+                f.get(1)?.parse().ok()?,
+                f.get(2)?.parse().ok()?,
+            ))
+        })
+        .collect()
+}
+
+#[test]
+fn decode_profile_of_exact_tiles_has_kernel_rows() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let latents = tiny.join("latents.npy");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--tile",
+        "exact",
+        "--tile-size",
+        "64",
+        "--profile",
+        "-o",
+        tmp("profile-tiled.png").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = profile_rows(&out);
+    let conv = rows
+        .iter()
+        .find(|r| r.0 == "conv2d::conv2d")
+        .unwrap_or_else(|| panic!("no conv2d row in\n{out}"));
+    // Several tiles: more conv calls than the untiled decode's 31 layers.
+    assert!(conv.1 > 31 && conv.2 > 0.0, "{out}");
+    assert!(
+        rows.iter().any(|r| r.0 == "tensor_ops::copy_window"),
+        "{out}"
+    );
+    // Copies are timed too where the device has encoder timestamps (lavapipe does).
+    assert!(rows.iter().any(|r| r.0 == "copy::upload"), "{out}");
+    assert!(!out.contains("cannot write timestamps"), "{out}");
+    assert!(out.contains("tiling: exact"), "{out}");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--tile",
+        "exact",
+        "--tile-size",
+        "64",
+        "--json",
+        "-o",
+        tmp("profile-tiled.png").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let tiled = json(&out)["macs"].as_u64().unwrap();
+    // Fast tiles: one recorder per tile, their profiles summed.
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--tile",
+        "fast",
+        "--tile-size",
+        "64",
+        "--profile",
+        "-o",
+        tmp("profile-fast.png").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = profile_rows(&out);
+    let conv = rows.iter().find(|r| r.0 == "conv2d::conv2d");
+    assert!(conv.is_some_and(|c| c.1 > 31 && c.2 > 0.0), "{out}");
+    assert!(out.contains("tiling: fast"), "{out}");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--tile",
+        "off",
+        "--json",
+        "-o",
+        tmp("profile-untiled.png").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let untiled = json(&out)["macs"].as_u64().unwrap();
+    // Tiles recompute their halos: at least the untiled work, not much more.
+    assert!(
+        untiled > 0 && tiled >= untiled && tiled < 2 * untiled,
+        "tiled {tiled} vs untiled {untiled} MACs"
+    );
+}
+
+#[test]
+fn profile_with_frames_out_times_kernels_and_copies() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let latents = tmp("frames-profile.npy");
+    wgvae::io::write_npy(
+        &latents,
+        &[3, 4, 4, 4],
+        &wgvae::testing::rand_vec(192, 3, 1.0),
+    )
+    .unwrap();
+    let dir = tmp("frames-profile");
+    let (ok, out, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--frames-out",
+        dir.to_str().unwrap(),
+        "--chunk",
+        "2",
+        "--profile",
+    ]);
+    assert!(ok, "{err}");
+    let rows = profile_rows(&out);
+    let conv = rows.iter().find(|r| r.0 == "conv2d::conv2d");
+    // Two chunks of the same forward: the conv count is even and positive.
+    assert!(
+        conv.is_some_and(|c| c.1 > 0 && c.1 % 2 == 0 && c.2 > 0.0),
+        "{out}"
+    );
+    let copy = rows.iter().find(|r| r.0 == "copy::frames_to_staging");
+    assert!(copy.is_some_and(|c| c.1 == 2), "{out}");
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 3);
+}
+
+#[test]
+fn bench_decode_tiled_reports_tiling_and_gflops() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let dir = tmp("bench-tiled");
+    let (ok, out, err) = wgvae(&[
+        "bench",
+        "decode",
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--sizes",
+        "64",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--tile",
+        "exact",
+        "--tile-size",
+        "32",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let csv = std::fs::read_to_string(dir.join("decode.csv")).unwrap();
+    assert!(
+        csv.contains("# settings: ") && csv.contains("tile exact, tile size 32"),
+        "{csv}"
+    );
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+    let row: Vec<&str> = lines.next().unwrap().split(',').collect();
+    assert_eq!(header.len(), row.len(), "{csv}");
+    let col = |name: &str| row[header.iter().position(|h| *h == name).unwrap()];
+    assert_eq!(col("tiling"), "exact 32px ×4", "{csv}");
+    assert!(col("gflops").parse::<f64>().unwrap() > 0.0, "{csv}");
+    assert!(col("first_ms").parse::<f64>().unwrap() > 0.0, "{csv}");
+    assert!(out.contains("GFLOP/s"), "{out}");
+}
+
+#[test]
+fn bench_cold_start_writes_both_numbers() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let dir = tmp("cold-start");
+    let _ = std::fs::remove_dir_all(&dir);
+    let (ok, out, err) = wgvae(&[
+        "bench",
+        "cold-start",
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--size",
+        "32",
+        "--runs",
+        "1",
+        // One cold child is slow enough (pipeline compilation) for a test.
+        "--driver-cache",
+        "on",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let csv = std::fs::read_to_string(dir.join("cold_start.csv")).unwrap();
+    assert!(
+        csv.contains("# adapter: ") && csv.contains("# git_commit: "),
+        "{csv}"
+    );
+    let rows: Vec<Vec<&str>> = csv
+        .lines()
+        .filter(|l| !l.starts_with('#'))
+        .skip(1)
+        .map(|l| l.split(',').collect())
+        .collect();
+    assert_eq!(rows.len(), 3, "{csv}");
+    let ms = |r: &[&str], i: usize| r[i].parse::<f64>().unwrap();
+    let cases = [
+        "cold: empty pipeline and driver caches",
+        "warm pipeline and driver caches",
+    ];
+    for (row, case) in rows.iter().zip(cases) {
+        assert_eq!(row[0], format!("\"{case}\""), "{csv}");
+        // Process start → first image covers the decode inside it.
+        assert!(ms(row, 1) > ms(row, 2) && ms(row, 2) > 0.0, "{csv}");
+        assert_ne!(row[4], "off", "{csv}");
+        assert_eq!(row[5], "\"ok\"", "{csv}");
+    }
+    assert_eq!(rows[2][0], "\"steady state\"", "{csv}");
+    assert!(ms(&rows[2], 2) > 0.0, "{csv}");
+    if csv.contains("# driver: llvmpipe") {
+        // Mesa's shader cache holds lavapipe's compiled shaders: the second
+        // process skips compilation (measured 28 s → 1.6 s for this model).
+        assert!(ms(&rows[1], 1) < 0.5 * ms(&rows[0], 1), "{csv}");
+    }
+    assert!(dir.join("cold_start.md").exists());
+    // Latents, images and caches of the children stay out of the report folder.
+    assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
+    assert!(out.contains("warm pipeline and driver caches"), "{out}");
+}

@@ -13,6 +13,7 @@ pub use context::{
     AdapterSummary, Capabilities, Context, ContextOptions,
 };
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
+pub(crate) use profiler::SubmitStats;
 pub use profiler::{KernelTime, Profile, Profiler};
 pub use recorder::{
     linear_groups, range_count, read_back, read_range_flag, Binding, DispatchLabel, Recorder,

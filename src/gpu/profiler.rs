@@ -1,5 +1,7 @@
 //! Per-dispatch GPU timing from timestamp queries written inside the compute
-//! pass (needs `TIMESTAMP_QUERY_INSIDE_PASSES`), aggregated per kernel.
+//! pass (needs `TIMESTAMP_QUERY_INSIDE_PASSES`), aggregated per kernel; copies
+//! and clears recorded between passes are timed with encoder timestamps when
+//! the device also has `TIMESTAMP_QUERY_INSIDE_ENCODERS`.
 
 use std::collections::BTreeMap;
 
@@ -11,11 +13,16 @@ use crate::gpu::{Context, DispatchLabel};
 /// Query slots per query set (wgpu's maximum).
 const SET_SIZE: u32 = wgpu::QUERY_SET_MAX_QUERIES;
 
-/// Timestamp query sets being filled by a recorder: two slots per dispatch.
+/// Timestamp query sets being filled by a recorder: two slots per timed
+/// span (a dispatch, a copy or a clear), in the order of `spans`.
 pub struct Profiler {
     sets: Vec<wgpu::QuerySet>,
     used: u32,
     resolve: Option<(wgpu::Buffer, wgpu::Buffer)>,
+    /// What span i (slots 2i and 2i+1) timed: kernel name and MACs.
+    spans: Vec<(String, u64)>,
+    /// Copies and clears can be timed too (encoder timestamps).
+    pub(crate) inside_encoders: bool,
 }
 
 /// One kernel's share of a profiled forward.
@@ -24,6 +31,8 @@ pub struct KernelTime {
     pub kernel: String,
     pub calls: usize,
     pub total_ms: f64,
+    /// Multiply-accumulates of all calls (0 for copies and clears).
+    pub macs: u64,
     pub percent: f64,
     /// 2·MACs / time (0 where MACs are not counted).
     pub gflops: f64,
@@ -58,6 +67,66 @@ impl Profile {
         s += &format!("{:<28} {:>6} {:>11.2}\n", "total (GPU)", "", self.gpu_ms);
         s
     }
+
+    /// A profile from per-kernel (calls, ms, MACs); percentages and GFLOP/s
+    /// follow, most expensive first.
+    fn from_totals(per: BTreeMap<String, (usize, f64, u64)>) -> Profile {
+        let total: f64 = per.values().map(|v| v.1).sum();
+        let mut kernels: Vec<KernelTime> = per
+            .into_iter()
+            .map(|(kernel, (calls, ms, macs))| KernelTime {
+                kernel,
+                calls,
+                total_ms: ms,
+                macs,
+                percent: if total > 0.0 { 100.0 * ms / total } else { 0.0 },
+                gflops: if ms > 0.0 && macs > 0 {
+                    2.0 * macs as f64 / (ms * 1e6)
+                } else {
+                    0.0
+                },
+            })
+            .collect();
+        kernels.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
+        Profile {
+            kernels,
+            gpu_ms: total,
+        }
+    }
+
+    /// Adds `other`'s kernels into this profile (several submissions of one
+    /// decode, e.g. the steps of a tiled decode).
+    pub fn merge(&mut self, other: &Profile) {
+        let mut per: BTreeMap<String, (usize, f64, u64)> = BTreeMap::new();
+        for k in self.kernels.iter().chain(&other.kernels) {
+            let e = per.entry(k.kernel.clone()).or_default();
+            e.0 += k.calls;
+            e.1 += k.total_ms;
+            e.2 += k.macs;
+        }
+        *self = Profile::from_totals(per);
+    }
+}
+
+/// MACs and GPU times accumulated over the submissions of one decode.
+#[derive(Clone, Debug, Default)]
+pub(crate) struct SubmitStats {
+    pub macs: u64,
+    pub profile: Option<Profile>,
+    /// Host time blocked on the device (waits, readbacks of parked tiles).
+    pub wait_ms: f64,
+}
+
+impl SubmitStats {
+    pub(crate) fn add(&mut self, labels: &[DispatchLabel], profile: Option<Profile>) {
+        self.macs += labels.iter().map(|l| l.macs).sum::<u64>();
+        if let Some(p) = profile {
+            match self.profile.as_mut() {
+                Some(acc) => acc.merge(&p),
+                None => self.profile = Some(p),
+            }
+        }
+    }
 }
 
 impl Profiler {
@@ -67,7 +136,18 @@ impl Profiler {
             sets: Vec::new(),
             used: 0,
             resolve: None,
+            spans: Vec::new(),
+            inside_encoders: ctx
+                .device()
+                .features()
+                .contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_ENCODERS),
         })
+    }
+
+    /// Names the span whose two timestamps were just written.
+    pub(crate) fn span(&mut self, kernel: String, macs: u64) {
+        debug_assert_eq!(self.used as usize, 2 * (self.spans.len() + 1));
+        self.spans.push((kernel, macs));
     }
 
     /// The query set and index for the next timestamp.
@@ -111,9 +191,8 @@ impl Profiler {
         self.resolve = Some((gpu, read));
     }
 
-    /// After the submission completed: per-kernel times for `labels`
-    /// (dispatch i wrote slots 2i and 2i+1).
-    pub fn read(&self, ctx: &Context, labels: &[DispatchLabel]) -> Result<Profile> {
+    /// After the submission completed: per-kernel (and per-copy) times.
+    pub fn read(&self, ctx: &Context) -> Result<Profile> {
         let Some((_, read)) = &self.resolve else {
             return Ok(Profile::default());
         };
@@ -135,35 +214,53 @@ impl Profiler {
         read.unmap();
         let period_ns = ctx.queue().get_timestamp_period() as f64;
         let mut per: BTreeMap<String, (usize, f64, u64)> = BTreeMap::new();
-        let mut total = 0.0;
-        for (i, l) in labels.iter().enumerate() {
+        for (i, (kernel, macs)) in self.spans.iter().enumerate() {
             let (a, b) = (ticks.get(2 * i).copied(), ticks.get(2 * i + 1).copied());
             let (Some(a), Some(b)) = (a, b) else { break };
-            let ms = b.saturating_sub(a) as f64 * period_ns / 1e6;
-            total += ms;
-            let e = per.entry(format!("{}::{}", l.family, l.entry)).or_default();
+            let e = per.entry(kernel.clone()).or_default();
             e.0 += 1;
-            e.1 += ms;
-            e.2 += l.macs;
+            e.1 += b.saturating_sub(a) as f64 * period_ns / 1e6;
+            e.2 += macs;
         }
-        let mut kernels: Vec<KernelTime> = per
-            .into_iter()
-            .map(|(kernel, (calls, ms, macs))| KernelTime {
-                kernel,
-                calls,
-                total_ms: ms,
-                percent: if total > 0.0 { 100.0 * ms / total } else { 0.0 },
-                gflops: if ms > 0.0 && macs > 0 {
-                    2.0 * macs as f64 / (ms * 1e6)
-                } else {
-                    0.0
-                },
-            })
-            .collect();
-        kernels.sort_by(|a, b| b.total_ms.total_cmp(&a.total_ms));
-        Ok(Profile {
-            kernels,
-            gpu_ms: total,
-        })
+        Ok(Profile::from_totals(per))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn profile(rows: &[(&str, usize, f64, u64)]) -> Profile {
+        Profile::from_totals(
+            rows.iter()
+                .map(|&(k, calls, ms, macs)| (k.to_string(), (calls, ms, macs)))
+                .collect(),
+        )
+    }
+
+    #[test]
+    fn merged_profiles_sum_calls_times_and_macs_per_kernel() {
+        let mut a = profile(&[
+            ("conv2d::conv2d", 2, 3.0, 3_000_000),
+            ("copy::upload", 1, 1.0, 0),
+        ]);
+        let b = profile(&[
+            ("conv2d::conv2d", 1, 2.0, 2_000_000),
+            ("group_norm::partials", 4, 5.0, 0),
+        ]);
+        a.merge(&b);
+        assert_eq!(a.gpu_ms, 11.0);
+        let names: Vec<&str> = a.kernels.iter().map(|k| k.kernel.as_str()).collect();
+        assert_eq!(
+            names,
+            ["conv2d::conv2d", "group_norm::partials", "copy::upload"]
+        );
+        let conv = &a.kernels[0];
+        assert_eq!((conv.calls, conv.total_ms, conv.macs), (3, 5.0, 5_000_000));
+        // 2 · 5e6 MACs in 5 ms = 2 GFLOP/s; shares of the merged total.
+        assert!((conv.gflops - 2.0).abs() < 1e-9, "{}", conv.gflops);
+        assert!((conv.percent - 100.0 * 5.0 / 11.0).abs() < 1e-9);
+        assert_eq!(a.kernels[2].gflops, 0.0);
+        assert!(a.table().contains("copy::upload"));
     }
 }

@@ -128,6 +128,29 @@ impl<'a> Recorder<'a> {
         self.encoder.get()
     }
 
+    /// Writes an encoder timestamp (pass closed) when profiling copies is
+    /// possible; returns whether it did.
+    fn encoder_timestamp(&mut self) -> bool {
+        self.end_pass();
+        let Some(p) = self.profiler.as_mut().filter(|p| p.inside_encoders) else {
+            return false;
+        };
+        let (set, i) = p.next_slot(&self.ctx);
+        self.encoder.get().write_timestamp(set, i);
+        true
+    }
+
+    /// Records `f` (copies or clears) between two encoder timestamps named `what`.
+    pub(crate) fn timed_transfer(&mut self, what: &str, f: impl FnOnce(&mut wgpu::CommandEncoder)) {
+        let timed = self.encoder_timestamp();
+        f(self.encoder.get());
+        if timed && self.encoder_timestamp() {
+            if let Some(p) = self.profiler.as_mut() {
+                p.span(what.to_string(), 0);
+            }
+        }
+    }
+
     fn push_uniform(&mut self, bytes: &[u8]) -> Result<(usize, u32)> {
         let align = self.ctx.caps().min_uniform_buffer_offset_alignment as u64;
         let need = round_up(bytes.len() as u64, align);
@@ -297,6 +320,7 @@ impl<'a> Recorder<'a> {
         if let Some(p) = self.profiler.as_mut() {
             let (set, i) = p.next_slot(&self.ctx);
             pass.write_timestamp(set, i);
+            p.span(format!("{}::{}", spec.family, spec.entry), macs);
         }
         self.labels.push(DispatchLabel {
             family: spec.family,
@@ -318,7 +342,9 @@ impl<'a> Recorder<'a> {
         )?;
         if !self.ctx.is_dry_run() {
             let (buffer, offset) = (t.buffer()?.clone(), t.block().offset);
-            self.encoder().clear_buffer(&buffer, offset, Some(4));
+            self.timed_transfer("clear::f16_counter", |e| {
+                e.clear_buffer(&buffer, offset, Some(4))
+            });
         }
         self.range_flag = Some(t.clone());
         Ok(t)
@@ -372,8 +398,9 @@ impl<'a> Recorder<'a> {
         }
         staging.unmap();
         let (dst, off) = (t.buffer()?.clone(), t.block().offset);
-        self.encoder()
-            .copy_buffer_to_buffer(&staging, 0, &dst, off, len);
+        self.timed_transfer("copy::upload", |e| {
+            e.copy_buffer_to_buffer(&staging, 0, &dst, off, len)
+        });
         Ok(())
     }
 
@@ -391,7 +418,9 @@ impl<'a> Recorder<'a> {
         let n = src.byte_size();
         let (so, dof) = (src.block().offset, dst.block().offset);
         let (sb, db) = (src.buffer()?.clone(), dst.buffer()?.clone());
-        self.encoder().copy_buffer_to_buffer(&sb, so, &db, dof, n);
+        self.timed_transfer("copy::buffer_to_buffer", |e| {
+            e.copy_buffer_to_buffer(&sb, so, &db, dof, n)
+        });
         Ok(())
     }
 
@@ -400,6 +429,19 @@ impl<'a> Recorder<'a> {
     pub fn finish(mut self) -> Vec<DispatchLabel> {
         self.close();
         std::mem::take(&mut self.labels)
+    }
+
+    /// [`Recorder::finish`] that also records the resolve of the timestamps
+    /// into the host's encoder; read the returned profiler
+    /// ([`crate::gpu::Profiler::read`]) after that encoder's submission.
+    pub fn finish_profiled(mut self) -> (Vec<DispatchLabel>, Option<crate::gpu::Profiler>) {
+        let mut profiler = self.profiler.take();
+        if let Some(p) = profiler.as_mut() {
+            self.end_pass();
+            let ctx = self.ctx.clone();
+            p.resolve(&ctx, self.encoder.get());
+        }
+        (self.finish(), profiler)
     }
 
     fn close(&mut self) {
@@ -428,7 +470,7 @@ impl<'a> Recorder<'a> {
         let ctx = self.ctx.clone();
         let labels = self.submit()?;
         let profile = match profiler {
-            Some(p) => Some(p.read(&ctx, &labels)?),
+            Some(p) => Some(p.read(&ctx)?),
             None => None,
         };
         Ok((labels, profile))

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{line_chart, write, MIB};
+use super::{line_chart, line_chart_with, write, MIB};
 use crate::decode::{decode, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
@@ -93,6 +93,8 @@ pub struct DecodeBench {
     pub policy: Policy,
     /// Storage precisions to measure (each a row per size).
     pub dtypes: Vec<crate::models::Precision>,
+    /// Tiling of every decode.
+    pub tiling: crate::tiling::Tiling,
 }
 
 /// One measured cell.
@@ -100,6 +102,8 @@ pub struct DecodeBench {
 pub struct BenchRow {
     pub size: usize,
     pub dtype: &'static str,
+    /// How the decodes were tiled: `untiled`, `exact 128px ×4 tiles`, … (from the decode itself).
+    pub tiling: String,
     pub batch: usize,
     pub runs: usize,
     /// The first decode of this size in the process (cold: pipelines compiled, plan traced).
@@ -143,8 +147,10 @@ pub fn run_decode_bench(
             let z = HostTensor::new(shape, crate::testing::rand_vec(n, size as u64, 1.0))?;
             let opts = DecodeOptions {
                 raw_latents: true,
+                tiling: b.tiling.clone(),
                 ..Default::default()
             };
+            let mut tiling = format!("{} (not run)", b.tiling.mode.name());
             let mut times = Vec::new();
             let mut first_ms = f64::NAN;
             let mut last = None;
@@ -158,6 +164,7 @@ pub fn run_decode_bench(
                 ));
                 match decode(&ctx, &vae, &z, &opts) {
                     Ok(out) => {
+                        tiling = describe_tiling(&out.tiling);
                         if i == 0 {
                             first_ms = out.decode_ms;
                         }
@@ -167,7 +174,10 @@ pub fn run_decode_bench(
                         last = Some(out);
                     }
                     Err(e) => {
-                        status = e.to_string();
+                        // A cell the device cannot run (a binding or buffer
+                        // limit) is a row with a reason; the sweep goes on.
+                        status = format!("skipped: {e}");
+                        progress(&format!("{size}² {}: {status}", vae.dtype.name()));
                         break;
                     }
                 }
@@ -181,6 +191,7 @@ pub fn run_decode_bench(
             rows.push(BenchRow {
                 size,
                 dtype: vae.dtype.name(),
+                tiling,
                 batch: b.batch,
                 runs: times.len(),
                 first_ms,
@@ -205,40 +216,73 @@ pub fn run_decode_bench(
     Ok(rows)
 }
 
+/// A decode's tiling in a few words: `untiled`, `exact 128px ×4`, `fast 64px overlap 16 ×9`.
+pub fn describe_tiling(t: &crate::tiling::TilingReport) -> String {
+    match t.mode.as_str() {
+        "exact" => format!("exact {}px ×{}", t.tile_size.unwrap_or(0), t.tiles),
+        "fast" => format!(
+            "fast {}px overlap {} ×{}",
+            t.tile_size.unwrap_or(0),
+            t.overlap.unwrap_or(0),
+            t.tiles
+        ),
+        m => m.to_string(),
+    }
+}
+
+/// The CSV columns of a [`BenchRow`]: one table, so the header and the
+/// values cannot drift apart.
+#[allow(clippy::type_complexity)]
+const CSV_COLUMNS: &[(&str, fn(&BenchRow) -> String)] = &[
+    ("size", |r| r.size.to_string()),
+    ("dtype", |r| r.dtype.to_string()),
+    ("tiling", |r| r.tiling.clone()),
+    ("batch", |r| r.batch.to_string()),
+    ("runs", |r| r.runs.to_string()),
+    ("first_ms", |r| format!("{:.2}", r.first_ms)),
+    ("median_ms", |r| format!("{:.2}", r.median_ms)),
+    ("min_ms", |r| format!("{:.2}", r.min_ms)),
+    ("max_ms", |r| format!("{:.2}", r.max_ms)),
+    ("images_per_s", |r| format!("{:.4}", r.images_per_s)),
+    ("megapixels_per_s", |r| format!("{:.4}", r.megapixels_per_s)),
+    ("gflops", |r| format!("{:.3}", r.gflops)),
+    ("peak_allocated_mib", |r| {
+        format!("{:.2}", r.peak_allocated_mib)
+    }),
+    ("peak_reserved_mib", |r| {
+        format!("{:.2}", r.peak_reserved_mib)
+    }),
+    ("status", |r| format!("\"{}\"", r.status.replace('"', "'"))),
+];
+
+/// `decode.csv`: the metadata as `# ` lines, a header, one line per row.
+pub fn decode_csv(rows: &[BenchRow], meta: &Metadata) -> String {
+    let mut csv = meta.lines("# ");
+    let header: Vec<&str> = CSV_COLUMNS.iter().map(|c| c.0).collect();
+    csv += &header.join(",");
+    csv.push('\n');
+    for r in rows {
+        let values: Vec<String> = CSV_COLUMNS.iter().map(|c| (c.1)(r)).collect();
+        csv += &values.join(",");
+        csv.push('\n');
+    }
+    csv
+}
+
 /// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.
 pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Result<()> {
     std::fs::create_dir_all(out).map_err(|source| Error::Io {
         path: out.to_path_buf(),
         source,
     })?;
-    let mut csv = meta.lines("# ");
-    csv += "size,dtype,batch,runs,first_ms,median_ms,min_ms,max_ms,images_per_s,megapixels_per_s,gflops,peak_allocated_mib,peak_reserved_mib,status\n";
-    for r in rows {
-        csv += &format!(
-            "{},{},{},{},{:.2},{:.2},{:.2},{:.4},{:.4},{:.3},{:.2},{:.2},\"{}\"\n",
-            r.size,
-            r.dtype,
-            r.batch,
-            r.runs,
-            r.median_ms,
-            r.min_ms,
-            r.max_ms,
-            r.images_per_s,
-            r.megapixels_per_s,
-            r.gflops,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-            r.status.replace('"', "'")
-        );
-    }
-    write(&out.join("decode.csv"), &csv)?;
+    write(&out.join("decode.csv"), &decode_csv(rows, meta))?;
     let mut md = String::from("# Decode benchmark\n\n");
     md += &meta.lines("- ");
-    md += "\n| size | dtype | batch | runs | first (cold) ms | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
+    md += "\n| size | dtype | tiling | batch | runs | first (cold) ms | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
     for r in rows {
         md += &format!(
-            "| {}² | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
-            r.size, r.dtype, r.batch, r.runs, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
+            "| {}² | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
+            r.size, r.dtype, r.tiling, r.batch, r.runs, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
             r.megapixels_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
@@ -263,17 +307,191 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
         &series(&|r| r.median_ms, "median ms"),
     )?;
     let mut memory = series(&|r| r.peak_allocated_mib, "peak allocated");
+    let allocated = memory.len();
     memory.extend(series(&|r| r.peak_reserved_mib, "peak reserved"));
-    line_chart(
+    // Reserved often equals allocated (planned pool): dashed, so both show.
+    let dashed: Vec<bool> = (0..memory.len()).map(|i| i >= allocated).collect();
+    line_chart_with(
         &out.join("decode_memory.svg"),
-        &format!("decode memory ({})", meta.settings),
+        &format!("peak decode memory on {}", meta.adapter),
         ("megapixels per image", "MiB"),
         &memory,
+        &dashed,
     )
+}
+
+/// One line of the cold-start report.
+#[derive(Clone, Debug, Serialize)]
+pub struct ColdStartRow {
+    /// `cold (empty cache)`, `warm cache` or `steady state`.
+    pub case: String,
+    /// Child process spawn → exit after writing the first image (NaN for the steady state).
+    pub process_ms: f64,
+    /// The decode itself as the process timed it (pipelines compiled or loaded
+    /// on first use inside it; median of the runs for the steady state).
+    pub decode_ms: f64,
+    /// Bytes in the pipeline cache directory afterwards.
+    pub cache_bytes: u64,
+    /// Bytes in the driver's shader cache directory afterwards (`None`: off).
+    pub driver_cache_bytes: Option<u64>,
+    pub status: String,
+}
+
+/// Writes `cold_start.csv` and `cold_start.md` into `out`.
+pub fn write_cold_start_report(rows: &[ColdStartRow], meta: &Metadata, out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(|source| Error::Io {
+        path: out.to_path_buf(),
+        source,
+    })?;
+    let mut csv = meta.lines("# ");
+    csv += "case,process_ms,decode_ms,cache_bytes,driver_cache_bytes,status\n";
+    let mut md = String::from("# Cold start\n\n");
+    md += &meta.lines("- ");
+    md += "\n| case | process start → first image ms | decode ms | pipeline cache bytes | driver cache bytes | status |\n|---|---|---|---|---|---|\n";
+    for r in rows {
+        let driver = r.driver_cache_bytes.map_or("off".into(), |b| b.to_string());
+        csv += &format!(
+            "\"{}\",{:.1},{:.1},{},{driver},\"{}\"\n",
+            r.case,
+            r.process_ms,
+            r.decode_ms,
+            r.cache_bytes,
+            r.status.replace('"', "'")
+        );
+        let process = if r.process_ms.is_finite() {
+            format!("{:.0}", r.process_ms)
+        } else {
+            "—".into()
+        };
+        md += &format!(
+            "| {} | {process} | {:.0} | {} | {driver} | {} |\n",
+            r.case, r.decode_ms, r.cache_bytes, r.status
+        );
+    }
+    write(&out.join("cold_start.csv"), &csv)?;
+    write(&out.join("cold_start.md"), &md)
 }
 
 #[cfg(test)]
 mod tests {
+    use super::*;
+
+    fn row(size: usize, first_ms: f64, median_ms: f64, status: &str) -> BenchRow {
+        BenchRow {
+            size,
+            dtype: "f16",
+            tiling: "exact 128px ×4".into(),
+            batch: 2,
+            runs: 3,
+            first_ms,
+            median_ms,
+            min_ms: median_ms - 1.0,
+            max_ms: median_ms + 1.0,
+            images_per_s: 0.5,
+            megapixels_per_s: 0.25,
+            gflops: 12.5,
+            peak_allocated_mib: 26.5,
+            peak_reserved_mib: 27.5,
+            status: status.into(),
+        }
+    }
+
+    fn meta() -> Metadata {
+        Metadata {
+            adapter: "test adapter".into(),
+            backend: "Vulkan".into(),
+            device_type: "Cpu".into(),
+            driver: "d".into(),
+            driver_info: "i".into(),
+            wgpu_version: "30",
+            wgvae_version: "0.1.0",
+            git_commit: "abc",
+            os: "linux",
+            date_utc: today_utc(),
+            settings: "s, with a comma".into(),
+        }
+    }
+
+    /// Splits one CSV line on commas outside double quotes.
+    fn fields(line: &str) -> Vec<String> {
+        let (mut out, mut cur, mut quoted) = (Vec::new(), String::new(), false);
+        for c in line.chars() {
+            match c {
+                '"' => quoted = !quoted,
+                ',' if !quoted => out.push(std::mem::take(&mut cur)),
+                _ => cur.push(c),
+            }
+        }
+        out.push(cur);
+        out
+    }
+
+    #[test]
+    fn decode_report_plots_have_whole_titles_and_both_memory_series() {
+        let dir = std::env::temp_dir().join(format!("wgvae-bench-report-{}", std::process::id()));
+        let rows = [
+            row(256, 3412.8, 2908.8, "ok"),
+            row(512, 11635.7, 11476.9, "ok"),
+        ];
+        write_decode_report(&rows, &meta(), &dir).unwrap();
+        let svg = std::fs::read_to_string(dir.join("decode_memory.svg")).unwrap();
+        assert!(svg.contains("peak decode memory on test adapter"), "{svg}");
+        assert!(svg.contains("peak allocated f16") && svg.contains("peak reserved f16"));
+        // Reserved points are hollow rings over the filled allocated ones.
+        assert!(svg.matches("<circle").count() >= 4, "{svg}");
+        assert!(svg.contains("fill=\"none\""), "{svg}");
+        let md = std::fs::read_to_string(dir.join("decode.md")).unwrap();
+        assert!(
+            md.contains("| 256² | f16 | exact 128px ×4 | 2 | 3 | 3412.8 | 2908.8 |"),
+            "{md}"
+        );
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+
+    #[test]
+    fn git_commit_is_a_hash_with_an_optional_dirty_marker() {
+        let c = env!("WGVAE_GIT_COMMIT");
+        let hash = c.strip_suffix("-dirty").unwrap_or(c);
+        assert!(
+            c == "unknown" || (hash.len() == 12 && hash.chars().all(|ch| ch.is_ascii_hexdigit())),
+            "{c}"
+        );
+    }
+
+    #[test]
+    fn decode_csv_rows_match_the_header() {
+        let rows = [
+            row(256, 3412.8, 2908.8, "ok"),
+            row(512, 11635.7, 11476.9, "binding too large, \"x\""),
+        ];
+        let csv = decode_csv(&rows, &meta());
+        let lines: Vec<&str> = csv.lines().filter(|l| !l.starts_with('#')).collect();
+        assert_eq!(lines.len(), 1 + rows.len(), "{csv}");
+        let header = fields(lines[0]);
+        for line in &lines[1..] {
+            assert_eq!(fields(line).len(), header.len(), "{line}\nvs {:?}", header);
+        }
+        // Values land under their own names.
+        let at = |line: usize, name: &str| {
+            let i = header.iter().position(|h| h == name).unwrap();
+            fields(lines[line])[i].clone()
+        };
+        assert_eq!(at(1, "size"), "256");
+        assert_eq!(at(1, "dtype"), "f16");
+        assert_eq!(at(1, "tiling"), "exact 128px ×4");
+        assert_eq!(at(1, "batch"), "2");
+        assert_eq!(at(1, "runs"), "3");
+        assert_eq!(at(1, "first_ms"), "3412.80");
+        assert_eq!(at(1, "median_ms"), "2908.80");
+        assert_eq!(at(1, "min_ms"), "2907.80");
+        assert_eq!(at(1, "max_ms"), "2909.80");
+        assert_eq!(at(1, "gflops"), "12.500");
+        assert_eq!(at(1, "peak_allocated_mib"), "26.50");
+        assert_eq!(at(1, "peak_reserved_mib"), "27.50");
+        assert_eq!(at(2, "first_ms"), "11635.70");
+        assert_eq!(at(2, "status"), "binding too large, 'x'");
+    }
+
     #[test]
     fn date_is_plausible() {
         let d = super::today_utc();

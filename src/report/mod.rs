@@ -18,13 +18,40 @@ pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
 
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
+/// Characters of a chart title that fit the 800-pixel width at the caption's font size.
+const TITLE_CHARS: usize = 72;
+
+/// `title` shortened to [`TITLE_CHARS`] with an ellipsis (a caption is not wrapped).
+fn fit_title(title: &str) -> String {
+    if title.chars().count() <= TITLE_CHARS {
+        return title.to_string();
+    }
+    let mut t: String = title.chars().take(TITLE_CHARS - 1).collect();
+    t.push('…');
+    t
+}
+
 /// An SVG line chart with points and a legend; non-finite points are left out.
 pub(crate) fn line_chart(
     path: &Path,
     title: &str,
-    (x_desc, y_desc): (&str, &str),
+    axes: (&str, &str),
     series: &[(String, Vec<(f64, f64)>)],
 ) -> Result<()> {
+    line_chart_with(path, title, axes, series, &[])
+}
+
+/// [`line_chart`] where series `i` is drawn dashed with hollow, larger points
+/// when `dashed[i]`, so a series lying on another (reserved = allocated)
+/// leaves the one under it visible.
+pub(crate) fn line_chart_with(
+    path: &Path,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+    dashed: &[bool],
+) -> Result<()> {
+    let title = fit_title(title);
     use plotters::prelude::*;
     let err = |e: String| Error::BadFile {
         path: path.to_path_buf(),
@@ -39,7 +66,7 @@ pub(crate) fn line_chart(
         .filter(finite)
         .fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
     let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
+        .caption(&title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(40)
         .y_label_area_size(60)
@@ -63,6 +90,27 @@ pub(crate) fn line_chart(
     for (i, (name, data)) in series.iter().enumerate() {
         let color = palette[i % palette.len()];
         let data: Vec<(f64, f64)> = data.iter().filter(finite).copied().collect();
+        if dashed.get(i).copied().unwrap_or(false) {
+            chart
+                .draw_series(DashedLineSeries::new(
+                    data.clone(),
+                    8,
+                    6,
+                    color.stroke_width(2),
+                ))
+                .map_err(|e| err(e.to_string()))?
+                .label(name.clone())
+                .legend(move |(x, y)| {
+                    PathElement::new(vec![(x, y), (x + 8, y)], color.stroke_width(2))
+                });
+            chart
+                .draw_series(
+                    data.iter()
+                        .map(|p| Circle::new(*p, 6, color.stroke_width(2))),
+                )
+                .map_err(|e| err(e.to_string()))?;
+            continue;
+        }
         chart
             .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
             .map_err(|e| err(e.to_string()))?
@@ -82,4 +130,16 @@ pub(crate) fn line_chart(
         .draw()
         .map_err(|e| err(e.to_string()))?;
     root.present().map_err(|e| err(e.to_string()))
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn long_titles_are_shortened_to_fit() {
+        let long = "decode memory (vae ../shared/weights/taef2/decoder.safetensors, sizes [256, 512], dtypes [\"f32\"])";
+        let t = super::fit_title(long);
+        assert_eq!(t.chars().count(), super::TITLE_CHARS);
+        assert!(t.ends_with('…') && long.starts_with(t.trim_end_matches('…')));
+        assert_eq!(super::fit_title("short"), "short");
+    }
 }
