@@ -900,6 +900,8 @@ fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Res
 }
 
 fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
+    // Before any work: a wrong output name should not cost an encode.
+    wgvae::io::latent_format(&a.output)?;
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
         config: a.config.clone(),
@@ -930,6 +932,8 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
                    "model": enc.name, "image_shape": pixels.shape, "latents_shape": out.latents.shape,
                    "encode_ms": ms, "sampled": a.sample.is_some(), "raw_latents": a.raw_latents,
                    "weights_bytes": enc.weights_bytes,
+                   "dtype": out.dtype.name(), "f16_overflows": out.f16_overflows,
+                   "precision_note": out.precision_note,
                    "peak_allocated_bytes": out.memory.allocated_bytes.peak,
                    "peak_reserved_bytes": out.memory.reserved_bytes.peak,
                    "tiling": out.tiling, "output": a.output})
@@ -944,6 +948,9 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
             out.memory.reserved_bytes.peak as f64 / 1048576.0
         );
         print_tiling(&out.tiling);
+        if let Some(note) = &out.precision_note {
+            println!("{note}");
+        }
     }
     Ok(())
 }

@@ -223,24 +223,9 @@ impl Tensor {
 
     /// This tensor's values from its read-back bytes (see [`crate::gpu::read_back`]).
     pub fn f32_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f32>> {
-        Ok(match self.dtype {
-            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
-                .into_iter()
-                .take(self.numel())
-                .map(f32::from)
-                .collect(),
-            DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
-                .into_iter()
-                .take(self.numel())
-                .map(f32::from)
-                .collect(),
-            DType::Rgba8 => {
-                return Err(Error::Unsupported(
-                    "to_f32 on an rgba8 tensor; use to_bytes".into(),
-                ))
-            }
-        })
+        let mut v = f32_from_bytes_of(self.dtype, bytes)?;
+        v.truncate(self.numel());
+        Ok(v)
     }
 
     /// Reads the tensor's raw bytes back (blocking).
@@ -249,4 +234,24 @@ impl Tensor {
             .pop()
             .unwrap_or_default())
     }
+}
+
+/// Values of `dtype` elements in little-endian `bytes`, widened to f32.
+pub(crate) fn f32_from_bytes_of(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
+        DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        DType::Rgba8 => {
+            return Err(Error::Unsupported(
+                "to_f32 on an rgba8 tensor; use to_bytes".into(),
+            ))
+        }
+    })
 }

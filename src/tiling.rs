@@ -374,6 +374,10 @@ pub(crate) struct Act {
 }
 
 impl Act {
+    /// Storage dtype of the parked tiles (and of [`Executor::gather_host`]'s bytes).
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
     fn shape_of(&self, win: &Window) -> [usize; 4] {
         [self.n, self.c, win.h, win.w]
     }

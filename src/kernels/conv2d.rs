@@ -390,7 +390,9 @@ impl Variant {
             .unwrap_or_else(|e| e.into_inner());
         let shape = (tiles, self.k, self.stride);
         let source = *map.entry(shape).or_insert_with(|| {
-            // Leaked once per distinct shape: a handful per process.
+            // Leaked once per distinct key (`KernelSpec` sources are
+            // `&'static str`): process-global but pure text, a handful per
+            // process (see the `embed` module docs).
             let block = micro_kernel_source(&tiles, self.k as u32, self.stride);
             Box::leak(format!("{SOURCE}{block}").into_boxed_str())
         });
