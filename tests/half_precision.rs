@@ -139,10 +139,20 @@ fn aekl_goldens_in_f16_and_bf16() {
     }
 }
 
-/// `auto` picks f16 for TAE and SD 1.x VAEs, bf16 for the others.
+/// `auto` picks f16 for TAE and SD 1.x VAEs, bf16 for the others — on
+/// devices with and without shader-f16 alike (`Precision::resolve`'s
+/// decision): without it, f16 is stored packed in `u32` pairs, the same
+/// memory as bf16 (which is always packed) with 3 more significant bits.
+/// Checked: the dtype does not depend on the device, the storage type does
+/// (native vs packed), and the predicted peak of an `auto` decode is the same
+/// on both devices and ≤ 0.51× f32.
 #[test]
 fn auto_precision_follows_the_model() {
-    let ctx = wgvae::gpu::Context::dry_run(Capabilities::reference_gpu(), Policy::Exact.new_pool());
+    use wgvae::gpu::StorageType;
+    let with_f16 = Capabilities::reference_gpu();
+    let mut without_f16 = with_f16.clone();
+    without_f16.shader_f16 = false;
+    assert!(Precision::native_f16(&with_f16) && !Precision::native_f16(&without_f16));
     let auto = LoadOptions {
         precision: Precision::Auto,
         ..Default::default()
@@ -153,8 +163,46 @@ fn auto_precision_follows_the_model() {
         ("sd3", DType::BF16),
         ("flux1", DType::BF16),
     ] {
-        let vae = Vae::load(&ctx, &format!("preset:{preset}"), &auto).unwrap();
-        assert_eq!(vae.dtype, want, "{preset}");
+        let spec = format!("preset:{preset}");
+        let mut peaks = Vec::new();
+        for (caps, storage) in [
+            (&with_f16, StorageType::F16),
+            (&without_f16, StorageType::F16Packed),
+        ] {
+            let ctx = wgvae::gpu::Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+            let vae = Vae::load(&ctx, &spec, &auto).unwrap();
+            assert_eq!(vae.dtype, want, "{preset}");
+            if want == DType::F16 {
+                assert_eq!(StorageType::of(want, caps).unwrap(), storage);
+            }
+            let est = |p| {
+                let opts = LoadOptions {
+                    precision: p,
+                    ..Default::default()
+                };
+                estimate_decode(
+                    caps,
+                    Policy::Planned,
+                    &spec,
+                    &opts,
+                    [1, vae.latent_channels(), 32, 32],
+                )
+                .unwrap()
+                .peak_allocated_bytes
+            };
+            let (half, full) = (est(Precision::Auto), est(Precision::F32));
+            let ratio = half as f64 / full as f64;
+            assert!(
+                ratio <= 0.51,
+                "{preset} shader-f16 {}: {ratio:.4}",
+                caps.shader_f16
+            );
+            peaks.push(half);
+        }
+        assert_eq!(
+            peaks[0], peaks[1],
+            "{preset}: same memory with and without shader-f16"
+        );
     }
     assert!("f8".parse::<Precision>().is_err());
 }
