@@ -67,7 +67,9 @@ pub struct FramesOptions {
 pub struct FrameOut<'a> {
     /// Position of the frame in the latents (0-based); frames arrive in order.
     pub index: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// Frame height in pixels.
     pub height: usize,
     /// Packed RGBA8 pixels `[H, W, 4]` (R first, alpha 255), borrowed from
     /// the mapped staging buffer: valid during the callback only.
@@ -81,8 +83,11 @@ pub struct FrameOut<'a> {
 /// Mean, 99th percentile (nearest rank) and maximum of latencies.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct LatencySummary {
+    /// Mean latency in ms.
     pub mean_ms: f64,
+    /// 99th-percentile latency in ms.
     pub p99_ms: f64,
+    /// Largest latency in ms.
     pub max_ms: f64,
 }
 
@@ -114,15 +119,20 @@ pub struct FramesReport {
     pub frames: usize,
     /// Frames per batched forward (`B`); the last chunk may hold fewer.
     pub chunk: usize,
+    /// Chunks decoded (`ceil(frames / chunk)`).
     pub chunks: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// Frame height in pixels.
     pub height: usize,
     /// Wall time from the call to the last frame handed over (plan tracing,
     /// recording and callbacks included).
     pub total_ms: f64,
+    /// Frames per second over `total_ms`.
     pub frames_per_s: f64,
     /// Per-frame latency (see [`FrameOut::latency_ms`]), in frame order.
     pub latency_ms: Vec<f64>,
+    /// Mean / P99 / max of `latency_ms`.
     pub latency: LatencySummary,
     /// Host time spent recording chunks (plan tracing included).
     pub record_ms: f64,
@@ -149,6 +159,7 @@ pub struct FramesReport {
     pub redone_frames: usize,
     /// Pool peaks during the call (weights included), as [`crate::Decoded::memory`].
     pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes during the call (weights included).
     pub peak_reserved_bytes: u64,
 }
 

@@ -9,11 +9,14 @@ use crate::error::{Error, Result};
 /// A host tensor of f32 values in C order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// Values in C (row-major) order.
     pub data: Vec<f32>,
 }
 
 impl HostTensor {
+    /// A tensor of `shape` holding `data`; an error unless the sizes match.
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
         let n: usize = shape.iter().product();
         if n != data.len() {

@@ -10,8 +10,11 @@ use crate::memory::{Block, MemoryPool};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// IEEE half (native `f16` or packed pairs, by device).
     F16,
+    /// bfloat16, packed in pairs.
     BF16,
     /// Four u8 channels packed in a u32 (RGBA8 images).
     Rgba8,
@@ -25,6 +28,7 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
         }
     }
+    /// Short name (`f32`, `f16`, `bf16`, `rgba8`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -155,12 +159,15 @@ impl Tensor {
         }
     }
 
+    /// Dimensions.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -168,6 +175,7 @@ impl Tensor {
     pub fn byte_size(&self) -> u64 {
         Self::bytes_for(&self.shape, self.dtype)
     }
+    /// The pool block holding the tensor.
     pub fn block(&self) -> &Block {
         &self.storage.block
     }

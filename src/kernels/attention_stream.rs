@@ -16,13 +16,19 @@ const SOURCE: &str = include_str!("../../shaders/attention_stream.wgsl");
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
+/// Uniforms of `attention_block` (mirrors `Params` in the shader).
 pub struct Params {
+    /// Head dimension.
     pub d: u32,
+    /// Queries in the block.
     pub tq: u32,
+    /// Keys in the block.
     pub tk: u32,
+    /// Softmax scale.
     pub scale: f32,
 }
 
+/// One block of streaming attention with running softmax statistics.
 pub const ATTENTION_BLOCK: KernelSpec = KernelSpec {
     family: "attention_stream",
     source: SOURCE,

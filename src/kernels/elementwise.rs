@@ -12,13 +12,19 @@ pub const WG: u32 = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
+/// Uniforms of both entry points (mirrors `Params` in the shader).
 pub struct Params {
+    /// Elements.
     pub n: u32,
+    /// ScaleShift multiplier / TanhClamp bound.
     pub alpha: f32,
+    /// ScaleShift offset.
     pub beta: f32,
+    /// Padding to 16 bytes.
     pub _pad: u32,
 }
 
+/// `out = f(x)` ([`unary`]).
 pub const UNARY: KernelSpec = KernelSpec {
     family: "elementwise",
     source: SOURCE,
@@ -27,6 +33,7 @@ pub const UNARY: KernelSpec = KernelSpec {
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
+/// `out = x + y` ([`add`]).
 pub const BINARY: KernelSpec = KernelSpec {
     family: "elementwise",
     source: SOURCE,
@@ -40,10 +47,14 @@ pub const BINARY: KernelSpec = KernelSpec {
 pub enum Unary {
     /// `x * alpha + beta`
     ScaleShift {
+        /// Multiplier.
         alpha: f32,
+        /// Offset.
         beta: f32,
     },
+    /// `x · sigmoid(x)`.
     Silu,
+    /// `max(x, 0)`.
     Relu,
     /// `tanh(x / k) * k`
     TanhClamp(f32),

@@ -27,6 +27,7 @@ pub struct LoadOptions {
     pub config: Option<PathBuf>,
     /// Overrides of the latent scaling (AutoencoderKL only).
     pub scaling_factor: Option<f32>,
+    /// Overrides the shift factor (AutoencoderKL only).
     pub shift_factor: Option<f32>,
     /// Seed of the random weights of `preset:NAME`.
     pub seed: u64,
@@ -105,12 +106,15 @@ impl Precision {
 // One per loaded model: the size difference of the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Decoder {
+    /// An AutoencoderKL decoder.
     Kl(AutoencoderKl),
+    /// A TAE decoder.
     Tae(TaeDecoder),
 }
 
 /// A loaded VAE decoder, weights on the device.
 pub struct Vae {
+    /// The network.
     pub decoder: Decoder,
     /// Human-readable description: preset or variant and source.
     pub name: String,
@@ -381,6 +385,7 @@ impl Vae {
         Ok(self.bf16_twin.get_or_init(|| twin))
     }
 
+    /// Latent channels the decoder expects.
     pub fn latent_channels(&self) -> usize {
         match &self.decoder {
             Decoder::Kl(k) => k.config.latent_channels,

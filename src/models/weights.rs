@@ -24,7 +24,9 @@ pub enum Layout {
 /// One host weight: shape and f32 values.
 #[derive(Clone, Debug)]
 pub struct HostWeight {
+    /// Dimensions.
     pub shape: Vec<usize>,
+    /// Values (f32; converted from the file's dtype).
     pub data: Vec<f32>,
 }
 
@@ -157,6 +159,7 @@ impl WeightStore {
     pub fn set_dtype(&self, dtype: DType) {
         self.dtype.set(dtype);
     }
+    /// Storage dtype weights are uploaded in.
     pub fn dtype(&self) -> DType {
         self.dtype.get()
     }
@@ -255,14 +258,17 @@ impl WeightStore {
         ))
     }
 
+    /// Key layout (diffusers, LDM or TAE).
     pub fn layout(&self) -> Layout {
         self.layout
     }
 
+    /// Where the weights come from (file path or `random (seed N)`).
     pub fn origin(&self) -> &str {
         &self.origin
     }
 
+    /// True for seeded random weights.
     pub fn is_random(&self) -> bool {
         matches!(self.source, Source::Random(_) | Source::Zeros)
     }
@@ -275,6 +281,7 @@ impl WeightStore {
         }
     }
 
+    /// True when the store holds `key`.
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {
             Source::File(m) => m.contains_key(key),
