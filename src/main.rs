@@ -619,7 +619,7 @@ fn decode_frames(
                 "random_weights": vae.random_weights,
                 "latents_shape": latents.shape,
                 "image_shape": [r.frames, 3, r.height, r.width],
-                "dtype": "f32",
+                "dtype": vae.dtype.name(),
                 "decode_ms": r.total_ms,
                 "weights_bytes": vae.weights_bytes,
                 "peak_allocated_bytes": r.peak_allocated_bytes,
@@ -653,6 +653,12 @@ fn decode_frames(
             "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host: recording {:.1} ms, in submit {:.1} ms, blocked on the device {:.1} ms, writing PNGs {:.1} ms",
             r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.record_ms, r.submit_ms, r.wait_ms, r.callback_ms
         );
+        if r.f16_overflows > 0 {
+            println!(
+                "f16 overflow: {} values beyond ±65504 (or NaN); {} of {} frames re-decoded in bf16",
+                r.f16_overflows, r.redone_frames, r.frames
+            );
+        }
         println!(
             "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
             r.peak_allocated_bytes as f64 / 1048576.0,

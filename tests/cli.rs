@@ -398,3 +398,32 @@ fn encode_sample_and_raw_latents_through_the_cli() {
     ]);
     assert!(!ok && err.contains(".npy or .safetensors"), "{err}");
 }
+
+/// `encode --dtype f16` with an encoder that overflows f16 (`encoder.conv_in`
+/// scaled by 3·10⁵): the JSON reports the overflow, the bf16 re-encode and
+/// the note; the written latents are the bf16 ones.
+#[test]
+fn encode_f16_overflow_is_reported_in_json() {
+    let Some(shared) = shared_dir() else { return };
+    let golden = shared.join("golden/aekl-tiny-sd");
+    let dir = wgvae::testing::scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, "cli-enc");
+    let out = tmp("overflow.npy");
+    let (ok, stdout, err) = wgvae(&[
+        "encode",
+        golden.join("encode_input.png").to_str().unwrap(),
+        "--vae",
+        dir.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--dtype",
+        "f16",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&stdout);
+    assert!(v["f16_overflows"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["dtype"], "bf16");
+    assert!(v["precision_note"].as_str().unwrap().contains("re-encoded in bf16"), "{v}");
+    assert!(wgvae::io::read_npy(&out).unwrap().data.iter().all(|x| x.is_finite()));
+    let _ = std::fs::remove_dir_all(&dir);
+}
