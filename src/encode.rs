@@ -67,8 +67,9 @@ pub struct EncodeOptions {
     /// ε from [`standard_normal`] (AutoencoderKL only: TAE encoders are
     /// deterministic, and asking them to sample is an error).
     pub sample: Option<u64>,
-    /// Return raw latents (skip `(z − shift_factor) · scaling_factor`;
-    /// AutoencoderKL only: TAE latents are never scaled, so it is an error).
+    /// Return raw latents (skip `(z − shift_factor) · scaling_factor`).
+    /// TAE latents are never scaled: for them it changes nothing (the CLI
+    /// rejects `--raw-latents` with a TAE encoder as a flag without effect).
     pub raw_latents: bool,
     /// Tiling mode, tile size (in image pixels) and memory budget (default: auto).
     pub tiling: Tiling,
@@ -292,11 +293,6 @@ pub fn encode(
                 "--sample: TAE encoders are deterministic (they output latents, not a distribution); sampling needs an AutoencoderKL encoder".into(),
             ));
         }
-        if opts.raw_latents {
-            return Err(Error::InvalidInput(
-                "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
-            ));
-        }
     }
     // diffusers: png / 127.5 − 1; TAE: png / 255.
     let x = HostTensor {
@@ -491,6 +487,10 @@ fn choose_exact_encode(
     )
 }
 
+/// An exact tiled encode's output shape, its host bytes as f32 (`None` in
+/// dry runs), the report and the f16 overflow count.
+type ExactRun = ([usize; 4], Option<Vec<u8>>, TilingReport, u64);
+
 /// Runs an exact tiled encode: the output's shape and host bytes (`None` in
 /// dry runs), the report and the f16 overflow count.
 fn run_exact(
@@ -499,7 +499,7 @@ fn run_exact(
     x: &HostTensor,
     plan: ExactPlan,
     progress: Option<Progress>,
-) -> Result<([usize; 4], Option<Vec<u8>>, TilingReport, u64)> {
+) -> Result<ExactRun> {
     let mut ex = Executor::new(ctx, plan, progress);
     let counter = match enc.dtype {
         DType::F16 => Some(ex.track_f16_range()?),

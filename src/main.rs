@@ -915,6 +915,11 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
         ..Default::default()
     };
     let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;
+    if a.raw_latents && matches!(enc.encoder, wgvae::encode::EncoderKind::Tae(_)) {
+        return Err(wgvae::Error::InvalidInput(
+            "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
+        ));
+    }
     let pixels = wgvae::encode::load_image(&a.image, a.pad)?;
     let start = std::time::Instant::now();
     let out = wgvae::encode::encode(

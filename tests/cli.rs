@@ -423,7 +423,17 @@ fn encode_f16_overflow_is_reported_in_json() {
     let v = json(&stdout);
     assert!(v["f16_overflows"].as_u64().unwrap() > 0, "{v}");
     assert_eq!(v["dtype"], "bf16");
-    assert!(v["precision_note"].as_str().unwrap().contains("re-encoded in bf16"), "{v}");
-    assert!(wgvae::io::read_npy(&out).unwrap().data.iter().all(|x| x.is_finite()));
+    assert!(
+        v["precision_note"]
+            .as_str()
+            .unwrap()
+            .contains("re-encoded in bf16"),
+        "{v}"
+    );
+    assert!(wgvae::io::read_npy(&out)
+        .unwrap()
+        .data
+        .iter()
+        .all(|x| x.is_finite()));
     let _ = std::fs::remove_dir_all(&dir);
 }

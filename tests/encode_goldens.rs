@@ -173,10 +173,10 @@ fn kl_sample_is_mean_plus_std_times_standard_normal() {
     );
 }
 
-/// TAE encoders are deterministic and unscaled: `sample` and `raw_latents`
-/// are errors that say why, not silently ignored.
+/// TAE encoders are deterministic: `sample` is an error that says why, not
+/// silently ignored; `raw_latents` is a no-op for their unscaled latents.
 #[test]
-fn tae_encoders_refuse_sample_and_raw_latents() {
+fn tae_encoders_refuse_sample_and_ignore_raw_latents() {
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     let path = shared.join("weights/taef2/encoder.safetensors");
@@ -188,10 +188,14 @@ fn tae_encoders_refuse_sample_and_raw_latents() {
     };
     let e = encode(&ctx, &enc, &img, &sample).err().unwrap().to_string();
     assert!(e.contains("--sample") && e.contains("deterministic"), "{e}");
+    // raw_latents changes nothing for TAE latents (the CLI rejects the flag).
     let raw = EncodeOptions {
         raw_latents: true,
         ..Default::default()
     };
-    let e = encode(&ctx, &enc, &img, &raw).err().unwrap().to_string();
-    assert!(e.contains("--raw-latents"), "{e}");
+    let plain = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
+    assert_eq!(
+        encode(&ctx, &enc, &img, &raw).unwrap().latents,
+        plain.latents
+    );
 }

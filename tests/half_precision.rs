@@ -449,7 +449,7 @@ fn peak_breakdown(
         .filter(|e| e.start <= at_peak && (e.end == usize::MAX || e.end > at_peak))
         .map(|e| (e.label.clone(), e.bytes))
         .collect();
-    alive.sort_by(|a, b| b.1.cmp(&a.1));
+    alive.sort_by_key(|e| std::cmp::Reverse(e.1));
     (peak as u64, alive)
 }
 
