@@ -60,6 +60,8 @@ struct Gfx {
     pipeline: wgpu::RenderPipeline,
     bind_group: wgpu::BindGroup,
     decode_ms: f64,
+    /// Frames presented (the first is announced on stdout, for screenshots).
+    presented: u64,
 }
 
 impl Gfx {
@@ -195,6 +197,7 @@ impl Gfx {
             pipeline,
             bind_group,
             decode_ms: 0.0,
+            presented: 0,
         })
     }
 
@@ -211,7 +214,14 @@ impl Gfx {
             self.engine
                 .record_decode_to_texture(&mut encoder, &self.latents, &self.texture)?;
         self.queue.submit([encoder.finish()]);
+        // Waits for the device (the decode just submitted); 0 unless f16.
+        let overflows = pending.read_f16_overflows()?;
         drop(pending);
+        if overflows > 0 {
+            eprintln!("f16 overflow ({overflows} values): decoding again in bf16");
+            self.engine.fall_back_to_bf16()?;
+            return self.decode();
+        }
         self.device.poll(wgpu::PollType::wait_indefinitely())?;
         self.decode_ms = start.elapsed().as_secs_f64() * 1e3;
         let (w, h) = (self.texture.width(), self.texture.height());
@@ -270,6 +280,10 @@ impl Gfx {
         self.queue.submit([encoder.finish()]);
         self.window.pre_present_notify();
         self.queue.present(frame);
+        self.presented += 1;
+        if self.presented == 1 {
+            println!("presented the first frame");
+        }
     }
 }
 

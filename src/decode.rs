@@ -63,7 +63,9 @@ pub struct Timings {
 pub struct Decoded {
     /// Packed RGBA8 pixels per image, row-major (empty in dry runs).
     pub rgba: Vec<Vec<u8>>,
+    /// Image width in pixels.
     pub width: usize,
+    /// Image height in pixels.
     pub height: usize,
     /// Raw decoder output [N, 3, H, W] when asked for.
     pub raw: Option<HostTensor>,
@@ -71,6 +73,7 @@ pub struct Decoded {
     pub decode_ms: f64,
     /// Pool statistics, peaks over this decode (weights included).
     pub memory: MemoryStats,
+    /// Host-side time split: recording, GPU wait, readback.
     pub timings: Timings,
     /// Multiply-accumulates the decode's kernels performed (GFLOP/s = 2·MACs / time);
     /// tiled decodes count every tile step, halos included.
@@ -980,13 +983,19 @@ fn decode_fast(
 /// Predicted memory of a decode.
 #[derive(Clone, Debug, Serialize)]
 pub struct MemoryEstimate {
+    /// Memory policy the estimate is for.
     pub policy: &'static str,
+    /// The model's description.
     pub model: String,
+    /// Latent shape `[N, C, h, w]`.
     pub latents_shape: Vec<usize>,
+    /// Image shape `[N, 3, H, W]`.
     pub image_shape: Vec<usize>,
+    /// Bytes of weights (part of the peaks).
     pub weights_bytes: u64,
     /// Peaks over the decode, weights included.
     pub peak_allocated_bytes: u64,
+    /// Predicted peak reserved bytes (pool capacity, weights included).
     pub peak_reserved_bytes: u64,
     /// How the decode would be tiled (host bytes for parking included).
     pub tiling: TilingReport,

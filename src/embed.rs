@@ -31,9 +31,16 @@
 //!
 //! [`Engine`] and [`PendingDecode`] are `Send + Sync` (checked at compile
 //! time). An engine serialises its own decodes (one lock around recording);
-//! separate engines are independent. There is no global state: each engine
-//! has its own pipeline cache and memory pool, so several engines may share
-//! one device, each with its own VAE.
+//! separate engines are independent: each has its own pipeline cache, memory
+//! pool and memory plans, so several engines may share one device, each with
+//! its own VAE. No device state is global. Process-wide are only (a) id
+//! counters (models, pools) and (b) an interned cache of generated WGSL
+//! sources for the tiled convolution: text, a pure function of (tile shape,
+//! kernel size, stride), written once per distinct key and never freed — a
+//! few KiB per key. Decoders use a handful of keys (the tile shapes they
+//! pick × 1×1/3×3 × stride 1/2); only callers of the kernel API with custom
+//! `ConvTiles` add more. It holds no device objects and cannot make one
+//! engine's results depend on another's.
 
 use std::sync::Mutex;
 
@@ -226,6 +233,10 @@ pub struct PendingDecode {
     width: u32,
     height: u32,
     dispatches: usize,
+    /// f16 models: a 4-byte `MAP_READ` copy of the decode's overflow
+    /// counter, written at the end of the recorded commands.
+    overflows: Option<wgpu::Buffer>,
+    ctx: Context,
 }
 
 impl PendingDecode {
@@ -243,6 +254,48 @@ impl PendingDecode {
     pub fn dispatches(&self) -> usize {
         self.dispatches
     }
+
+    /// How many values the decode's f16 convolutions stored beyond ±65504
+    /// (or as NaN): then the texture holds a saturated, wrong image. Always
+    /// 0 for f32 and bf16 models (nothing is tracked).
+    ///
+    /// **Call it only after submitting the encoder** the decode was recorded
+    /// into: it maps a 4-byte buffer and blocks until the device is idle
+    /// (`device.poll`). To read it without blocking, map
+    /// [`PendingDecode::f16_overflow_buffer`] yourself.
+    ///
+    /// On a non-zero count, call [`Engine::fall_back_to_bf16`] and record the
+    /// decode again ([`Engine::decode_to_images`] does this by itself).
+    pub fn read_f16_overflows(&self) -> Result<u64> {
+        let Some(buffer) = &self.overflows else {
+            return Ok(0);
+        };
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.ctx.wait_idle()?;
+        rx.recv()
+            .map_err(|e| Error::Readback(e.to_string()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let count = {
+            let view = buffer
+                .slice(..)
+                .get_mapped_range()
+                .map_err(|e| Error::Readback(e.to_string()))?;
+            crate::gpu::range_count(&view)
+        };
+        buffer.unmap();
+        Ok(count as u64)
+    }
+
+    /// The 4-byte `MAP_READ` buffer the f16 overflow counter (a little-endian
+    /// `u32`) is copied into at the end of the recorded decode, for hosts that
+    /// map it asynchronously; `None` when the model is not f16 (then nothing
+    /// can overflow). Unmap it before calling [`PendingDecode::read_f16_overflows`].
+    pub fn f16_overflow_buffer(&self) -> Option<&wgpu::Buffer> {
+        self.overflows.as_ref()
+    }
 }
 
 /// A VAE decoder on a host application's device.
@@ -253,13 +306,26 @@ impl PendingDecode {
 /// and keeps its weights, a pipeline cache and a memory pool of its own. It
 /// never installs an error handler on, polls, or otherwise reconfigures the
 /// device, except that [`Engine::decode_to_image`] submits to the queue and
-/// waits for the device.
+/// waits for the device, and [`PendingDecode::read_f16_overflows`] waits
+/// for it.
+///
+/// # f16 overflow
+///
+/// f16 models count the values their convolutions cannot hold (beyond
+/// ±65504). [`Engine::decode_to_images`] reads the count with the pixels
+/// and decodes again in bf16 when it is not zero; a decode recorded into
+/// your encoder carries it in its [`PendingDecode`]
+/// ([`PendingDecode::read_f16_overflows`]), and
+/// [`Engine::fall_back_to_bf16`] switches the engine to bf16.
 ///
 /// # Features
 ///
 /// The engine uses what the device was created with: without `SHADER_F16`
-/// it never compiles an f16 kernel (activations are f32 today anyway);
-/// without timestamp queries it does not profile. A device created with
+/// it never compiles a kernel using WGSL's `f16` type, and an f16 model
+/// (`LoadOptions::precision`) stores its f16 weights and activations as
+/// packed pairs in `u32` words instead (`unpack2x16float` / `pack2x16float`:
+/// the same values and memory, some conversion cost); without timestamp
+/// queries it does not profile. A device created with
 /// `wgpu::Features::empty()` and [`required_limits`] decodes correctly.
 ///
 /// # Threads
@@ -271,6 +337,8 @@ pub struct Engine {
     ctx: Context,
     vae: Vae,
     options: EngineOptions,
+    /// Set by [`Engine::fall_back_to_bf16`]: decode with the bf16 twin.
+    bf16: std::sync::atomic::AtomicBool,
     /// Held while recording: the pool's planned replay is per pool.
     recording: Mutex<()>,
 }
@@ -323,6 +391,7 @@ impl Engine {
             ctx,
             vae,
             options,
+            bf16: Default::default(),
             recording: Mutex::new(()),
         })
     }
@@ -392,14 +461,46 @@ impl Engine {
         }
     }
 
-    fn record_raw(&self, rec: &mut Recorder, latents: &Prepared) -> Result<Tensor> {
+    fn record_raw(&self, rec: &mut Recorder, vae: &Vae, latents: &Prepared) -> Result<Tensor> {
         match latents {
-            Prepared::Host(z) => record_decoder(rec, &self.vae, z),
+            Prepared::Host(z) => record_decoder(rec, vae, z),
             // Host latents were unscaled on the host; device latents on the GPU.
             Prepared::Device(d) => {
-                record_decoder_from_buffer(rec, &self.vae, d, self.options.raw_latents)
+                record_decoder_from_buffer(rec, vae, d, self.options.raw_latents)
             }
         }
+    }
+
+    /// The model decodes run with: the loaded one, or its bf16 twin after
+    /// [`Engine::fall_back_to_bf16`].
+    fn active_vae(&self) -> Result<&Vae> {
+        if self.bf16.load(std::sync::atomic::Ordering::Acquire) {
+            self.vae.bf16_twin(&self.ctx)
+        } else {
+            Ok(&self.vae)
+        }
+    }
+
+    /// Storage dtype decodes run in now: the loaded model's, or bf16 after
+    /// [`Engine::fall_back_to_bf16`].
+    pub fn dtype(&self) -> DType {
+        if self.bf16.load(std::sync::atomic::Ordering::Acquire) {
+            DType::BF16
+        } else {
+            self.vae.dtype
+        }
+    }
+
+    /// Decodes from now on with a bf16 copy of the model (loaded once from the
+    /// same file or preset): what to do when
+    /// [`PendingDecode::read_f16_overflows`] reports an f16 overflow. bf16 has
+    /// f32's range, at 8 mantissa bits. Fails for models built in memory
+    /// (nothing to reload).
+    pub fn fall_back_to_bf16(&self) -> Result<()> {
+        let _guard = self.lock();
+        self.vae.bf16_twin(&self.ctx)?;
+        self.bf16.store(true, std::sync::atomic::Ordering::Release);
+        Ok(())
     }
 
     /// Decodes one image (`N` = 1) and reads it back: submits to the queue
@@ -418,42 +519,41 @@ impl Engine {
 
     /// Decodes a batch `[N, C, h, w]` into `N` images (submits and waits).
     /// Host latents take exactly the path of [`crate::decode()`] (the CLI's).
+    ///
+    /// f16 models: an f16 overflow (counted by the kernels, read back with
+    /// the pixels) makes it decode again in bf16, as [`crate::decode()`]
+    /// does, with a warning in the log; the images returned are never the
+    /// saturated ones.
     pub fn decode_to_images<'a>(
         &self,
         latents: impl Into<Latents<'a>>,
     ) -> Result<Vec<image::RgbaImage>> {
         let latents = latents.into();
         let _guard = self.lock();
+        let vae = self.active_vae()?;
         let (rgba, width, height) = match latents {
             Latents::Host(t) => {
                 let opts = DecodeOptions {
                     raw_latents: self.options.raw_latents,
                     ..Default::default()
                 };
-                let out = crate::decode::decode(&self.ctx, &self.vae, t, &opts)?;
+                let out = crate::decode::decode(&self.ctx, vae, t, &opts)?;
                 (out.rgba, out.width, out.height)
             }
             Latents::Device(_) => {
                 let prepared = self.prepare(&latents)?;
-                let shape = prepared.shape();
-                let mut rec = Recorder::new(&self.ctx);
-                let pixels = with_decode_plan(&self.ctx, &self.vae, &shape, || {
-                    let raw = self.record_raw(&mut rec, &prepared)?;
-                    let [n, _, h, w] = dims4(&raw)?;
-                    let pixels = Tensor::empty(&self.ctx, &[n, h, w], DType::Rgba8, "rgba8 image")?;
-                    to_rgba8(&mut rec, &raw, self.vae.output_range(), &pixels)?;
-                    Ok(pixels)
-                })?;
-                rec.submit()?;
-                let [n, h, w] = [pixels.shape()[0], pixels.shape()[1], pixels.shape()[2]];
-                let bytes = pixels.to_bytes(&self.ctx)?;
-                let per = h * w * 4;
-                let rgba = bytes
-                    .chunks_exact(per)
-                    .take(n)
-                    .map(|c| c.to_vec())
-                    .collect();
-                (rgba, w, h)
+                let (rgba, w, h, overflows) = self.decode_device(vae, &prepared)?;
+                if overflows == 0 {
+                    (rgba, w, h)
+                } else {
+                    log::warn!(
+                        "f16 overflow: {overflows} values beyond ±65504 (or NaN) in {}; re-decoded in bf16",
+                        vae.name
+                    );
+                    let twin = vae.bf16_twin(&self.ctx)?;
+                    let (rgba, w, h, _) = self.decode_device(twin, &prepared)?;
+                    (rgba, w, h)
+                }
             }
         };
         rgba.into_iter()
@@ -463,6 +563,39 @@ impl Engine {
                 })
             })
             .collect()
+    }
+
+    /// One decode of device latents with `vae`, read back: (RGBA8 bytes per
+    /// image, width, height, f16 overflow count), in one submit and one read.
+    fn decode_device(
+        &self,
+        vae: &Vae,
+        prepared: &Prepared,
+    ) -> Result<(Vec<Vec<u8>>, usize, usize, u32)> {
+        let shape = prepared.shape();
+        let mut rec = Recorder::new(&self.ctx);
+        let pixels = with_decode_plan(&self.ctx, vae, &shape, || {
+            let raw = self.record_raw(&mut rec, vae, prepared)?;
+            let [n, _, h, w] = dims4(&raw)?;
+            let pixels = Tensor::empty(&self.ctx, &[n, h, w], DType::Rgba8, "rgba8 image")?;
+            to_rgba8(&mut rec, &raw, vae.output_range(), &pixels)?;
+            Ok(pixels)
+        })?;
+        let counter = rec.range_flag().cloned();
+        rec.submit()?;
+        let [n, h, w] = [pixels.shape()[0], pixels.shape()[1], pixels.shape()[2]];
+        let mut wanted = vec![&pixels];
+        wanted.extend(counter.as_ref());
+        let mut back = crate::gpu::read_back(&self.ctx, &wanted)?.into_iter();
+        let bytes = back.next().unwrap_or_default();
+        let overflows = back.next().map_or(0, |b| crate::gpu::range_count(&b));
+        let per = h * w * 4;
+        let rgba = bytes
+            .chunks_exact(per)
+            .take(n)
+            .map(|c| c.to_vec())
+            .collect();
+        Ok((rgba, w, h, overflows))
     }
 
     /// Records a decode of one image (`N` = 1) into the host's `encoder`,
@@ -524,13 +657,35 @@ impl Engine {
                 view_formats: &[],
             })
         });
+        let vae = self.active_vae()?;
         let mut rec = Recorder::with_encoder(&self.ctx, encoder);
-        let output = with_decode_plan(&self.ctx, &self.vae, &shape, || {
-            let raw = self.record_raw(&mut rec, &prepared)?;
+        let output = with_decode_plan(&self.ctx, vae, &shape, || {
+            let raw = self.record_raw(&mut rec, vae, &prepared)?;
             let written = intermediate.as_ref().unwrap_or(target);
-            to_texture(&mut rec, &raw, self.vae.output_range(), written)?;
+            to_texture(&mut rec, &raw, vae.output_range(), written)?;
             Ok(raw)
         })?;
+        // The counter's pool memory is reused by the next decode of this
+        // shape (even one recorded into the same encoder): keep a copy.
+        let overflows = match rec.range_flag().cloned() {
+            Some(counter) => {
+                let copy = self.ctx.device().create_buffer(&wgpu::BufferDescriptor {
+                    label: Some("wgvae f16 overflow count"),
+                    size: 4,
+                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                    mapped_at_creation: false,
+                });
+                rec.encoder().copy_buffer_to_buffer(
+                    counter.buffer()?,
+                    counter.block().offset,
+                    &copy,
+                    0,
+                    4,
+                );
+                Some(copy)
+            }
+            None => None,
+        };
         if let Some(src) = &intermediate {
             rec.encoder().copy_texture_to_texture(
                 src.as_image_copy(),
@@ -549,6 +704,8 @@ impl Engine {
             width,
             height,
             dispatches,
+            overflows,
+            ctx: self.ctx.clone(),
         })
     }
 

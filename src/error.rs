@@ -17,18 +17,30 @@ pub enum Error {
     /// The adapter refused to create a device.
     #[error("could not create a device on adapter `{adapter}`: {source}")]
     RequestDevice {
+        /// The adapter's name.
         adapter: String,
+        /// wgpu's reason.
         #[source]
         source: wgpu::RequestDeviceError,
     },
 
     /// A wgpu validation error caught by an error scope.
     #[error("GPU validation error during {during}: {message}")]
-    Validation { during: String, message: String },
+    Validation {
+        /// What the engine was doing.
+        during: String,
+        /// wgpu's message.
+        message: String,
+    },
 
     /// The device ran out of memory.
     #[error("GPU out of memory during {during} ({message}); lower the image size, use tiling (--tile exact) or set --max-memory")]
-    OutOfMemory { during: String, message: String },
+    OutOfMemory {
+        /// What the engine was doing.
+        during: String,
+        /// wgpu's message.
+        message: String,
+    },
 
     /// The device was lost (driver reset, hang, removal).
     #[error("GPU device lost: {0}; recreate the context")]
@@ -37,30 +49,44 @@ pub enum Error {
     /// A single buffer larger than the device allows.
     #[error("{what} needs a buffer of {bytes} bytes but the device's max_buffer_size is {limit} bytes; use tiling (--tile exact) or a smaller size")]
     BufferTooLarge {
+        /// The buffer's purpose.
         what: String,
+        /// Bytes it needs.
         bytes: u64,
+        /// The device's `max_buffer_size`.
         limit: u64,
     },
 
     /// A tensor too large to bind as one storage buffer.
     #[error("{what} is {bytes} bytes but the device's max_storage_buffer_binding_size is {limit} bytes; decode with tiling (--tile exact / --tile auto) or a smaller size")]
     BindingTooLarge {
+        /// The tensor (label and shape).
         what: String,
+        /// Its size in bytes.
         bytes: u64,
+        /// The device's `max_storage_buffer_binding_size`.
         limit: u64,
     },
 
     /// A dispatch needs more workgroups than the device allows.
     #[error("{what} needs {groups} workgroups along one dimension but the device allows {limit}")]
     DispatchTooLarge {
+        /// The kernel and dimension.
         what: String,
+        /// Workgroups needed along it.
         groups: u64,
+        /// The device's `max_compute_workgroups_per_dimension`.
         limit: u32,
     },
 
     /// Shapes that do not fit together.
     #[error("shape error in {op}: {message}")]
-    Shape { op: String, message: String },
+    Shape {
+        /// The operation.
+        op: String,
+        /// Which shapes, and why they do not fit.
+        message: String,
+    },
 
     /// The caller asked for something the engine does not support (yet).
     #[error("unsupported: {0}")]
@@ -68,7 +94,12 @@ pub enum Error {
 
     /// A WGSL shader failed to parse or validate (a bug in wgvae).
     #[error("shader `{name}` is invalid: {message}")]
-    Shader { name: String, message: String },
+    Shader {
+        /// The shader (family and entry point or binding).
+        name: String,
+        /// naga's or the preprocessor's message.
+        message: String,
+    },
 
     /// Reading a buffer back to the host failed.
     #[error("reading back from the GPU failed: {0}")]
@@ -76,7 +107,12 @@ pub enum Error {
 
     /// Bad input file contents.
     #[error("{path}: {message}")]
-    BadFile { path: PathBuf, message: String },
+    BadFile {
+        /// The file.
+        path: PathBuf,
+        /// What is wrong with it.
+        message: String,
+    },
 
     /// Bad input values (NaN latents, wrong channel count …).
     #[error("invalid input: {0}")]
@@ -85,7 +121,9 @@ pub enum Error {
     /// File system errors, with the path.
     #[error("{path}: {source}")]
     Io {
+        /// The file or folder.
         path: PathBuf,
+        /// The operating system's error.
         #[source]
         source: std::io::Error,
     },

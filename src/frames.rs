@@ -67,7 +67,9 @@ pub struct FramesOptions {
 pub struct FrameOut<'a> {
     /// Position of the frame in the latents (0-based); frames arrive in order.
     pub index: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// Frame height in pixels.
     pub height: usize,
     /// Packed RGBA8 pixels `[H, W, 4]` (R first, alpha 255), borrowed from
     /// the mapped staging buffer: valid during the callback only.
@@ -81,8 +83,11 @@ pub struct FrameOut<'a> {
 /// Mean, 99th percentile (nearest rank) and maximum of latencies.
 #[derive(Clone, Copy, Debug, Default, Serialize)]
 pub struct LatencySummary {
+    /// Mean latency in ms.
     pub mean_ms: f64,
+    /// 99th-percentile latency in ms.
     pub p99_ms: f64,
+    /// Largest latency in ms.
     pub max_ms: f64,
 }
 
@@ -114,15 +119,20 @@ pub struct FramesReport {
     pub frames: usize,
     /// Frames per batched forward (`B`); the last chunk may hold fewer.
     pub chunk: usize,
+    /// Chunks decoded (`ceil(frames / chunk)`).
     pub chunks: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// Frame height in pixels.
     pub height: usize,
     /// Wall time from the call to the last frame handed over (plan tracing,
     /// recording and callbacks included).
     pub total_ms: f64,
+    /// Frames per second over `total_ms`.
     pub frames_per_s: f64,
     /// Per-frame latency (see [`FrameOut::latency_ms`]), in frame order.
     pub latency_ms: Vec<f64>,
+    /// Mean / P99 / max of `latency_ms`.
     pub latency: LatencySummary,
     /// Host time spent recording chunks (plan tracing included).
     pub record_ms: f64,
@@ -144,11 +154,16 @@ pub struct FramesReport {
     /// Bytes of the staging buffers (one or two of `B · H · W · 4` + 4), outside the pool.
     pub staging_bytes: u64,
     /// Values f16 convolutions could not hold (0 unless the model runs in
-    /// f16). Streams are not redone: a non-zero count is logged, and the
-    /// frames should be decoded in bf16.
+    /// f16). A chunk with a non-zero count is decoded again in bf16 (with
+    /// [`crate::decode()`], frames of the chunk together) before its frames
+    /// are handed over, so callbacks never see saturated frames; only a
+    /// model built in memory (no file to reload) keeps them, with a warning.
     pub f16_overflows: u64,
+    /// Frames decoded again in bf16 after an f16 overflow in their chunk.
+    pub redone_frames: usize,
     /// Pool peaks during the call (weights included), as [`crate::Decoded::memory`].
     pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes during the call (weights included).
     pub peak_reserved_bytes: u64,
 }
 
@@ -321,6 +336,8 @@ struct Delivery {
     callback_ms: f64,
     /// Values f16 convolutions could not hold, over all chunks so far.
     f16_overflows: u64,
+    /// Frames of overflowing chunks, decoded again in bf16.
+    redone_frames: usize,
 }
 
 impl Delivery {
@@ -332,6 +349,7 @@ impl Delivery {
         staging: &wgpu::Buffer,
         chunk: InFlight,
         on_frame: &mut impl FnMut(FrameOut<'_>) -> Result<()>,
+        redo: &mut impl FnMut(usize, usize) -> Result<Vec<Vec<u8>>>,
     ) -> Result<()> {
         let waited = Instant::now();
         ctx.device()
@@ -357,30 +375,54 @@ impl Delivery {
         self.wait_ms += waited.elapsed().as_secs_f64() * 1e3;
         let frame_bytes = self.width * self.height * 4;
         let called = Instant::now();
-        {
-            let view = staging
-                .slice(..(chunk.count * frame_bytes) as u64 + 4)
-                .get_mapped_range()
-                .map_err(|e| Error::Readback(e.to_string()))?;
-            let tail = chunk.count * frame_bytes;
-            if let (true, Ok(counter)) = (chunk.counted, <[u8; 4]>::try_from(&view[tail..tail + 4]))
-            {
-                self.f16_overflows += u32::from_le_bytes(counter) as u64;
-            }
-            for i in 0..chunk.count {
-                let index = chunk.first + i;
-                debug_assert_eq!(index, self.next_index);
-                self.latency_ms[index] = latency_ms;
-                self.next_index = index + 1;
-                on_frame(FrameOut {
-                    index,
-                    width: self.width,
-                    height: self.height,
-                    rgba: &view[i * frame_bytes..(i + 1) * frame_bytes],
-                    latency_ms,
-                })?;
-            }
+        let view = staging
+            .slice(..(chunk.count * frame_bytes) as u64 + 4)
+            .get_mapped_range()
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let tail = chunk.count * frame_bytes;
+        let overflows = match (chunk.counted, <[u8; 4]>::try_from(&view[tail..tail + 4])) {
+            (true, Ok(counter)) => u32::from_le_bytes(counter) as u64,
+            _ => 0,
+        };
+        self.f16_overflows += overflows;
+        // A saturated chunk is decoded again in bf16 before any of its
+        // frames is handed over (models without a file to reload keep it).
+        let redone = match overflows {
+            0 => None,
+            _ => match redo(chunk.first, chunk.count) {
+                Ok(frames) => {
+                    self.redone_frames += chunk.count;
+                    Some(frames)
+                }
+                Err(Error::Unsupported(why)) => {
+                    log::warn!(
+                        "f16 overflow in frames {}..{}: kept ({why})",
+                        chunk.first,
+                        chunk.first + chunk.count
+                    );
+                    None
+                }
+                Err(e) => return Err(e),
+            },
+        };
+        for i in 0..chunk.count {
+            let index = chunk.first + i;
+            debug_assert_eq!(index, self.next_index);
+            self.latency_ms[index] = latency_ms;
+            self.next_index = index + 1;
+            let rgba = match &redone {
+                Some(frames) => &frames[i][..],
+                None => &view[i * frame_bytes..(i + 1) * frame_bytes],
+            };
+            on_frame(FrameOut {
+                index,
+                width: self.width,
+                height: self.height,
+                rgba,
+                latency_ms,
+            })?;
         }
+        drop(view);
         staging.unmap();
         self.callback_ms += called.elapsed().as_secs_f64() * 1e3;
         Ok(())
@@ -489,6 +531,20 @@ fn run_frames(
         wait_ms: 0.0,
         callback_ms: 0.0,
         f16_overflows: 0,
+        redone_frames: 0,
+    };
+    // Frames `first..first + count` decoded alone with the bf16 twin.
+    let mut redo = |first: usize, count: usize| -> Result<Vec<Vec<u8>>> {
+        let twin = vae.bf16_twin(ctx)?;
+        let z = HostTensor::new(
+            vec![count, c, h, w],
+            latents.data[first * frame_len..(first + count) * frame_len].to_vec(),
+        )?;
+        let opts = crate::decode::DecodeOptions {
+            raw_latents: opts.raw_latents,
+            ..Default::default()
+        };
+        Ok(crate::decode::decode(ctx, twin, &z, &opts)?.rgba)
     };
     let (mut record_ms, mut submit_ms, mut dispatches) = (0.0, 0.0, 0);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);
@@ -584,13 +640,13 @@ fn run_frames(
         if in_flight.len() == 2 {
             if let Some(done) = in_flight.pop_front() {
                 let buffer = &staging[done.slot];
-                delivery.deliver(ctx, buffer, done, &mut on_frame)?;
+                delivery.deliver(ctx, buffer, done, &mut on_frame, &mut redo)?;
             }
         }
     }
     while let Some(done) = in_flight.pop_front() {
         let buffer = &staging[done.slot];
-        delivery.deliver(ctx, buffer, done, &mut on_frame)?;
+        delivery.deliver(ctx, buffer, done, &mut on_frame, &mut redo)?;
     }
     let total_ms = start.elapsed().as_secs_f64() * 1e3;
     let mut times = crate::gpu::SubmitStats::default();
@@ -600,13 +656,15 @@ fn run_frames(
     let memory = ctx.pool().stats();
     if delivery.f16_overflows > 0 {
         log::warn!(
-            "f16 overflow: {} values beyond ±65504 (or NaN) in {}: frames may be saturated; decode them with --dtype bf16",
+            "f16 overflow: {} values beyond ±65504 (or NaN) in {}: {} of {n} frames re-decoded in bf16",
             delivery.f16_overflows,
-            vae.name
+            vae.name,
+            delivery.redone_frames
         );
     }
     Ok(FramesReport {
         f16_overflows: delivery.f16_overflows,
+        redone_frames: delivery.redone_frames,
         frames: n,
         chunk,
         chunks,

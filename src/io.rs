@@ -9,11 +9,14 @@ use crate::error::{Error, Result};
 /// A host tensor of f32 values in C order.
 #[derive(Clone, Debug, PartialEq)]
 pub struct HostTensor {
+    /// Dimensions, outermost first.
     pub shape: Vec<usize>,
+    /// Values in C (row-major) order.
     pub data: Vec<f32>,
 }
 
 impl HostTensor {
+    /// A tensor of `shape` holding `data`; an error unless the sizes match.
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
         let n: usize = shape.iter().product();
         if n != data.len() {
@@ -126,20 +129,39 @@ pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) 
         .map_err(|e| bad(path, e.to_string()))
 }
 
-/// Writes latents as `.npy` or `.safetensors` (key `latents`) by extension.
-pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
+/// File formats latents are written in.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum LatentFormat {
+    /// `.npy` (f32, C order).
+    Npy,
+    /// `.safetensors` with one f32 tensor named `latents`.
+    Safetensors,
+}
+
+/// The latent file format `path`'s extension names (case-insensitive), or
+/// an error naming the accepted ones. Check it before long work that ends
+/// in [`write_latents`].
+pub fn latent_format(path: &Path) -> Result<LatentFormat> {
     match path
         .extension()
         .and_then(|e| e.to_str())
         .map(str::to_lowercase)
         .as_deref()
     {
-        Some("npy") => write_npy(path, &t.shape, &t.data),
-        Some("safetensors") => write_safetensors(path, "latents", &t.shape, &t.data),
+        Some("npy") => Ok(LatentFormat::Npy),
+        Some("safetensors") => Ok(LatentFormat::Safetensors),
         _ => Err(bad(
             path,
             "unknown latent file type; use .npy or .safetensors",
         )),
+    }
+}
+
+/// Writes latents as `.npy` or `.safetensors` (key `latents`) by extension.
+pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
+    match latent_format(path)? {
+        LatentFormat::Npy => write_npy(path, &t.shape, &t.data),
+        LatentFormat::Safetensors => write_safetensors(path, "latents", &t.shape, &t.data),
     }
 }
 

@@ -59,6 +59,8 @@
 //! # }
 //! ```
 
+#![warn(missing_docs)]
+
 pub mod attention;
 pub mod decode;
 pub mod embed;

@@ -728,7 +728,6 @@ fn decode_frames(
                 "random_weights": vae.random_weights,
                 "latents_shape": latents.shape,
                 "image_shape": [r.frames, 3, r.height, r.width],
-                // Frames are decoded in the model's storage dtype (no bf16 redo).
                 "dtype": vae.dtype.name(),
                 "f16_overflows": r.f16_overflows,
                 "decode_ms": r.total_ms,
@@ -764,6 +763,12 @@ fn decode_frames(
             "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host: recording {:.1} ms, in submit {:.1} ms, blocked on the device {:.1} ms, writing PNGs {:.1} ms",
             r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.record_ms, r.submit_ms, r.wait_ms, r.callback_ms
         );
+        if r.f16_overflows > 0 {
+            println!(
+                "f16 overflow: {} values beyond ±65504 (or NaN); {} of {} frames re-decoded in bf16",
+                r.f16_overflows, r.redone_frames, r.frames
+            );
+        }
         println!(
             "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
             r.peak_allocated_bytes as f64 / 1048576.0,
@@ -1219,6 +1224,8 @@ fn bench_frames(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Res
 }
 
 fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
+    // Before any work: a wrong output name should not cost an encode.
+    wgvae::io::latent_format(&a.output)?;
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
         config: a.config.clone(),
@@ -1226,6 +1233,11 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
         ..Default::default()
     };
     let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;
+    if a.raw_latents && matches!(enc.encoder, wgvae::encode::EncoderKind::Tae(_)) {
+        return Err(wgvae::Error::InvalidInput(
+            "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
+        ));
+    }
     let pixels = wgvae::encode::load_image(&a.image, a.pad)?;
     let start = std::time::Instant::now();
     let out = wgvae::encode::encode(
@@ -1249,6 +1261,8 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
                    "model": enc.name, "image_shape": pixels.shape, "latents_shape": out.latents.shape,
                    "encode_ms": ms, "sampled": a.sample.is_some(), "raw_latents": a.raw_latents,
                    "weights_bytes": enc.weights_bytes,
+                   "dtype": out.dtype.name(), "f16_overflows": out.f16_overflows,
+                   "precision_note": out.precision_note,
                    "peak_allocated_bytes": out.memory.allocated_bytes.peak,
                    "peak_reserved_bytes": out.memory.reserved_bytes.peak,
                    "tiling": out.tiling, "output": a.output})
@@ -1263,6 +1277,9 @@ fn encode(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
             out.memory.reserved_bytes.peak as f64 / 1048576.0
         );
         print_tiling(&out.tiling);
+        if let Some(note) = &out.precision_note {
+            println!("{note}");
+        }
     }
     Ok(())
 }

@@ -10,8 +10,11 @@ use crate::memory::{Block, MemoryPool};
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum DType {
+    /// 32-bit float.
     F32,
+    /// IEEE half (native `f16` or packed pairs, by device).
     F16,
+    /// bfloat16, packed in pairs.
     BF16,
     /// Four u8 packed in a u32: RGBA8 pixels, or an RGB8 byte stream (`kernels::image::to_rgb8`).
     Rgba8,
@@ -25,6 +28,7 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
         }
     }
+    /// Short name (`f32`, `f16`, `bf16`, `rgba8`).
     pub fn name(self) -> &'static str {
         match self {
             DType::F32 => "f32",
@@ -155,12 +159,15 @@ impl Tensor {
         }
     }
 
+    /// Dimensions.
     pub fn shape(&self) -> &[usize] {
         &self.shape
     }
+    /// Element type.
     pub fn dtype(&self) -> DType {
         self.dtype
     }
+    /// Elements.
     pub fn numel(&self) -> usize {
         numel(&self.shape)
     }
@@ -168,6 +175,7 @@ impl Tensor {
     pub fn byte_size(&self) -> u64 {
         Self::bytes_for(&self.shape, self.dtype)
     }
+    /// The pool block holding the tensor.
     pub fn block(&self) -> &Block {
         &self.storage.block
     }
@@ -228,24 +236,9 @@ impl Tensor {
 
     /// This tensor's values from its read-back bytes (see [`crate::gpu::read_back`]).
     pub fn f32_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f32>> {
-        Ok(match self.dtype {
-            DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
-            DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
-                .into_iter()
-                .take(self.numel())
-                .map(f32::from)
-                .collect(),
-            DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
-                .into_iter()
-                .take(self.numel())
-                .map(f32::from)
-                .collect(),
-            DType::Rgba8 => {
-                return Err(Error::Unsupported(
-                    "to_f32 on an rgba8 tensor; use to_bytes".into(),
-                ))
-            }
-        })
+        let mut v = f32_from_bytes_of(self.dtype, bytes)?;
+        v.truncate(self.numel());
+        Ok(v)
     }
 
     /// Reads the tensor's raw bytes back (blocking).
@@ -254,6 +247,26 @@ impl Tensor {
             .pop()
             .unwrap_or_default())
     }
+}
+
+/// Values of `dtype` elements in little-endian `bytes`, widened to f32.
+pub(crate) fn f32_from_bytes_of(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
+    Ok(match dtype {
+        DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
+        DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
+            .into_iter()
+            .map(f32::from)
+            .collect(),
+        DType::Rgba8 => {
+            return Err(Error::Unsupported(
+                "to_f32 on an rgba8 tensor; use to_bytes".into(),
+            ))
+        }
+    })
 }
 
 #[cfg(test)]

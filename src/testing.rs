@@ -101,3 +101,51 @@ pub fn rgb_of(rgba: &[u8]) -> Vec<u8> {
         .flat_map(|p| [p[0], p[1], p[2]])
         .collect()
 }
+
+/// A copy of the diffusers folder `src` (config.json and
+/// diffusion_pytorch_model.safetensors, f32 weights) in a fresh temporary
+/// folder named after `tag`, with every tensor whose name starts with
+/// `prefix` multiplied by `factor`: e.g. `decoder.conv_in.` × 3e5 drives the
+/// activations far beyond f16's range (finite in bf16 and f32). Remove the
+/// folder when done.
+pub fn scaled_weights_copy(
+    src: &std::path::Path,
+    prefix: &str,
+    factor: f32,
+    tag: &str,
+) -> std::path::PathBuf {
+    use std::collections::HashMap;
+    let dst = std::env::temp_dir().join(format!("wgvae-scaled-{tag}-{}", std::process::id()));
+    std::fs::create_dir_all(&dst).unwrap();
+    std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
+    let bytes = std::fs::read(src.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors: HashMap<String, (safetensors::Dtype, Vec<usize>, Vec<u8>)> = HashMap::new();
+    let mut scaled = 0;
+    for (name, view) in st.tensors() {
+        let mut data = view.data().to_vec();
+        if name.starts_with(prefix) {
+            assert_eq!(view.dtype(), safetensors::Dtype::F32, "{name}: f32 weights");
+            let vals: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, f32>(&data)
+                .into_iter()
+                .map(|v| v * factor)
+                .collect();
+            data = bytemuck::cast_slice(&vals).to_vec();
+            scaled += 1;
+        }
+        tensors.insert(name, (view.dtype(), view.shape().to_vec(), data));
+    }
+    assert!(scaled > 0, "no tensor starts with {prefix}");
+    let views: Vec<(String, safetensors::tensor::TensorView)> = tensors
+        .iter()
+        .map(|(k, (d, s, b))| {
+            (
+                k.clone(),
+                safetensors::tensor::TensorView::new(*d, s.clone(), b).unwrap(),
+            )
+        })
+        .collect();
+    let out = safetensors::serialize(views, None).unwrap();
+    std::fs::write(dst.join("diffusion_pytorch_model.safetensors"), out).unwrap();
+    dst
+}

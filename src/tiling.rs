@@ -23,7 +23,7 @@
 //! whole.
 //!
 //! Encoders run on the same executor in the other direction (image → latent
-//! level): a stride-2 conv reads the input span [`conv_span`] names for its
+//! level): a stride-2 conv reads the input span `conv_span` names for its
 //! output tile (halo plus the whole-image padding where the tile touches a
 //! border, e.g. diffusers' asymmetric (0, 1, 0, 1) pad).
 //!
@@ -75,6 +75,7 @@ pub enum TileMode {
 }
 
 impl TileMode {
+    /// The mode's command-line name.
     pub fn name(self) -> &'static str {
         match self {
             TileMode::Auto => "auto",
@@ -107,6 +108,7 @@ pub const FAST_DEFAULT_TILE: usize = 512;
 /// and [`crate::encode::EncodeOptions`]).
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct Tiling {
+    /// How to tile.
     pub mode: TileMode,
     /// Tile side in image pixels (decode output, encode input), rounded up
     /// to a multiple of the model's scale (8). `None`: the largest that fits `max_memory` (exact, auto),
@@ -125,32 +127,38 @@ pub struct Tiling {
 }
 
 impl Tiling {
+    /// Never tile.
     pub fn off() -> Self {
         Tiling {
             mode: TileMode::Off,
             ..Default::default()
         }
     }
+    /// Exact tiles (equal to the untiled result up to rounding).
     pub fn exact() -> Self {
         Tiling {
             mode: TileMode::Exact,
             ..Default::default()
         }
     }
+    /// Fast, independently decoded overlapping tiles (diffusers' tiling).
     pub fn fast() -> Self {
         Tiling {
             mode: TileMode::Fast,
             ..Default::default()
         }
     }
+    /// Tiles of `px` pixels.
     pub fn with_tile_size(mut self, px: usize) -> Self {
         self.tile_size = Some(px);
         self
     }
+    /// Fast tiles overlapping by `px` pixels.
     pub fn with_overlap(mut self, px: usize) -> Self {
         self.overlap = Some(px);
         self
     }
+    /// A memory budget of `bytes`.
     pub fn with_max_memory(mut self, bytes: u64) -> Self {
         self.max_memory = Some(bytes);
         self
@@ -174,7 +182,9 @@ pub fn default_max_memory(caps: &Capabilities) -> u64 {
 /// One tile step done.
 #[derive(Clone, Copy, Debug)]
 pub struct ProgressUpdate {
+    /// Steps done.
     pub done: usize,
+    /// Steps in total.
     pub total: usize,
     /// The layer being run.
     pub stage: &'static str,
@@ -376,6 +386,10 @@ pub(crate) struct Act {
 }
 
 impl Act {
+    /// Storage dtype of the parked tiles (and of [`Executor::gather_host`]'s bytes).
+    pub(crate) fn dtype(&self) -> DType {
+        self.dtype
+    }
     fn shape_of(&self, win: &Window) -> [usize; 4] {
         [self.n, self.c, win.h, win.w]
     }

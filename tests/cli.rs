@@ -623,3 +623,162 @@ fn bench_cold_start_writes_both_numbers() {
     assert_eq!(std::fs::read_dir(&dir).unwrap().count(), 2);
     assert!(out.contains("warm pipeline and driver caches"), "{out}");
 }
+
+/// `--pad` through the CLI on a non-uniform 30×21 image: the latents equal
+/// those of the same image padded to 32×24 by hand (right column and bottom
+/// row replicated) and encoded without `--pad`.
+#[test]
+fn encode_pad_replicates_edges_through_the_cli() {
+    let Some(shared) = shared_dir() else { return };
+    let enc = shared.join("weights/taef2/encoder.safetensors");
+    let (w, h) = (30u32, 21u32);
+    let pixel = |x: u32, y: u32| image::Rgb([(x * 8) as u8, (y * 12) as u8, ((x * y) % 251) as u8]);
+    let odd = tmp("gradient-30x21.png");
+    image::RgbImage::from_fn(w, h, pixel).save(&odd).unwrap();
+    let by_hand = tmp("gradient-32x24.png");
+    image::RgbImage::from_fn(32, 24, |x, y| pixel(x.min(w - 1), y.min(h - 1)))
+        .save(&by_hand)
+        .unwrap();
+    let run = |img: &PathBuf, out: &str, pad: bool| {
+        let out = tmp(out);
+        let mut args = vec![
+            "encode",
+            img.to_str().unwrap(),
+            "--vae",
+            enc.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+            "--json",
+        ];
+        if pad {
+            args.push("--pad");
+        }
+        let (ok, stdout, err) = wgvae(&args);
+        assert!(ok, "{err}");
+        assert_eq!(
+            json(&stdout)["image_shape"],
+            serde_json::json!([1, 3, 24, 32])
+        );
+        wgvae::io::read_npy(&out).unwrap()
+    };
+    let padded = run(&odd, "padded.npy", true);
+    let manual = run(&by_hand, "manual.npy", false);
+    assert_eq!(padded.shape, vec![1, 32, 3, 4]);
+    assert_eq!(
+        padded, manual,
+        "--pad must replicate the right and bottom edges"
+    );
+}
+
+/// `--sample` and `--raw-latents` through the CLI (AutoencoderKL): JSON
+/// says so and the file equals the library's encode with the same options;
+/// with a TAE encoder both are refused; a wrong output extension fails
+/// before anything is loaded.
+#[test]
+fn encode_sample_and_raw_latents_through_the_cli() {
+    use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let img = dir.join("encode_input.png");
+    let out = tmp("sampled.npy");
+    let (ok, stdout, err) = wgvae(&[
+        "encode",
+        img.to_str().unwrap(),
+        "--vae",
+        dir.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--sample",
+        "11",
+        "--raw-latents",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&stdout);
+    assert_eq!(
+        (v["sampled"].as_bool(), v["raw_latents"].as_bool()),
+        (Some(true), Some(true))
+    );
+    assert_eq!(v["f16_overflows"].as_u64(), Some(0));
+    let got = wgvae::io::read_npy(&out).unwrap();
+    let ctx = wgvae::testing::test_context();
+    let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &Default::default()).unwrap();
+    let opts = EncodeOptions {
+        sample: Some(11),
+        raw_latents: true,
+        ..Default::default()
+    };
+    let want = encode(&ctx, &enc, &load_image(&img, false).unwrap(), &opts).unwrap();
+    let (err_max, _) = wgvae::testing::max_abs_diff(&got.data, &want.latents.data);
+    assert!(err_max <= 1e-6, "CLI vs library sample: {err_max}");
+    assert!(
+        got.data != want.mean.unwrap().data,
+        "a sample is not the mean"
+    );
+
+    let tae = shared.join("weights/taef2/encoder.safetensors");
+    for flag in [&["--sample", "3"][..], &["--raw-latents"][..]] {
+        let mut args = vec![
+            "encode",
+            img.to_str().unwrap(),
+            "--vae",
+            tae.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(flag);
+        let (ok, _, err) = wgvae(&args);
+        assert!(
+            !ok && err.contains(flag[0]) && err.contains("TAE"),
+            "{flag:?}: {err}"
+        );
+    }
+    let (ok, _, err) = wgvae(&[
+        "encode",
+        "/nonexistent.png",
+        "--vae",
+        "/nonexistent",
+        "-o",
+        tmp("latents.png").to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains(".npy or .safetensors"), "{err}");
+}
+
+/// `encode --dtype f16` with an encoder that overflows f16 (`encoder.conv_in`
+/// scaled by 3·10⁵): the JSON reports the overflow, the bf16 re-encode and
+/// the note; the written latents are the bf16 ones.
+#[test]
+fn encode_f16_overflow_is_reported_in_json() {
+    let Some(shared) = shared_dir() else { return };
+    let golden = shared.join("golden/aekl-tiny-sd");
+    let dir = wgvae::testing::scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, "cli-enc");
+    let out = tmp("overflow.npy");
+    let (ok, stdout, err) = wgvae(&[
+        "encode",
+        golden.join("encode_input.png").to_str().unwrap(),
+        "--vae",
+        dir.to_str().unwrap(),
+        "-o",
+        out.to_str().unwrap(),
+        "--dtype",
+        "f16",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&stdout);
+    assert!(v["f16_overflows"].as_u64().unwrap() > 0, "{v}");
+    assert_eq!(v["dtype"], "bf16");
+    assert!(
+        v["precision_note"]
+            .as_str()
+            .unwrap()
+            .contains("re-encoded in bf16"),
+        "{v}"
+    );
+    assert!(wgvae::io::read_npy(&out)
+        .unwrap()
+        .data
+        .iter()
+        .all(|x| x.is_finite()));
+    let _ = std::fs::remove_dir_all(&dir);
+}

@@ -119,3 +119,83 @@ fn image_sizes_must_be_multiples_of_8_unless_padded() {
         .to_string();
     assert!(e.contains("decoder file"), "{e}");
 }
+
+/// `sample: Some(seed)` is exactly `mean + std · ε` with
+/// ε = `standard_normal(len, seed)`, before and after the pipeline scaling
+/// `(z − shift) · scaling_factor`; and the ε implied by the latents looks
+/// standard normal (4096 values: mean within 0.15, std within 0.1 of 1).
+#[test]
+fn kl_sample_is_mean_plus_std_times_standard_normal() {
+    use wgvae::encode::standard_normal;
+    let Some(shared) = shared_dir() else { return };
+    let ctx = test_context();
+    let dir = shared.join("golden/aekl-tiny-flux");
+    let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let img = load_image(&dir.join("encode_input.png"), false).unwrap();
+    let run = |sample, raw_latents| {
+        let opts = EncodeOptions {
+            sample,
+            raw_latents,
+            ..Default::default()
+        };
+        encode(&ctx, &enc, &img, &opts).unwrap()
+    };
+    let base = run(None, true);
+    let (mean, std) = (base.mean.unwrap().data, base.std.unwrap().data);
+    assert_eq!(base.latents.data, mean, "no sample: the mean");
+    let eps = standard_normal(mean.len(), 9);
+    let raw = run(Some(9), true).latents.data;
+    let scaled = run(Some(9), false).latents.data;
+    let wgvae::encode::EncoderKind::Kl(k) = &enc.encoder else {
+        panic!("an AutoencoderKL encoder")
+    };
+    let (sf, shift) = (k.config.scaling_factor, k.config.shift());
+    assert!(shift != 0.0, "this test needs a shifted VAE");
+    let mut implied = Vec::new();
+    for i in 0..mean.len() {
+        let z = mean[i] + std[i] * eps[i];
+        assert!(
+            (raw[i] - z).abs() <= 1e-6 * (1.0 + z.abs()),
+            "{i}: {} vs {z}",
+            raw[i]
+        );
+        let s = (z - shift) * sf;
+        assert!((scaled[i] - s).abs() <= 1e-6 * (1.0 + s.abs()), "{i}");
+        implied.push(((raw[i] - mean[i]) / std[i]) as f64);
+    }
+    let n = implied.len() as f64;
+    let m = implied.iter().sum::<f64>() / n;
+    let sd = (implied.iter().map(|e| (e - m).powi(2)).sum::<f64>() / n).sqrt();
+    println!("implied ε over {n} latents: mean {m:.4}, std {sd:.4}");
+    assert!(
+        m.abs() < 0.15 && (sd - 1.0).abs() < 0.1,
+        "mean {m}, std {sd}"
+    );
+}
+
+/// TAE encoders are deterministic: `sample` is an error that says why, not
+/// silently ignored; `raw_latents` is a no-op for their unscaled latents.
+#[test]
+fn tae_encoders_refuse_sample_and_ignore_raw_latents() {
+    let Some(shared) = shared_dir() else { return };
+    let ctx = test_context();
+    let path = shared.join("weights/taef2/encoder.safetensors");
+    let enc = VaeEncoder::load(&ctx, path.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let img = wgvae::io::HostTensor::new(vec![1, 3, 8, 8], vec![128.0; 192]).unwrap();
+    let sample = EncodeOptions {
+        sample: Some(1),
+        ..Default::default()
+    };
+    let e = encode(&ctx, &enc, &img, &sample).err().unwrap().to_string();
+    assert!(e.contains("--sample") && e.contains("deterministic"), "{e}");
+    // raw_latents changes nothing for TAE latents (the CLI rejects the flag).
+    let raw = EncodeOptions {
+        raw_latents: true,
+        ..Default::default()
+    };
+    let plain = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
+    assert_eq!(
+        encode(&ctx, &enc, &img, &raw).unwrap().latents,
+        plain.latents
+    );
+}

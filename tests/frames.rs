@@ -471,3 +471,42 @@ fn half_precision_stream_matches_single_frame_decodes() {
     let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, "f16 planned");
     assert_eq!(r.f16_overflows, 0);
 }
+
+/// f16 overflow in a stream: with an AutoencoderKL whose `decoder.conv_in`
+/// is scaled far beyond f16's range, every chunk overflows and is decoded
+/// again in bf16 before its frames are handed over; the streamed frames
+/// equal `decode()` of each frame alone (which redoes it in bf16 too).
+#[test]
+fn overflowing_f16_chunks_are_redone_in_bf16() {
+    let Some(shared) = shared_dir() else { return };
+    let golden = shared.join("golden/aekl-tiny-sd");
+    let dir =
+        wgvae::testing::scaled_weights_copy(&golden, "decoder.conv_in.", 3.0e5, "frames-overflow");
+    let ctx = test_context();
+    let load = LoadOptions {
+        precision: wgvae::models::Precision::F16,
+        ..Default::default()
+    };
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &load).unwrap();
+    let one = wgvae::io::read_npy(&golden.join("latents.npy")).unwrap();
+    let mut data = Vec::new();
+    for k in [1.0f32, 0.5, -0.8] {
+        data.extend(one.data.iter().map(|v| v * k));
+    }
+    let mut shape = one.shape.clone();
+    shape[0] = 3;
+    let z = HostTensor::new(shape, data).unwrap();
+    let want = single_frame_decodes(&ctx, &vae, &z);
+    let opts = FramesOptions {
+        chunk: Some(2),
+        ..Default::default()
+    };
+    let r = stream_and_compare(&ctx, &vae, &z, &opts, &want, "overflowing f16 model");
+    println!(
+        "overflowing f16 stream: {} values beyond f16, {} of 3 frames redone in bf16",
+        r.f16_overflows, r.redone_frames
+    );
+    assert!(r.f16_overflows > 0);
+    assert_eq!(r.redone_frames, 3);
+    let _ = std::fs::remove_dir_all(&dir);
+}

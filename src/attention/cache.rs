@@ -29,6 +29,7 @@ use super::Mask;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 pub enum KvDtype {
     #[default]
+    /// Keys and values as f32.
     F32,
     /// int8 codes + one f32 scale per (token, head).
     Int8,
@@ -37,14 +38,19 @@ pub enum KvDtype {
 /// Shape of a per-layer KV cache.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct KvCacheConfig {
+    /// Batch size.
     pub batch: usize,
+    /// Attention heads.
     pub heads: usize,
+    /// Channels per head.
     pub head_dim: usize,
+    /// Tokens each appended frame adds.
     pub tokens_per_frame: usize,
     /// Pinned frames: the first `sink_frames` frames of the stream.
     pub sink_frames: usize,
     /// Rotating frames: the most recent `window_frames` frames after the sinks.
     pub window_frames: usize,
+    /// Storage type of the cached keys and values.
     pub dtype: KvDtype,
 }
 
@@ -180,9 +186,11 @@ pub struct KvWindow {
     pub frames: Vec<usize>,
     /// Keys and values as f32 (dequantised for int8 caches).
     pub k: Vec<f32>,
+    /// Values as f32 (dequantised for int8 caches).
     pub v: Vec<f32>,
     /// int8 caches: codes `[B, T, H, d]` and scales `[B, T, H]`.
     pub k_int8: Option<(Vec<i8>, Vec<f32>)>,
+    /// int8 caches: value codes `[B, T, H, d]` and scales `[B, T, H]`.
     pub v_int8: Option<(Vec<i8>, Vec<f32>)>,
 }
 
@@ -221,6 +229,7 @@ impl RingKvCache {
         })
     }
 
+    /// The cache's configuration.
     pub fn config(&self) -> &KvCacheConfig {
         &self.cfg
     }
@@ -418,6 +427,7 @@ impl ConcatKvCache {
         })
     }
 
+    /// Frames appended since the cache was created (evicted ones included).
     pub fn frames_appended(&self) -> usize {
         self.frames
     }

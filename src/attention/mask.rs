@@ -12,8 +12,11 @@ use crate::error::{Error, Result};
 /// `sink_frames: 0, window_frames: Some(1)` is frame attention (own frame only).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FrameWindow {
+    /// Tokens per frame (frame index = token position / this).
     pub tokens_per_frame: usize,
+    /// Leading frames every query sees (attention sinks).
     pub sink_frames: usize,
+    /// Frames of the sliding window ending at the query's frame; `None`: unbounded.
     pub window_frames: Option<usize>,
 }
 
@@ -22,6 +25,7 @@ pub struct FrameWindow {
 pub struct Mask {
     /// Query at position p sees keys at positions <= p.
     pub causal: bool,
+    /// Frame-window mask, if any.
     pub frames: Option<FrameWindow>,
 }
 

@@ -50,6 +50,7 @@ impl Layout {
         })
     }
 
+    /// Element strides of a `[tokens, heads, d]` tensor in this layout.
     pub fn strides(self, tokens: usize, heads: usize, d: usize) -> Strides {
         match self {
             Layout::TokenMajor => Strides::token_major(tokens, heads, d),
@@ -61,7 +62,9 @@ impl Layout {
 /// Options of [`multi_head_attention`].
 #[derive(Clone, Copy, Debug, Default)]
 pub struct AttentionOptions {
+    /// Memory layout of q, k, v and the output.
     pub layout: Layout,
+    /// Causal and frame-window masks.
     pub mask: Mask,
     /// Softmax scale; `None`: 1 / sqrt(d).
     pub scale: Option<f32>,
@@ -70,6 +73,7 @@ pub struct AttentionOptions {
 }
 
 impl AttentionOptions {
+    /// Default options with `mask`.
     pub fn masked(mask: Mask) -> Self {
         AttentionOptions {
             mask,

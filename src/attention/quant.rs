@@ -15,11 +15,17 @@ use crate::tensor::{DType, Tensor};
 /// words, `scales` `[batch, tokens, heads]` f32.
 #[derive(Clone, Debug)]
 pub struct QuantizedKv {
+    /// int8 codes, four per `u32` word (stored as an Rgba8 tensor).
     pub codes: Tensor,
+    /// One f32 scale per (batch, token, head).
     pub scales: Tensor,
+    /// Batch size.
     pub batch: usize,
+    /// Tokens.
     pub tokens: usize,
+    /// Heads.
     pub heads: usize,
+    /// Channels per head.
     pub head_dim: usize,
 }
 

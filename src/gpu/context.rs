@@ -8,10 +8,15 @@ use crate::memory::{Backing, ExactPool, MemoryPool};
 /// with. The rest of the engine consults this and never assumes more.
 #[derive(Clone, Debug)]
 pub struct Capabilities {
+    /// The adapter's name.
     pub adapter_name: String,
+    /// Graphics API backend.
     pub backend: wgpu::Backend,
+    /// Discrete, integrated, CPU, …
     pub device_type: wgpu::DeviceType,
+    /// Driver name.
     pub driver: String,
+    /// Driver version details.
     pub driver_info: String,
     /// `SHADER_F16` is enabled on the device.
     pub shader_f16: bool,
@@ -21,14 +26,23 @@ pub struct Capabilities {
     pub timestamp_inside_passes: bool,
     /// `SUBGROUP` is enabled on the device.
     pub subgroup: bool,
+    /// Largest storage buffer binding in bytes (one tensor per binding).
     pub max_storage_buffer_binding_size: u64,
+    /// Largest buffer in bytes.
     pub max_buffer_size: u64,
+    /// Workgroup (`var<workgroup>`) memory per workgroup in bytes.
     pub max_compute_workgroup_storage_size: u32,
+    /// Invocations per workgroup.
     pub max_compute_invocations_per_workgroup: u32,
+    /// Workgroups per dispatch dimension.
     pub max_compute_workgroups_per_dimension: u32,
+    /// Storage buffers one kernel may bind.
     pub max_storage_buffers_per_shader_stage: u32,
+    /// Alignment of storage buffer binding offsets in bytes.
     pub min_storage_buffer_offset_alignment: u32,
+    /// Alignment of uniform buffer binding offsets in bytes.
     pub min_uniform_buffer_offset_alignment: u32,
+    /// Largest uniform buffer binding in bytes.
     pub max_uniform_buffer_binding_size: u64,
 }
 
@@ -107,6 +121,7 @@ pub enum AdapterChoice {
 /// Options for [`Context::new`].
 #[derive(Clone, Debug, Default)]
 pub struct ContextOptions {
+    /// Which adapter to use.
     pub adapter: AdapterChoice,
     /// Backends to consider; `None` reads `WGPU_BACKEND` or uses all.
     pub backends: Option<wgpu::Backends>,
@@ -202,15 +217,20 @@ fn backends_from_env() -> wgpu::Backends {
 /// What adapter selection looks at, per adapter (see [`rank_adapters`]).
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct AdapterSummary {
+    /// Adapter name as the driver reports it.
     pub name: String,
+    /// Discrete / integrated / virtual / CPU / other.
     pub device_type: wgpu::DeviceType,
+    /// Vulkan, Metal, DX12, GL, …
     pub backend: wgpu::Backend,
     /// Can run compute shaders with storage buffers.
     pub compute: bool,
+    /// Has the `shader-f16` feature.
     pub shader_f16: bool,
 }
 
 impl AdapterSummary {
+    /// The summary of a wgpu adapter.
     pub fn of(a: &wgpu::Adapter) -> Self {
         let info = a.get_info();
         AdapterSummary {
@@ -429,6 +449,7 @@ impl Context {
         }
     }
 
+    /// True for dry-run contexts (memory estimation: nothing runs).
     pub fn is_dry_run(&self) -> bool {
         self.inner.dry_run
     }
@@ -521,18 +542,22 @@ impl Context {
         Ok(Self::from_device(device, queue))
     }
 
+    /// The wgpu device.
     pub fn device(&self) -> &wgpu::Device {
         &self.inner.device
     }
 
+    /// The wgpu queue.
     pub fn queue(&self) -> &wgpu::Queue {
         &self.inner.queue
     }
 
+    /// What the engine knows of the device (limits, features).
     pub fn caps(&self) -> &Capabilities {
         &self.inner.caps
     }
 
+    /// The compiled-pipeline cache.
     pub fn pipelines(&self) -> &PipelineCache {
         &self.inner.pipelines
     }

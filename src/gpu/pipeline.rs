@@ -41,7 +41,9 @@ pub enum BindingKind {
 pub struct KernelSpec {
     /// Kernel family: the shader file's stem (`conv2d` for `shaders/conv2d.wgsl`).
     pub family: &'static str,
+    /// The WGSL source (before preprocessing).
     pub source: &'static str,
+    /// Entry point name.
     pub entry: &'static str,
     /// Storage bindings 1.. in order.
     pub bindings: &'static [BindingKind],
@@ -62,12 +64,16 @@ pub enum Define {
 /// Cache key: kernel family, entry point and specialisation.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
 pub struct PipelineKey {
+    /// Kernel family (the shader file's name).
     pub family: &'static str,
+    /// Entry point name.
     pub entry: &'static str,
+    /// Constants, aliases, flags and storage types injected by the preprocessor.
     pub defines: Vec<Define>,
 }
 
 impl PipelineKey {
+    /// A key for `spec` with no specialisation yet.
     pub fn new(spec: &KernelSpec) -> Self {
         PipelineKey {
             family: spec.family,
@@ -75,10 +81,12 @@ impl PipelineKey {
             defines: Vec::new(),
         }
     }
+    /// Defines preprocessor flag `name` (for `#ifdef`).
     pub fn flag(mut self, name: &'static str) -> Self {
         self.defines.push(Define::Flag(name));
         self
     }
+    /// Defines flag `name` when `cond` holds.
     pub fn flag_if(self, cond: bool, name: &'static str) -> Self {
         if cond {
             self.flag(name)
@@ -86,10 +94,12 @@ impl PipelineKey {
             self
         }
     }
+    /// Injects `const name = value;`.
     pub fn constant(mut self, name: &'static str, value: impl ToString) -> Self {
         self.defines.push(Define::Const(name, value.to_string()));
         self
     }
+    /// Injects `alias name = ty;`.
     pub fn alias(mut self, name: &'static str, ty: impl ToString) -> Self {
         self.defines.push(Define::Alias(name, ty.to_string()));
         self
@@ -209,6 +219,7 @@ pub struct PipelineCache {
 }
 
 impl PipelineCache {
+    /// An empty cache.
     pub fn new() -> Self {
         Self::default()
     }
@@ -267,6 +278,7 @@ impl PipelineCache {
         self.map.lock().map(|m| m.len()).unwrap_or(0)
     }
 
+    /// True when no pipeline has been compiled yet.
     pub fn is_empty(&self) -> bool {
         self.len() == 0
     }

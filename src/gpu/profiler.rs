@@ -28,11 +28,15 @@ pub struct Profiler {
 /// One kernel's share of a profiled forward.
 #[derive(Clone, Debug, Serialize)]
 pub struct KernelTime {
+    /// Kernel family and entry point.
     pub kernel: String,
+    /// Dispatches of this kernel.
     pub calls: usize,
+    /// GPU time over all its dispatches, in ms.
     pub total_ms: f64,
     /// Multiply-accumulates of all calls (0 for copies and clears).
     pub macs: u64,
+    /// Share of the total GPU time, in percent.
     pub percent: f64,
     /// 2·MACs / time (0 where MACs are not counted).
     pub gflops: f64,
@@ -41,6 +45,7 @@ pub struct KernelTime {
 /// Per-kernel GPU times of a forward, most expensive first.
 #[derive(Clone, Debug, Serialize, Default)]
 pub struct Profile {
+    /// Per-kernel times, slowest first.
     pub kernels: Vec<KernelTime>,
     /// Sum of the dispatches' GPU times.
     pub gpu_ms: f64,

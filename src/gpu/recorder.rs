@@ -18,7 +18,9 @@ const UNIFORM_CHUNK: u64 = 64 * 1024;
 /// What a dispatch was, for profiles and error messages.
 #[derive(Clone, Debug)]
 pub struct DispatchLabel {
+    /// Kernel family.
     pub family: &'static str,
+    /// Entry point.
     pub entry: &'static str,
     /// Multiply-accumulates done (for GFLOP/s), 0 when not meaningful.
     pub macs: u64,
@@ -109,6 +111,7 @@ impl<'a> Recorder<'a> {
         self.profiler.is_some()
     }
 
+    /// The context this recorder allocates from and dispatches on.
     pub fn ctx(&self) -> &Context {
         &self.ctx
     }
@@ -355,6 +358,7 @@ impl<'a> Recorder<'a> {
         self.range_flag = Some(t);
     }
 
+    /// The f16 overflow counter, when one is tracked (see [`Recorder::track_f16_range`]).
     pub fn range_flag(&self) -> Option<&Tensor> {
         self.range_flag.as_ref()
     }

@@ -64,6 +64,7 @@ impl StorageType {
         StorageType::BF16,
     ];
 
+    /// Short name (`f32`, `f16`, `f16x2`, `bf16x2`) for keys and reports.
     pub fn name(self) -> &'static str {
         match self {
             StorageType::F32 => "f32",
@@ -81,7 +82,9 @@ impl StorageType {
 /// What a kernel does with a `#storage` binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum Access {
+    /// Read only.
     Read,
+    /// Read and written (gets a `_st` store accessor).
     Write,
     /// Read only, but may alias a binding written in the same dispatch.
     Shared,

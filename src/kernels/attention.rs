@@ -38,32 +38,53 @@ pub const MAX_HEAD_DIM: usize = 512;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable, Default)]
 pub struct Params {
+    /// Head dimension.
     pub d: u32,
+    /// Queries per (batch, head).
     pub n_q: u32,
+    /// Keys per (batch, head).
     pub n_kv: u32,
+    /// Heads.
     pub heads: u32,
+    /// q / out stride between batches (elements).
     pub q_sb: u32,
+    /// q / out stride between heads.
     pub q_sh: u32,
+    /// q / out stride between tokens.
     pub q_st: u32,
+    /// q / out stride between channels.
     pub q_sc: u32,
+    /// k / v stride between batches.
     pub kv_sb: u32,
+    /// k / v stride between heads.
     pub kv_sh: u32,
+    /// k / v stride between tokens.
     pub kv_st: u32,
+    /// k / v stride between channels.
     pub kv_sc: u32,
+    /// Softmax scale.
     pub scale: f32,
+    /// 1 for a causal mask.
     pub causal: u32,
+    /// Key position of query 0.
     pub q_pos0: u32,
+    /// Tokens per frame of the frame-window mask (0: none).
     pub frame_tokens: u32,
+    /// Sink frames of the frame-window mask.
     pub sink_frames: u32,
     /// 0: every frame (no window).
     pub window_frames: u32,
     /// This dispatch's share of the keys.
     pub kv_begin: u32,
+    /// End of the keys the window may see.
     pub kv_end: u32,
     /// Bit 0: first share; bit 1: last share.
     pub phase: u32,
+    /// Padding to 16 bytes.
     pub _pad0: u32,
+    /// Padding.
     pub _pad1: u32,
+    /// Padding.
     pub _pad2: u32,
 }
 
@@ -104,21 +125,37 @@ pub const ATTENTION_INT8: KernelSpec = KernelSpec {
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable, Default)]
 pub struct AppendParams {
+    /// Head dimension.
     pub d: u32,
+    /// Heads.
     pub heads: u32,
+    /// Tokens appended.
     pub tokens: u32,
+    /// Batch size.
     pub batch: u32,
+    /// Source stride between batches (elements).
     pub src_sb: u32,
+    /// Source stride between heads.
     pub src_sh: u32,
+    /// Source stride between tokens.
     pub src_st: u32,
+    /// Source stride between channels.
     pub src_sc: u32,
+    /// Cache stride between batches.
     pub dst_sb: u32,
+    /// Cache stride between heads.
     pub dst_sh: u32,
+    /// Cache stride between tokens.
     pub dst_st: u32,
+    /// First source token.
     pub src_t0: u32,
+    /// First cache slot written.
     pub dst_t0: u32,
+    /// Padding to 16 bytes.
     pub _pad0: u32,
+    /// Padding.
     pub _pad1: u32,
+    /// Padding.
     pub _pad2: u32,
 }
 
@@ -153,8 +190,11 @@ pub const APPEND_WG: u32 = 64;
 /// (`dpt`), covering d <= ds * dpt. Key tiles are [`KEYS_PER_TILE`] wide.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct AttentionConfig {
+    /// Invocations per query (splitting the head dimension).
     pub ds: u32,
+    /// Query groups per workgroup (two queries each).
     pub qg: u32,
+    /// Head channels per invocation.
     pub dpt: u32,
 }
 
@@ -166,6 +206,7 @@ impl AttentionConfig {
     pub fn max_d(&self) -> usize {
         (self.ds * self.dpt) as usize
     }
+    /// Invocations per workgroup (`qg · ds`).
     pub fn invocations(&self) -> u32 {
         self.qg * self.ds
     }
@@ -266,9 +307,13 @@ fn append_key(int8: bool) -> PipelineKey {
 /// (channel stride 1); the kernels convert them to words.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Strides {
+    /// Stride between batches (elements).
     pub batch: usize,
+    /// Stride between heads.
     pub head: usize,
+    /// Stride between tokens.
     pub token: usize,
+    /// Stride between channels.
     pub channel: usize,
 }
 
@@ -328,13 +373,22 @@ impl Strides {
 #[derive(Clone, Copy, Debug)]
 pub enum KvInput<'a> {
     /// f32 tensors laid out by the problem's `kv_strides`.
-    F32 { k: &'a Tensor, v: &'a Tensor },
+    F32 {
+        /// Keys.
+        k: &'a Tensor,
+        /// Values.
+        v: &'a Tensor,
+    },
     /// int8 codes (four per u32 word, stored as [`DType::Rgba8`] words) and
     /// one f32 scale per (batch, token, head), index = word offset / (d / 4).
     Int8 {
+        /// Key codes.
         k_codes: &'a Tensor,
+        /// Key scales.
         k_scales: &'a Tensor,
+        /// Value codes.
         v_codes: &'a Tensor,
+        /// Value scales.
         v_scales: &'a Tensor,
     },
 }
@@ -344,17 +398,25 @@ pub enum KvInput<'a> {
 /// for the masks (a chunk of queries appended after earlier keys).
 #[derive(Clone, Copy, Debug)]
 pub struct AttentionProblem {
+    /// Batch size.
     pub batch: usize,
+    /// Heads.
     pub heads: usize,
+    /// Queries.
     pub q_len: usize,
+    /// Keys (and values).
     pub kv_len: usize,
+    /// Channels per head.
     pub head_dim: usize,
     /// Strides of q and out.
     pub q_strides: Strides,
     /// Strides of k and v.
     pub kv_strides: Strides,
+    /// Softmax scale (usually `1 / sqrt(head_dim)`).
     pub scale: f32,
+    /// Causal / frame-window masks.
     pub mask: Mask,
+    /// Key position of query 0.
     pub q_pos0: usize,
     /// Forces a kernel configuration (tests, tuning); `None`: the device's
     /// choice ([`config_for_device`]).
@@ -738,7 +800,9 @@ pub enum KvOutput<'a> {
     F32(&'a Tensor),
     /// An int8 cache: codes (Rgba8 words) and scales (f32).
     Int8 {
+        /// Codes (Rgba8 words).
         codes: &'a Tensor,
+        /// Scales (f32).
         scales: &'a Tensor,
     },
 }

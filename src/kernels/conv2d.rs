@@ -28,21 +28,37 @@ const NAIVE_WG: u32 = 64;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
 pub struct Params {
+    /// Input channels.
     pub cin: u32,
+    /// Stored input height (before the fused 2× upsample).
     pub h: u32,
+    /// Stored input width (before the fused 2× upsample).
     pub w: u32,
+    /// Output channels.
     pub cout: u32,
+    /// Output height.
     pub ho: u32,
+    /// Output width.
     pub wo: u32,
+    /// Height the taps see (`2h` with the upsample).
     pub hin: u32,
+    /// Width the taps see (`2w` with the upsample).
     pub win: u32,
+    /// Zero padding above.
     pub pad_top: u32,
+    /// Zero padding on the left.
     pub pad_left: u32,
+    /// Reduction length `Cin · k · k`.
     pub ktot: u32,
+    /// Row length of the transposed weights (a multiple of the channel tile and of 4).
     pub mpad: u32,
+    /// Pixel tiles per output row.
     pub tiles_x: u32,
+    /// Pixel tiles per image.
     pub ntiles: u32,
+    /// Output-channel tiles.
     pub mtiles: u32,
+    /// Output pixels per image (`Ho · Wo`).
     pub npix: u32,
 }
 
@@ -390,7 +406,9 @@ impl Variant {
             .unwrap_or_else(|e| e.into_inner());
         let shape = (tiles, self.k, self.stride);
         let source = *map.entry(shape).or_insert_with(|| {
-            // Leaked once per distinct shape: a handful per process.
+            // Leaked once per distinct key (`KernelSpec` sources are
+            // `&'static str`): process-global but pure text, a handful per
+            // process (see the `embed` module docs).
             let block = micro_kernel_source(&tiles, self.k as u32, self.stride);
             Box::leak(format!("{SOURCE}{block}").into_boxed_str())
         });
@@ -565,15 +583,19 @@ impl Conv2dWeights {
         })
     }
 
+    /// Output channels.
     pub fn cout(&self) -> usize {
         self.cout
     }
+    /// Input channels.
     pub fn cin(&self) -> usize {
         self.cin
     }
+    /// Kernel size (1 or 3).
     pub fn k(&self) -> usize {
         self.k
     }
+    /// True when the convolution adds a bias.
     pub fn has_bias(&self) -> bool {
         self.bias.is_some()
     }
@@ -592,7 +614,9 @@ impl Conv2dWeights {
 /// applies after the transform.
 #[derive(Clone, Copy, Debug)]
 pub struct Prologue<'a> {
+    /// Per-(sample, channel) scale and shift, f32 `[N, Cin, 2]`.
     pub affine: &'a Tensor,
+    /// Activation after the affine transform.
     pub act: Activation,
 }
 

@@ -12,13 +12,19 @@ pub const WG: u32 = 256;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
+/// Uniforms of both entry points (mirrors `Params` in the shader).
 pub struct Params {
+    /// Elements.
     pub n: u32,
+    /// ScaleShift multiplier / TanhClamp bound.
     pub alpha: f32,
+    /// ScaleShift offset.
     pub beta: f32,
+    /// Padding to 16 bytes.
     pub _pad: u32,
 }
 
+/// `out = f(x)` ([`unary`]).
 pub const UNARY: KernelSpec = KernelSpec {
     family: "elementwise",
     source: SOURCE,
@@ -27,6 +33,7 @@ pub const UNARY: KernelSpec = KernelSpec {
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
+/// `out = x + y` ([`add`]).
 pub const BINARY: KernelSpec = KernelSpec {
     family: "elementwise",
     source: SOURCE,
@@ -40,10 +47,14 @@ pub const BINARY: KernelSpec = KernelSpec {
 pub enum Unary {
     /// `x * alpha + beta`
     ScaleShift {
+        /// Multiplier.
         alpha: f32,
+        /// Offset.
         beta: f32,
     },
+    /// `x · sigmoid(x)`.
     Silu,
+    /// `max(x, 0)`.
     Relu,
     /// `tanh(x / k) * k`
     TanhClamp(f32),
@@ -262,6 +273,92 @@ mod tests {
             assert_close(&x.to_f32(&ctx).unwrap(), &sum, 0.0, tol, &what);
             let scaled: Vec<f32> = sum.iter().map(|v| v * 2.0 + 0.5).collect();
             assert_close(&wide.to_f32(&ctx).unwrap(), &scaled, 1e-6, 1e-6, &what);
+        }
+    }
+
+    /// Stores into 16-bit storage, bit for bit, through a conversion
+    /// (`x · 1 + 0` from f32 into the half dtype; exact in f32): bf16 rounds
+    /// to nearest even (ties 0x3F808000 → 0x3F80 and 0x3F818000 → 0x3F82,
+    /// negatives alike; truncation would give 0x3F81, 0x3F80 for the
+    /// just-above-tie cases), overflows to infinity like PyTorch and keeps NaN
+    /// a NaN; f16 (native and packed) rounds to nearest and saturates at
+    /// ±65504 (infinity included). f16 ties are only printed: WGSL lets an
+    /// f32 → f16 conversion that is not exact pick either neighbour.
+    #[test]
+    fn half_stores_round_bit_exactly() {
+        let bf16_cases: [(u32, u16); 14] = [
+            (0x3F80_0000, 0x3F80), // 1.0 exactly
+            (0x3F80_8000, 0x3F80), // tie, even below
+            (0x3F81_8000, 0x3F82), // tie, even above
+            (0x3F80_8001, 0x3F81), // just above the tie
+            (0x3F80_7FFF, 0x3F80), // just below the tie
+            (0x3F80_FFFF, 0x3F81),
+            (0xBF80_8000, 0xBF80), // negative ties
+            (0xBF81_8000, 0xBF82),
+            (0xBF80_8001, 0xBF81),
+            (0x4049_0FDB, 0x4049), // pi
+            (0x7F7F_FFFF, 0x7F80), // f32::MAX rounds to +inf
+            (0x7F80_0000, 0x7F80), // +inf
+            (0xFF80_0000, 0xFF80), // -inf
+            (0x7FC0_0001, 0x7FC0), // NaN stays a (quiet) NaN
+        ];
+        let f16_cases: [(f32, u16); 9] = [
+            (1.0, 0x3C00),
+            (-2.5, 0xC100),
+            (1.0 + 0.75 / 1024.0, 0x3C01), // nearest, not truncated
+            (1.0 + 0.25 / 1024.0, 0x3C00),
+            (65504.0, 0x7BFF),
+            (70000.0, 0x7BFF), // saturated, not inf
+            (-1.0e6, 0xFBFF),
+            (f32::INFINITY, 0x7BFF),
+            (f32::NEG_INFINITY, 0xFBFF),
+        ];
+        let f16_ties: [(f32, u16); 2] =
+            [(1.0 + 0.5 / 1024.0, 0x3C00), (1.0 + 1.5 / 1024.0, 0x3C02)];
+        let store = |ctx: &crate::gpu::Context, values: &[f32], dt: DType| -> Vec<u16> {
+            let x = Tensor::from_f32(ctx, &[values.len()], values, "x").unwrap();
+            let out = Tensor::empty(ctx, &[values.len()], dt, "out").unwrap();
+            let mut rec = Recorder::new(ctx);
+            let f = Unary::ScaleShift {
+                alpha: 1.0,
+                beta: 0.0,
+            };
+            unary(&mut rec, f, &x, &out).unwrap();
+            rec.submit().unwrap();
+            let bytes = out.to_bytes(ctx).unwrap();
+            bytemuck::pod_collect_to_vec::<u8, u16>(&bytes)[..values.len()].to_vec()
+        };
+        let ctx = test_context();
+        let inputs: Vec<f32> = bf16_cases.iter().map(|c| f32::from_bits(c.0)).collect();
+        let got = store(&ctx, &inputs, DType::BF16);
+        for ((bits, want), got) in bf16_cases.iter().zip(&got) {
+            assert_eq!(
+                *got, *want,
+                "bf16 of {bits:#010x}: got {got:#06x}, want {want:#06x}"
+            );
+        }
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            if dt != DType::F16 {
+                continue;
+            }
+            let how = if ctx.caps().shader_f16 {
+                "native"
+            } else {
+                "packed"
+            };
+            let all: Vec<(f32, u16)> = f16_cases.iter().chain(&f16_ties).copied().collect();
+            let inputs: Vec<f32> = all.iter().map(|c| c.0).collect();
+            let got = store(&ctx, &inputs, DType::F16);
+            for (i, ((v, want), got)) in all.iter().zip(&got).enumerate() {
+                if i >= f16_cases.len() {
+                    println!("f16 {how}: tie {v} → {got:#06x} (nearest even {want:#06x})");
+                    continue;
+                }
+                assert_eq!(
+                    *got, *want,
+                    "f16 {how} of {v}: got {got:#06x}, want {want:#06x}"
+                );
+            }
         }
     }
 

@@ -46,26 +46,43 @@ pub const APPLY_ITEMS: u32 = 16;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
+    /// Groups over the batch (`N · groups`).
     pub groups_total: u32,
+    /// Groups per sample.
     pub groups: u32,
+    /// Channels.
     pub channels: u32,
+    /// Channels per group.
     pub cpg: u32,
+    /// Elements per channel plane (`H · W`).
     pub plane: u32,
+    /// Plane width.
     pub width: u32,
+    /// First row of the region the statistics cover.
     pub y0: u32,
+    /// First column of that region.
     pub x0: u32,
+    /// Rows of that region.
     pub rh: u32,
+    /// Columns of that region.
     pub rw: u32,
+    /// Elements of one (sample, group) this dispatch covers.
     pub group_len: u32,
+    /// Partial-sum slots per (sample, group) this dispatch writes.
     pub slots: u32,
+    /// First slot this pass writes (tiles accumulate into one buffer).
     pub slot_offset: u32,
+    /// Slots per group in the partials buffer.
     pub slot_capacity: u32,
+    /// Variance epsilon.
     pub eps: f32,
+    /// Channel planes (`N · C`).
     pub planes: u32,
 }
 
 const UNIFORM_SIZE: u64 = std::mem::size_of::<Params>() as u64;
 
+/// Pass 1: partial sums per group and slot.
 pub const PARTIALS: KernelSpec = KernelSpec {
     family: "group_norm",
     source: SOURCE,
@@ -74,6 +91,7 @@ pub const PARTIALS: KernelSpec = KernelSpec {
     uniform_size: UNIFORM_SIZE,
 };
 
+/// Pass 2: combines partials into per-(sample, channel) scale and shift.
 pub const COMBINE: KernelSpec = KernelSpec {
     family: "group_norm",
     source: SOURCE,
@@ -87,6 +105,7 @@ pub const COMBINE: KernelSpec = KernelSpec {
     uniform_size: UNIFORM_SIZE,
 };
 
+/// Pass 3: applies scale, shift and the activation.
 pub const APPLY: KernelSpec = KernelSpec {
     family: "group_norm",
     source: SOURCE,
@@ -99,9 +118,13 @@ pub const APPLY: KernelSpec = KernelSpec {
 /// pixels, excluding the halo it shares with neighbours).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StatsRegion {
+    /// First row.
     pub y0: usize,
+    /// First column.
     pub x0: usize,
+    /// Rows.
     pub h: usize,
+    /// Columns.
     pub w: usize,
 }
 

@@ -704,6 +704,47 @@ mod tests {
         }
     }
 
+    /// Half-precision inputs (native f16, packed f16 with shader-f16 hidden,
+    /// packed bf16) on odd shapes: `to_rgba8` and an Rgba8Unorm `to_texture`
+    /// give exactly the CPU reference's bytes of the values as stored
+    /// (inputs rounded through the dtype first, so only the load differs).
+    #[test]
+    fn half_inputs_convert_exactly() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            if dt == DType::F32 {
+                continue;
+            }
+            let what = format!("{} (shader-f16 {})", dt.name(), ctx.caps().shader_f16);
+            for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
+                for (n, h, w) in [(1, 7, 5), (2, 19, 23)] {
+                    let data: Vec<f32> = rand_vec(n * 3 * h * w, 13, 1.3)
+                        .into_iter()
+                        .map(|v| crate::gpu::storage::round_through(v, dt))
+                        .collect();
+                    let want = cpu_to_rgba8(&data, n, h, w, range);
+                    let x = Tensor::from_f32_as(&ctx, &[n, 3, h, w], &data, dt, "x").unwrap();
+                    let out = Tensor::empty(&ctx, &[n, h, w], DType::Rgba8, "rgba").unwrap();
+                    let mut rec = Recorder::new(&ctx);
+                    to_rgba8(&mut rec, &x, range, &out).unwrap();
+                    rec.submit().unwrap();
+                    assert_eq!(out.to_bytes(&ctx).unwrap(), want, "{what} {range:?} rgba8");
+                    if n == 1 {
+                        let tex = storage_texture(
+                            &ctx,
+                            w as u32,
+                            h as u32,
+                            wgpu::TextureFormat::Rgba8Unorm,
+                        );
+                        let mut rec = Recorder::new(&ctx);
+                        to_texture(&mut rec, &x, range, &tex).unwrap();
+                        rec.submit().unwrap();
+                        assert_eq!(read_texture(&ctx, &tex), want, "{what} {range:?} texture");
+                    }
+                }
+            }
+        }
+    }
+
     #[test]
     fn texture_misuse_is_an_error() {
         let ctx = test_context();

@@ -11,24 +11,36 @@ const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
 
 /// Output tile rows / columns per workgroup, K depth per shared-memory stage.
 pub const BM: u32 = 64;
+/// Output tile columns per workgroup.
 pub const BN: u32 = 64;
+/// K depth per workgroup-memory stage.
 pub const BK: u32 = 16;
 /// Each invocation accumulates a 4 x 4 block (one vec4 of each operand per k).
 pub const REGISTER_BLOCK: u32 = 4;
 
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Pod, Zeroable)]
+/// Uniforms of `matmul` (mirrors `Params` in the shader).
 pub struct Params {
+    /// Rows of A and of the output.
     pub m: u32,
+    /// Columns of B and of the output.
     pub n: u32,
+    /// Columns of A = rows of B.
     pub k: u32,
+    /// Padding.
     pub _pad: u32,
+    /// Elements between batches of A (0: shared).
     pub a_batch_stride: u32,
+    /// Elements between batches of B (0: shared).
     pub b_batch_stride: u32,
+    /// Elements between batches of the output.
     pub out_batch_stride: u32,
+    /// Scale applied to `A · B`.
     pub alpha: f32,
 }
 
+/// `out = alpha · A · B`.
 pub const MATMUL: KernelSpec = KernelSpec {
     family: "matmul",
     source: SOURCE,
@@ -37,6 +49,7 @@ pub const MATMUL: KernelSpec = KernelSpec {
     uniform_size: std::mem::size_of::<Params>() as u64,
 };
 
+/// `out = alpha · A · B + bias` (bias per column).
 pub const MATMUL_BIAS: KernelSpec = KernelSpec {
     family: "matmul",
     source: SOURCE,

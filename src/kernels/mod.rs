@@ -16,8 +16,11 @@ pub mod tensor_ops;
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Activation {
     #[default]
+    /// Identity.
     None,
+    /// `x · sigmoid(x)`.
     Silu,
+    /// `max(x, 0)`.
     Relu,
 }
 

@@ -17,20 +17,33 @@ pub const ITEMS: u32 = 4;
 #[repr(C)]
 #[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
 pub struct Params {
+    /// Channel planes (`N · C`).
     pub planes: u32,
+    /// Rows copied.
     pub h: u32,
+    /// Columns copied.
     pub w: u32,
+    /// Invocations per row (`ceil(w / ITEMS)`).
     pub row_chunks: u32,
+    /// Source plane height.
     pub src_h: u32,
+    /// Source plane width.
     pub src_w: u32,
+    /// Source window's first row.
     pub sy: u32,
+    /// Source window's first column.
     pub sx: u32,
+    /// Destination plane height.
     pub dst_h: u32,
+    /// Destination plane width.
     pub dst_w: u32,
+    /// Destination window's first row.
     pub dy: u32,
+    /// Destination window's first column.
     pub dx: u32,
 }
 
+/// Copies a window of every plane into a window of another tensor.
 pub const COPY_WINDOW: KernelSpec = KernelSpec {
     family: "tensor_ops",
     source: SOURCE,
@@ -60,22 +73,30 @@ fn element_storage(rec: &Recorder, dtype: DType) -> Result<Option<StorageType>> 
 /// A window of a tensor's `H x W` planes: origin and size.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub struct Window {
+    /// First row.
     pub y: usize,
+    /// First column.
     pub x: usize,
+    /// Rows.
     pub h: usize,
+    /// Columns.
     pub w: usize,
 }
 
 impl Window {
+    /// The window of `h` rows and `w` columns at `(y, x)`.
     pub fn new(y: usize, x: usize, h: usize, w: usize) -> Self {
         Window { y, x, h, w }
     }
+    /// One past the last row.
     pub fn bottom(&self) -> usize {
         self.y + self.h
     }
+    /// One past the last column.
     pub fn right(&self) -> usize {
         self.x + self.w
     }
+    /// Pixels (`h · w`).
     pub fn area(&self) -> usize {
         self.h * self.w
     }

@@ -17,6 +17,7 @@ pub struct ExactPool {
 }
 
 impl ExactPool {
+    /// An empty pool.
     pub fn new() -> Self {
         Self::default()
     }

@@ -29,11 +29,17 @@ pub const POOL_BUFFER_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
 /// dry run that replays allocations to predict memory without a GPU).
 #[derive(Clone, Copy, Debug)]
 pub enum Backing<'a> {
+    /// Buffers from this device.
     Device(&'a wgpu::Device),
-    Virtual { max_buffer_size: u64 },
+    /// No buffers (dry run).
+    Virtual {
+        /// Buffer sizes are checked against this limit.
+        max_buffer_size: u64,
+    },
 }
 
 impl Backing<'_> {
+    /// The largest buffer this backing can create.
     pub fn max_buffer_size(&self) -> u64 {
         match self {
             Backing::Device(d) => d.limits().max_buffer_size,
@@ -129,8 +135,10 @@ pub enum Policy {
 }
 
 impl Policy {
+    /// Every policy.
     pub const ALL: [Policy; 3] = [Policy::Exact, Policy::Caching, Policy::Planned];
 
+    /// The policy's command-line name.
     pub fn name(self) -> &'static str {
         match self {
             Policy::Exact => "exact",

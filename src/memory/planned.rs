@@ -20,16 +20,20 @@ use crate::error::{Error, Result};
 /// (allocations and releases counted together).
 #[derive(Clone, Debug, Serialize)]
 pub struct TraceEntry {
+    /// Bytes requested.
     pub bytes: u64,
+    /// Event index of the allocation.
     pub start: usize,
     /// `usize::MAX` when still alive at the end of the trace.
     pub end: usize,
+    /// The tensor's label.
     pub label: String,
 }
 
 /// The allocation sequence of a forward pass.
 #[derive(Clone, Debug, Default, Serialize)]
 pub struct AllocationTrace {
+    /// Allocations in order.
     pub entries: Vec<TraceEntry>,
 }
 
@@ -45,6 +49,7 @@ pub struct MemoryPlan {
 }
 
 impl MemoryPlan {
+    /// Bytes the plan reserves (all arenas).
     pub fn reserved(&self) -> u64 {
         self.arenas.iter().sum()
     }
@@ -198,6 +203,7 @@ struct TracingState {
 }
 
 impl TracingPool {
+    /// An empty tracer.
     pub fn new() -> Self {
         Self::default()
     }
@@ -308,10 +314,12 @@ pub struct PlannedPool {
 }
 
 impl PlannedPool {
+    /// A pool with no plans.
     pub fn new() -> Self {
         Self::default()
     }
 
+    /// True when a plan is installed under `key`.
     pub fn has_plan(&self, key: &str) -> bool {
         self.state
             .lock()
@@ -320,6 +328,7 @@ impl PlannedPool {
             .contains_key(key)
     }
 
+    /// Installs `plan` under `key`.
     pub fn install_plan(&self, key: &str, plan: MemoryPlan) {
         self.state
             .lock()
@@ -328,6 +337,7 @@ impl PlannedPool {
             .insert(key.to_string(), Arc::new(plan));
     }
 
+    /// The plan installed under `key`.
     pub fn plan(&self, key: &str) -> Option<Arc<MemoryPlan>> {
         self.state
             .lock()

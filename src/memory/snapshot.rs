@@ -15,6 +15,7 @@ pub enum SegmentPool {
 }
 
 impl SegmentPool {
+    /// The pool's name in snapshots.
     pub fn name(self) -> &'static str {
         match self {
             SegmentPool::Small => "small",
@@ -33,6 +34,7 @@ pub struct BlockSnapshot {
     pub size: u64,
     /// Bytes the caller asked for (0 for a free block).
     pub requested: u64,
+    /// True when the block is in use.
     pub allocated: bool,
 }
 
@@ -43,7 +45,9 @@ pub struct SegmentSnapshot {
     pub id: u64,
     /// Bytes of the device buffer.
     pub size: u64,
+    /// Which pool the segment belongs to.
     pub pool: SegmentPool,
+    /// Its blocks, in address order.
     pub blocks: Vec<BlockSnapshot>,
 }
 
@@ -53,6 +57,7 @@ pub struct SegmentSnapshot {
 pub struct PoolSnapshot {
     /// The pool's `policy_name`.
     pub policy: String,
+    /// The pool's statistics when the snapshot was taken.
     pub stats: MemoryStats,
     /// Segments in id order; empty for policies that do not track them.
     pub segments: Vec<SegmentSnapshot>,

@@ -3,19 +3,24 @@ use serde::Serialize;
 /// A statistic with its current value and its peak since the last reset.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Serialize)]
 pub struct Stat {
+    /// Value now.
     pub current: u64,
+    /// Largest value since the last reset.
     pub peak: u64,
 }
 
 impl Stat {
+    /// Adds `n`, raising the peak if needed.
     pub fn add(&mut self, n: u64) {
         self.current += n;
         self.peak = self.peak.max(self.current);
     }
+    /// Subtracts `n`.
     pub fn sub(&mut self, n: u64) {
         debug_assert!(self.current >= n, "memory stat underflow");
         self.current = self.current.saturating_sub(n);
     }
+    /// Sets the peak to the current value.
     pub fn reset_peak(&mut self) {
         self.peak = self.current;
     }

@@ -216,6 +216,7 @@ struct UpBlock {
 
 /// An AutoencoderKL decoder with its weights on the device.
 pub struct AutoencoderKl {
+    /// The model's configuration.
     pub config: AutoencoderKlConfig,
     post_quant_conv: Option<Conv2dWeights>,
     conv_in: Conv2dWeights,

@@ -9,25 +9,34 @@ use crate::error::{Error, Result};
 /// The fields of a diffusers AutoencoderKL `config.json` the decoder needs.
 #[derive(Clone, Debug, PartialEq, Deserialize, serde::Serialize)]
 pub struct AutoencoderKlConfig {
+    /// Channels per resolution level, highest resolution first (diffusers order).
     pub block_out_channels: Vec<usize>,
     #[serde(default = "default_layers")]
+    /// ResNet blocks per down block (the decoder's up blocks have one more).
     pub layers_per_block: usize,
     #[serde(default = "default_groups")]
+    /// GroupNorm groups.
     pub norm_num_groups: usize,
     #[serde(default = "default_latent")]
+    /// Latent channels.
     pub latent_channels: usize,
     #[serde(default = "default_out")]
+    /// Image channels.
     pub out_channels: usize,
     #[serde(default = "default_scaling")]
+    /// Pipeline latents are `(z − shift) · scaling_factor`.
     pub scaling_factor: f32,
     /// `null` in SD configs means 0.
     #[serde(default)]
     pub shift_factor: Option<f32>,
     #[serde(default = "yes")]
+    /// A 1×1 `post_quant_conv` before the decoder.
     pub use_post_quant_conv: bool,
     #[serde(default = "yes")]
+    /// A 1×1 `quant_conv` after the encoder.
     pub use_quant_conv: bool,
     #[serde(default = "yes")]
+    /// Self-attention in the mid-blocks.
     pub mid_block_add_attention: bool,
 }
 
@@ -123,6 +132,7 @@ impl AutoencoderKlConfig {
         Ok(cfg)
     }
 
+    /// The shift factor (0 when there is none).
     pub fn shift(&self) -> f32 {
         self.shift_factor.unwrap_or(0.0)
     }

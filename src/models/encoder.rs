@@ -41,6 +41,7 @@ impl KlStage<'_> {
 
 /// The AutoencoderKL encoder on the device.
 pub struct AutoencoderKlEncoder {
+    /// The model's configuration.
     pub config: AutoencoderKlConfig,
     conv_in: Conv2dWeights,
     /// Per down block: resnets, then the stride-2 conv (all but the last block).
@@ -209,6 +210,7 @@ impl AutoencoderKlEncoder {
 
 /// A TAE encoder on the device.
 pub struct TaeEncoder {
+    /// Latent channels of the output.
     pub latent_channels: usize,
     conv_in: Conv2dWeights,
     /// Sequential layers after the first conv: stride-2 convs and Blocks.

@@ -85,6 +85,7 @@ pub struct Norm {
 }
 
 impl Norm {
+    /// Loads `{prefix}.weight` / `{prefix}.bias` (`channels` each) from `store`.
     pub fn load(
         ctx: &Context,
         store: &WeightStore,
@@ -103,12 +104,15 @@ impl Norm {
         })
     }
 
+    /// Groups.
     pub fn groups(&self) -> usize {
         self.groups
     }
+    /// Channels.
     pub fn channels(&self) -> usize {
         self.gamma.numel()
     }
+    /// Variance epsilon.
     pub fn eps(&self) -> f32 {
         self.eps
     }
@@ -149,10 +153,12 @@ pub fn identity_affine(rec: &mut Recorder, n: usize, c: usize) -> Result<Tensor>
 #[derive(Default)]
 pub struct Taps {
     enabled: bool,
+    /// Tapped activations, labelled by stage, in recording order.
     pub tensors: Vec<(String, Tensor)>,
 }
 
 impl Taps {
+    /// Taps that record.
     pub fn enabled() -> Self {
         Taps {
             enabled: true,
@@ -160,6 +166,7 @@ impl Taps {
         }
     }
 
+    /// True when taps record.
     pub fn is_enabled(&self) -> bool {
         self.enabled
     }

@@ -27,6 +27,7 @@ pub struct LoadOptions {
     pub config: Option<PathBuf>,
     /// Overrides of the latent scaling (AutoencoderKL only).
     pub scaling_factor: Option<f32>,
+    /// Overrides the shift factor (AutoencoderKL only).
     pub shift_factor: Option<f32>,
     /// Seed of the random weights of `preset:NAME`.
     pub seed: u64,
@@ -39,13 +40,19 @@ pub struct LoadOptions {
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, serde::Serialize)]
 #[serde(rename_all = "lowercase")]
 pub enum Precision {
+    /// 32-bit floats everywhere (the reference).
     #[default]
     F32,
+    /// IEEE half: WGSL `f16` where the device has `shader-f16`, else pairs
+    /// packed in `u32` words. Half the memory of f32, 11 significant bits,
+    /// finite only up to ±65504 (overflows are counted and redone in bf16).
     F16,
+    /// bfloat16 (the high half of an f32, rounded to nearest even), always
+    /// packed in `u32` pairs: half the memory, f32's range, 8 significant bits.
     BF16,
     /// f16 for models known to stay in f16's range (the TAE family, the SD
     /// 1.x VAE), bf16 for the others (SDXL's VAE overflows f16; the SD3 and
-    /// FLUX.1 VAEs are run upcast by diffusers).
+    /// FLUX.1 VAEs are run upcast by diffusers). See [`Precision::resolve`].
     Auto,
 }
 
@@ -65,8 +72,19 @@ impl std::str::FromStr for Precision {
 }
 
 impl Precision {
-    /// The dtype for a model: `f16_safe` says whether its activations are
-    /// known to fit f16.
+    /// The dtype for a model: `f16_safe` says whether the model's
+    /// activations are known to fit f16. The device does not change it.
+    ///
+    /// `Auto` is a memory choice: it always picks a 16-bit type, f16 for
+    /// f16-safe models and bf16 for the others, **also on devices without
+    /// `shader-f16`**. There f16 is stored packed (`unpack2x16float` /
+    /// `pack2x16float` on `u32` pairs): the same memory and the same
+    /// conversion work per element as bf16 — which is packed on every device
+    /// — with 3 more significant bits, so packed f16 beats bf16 for f16-safe
+    /// models. Whether either is faster than f32 depends on the device (the
+    /// conversions cost ALU work; halved traffic saves bandwidth): ask for
+    /// `F32` when speed matters more than memory on a device where
+    /// [`Precision::native_f16`] is false.
     pub fn resolve(self, f16_safe: bool) -> DType {
         match self {
             Precision::F32 => DType::F32,
@@ -76,18 +94,27 @@ impl Precision {
             Precision::Auto => DType::BF16,
         }
     }
+
+    /// True when f16 tensors use WGSL's `f16` type on this device (native
+    /// half loads and stores); false when they are packed in `u32` pairs.
+    pub fn native_f16(caps: &crate::gpu::Capabilities) -> bool {
+        caps.shader_f16
+    }
 }
 
 /// The decoder behind a [`Vae`].
 // One per loaded model: the size difference of the variants costs nothing.
 #[allow(clippy::large_enum_variant)]
 pub enum Decoder {
+    /// An AutoencoderKL decoder.
     Kl(AutoencoderKl),
+    /// A TAE decoder.
     Tae(TaeDecoder),
 }
 
 /// A loaded VAE decoder, weights on the device.
 pub struct Vae {
+    /// The network.
     pub decoder: Decoder,
     /// Human-readable description: preset or variant and source.
     pub name: String,
@@ -358,6 +385,7 @@ impl Vae {
         Ok(self.bf16_twin.get_or_init(|| twin))
     }
 
+    /// Latent channels the decoder expects.
     pub fn latent_channels(&self) -> usize {
         match &self.decoder {
             Decoder::Kl(k) => k.config.latent_channels,

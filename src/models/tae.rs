@@ -134,7 +134,9 @@ enum Layer {
 
 /// A TAE decoder with its weights on the device.
 pub struct TaeDecoder {
+    /// Latent channels the decoder expects.
     pub latent_channels: usize,
+    /// True when the weights hold `3.pool.0` (TAEF2's extra stage).
     pub has_pool: bool,
     conv_in: Conv2dWeights,
     layers: Vec<Layer>,

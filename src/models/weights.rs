@@ -24,7 +24,9 @@ pub enum Layout {
 /// One host weight: shape and f32 values.
 #[derive(Clone, Debug)]
 pub struct HostWeight {
+    /// Dimensions.
     pub shape: Vec<usize>,
+    /// Values (f32; converted from the file's dtype).
     pub data: Vec<f32>,
 }
 
@@ -118,7 +120,9 @@ fn is_vae_key(k: &str) -> bool {
 /// Which half of a diffusers `AutoencoderTiny` file to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum TaePart {
+    /// `decoder.layers.N` keys.
     Decoder,
+    /// `encoder.layers.N` keys.
     Encoder,
 }
 
@@ -177,6 +181,7 @@ impl WeightStore {
     pub fn set_dtype(&self, dtype: DType) {
         self.dtype.set(dtype);
     }
+    /// Storage dtype weights are uploaded in.
     pub fn dtype(&self) -> DType {
         self.dtype.get()
     }
@@ -309,14 +314,17 @@ impl WeightStore {
         ))
     }
 
+    /// Key layout (diffusers, LDM or TAE).
     pub fn layout(&self) -> Layout {
         self.layout
     }
 
+    /// Where the weights come from (file path or `random (seed N)`).
     pub fn origin(&self) -> &str {
         &self.origin
     }
 
+    /// True for seeded random weights.
     pub fn is_random(&self) -> bool {
         matches!(self.source, Source::Random(_) | Source::Zeros)
     }
@@ -329,6 +337,7 @@ impl WeightStore {
         }
     }
 
+    /// True when the store holds `key`.
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {
             Source::File(m) => m.contains_key(key),

@@ -72,7 +72,9 @@ pub enum SweepMode {
 }
 
 impl SweepMode {
+    /// Every mode.
     pub const ALL: [SweepMode; 3] = [SweepMode::Global, SweepMode::Window, SweepMode::WindowRing];
+    /// The mode's name in tables.
     pub fn name(self) -> &'static str {
         match self {
             SweepMode::Global => "global",
@@ -85,17 +87,25 @@ impl SweepMode {
 /// What the sweep covers.
 #[derive(Clone, Debug)]
 pub struct SweepConfig {
+    /// Frame counts swept.
     pub frames: Vec<usize>,
+    /// Tokens per frame swept.
     pub tokens_per_frame: Vec<usize>,
+    /// Attention modes swept.
     pub modes: Vec<SweepMode>,
     /// Embedding width (heads × head dim).
     pub embed: usize,
+    /// Heads.
     pub heads: usize,
+    /// Sink frames (window modes).
     pub sink_frames: usize,
+    /// Window frames (window modes).
     pub window_frames: usize,
     /// Cells predicted to take longer than this (seconds, all runs) are not run.
     pub budget_s: f64,
+    /// Timed runs per point.
     pub runs: usize,
+    /// Memory policy.
     pub policy: Policy,
 }
 
@@ -148,10 +158,15 @@ impl SweepConfig {
 /// One cell of the sweep.
 #[derive(Clone, Debug, Serialize)]
 pub struct SweepRow {
+    /// Attention mode.
     pub mode: SweepMode,
+    /// Frames.
     pub frames: usize,
+    /// Tokens per frame.
     pub tokens_per_frame: usize,
+    /// Tokens in total.
     pub tokens: usize,
+    /// Storage dtype.
     pub dtype: &'static str,
     /// "ok", "not run: …" or the error.
     pub status: String,
@@ -161,13 +176,17 @@ pub struct SweepRow {
     pub predicted_ms: f64,
     /// Useful GFLOP (4 · visible pairs · embed).
     pub gflop: f64,
+    /// Achieved GFLOP/s.
     pub gflops: f64,
     /// Pool peaks: measured when the cell ran, else predicted by a dry run.
     pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
     pub peak_reserved_bytes: u64,
+    /// `measured` or `predicted` (dry run, for points too large to run).
     pub memory_source: &'static str,
     /// Predicted by the dry run (equals the measured figure when both exist).
     pub predicted_allocated_bytes: u64,
+    /// Predicted peak reserved bytes.
     pub predicted_reserved_bytes: u64,
     /// Bytes of keys + values held.
     pub kv_bytes: u64,
@@ -409,11 +428,17 @@ fn not_run(mode: SweepMode, frames: usize, tpf: usize, flop: f64, status: String
 /// One row of the published VGGT sweep.
 #[derive(Clone, Debug, Serialize)]
 pub struct VggtRow {
+    /// Configuration name.
     pub name: String,
+    /// Batch size.
     pub batch: usize,
+    /// Frames.
     pub frames: usize,
+    /// Image side in pixels.
     pub img: usize,
+    /// Time of full attention in ms.
     pub full_ms: f64,
+    /// Memory of full attention in MB.
     pub full_mem_mb: f64,
 }
 
@@ -780,11 +805,13 @@ pub enum StreamPreset {
 }
 
 impl StreamPreset {
+    /// Every preset.
     pub const ALL: [StreamPreset; 3] = [
         StreamPreset::Baseline,
         StreamPreset::StaticKv,
         StreamPreset::Int8Kv,
     ];
+    /// The preset's command-line name.
     pub fn name(self) -> &'static str {
         match self {
             StreamPreset::Baseline => "baseline",
@@ -814,22 +841,31 @@ pub const LONGLIVE_TOKENS_PER_FRAME: usize = 1560;
 /// What the streaming benchmark runs.
 #[derive(Clone, Debug)]
 pub struct StreamConfig {
+    /// KV cache preset.
     pub preset: StreamPreset,
+    /// Chunks streamed.
     pub chunks: usize,
     /// Tokens per frame = round(1560 · scale).
     pub scale: f64,
+    /// Frames per chunk.
     pub frames_per_chunk: usize,
+    /// Heads.
     pub heads: usize,
+    /// Channels per head.
     pub head_dim: usize,
+    /// Sink frames kept.
     pub sink_frames: usize,
+    /// Window frames kept.
     pub window_frames: usize,
     /// Chunks reported separately as warm-up (default: until the cache is
     /// full, plus one).
     pub warmup: Option<usize>,
+    /// Memory policy.
     pub policy: Policy,
 }
 
 impl StreamConfig {
+    /// The LongLive-style configuration of `preset`, `chunks` long, token counts scaled by `scale`.
     pub fn longlive(preset: StreamPreset, chunks: usize, scale: f64) -> Self {
         StreamConfig {
             preset,
@@ -845,10 +881,12 @@ impl StreamConfig {
         }
     }
 
+    /// Tokens per frame.
     pub fn tokens_per_frame(&self) -> usize {
         ((LONGLIVE_TOKENS_PER_FRAME as f64 * self.scale).round() as usize).max(1)
     }
 
+    /// Chunks excluded from the statistics (cache filling up).
     pub fn warmup_chunks(&self) -> usize {
         self.warmup.unwrap_or_else(|| {
             (self.sink_frames + self.window_frames).div_ceil(self.frames_per_chunk.max(1)) + 1
@@ -871,56 +909,84 @@ impl StreamConfig {
 /// One chunk of a stream.
 #[derive(Clone, Debug, Serialize)]
 pub struct ChunkSample {
+    /// Chunk index.
     pub chunk: usize,
     /// Wall time: record, submit, wait for the GPU.
     pub ms: f64,
     /// Sum of the chunk's dispatch times from GPU timestamps, when available.
     pub gpu_ms: Option<f64>,
+    /// Pool bytes allocated after the chunk.
     pub allocated_bytes: u64,
+    /// Pool bytes reserved after the chunk.
     pub reserved_bytes: u64,
+    /// Bytes of the KV cache.
     pub kv_bytes: u64,
 }
 
 /// The result of one streaming run.
 #[derive(Clone, Debug, Serialize)]
 pub struct StreamResult {
+    /// Preset name.
     pub preset: &'static str,
+    /// Chunks streamed.
     pub chunks: usize,
+    /// Token-count scale.
     pub scale: f64,
+    /// Tokens per frame.
     pub tokens_per_frame: usize,
+    /// Frames per chunk.
     pub frames_per_chunk: usize,
+    /// Heads.
     pub heads: usize,
+    /// Channels per head.
     pub head_dim: usize,
+    /// Sink frames kept.
     pub sink_frames: usize,
+    /// Window frames kept.
     pub window_frames: usize,
+    /// Memory policy.
     pub policy: &'static str,
+    /// Chunks excluded from the statistics.
     pub warmup_chunks: usize,
     /// Latency of each warm-up chunk (cache filling, pipelines compiling).
     pub warmup_ms: Vec<f64>,
     /// Steady state (after warm-up).
     pub mean_ms: f64,
+    /// Median chunk time in ms.
     pub p50_ms: f64,
+    /// 99th-percentile chunk time in ms.
     pub p99_ms: f64,
+    /// Largest chunk time in ms.
     pub max_ms: f64,
+    /// Mean GPU time per chunk (timestamp queries), when available.
     pub gpu_mean_ms: Option<f64>,
+    /// Chunks per second.
     pub chunks_per_s: f64,
     /// Latent frames per second.
     pub frames_per_s: f64,
     /// Useful attention GFLOP/s in steady state (4 · queries · keys · d · heads / mean).
     pub attention_gflops: f64,
+    /// Peak allocated bytes.
     pub peak_allocated_bytes: u64,
+    /// Peak reserved bytes.
     pub peak_reserved_bytes: u64,
     /// KV bytes held at the end (the baseline: grown cache + window copies).
     pub kv_bytes: u64,
+    /// Allocated bytes after 10 chunks.
     pub allocated_after_10: Option<u64>,
+    /// Allocated bytes after 100 chunks.
     pub allocated_after_100: Option<u64>,
+    /// Reserved bytes after 10 chunks.
     pub reserved_after_10: Option<u64>,
+    /// Reserved bytes after 100 chunks.
     pub reserved_after_100: Option<u64>,
     /// int8-kv only: the last chunk's output against the same stream through
     /// an f32 ring cache — max abs error and cosine similarity.
     pub int8_max_abs_error: Option<f64>,
+    /// int8-kv only: cosine similarity of that comparison.
     pub int8_cosine: Option<f64>,
     #[serde(skip)]
+    /// Per-chunk samples.
     pub samples: Vec<ChunkSample>,
 }
 

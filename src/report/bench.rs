@@ -17,16 +17,27 @@ use crate::models::{LoadOptions, Vae};
 /// Where and how a report was made.
 #[derive(Clone, Debug, Serialize)]
 pub struct Metadata {
+    /// Adapter name.
     pub adapter: String,
+    /// Graphics API backend.
     pub backend: String,
+    /// Device type.
     pub device_type: String,
+    /// Driver name.
     pub driver: String,
+    /// Driver version details.
     pub driver_info: String,
+    /// wgpu version.
     pub wgpu_version: &'static str,
+    /// wgvae version.
     pub wgvae_version: &'static str,
+    /// Git commit wgvae was built from.
     pub git_commit: &'static str,
+    /// Operating system.
     pub os: &'static str,
+    /// Date and time of the run (UTC).
     pub date_utc: String,
+    /// The benchmark's settings, as text.
     pub settings: String,
 }
 
@@ -49,6 +60,7 @@ pub fn today_utc() -> String {
 }
 
 impl Metadata {
+    /// The header of a run on `ctx`'s adapter with `settings`.
     pub fn of(ctx: &Context, settings: String) -> Self {
         let c = ctx.caps();
         Metadata {
@@ -84,12 +96,17 @@ impl Metadata {
 /// What to benchmark.
 #[derive(Clone, Debug)]
 pub struct DecodeBench {
+    /// The VAE (path or preset).
     pub vae: String,
     /// Output sizes in pixels (square).
     pub sizes: Vec<usize>,
+    /// Images per decode.
     pub batch: usize,
+    /// Untimed runs first.
     pub warmup: usize,
+    /// Timed runs.
     pub runs: usize,
+    /// Memory policy.
     pub policy: Policy,
     /// Storage precisions to measure (each a row per size).
     pub dtypes: Vec<crate::models::Precision>,
@@ -100,21 +117,33 @@ pub struct DecodeBench {
 /// One measured cell.
 #[derive(Clone, Debug, Serialize)]
 pub struct BenchRow {
+    /// Image side in pixels.
     pub size: usize,
+    /// Storage dtype.
     pub dtype: &'static str,
     /// How the decodes were tiled: `untiled`, `exact 128px ×4 tiles`, … (from the decode itself).
     pub tiling: String,
+    /// Images per decode.
     pub batch: usize,
+    /// Timed runs.
     pub runs: usize,
     /// The first decode of this size in the process (cold: pipelines compiled, plan traced).
     pub first_ms: f64,
+    /// Median decode time in ms.
     pub median_ms: f64,
+    /// Fastest decode in ms.
     pub min_ms: f64,
+    /// Slowest decode in ms.
     pub max_ms: f64,
+    /// Images per second (median).
     pub images_per_s: f64,
+    /// Megapixels per second (median).
     pub megapixels_per_s: f64,
+    /// Achieved GFLOP/s (2 · MACs / median time).
     pub gflops: f64,
+    /// Peak allocated MiB.
     pub peak_allocated_mib: f64,
+    /// Peak reserved MiB.
     pub peak_reserved_mib: f64,
     /// "ok" or why the cell did not run.
     pub status: String,
@@ -334,6 +363,7 @@ pub struct ColdStartRow {
     pub cache_bytes: u64,
     /// Bytes in the driver's shader cache directory afterwards (`None`: off).
     pub driver_cache_bytes: Option<u64>,
+    /// `ok`, or why the run failed.
     pub status: String,
 }
 

@@ -33,8 +33,11 @@ pub struct FramesBench {
     pub chunks: Vec<Option<usize>>,
     /// Also measure the one-frame-at-a-time loop (the baseline of the ratio).
     pub baseline: bool,
+    /// Untimed runs first.
     pub warmup: usize,
+    /// Timed runs.
     pub runs: usize,
+    /// Memory policy.
     pub policy: Policy,
 }
 
@@ -47,9 +50,13 @@ pub struct FramesRow {
     pub chunk_setting: String,
     /// Frames per batched forward used (1 for the loop).
     pub chunk: usize,
+    /// Frames decoded.
     pub frames: usize,
+    /// Frame width in pixels.
     pub width: usize,
+    /// Frame height in pixels.
     pub height: usize,
+    /// Timed runs.
     pub runs: usize,
     /// Median over runs of the wall time for all frames.
     pub median_total_ms: f64,
@@ -57,7 +64,9 @@ pub struct FramesRow {
     pub frames_per_s: f64,
     /// Per-frame latency over all runs' frames.
     pub latency: LatencySummary,
+    /// Peak allocated MiB.
     pub peak_allocated_mib: f64,
+    /// Peak reserved MiB.
     pub peak_reserved_mib: f64,
     /// Readback staging buffers (outside the pool).
     pub staging_mib: f64,
@@ -80,10 +89,15 @@ pub struct FramesRow {
 /// Per-frame latencies of every timed run, for the latency CSV.
 #[derive(Clone, Debug)]
 pub struct LatencySample {
+    /// Decoding mode.
     pub mode: &'static str,
+    /// Chunk setting (`auto` or a number).
     pub chunk_setting: String,
+    /// Run index.
     pub run: usize,
+    /// Frame index.
     pub frame: usize,
+    /// The frame's latency in ms.
     pub latency_ms: f64,
 }
 

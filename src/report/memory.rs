@@ -17,6 +17,7 @@ use crate::tiling::Tiling;
 
 /// Report sizes (output pixels per side) and models, as in the PyTorch report.
 pub const SIZES: [usize; 5] = [512, 768, 1024, 1536, 2048];
+/// The report's models: (label, preset).
 pub const MODELS: [(&str, &str); 3] = [("FLUX", "flux1"), ("SD1.5", "sd15"), ("SDXL", "sdxl")];
 /// Operations, named as in the PyTorch report: `decode_tiled` is ours exact
 /// within PyTorch's tiled peak (plus weights), theirs blended 512-px tiles (with seams).
@@ -31,11 +32,17 @@ pub const DTYPES: [(&str, Precision, f64); 3] = [
 /// One PyTorch row of the reference CSV.
 #[derive(Clone, Debug, Serialize)]
 pub struct PytorchRow {
+    /// Model label.
     pub model: String,
+    /// `decode` or `encode`.
     pub op: String,
+    /// Image side in pixels.
     pub size: usize,
+    /// Storage dtype.
     pub dtype: String,
+    /// Peak allocated MiB.
     pub allocated_mib: f64,
+    /// Peak reserved MiB.
     pub reserved_mib: f64,
 }
 
@@ -70,20 +77,31 @@ pub fn read_pytorch(path: &Path) -> Result<Vec<PytorchRow>> {
 /// One of our rows.
 #[derive(Clone, Debug, Serialize)]
 pub struct Row {
+    /// Model label.
     pub model: String,
+    /// `decode` or `encode`.
     pub op: String,
+    /// Image side in pixels.
     pub size: usize,
+    /// Storage dtype.
     pub dtype: String,
+    /// Memory policy.
     pub policy: String,
     /// "predicted" (estimator) or "measured on `<device>`".
     pub source: String,
+    /// Weights in MiB.
     pub weights_mib: f64,
+    /// Peak allocated MiB (weights included).
     pub peak_allocated_mib: f64,
+    /// Peak reserved MiB (weights included).
     pub peak_reserved_mib: f64,
+    /// Reserved / allocated.
     pub reserved_over_allocated: f64,
     /// (peak allocated − weights) / (H·W·bytes per element): InvokeAI's constant.
     pub implied_constant: f64,
+    /// PyTorch's allocated MiB (reference table), when listed.
     pub pytorch_allocated_mib: Option<f64>,
+    /// PyTorch's reserved MiB (reference table), when listed.
     pub pytorch_reserved_mib: Option<f64>,
     /// Our working memory (peak − weights) over PyTorch's allocated (which excludes weights).
     pub working_vs_pytorch: Option<f64>,
