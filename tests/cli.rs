@@ -156,6 +156,7 @@ fn memory_estimate_matches_a_real_decode() {
         ]);
         assert!(ok, "{err}");
         let png = tmp(&format!("small-{policy}.png"));
+        let snapshot = tmp(&format!("snapshot-{policy}.json"));
         let (ok, dec, err) = wgvae(&[
             "decode",
             latents.to_str().unwrap(),
@@ -165,9 +166,12 @@ fn memory_estimate_matches_a_real_decode() {
             png.to_str().unwrap(),
             "--policy",
             policy,
+            "--memory-snapshot",
+            snapshot.to_str().unwrap(),
             "--json",
         ]);
         assert!(ok, "{err}");
+        check_snapshot(policy, &std::fs::read_to_string(&snapshot).unwrap());
         let (e, d) = (json(&est), json(&dec));
         for key in [
             "peak_allocated_bytes",
@@ -181,6 +185,38 @@ fn memory_estimate_matches_a_real_decode() {
             );
         }
         assert_eq!(e["policy"], policy);
+    }
+}
+
+/// A `--memory-snapshot` file: segments tile into blocks, add up to the
+/// reserved bytes, allocated blocks to the allocated bytes; the planned pool
+/// lists its arenas (cached after the decode, all free) beside the weights.
+fn check_snapshot(policy: &str, text: &str) {
+    let v = json(text);
+    assert_eq!(v["policy"], policy);
+    let segments = v["segments"].as_array().unwrap();
+    assert!(!segments.is_empty(), "{policy}: no segments");
+    let (mut reserved, mut allocated) = (0, 0);
+    for seg in segments {
+        let mut next = 0;
+        for b in seg["blocks"].as_array().unwrap() {
+            assert_eq!(b["offset"].as_u64().unwrap(), next, "{policy}: {seg}");
+            next += b["size"].as_u64().unwrap();
+            if b["allocated"].as_bool().unwrap() {
+                allocated += b["size"].as_u64().unwrap();
+            }
+        }
+        assert_eq!(next, seg["size"].as_u64().unwrap(), "{policy}: {seg}");
+        reserved += next;
+    }
+    let stats = &v["stats"];
+    assert_eq!(reserved, stats["reserved_bytes"]["current"].as_u64().unwrap());
+    assert_eq!(allocated, stats["allocated_bytes"]["current"].as_u64().unwrap());
+    let pools: Vec<&str> = segments.iter().map(|s| s["pool"].as_str().unwrap()).collect();
+    match policy {
+        "planned" => assert!(pools.contains(&"arena") && pools.contains(&"dedicated"), "{pools:?}"),
+        "exact" => assert!(pools.iter().all(|p| *p == "dedicated"), "{pools:?}"),
+        _ => assert!(pools.iter().all(|p| *p == "small" || *p == "large"), "{pools:?}"),
     }
 }
 
