@@ -456,6 +456,7 @@ pub(crate) fn choose_exact(
                 device_cap: 0,
                 attention_state_budget: avail / 4,
                 total_steps: 0,
+                staging_limit: staging_limit(avail),
             };
             match fit_plan(ctx, plan, avail, run) {
                 Ok(Some((plan, report))) => {
@@ -541,17 +542,28 @@ fn run_exact(
     })
 }
 
-/// Fits `plan` into `avail` bytes: the working set is the peak with every
-/// tile parked on the host; parked device bytes get what remains, checked
-/// (and if need be lowered) with a second dry run. Returns the plan and the
-/// report of its dry run.
+/// Staging (upload and read-back buffers) a tiled run may hold: an eighth
+/// of the budget left after the weights, at most [`STAGING_LIMIT`], at
+/// least 64 KiB. [`fit_plan`] counts its measured peak against the budget.
+pub(crate) fn staging_limit(avail: u64) -> u64 {
+    (avail / 8).clamp(64 << 10, crate::tiling::STAGING_LIMIT)
+}
+
+/// Fits `plan` into `avail` bytes: the working set is the pool peak with
+/// every tile parked on the host plus the staging peak; parked device bytes
+/// get what remains, checked (and if need be lowered) with a second dry
+/// run. Returns the plan and the report of its dry run.
 fn fit_plan(
     ctx: &Context,
     mut plan: ExactPlan,
     avail: u64,
     run: &TiledRun,
 ) -> Result<Option<(ExactPlan, TilingReport)>> {
-    let dry_peak = |plan: &ExactPlan| dry_peak_of(ctx, |dry| run(dry, plan));
+    // Pool peak and staging peak (device memory outside the pool) together.
+    let dry_peak = |plan: &ExactPlan| {
+        dry_peak_of(ctx, |dry| run(dry, plan))
+            .map(|(peak, r)| (peak + r.staging_peak_bytes, r))
+    };
     plan.device_cap = 0;
     let (working, report) = dry_peak(&plan)?;
     if working > avail {
