@@ -425,7 +425,7 @@ pub(crate) fn choose_exact(
     const STEP_COST: u64 = 1 << 20;
     const MAX_TILES: usize = 4096;
     let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
-    let mut best: Option<(u64, ExactPlan)> = None;
+    let mut best: Option<(u64, ExactPlan, u64)> = None;
     let mut worse = 0;
     let mut last_limit = None;
     let (out_h, out_w) = (h * up, w * up);
@@ -464,8 +464,8 @@ pub(crate) fn choose_exact(
                         return Ok(plan);
                     }
                     let s = score(&report);
-                    if best.as_ref().is_none_or(|(b, _)| s < *b) {
-                        best = Some((s, plan));
+                    if best.as_ref().is_none_or(|(b, _, _)| s < *b) {
+                        best = Some((s, plan, report.host_parked_peak_bytes));
                         worse = 0;
                     } else {
                         worse += 1;
@@ -481,7 +481,24 @@ pub(crate) fn choose_exact(
             break;
         }
     }
-    if let Some((_, plan)) = best {
+    if let Some((_, plan, host)) = best {
+        let host_limit = tiling.max_host_memory.or_else(|| {
+            (!ctx.is_dry_run())
+                .then(crate::tiling::host_memory_available)
+                .flatten()
+        });
+        if let Some(limit) = host_limit.filter(|&l| host > l) {
+            return Err(Error::InvalidInput(format!(
+                "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise --max-memory (fewer tiles parked on the host) or decode a smaller image",
+                host as f64 / 1048576.0,
+                limit as f64 / 1048576.0,
+                if tiling.max_host_memory.is_some() {
+                    "--max-host-memory"
+                } else {
+                    "MemAvailable in /proc/meminfo"
+                }
+            )));
+        }
         return Ok(plan);
     }
     Err(match last_limit {

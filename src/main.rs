@@ -181,6 +181,10 @@ struct TileArgs {
     /// clamped to [1 GiB, 16 GiB] (wgpu reports no VRAM size).
     #[arg(long)]
     max_memory: Option<String>,
+    /// exact: most host memory for tiles parked off the device (bytes or K/M/G/KiB/MiB/GiB).
+    /// Default: MemAvailable of /proc/meminfo; a run that needs more fails before decoding.
+    #[arg(long)]
+    max_host_memory: Option<String>,
     /// exact: tile the mid-block even when it fits whole.
     #[arg(long, hide = true)]
     tile_mid_block: bool,
@@ -188,18 +192,34 @@ struct TileArgs {
 
 impl TileArgs {
     fn tiling(&self) -> wgvae::Result<Tiling> {
+        let mode = self.tile.parse::<TileMode>()?;
+        if self.tile_overlap.is_some() && mode != TileMode::Fast {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "--tile-overlap applies to --tile fast only (exact tiles need no overlap: their halos are exact), not --tile {}",
+                mode.name()
+            )));
+        }
         Ok(Tiling {
-            mode: self.tile.parse::<TileMode>()?,
+            mode,
             tile_size: self.tile_size,
             overlap: self.tile_overlap,
-            max_memory: self.max_memory.as_deref().map(parse_bytes).transpose()?,
+            max_memory: self
+                .max_memory
+                .as_deref()
+                .map(|s| parse_bytes("--max-memory", s))
+                .transpose()?,
             tile_mid_block: self.tile_mid_block,
+            max_host_memory: self
+                .max_host_memory
+                .as_deref()
+                .map(|s| parse_bytes("--max-host-memory", s))
+                .transpose()?,
         })
     }
 }
 
 /// `1073741824`, `1GiB`, `1.5G`, `512MiB`, `800M` (K/M/G are powers of 1024).
-fn parse_bytes(s: &str) -> wgvae::Result<u64> {
+fn parse_bytes(option: &str, s: &str) -> wgvae::Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -214,7 +234,7 @@ fn parse_bytes(s: &str) -> wgvae::Result<u64> {
     match num.trim().parse::<f64>() {
         Ok(v) if scale > 0 && v > 0.0 => Ok((v * scale as f64) as u64),
         _ => Err(wgvae::Error::InvalidInput(format!(
-            "--max-memory `{s}`: expected bytes, e.g. 1073741824, 1GiB or 800MiB"
+            "{option} `{s}`: expected bytes, e.g. 1073741824, 1GiB or 800MiB"
         ))),
     }
 }
@@ -1129,5 +1149,28 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_bytes_reads_plain_and_suffixed_sizes() {
+        let p = |s| parse_bytes("--max-memory", s);
+        assert_eq!(p("1073741824").unwrap(), 1 << 30);
+        assert_eq!(p("1GiB").unwrap(), 1 << 30);
+        assert_eq!(p("1.5G").unwrap(), 3 << 29);
+        assert_eq!(p(" 512 MiB ").unwrap(), 512 << 20);
+        assert_eq!(p("800m").unwrap(), 800 << 20);
+        assert_eq!(p("64k").unwrap(), 64 << 10);
+        assert_eq!(p("100b").unwrap(), 100);
+        for bad in ["", "GiB", "-1G", "0", "1.5X", "lots"] {
+            let e = p(bad).unwrap_err().to_string();
+            assert!(e.contains("--max-memory") && e.contains("expected bytes"), "{bad}: {e}");
+        }
+        let e = parse_bytes("--max-host-memory", "x").unwrap_err().to_string();
+        assert!(e.contains("--max-host-memory"), "{e}");
     }
 }

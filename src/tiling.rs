@@ -120,6 +120,11 @@ pub struct Tiling {
     /// `exact`: tile the latent-resolution level (the AutoencoderKL
     /// mid-block, TAE's latent-resolution blocks) even when it fits whole (tests).
     pub tile_mid_block: bool,
+    /// Most host bytes tiles may be parked in. `None`: the host's
+    /// `MemAvailable` (/proc/meminfo) for real runs, unlimited for dry runs
+    /// (estimates for another machine). A plan over it fails before any
+    /// kernel runs.
+    pub max_host_memory: Option<u64>,
 }
 
 impl Tiling {
@@ -153,6 +158,10 @@ impl Tiling {
         self.max_memory = Some(bytes);
         self
     }
+    pub fn with_max_host_memory(mut self, bytes: u64) -> Self {
+        self.max_host_memory = Some(bytes);
+        self
+    }
     /// The memory budget on a device.
     pub fn budget(&self, caps: &Capabilities) -> u64 {
         self.max_memory.unwrap_or_else(|| default_max_memory(caps))
@@ -167,6 +176,14 @@ impl Tiling {
 /// application on GPUs, and never less than what a 1024² decode needs tiled.
 pub fn default_max_memory(caps: &Capabilities) -> u64 {
     (caps.max_buffer_size / 4 * 3).clamp(1 << 30, 16 << 30)
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// One tile step done.

@@ -251,6 +251,38 @@ fn max_memory_is_kept_estimated_and_exact() {
     }
 }
 
+/// A tiled run that would park more host memory than allowed fails before
+/// decoding, naming both figures and what to do.
+#[test]
+fn host_parking_over_the_host_limit_fails_early() {
+    let Some(dir) = golden("aekl-tiny-sd") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let mut tiling = Tiling::exact().with_max_memory(vae.weights_bytes + (3 << 19));
+    tiling.tile_mid_block = true;
+    let opts = |t: Tiling| DecodeOptions {
+        tiling: t,
+        ..Default::default()
+    };
+    let tight = tiling.clone().with_max_host_memory(1 << 20);
+    let Err(err) = decode(&ctx, &vae, &z, &opts(tight)) else {
+        panic!("a decode over the host limit ran");
+    };
+    let err = err.to_string();
+    println!("{err}");
+    assert!(
+        err.contains("1.0 MiB are available") && err.contains("--max-host-memory"),
+        "{err}"
+    );
+    assert!(err.contains("raise --max-memory") && err.contains("smaller image"), "{err}");
+    // The same decode within a roomy host limit runs and parks on the host.
+    let ok = decode(&ctx, &vae, &z, &opts(tiling.with_max_host_memory(1 << 30))).unwrap();
+    assert!(ok.tiling.host_parked_peak_bytes > 1 << 20);
+}
+
 /// TAEF2 (GroupNorm only in the pool branches of its latent-resolution
 /// blocks): exact tiles, latent level tiled too, vs untiled and PyTorch on
 /// the small chelsea photo (36×56 latents).
