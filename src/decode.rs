@@ -952,7 +952,10 @@ fn decode_fast(
             steps: total,
             readback_bytes: readback,
             syncs: total,
-            host_parked_peak_bytes: (2 * cols.len() * planes * px * px * 4) as u64,
+            // Two rows of f32 tiles for blending and the full-resolution
+            // f32 image they are cropped into.
+            host_parked_peak_bytes: (2 * cols.len() * planes * px * px * 4
+                + planes * height * width * 4) as u64,
             ..Default::default()
         },
     })
