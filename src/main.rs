@@ -159,6 +159,10 @@ enum ReportKind {
         /// Predict for this machine's adapter instead of a 24 GB reference GPU.
         #[arg(long)]
         this_device: bool,
+        /// Also decode the presets at 128² for real on this machine's adapter (f32, f16,
+        /// each policy) and add those measured rows beside their predictions.
+        #[arg(long)]
+        measure: bool,
     },
 }
 
@@ -239,7 +243,9 @@ fn parse_bytes(option: &str, s: &str) -> wgvae::Result<u64> {
     }
 }
 
-/// A per-tile progress bar on a terminal (nothing otherwise).
+/// A progress bar on a terminal (nothing otherwise). Exact tiling counts
+/// tile steps (one layer on one tile, so far more than the tiles); fast
+/// tiling counts tiles. The label says which.
 fn progress_bar(quiet: bool) -> Option<Progress> {
     use std::io::IsTerminal;
     if quiet || !std::io::stderr().is_terminal() {
@@ -248,11 +254,16 @@ fn progress_bar(quiet: bool) -> Option<Progress> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} tiles {bar:40} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+            "{spinner} {prefix} {bar:40} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     Some(Progress(std::sync::Arc::new(move |u| {
+        bar.set_prefix(if u.stage == "fast tile" {
+            "tiles"
+        } else {
+            "tile steps (layer × tile)"
+        });
         bar.set_length(u.total as u64);
         bar.set_position(u.done as u64);
         bar.set_message(u.stage);
@@ -787,11 +798,16 @@ fn report_memory(
     out: &Path,
     reference: &Path,
     this_device: bool,
+    measure: bool,
 ) -> wgvae::Result<()> {
-    let caps = if this_device {
-        context(cli_adapter)?.caps().clone()
+    let device = if measure || this_device {
+        Some(context(cli_adapter)?)
     } else {
-        wgvae::gpu::Capabilities::reference_gpu()
+        None
+    };
+    let caps = match (&device, this_device) {
+        (Some(d), true) => d.caps().clone(),
+        _ => wgvae::gpu::Capabilities::reference_gpu(),
     };
     let reference = reference.exists().then_some(reference);
     let header = format!(
@@ -803,7 +819,8 @@ fn report_memory(
         env!("WGVAE_GIT_COMMIT"),
         std::env::consts::OS
     );
-    let rows = wgvae::report::memory::write_report(&caps, reference, &header, out)?;
+    let measure_on = device.as_ref().filter(|_| measure);
+    let rows = wgvae::report::memory::write_report(&caps, reference, &header, out, measure_on)?;
     println!(
         "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
         rows.len(),
@@ -1140,8 +1157,9 @@ fn main() -> ExitCode {
                     out,
                     reference,
                     this_device,
+                    measure,
                 },
-        } => report_memory(&cli.adapter, out, reference, *this_device),
+        } => report_memory(&cli.adapter, out, reference, *this_device, *measure),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -269,6 +269,125 @@ pub fn predict_cells(
     Ok((rows, failed))
 }
 
+/// Sizes (pixels per side) of the rows measured on this machine's device.
+pub const MEASURED_SIZES: [usize; 1] = [128];
+
+/// Decodes each preset at `sizes` (f32 and f16, each policy) for real on
+/// `ctx`'s device and returns, per cell, the estimator's row for that
+/// device ("predicted (<device> limits)") and the measured one ("measured
+/// on <device>"); the measured row's note says whether they agree.
+pub fn measure(
+    ctx: &crate::gpu::Context,
+    models: &[(&str, &str)],
+    sizes: &[usize],
+) -> Result<Vec<Row>> {
+    let device = ctx.caps().adapter_name.clone();
+    let mut rows = Vec::new();
+    for &(model, preset) in models {
+        for &size in sizes {
+            for (dtype, precision, bytes) in DTYPES.into_iter().take(2) {
+                for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
+                    let spec = format!("preset:{preset}");
+                    let channels = if preset == "flux1" { 16 } else { 4 };
+                    let l = size / 8;
+                    let load = LoadOptions {
+                        precision,
+                        ..Default::default()
+                    };
+                    let pctx = ctx.with_pool(policy.new_pool());
+                    let vae = crate::models::Vae::load(&pctx, &spec, &load)?;
+                    let shape = [1, channels, l, l];
+                    let z = crate::io::HostTensor::new(
+                        shape.to_vec(),
+                        crate::testing::rand_vec(channels * l * l, 7, 0.5),
+                    )?;
+                    let opts = crate::DecodeOptions {
+                        raw_latents: true,
+                        tiling: Tiling::off(),
+                        ..Default::default()
+                    };
+                    let real = crate::decode(&pctx, &vae, &z, &opts)?;
+                    let est = crate::decode::estimate_decode(ctx.caps(), policy, &spec, &load, shape)?;
+                    let row = |source: String, weights: u64, alloc: u64, reserved: u64, note: String| {
+                        let (w, a, r) = (weights as f64 / MIB, alloc as f64 / MIB, reserved as f64 / MIB);
+                        Row {
+                            model: model.into(),
+                            op: "decode".into(),
+                            size,
+                            dtype: dtype.into(),
+                            policy: policy.name().into(),
+                            source,
+                            weights_mib: w,
+                            peak_allocated_mib: a,
+                            peak_reserved_mib: r,
+                            reserved_over_allocated: r / a,
+                            implied_constant: (a - w) * MIB / ((size * size) as f64 * bytes),
+                            pytorch_allocated_mib: None,
+                            pytorch_reserved_mib: None,
+                            working_vs_pytorch: None,
+                            host_parked_mib: 0.0,
+                            tile_px: None,
+                            note,
+                        }
+                    };
+                    let (ma, mr) = (real.memory.allocated_bytes.peak, real.memory.reserved_bytes.peak);
+                    let agree = est.peak_allocated_bytes == ma
+                        && est.peak_reserved_bytes == mr
+                        && est.weights_bytes == vae.weights_bytes;
+                    rows.push(row(
+                        format!("predicted ({device} limits)"),
+                        est.weights_bytes,
+                        est.peak_allocated_bytes,
+                        est.peak_reserved_bytes,
+                        String::new(),
+                    ));
+                    rows.push(row(
+                        format!("measured on {device}"),
+                        vae.weights_bytes,
+                        ma,
+                        mr,
+                        if agree {
+                            "estimate == measured (bytes)".into()
+                        } else {
+                            format!(
+                                "ESTIMATE DIFFERS: predicted {} / {} B allocated / reserved",
+                                est.peak_allocated_bytes, est.peak_reserved_bytes
+                            )
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn measured_markdown(rows: &[Row]) -> String {
+    let measured: Vec<&Row> = rows.iter().filter(|r| r.source.starts_with("measured")).collect();
+    let Some(first) = measured.first() else {
+        return String::new();
+    };
+    let mut s = format!(
+        "## Measured on this machine: {}\n\nReal decodes (preset weights, untiled) beside the estimator's prediction for the same device; every figure in bytes must agree.\n\n",
+        first.source.trim_start_matches("measured on ")
+    );
+    s += "| model | size | dtype | policy | predicted alloc / reserved MiB | measured alloc / reserved MiB | |\n|---|---|---|---|---|---|---|\n";
+    for m in measured {
+        let Some(p) = rows.iter().find(|r| {
+            r.source.starts_with("predicted (")
+                && (&r.model, r.size, &r.dtype, &r.policy) == (&m.model, m.size, &m.dtype, &m.policy)
+        }) else {
+            continue;
+        };
+        s += &format!(
+            "| {} | {}² | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {} |\n",
+            m.model, m.size, m.dtype, m.policy, p.peak_allocated_mib, p.peak_reserved_mib,
+            m.peak_allocated_mib, m.peak_reserved_mib, m.note
+        );
+    }
+    s + "\n"
+}
+
 /// The CSV of `rows`; NaN figures are empty fields, `note` is quoted.
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px,note\n");
@@ -320,7 +439,7 @@ fn get<'a>(
 fn markdown(all_rows: &[Row], failed: &[String], header: &str) -> String {
     let predicted: Vec<Row> = all_rows
         .iter()
-        .filter(|r| !r.peak_allocated_mib.is_nan())
+        .filter(|r| !r.peak_allocated_mib.is_nan() && r.source == "predicted")
         .cloned()
         .collect();
     let rows = &predicted[..];
@@ -570,12 +689,15 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     )
 }
 
-/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`.
+/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`;
+/// with `measure_on`, also rows measured on that context's device at
+/// [`MEASURED_SIZES`] (see [`measure`]).
 pub fn write_report(
     caps: &Capabilities,
     reference: Option<&Path>,
     header: &str,
     out: &Path,
+    measure_on: Option<&crate::gpu::Context>,
 ) -> Result<Vec<Row>> {
     std::fs::create_dir_all(out).map_err(|source| Error::Io {
         path: out.to_path_buf(),
@@ -585,13 +707,17 @@ pub fn write_report(
         Some(p) => read_pytorch(p)?,
         None => Vec::new(),
     };
-    let (rows, failed) = predict(caps, &pytorch)?;
+    let (mut rows, failed) = predict(caps, &pytorch)?;
+    if let Some(ctx) = measure_on {
+        rows.extend(measure(ctx, &MODELS, &MEASURED_SIZES)?);
+    }
     write(&out.join("memory.csv"), &csv(&rows))?;
     let mut header = header.to_string();
     if reference.is_none() {
         header += "\n\nThe PyTorch reference CSV was not found: its columns are empty.";
     }
-    write(&out.join("memory.md"), &markdown(&rows, &failed, &header))?;
+    let md = markdown(&rows, &failed, &header) + &measured_markdown(&rows);
+    write(&out.join("memory.md"), &md)?;
     for (model, _) in MODELS {
         plot(
             &rows,
@@ -678,6 +804,24 @@ mod tests {
         );
         assert_eq!(failed.len(), 3, "{failed:?}");
         assert!(csv(&rows).contains(",\"tiled (--tile auto): untiled, "));
+    }
+
+    /// Rows measured on the test device agree with the estimator's to the
+    /// byte (SD1.5 preset at 64², f32 and f16, every policy).
+    #[test]
+    fn measured_rows_equal_their_predictions() {
+        let ctx = crate::testing::test_context();
+        let rows = measure(&ctx, &[("SD1.5", "sd15")], &[64]).unwrap();
+        let sd: Vec<&Row> = rows.iter().collect();
+        assert_eq!(sd.len(), 2 * 2 * 3, "predicted + measured, 2 dtypes, 3 policies");
+        for pair in sd.chunks(2) {
+            let (p, m) = (pair[0], pair[1]);
+            assert!(m.source.starts_with("measured on "), "{m:?}");
+            assert_eq!(m.note, "estimate == measured (bytes)", "{m:?}");
+            assert_eq!(p.peak_allocated_mib, m.peak_allocated_mib);
+            assert_eq!(p.peak_reserved_mib, m.peak_reserved_mib);
+        }
+        assert!(measured_markdown(&rows).contains("estimate == measured"));
     }
 
     /// The committed report (assets/reports/memory/memory.csv) has a row per
