@@ -578,8 +578,7 @@ fn fit_plan(
 ) -> Result<Option<(ExactPlan, TilingReport)>> {
     // Pool peak and staging peak (device memory outside the pool) together.
     let dry_peak = |plan: &ExactPlan| {
-        dry_peak_of(ctx, |dry| run(dry, plan))
-            .map(|(peak, r)| (peak + r.staging_peak_bytes, r))
+        dry_peak_of(ctx, |dry| run(dry, plan)).map(|(peak, r)| (peak + r.staging_peak_bytes, r))
     };
     plan.device_cap = 0;
     let (working, report) = dry_peak(&plan)?;

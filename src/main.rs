@@ -1186,9 +1186,14 @@ mod tests {
         assert_eq!(p("100b").unwrap(), 100);
         for bad in ["", "GiB", "-1G", "0", "1.5X", "lots"] {
             let e = p(bad).unwrap_err().to_string();
-            assert!(e.contains("--max-memory") && e.contains("expected bytes"), "{bad}: {e}");
+            assert!(
+                e.contains("--max-memory") && e.contains("expected bytes"),
+                "{bad}: {e}"
+            );
         }
-        let e = parse_bytes("--max-host-memory", "x").unwrap_err().to_string();
+        let e = parse_bytes("--max-host-memory", "x")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("--max-host-memory"), "{e}");
     }
 }

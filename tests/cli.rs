@@ -204,7 +204,14 @@ fn tiled_decode_and_estimate_through_the_cli() {
     assert!(ok, "{err}");
     let weights = json(&out)["weights_bytes"].as_u64().unwrap();
     let budget = (weights + (3 << 19)).to_string();
-    let tile = ["--tile", "exact", "--tile-size", "32", "--max-memory", &budget];
+    let tile = [
+        "--tile",
+        "exact",
+        "--tile-size",
+        "32",
+        "--max-memory",
+        &budget,
+    ];
     let png = tmp("tiled.png");
     let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
     args.push(png.to_str().unwrap());
@@ -243,7 +250,10 @@ fn tiled_decode_and_estimate_through_the_cli() {
         "--tile-overlap",
         "16",
     ]);
-    assert!(!ok && err.contains("--tile-overlap applies to --tile fast only"), "{err}");
+    assert!(
+        !ok && err.contains("--tile-overlap applies to --tile fast only"),
+        "{err}"
+    );
     let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
     args.push(png.to_str().unwrap());
     args.extend(tile);
@@ -274,13 +284,28 @@ fn check_snapshot(policy: &str, text: &str) {
         reserved += next;
     }
     let stats = &v["stats"];
-    assert_eq!(reserved, stats["reserved_bytes"]["current"].as_u64().unwrap());
-    assert_eq!(allocated, stats["allocated_bytes"]["current"].as_u64().unwrap());
-    let pools: Vec<&str> = segments.iter().map(|s| s["pool"].as_str().unwrap()).collect();
+    assert_eq!(
+        reserved,
+        stats["reserved_bytes"]["current"].as_u64().unwrap()
+    );
+    assert_eq!(
+        allocated,
+        stats["allocated_bytes"]["current"].as_u64().unwrap()
+    );
+    let pools: Vec<&str> = segments
+        .iter()
+        .map(|s| s["pool"].as_str().unwrap())
+        .collect();
     match policy {
-        "planned" => assert!(pools.contains(&"arena") && pools.contains(&"dedicated"), "{pools:?}"),
+        "planned" => assert!(
+            pools.contains(&"arena") && pools.contains(&"dedicated"),
+            "{pools:?}"
+        ),
         "exact" => assert!(pools.iter().all(|p| *p == "dedicated"), "{pools:?}"),
-        _ => assert!(pools.iter().all(|p| *p == "small" || *p == "large"), "{pools:?}"),
+        _ => assert!(
+            pools.iter().all(|p| *p == "small" || *p == "large"),
+            "{pools:?}"
+        ),
     }
 }
 

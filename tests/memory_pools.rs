@@ -347,7 +347,12 @@ fn run_forward(
     for op in ops {
         match *op {
             TraceOp::Alloc { bytes, label } => {
-                let bytes = bytes + if matches!(drift, Drift::Grow(n) if n == allocs) { 4 } else { 0 };
+                let bytes = bytes
+                    + if matches!(drift, Drift::Grow(n) if n == allocs) {
+                        4
+                    } else {
+                        0
+                    };
                 let label = if matches!(drift, Drift::Relabel(n) if n == allocs) {
                     "other".to_string()
                 } else {
@@ -402,8 +407,15 @@ fn plan_and_replay(ops: &[TraceOp], drift: Drift) -> Result<(u64, u64, u64), Tes
     let peak = pool.stats();
     let snap = pool.snapshot();
     ensure(
-        snap.segments.iter().all(|s| s.pool != SegmentPool::Arena || plan.arenas.contains(&s.size)),
-        || format!("arena sizes {:?} not the plan's {:?}", snap.segments, plan.arenas),
+        snap.segments
+            .iter()
+            .all(|s| s.pool != SegmentPool::Arena || plan.arenas.contains(&s.size)),
+        || {
+            format!(
+                "arena sizes {:?} not the plan's {:?}",
+                snap.segments, plan.arenas
+            )
+        },
     )?;
     let mut live = left;
     while let Some((b, _)) = live.pop() {
@@ -412,9 +424,10 @@ fn plan_and_replay(ops: &[TraceOp], drift: Drift) -> Result<(u64, u64, u64), Tes
     }
     pool.empty_cache();
     let s = pool.stats();
-    ensure(s.reserved_bytes.current == 0 && s.allocated_bytes.current == 0, || {
-        format!("after freeing all and empty_cache: {s:?}")
-    })?;
+    ensure(
+        s.reserved_bytes.current == 0 && s.allocated_bytes.current == 0,
+        || format!("after freeing all and empty_cache: {s:?}"),
+    )?;
     Ok((plan.reserved(), plan.peak_live, pool.divergences()))
 }
 
@@ -423,7 +436,9 @@ fn traced_ops() -> impl Strategy<Value = Vec<TraceOp>> {
 }
 
 fn allocs_in(ops: &[TraceOp]) -> usize {
-    ops.iter().filter(|o| matches!(o, TraceOp::Alloc { .. })).count()
+    ops.iter()
+        .filter(|o| matches!(o, TraceOp::Alloc { .. }))
+        .count()
 }
 
 /// Effective events (allocations and frees of a live block), as

@@ -277,7 +277,10 @@ fn host_parking_over_the_host_limit_fails_early() {
         err.contains("1.0 MiB are available") && err.contains("--max-host-memory"),
         "{err}"
     );
-    assert!(err.contains("raise --max-memory") && err.contains("smaller image"), "{err}");
+    assert!(
+        err.contains("raise --max-memory") && err.contains("smaller image"),
+        "{err}"
+    );
     // The same decode within a roomy host limit runs and parks on the host.
     let ok = decode(&ctx, &vae, &z, &opts(tiling.with_max_host_memory(1 << 30))).unwrap();
     assert!(ok.tiling.host_parked_peak_bytes > 1 << 20);
@@ -374,7 +377,12 @@ fn fast_tiles_a_tae_decoder() {
     let vae = Vae::load(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let z = read_npy(&shared.join("golden/taef2/chelsea.latents.npy")).unwrap();
     let whole = run(&ctx, &vae, &z, Tiling::off());
-    let fast = run(&ctx, &vae, &z, Tiling::fast().with_tile_size(192).with_overlap(64));
+    let fast = run(
+        &ctx,
+        &vae,
+        &z,
+        Tiling::fast().with_tile_size(192).with_overlap(64),
+    );
     assert_eq!(fast.tiling.mode, "fast");
     assert!(fast.tiling.tiles > 1);
     assert_eq!((fast.width, fast.height), (whole.width, whole.height));
@@ -387,7 +395,10 @@ fn fast_tiles_a_tae_decoder() {
     );
     // Measured: max 0.186, mean 0.0212 (its latent-block GroupNorms see
     // one tile each); a misplaced tile or broken ramp gives several times that.
-    assert!(mean < 0.04, "fast TAE tiles drift from the untiled decode: mean {mean}");
+    assert!(
+        mean < 0.04,
+        "fast TAE tiles drift from the untiled decode: mean {mean}"
+    );
 }
 
 /// `fast` is diffusers' `tiled_decode`: same tiles, same blend; it lands
@@ -465,7 +476,10 @@ fn flux_preset_estimate_keeps_a_1gib_budget() {
                 est.peak_allocated_bytes
             );
             if side >= 4096 {
-                assert!(t.mid_block_tiled, "{side}²: the mid-block must be tiled too");
+                assert!(
+                    t.mid_block_tiled,
+                    "{side}²: the mid-block must be tiled too"
+                );
             }
         }
     }

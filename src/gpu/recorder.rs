@@ -340,7 +340,7 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         let len = round_up(bytes.len() as u64, 4);
-        if at % 4 != 0 || at + len > t.block().size {
+        if !at.is_multiple_of(4) || at + len > t.block().size {
             return Err(Error::shape(
                 "upload",
                 format!("{} bytes into {t:?}", bytes.len()),

@@ -611,7 +611,12 @@ impl MemoryPool for PlannedPool {
         }
         let traced = s.replay.as_mut().and_then(|r| {
             let entry = r.entry_of.remove(&block.id)?;
-            Some((r.key.clone(), entry, r.plan.trace.entries[entry].end, r.event))
+            Some((
+                r.key.clone(),
+                entry,
+                r.plan.trace.entries[entry].end,
+                r.event,
+            ))
         });
         if let Some((key, entry, planned_end, event)) = traced {
             if planned_end == event {
