@@ -410,7 +410,8 @@ fn measured_markdown(rows: &[Row]) -> String {
     s + "\n"
 }
 
-/// The CSV of `rows`; NaN figures are empty fields, `note` is quoted.
+/// The CSV of `rows`; NaN figures are empty fields, `source` (a device
+/// name may hold commas) and `note` are quoted.
 pub fn csv(rows: &[Row]) -> String {
     let mut s = String::from("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px,note\n");
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
@@ -423,7 +424,7 @@ pub fn csv(rows: &[Row]) -> String {
     };
     for r in rows {
         s += &format!(
-            "{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
+            "{},{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
             r.model,
             r.op,
             r.size,
@@ -738,7 +739,7 @@ pub fn write_report(
     if reference.is_none() {
         header += "\n\nThe PyTorch reference CSV was not found: its columns are empty.";
     }
-    let md = markdown(&rows, &failed, &header) + &measured_markdown(&rows);
+    let md = markdown(&rows, &failed, &header) + "\n" + &measured_markdown(&rows);
     write(&out.join("memory.md"), &md)?;
     for (model, _) in MODELS {
         plot(
@@ -836,7 +837,9 @@ mod tests {
             "{tiled:?}"
         );
         assert_eq!(failed.len(), 3, "{failed:?}");
-        assert!(csv(&rows).contains(",\"tiled (--tile auto): untiled, "));
+        let text = csv(&rows);
+        assert!(text.contains(",\"tiled (--tile auto): untiled, "));
+        assert!(text.contains(",planned,\"predicted\","), "source quoted");
     }
 
     /// Rows measured on the test device agree with the estimator's to the
