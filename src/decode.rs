@@ -433,7 +433,7 @@ pub(crate) fn choose_exact(
     const STEP_COST: u64 = 1 << 20;
     const MAX_TILES: usize = 4096;
     let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
-    let mut best: Option<(u64, ExactPlan)> = None;
+    let mut best: Option<(u64, ExactPlan, u64)> = None;
     let mut worse = 0;
     let mut last_limit = None;
     let (out_h, out_w) = (h * up, w * up);
@@ -464,6 +464,7 @@ pub(crate) fn choose_exact(
                 device_cap: 0,
                 attention_state_budget: avail / 4,
                 total_steps: 0,
+                staging_limit: staging_limit(avail),
             };
             match fit_plan(ctx, plan, avail, run) {
                 Ok(Some((plan, report))) => {
@@ -471,8 +472,8 @@ pub(crate) fn choose_exact(
                         return Ok(plan);
                     }
                     let s = score(&report);
-                    if best.as_ref().is_none_or(|(b, _)| s < *b) {
-                        best = Some((s, plan));
+                    if best.as_ref().is_none_or(|(b, _, _)| s < *b) {
+                        best = Some((s, plan, report.host_parked_peak_bytes));
                         worse = 0;
                     } else {
                         worse += 1;
@@ -488,7 +489,24 @@ pub(crate) fn choose_exact(
             break;
         }
     }
-    if let Some((_, plan)) = best {
+    if let Some((_, plan, host)) = best {
+        let host_limit = tiling.max_host_memory.or_else(|| {
+            (!ctx.is_dry_run())
+                .then(crate::tiling::host_memory_available)
+                .flatten()
+        });
+        if let Some(limit) = host_limit.filter(|&l| host > l) {
+            return Err(Error::InvalidInput(format!(
+                "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise --max-memory (fewer tiles parked on the host) or decode a smaller image",
+                host as f64 / 1048576.0,
+                limit as f64 / 1048576.0,
+                if tiling.max_host_memory.is_some() {
+                    "--max-host-memory"
+                } else {
+                    "MemAvailable in /proc/meminfo"
+                }
+            )));
+        }
         return Ok(plan);
     }
     Err(match last_limit {
@@ -560,17 +578,27 @@ fn run_exact(
     })
 }
 
-/// Fits `plan` into `avail` bytes: the working set is the peak with every
-/// tile parked on the host; parked device bytes get what remains, checked
-/// (and if need be lowered) with a second dry run. Returns the plan and the
-/// report of its dry run.
+/// Staging (upload and read-back buffers) a tiled run may hold: an eighth
+/// of the budget left after the weights, at most [`STAGING_LIMIT`], at
+/// least 64 KiB. [`fit_plan`] counts its measured peak against the budget.
+pub(crate) fn staging_limit(avail: u64) -> u64 {
+    (avail / 8).clamp(64 << 10, crate::tiling::STAGING_LIMIT)
+}
+
+/// Fits `plan` into `avail` bytes: the working set is the pool peak with
+/// every tile parked on the host plus the staging peak; parked device bytes
+/// get what remains, checked (and if need be lowered) with a second dry
+/// run. Returns the plan and the report of its dry run.
 fn fit_plan(
     ctx: &Context,
     mut plan: ExactPlan,
     avail: u64,
     run: &TiledRun,
 ) -> Result<Option<(ExactPlan, TilingReport)>> {
-    let dry_peak = |plan: &ExactPlan| dry_peak_of(ctx, |dry| run(dry, plan));
+    // Pool peak and staging peak (device memory outside the pool) together.
+    let dry_peak = |plan: &ExactPlan| {
+        dry_peak_of(ctx, |dry| run(dry, plan)).map(|(peak, r)| (peak + r.staging_peak_bytes, r))
+    };
     plan.device_cap = 0;
     let (working, report) = dry_peak(&plan)?;
     if working > avail {
@@ -974,7 +1002,10 @@ fn decode_fast(
             steps: total,
             readback_bytes: readback,
             syncs: total,
-            host_parked_peak_bytes: (2 * cols.len() * planes * px * px * 4) as u64,
+            // Two rows of f32 tiles for blending and the full-resolution
+            // f32 image they are cropped into.
+            host_parked_peak_bytes: (2 * cols.len() * planes * px * px * 4
+                + planes * height * width * 4) as u64,
             ..Default::default()
         },
     })

@@ -116,6 +116,7 @@ impl BenchTileArgs {
             tile_size: self.tile_size,
             tile_overlap: self.tile_overlap,
             max_memory: self.max_memory.clone(),
+            max_host_memory: None,
             tile_mid_block: false,
         }
         .tiling()
@@ -255,6 +256,10 @@ enum ReportKind {
         /// Predict for this machine's adapter instead of a 24 GB reference GPU.
         #[arg(long)]
         this_device: bool,
+        /// Also decode the presets at 128² for real on this machine's adapter (f32, f16,
+        /// each policy) and add those measured rows beside their predictions.
+        #[arg(long)]
+        measure: bool,
     },
 }
 
@@ -277,6 +282,10 @@ struct TileArgs {
     /// clamped to [1 GiB, 16 GiB] (wgpu reports no VRAM size).
     #[arg(long)]
     max_memory: Option<String>,
+    /// exact: most host memory for tiles parked off the device (bytes or K/M/G/KiB/MiB/GiB).
+    /// Default: MemAvailable of /proc/meminfo; a run that needs more fails before decoding.
+    #[arg(long)]
+    max_host_memory: Option<String>,
     /// exact: tile the mid-block even when it fits whole.
     #[arg(long, hide = true)]
     tile_mid_block: bool,
@@ -284,18 +293,34 @@ struct TileArgs {
 
 impl TileArgs {
     fn tiling(&self) -> wgvae::Result<Tiling> {
+        let mode = self.tile.parse::<TileMode>()?;
+        if self.tile_overlap.is_some() && mode != TileMode::Fast {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "--tile-overlap applies to --tile fast only (exact tiles need no overlap: their halos are exact), not --tile {}",
+                mode.name()
+            )));
+        }
         Ok(Tiling {
-            mode: self.tile.parse::<TileMode>()?,
+            mode,
             tile_size: self.tile_size,
             overlap: self.tile_overlap,
-            max_memory: self.max_memory.as_deref().map(parse_bytes).transpose()?,
+            max_memory: self
+                .max_memory
+                .as_deref()
+                .map(|s| parse_bytes("--max-memory", s))
+                .transpose()?,
             tile_mid_block: self.tile_mid_block,
+            max_host_memory: self
+                .max_host_memory
+                .as_deref()
+                .map(|s| parse_bytes("--max-host-memory", s))
+                .transpose()?,
         })
     }
 }
 
 /// `1073741824`, `1GiB`, `1.5G`, `512MiB`, `800M` (K/M/G are powers of 1024).
-fn parse_bytes(s: &str) -> wgvae::Result<u64> {
+fn parse_bytes(option: &str, s: &str) -> wgvae::Result<u64> {
     let t = s.trim();
     let split = t.find(|c: char| c.is_ascii_alphabetic()).unwrap_or(t.len());
     let (num, unit) = t.split_at(split);
@@ -310,12 +335,14 @@ fn parse_bytes(s: &str) -> wgvae::Result<u64> {
     match num.trim().parse::<f64>() {
         Ok(v) if scale > 0 && v > 0.0 => Ok((v * scale as f64) as u64),
         _ => Err(wgvae::Error::InvalidInput(format!(
-            "--max-memory `{s}`: expected bytes, e.g. 1073741824, 1GiB or 800MiB"
+            "{option} `{s}`: expected bytes, e.g. 1073741824, 1GiB or 800MiB"
         ))),
     }
 }
 
-/// A per-tile progress bar on a terminal (nothing otherwise).
+/// A progress bar on a terminal (nothing otherwise). Exact tiling counts
+/// tile steps (one layer on one tile, so far more than the tiles); fast
+/// tiling counts tiles. The label says which.
 fn progress_bar(quiet: bool) -> Option<Progress> {
     use std::io::IsTerminal;
     if quiet || !std::io::stderr().is_terminal() {
@@ -324,11 +351,16 @@ fn progress_bar(quiet: bool) -> Option<Progress> {
     let bar = indicatif::ProgressBar::new(0);
     bar.set_style(
         indicatif::ProgressStyle::with_template(
-            "{spinner} tiles {bar:40} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
+            "{spinner} {prefix} {bar:40} {pos}/{len} {msg} [{elapsed_precise} < {eta_precise}]",
         )
         .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
     );
     Some(Progress(std::sync::Arc::new(move |u| {
+        bar.set_prefix(if u.stage == "fast tile" {
+            "tiles"
+        } else {
+            "tile steps (layer × tile)"
+        });
         bar.set_length(u.total as u64);
         bar.set_position(u.done as u64);
         bar.set_message(u.stage);
@@ -898,11 +930,16 @@ fn report_memory(
     out: &Path,
     reference: &Path,
     this_device: bool,
+    measure: bool,
 ) -> wgvae::Result<()> {
-    let caps = if this_device {
-        context(cli_adapter)?.caps().clone()
+    let device = if measure || this_device {
+        Some(context(cli_adapter)?)
     } else {
-        wgvae::gpu::Capabilities::reference_gpu()
+        None
+    };
+    let caps = match (&device, this_device) {
+        (Some(d), true) => d.caps().clone(),
+        _ => wgvae::gpu::Capabilities::reference_gpu(),
     };
     let reference = reference.exists().then_some(reference);
     let header = format!(
@@ -914,7 +951,8 @@ fn report_memory(
         env!("WGVAE_GIT_COMMIT"),
         std::env::consts::OS
     );
-    let rows = wgvae::report::memory::write_report(&caps, reference, &header, out)?;
+    let measure_on = device.as_ref().filter(|_| measure);
+    let rows = wgvae::report::memory::write_report(&caps, reference, &header, out, measure_on)?;
     println!(
         "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
         rows.len(),
@@ -1472,8 +1510,9 @@ fn main() -> ExitCode {
                     out,
                     reference,
                     this_device,
+                    measure,
                 },
-        } => report_memory(&cli.adapter, out, reference, *this_device),
+        } => report_memory(&cli.adapter, out, reference, *this_device, *measure),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -1481,5 +1520,33 @@ fn main() -> ExitCode {
             eprintln!("error: {e}");
             ExitCode::FAILURE
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parse_bytes_reads_plain_and_suffixed_sizes() {
+        let p = |s| parse_bytes("--max-memory", s);
+        assert_eq!(p("1073741824").unwrap(), 1 << 30);
+        assert_eq!(p("1GiB").unwrap(), 1 << 30);
+        assert_eq!(p("1.5G").unwrap(), 3 << 29);
+        assert_eq!(p(" 512 MiB ").unwrap(), 512 << 20);
+        assert_eq!(p("800m").unwrap(), 800 << 20);
+        assert_eq!(p("64k").unwrap(), 64 << 10);
+        assert_eq!(p("100b").unwrap(), 100);
+        for bad in ["", "GiB", "-1G", "0", "1.5X", "lots"] {
+            let e = p(bad).unwrap_err().to_string();
+            assert!(
+                e.contains("--max-memory") && e.contains("expected bytes"),
+                "{bad}: {e}"
+            );
+        }
+        let e = parse_bytes("--max-host-memory", "x")
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("--max-host-memory"), "{e}");
     }
 }

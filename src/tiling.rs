@@ -124,6 +124,11 @@ pub struct Tiling {
     /// `exact`: tile the latent-resolution level (the AutoencoderKL
     /// mid-block, TAE's latent-resolution blocks) even when it fits whole (tests).
     pub tile_mid_block: bool,
+    /// Most host bytes tiles may be parked in. `None`: the host's
+    /// `MemAvailable` (/proc/meminfo) for real runs, unlimited for dry runs
+    /// (estimates for another machine). A plan over it fails before any
+    /// kernel runs.
+    pub max_host_memory: Option<u64>,
 }
 
 impl Tiling {
@@ -163,6 +168,11 @@ impl Tiling {
         self.max_memory = Some(bytes);
         self
     }
+    /// A limit of `bytes` on tiles parked in host memory.
+    pub fn with_max_host_memory(mut self, bytes: u64) -> Self {
+        self.max_host_memory = Some(bytes);
+        self
+    }
     /// The memory budget on a device.
     pub fn budget(&self, caps: &Capabilities) -> u64 {
         self.max_memory.unwrap_or_else(|| default_max_memory(caps))
@@ -177,6 +187,14 @@ impl Tiling {
 /// application on GPUs, and never less than what a 1024² decode needs tiled.
 pub fn default_max_memory(caps: &Capabilities) -> u64 {
     (caps.max_buffer_size / 4 * 3).clamp(1 << 30, 16 << 30)
+}
+
+/// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
 }
 
 /// One tile step done.
@@ -233,6 +251,9 @@ pub struct TilingReport {
     pub steps: usize,
     /// Window copies recorded (halo gathers and crops).
     pub window_copies: usize,
+    /// `exact`: peak bytes of staging buffers (uploads in flight, or one
+    /// read-back), outside the pool; pool peak + this stays within the budget.
+    pub staging_peak_bytes: u64,
 }
 
 // ---------------------------------------------------------------------------
@@ -439,6 +460,9 @@ pub(crate) struct ExactPlan {
     pub attention_state_budget: u64,
     /// Tile steps (for progress), known after a dry run.
     pub total_steps: usize,
+    /// Most bytes of upload staging in flight, and of one read-back of
+    /// several tiles (a single tile is read back whole): part of the budget.
+    pub staging_limit: u64,
 }
 
 impl ExactPlan {
@@ -464,8 +488,10 @@ pub(crate) mod stage {
 // The executor
 // ---------------------------------------------------------------------------
 
-/// Upload staging bytes in flight before the executor waits for the device.
-const STAGING_LIMIT: u64 = 256 << 20;
+/// Most upload staging bytes in flight before the executor waits for the
+/// device (a plan's `staging_limit` is at most this, and at most an eighth
+/// of the budget left after the weights).
+pub(crate) const STAGING_LIMIT: u64 = 256 << 20;
 /// Tile steps recorded before a submit (bounds command buffers and lets the
 /// device start while the host records).
 const STEPS_PER_SUBMIT: usize = 16;
@@ -571,6 +597,7 @@ pub(crate) struct Executor {
     report: TilingReport,
     progress: Option<Progress>,
     staging: u64,
+    staging_peak: u64,
     steps_since_submit: usize,
     /// The f16 overflow counter every recorder of this run counts into.
     range_flag: Option<Tensor>,
@@ -590,6 +617,7 @@ impl Executor {
             report: TilingReport::default(),
             progress,
             staging: 0,
+            staging_peak: 0,
             steps_since_submit: 0,
             range_flag: None,
             profile: false,
@@ -673,6 +701,7 @@ impl Executor {
         r.device_parking_cap = self.plan.device_cap;
         r.device_parked_peak_bytes = c.device_peak;
         r.host_parked_peak_bytes = c.host_peak;
+        r.staging_peak_bytes = self.staging_peak;
         Ok((r, std::mem::take(&mut self.stats)))
     }
 
@@ -686,7 +715,7 @@ impl Executor {
                 stage,
             });
         }
-        if self.staging > STAGING_LIMIT {
+        if self.staging >= self.plan.staging_limit {
             self.sync()?;
         } else if self.steps_since_submit >= STEPS_PER_SUBMIT {
             self.submit()?;
@@ -752,7 +781,9 @@ impl Executor {
                 self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
                 data
             };
+            // The read-back waited for the device: upload staging is free.
             self.staging = 0;
+            self.staging_peak = self.staging_peak.max(readback_staging(&[bytes]));
             self.report.syncs += 1;
             self.report.readback_bytes += bytes;
             Piece::Host(HostPiece::new(data, bytes, Some(&self.counters)))
@@ -761,13 +792,27 @@ impl Executor {
     }
 
     /// Uploads host bytes of `shape` into a new tensor.
+    /// Staging in flight stays within the plan's `staging_limit`: the
+    /// executor waits for the device first when it would not, and a
+    /// tensor larger than the limit goes in pieces with waits between.
     fn upload(&mut self, shape: &[usize], dtype: DType, data: Option<&[u8]>) -> Result<Tensor> {
         let t = Tensor::empty(&self.ctx, shape, dtype, "tile upload")?;
         let bytes = t.byte_size();
-        if let Some(d) = data {
-            self.rec().upload(&t, d)?;
+        let piece = (self.plan.staging_limit / 4 * 4).max(4);
+        let mut at = 0u64;
+        while at < bytes {
+            let len = piece.min(bytes - at);
+            if self.staging > 0 && self.staging + len > self.plan.staging_limit {
+                self.sync()?;
+            }
+            if let Some(d) = data {
+                let end = ((at + len) as usize).min(d.len());
+                self.rec().upload_at(&t, at, &d[at as usize..end])?;
+            }
+            self.staging += len;
+            self.staging_peak = self.staging_peak.max(self.staging);
+            at += len;
         }
-        self.staging += bytes;
         self.report.uploaded_bytes += bytes;
         Ok(t)
     }
@@ -1278,6 +1323,16 @@ impl Executor {
         if !device.is_empty() {
             self.report.syncs += 1;
         }
+        // Staging of the largest read-back group (as grouped below).
+        let mut group: Vec<u64> = Vec::new();
+        for &i in &device {
+            let b = act.bytes_of(&act.grid.rect(i));
+            group.push(b);
+            if group.len() > 1 && readback_staging(&group) > self.plan.staging_limit {
+                group = vec![b];
+            }
+            self.staging_peak = self.staging_peak.max(readback_staging(&group));
+        }
         if self.ctx.is_dry_run() {
             return Ok(None);
         }
@@ -1288,11 +1343,21 @@ impl Executor {
                 _ => unreachable!("filtered"),
             })
             .collect();
-        let data = if tensors.is_empty() {
-            Vec::new()
-        } else {
-            read_back(&self.ctx, &tensors)?
-        };
+        // Read back in groups of tiles within the staging limit (a tile
+        // over the limit alone), not the whole output at once.
+        let mut data = Vec::with_capacity(tensors.len());
+        let mut group: Vec<&Tensor> = Vec::new();
+        for t in tensors {
+            let sizes: Vec<u64> = group.iter().chain([&t]).map(|t| t.byte_size()).collect();
+            if !group.is_empty() && readback_staging(&sizes) > self.plan.staging_limit {
+                data.extend(read_back(&self.ctx, &group)?);
+                group.clear();
+            }
+            group.push(t);
+        }
+        if !group.is_empty() {
+            data.extend(read_back(&self.ctx, &group)?);
+        }
         let mut out = vec![0u8; act.bytes_of(&whole) as usize];
         let planes = act.n * act.c;
         let esize = act.dtype.size() as usize;
@@ -1318,6 +1383,11 @@ impl Executor {
         }
         Ok(Some(out))
     }
+}
+
+/// Bytes of the staging buffer [`read_back`] creates for tensors of `sizes`.
+fn readback_staging(sizes: &[u64]) -> u64 {
+    sizes.iter().map(|&b| crate::memory::round_up(b, 256)).sum()
 }
 
 /// For a 3×3 conv on the 2× nearest upsample of an `n`-long axis, output

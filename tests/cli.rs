@@ -162,6 +162,7 @@ fn memory_estimate_matches_a_real_decode() {
         ]);
         assert!(ok, "{err}");
         let png = tmp(&format!("small-{policy}.png"));
+        let snapshot = tmp(&format!("snapshot-{policy}.json"));
         let (ok, dec, err) = wgvae(&[
             "decode",
             latents.to_str().unwrap(),
@@ -171,9 +172,12 @@ fn memory_estimate_matches_a_real_decode() {
             png.to_str().unwrap(),
             "--policy",
             policy,
+            "--memory-snapshot",
+            snapshot.to_str().unwrap(),
             "--json",
         ]);
         assert!(ok, "{err}");
+        check_snapshot(policy, &std::fs::read_to_string(&snapshot).unwrap());
         let (e, d) = (json(&est), json(&dec));
         for key in [
             "peak_allocated_bytes",
@@ -187,6 +191,127 @@ fn memory_estimate_matches_a_real_decode() {
             );
         }
         assert_eq!(e["policy"], policy);
+    }
+}
+
+/// Tiled decoding from the CLI: `decode --tile exact --tile-size --max-memory
+/// --json` keeps the budget and reports the tiling; `memory` with the same
+/// options predicts the same peak; `--tile-overlap` outside fast mode and a
+/// too-small `--max-host-memory` are clear errors.
+#[test]
+fn tiled_decode_and_estimate_through_the_cli() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let latents = dir.join("latents.npy");
+    let z = wgvae::io::read_npy(&latents).unwrap();
+    let size = format!("{}x{}", z.shape[2] * 8, z.shape[3] * 8);
+    let vae = dir.to_str().unwrap();
+    let (ok, out, err) = wgvae(&["memory", "--vae", vae, "--size", &size, "--json"]);
+    assert!(ok, "{err}");
+    let weights = json(&out)["weights_bytes"].as_u64().unwrap();
+    let budget = (weights + (3 << 19)).to_string();
+    let tile = [
+        "--tile",
+        "exact",
+        "--tile-size",
+        "32",
+        "--max-memory",
+        &budget,
+    ];
+    let png = tmp("tiled.png");
+    let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
+    args.push(png.to_str().unwrap());
+    args.extend(tile);
+    args.push("--json");
+    let (ok, dec, err) = wgvae(&args);
+    assert!(ok, "{err}");
+    let d = json(&dec);
+    let t = &d["tiling"];
+    assert_eq!(t["mode"], "exact");
+    assert_eq!(t["tile_size"], 32);
+    assert!(t["tiles"].as_u64().unwrap() > 1);
+    let (peak, staging) = (
+        d["peak_allocated_bytes"].as_u64().unwrap(),
+        t["staging_peak_bytes"].as_u64().unwrap(),
+    );
+    assert!(peak + staging <= weights + (3 << 19), "{peak} + {staging}");
+    let mut args = vec!["memory", "--vae", vae, "--size", &size];
+    args.extend(tile);
+    args.push("--json");
+    let (ok, est, err) = wgvae(&args);
+    assert!(ok, "{err}");
+    let e = json(&est);
+    assert_eq!(e["peak_allocated_bytes"].as_u64(), Some(peak));
+    assert_eq!(e["tiling"]["tile_size"], 32);
+
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        png.to_str().unwrap(),
+        "--tile",
+        "exact",
+        "--tile-overlap",
+        "16",
+    ]);
+    assert!(
+        !ok && err.contains("--tile-overlap applies to --tile fast only"),
+        "{err}"
+    );
+    let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
+    args.push(png.to_str().unwrap());
+    args.extend(tile);
+    args.extend(["--max-host-memory", "64KiB"]);
+    let (ok, _, err) = wgvae(&args);
+    assert!(!ok && err.contains("0.1 MiB are available"), "{err}");
+}
+
+/// A `--memory-snapshot` file: segments tile into blocks, add up to the
+/// reserved bytes, allocated blocks to the allocated bytes; the planned pool
+/// lists its arenas (cached after the decode, all free) beside the weights.
+fn check_snapshot(policy: &str, text: &str) {
+    let v = json(text);
+    assert_eq!(v["policy"], policy);
+    let segments = v["segments"].as_array().unwrap();
+    assert!(!segments.is_empty(), "{policy}: no segments");
+    let (mut reserved, mut allocated) = (0, 0);
+    for seg in segments {
+        let mut next = 0;
+        for b in seg["blocks"].as_array().unwrap() {
+            assert_eq!(b["offset"].as_u64().unwrap(), next, "{policy}: {seg}");
+            next += b["size"].as_u64().unwrap();
+            if b["allocated"].as_bool().unwrap() {
+                allocated += b["size"].as_u64().unwrap();
+            }
+        }
+        assert_eq!(next, seg["size"].as_u64().unwrap(), "{policy}: {seg}");
+        reserved += next;
+    }
+    let stats = &v["stats"];
+    assert_eq!(
+        reserved,
+        stats["reserved_bytes"]["current"].as_u64().unwrap()
+    );
+    assert_eq!(
+        allocated,
+        stats["allocated_bytes"]["current"].as_u64().unwrap()
+    );
+    let pools: Vec<&str> = segments
+        .iter()
+        .map(|s| s["pool"].as_str().unwrap())
+        .collect();
+    match policy {
+        "planned" => assert!(
+            pools.contains(&"arena") && pools.contains(&"dedicated"),
+            "{pools:?}"
+        ),
+        "exact" => assert!(pools.iter().all(|p| *p == "dedicated"), "{pools:?}"),
+        _ => assert!(
+            pools.iter().all(|p| *p == "small" || *p == "large"),
+            "{pools:?}"
+        ),
     }
 }
 

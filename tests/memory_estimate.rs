@@ -4,7 +4,7 @@
 
 use wgvae::decode::estimate_decode;
 use wgvae::io::{read_npy, HostTensor};
-use wgvae::memory::Policy;
+use wgvae::memory::{PlannedPool, Policy};
 use wgvae::models::Precision;
 use wgvae::testing::{shared_dir, test_context};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
@@ -130,7 +130,14 @@ fn estimate_equals_measured_for_every_policy() {
                 case.spec,
                 policy.name()
             );
-            if policy == Policy::Planned {
+            if let Some(p) = ctx.pool().as_any().downcast_ref::<PlannedPool>() {
+                assert_eq!(
+                    p.divergences(),
+                    0,
+                    "{}: replay left its trace: {:?}",
+                    case.spec,
+                    p.last_divergence()
+                );
                 assert!(
                     r as f64 <= 1.02 * a as f64,
                     "planned reserved/allocated {}",
@@ -169,6 +176,8 @@ fn planned_pool_reuses_its_plan_and_arenas() {
     assert_eq!(a.memory.reserved_bytes.peak, b.memory.reserved_bytes.peak);
     // The second decode created no new device buffers beyond the first's.
     assert_eq!(a.memory.num_device_alloc, b.memory.num_device_alloc);
+    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>().unwrap();
+    assert_eq!(planned.divergences(), 0, "{:?}", planned.last_divergence());
 }
 
 #[test]

@@ -367,11 +367,17 @@ impl<'a> Recorder<'a> {
     /// recorded kernels, unlike `queue.write_buffer`, which lands before the
     /// whole submission — wrong for a block a pool reuses mid-forward).
     pub fn upload(&mut self, t: &Tensor, bytes: &[u8]) -> Result<()> {
+        self.upload_at(t, 0, bytes)
+    }
+
+    /// [`Recorder::upload`] of `bytes` at byte `at` (a multiple of 4) of `t`:
+    /// large uploads go in pieces, each with a staging buffer of its own.
+    pub fn upload_at(&mut self, t: &Tensor, at: u64, bytes: &[u8]) -> Result<()> {
         if self.ctx.is_dry_run() {
             return Ok(());
         }
         let len = round_up(bytes.len() as u64, 4);
-        if len > t.block().size {
+        if !at.is_multiple_of(4) || at + len > t.block().size {
             return Err(Error::shape(
                 "upload",
                 format!("{} bytes into {t:?}", bytes.len()),
@@ -401,7 +407,7 @@ impl<'a> Recorder<'a> {
             view.slice(bytes.len()..).copy_from_slice(&[0u8; 4][..pad]);
         }
         staging.unmap();
-        let (dst, off) = (t.buffer()?.clone(), t.block().offset);
+        let (dst, off) = (t.buffer()?.clone(), t.block().offset + at);
         self.timed_transfer("copy::upload", |e| {
             e.copy_buffer_to_buffer(&staging, 0, &dst, off, len)
         });

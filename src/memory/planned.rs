@@ -8,12 +8,15 @@
 //! each, as in the `exact` policy.
 
 use std::any::Any;
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::sync::{Arc, Mutex};
 
 use serde::Serialize;
 
-use super::{round_up, Backing, Block, MemoryPool, MemoryStats};
+use super::{
+    round_up, Backing, Block, BlockSnapshot, MemoryPool, MemoryStats, PoolSnapshot, SegmentPool,
+    SegmentSnapshot,
+};
 use crate::error::{Error, Result};
 
 /// One allocation of a traced forward pass; `start`/`end` are event indices
@@ -46,6 +49,9 @@ pub struct MemoryPlan {
     pub placements: Vec<(usize, u64, u64)>,
     /// Peak of concurrently live bytes (the lower bound of any plan).
     pub peak_live: u64,
+    /// The trace planned: a replay checks every allocation and release against it.
+    #[serde(skip)]
+    pub trace: AllocationTrace,
 }
 
 impl MemoryPlan {
@@ -148,6 +154,7 @@ pub fn plan_greedy_by_size(
             })
             .collect(),
         peak_live: peak as u64,
+        trace: trace.clone(),
     })
 }
 
@@ -288,9 +295,26 @@ struct Arena {
     segment: u64,
 }
 
+/// A plan being replayed: allocations and releases must follow its trace
+/// event by event.
 struct Replay {
     key: String,
+    plan: Arc<MemoryPlan>,
+    /// Index of the next trace entry to allocate.
     next: usize,
+    /// Events (allocations and releases of this replay's blocks) so far.
+    event: usize,
+    /// Trace entry of each block this replay handed out, by block id.
+    entry_of: HashMap<u64, usize>,
+}
+
+/// A block held by a caller.
+struct LiveBlock {
+    segment: u64,
+    offset: u64,
+    size: u64,
+    requested: u64,
+    in_arena: bool,
 }
 
 #[derive(Default)]
@@ -302,12 +326,102 @@ struct PlannedState {
     arenas: Vec<Arena>,
     arenas_for: Option<String>,
     replay: Option<Replay>,
-    /// Live blocks per arena (an arena is not dropped while one is alive).
+    /// Every live block by id (arena and dedicated).
+    live: BTreeMap<u64, LiveBlock>,
+    /// Live blocks per arena segment (an arena is not dropped while one is alive).
     live_in_arena: HashMap<u64, usize>,
     next_segment: u64,
+    divergences: u64,
+    last_divergence: Option<String>,
+}
+
+impl PlannedState {
+    /// Free bytes of arenas that hold live blocks (fragmentation a plan leaves).
+    fn recount_inactive_split(&mut self) {
+        let mut used: HashMap<u64, u64> = HashMap::new();
+        for b in self.live.values().filter(|b| b.in_arena) {
+            *used.entry(b.segment).or_insert(0) += b.size;
+        }
+        let inactive: u64 = self
+            .arenas
+            .iter()
+            .filter_map(|a| used.get(&a.segment).map(|u| a.size.saturating_sub(*u)))
+            .sum();
+        let stat = &mut self.stats.stats.inactive_split_bytes;
+        if inactive >= stat.current {
+            stat.add(inactive - stat.current);
+        } else {
+            stat.sub(stat.current - inactive);
+        }
+    }
+
+    /// The running forward no longer follows its trace: stop replaying (later
+    /// allocations get buffers of their own, which cannot overlap anything).
+    fn diverge(&mut self, why: String) {
+        log::warn!("{why}; allocating separate buffers for the rest of this forward");
+        self.divergences += 1;
+        self.last_divergence = Some(why);
+        self.replay = None;
+    }
+
+    /// Checks that the next planned allocation is exactly this one and that
+    /// its planned place is free; its `(arena, offset, size)` if so.
+    fn planned_place(
+        &self,
+        bytes: u64,
+        align: u64,
+        label: &str,
+    ) -> std::result::Result<(usize, u64, u64), String> {
+        let r = self.replay.as_ref().expect("replaying");
+        let index = r.next;
+        let Some(entry) = r.plan.trace.entries.get(index) else {
+            return Err(format!(
+                "memory plan `{}` has {index} allocations; allocation `{label}` ({bytes} bytes) is extra",
+                r.key
+            ));
+        };
+        if entry.bytes != bytes || entry.label != label || entry.start != r.event {
+            return Err(format!(
+                "memory plan `{}` expected allocation {index} `{}` ({} bytes) at event {}, got `{label}` ({bytes} bytes) at event {}",
+                r.key, entry.label, entry.bytes, entry.start, r.event
+            ));
+        }
+        let (arena, offset, size) = r.plan.placements[index];
+        if offset % align.max(1) != 0 {
+            return Err(format!(
+                "memory plan `{}` placed `{label}` at offset {offset}, not aligned to {align}",
+                r.key
+            ));
+        }
+        if self.arenas_for.as_deref() == Some(r.key.as_str()) {
+            let segment = self.arenas[arena].segment;
+            if let Some((_, b)) = self.live.iter().find(|(_, b)| {
+                b.in_arena
+                    && b.segment == segment
+                    && b.offset < offset + size
+                    && offset < b.offset + b.size
+            }) {
+                return Err(format!(
+                    "memory plan `{}`: `{label}` would overlap a live block at {}..{} of arena {arena}",
+                    r.key,
+                    b.offset,
+                    b.offset + b.size
+                ));
+            }
+        }
+        Ok((arena, offset, size))
+    }
 }
 
 /// The `planned` policy (see the module docs).
+///
+/// A replay is strict: the n-th allocation must have exactly the size, label
+/// and position among the events of the traced n-th one, releases must come
+/// in traced order, and a planned place must not overlap a live block. At
+/// the first mismatch the replay stops ([`PlannedPool::divergences`] counts
+/// it, a warning names it) and the rest of the forward gets one buffer per
+/// tensor, so a forward that drifts from its trace costs memory, never
+/// correctness.
 #[derive(Default)]
 pub struct PlannedPool {
     state: Mutex<PlannedState>,
@@ -350,12 +464,15 @@ impl PlannedPool {
     /// Following allocations take their places from plan `key`, in order.
     pub fn begin_replay(&self, key: &str) -> Result<()> {
         let mut s = self.state.lock().expect("pool poisoned");
-        if !s.plans.contains_key(key) {
+        let Some(plan) = s.plans.get(key).cloned() else {
             return Err(Error::Unsupported(format!("no memory plan `{key}`")));
-        }
+        };
         s.replay = Some(Replay {
             key: key.to_string(),
+            plan,
             next: 0,
+            event: 0,
+            entry_of: HashMap::new(),
         });
         Ok(())
     }
@@ -363,6 +480,20 @@ impl PlannedPool {
     /// Back to one buffer per allocation.
     pub fn end_replay(&self) {
         self.state.lock().expect("pool poisoned").replay = None;
+    }
+
+    /// Replays that stopped because the forward did not follow its trace.
+    pub fn divergences(&self) -> u64 {
+        self.state.lock().expect("pool poisoned").divergences
+    }
+
+    /// Why the last replay stopped early, if one did.
+    pub fn last_divergence(&self) -> Option<String> {
+        self.state
+            .lock()
+            .expect("pool poisoned")
+            .last_divergence
+            .clone()
     }
 
     fn new_segment_id(s: &mut PlannedState) -> u64 {
@@ -387,7 +518,9 @@ impl PlannedPool {
         }
         for a in std::mem::take(&mut s.arenas) {
             s.stats.drop_segment(a.size);
+            s.live_in_arena.remove(&a.segment);
         }
+        s.arenas_for = None;
         let plan = s.plans[key].clone();
         for &size in &plan.arenas {
             let buffer = backing.create_buffer(size.max(4), "wgvae planned arena")?;
@@ -411,22 +544,33 @@ impl MemoryPool for PlannedPool {
         "planned"
     }
 
-    fn allocate(&self, backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
+    fn allocate(&self, backing: &Backing, bytes: u64, align: u64, label: &str) -> Result<Block> {
         let mut s = self.state.lock().expect("pool poisoned");
-        if let Some(replay) = &s.replay {
-            let key = replay.key.clone();
-            let index = replay.next;
-            let plan = s.plans[&key].clone();
-            if let Some(&(arena, offset, size)) = plan.placements.get(index) {
-                if size >= bytes {
+        if s.replay.is_some() {
+            match s.planned_place(bytes, align, label) {
+                Ok((arena, offset, size)) => {
+                    let key = s.replay.as_ref().map(|r| r.key.clone()).unwrap_or_default();
                     Self::ensure_arenas(&mut s, backing, &key)?;
-                    if let Some(r) = s.replay.as_mut() {
-                        r.next += 1;
-                    }
                     let a = &s.arenas[arena];
                     let (buffer, segment) = (a.buffer.clone(), a.segment);
                     *s.live_in_arena.entry(segment).or_insert(0) += 1;
                     let id = s.stats.on_alloc(size, bytes, None);
+                    s.live.insert(
+                        id,
+                        LiveBlock {
+                            segment,
+                            offset,
+                            size,
+                            requested: bytes,
+                            in_arena: true,
+                        },
+                    );
+                    if let Some(r) = s.replay.as_mut() {
+                        r.entry_of.insert(id, r.next);
+                        r.next += 1;
+                        r.event += 1;
+                    }
+                    s.recount_inactive_split();
                     return Ok(Block {
                         buffer,
                         offset,
@@ -436,10 +580,8 @@ impl MemoryPool for PlannedPool {
                         segment,
                     });
                 }
+                Err(why) => s.diverge(why),
             }
-            // The forward diverged from its trace: say so, continue unplanned.
-            log::warn!("memory plan `{key}` does not match allocation {index} ({label}, {bytes} bytes); using a separate buffer");
-            s.replay = None;
         }
         let size = round_up(bytes.max(4), 4);
         let buffer = backing
@@ -447,6 +589,16 @@ impl MemoryPool for PlannedPool {
             .inspect_err(|_| s.stats.stats.num_ooms += 1)?;
         let segment = Self::new_segment_id(&mut s);
         let id = s.stats.on_alloc(size, bytes, Some(size));
+        s.live.insert(
+            id,
+            LiveBlock {
+                segment,
+                offset: 0,
+                size,
+                requested: bytes,
+                in_arena: false,
+            },
+        );
         Ok(Block {
             buffer,
             offset: 0,
@@ -460,10 +612,37 @@ impl MemoryPool for PlannedPool {
     fn release(&self, block: &Block) {
         let mut s = self.state.lock().expect("pool poisoned");
         s.stats.on_release(block);
+        s.live.remove(&block.id);
         if let Some(n) = s.live_in_arena.get_mut(&block.segment) {
             *n -= 1;
+            s.recount_inactive_split();
         } else {
             s.stats.drop_segment(block.size);
+        }
+        let traced = s.replay.as_mut().and_then(|r| {
+            let entry = r.entry_of.remove(&block.id)?;
+            Some((
+                r.key.clone(),
+                entry,
+                r.plan.trace.entries[entry].end,
+                r.event,
+            ))
+        });
+        if let Some((key, entry, planned_end, event)) = traced {
+            if planned_end == event {
+                if let Some(r) = s.replay.as_mut() {
+                    r.event += 1;
+                }
+            } else {
+                s.diverge(format!(
+                    "memory plan `{key}`: allocation {entry} released at event {event}, traced at {}",
+                    if planned_end == usize::MAX {
+                        "never".to_string()
+                    } else {
+                        planned_end.to_string()
+                    }
+                ));
+            }
         }
     }
 
@@ -494,6 +673,73 @@ impl MemoryPool for PlannedPool {
             s.live_in_arena.remove(&a.segment);
         }
         s.arenas_for = None;
+    }
+
+    /// Arenas (live blocks and the free gaps between them, in offset order)
+    /// and one dedicated segment per tensor allocated outside a replay.
+    fn snapshot(&self) -> PoolSnapshot {
+        let s = self.state.lock().expect("pool poisoned");
+        let mut segments = Vec::new();
+        for a in &s.arenas {
+            let mut inside: Vec<&LiveBlock> = s
+                .live
+                .values()
+                .filter(|b| b.in_arena && b.segment == a.segment)
+                .collect();
+            inside.sort_by_key(|b| b.offset);
+            let mut blocks = Vec::new();
+            let mut cursor = 0;
+            for b in inside {
+                if b.offset > cursor {
+                    blocks.push(BlockSnapshot {
+                        offset: cursor,
+                        size: b.offset - cursor,
+                        requested: 0,
+                        allocated: false,
+                    });
+                }
+                blocks.push(BlockSnapshot {
+                    offset: b.offset,
+                    size: b.size,
+                    requested: b.requested,
+                    allocated: true,
+                });
+                cursor = cursor.max(b.offset + b.size);
+            }
+            if cursor < a.size {
+                blocks.push(BlockSnapshot {
+                    offset: cursor,
+                    size: a.size - cursor,
+                    requested: 0,
+                    allocated: false,
+                });
+            }
+            segments.push(SegmentSnapshot {
+                id: a.segment,
+                size: a.size,
+                pool: SegmentPool::Arena,
+                blocks,
+            });
+        }
+        for b in s.live.values().filter(|b| !b.in_arena) {
+            segments.push(SegmentSnapshot {
+                id: b.segment,
+                size: b.size,
+                pool: SegmentPool::Dedicated,
+                blocks: vec![BlockSnapshot {
+                    offset: 0,
+                    size: b.size,
+                    requested: b.requested,
+                    allocated: true,
+                }],
+            });
+        }
+        segments.sort_by_key(|g| g.id);
+        PoolSnapshot {
+            policy: self.policy_name().to_string(),
+            stats: s.stats.stats.clone(),
+            segments,
+        }
     }
 
     fn as_any(&self) -> &dyn Any {

@@ -10,8 +10,10 @@ pub enum SegmentPool {
     Small,
     /// Caching pool: segments serving requests over 1 MiB.
     Large,
-    /// One device buffer per tensor (exact pool).
+    /// One device buffer per tensor (exact pool; planned pool outside a replay).
     Dedicated,
+    /// Planned pool: an arena holding the tensors of a replayed plan.
+    Arena,
 }
 
 impl SegmentPool {
@@ -21,6 +23,7 @@ impl SegmentPool {
             SegmentPool::Small => "small",
             SegmentPool::Large => "large",
             SegmentPool::Dedicated => "dedicated",
+            SegmentPool::Arena => "arena",
         }
     }
 }

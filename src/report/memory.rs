@@ -46,29 +46,50 @@ pub struct PytorchRow {
     pub reserved_mib: f64,
 }
 
-/// Reads `pytorch_vae_memory_rtx4090.csv` (first row per key when repeated).
+/// Reads `pytorch_vae_memory_rtx4090.csv`: square sizes only (this report's
+/// grid; non-square rows are skipped on purpose). Some float32 rows appear
+/// twice in the source with the same allocated and slightly different
+/// reserved figures; all are returned in file order and the report uses the
+/// **first** of each (model, op, size, dtype). A row with fewer than 7 fields
+/// or a non-numeric figure is an error naming the line, not skipped.
 pub fn read_pytorch(path: &Path) -> Result<Vec<PytorchRow>> {
     let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })?;
+    parse_pytorch(path, &text)
+}
+
+fn parse_pytorch(path: &Path, text: &str) -> Result<Vec<PytorchRow>> {
     let mut rows = Vec::new();
-    for line in text.lines().skip(1).filter(|l| !l.trim().is_empty()) {
-        let f: Vec<&str> = line.split(',').collect();
-        let bad = || Error::BadFile {
+    for (n, line) in text
+        .lines()
+        .enumerate()
+        .skip(1)
+        .filter(|(_, l)| !l.trim().is_empty())
+    {
+        let f: Vec<&str> = line.split(',').map(str::trim).collect();
+        let bad = |what: &str| Error::BadFile {
             path: path.to_path_buf(),
-            message: format!("unexpected row `{line}`"),
+            message: format!("line {}: {what} in `{line}`", n + 1),
         };
-        if f.len() < 7 || f[2] != f[3] {
+        if f.len() < 7 {
+            return Err(bad(
+                "fewer than 7 fields (model,op,height,width,dtype,allocated_mib,reserved_mib)",
+            ));
+        }
+        let height: usize = f[2].parse().map_err(|_| bad("bad height"))?;
+        let width: usize = f[3].parse().map_err(|_| bad("bad width"))?;
+        if height != width {
             continue; // square sizes only in this report
         }
         rows.push(PytorchRow {
             model: f[0].to_string(),
             op: f[1].to_string(),
-            size: f[2].parse().map_err(|_| bad())?,
+            size: height,
             dtype: f[4].to_string(),
-            allocated_mib: f[5].parse().map_err(|_| bad())?,
-            reserved_mib: f[6].parse().map_err(|_| bad())?,
+            allocated_mib: f[5].parse().map_err(|_| bad("bad allocated_mib"))?,
+            reserved_mib: f[6].parse().map_err(|_| bad("bad reserved_mib"))?,
         });
     }
     Ok(rows)
@@ -109,17 +130,36 @@ pub struct Row {
     pub host_parked_mib: f64,
     /// Tile side of an exact tiled row.
     pub tile_px: Option<usize>,
+    /// Empty for a plain row; otherwise why the row is tiled (an untiled
+    /// decode exceeds a device limit) or why it has no figures (NaN).
+    pub note: String,
 }
 
 /// Predicts every row for a device with `caps`; cells the device cannot run
 /// untiled are returned as (model, size, policy, reason).
 pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>, Vec<String>)> {
+    predict_cells(caps, pytorch, |_, _, _, _| true)
+}
+
+/// [`predict`] of the cells (op, model, size, dtype) `keep` accepts. A
+/// `decode_tiled` cell needs its model's `decode` cell at some size for the
+/// weights of its budget. A decode that exceeds a device limit untiled is
+/// predicted with `--tile auto` instead (its `note` says so); a cell that
+/// cannot be predicted at all gets rows with NaN figures and the reason.
+pub fn predict_cells(
+    caps: &Capabilities,
+    pytorch: &[PytorchRow],
+    keep: impl Fn(&str, &str, usize, &str) -> bool,
+) -> Result<(Vec<Row>, Vec<String>)> {
     let mut rows = Vec::new();
     let mut failed = Vec::new();
     for op in OPS {
         for (model, preset) in MODELS {
             for size in SIZES {
                 for (dtype, precision, bytes) in DTYPES {
+                    if !keep(op, model, size, dtype) {
+                        continue;
+                    }
                     let py = pytorch.iter().find(|r| {
                         r.model == model && r.op == op && r.size == size && r.dtype == dtype
                     });
@@ -128,7 +168,10 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                         ("decode_tiled", None) => continue,
                         ("decode_tiled", Some(py)) => {
                             let Some(untiled) = rows.iter().find(|r: &&Row| {
-                                r.op == "decode" && r.model == model && r.dtype == dtype
+                                r.op == "decode"
+                                    && r.model == model
+                                    && r.dtype == dtype
+                                    && !r.weights_mib.is_nan()
                             }) else {
                                 continue;
                             };
@@ -164,15 +207,53 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                                 [1, 3, size, size],
                             ),
                         };
-                        let e = match estimate {
-                            Ok(e) => e,
-                            Err(
-                                e @ (Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. }),
-                            ) => {
+                        let too_large = |e: &Error| {
+                            matches!(
+                                e,
+                                Error::BindingTooLarge { .. } | Error::BufferTooLarge { .. }
+                            )
+                        };
+                        let mut note = String::new();
+                        let estimate = match estimate {
+                            Err(e) if op == "decode" && too_large(&e) => {
+                                note = format!("tiled (--tile auto): untiled, {e}");
                                 failed.push(format!(
                                     "{model} {op} {size}² {dtype} {}: {e}",
                                     policy.name()
                                 ));
+                                crate::decode::estimate_decode_with(
+                                    caps,
+                                    policy,
+                                    &spec,
+                                    &load,
+                                    [1, channels, l, l],
+                                    &Tiling::default(),
+                                )
+                            }
+                            other => other,
+                        };
+                        let e = match estimate {
+                            Ok(e) => e,
+                            Err(e) if too_large(&e) => {
+                                rows.push(Row {
+                                    model: model.into(),
+                                    op: op.into(),
+                                    size,
+                                    dtype: dtype.into(),
+                                    policy: policy.name().into(),
+                                    source: "not predicted".into(),
+                                    weights_mib: f64::NAN,
+                                    peak_allocated_mib: f64::NAN,
+                                    peak_reserved_mib: f64::NAN,
+                                    reserved_over_allocated: f64::NAN,
+                                    implied_constant: f64::NAN,
+                                    pytorch_allocated_mib: py.map(|r| r.allocated_mib),
+                                    pytorch_reserved_mib: py.map(|r| r.reserved_mib),
+                                    working_vs_pytorch: None,
+                                    host_parked_mib: f64::NAN,
+                                    tile_px: None,
+                                    note: format!("{note} {e}").trim().to_string(),
+                                });
                                 continue;
                             }
                             Err(e) => return Err(e),
@@ -198,6 +279,7 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
                             working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
                             host_parked_mib: e.tiling.host_parked_peak_bytes as f64 / MIB,
                             tile_px: e.tiling.tile_size.filter(|_| e.tiling.mode == "exact"),
+                            note,
                         });
                     }
                 }
@@ -207,29 +289,178 @@ pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>,
     Ok((rows, failed))
 }
 
-fn csv(rows: &[Row]) -> String {
-    let mut s = String::from("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px\n");
+/// Sizes (pixels per side) of the rows measured on this machine's device.
+pub const MEASURED_SIZES: [usize; 1] = [128];
+
+/// Decodes each preset at `sizes` (f32 and f16, each policy) for real on
+/// `ctx`'s device and returns, per cell, the estimator's row for that
+/// device ("predicted (`<device>` limits)") and the measured one ("measured
+/// on `<device>`"); the measured row's note says whether they agree.
+pub fn measure(
+    ctx: &crate::gpu::Context,
+    models: &[(&str, &str)],
+    sizes: &[usize],
+) -> Result<Vec<Row>> {
+    let device = ctx.caps().adapter_name.clone();
+    let mut rows = Vec::new();
+    for &(model, preset) in models {
+        for &size in sizes {
+            for (dtype, precision, bytes) in DTYPES.into_iter().take(2) {
+                for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
+                    let spec = format!("preset:{preset}");
+                    let channels = if preset == "flux1" { 16 } else { 4 };
+                    let l = size / 8;
+                    let load = LoadOptions {
+                        precision,
+                        ..Default::default()
+                    };
+                    let pctx = ctx.with_pool(policy.new_pool());
+                    let vae = crate::models::Vae::load(&pctx, &spec, &load)?;
+                    let shape = [1, channels, l, l];
+                    let z = crate::io::HostTensor::new(
+                        shape.to_vec(),
+                        crate::testing::rand_vec(channels * l * l, 7, 0.5),
+                    )?;
+                    let opts = crate::DecodeOptions {
+                        raw_latents: true,
+                        tiling: Tiling::off(),
+                        ..Default::default()
+                    };
+                    let real = crate::decode(&pctx, &vae, &z, &opts)?;
+                    let est =
+                        crate::decode::estimate_decode(ctx.caps(), policy, &spec, &load, shape)?;
+                    let row =
+                        |source: String, weights: u64, alloc: u64, reserved: u64, note: String| {
+                            let (w, a, r) = (
+                                weights as f64 / MIB,
+                                alloc as f64 / MIB,
+                                reserved as f64 / MIB,
+                            );
+                            Row {
+                                model: model.into(),
+                                op: "decode".into(),
+                                size,
+                                dtype: dtype.into(),
+                                policy: policy.name().into(),
+                                source,
+                                weights_mib: w,
+                                peak_allocated_mib: a,
+                                peak_reserved_mib: r,
+                                reserved_over_allocated: r / a,
+                                implied_constant: (a - w) * MIB / ((size * size) as f64 * bytes),
+                                pytorch_allocated_mib: None,
+                                pytorch_reserved_mib: None,
+                                working_vs_pytorch: None,
+                                host_parked_mib: 0.0,
+                                tile_px: None,
+                                note,
+                            }
+                        };
+                    let (ma, mr) = (
+                        real.memory.allocated_bytes.peak,
+                        real.memory.reserved_bytes.peak,
+                    );
+                    let agree = est.peak_allocated_bytes == ma
+                        && est.peak_reserved_bytes == mr
+                        && est.weights_bytes == vae.weights_bytes;
+                    rows.push(row(
+                        format!("predicted ({device} limits)"),
+                        est.weights_bytes,
+                        est.peak_allocated_bytes,
+                        est.peak_reserved_bytes,
+                        String::new(),
+                    ));
+                    rows.push(row(
+                        format!("measured on {device}"),
+                        vae.weights_bytes,
+                        ma,
+                        mr,
+                        if agree {
+                            "estimate == measured (bytes)".into()
+                        } else {
+                            format!(
+                                "ESTIMATE DIFFERS: predicted {} / {} B allocated / reserved",
+                                est.peak_allocated_bytes, est.peak_reserved_bytes
+                            )
+                        },
+                    ));
+                }
+            }
+        }
+    }
+    Ok(rows)
+}
+
+fn measured_markdown(rows: &[Row]) -> String {
+    let measured: Vec<&Row> = rows
+        .iter()
+        .filter(|r| r.source.starts_with("measured"))
+        .collect();
+    let Some(first) = measured.first() else {
+        return String::new();
+    };
+    let mut s = format!(
+        "## Measured on this machine: {}\n\nReal decodes (preset weights, untiled) beside the estimator's prediction for the same device; every figure in bytes must agree.\n\n",
+        first.source.trim_start_matches("measured on ")
+    );
+    s += "| model | size | dtype | policy | predicted alloc / reserved MiB | measured alloc / reserved MiB | |\n|---|---|---|---|---|---|---|\n";
+    for m in measured {
+        let Some(p) = rows.iter().find(|r| {
+            r.source.starts_with("predicted (")
+                && (&r.model, r.size, &r.dtype, &r.policy)
+                    == (&m.model, m.size, &m.dtype, &m.policy)
+        }) else {
+            continue;
+        };
+        s += &format!(
+            "| {} | {}² | {} | {} | {:.2} / {:.2} | {:.2} / {:.2} | {} |\n",
+            m.model,
+            m.size,
+            m.dtype,
+            m.policy,
+            p.peak_allocated_mib,
+            p.peak_reserved_mib,
+            m.peak_allocated_mib,
+            m.peak_reserved_mib,
+            m.note
+        );
+    }
+    s + "\n"
+}
+
+/// The CSV of `rows`; NaN figures are empty fields, `source` (a device
+/// name may hold commas) and `note` are quoted.
+pub fn csv(rows: &[Row]) -> String {
+    let mut s = String::from("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px,note\n");
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
+    let num = |x: f64, digits: usize| {
+        if x.is_nan() {
+            String::new()
+        } else {
+            format!("{x:.digits$}")
+        }
+    };
     for r in rows {
         s += &format!(
-            "{},{},{},{},{},{},{:.2},{:.2},{:.2},{:.4},{:.0},{},{},{},{:.2},{}\n",
+            "{},{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
             r.model,
             r.op,
             r.size,
             r.dtype,
             r.policy,
             r.source,
-            r.weights_mib,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-            r.reserved_over_allocated,
-            r.implied_constant,
+            num(r.weights_mib, 2),
+            num(r.peak_allocated_mib, 2),
+            num(r.peak_reserved_mib, 2),
+            num(r.reserved_over_allocated, 4),
+            num(r.implied_constant, 0),
             opt(r.pytorch_allocated_mib),
             opt(r.pytorch_reserved_mib),
             r.working_vs_pytorch
                 .map_or(String::new(), |x| format!("{x:.3}")),
-            r.host_parked_mib,
-            r.tile_px.map_or(String::new(), |t| t.to_string())
+            num(r.host_parked_mib, 2),
+            r.tile_px.map_or(String::new(), |t| t.to_string()),
+            r.note.replace('"', "\"\"")
         );
     }
     s
@@ -246,14 +477,22 @@ fn get<'a>(
     })
 }
 
-fn markdown(rows: &[Row], failed: &[String], header: &str) -> String {
+fn markdown(all_rows: &[Row], failed: &[String], header: &str) -> String {
+    let predicted: Vec<Row> = all_rows
+        .iter()
+        .filter(|r| !r.peak_allocated_mib.is_nan() && r.source == "predicted")
+        .cloned()
+        .collect();
+    let rows = &predicted[..];
     let mut s = format!(
         "# Decode and encode memory: wgvae pool policies vs PyTorch's caching allocator\n\n{header}\n\n"
     );
     s += "All wgvae figures are **predicted** by the estimator (a dry run of the real decode/encode code through the \
 chosen pool; `wgvae memory` gives the same numbers, and CI checks that real decodes and encodes measure exactly what it predicts). \
 PyTorch figures are the published RTX 4090 measurements (`torch.cuda.max_memory_allocated/reserved`), which \
-exclude the weights; ours include them, and the working-memory column subtracts them. f16 and bf16 rows store \
+exclude the weights; ours include them, and the working-memory column subtracts them (the planned row's own \
+weights: the caching pool rounds the weight tensors into its segments, so its weights figure is larger, \
+hence two weights figures). f16 and bf16 rows store \
 weights and activations in 16 bits (arithmetic, GroupNorm statistics and softmax stay f32). `decode_tiled` \
 rows: ours are exact tiled decodes (global GroupNorm statistics, output equal to the untiled decode) under \
 `--max-memory` = PyTorch's tiled peak + our weights; PyTorch's are diffusers' blended 512-px tiles (with \
@@ -272,7 +511,7 @@ it (last column).\n\n";
             continue;
         }
         s += &format!("## {model} {op}, {dtype}\n\n");
-        s += "| size | PyTorch alloc MiB | PyTorch reserved MiB | PyTorch res/alloc | wgvae weights MiB | caching alloc / reserved MiB (ratio) | planned alloc / reserved MiB (ratio) | exact MiB | planned working vs PyTorch alloc | implied constant (planned) | tiles (planned): px, host-parked MiB |\n";
+        s += "| size | PyTorch alloc MiB | PyTorch reserved MiB | PyTorch res/alloc | wgvae weights MiB: caching / planned, exact | caching alloc / reserved MiB (ratio) | planned alloc / reserved MiB (ratio) | exact MiB | planned working vs PyTorch alloc | implied constant (planned) | tiles (planned): px, host-parked MiB |\n";
         s += "|---|---|---|---|---|---|---|---|---|---|---|\n";
         for size in SIZES {
             let (Some(c), Some(p), Some(e)) = (
@@ -288,10 +527,11 @@ it (last column).\n\n";
                 _ => "—".into(),
             };
             s += &format!(
-                "| {size}² | {} | {} | {pyratio} | {:.1} | {:.1} / {:.1} ({:.3}) | {:.1} / {:.1} ({:.3}) | {:.1} | {} | {:.0} | {} |\n",
+                "| {size}² | {} | {} | {pyratio} | {:.1} / {:.1} | {:.1} / {:.1} ({:.3}) | {:.1} / {:.1} ({:.3}) | {:.1} | {} | {:.0} | {} |\n",
                 py(c.pytorch_allocated_mib),
                 py(c.pytorch_reserved_mib),
                 c.weights_mib,
+                p.weights_mib,
                 c.peak_allocated_mib,
                 c.peak_reserved_mib,
                 c.reserved_over_allocated,
@@ -301,13 +541,17 @@ it (last column).\n\n";
                 e.peak_allocated_mib,
                 p.working_vs_pytorch.map_or("—".into(), |x| format!("{:.0} %", x * 100.0)),
                 p.implied_constant,
-                p.tile_px.map_or("untiled".into(), |t| format!("{t}, {:.0}", p.host_parked_mib)),
+                match (p.tile_px, p.note.is_empty()) {
+                    (None, _) => "untiled".to_string(),
+                    (Some(t), true) => format!("{t}, {:.0}", p.host_parked_mib),
+                    (Some(t), false) => format!("{t}, {:.0} (**tiled**: untiled exceeds the binding limit)", p.host_parked_mib),
+                },
             );
         }
         s += "\n";
     }
     if !failed.is_empty() {
-        s += "Not predicted untiled on this device (a single tensor exceeds a binding or buffer limit; these need tiled decoding):\n\n";
+        s += "Not predictable untiled on this device (a single tensor exceeds a binding or buffer limit); these rows are predicted with `--tile auto` (exact tiles within the default budget) and marked **tiled** in the tables and in the CSV's `note` column:\n\n";
         for f in failed.iter().filter(|f| f.contains(" caching:")) {
             s += &format!("- {}\n", f.replace(" caching:", ":"));
         }
@@ -319,9 +563,10 @@ it (last column).\n\n";
 
 fn findings(all: &[Row]) -> String {
     let enc: Vec<Row> = all.iter().filter(|r| r.op == "encode").cloned().collect();
+    // Untiled decodes only: the tiled fallback rows would flatter the ranges.
     let rows: &[Row] = &all
         .iter()
-        .filter(|r| r.op == "decode")
+        .filter(|r| r.op == "decode" && r.note.is_empty())
         .cloned()
         .collect::<Vec<_>>();
     let mut s = String::from("## Findings\n\n");
@@ -329,6 +574,7 @@ fn findings(all: &[Row]) -> String {
     for (model, _) in MODELS {
         let w = |size| {
             get(all, ("decode", model, "float32"), size, "planned")
+                .filter(|r| r.note.is_empty())
                 .map(|r| r.peak_allocated_mib - r.weights_mib)
         };
         if let (Some(a), Some(b)) = (w(1024), w(2048)) {
@@ -484,12 +730,15 @@ fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
     )
 }
 
-/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`.
+/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`;
+/// with `measure_on`, also rows measured on that context's device at
+/// [`MEASURED_SIZES`] (see [`measure`]).
 pub fn write_report(
     caps: &Capabilities,
     reference: Option<&Path>,
     header: &str,
     out: &Path,
+    measure_on: Option<&crate::gpu::Context>,
 ) -> Result<Vec<Row>> {
     std::fs::create_dir_all(out).map_err(|source| Error::Io {
         path: out.to_path_buf(),
@@ -499,13 +748,17 @@ pub fn write_report(
         Some(p) => read_pytorch(p)?,
         None => Vec::new(),
     };
-    let (rows, failed) = predict(caps, &pytorch)?;
+    let (mut rows, failed) = predict(caps, &pytorch)?;
+    if let Some(ctx) = measure_on {
+        rows.extend(measure(ctx, &MODELS, &MEASURED_SIZES)?);
+    }
     write(&out.join("memory.csv"), &csv(&rows))?;
     let mut header = header.to_string();
     if reference.is_none() {
         header += "\n\nThe PyTorch reference CSV was not found: its columns are empty.";
     }
-    write(&out.join("memory.md"), &markdown(&rows, &failed, &header))?;
+    let md = markdown(&rows, &failed, &header) + "\n" + &measured_markdown(&rows);
+    write(&out.join("memory.md"), &md)?;
     for (model, _) in MODELS {
         plot(
             &rows,
@@ -514,4 +767,161 @@ pub fn write_report(
         )?;
     }
     Ok(rows)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::testing::shared_dir;
+
+    fn pytorch() -> Option<Vec<PytorchRow>> {
+        let path = shared_dir()?.join("reference/pytorch_vae_memory_rtx4090.csv");
+        Some(read_pytorch(&path).expect("reference CSV parses"))
+    }
+
+    #[test]
+    fn read_pytorch_errors_on_short_rows_and_keeps_duplicates_in_order() {
+        let path = Path::new("test.csv");
+        let head = "model,op,height,width,dtype,allocated_mib,reserved_mib,time_s\n";
+        let text = format!(
+            "{head}SD1.5,decode,512,512,float32,962.36,1532.00,0.06\n\
+             SD1.5,decode,512,768,float32,1.0,2.0,0.1\n\
+             SD1.5,decode,512,512,float32,962.36,1554.00,0.06\n"
+        );
+        let rows = parse_pytorch(path, &text).unwrap();
+        assert_eq!(rows.len(), 2, "non-square skipped, duplicates kept");
+        assert_eq!(
+            rows[0].reserved_mib, 1532.0,
+            "file order: the first is first"
+        );
+        let short = format!("{head}SD1.5,decode,512,512,float32,962.36\n");
+        let err = parse_pytorch(path, &short).unwrap_err().to_string();
+        assert!(
+            err.contains("line 2") && err.contains("fewer than 7"),
+            "{err}"
+        );
+        let bad = format!("{head}SD1.5,decode,512,512,float32,x,1.0\n");
+        assert!(parse_pytorch(path, &bad).is_err());
+    }
+
+    /// The issue's targets on the reference GPU (the limits the report uses):
+    /// FLUX.1 f16 1024² planned working memory ≤ 50 % of PyTorch's, planned
+    /// reserved/allocated ≤ 1.02 and caching > 1 on a sample of rows, and the
+    /// f32 2048² decode (a 4 GiB tensor over the binding limit) predicted
+    /// tiled, marked so, within the default budget.
+    #[test]
+    fn report_rows_meet_the_targets_on_reference_limits() {
+        let Some(py) = pytorch() else { return };
+        let caps = Capabilities::reference_gpu();
+        let sample = [
+            ("decode", "FLUX", 1024, "float16"),
+            ("decode", "SD1.5", 512, "float32"),
+            ("decode", "SD1.5", 2048, "float32"),
+            ("encode", "SDXL", 768, "bfloat16"),
+        ];
+        let (rows, failed) = predict_cells(&caps, &py, |op, m, size, d| {
+            sample.contains(&(op, m, size, d))
+        })
+        .unwrap();
+        assert_eq!(rows.len(), 3 * sample.len(), "one row per policy and cell");
+        let flux = get(&rows, ("decode", "FLUX", "float16"), 1024, "planned").unwrap();
+        let working = flux.peak_allocated_mib - flux.weights_mib;
+        assert_eq!(flux.pytorch_allocated_mib, Some(2178.5));
+        assert!(
+            working <= 0.5 * 2178.5,
+            "FLUX f16 1024² working memory {working:.1} MiB > 50 % of PyTorch's 2178.5"
+        );
+        for r in &rows {
+            assert!(!r.peak_allocated_mib.is_nan(), "{r:?}");
+            // The tiled fallback's plan (greedy by size) leaves ~10 % slack
+            // (9.80 GB arena for 8.86 GB live at SD1.5 f32 2048²): not held
+            // to the 1.02 target, which is about untiled decodes.
+            match r.policy.as_str() {
+                "planned" if r.note.is_empty() => {
+                    assert!(r.reserved_over_allocated <= 1.02, "{r:?}")
+                }
+                "exact" => assert!(r.reserved_over_allocated <= 1.0, "{r:?}"),
+                "caching" => assert!(r.reserved_over_allocated > 1.0, "{r:?}"),
+                _ => {}
+            }
+        }
+        let tiled = get(&rows, ("decode", "SD1.5", "float32"), 2048, "planned").unwrap();
+        assert!(
+            tiled.tile_px.is_some() && tiled.note.starts_with("tiled"),
+            "{tiled:?}"
+        );
+        assert!(
+            tiled.peak_allocated_mib * MIB <= crate::tiling::default_max_memory(&caps) as f64,
+            "{tiled:?}"
+        );
+        assert_eq!(failed.len(), 3, "{failed:?}");
+        let text = csv(&rows);
+        assert!(text.contains(",\"tiled (--tile auto): untiled, "));
+        assert!(text.contains(",planned,\"predicted\","), "source quoted");
+    }
+
+    /// Rows measured on the test device agree with the estimator's to the
+    /// byte (SD1.5 preset at 64², f32 and f16, every policy).
+    #[test]
+    fn measured_rows_equal_their_predictions() {
+        let ctx = crate::testing::test_context();
+        let rows = measure(&ctx, &[("SD1.5", "sd15")], &[64]).unwrap();
+        let sd: Vec<&Row> = rows.iter().collect();
+        assert_eq!(
+            sd.len(),
+            2 * 2 * 3,
+            "predicted + measured, 2 dtypes, 3 policies"
+        );
+        for pair in sd.chunks(2) {
+            let (p, m) = (pair[0], pair[1]);
+            assert!(m.source.starts_with("measured on "), "{m:?}");
+            assert_eq!(m.note, "estimate == measured (bytes)", "{m:?}");
+            assert_eq!(p.peak_allocated_mib, m.peak_allocated_mib);
+            assert_eq!(p.peak_reserved_mib, m.peak_reserved_mib);
+        }
+        assert!(measured_markdown(&rows).contains("estimate == measured"));
+    }
+
+    /// The committed report (assets/reports/memory/memory.csv) has a row per
+    /// policy for every square (model, op, size, dtype) PyTorch measured,
+    /// each with figures or a reason; planned rows keep reserved/allocated ≤ 1.02.
+    #[test]
+    fn committed_report_csv_covers_every_pytorch_row() {
+        let Some(py) = pytorch() else { return };
+        let path = Path::new(env!("CARGO_MANIFEST_DIR")).join("assets/reports/memory/memory.csv");
+        let text = std::fs::read_to_string(&path).unwrap();
+        let mut lines = text.lines();
+        let header: Vec<&str> = lines.next().unwrap().split(',').collect();
+        assert_eq!(header.last(), Some(&"note"), "regenerate the report");
+        let ours: Vec<Vec<String>> = lines
+            .map(|l| l.splitn(header.len(), ',').map(String::from).collect())
+            .collect();
+        for p in &py {
+            for policy in ["caching", "planned", "exact"] {
+                let row = ours.iter().find(|f| {
+                    f[0] == p.model
+                        && f[1] == p.op
+                        && f[2] == p.size.to_string()
+                        && f[3] == p.dtype
+                        && f[4] == policy
+                });
+                let row = row.unwrap_or_else(|| {
+                    panic!(
+                        "no {policy} row for {} {} {} {}",
+                        p.model, p.op, p.size, p.dtype
+                    )
+                });
+                let has_figures = !row[7].is_empty();
+                let note = &row[16];
+                assert!(
+                    has_figures || note.len() > 2,
+                    "{row:?}: no figures, no reason"
+                );
+                if has_figures && policy == "planned" && note == "\"\"" {
+                    let ratio: f64 = row[9].parse().unwrap();
+                    assert!(ratio <= 1.02, "{row:?}");
+                }
+            }
+        }
+    }
 }
