@@ -149,3 +149,20 @@ pub fn scaled_weights_copy(
     std::fs::write(dst.join("diffusion_pytorch_model.safetensors"), out).unwrap();
     dst
 }
+
+/// A tiny AutoencoderKL configuration for tests: two levels (2× upscale),
+/// mid-block attention, scaling and shift (so unscaling is exercised).
+pub fn tiny_kl_config() -> crate::models::AutoencoderKlConfig {
+    crate::models::AutoencoderKlConfig {
+        block_out_channels: vec![16, 32],
+        layers_per_block: 1,
+        norm_num_groups: 8,
+        latent_channels: 4,
+        out_channels: 3,
+        scaling_factor: 0.5,
+        shift_factor: Some(0.1),
+        use_post_quant_conv: true,
+        use_quant_conv: true,
+        mid_block_add_attention: true,
+    }
+}

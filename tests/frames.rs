@@ -14,30 +14,13 @@ use wgvae::frames::{choose_chunk, decode_frames, FramesOptions, FramesReport};
 use wgvae::gpu::Context;
 use wgvae::io::HostTensor;
 use wgvae::memory::Policy;
-use wgvae::models::{AutoencoderKlConfig, WeightStore};
-use wgvae::testing::{rand_vec, shared_dir, test_context};
+use wgvae::models::WeightStore;
+use wgvae::testing::{rand_vec, shared_dir, test_context, tiny_kl_config};
 use wgvae::{decode, DecodeOptions, Error, LoadOptions, Vae};
-
-/// A tiny AutoencoderKL configuration: two levels, so 2× upscale; mid-block
-/// attention; scaling and shift so unscaling is exercised.
-fn tiny_config() -> AutoencoderKlConfig {
-    AutoencoderKlConfig {
-        block_out_channels: vec![16, 32],
-        layers_per_block: 1,
-        norm_num_groups: 8,
-        latent_channels: 4,
-        out_channels: 3,
-        scaling_factor: 0.5,
-        shift_factor: Some(0.1),
-        use_post_quant_conv: true,
-        use_quant_conv: true,
-        mid_block_add_attention: true,
-    }
-}
 
 /// [`tiny_config`] with seeded random weights.
 fn tiny_random_vae(ctx: &Context) -> Vae {
-    let cfg = tiny_config();
+    let cfg = tiny_kl_config();
     Vae::from_kl_config(
         ctx,
         &cfg,
@@ -459,7 +442,7 @@ fn half_precision_stream_matches_single_frame_decodes() {
     let ctx = test_context().with_pool(Policy::Planned.new_pool());
     let store = WeightStore::random(7);
     store.set_dtype(wgvae::DType::F16);
-    let cfg = tiny_config();
+    let cfg = tiny_kl_config();
     let vae = Vae::from_kl_config(&ctx, &cfg, &store, "tiny random f16").unwrap();
     assert_eq!(vae.dtype, wgvae::DType::F16);
     let z = HostTensor::new(vec![5, 4, 6, 5], rand_vec(5 * 4 * 30, 12, 1.5)).unwrap();

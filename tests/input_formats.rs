@@ -4,9 +4,8 @@
 use std::path::PathBuf;
 
 use wgvae::io::{load_latents, read_npy, HostTensor};
-use wgvae::models::config::AutoencoderKlConfig;
 use wgvae::models::weights::WeightStore;
-use wgvae::testing::{rand_vec, test_context};
+use wgvae::testing::{rand_vec, test_context, tiny_kl_config};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
 
 fn tmp(name: &str) -> PathBuf {
@@ -16,18 +15,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn tiny_vae() -> Vae {
-    let cfg = AutoencoderKlConfig {
-        block_out_channels: vec![16, 32],
-        layers_per_block: 1,
-        norm_num_groups: 8,
-        latent_channels: 4,
-        out_channels: 3,
-        scaling_factor: 0.5,
-        shift_factor: Some(0.1),
-        use_post_quant_conv: true,
-        use_quant_conv: true,
-        mid_block_add_attention: true,
-    };
+    let cfg = tiny_kl_config();
     Vae::from_kl_config(&test_context(), &cfg, &WeightStore::random(3), "tiny").unwrap()
 }
 

@@ -8,25 +8,9 @@ use std::collections::HashSet;
 use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
 use wgvae::gpu::{Context, ContextOptions};
 use wgvae::io::HostTensor;
-use wgvae::models::config::AutoencoderKlConfig;
 use wgvae::models::weights::WeightStore;
-use wgvae::testing::rand_vec;
+use wgvae::testing::{rand_vec, tiny_kl_config};
 use wgvae::{decode, DType, DecodeOptions, Tiling, Vae};
-
-fn tiny_config() -> AutoencoderKlConfig {
-    AutoencoderKlConfig {
-        block_out_channels: vec![16, 32],
-        layers_per_block: 1,
-        norm_num_groups: 8,
-        latent_channels: 4,
-        out_channels: 3,
-        scaling_factor: 0.5,
-        shift_factor: Some(0.1),
-        use_post_quant_conv: true,
-        use_quant_conv: true,
-        mid_block_add_attention: true,
-    }
-}
 
 /// One f16 path (mixed f32/f16 operands: latents, attention), untiled decode
 /// only: compiling pipelines on lavapipe is slow (the full run takes minutes).
@@ -57,7 +41,7 @@ fn every_compiled_pipeline_is_a_validated_variant() {
 /// Runs the model in every `(context, dtype)` of `paths` (all sharing `ctx`'s
 /// pipeline cache) and checks the compiled keys against `all_variants()`.
 fn check_coverage(ctx: &Context, paths: Vec<(Context, DType)>, everything: bool) {
-    let cfg = tiny_config();
+    let cfg = tiny_kl_config();
     let z = HostTensor::new(vec![1, 4, 6, 5], rand_vec(4 * 30, 3, 1.5)).unwrap();
     let image = HostTensor::new(
         vec![1, 3, 16, 24],

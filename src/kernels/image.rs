@@ -117,27 +117,34 @@ fn key(x: StorageType, range: ImageRange) -> PipelineKey {
         .constant("RANGE", format!("{}u", range.code()))
 }
 
+/// `[N, H, W]` and the storage type of an image-output kernel's input x
+/// `[N, 3, H, W]`.
+fn rgb_input(rec: &Recorder, op: &str, x: &Tensor) -> Result<([usize; 3], StorageType)> {
+    let [n, c, h, w] = match *x.shape() {
+        [n, c, h, w] => [n, c, h, w],
+        _ => {
+            return Err(Error::shape(
+                op,
+                format!("x must be [N, 3, H, W], got {x:?}"),
+            ))
+        }
+    };
+    let storage = crate::kernels::group_norm::activation_storage(rec, op, x)?;
+    if c != 3 {
+        return Err(Error::shape(
+            op,
+            format!("x must have 3 channels, got {x:?}"),
+        ));
+    }
+    Ok(([n, h, w], storage))
+}
+
 /// x `[N, 3, H, W]` (f32 or f16) → out `[N, H, W]` tensor of `DType::Rgba8`
 /// (one u32 per pixel, R in the low byte, alpha = 255). NaN inputs give
 /// unspecified bytes.
 pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor) -> Result<()> {
     const OP: &str = "to_rgba8";
-    let [n, c, h, w] = match *x.shape() {
-        [n, c, h, w] => [n, c, h, w],
-        _ => {
-            return Err(Error::shape(
-                OP,
-                format!("x must be [N, 3, H, W], got {x:?}"),
-            ))
-        }
-    };
-    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
-    if c != 3 {
-        return Err(Error::shape(
-            OP,
-            format!("x must have 3 channels, got {x:?}"),
-        ));
-    }
+    let ([n, h, w], x_storage) = rgb_input(rec, OP, x)?;
     if out.shape() != [n, h, w] || out.dtype() != DType::Rgba8 {
         return Err(Error::shape(
             OP,
@@ -192,22 +199,7 @@ pub fn rgb8_words(n: usize, h: usize, w: usize) -> usize {
 /// little-endian; unused bytes of the last word are 0. Same rounding as [`to_rgba8`].
 pub fn to_rgb8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor) -> Result<()> {
     const OP: &str = "to_rgb8";
-    let [n, c, h, w] = match *x.shape() {
-        [n, c, h, w] => [n, c, h, w],
-        _ => {
-            return Err(Error::shape(
-                OP,
-                format!("x must be [N, 3, H, W], got {x:?}"),
-            ))
-        }
-    };
-    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
-    if c != 3 {
-        return Err(Error::shape(
-            OP,
-            format!("x must have 3 channels, got {x:?}"),
-        ));
-    }
+    let ([n, h, w], x_storage) = rgb_input(rec, OP, x)?;
     let words = rgb8_words(n, h, w);
     if out.shape() != [words] || out.dtype() != DType::Rgba8 {
         return Err(Error::shape(
