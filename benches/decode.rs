@@ -132,7 +132,7 @@ fn bench_decode(c: &mut Criterion) {
                     "decode/{id}/{size}: {:.2} GFLOP/s at the median {:.1} ms ({}, {} MACs)",
                     2.0 * first.macs as f64 / 1e9 / median,
                     median * 1e3,
-                    wgvae::report::bench::describe_tiling(&first.tiling),
+                    describe_tiling(&first.tiling),
                     first.macs
                 );
             }
@@ -223,3 +223,18 @@ fn bench_frames(c: &mut Criterion) {
 
 criterion_group!(benches, bench_decode, bench_frames);
 criterion_main!(benches);
+
+/// A decode's tiling in a few words: `untiled`, `exact 128px ×4`, `fast 64px overlap 16 ×9`
+/// (as the `tiling` column of `wgvae bench decode`).
+fn describe_tiling(t: &wgvae::tiling::TilingReport) -> String {
+    match t.mode.as_str() {
+        "exact" => format!("exact {}px ×{}", t.tile_size.unwrap_or(0), t.tiles),
+        "fast" => format!(
+            "fast {}px overlap {} ×{}",
+            t.tile_size.unwrap_or(0),
+            t.overlap.unwrap_or(0),
+            t.tiles
+        ),
+        m => m.to_string(),
+    }
+}

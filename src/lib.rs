@@ -72,7 +72,7 @@ pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod models;
-pub mod report;
+pub mod seeded;
 pub mod tensor;
 pub mod testing;
 pub mod tiling;

@@ -453,7 +453,7 @@ fn random_weight(seed: u64, key: &str, shape: &[usize]) -> Vec<f32> {
     let h = key.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
         (h ^ b as u64).wrapping_mul(0x100_0000_01b3)
     });
-    crate::testing::rand_vec(n, h, bound)
+    crate::seeded::uniform(n, h, bound)
 }
 
 #[cfg(test)]

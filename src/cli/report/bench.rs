@@ -7,12 +7,12 @@ use std::time::{SystemTime, UNIX_EPOCH};
 use serde::Serialize;
 
 use super::{line_chart, line_chart_with, write, MIB};
-use crate::decode::{decode, DecodeOptions};
-use crate::error::{Error, Result};
-use crate::gpu::Context;
-use crate::io::HostTensor;
-use crate::memory::Policy;
-use crate::models::{LoadOptions, Vae};
+use wgvae::decode::{decode, DecodeOptions};
+use wgvae::error::{Error, Result};
+use wgvae::gpu::Context;
+use wgvae::io::HostTensor;
+use wgvae::memory::Policy;
+use wgvae::models::{LoadOptions, Vae};
 
 /// Where and how a report was made.
 #[derive(Clone, Debug, Serialize)]
@@ -109,9 +109,9 @@ pub struct DecodeBench {
     /// Memory policy.
     pub policy: Policy,
     /// Storage precisions to measure (each a row per size).
-    pub dtypes: Vec<crate::models::Precision>,
+    pub dtypes: Vec<wgvae::models::Precision>,
     /// Tiling of every decode.
-    pub tiling: crate::tiling::Tiling,
+    pub tiling: wgvae::tiling::Tiling,
 }
 
 /// One measured cell.
@@ -173,7 +173,7 @@ pub fn run_decode_bench(
             let l = size / vae.upscale();
             let shape = vec![b.batch, vae.latent_channels(), l, l];
             let n: usize = shape.iter().product();
-            let z = HostTensor::new(shape, crate::testing::rand_vec(n, size as u64, 1.0))?;
+            let z = HostTensor::new(shape, wgvae::seeded::uniform(n, size as u64, 1.0))?;
             let opts = DecodeOptions {
                 raw_latents: true,
                 tiling: b.tiling.clone(),
@@ -246,7 +246,7 @@ pub fn run_decode_bench(
 }
 
 /// A decode's tiling in a few words: `untiled`, `exact 128px ×4`, `fast 64px overlap 16 ×9`.
-pub fn describe_tiling(t: &crate::tiling::TilingReport) -> String {
+pub fn describe_tiling(t: &wgvae::tiling::TilingReport) -> String {
     match t.mode.as_str() {
         "exact" => format!("exact {}px ×{}", t.tile_size.unwrap_or(0), t.tiles),
         "fast" => format!(

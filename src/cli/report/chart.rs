@@ -1,22 +1,8 @@
-//! Reports: CSV + Markdown + SVG files with the device and settings they came from.
-
-pub mod attention;
-pub mod bench;
-pub mod frames;
-pub mod memory;
+//! SVG line charts for the reports.
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
-
-pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })
-}
-
-pub(crate) const MIB: f64 = 1024.0 * 1024.0;
+use wgvae::error::{Error, Result};
 
 /// Characters of a chart title that fit the 800-pixel width at the caption's font size.
 const TITLE_CHARS: usize = 72;

@@ -1,6 +1,6 @@
 //! `wgvae bench frames`: frames/s and per-frame latency of the streaming
-//! frame decoder ([`crate::frames`]) per chunk size, against decoding the same
-//! frames one at a time in a loop with [`crate::decode()`].
+//! frame decoder ([`wgvae::frames`]) per chunk size, against decoding the same
+//! frames one at a time in a loop with [`wgvae::decode()`].
 
 use std::path::{Path, PathBuf};
 use std::time::Instant;
@@ -9,13 +9,13 @@ use serde::Serialize;
 
 use super::bench::Metadata;
 use super::{write, MIB};
-use crate::decode::{decode, DecodeOptions};
-use crate::error::{Error, Result};
-use crate::frames::{decode_frames, FramesOptions, LatencySummary};
-use crate::gpu::Context;
-use crate::io::HostTensor;
-use crate::memory::Policy;
-use crate::models::{LoadOptions, Vae};
+use wgvae::decode::{decode, DecodeOptions};
+use wgvae::error::{Error, Result};
+use wgvae::frames::{decode_frames, FramesOptions, LatencySummary};
+use wgvae::gpu::Context;
+use wgvae::io::HostTensor;
+use wgvae::memory::Policy;
+use wgvae::models::{LoadOptions, Vae};
 
 /// What to benchmark.
 #[derive(Clone, Debug)]
@@ -118,10 +118,10 @@ fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
         }
         let l = b.size / up;
         let n = b.frames * c * l * l;
-        let data = crate::testing::rand_vec(n, b.size as u64, 1.0);
+        let data = wgvae::seeded::uniform(n, b.size as u64, 1.0);
         return Ok((HostTensor::new(vec![b.frames, c, l, l], data)?, true));
     };
-    let file = crate::io::load_latents(path, None, c)?;
+    let file = wgvae::io::load_latents(path, None, c)?;
     let per: usize = file.shape[1..].iter().product();
     let have = file.shape[0];
     let mut data = Vec::with_capacity(b.frames * per);
@@ -131,7 +131,7 @@ fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
             data.extend_from_slice(src);
         } else {
             // A repeat: perturb it so frames differ, as video frames do.
-            let noise = crate::testing::rand_vec(per, i as u64, 0.05);
+            let noise = wgvae::seeded::uniform(per, i as u64, 0.05);
             data.extend(src.iter().zip(noise).map(|(v, r)| v + r));
         }
     }

@@ -1,0 +1,81 @@
+//! `wgvae bench decode`: warm-up then timed decodes per size.
+
+use std::path::PathBuf;
+
+use super::load_average;
+use crate::cli::context;
+use crate::cli::report::bench as rb;
+use crate::cli::tiles::BenchTileArgs;
+
+#[derive(clap::Args)]
+pub(crate) struct DecodeBenchArgs {
+    #[arg(long)]
+    vae: String,
+    /// Output sizes in pixels (square), comma-separated.
+    #[arg(long, default_value = "128,256", value_delimiter = ',')]
+    sizes: Vec<usize>,
+    /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
+    #[arg(long, default_value = "f32", value_delimiter = ',')]
+    dtypes: Vec<String>,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    #[arg(long, default_value_t = 1)]
+    warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    runs: usize,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Tiling of every decode (default: off, so sizes compare untiled kernels).
+    #[command(flatten)]
+    tiles: BenchTileArgs,
+    #[arg(long, default_value = "bench")]
+    out: PathBuf,
+}
+
+pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Result<()> {
+    let precisions = a
+        .dtypes
+        .iter()
+        .map(|d| d.parse())
+        .collect::<wgvae::Result<Vec<wgvae::models::Precision>>>()?;
+    let ctx = context(cli_adapter)?;
+    let b = rb::DecodeBench {
+        vae: a.vae.clone(),
+        sizes: a.sizes.clone(),
+        batch: a.batch,
+        warmup: a.warmup,
+        runs: a.runs,
+        policy: a.policy.parse()?,
+        dtypes: precisions,
+        tiling: a.tiles.tiling()?,
+    };
+    let settings = format!(
+        "vae {}, sizes {:?}, dtypes {:?}, batch {}, warm-up {}, runs {}, policy {}, {}{}",
+        a.vae,
+        a.sizes,
+        a.dtypes,
+        a.batch,
+        a.warmup,
+        a.runs,
+        a.policy,
+        a.tiles.describe(),
+        load_average()
+    );
+    let bar = indicatif::ProgressBar::new_spinner();
+    let rows = rb::run_decode_bench(&ctx, &b, |m| bar.set_message(m.to_string()))?;
+    bar.finish_and_clear();
+    ctx.save_pipeline_cache();
+    let meta = rb::Metadata::of(&ctx, settings);
+    rb::write_decode_report(&rows, &meta, &a.out)?;
+    for r in &rows {
+        println!(
+            "{}² {} ({}): first {:.1} ms, median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.dtype, r.tiling, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+        );
+    }
+    println!(
+        "wrote {}/decode.csv, decode.md, decode_time.svg, decode_memory.svg",
+        a.out.display()
+    );
+    Ok(())
+}

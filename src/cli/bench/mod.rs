@@ -1,0 +1,48 @@
+//! `wgvae bench …`: benchmarks writing CSV + Markdown + SVG reports (the
+//! harnesses and writers are in `cli::report`).
+
+mod attention;
+mod cold_start;
+mod decode;
+mod frames;
+
+use clap::Subcommand;
+
+#[derive(Subcommand)]
+pub(crate) enum BenchKind {
+    /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.
+    Decode(decode::DecodeBenchArgs),
+    /// Process start → first image in a fresh child process, with an empty and then a
+    /// warm pipeline cache directory, beside the steady-state decode time.
+    ColdStart(cold_start::ColdStartArgs),
+    /// Streamed frame decoding (batched chunks, double-buffered RGBA8 readback) against a
+    /// one-frame-at-a-time loop: frames/s, per-frame latency mean / P99 / max, peak memory.
+    Frames(frames::FramesBenchArgs),
+    /// Attention: a VGGT-shaped frame sweep and a LongLive-shaped streaming benchmark.
+    Attention {
+        #[command(subcommand)]
+        which: attention::AttentionBenchKind,
+    },
+}
+
+pub(crate) fn run(adapter: &Option<String>, which: &BenchKind) -> wgvae::Result<()> {
+    match which {
+        BenchKind::Decode(a) => decode::run(adapter, a),
+        BenchKind::ColdStart(a) => cold_start::run(adapter, a),
+        BenchKind::Frames(a) => frames::run(adapter, a),
+        BenchKind::Attention { which } => attention::run(adapter, which),
+    }
+}
+
+/// `, load average at start A B C` (Linux; empty elsewhere): lavapipe shares
+/// the CPU with everything else, so reports record the load.
+pub(crate) fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg")
+        .map(|l| {
+            format!(
+                ", load average at start {}",
+                l.split_whitespace().take(3).collect::<Vec<_>>().join(" ")
+            )
+        })
+        .unwrap_or_default()
+}

@@ -1,0 +1,295 @@
+//! `wgvae decode`: latents to PNGs, whole, tiled or streamed as frames.
+
+use std::path::PathBuf;
+
+use serde_json::json;
+use wgvae::gpu::Context;
+use wgvae::memory::Policy;
+use wgvae::tiling::TileMode;
+use wgvae::{DecodeOptions, LoadOptions, Vae};
+
+use super::context;
+use super::progress::progress_bar;
+use super::tiles::{print_tiling, TileArgs};
+
+#[derive(clap::Args)]
+pub(crate) struct DecodeArgs {
+    /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
+    latents: PathBuf,
+    /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
+    /// (sd15, sdxl, sd3, flux1 with seeded random weights).
+    #[arg(long)]
+    vae: String,
+    /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …).
+    #[arg(short, long, default_value = "out.png")]
+    output: PathBuf,
+    /// Also write the raw float32 decoder output N×3×H×W as .npy.
+    #[arg(long)]
+    save_raw: Option<PathBuf>,
+    /// Latents are decoder input already: skip `/ scaling_factor + shift_factor`.
+    #[arg(long)]
+    raw_latents: bool,
+    /// Tensor name inside a .safetensors latent file with several tensors.
+    #[arg(long)]
+    key: Option<String>,
+    /// diffusers config.json for a weight file without one beside it.
+    #[arg(long)]
+    config: Option<PathBuf>,
+    #[arg(long)]
+    scaling_factor: Option<f32>,
+    #[arg(long)]
+    shift_factor: Option<f32>,
+    /// Seed of preset:NAME random weights.
+    #[arg(long, default_value_t = 0)]
+    seed: u64,
+    /// Memory pool policy: caching (PyTorch-like), planned or exact.
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Storage of weights and activations: f32, f16, bf16 or auto (f16 for models known to fit
+    /// f16, else bf16). Arithmetic stays f32; an f16 overflow is detected and re-decoded in bf16.
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    /// Per-kernel GPU time table (timestamp queries) and the record / GPU / readback split.
+    #[arg(long)]
+    profile: bool,
+    /// Write the pool's segments and blocks after the decode as JSON.
+    #[arg(long)]
+    memory_snapshot: Option<PathBuf>,
+    #[command(flatten)]
+    tiles: TileArgs,
+    /// Stream the frames of N×C×h×w latents (e.g. a video's) in batched chunks with
+    /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
+    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw"])]
+    frames_out: Option<PathBuf>,
+    /// Frames per batched forward with --frames-out (default: the largest of at most
+    /// ceil(N/4) that fits --max-memory and the device's limits).
+    #[arg(long, value_name = "B", requires = "frames_out")]
+    chunk: Option<usize>,
+    /// Print one JSON object on stdout instead of text.
+    #[arg(long)]
+    json: bool,
+}
+
+pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
+    let policy: Policy = a.policy.parse()?;
+    let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
+    let load = LoadOptions {
+        config: a.config.clone(),
+        scaling_factor: a.scaling_factor,
+        shift_factor: a.shift_factor,
+        seed: a.seed,
+        precision: a.dtype.parse()?,
+    };
+    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if vae.random_weights && !a.json {
+        eprintln!("note: {} — the image shows noise, not a picture", vae.name);
+    }
+    let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
+    if let Some(dir) = &a.frames_out {
+        return decode_frames(&ctx, &vae, &latents, a, dir);
+    }
+    let opts = DecodeOptions {
+        raw_latents: a.raw_latents,
+        keep_raw: a.save_raw.is_some(),
+        profile: a.profile,
+        tiling: a.tiles.tiling()?,
+        progress: progress_bar(a.json),
+        keep_f16_overflow: false,
+    };
+    let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    ctx.save_pipeline_cache();
+    let paths = wgvae::io::batch_paths(&a.output, out.rgba.len());
+    for (p, img) in paths.iter().zip(&out.rgba) {
+        wgvae::io::write_png_rgb(p, out.width, out.height, img)?;
+    }
+    if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
+        wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
+    }
+    if let Some(p) = &a.memory_snapshot {
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    let n = out.rgba.len();
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": vae.name,
+                "random_weights": vae.random_weights,
+                "latents_shape": latents.shape,
+                "image_shape": [n, 3, out.height, out.width],
+                "dtype": out.dtype.name(),
+                "f16_overflows": out.f16_overflows,
+                "precision_note": out.precision_note,
+                "decode_ms": out.decode_ms,
+                "weights_bytes": vae.weights_bytes,
+                "peak_allocated_bytes": out.memory.allocated_bytes.peak,
+                "peak_reserved_bytes": out.memory.reserved_bytes.peak,
+                "policy": ctx.pool().policy_name(),
+                "tiling": out.tiling,
+                "outputs": paths,
+                "raw": a.save_raw,
+                "timings": out.timings,
+                "macs": out.macs,
+                "profile": out.profile,
+            })
+        );
+    } else {
+        for p in &paths {
+            println!("wrote {}", p.display());
+        }
+        println!(
+            "{}: {}×{} ×{n} in {:.1} ms on {} ({:?}); peak allocated {:.1} MiB, reserved {:.1} MiB",
+            vae.name,
+            out.width,
+            out.height,
+            out.decode_ms,
+            ctx.caps().adapter_name,
+            ctx.caps().backend,
+            out.memory.allocated_bytes.peak as f64 / 1048576.0,
+            out.memory.reserved_bytes.peak as f64 / 1048576.0
+        );
+        if a.profile {
+            let t = &out.timings;
+            println!(
+                "record {:.1} ms, submit → GPU done {:.1} ms, readback {:.1} ms",
+                t.record_ms, t.gpu_wait_ms, t.readback_ms
+            );
+            print_profile(out.profile.as_ref(), &ctx);
+        }
+        print_tiling(&out.tiling);
+        if let Some(note) = &out.precision_note {
+            println!("precision: {note}");
+        } else if out.dtype != wgvae::tensor::DType::F32 {
+            println!("precision: {} storage, f32 arithmetic", out.dtype.name());
+        }
+    }
+    Ok(())
+}
+
+/// `decode --frames-out DIR`: streams the frames through `wgvae::frames` and
+/// writes one PNG per frame as it arrives.
+fn decode_frames(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &wgvae::io::HostTensor,
+    a: &DecodeArgs,
+    dir: &std::path::Path,
+) -> wgvae::Result<()> {
+    let tiling = a.tiles.tiling()?;
+    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off)
+        || tiling.tile_size.is_some()
+        || tiling.overlap.is_some()
+    {
+        return Err(wgvae::Error::InvalidInput(
+            "--frames-out decodes whole frames in batched chunks; it takes no --tile exact/fast, --tile-size or --tile-overlap (decode without --frames-out to tile)".into(),
+        ));
+    }
+    std::fs::create_dir_all(dir).map_err(|source| wgvae::Error::Io {
+        path: dir.to_path_buf(),
+        source,
+    })?;
+    let opts = wgvae::FramesOptions {
+        raw_latents: a.raw_latents,
+        chunk: a.chunk,
+        max_memory: tiling.max_memory,
+    };
+    let mut paths = Vec::with_capacity(latents.shape[0]);
+    let on_frame = |f: wgvae::FrameOut<'_>| {
+        let path = dir.join(format!("frame_{:05}.png", f.index));
+        wgvae::io::write_png_rgb(&path, f.width, f.height, f.rgba)?;
+        paths.push(path);
+        Ok(())
+    };
+    let report = if a.profile {
+        wgvae::decode_frames_profiled(ctx, vae, latents, &opts, on_frame)?
+    } else {
+        wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?
+    };
+    ctx.save_pipeline_cache();
+    if let Some(p) = &a.memory_snapshot {
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    let r = &report;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": vae.name,
+                "random_weights": vae.random_weights,
+                "latents_shape": latents.shape,
+                "image_shape": [r.frames, 3, r.height, r.width],
+                "dtype": vae.dtype.name(),
+                "f16_overflows": r.f16_overflows,
+                "decode_ms": r.total_ms,
+                "weights_bytes": vae.weights_bytes,
+                "peak_allocated_bytes": r.peak_allocated_bytes,
+                "peak_reserved_bytes": r.peak_reserved_bytes,
+                "policy": ctx.pool().policy_name(),
+                "outputs": paths,
+                "frames": report,
+            })
+        );
+    } else {
+        println!(
+            "wrote {} frames to {} (frame_00000.png … frame_{:05}.png)",
+            r.frames,
+            dir.display(),
+            r.frames - 1
+        );
+        println!(
+            "{}: {} frames of {}×{} in chunks of {} ({} chunks) in {:.1} ms on {} ({:?}): {:.3} frames/s",
+            vae.name,
+            r.frames,
+            r.width,
+            r.height,
+            r.chunk,
+            r.chunks,
+            r.total_ms,
+            ctx.caps().adapter_name,
+            ctx.caps().backend,
+            r.frames_per_s
+        );
+        println!(
+            "latency per frame: mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; host: recording {:.1} ms, in submit {:.1} ms, blocked on the device {:.1} ms, writing PNGs {:.1} ms",
+            r.latency.mean_ms, r.latency.p99_ms, r.latency.max_ms, r.record_ms, r.submit_ms, r.wait_ms, r.callback_ms
+        );
+        if r.f16_overflows > 0 {
+            println!(
+                "f16 overflow: {} values beyond ±65504 (or NaN); {} of {} frames re-decoded in bf16",
+                r.f16_overflows, r.redone_frames, r.frames
+            );
+        }
+        println!(
+            "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
+            r.peak_allocated_bytes as f64 / 1048576.0,
+            r.peak_reserved_bytes as f64 / 1048576.0,
+            r.staging_bytes as f64 / 1048576.0
+        );
+        if a.profile {
+            print_profile(r.profile.as_ref(), ctx);
+        }
+    }
+    Ok(())
+}
+
+/// The per-kernel table, or why there is none.
+pub(crate) fn print_profile(profile: Option<&wgvae::gpu::Profile>, ctx: &Context) {
+    match profile {
+        Some(p) if !p.kernels.is_empty() => print!("{}", p.table()),
+        Some(_) => println!("(profile empty: no kernel was timed)"),
+        None if !ctx.caps().timestamp_inside_passes => {
+            println!("(no per-kernel times: the adapter cannot write timestamps inside passes)")
+        }
+        None => println!("(no per-kernel times recorded)"),
+    }
+}

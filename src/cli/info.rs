@@ -1,0 +1,72 @@
+//! `wgvae info`: adapters, the chosen one, its features and limits.
+
+use serde_json::json;
+use wgvae::gpu::Context;
+
+use super::context;
+
+pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
+    let adapters: Vec<_> = Context::adapters(None)
+        .iter()
+        .enumerate()
+        .map(|(i, a)| {
+            let info = a.get_info();
+            json!({"index": i, "name": info.name, "backend": format!("{:?}", info.backend),
+                   "type": format!("{:?}", info.device_type), "driver": info.driver,
+                   "driver_info": info.driver_info,
+                   "shader_f16": a.features().contains(wgpu::Features::SHADER_F16)})
+        })
+        .collect();
+    let ctx = context(cli_adapter)?;
+    let c = ctx.caps();
+    let chosen = json!({
+        "name": c.adapter_name, "backend": format!("{:?}", c.backend), "type": format!("{:?}", c.device_type),
+        "driver": c.driver, "driver_info": c.driver_info,
+        "features": {"shader_f16": c.shader_f16, "timestamp_query": c.timestamp_query,
+                     "timestamp_query_inside_passes": c.timestamp_inside_passes, "subgroup": c.subgroup},
+        "limits": {"max_storage_buffer_binding_size": c.max_storage_buffer_binding_size,
+                   "max_buffer_size": c.max_buffer_size,
+                   "max_compute_workgroup_storage_size": c.max_compute_workgroup_storage_size,
+                   "max_compute_invocations_per_workgroup": c.max_compute_invocations_per_workgroup,
+                   "max_compute_workgroups_per_dimension": c.max_compute_workgroups_per_dimension,
+                   "min_storage_buffer_offset_alignment": c.min_storage_buffer_offset_alignment},
+    });
+    if as_json {
+        println!(
+            "{}",
+            json!({"wgvae": env!("CARGO_PKG_VERSION"), "adapters": adapters, "chosen": chosen,
+                   "notice": ctx.notice()})
+        );
+        return Ok(());
+    }
+    println!("wgvae {}", env!("CARGO_PKG_VERSION"));
+    println!("adapters:");
+    for a in &adapters {
+        println!(
+            "  [{}] {} ({}, {}) driver {} {}{}",
+            a["index"],
+            a["name"].as_str().unwrap_or(""),
+            a["backend"].as_str().unwrap_or(""),
+            a["type"].as_str().unwrap_or(""),
+            a["driver"].as_str().unwrap_or(""),
+            a["driver_info"].as_str().unwrap_or(""),
+            if a["shader_f16"] == true { ", f16" } else { "" }
+        );
+    }
+    println!(
+        "chosen: {} ({:?}, {:?})",
+        c.adapter_name, c.backend, c.device_type
+    );
+    if let Some(n) = ctx.notice() {
+        println!("notice: {n}");
+    }
+    println!(
+        "features: shader_f16={} timestamp_query={} timestamp_inside_passes={} subgroup={}",
+        c.shader_f16, c.timestamp_query, c.timestamp_inside_passes, c.subgroup
+    );
+    println!("limits:");
+    for (k, v) in chosen["limits"].as_object().into_iter().flatten() {
+        println!("  {k}: {v}");
+    }
+    Ok(())
+}

@@ -1,0 +1,109 @@
+//! `wgvae memory`: a decode's or encode's memory, predicted without running it.
+
+use serde_json::json;
+use wgvae::gpu::Context;
+use wgvae::memory::Policy;
+use wgvae::{LoadOptions, Vae};
+
+use super::context;
+use super::tiles::{print_tiling, TileArgs};
+
+#[derive(clap::Args)]
+pub(crate) struct MemoryArgs {
+    /// VAE: folder, .safetensors file or preset:NAME.
+    #[arg(long)]
+    vae: String,
+    /// Output image size in pixels, HxW (latent = pixels / 8).
+    #[arg(long)]
+    size: String,
+    #[arg(long, default_value_t = 1)]
+    batch: usize,
+    /// Storage precision: f32, f16, bf16 or auto (as `wgvae decode --dtype`).
+    #[arg(long, default_value = "f32")]
+    dtype: String,
+    #[arg(long, default_value = "planned")]
+    policy: String,
+    /// Predict for a 24 GB reference GPU's limits instead of this machine's adapter.
+    #[arg(long)]
+    reference_gpu: bool,
+    /// Predict encoding an HxW image instead of decoding to one.
+    #[arg(long)]
+    encode: bool,
+    #[command(flatten)]
+    tiles: TileArgs,
+    #[arg(long)]
+    json: bool,
+}
+
+/// `HxW` (or `N`: square) in pixels, multiples of 8.
+fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
+    let bad = || {
+        wgvae::Error::InvalidInput(format!(
+            "--size `{s}`: expected HxW in pixels, multiples of 8 (e.g. 1024x1024)"
+        ))
+    };
+    let (h, w) = s.split_once(['x', 'X']).unwrap_or((s, s));
+    let (h, w): (usize, usize) = (
+        h.trim().parse().map_err(|_| bad())?,
+        w.trim().parse().map_err(|_| bad())?,
+    );
+    if h == 0 || w == 0 || h % 8 != 0 || w % 8 != 0 {
+        return Err(bad());
+    }
+    Ok((h, w))
+}
+
+pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
+    let policy: Policy = a.policy.parse()?;
+    let load = LoadOptions {
+        precision: a.dtype.parse()?,
+        ..Default::default()
+    };
+    let (h, w) = parse_size(&a.size)?;
+    let caps = if a.reference_gpu {
+        wgvae::gpu::Capabilities::reference_gpu()
+    } else {
+        context(cli_adapter)?.caps().clone()
+    };
+    let tiling = a.tiles.tiling()?;
+    let (e, dtype) = if a.encode {
+        let shape = [a.batch, 3, h, w];
+        let e = wgvae::encode::estimate_encode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        (e, a.dtype.clone())
+    } else {
+        // The latent channel count comes from the model: load it once in a dry run.
+        let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+        let probe = Vae::load(&probe, &a.vae, &load)?;
+        let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
+        let shape = [a.batch, channels, h / 8, w / 8];
+        let e = wgvae::decode::estimate_decode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        (e, dtype)
+    };
+    let op = if a.encode { "encode" } else { "decode" };
+    if a.json {
+        let mut v = serde_json::to_value(&e).unwrap_or_default();
+        v["device"] = json!(caps.adapter_name);
+        v["dtype"] = json!(dtype);
+        v["op"] = json!(op);
+        println!("{v}");
+    } else {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        println!(
+            "{} {op} {}x{} ×{} ({}, {} policy) on {}:",
+            e.model, h, w, a.batch, dtype, e.policy, caps.adapter_name
+        );
+        println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
+        println!(
+            "  peak allocated {:10.1} MiB (working {:.1} MiB)",
+            mib(e.peak_allocated_bytes),
+            mib(e.peak_allocated_bytes - e.weights_bytes)
+        );
+        println!(
+            "  peak reserved  {:10.1} MiB (reserved/allocated {:.3})",
+            mib(e.peak_reserved_bytes),
+            e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64
+        );
+        print_tiling(&e.tiling);
+    }
+    Ok(())
+}

@@ -1,0 +1,92 @@
+//! The command line's side of the crate: argument parsing, progress bars,
+//! benchmarks, reports and plots. A file per command; the library knows
+//! nothing of them.
+
+mod bench;
+mod decode;
+mod encode;
+mod info;
+mod memory;
+mod progress;
+mod report;
+mod tiles;
+
+use clap::{Parser, Subcommand};
+use wgvae::gpu::{AdapterChoice, Context, ContextOptions};
+
+#[derive(Parser)]
+#[command(
+    name = "wgvae",
+    version,
+    about = "Decode diffusion-model latents into images on any GPU wgpu runs on"
+)]
+pub(crate) struct Cli {
+    /// Adapter to use: an index from `wgvae info` or part of its name
+    /// (default: best GPU; also WGPU_ADAPTER_NAME / WGPU_BACKEND).
+    #[arg(long, global = true)]
+    pub(crate) adapter: Option<String>,
+    #[command(subcommand)]
+    pub(crate) command: Command,
+}
+
+#[derive(Subcommand)]
+pub(crate) enum Command {
+    /// List adapters, the chosen one, its features and limits.
+    Info {
+        #[arg(long)]
+        json: bool,
+    },
+    /// Decode latents (.npy / .safetensors) to PNG.
+    Decode(decode::DecodeArgs),
+    /// Encode an image to latents (.npy / .safetensors).
+    Encode(encode::EncodeArgs),
+    /// Predict a decode's (or with --encode an encode's) memory without running it (weights, peak allocated, peak reserved).
+    Memory(memory::MemoryArgs),
+    /// Benchmarks with metadata, CSV + Markdown + SVG.
+    Bench {
+        #[command(subcommand)]
+        which: bench::BenchKind,
+    },
+    /// Write reports (CSV + Markdown + SVG).
+    Report {
+        #[command(subcommand)]
+        which: report::ReportKind,
+    },
+}
+
+/// Runs one parsed command line.
+pub(crate) fn run(cli: &Cli) -> wgvae::Result<()> {
+    let adapter = &cli.adapter;
+    match &cli.command {
+        Command::Info { json } => info::run(adapter, *json),
+        Command::Decode(a) => decode::run(adapter, a),
+        Command::Memory(a) => memory::run(adapter, a),
+        Command::Encode(a) => encode::run(adapter, a),
+        Command::Bench { which } => bench::run(adapter, which),
+        Command::Report { which } => report::run(adapter, which),
+    }
+}
+
+/// The device `--adapter` names (default: the best GPU).
+pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
+    let choice = match adapter {
+        None => AdapterChoice::Auto,
+        Some(s) => match s.parse::<usize>() {
+            Ok(i) => AdapterChoice::Index(i),
+            Err(_) => AdapterChoice::Name(s.clone()),
+        },
+    };
+    let ctx = Context::new(&ContextOptions {
+        adapter: choice,
+        backends: None,
+        pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
+    })?;
+    // The CPU fallback (slow) is said on stderr whatever the log level (once:
+    // the library already logs it as a warning when warnings are shown).
+    if let Some(n) = ctx.notice() {
+        if !log::log_enabled!(log::Level::Warn) {
+            eprintln!("wgvae: warning: {n}");
+        }
+    }
+    Ok(ctx)
+}

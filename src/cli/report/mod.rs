@@ -1,0 +1,95 @@
+//! Reports: CSV + Markdown + SVG files with the device and settings they
+//! came from, the harnesses that measure them, and `wgvae report …`.
+
+pub(crate) mod attention;
+pub(crate) mod bench;
+mod chart;
+pub(crate) mod frames;
+pub(crate) mod memory;
+
+use std::path::{Path, PathBuf};
+
+use clap::Subcommand;
+
+use wgvae::error::{Error, Result};
+
+use crate::cli::context;
+pub(crate) use chart::{line_chart, line_chart_with};
+
+pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
+pub(crate) const MIB: f64 = 1024.0 * 1024.0;
+
+#[derive(Subcommand)]
+pub(crate) enum ReportKind {
+    /// Decode memory of the FLUX.1 / SD1.5 / SDXL presets under every pool policy, beside PyTorch's.
+    Memory {
+        #[arg(long, default_value = "report")]
+        out: PathBuf,
+        /// The published PyTorch measurements (read, never copied).
+        #[arg(
+            long,
+            default_value = "../shared/reference/pytorch_vae_memory_rtx4090.csv"
+        )]
+        reference: PathBuf,
+        /// Predict for this machine's adapter instead of a 24 GB reference GPU.
+        #[arg(long)]
+        this_device: bool,
+        /// Also decode the presets at 128² for real on this machine's adapter (f32, f16,
+        /// each policy) and add those measured rows beside their predictions.
+        #[arg(long)]
+        measure: bool,
+    },
+}
+
+pub(crate) fn run(adapter: &Option<String>, which: &ReportKind) -> Result<()> {
+    match which {
+        ReportKind::Memory {
+            out,
+            reference,
+            this_device,
+            measure,
+        } => report_memory(adapter, out, reference, *this_device, *measure),
+    }
+}
+
+fn report_memory(
+    cli_adapter: &Option<String>,
+    out: &Path,
+    reference: &Path,
+    this_device: bool,
+    measure: bool,
+) -> wgvae::Result<()> {
+    let device = if measure || this_device {
+        Some(context(cli_adapter)?)
+    } else {
+        None
+    };
+    let caps = match (&device, this_device) {
+        (Some(d), true) => d.caps().clone(),
+        _ => wgvae::gpu::Capabilities::reference_gpu(),
+    };
+    let reference = reference.exists().then_some(reference);
+    let header = format!(
+        "Predicted for: {} (max binding {} MiB, max buffer {} MiB). wgvae {} ({}), {}.",
+        caps.adapter_name,
+        caps.max_storage_buffer_binding_size >> 20,
+        caps.max_buffer_size >> 20,
+        env!("CARGO_PKG_VERSION"),
+        env!("WGVAE_GIT_COMMIT"),
+        std::env::consts::OS
+    );
+    let measure_on = device.as_ref().filter(|_| measure);
+    let rows = memory::write_report(&caps, reference, &header, out, measure_on)?;
+    println!(
+        "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
+        rows.len(),
+        out.display()
+    );
+    Ok(())
+}
