@@ -170,7 +170,7 @@ struct Inner {
 
 /// wgpu errors raised outside any error scope, recorded by the handler
 /// [`Context::from_device`] installs (shared by contexts on one device).
-type UncapturedErrors = Arc<std::sync::Mutex<Vec<String>>>;
+type UncapturedErrors = Arc<parking_lot::Mutex<Vec<String>>>;
 
 /// Keeps at most this many uncaptured error messages (the oldest are kept).
 const MAX_UNCAPTURED: usize = 64;
@@ -182,7 +182,7 @@ fn install_uncaptured_handler(device: &wgpu::Device) -> UncapturedErrors {
     let sink = errors.clone();
     device.on_uncaptured_error(Arc::new(move |e| {
         log::error!("uncaptured wgpu error: {e}");
-        let mut v = sink.lock().unwrap_or_else(|p| p.into_inner());
+        let mut v = sink.lock();
         if v.len() < MAX_UNCAPTURED {
             v.push(e.to_string());
         }
@@ -386,11 +386,7 @@ impl Context {
     /// Messages of wgpu errors no error scope caught on this device since the
     /// context was created (at most 64), oldest first; drains the record.
     pub fn take_uncaptured_errors(&self) -> Vec<String> {
-        let mut v = self
-            .inner
-            .uncaptured
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
+        let mut v = self.inner.uncaptured.lock();
         std::mem::take(&mut *v)
     }
 

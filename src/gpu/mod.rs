@@ -12,7 +12,7 @@ pub use context::{
     default_cache_dir, optional_features, rank_adapters, AdapterChoice, AdapterSelection,
     AdapterSummary, Capabilities, Context, ContextOptions,
 };
-pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey};
+pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};
 pub(crate) use profiler::SubmitStats;
 pub use profiler::{KernelTime, Profile, Profiler};
 pub use recorder::{

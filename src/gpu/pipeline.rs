@@ -10,7 +10,9 @@
 //! every `.wgsl` file readable as WGSL.
 
 use std::collections::HashMap;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
+
+use parking_lot::Mutex;
 
 use crate::error::{Error, Result};
 use crate::gpu::storage::{self, StorageType};
@@ -36,13 +38,39 @@ pub enum BindingKind {
     WriteTexture(wgpu::TextureFormat),
 }
 
+/// A kernel's WGSL text: a shader file compiled in, or text generated at run
+/// time (conv2d's unrolled register blocks), shared and freed with its specs.
+#[derive(Clone, Debug)]
+pub enum WgslSource {
+    /// A shader file (`include_str!`).
+    Static(&'static str),
+    /// Generated text.
+    Generated(Arc<str>),
+}
+
+impl std::ops::Deref for WgslSource {
+    type Target = str;
+    fn deref(&self) -> &str {
+        match self {
+            WgslSource::Static(s) => s,
+            WgslSource::Generated(s) => s,
+        }
+    }
+}
+
+impl AsRef<str> for WgslSource {
+    fn as_ref(&self) -> &str {
+        self
+    }
+}
+
 /// The Rust side of a kernel's contract with its shader.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct KernelSpec {
     /// Kernel family: the shader file's stem (`conv2d` for `shaders/conv2d.wgsl`).
     pub family: &'static str,
     /// The WGSL source (before preprocessing).
-    pub source: &'static str,
+    pub source: WgslSource,
     /// Entry point name.
     pub entry: &'static str,
     /// Storage bindings 1.. in order.
@@ -134,7 +162,8 @@ impl PipelineKey {
 
 /// Expands a WGSL source for a key. `enable f16;` is emitted first when the
 /// `F16` flag is set (WGSL requires enables before any declaration).
-pub fn preprocess(source: &str, key: &PipelineKey) -> Result<String> {
+pub fn preprocess(source: impl AsRef<str>, key: &PipelineKey) -> Result<String> {
+    let source = source.as_ref();
     let mut out = String::with_capacity(source.len() + 256);
     if key.is_defined("F16") || key.storage_types().any(|t| t == StorageType::F16) {
         out.push_str("enable f16;\n");
@@ -227,7 +256,7 @@ impl PipelineCache {
     /// The keys of every pipeline compiled so far (tests check them against
     /// [`crate::kernels::all_variants`]).
     pub fn keys(&self) -> Vec<PipelineKey> {
-        let map = self.map.lock().unwrap_or_else(|e| e.into_inner());
+        let map = self.map.lock();
         map.keys().cloned().collect()
     }
 
@@ -252,13 +281,13 @@ impl PipelineCache {
                 fallback: true,
             })
         };
-        *self.disk.lock().expect("pipeline cache poisoned") = Some(DiskCache { cache, path });
+        *self.disk.lock() = Some(DiskCache { cache, path });
         true
     }
 
     /// Writes the driver's pipeline cache back to its file (if attached).
     pub fn save_disk_cache(&self) -> std::io::Result<()> {
-        let guard = self.disk.lock().expect("pipeline cache poisoned");
+        let guard = self.disk.lock();
         let Some(d) = guard.as_ref() else {
             return Ok(());
         };
@@ -275,7 +304,7 @@ impl PipelineCache {
 
     /// Number of compiled pipelines.
     pub fn len(&self) -> usize {
-        self.map.lock().map(|m| m.len()).unwrap_or(0)
+        self.map.lock().len()
     }
 
     /// True when no pipeline has been compiled yet.
@@ -326,10 +355,10 @@ impl PipelineCache {
         spec: &KernelSpec,
         key: &PipelineKey,
     ) -> Result<Arc<CachedPipeline>> {
-        if let Some(p) = self.map.lock().expect("pipeline cache poisoned").get(key) {
+        if let Some(p) = self.map.lock().get(key) {
             return Ok(p.clone());
         }
-        let source = preprocess(spec.source, key)?;
+        let source = preprocess(&*spec.source, key)?;
         let label = format!("{}::{}", key.family, key.entry);
         // Innermost scope: validation (a bug in a shader); outer: out of memory.
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
@@ -347,7 +376,7 @@ impl PipelineCache {
             bind_group_layouts: &[Some(&layout)],
             immediate_size: 0,
         });
-        let disk = self.disk.lock().expect("pipeline cache poisoned");
+        let disk = self.disk.lock();
         let pipeline = device.create_compute_pipeline(&wgpu::ComputePipelineDescriptor {
             label: Some(&label),
             layout: Some(&pipeline_layout),
@@ -372,10 +401,7 @@ impl PipelineCache {
             });
         }
         let cached = Arc::new(CachedPipeline { pipeline, layout });
-        self.map
-            .lock()
-            .expect("pipeline cache poisoned")
-            .insert(key.clone(), cached.clone());
+        self.map.lock().insert(key.clone(), cached.clone());
         Ok(cached)
     }
 }

@@ -40,7 +40,7 @@ fn every_shader_variant_validates_and_matches_its_spec() {
 fn check_variant(spec: &crate::gpu::KernelSpec, key: &crate::gpu::PipelineKey) {
     {
         let name = format!("{}::{} {:?}", spec.family, spec.entry, key.defines);
-        let src = preprocess(spec.source, key).unwrap();
+        let src = preprocess(&*spec.source, key).unwrap();
         let module = validate(&name, &src);
         assert!(
             module.entry_points.iter().any(|e| e.name == spec.entry),
@@ -135,7 +135,7 @@ fn preprocessor_handles_nesting_and_rejects_garbage() {
     use crate::gpu::{KernelSpec, PipelineKey};
     let spec = KernelSpec {
         family: "t",
-        source: "",
+        source: crate::gpu::WgslSource::Static(""),
         entry: "e",
         bindings: &[],
         uniform_size: 0,

@@ -26,7 +26,9 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::attention::Mask;
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, Capabilities, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{
+    linear_groups, BindingKind, Capabilities, KernelSpec, PipelineKey, Recorder, WgslSource,
+};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/attention.wgsl");
@@ -91,7 +93,7 @@ pub struct Params {
 /// Attention with f32 K/V: q, k, v, stats (scratch of split key ranges), out.
 pub const ATTENTION: KernelSpec = KernelSpec {
     family: "attention",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "attention",
     bindings: &[
         BindingKind::Read,
@@ -107,7 +109,7 @@ pub const ATTENTION: KernelSpec = KernelSpec {
 /// stats, out.
 pub const ATTENTION_INT8: KernelSpec = KernelSpec {
     family: "attention",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "attention",
     bindings: &[
         BindingKind::Read,
@@ -162,7 +164,7 @@ pub struct AppendParams {
 /// KV append as an f32 copy: src, dst.
 pub const KV_APPEND: KernelSpec = KernelSpec {
     family: "attention",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "kv_append",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<AppendParams>() as u64,
@@ -171,7 +173,7 @@ pub const KV_APPEND: KernelSpec = KernelSpec {
 /// KV append with int8 quantisation: src, codes, scales.
 pub const KV_APPEND_INT8: KernelSpec = KernelSpec {
     family: "attention",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "kv_append",
     bindings: &[
         BindingKind::Read,

@@ -3,7 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::gpu::{
+    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
+};
 use crate::tensor::Tensor;
 
 const SOURCE: &str = include_str!("../../shaders/elementwise.wgsl");
@@ -27,7 +29,7 @@ pub struct Params {
 /// `out = f(x)` ([`unary`]).
 pub const UNARY: KernelSpec = KernelSpec {
     family: "elementwise",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "unary",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
@@ -36,7 +38,7 @@ pub const UNARY: KernelSpec = KernelSpec {
 /// `out = x + y` ([`add`]).
 pub const BINARY: KernelSpec = KernelSpec {
     family: "elementwise",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "binary",
     bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,

@@ -26,7 +26,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::gpu::{
+    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
+};
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
 
@@ -85,7 +87,7 @@ const UNIFORM_SIZE: u64 = std::mem::size_of::<Params>() as u64;
 /// Pass 1: partial sums per group and slot.
 pub const PARTIALS: KernelSpec = KernelSpec {
     family: "group_norm",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "partials",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: UNIFORM_SIZE,
@@ -94,7 +96,7 @@ pub const PARTIALS: KernelSpec = KernelSpec {
 /// Pass 2: combines partials into per-(sample, channel) scale and shift.
 pub const COMBINE: KernelSpec = KernelSpec {
     family: "group_norm",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "combine",
     bindings: &[
         BindingKind::Read,
@@ -108,7 +110,7 @@ pub const COMBINE: KernelSpec = KernelSpec {
 /// Pass 3: applies scale, shift and the activation.
 pub const APPLY: KernelSpec = KernelSpec {
     family: "group_norm",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "apply",
     bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: UNIFORM_SIZE,

@@ -6,7 +6,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
 use crate::gpu::{
-    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
+    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
 };
 use crate::tensor::{DType, Tensor};
 
@@ -31,7 +31,7 @@ pub struct Params {
 /// `to_rgba8`: packed RGBA8 into a tensor.
 pub const TO_RGBA8: KernelSpec = KernelSpec {
     family: "image",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "to_rgba8",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
@@ -40,7 +40,7 @@ pub const TO_RGBA8: KernelSpec = KernelSpec {
 /// `to_rgb8`: the RGB8 byte stream packed 4 bytes per u32 word.
 pub const TO_RGB8: KernelSpec = KernelSpec {
     family: "image",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "to_rgb8",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
@@ -49,7 +49,7 @@ pub const TO_RGB8: KernelSpec = KernelSpec {
 /// `to_texture` into an `Rgba8Unorm` storage texture: the bytes of [`to_rgba8`].
 pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
     family: "image",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "to_texture",
     bindings: &[
         BindingKind::Read,
@@ -62,7 +62,7 @@ pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
 /// before quantisation.
 pub const TO_TEXTURE_RGBA16F: KernelSpec = KernelSpec {
     family: "image",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "to_texture",
     bindings: &[
         BindingKind::Read,

@@ -4,7 +4,7 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{BindingKind, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{BindingKind, KernelSpec, PipelineKey, Recorder, WgslSource};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
@@ -43,7 +43,7 @@ pub struct Params {
 /// `out = alpha · A · B`.
 pub const MATMUL: KernelSpec = KernelSpec {
     family: "matmul",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "matmul",
     bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,
@@ -52,7 +52,7 @@ pub const MATMUL: KernelSpec = KernelSpec {
 /// `out = alpha · A · B + bias` (bias per column).
 pub const MATMUL_BIAS: KernelSpec = KernelSpec {
     family: "matmul",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "matmul",
     bindings: &[
         BindingKind::Read,

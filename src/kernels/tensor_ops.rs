@@ -4,7 +4,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::gpu::{
+    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
+};
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/tensor_ops.wgsl");
@@ -46,7 +48,7 @@ pub struct Params {
 /// Copies a window of every plane into a window of another tensor.
 pub const COPY_WINDOW: KernelSpec = KernelSpec {
     family: "tensor_ops",
-    source: SOURCE,
+    source: WgslSource::Static(SOURCE),
     entry: "copy_window",
     bindings: &[BindingKind::Read, BindingKind::ReadWrite],
     uniform_size: std::mem::size_of::<Params>() as u64,

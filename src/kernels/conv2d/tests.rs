@@ -1,0 +1,558 @@
+//! GPU kernels against the CPU reference, tile checks and shape errors.
+
+use super::tiles::{default_tile_sets, typical_caps};
+use super::*;
+use crate::testing::{assert_close, rand_vec, test_context};
+
+/// Small tiles of both kinds: they compile fast on lavapipe and put tile edges everywhere.
+const SMALL_DIRECT: ConvTiles = ConvTiles {
+    tm: 8,
+    tn: 16,
+    tw: 8,
+    tk: 0,
+    rm: 4,
+    rn: 4,
+    direct: true,
+};
+const SMALL_SHARED: ConvTiles = ConvTiles {
+    tm: 8,
+    tn: 32,
+    tw: 8,
+    tk: 4,
+    rm: 4,
+    rn: 4,
+    direct: false,
+};
+
+/// One GPU-vs-CPU comparison. Tolerance: |got - want| <= 1e-5 + 1e-4 |want| (f32).
+#[derive(Clone, Copy)]
+struct Case {
+    n: usize,
+    cin: usize,
+    h: usize,
+    w: usize,
+    cout: usize,
+    k: usize,
+    opts: Conv2dOptions,
+    bias: bool,
+    act: Option<Activation>,
+    residual: bool,
+    in_place: bool,
+    naive: bool,
+    /// `None`: the tiles the engine picks for the test device.
+    tiles: Option<ConvTiles>,
+}
+
+impl Case {
+    fn new(n: usize, cin: usize, h: usize, w: usize, cout: usize, k: usize) -> Case {
+        Case {
+            n,
+            cin,
+            h,
+            w,
+            cout,
+            k,
+            opts: Conv2dOptions::same(k as u32),
+            bias: true,
+            act: None,
+            residual: false,
+            in_place: false,
+            naive: false,
+            tiles: None,
+        }
+    }
+
+    /// Runs the case with the small tiles of both kinds.
+    fn run_small(self, seed: u64) {
+        for tiles in [SMALL_DIRECT, SMALL_SHARED] {
+            Case {
+                tiles: Some(tiles),
+                ..self
+            }
+            .run(seed);
+        }
+    }
+
+    fn run(&self, seed: u64) {
+        self.run_in(&test_context(), DType::F32, seed);
+    }
+
+    /// Runs with activations, weights and residual stored in `dt`; the CPU
+    /// reference sees the same rounded inputs, so the error is the output's
+    /// rounding (plus f32 summation order).
+    fn run_in(&self, ctx: &Context, dt: DType, seed: u64) {
+        let ctx = ctx.clone();
+        let Case {
+            n,
+            cin,
+            h,
+            w,
+            cout,
+            k,
+            ..
+        } = *self;
+        let what = format!(
+            "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {} tiles {:?}",
+            self.opts, self.bias, self.act, self.residual, self.in_place, self.naive, self.tiles
+        );
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|x| crate::gpu::storage::round_through(x, dt))
+                .collect()
+        };
+        let x = round(rand_vec(n * cin * h * w, seed, 1.0));
+        // Weights scaled like a trained layer's so sums stay O(1).
+        let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
+        let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
+        let bv = rand_vec(cout, seed + 2, 0.5);
+        let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
+            .chunks(2)
+            .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
+            .collect();
+        let (ho, wo) = output_size(h, w, k, &self.opts);
+        let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
+        let want = cpu_conv2d(
+            &x,
+            [n, cin, h, w],
+            &wv,
+            cout,
+            k,
+            self.bias.then_some(&bv[..]),
+            self.act.map(|a| (&aff[..], a)),
+            self.residual.then_some(&rv[..]),
+            &self.opts,
+        );
+
+        let xt = Tensor::from_f32_as(&ctx, &[n, cin, h, w], &x, dt, "x").unwrap();
+        let bias = self.bias.then_some(&bv[..]);
+        let weights = match self.tiles {
+            Some(t) => {
+                Conv2dWeights::from_pytorch_with_tiles(&ctx, &wv, cout, cin, k, bias, t, dt, "w")
+            }
+            None => Conv2dWeights::from_pytorch_as(&ctx, &wv, cout, cin, k, bias, dt, "w"),
+        }
+        .unwrap();
+        let at = Tensor::from_f32(&ctx, &[n, cin, 2], &aff, "affine").unwrap();
+        let rt = Tensor::from_f32_as(&ctx, &[n, cout, ho, wo], &rv, dt, "res").unwrap();
+        let out = if self.in_place {
+            rt.clone()
+        } else {
+            Tensor::empty(&ctx, &[n, cout, ho, wo], dt, "out").unwrap()
+        };
+        let prologue = self.act.map(|act| Prologue { affine: &at, act });
+        let residual = self.residual.then_some(&rt);
+        let mut rec = Recorder::new(&ctx);
+        let f = if self.naive { conv2d_naive } else { conv2d };
+        f(
+            &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
+        )
+        .unwrap();
+        assert_eq!(rec.labels()[0].macs, macs(n, cin, cout, ho, wo, k));
+        rec.submit().unwrap();
+        // (atol, rtol): f32 1e-5 + 1e-4 relative; half storage adds the output's rounding.
+        let (atol, rtol) = match dt {
+            DType::F32 => (1e-5, 1e-4),
+            DType::F16 => (2e-3, 2e-3),
+            _ => (1e-2, 1e-2),
+        };
+        let what = format!(
+            "{what} {} (shader-f16 {})",
+            dt.name(),
+            ctx.caps().shader_f16
+        );
+        assert_close(&out.to_f32(&ctx).unwrap(), &want, atol, rtol, &what);
+    }
+}
+
+/// Every storage path (native f16, packed f16, packed bf16) through both
+/// tile kinds, the naive kernel and a fused upsample + prologue +
+/// in-place residual block, on odd shapes.
+#[test]
+fn half_storage_matches_cpu() {
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    let block = Case {
+        act: Some(Activation::Silu),
+        residual: true,
+        in_place: true,
+        opts: up,
+        ..Case::new(1, 37, 9, 11, 67, 3)
+    };
+    for (ctx, dt) in crate::testing::dtype_contexts() {
+        if dt == DType::F32 {
+            continue;
+        }
+        for tiles in [SMALL_DIRECT, SMALL_SHARED] {
+            let tiles = Some(tiles);
+            Case {
+                tiles,
+                ..Case::new(2, 37, 19, 23, 67, 3)
+            }
+            .run_in(&ctx, dt, 50);
+            Case { tiles, ..block }.run_in(&ctx, dt, 51);
+        }
+        Case {
+            naive: true,
+            ..Case::new(1, 5, 7, 9, 3, 1)
+        }
+        .run_in(&ctx, dt, 52);
+        block.run_in(&ctx, dt, 53);
+    }
+}
+
+#[test]
+fn conv3x3_odd_shapes_match_cpu() {
+    Case::new(1, 3, 7, 5, 4, 3).run_small(1);
+    Case::new(2, 37, 19, 23, 67, 3).run_small(2);
+    Case {
+        bias: false,
+        ..Case::new(1, 64, 9, 11, 67, 3)
+    }
+    .run_small(3);
+}
+
+#[test]
+fn conv1x1_odd_shapes_match_cpu() {
+    Case::new(1, 64, 9, 11, 67, 1).run_small(4);
+    Case {
+        bias: false,
+        ..Case::new(2, 37, 19, 23, 5, 1)
+    }
+    .run_small(5);
+    Case::new(1, 3, 7, 5, 4, 1).run_small(6);
+}
+
+#[test]
+fn stride2_and_asymmetric_padding_match_cpu() {
+    // The VAE encoder's downsampling conv: pad (top 0, left 0, bottom 1, right 1), stride 2.
+    let enc = Conv2dOptions {
+        stride: 2,
+        pad: [0, 0, 1, 1],
+        upsample: false,
+    };
+    Case {
+        opts: enc,
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run_small(7);
+    let sym = Conv2dOptions {
+        stride: 2,
+        pad: [1; 4],
+        upsample: false,
+    };
+    Case {
+        opts: sym,
+        bias: false,
+        ..Case::new(1, 5, 9, 12, 7, 3)
+    }
+    .run_small(9);
+    let one = Conv2dOptions {
+        stride: 2,
+        pad: [0; 4],
+        upsample: false,
+    };
+    Case {
+        opts: one,
+        ..Case::new(1, 6, 9, 11, 10, 1)
+    }
+    .run_small(10);
+    // Asymmetric padding at stride 1 (wider on the left and bottom).
+    let asym = Conv2dOptions {
+        stride: 1,
+        pad: [0, 2, 1, 0],
+        upsample: false,
+    };
+    Case {
+        opts: asym,
+        ..Case::new(1, 6, 8, 9, 5, 3)
+    }
+    .run_small(8);
+}
+
+#[test]
+fn upsample_matches_cpu() {
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    Case {
+        opts: up,
+        ..Case::new(2, 37, 7, 9, 67, 3)
+    }
+    .run_small(11);
+    let up1 = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(1)
+    };
+    Case {
+        opts: up1,
+        ..Case::new(1, 6, 5, 3, 9, 1)
+    }
+    .run_small(12);
+}
+
+#[test]
+fn prologue_silu_relu_match_cpu() {
+    for (i, act) in [Activation::Silu, Activation::Relu, Activation::None]
+        .into_iter()
+        .enumerate()
+    {
+        Case {
+            act: Some(act),
+            ..Case::new(2, 37, 9, 13, 67, 3)
+        }
+        .run_small(20 + i as u64);
+    }
+    // With upsample and padding: padded taps stay exactly 0 after the transform.
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    Case {
+        act: Some(Activation::Silu),
+        opts: up,
+        ..Case::new(1, 8, 5, 6, 12, 3)
+    }
+    .run_small(24);
+}
+
+#[test]
+fn residual_and_in_place_match_cpu() {
+    Case {
+        residual: true,
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run_small(30);
+    let in_place = Case {
+        residual: true,
+        in_place: true,
+        ..Case::new(1, 64, 9, 11, 67, 3)
+    };
+    Case {
+        act: Some(Activation::Silu),
+        ..in_place
+    }
+    .run_small(31);
+    Case {
+        bias: false,
+        k: 1,
+        opts: Conv2dOptions::same(1),
+        ..in_place
+    }
+    .run_small(32);
+}
+
+#[test]
+fn engine_default_tiles_match_cpu() {
+    // What the engine picks for the test device (lavapipe: direct, 16 x 16 blocks).
+    Case::new(2, 37, 19, 23, 67, 3).run(40);
+    Case {
+        bias: false,
+        ..Case::new(1, 64, 9, 11, 67, 1)
+    }
+    .run(41);
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    let block = Case {
+        act: Some(Activation::Silu),
+        residual: true,
+        in_place: true,
+        opts: up,
+        ..Case::new(1, 40, 9, 21, 36, 3)
+    };
+    block.run(42);
+}
+
+#[test]
+fn gpu_default_tiles_match_cpu() {
+    // What the engine picks on GPUs (workgroup-memory tiles), run here too.
+    let gpu = typical_caps(false);
+    let big = ConvTiles::for_layer(&gpu, 512, 3);
+    Case {
+        tiles: Some(big),
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run(43);
+    let enc = Conv2dOptions {
+        stride: 2,
+        pad: [0, 0, 1, 1],
+        upsample: false,
+    };
+    let mid = ConvTiles::for_layer(&gpu, 64, 3);
+    Case {
+        tiles: Some(mid),
+        opts: enc,
+        act: Some(Activation::Relu),
+        residual: true,
+        ..Case::new(1, 20, 33, 35, 40, 3)
+    }
+    .run(44);
+    let small = ConvTiles::for_layer(&gpu, 3, 3);
+    Case {
+        tiles: Some(small),
+        act: Some(Activation::Silu),
+        ..Case::new(1, 64, 17, 19, 3, 3)
+    }
+    .run(45);
+}
+
+#[test]
+fn conv_out_three_channels_matches_cpu() {
+    // The VAE's conv_out: Cout = 3 after a GroupNorm + SiLU prologue.
+    Case {
+        act: Some(Activation::Silu),
+        ..Case::new(1, 64, 17, 19, 3, 3)
+    }
+    .run(46);
+    Case::new(2, 16, 9, 7, 3, 3).run_small(47);
+}
+
+#[test]
+fn naive_kernel_matches_cpu() {
+    Case {
+        naive: true,
+        ..Case::new(2, 37, 9, 13, 67, 3)
+    }
+    .run(50);
+    let enc = Conv2dOptions {
+        stride: 2,
+        pad: [0, 0, 1, 1],
+        upsample: false,
+    };
+    Case {
+        naive: true,
+        opts: enc,
+        residual: true,
+        act: Some(Activation::Relu),
+        ..Case::new(1, 6, 9, 11, 10, 3)
+    }
+    .run(51);
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    Case {
+        naive: true,
+        opts: up,
+        act: Some(Activation::Silu),
+        ..Case::new(1, 5, 4, 6, 7, 3)
+    }
+    .run(52);
+}
+
+#[test]
+fn output_size_and_macs() {
+    assert_eq!(output_size(64, 64, 3, &Conv2dOptions::same(3)), (64, 64));
+    let enc = Conv2dOptions {
+        stride: 2,
+        pad: [0, 0, 1, 1],
+        upsample: false,
+    };
+    assert_eq!(output_size(512, 512, 3, &enc), (256, 256));
+    let up = Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(3)
+    };
+    assert_eq!(output_size(64, 32, 3, &up), (128, 64));
+    assert_eq!(output_size(7, 5, 1, &Conv2dOptions::same(1)), (7, 5));
+    assert_eq!(macs(1, 512, 512, 64, 64, 3), 512 * 512 * 64 * 64 * 9);
+}
+
+#[test]
+fn bad_tiles_are_rejected() {
+    let caps = typical_caps(false);
+    for t in default_tile_sets() {
+        t.check(&caps).unwrap();
+    }
+    let ok = SMALL_SHARED;
+    for bad in [
+        ConvTiles { rm: 6, ..ok },
+        ConvTiles { tk: 3, ..ok },
+        ConvTiles { tw: 12, ..ok },
+        ConvTiles { tm: 12, ..ok },
+        ConvTiles {
+            tm: 4096,
+            rm: 4,
+            ..ok
+        },
+    ] {
+        assert!(
+            matches!(bad.check(&caps), Err(Error::Unsupported(_))),
+            "{bad:?}"
+        );
+    }
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let ctx = test_context();
+    let w = Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 9], 4, 3, 3, None, "w").unwrap();
+    let x = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::F32, "x").unwrap();
+    let out = Tensor::empty(&ctx, &[1, 4, 7, 5], DType::F32, "out").unwrap();
+    let opts = Conv2dOptions::same(3);
+    let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape { .. }));
+    let mut rec = Recorder::new(&ctx);
+    // Wrong channel count.
+    let x4 = Tensor::empty(&ctx, &[1, 4, 7, 5], DType::F32, "x4").unwrap();
+    assert!(is_shape(conv2d(&mut rec, &x4, &w, None, None, &out, &opts)));
+    // Wrong output size.
+    let bad_out = Tensor::empty(&ctx, &[1, 4, 7, 6], DType::F32, "o").unwrap();
+    assert!(is_shape(conv2d(
+        &mut rec, &x, &w, None, None, &bad_out, &opts
+    )));
+    // Not 4-D.
+    let x3 = Tensor::empty(&ctx, &[3, 7, 5], DType::F32, "x3").unwrap();
+    assert!(is_shape(conv2d(&mut rec, &x3, &w, None, None, &out, &opts)));
+    // Residual of another shape.
+    assert!(is_shape(conv2d(
+        &mut rec,
+        &x,
+        &w,
+        None,
+        Some(&bad_out),
+        &out,
+        &opts
+    )));
+    // Affine of another shape.
+    let aff = Tensor::empty(&ctx, &[1, 4, 2], DType::F32, "aff").unwrap();
+    let pro = Prologue {
+        affine: &aff,
+        act: Activation::Silu,
+    };
+    assert!(is_shape(conv2d(
+        &mut rec,
+        &x,
+        &w,
+        Some(pro),
+        None,
+        &out,
+        &opts
+    )));
+    // Stride 3.
+    let s3 = Conv2dOptions { stride: 3, ..opts };
+    assert!(is_shape(conv2d(&mut rec, &x, &w, None, None, &out, &s3)));
+    // Output aliasing the input.
+    let w33 = Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 3 * 3 * 9], 3, 3, 3, None, "w").unwrap();
+    let x33 = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::F32, "x33").unwrap();
+    assert!(is_shape(conv2d(
+        &mut rec, &x33, &w33, None, None, &x33, &opts
+    )));
+    // Bad weights.
+    assert!(matches!(
+        Conv2dWeights::from_pytorch(&ctx, &[0.0; 10], 4, 3, 3, None, "w"),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 25], 4, 3, 5, None, "w"),
+        Err(Error::Shape { .. })
+    ));
+    assert!(matches!(
+        Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 9], 4, 3, 3, Some(&[0.0; 3]), "w"),
+        Err(Error::Shape { .. })
+    ));
+    assert!(rec.labels().is_empty());
+}
