@@ -66,6 +66,7 @@ pub mod decode;
 pub mod embed;
 pub mod encode;
 pub mod error;
+pub(crate) mod exec;
 pub mod frames;
 pub mod gpu;
 pub mod io;

@@ -5,52 +5,30 @@
 //! and the TAESD-family encoders (taef2 weights: `0.weight` …).
 
 use crate::error::{Error, Result};
+use crate::exec::exact::{Act, Executor};
+use crate::exec::untiled;
 use crate::gpu::{Context, Recorder};
-use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::conv2d::Conv2dWeights;
 use crate::kernels::Activation;
-use crate::models::autoencoder_kl::{need, MidAttention, Resnet, EPS};
+use crate::models::autoencoder_kl::{MidAttention, Resnet, EPS};
 use crate::models::config::AutoencoderKlConfig;
-use crate::models::layers::{conv, identity_affine, load_conv, Norm};
+use crate::models::graph::{Builder, Conv, Geometry, Graph, Mode, BOTH};
+use crate::models::layers::{load_conv, Norm, Taps};
 use crate::models::tae::{Block, WIDTH};
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
-use crate::tiling::{Act, ConvSpec, Executor, Residual};
 
 /// diffusers' Downsample2D: zero pad (top 0, left 0, bottom 1, right 1), stride 2.
 const KL_DOWN_PAD: [u32; 4] = [0, 0, 1, 1];
 /// TAE's stride-2 convs pad 1 on every side.
 const TAE_DOWN_PAD: [u32; 4] = [1; 4];
 
-/// One layer of the AutoencoderKL encoder between conv_in and conv_norm_out.
-enum KlStage<'a> {
-    Resnet(&'a Resnet),
-    Down(&'a Conv2dWeights),
-    Attention(&'a MidAttention),
-}
-
-impl KlStage<'_> {
-    /// The GroupNorm applied to this stage's input (none before a downsample).
-    fn input_norm(&self) -> Option<&Norm> {
-        match self {
-            KlStage::Resnet(r) => Some(&r.norm1),
-            KlStage::Down(_) => None,
-            KlStage::Attention(a) => Some(&a.norm),
-        }
-    }
-}
-
 /// The AutoencoderKL encoder on the device.
 pub struct AutoencoderKlEncoder {
     /// The model's configuration.
     pub config: AutoencoderKlConfig,
-    conv_in: Conv2dWeights,
-    /// Per down block: resnets, then the stride-2 conv (all but the last block).
-    down: Vec<(Vec<Resnet>, Option<Conv2dWeights>)>,
-    mid_resnets: [Resnet; 2],
-    mid_attention: Option<MidAttention>,
-    norm_out: Norm,
-    conv_out: Conv2dWeights,
-    quant_conv: Option<Conv2dWeights>,
+    levels: usize,
+    graph: Graph,
 }
 
 impl AutoencoderKlEncoder {
@@ -109,102 +87,60 @@ impl AutoencoderKlEncoder {
             None
         };
         store.finish(&["decoder.", "post_quant_conv."])?;
+        let levels = down.len();
+        let (mut b, image) = Builder::new();
+        let w = b.weights(conv_in);
+        let mut x = b.conv_plain(image, w, Geometry::Same);
+        for (resnets, downsample) in down {
+            for r in resnets {
+                x = r.build(&mut b, x);
+            }
+            if let Some(d) = downsample {
+                let w = b.weights(d);
+                x = b.conv_plain(x, w, Geometry::Down(KL_DOWN_PAD));
+            }
+        }
+        let [res0, res1] = mid_resnets;
+        x = res0.build(&mut b, x);
+        if let Some(a) = mid_attention {
+            x = a.build(&mut b, x);
+        }
+        x = res1.build(&mut b, x);
+        let norm = b.norm(norm_out);
+        let a = b.stats(x, norm);
+        let w = b.weights(conv_out);
+        let mut out = b.conv(Conv::new(x, w, Geometry::Same).prologue(a, Activation::Silu));
+        if let Some(q) = quant_conv {
+            let w = b.weights(q);
+            out = b.conv_plain(out, w, Geometry::Same);
+        }
+        // Scope ends of the hand-written encoders: the affine (both), the
+        // last activation and the image (shadowed) in the untiled one.
+        b.hold(a, BOTH);
+        b.hold(x, &[Mode::Untiled]);
+        b.hold(image, &[Mode::Untiled]);
         Ok(AutoencoderKlEncoder {
             config: config.clone(),
-            conv_in,
-            down,
-            mid_resnets,
-            mid_attention,
-            norm_out,
-            conv_out,
-            quant_conv,
+            levels,
+            graph: b.finish(out, None),
         })
     }
 
     /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8] (mean, then log-variance).
     pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
-        let same3 = Conv2dOptions::same(3);
-        // diffusers' Downsample2D pads (left 0, right 1, top 0, bottom 1) then convolves with stride 2.
-        let down2 = Conv2dOptions {
-            stride: 2,
-            pad: KL_DOWN_PAD,
-            upsample: false,
-        };
-        let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
-        for (resnets, downsample) in &self.down {
-            for r in resnets {
-                x = r.forward(rec, x)?;
-            }
-            if let Some(d) = downsample {
-                x = conv(rec, &x, d, None, &down2)?;
-            }
-        }
-        x = self.mid_resnets[0].forward(rec, x)?;
-        if let Some(a) = &self.mid_attention {
-            x = a.forward(rec, x)?;
-        }
-        x = self.mid_resnets[1].forward(rec, x)?;
-        let a = self.norm_out.affine(rec, &x)?;
-        let pro = Some(Prologue {
-            affine: &a,
-            act: Activation::Silu,
-        });
-        let mut moments = conv(rec, &x, &self.conv_out, pro, &same3)?;
-        if let Some(q) = &self.quant_conv {
-            moments = conv(rec, &moments, q, None, &Conv2dOptions::same(1))?;
-        }
-        Ok(moments)
+        untiled::run(&self.graph, rec, x, &mut Taps::default())
     }
 
     /// Resolution levels: the latent and one per stride-2 conv.
     pub fn levels(&self) -> usize {
-        self.down.len()
-    }
-
-    /// The layers between conv_in and conv_norm_out, in order.
-    fn stages(&self) -> Vec<KlStage<'_>> {
-        let mut stages = Vec::new();
-        for (resnets, downsample) in &self.down {
-            stages.extend(resnets.iter().map(KlStage::Resnet));
-            stages.extend(downsample.iter().map(KlStage::Down));
-        }
-        stages.push(KlStage::Resnet(&self.mid_resnets[0]));
-        stages.extend(self.mid_attention.iter().map(KlStage::Attention));
-        stages.push(KlStage::Resnet(&self.mid_resnets[1]));
-        stages
+        self.levels
     }
 
     /// [`Self::forward`] tile by tile (exact: every GroupNorm with global
     /// statistics, gathered while the layer before it produces its input).
     /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8].
     pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
-        let stages = self.stages();
-        // The norm each layer's output feeds (conv_norm_out after the last).
-        let next = |i: usize| match stages.get(i) {
-            Some(s) => s.input_norm(),
-            None => Some(&self.norm_out),
-        };
-        let spec = ConvSpec::new(&self.conv_in).stats(next(0));
-        let (mut x, mut a) = ex.conv(&image, spec, Residual::None)?;
-        drop(image);
-        for (i, stage) in stages.iter().enumerate() {
-            (x, a) = match stage {
-                KlStage::Resnet(r) => r.forward_tiled(ex, x, need(a)?, next(i + 1))?,
-                KlStage::Attention(at) => at.forward_tiled(ex, x, need(a)?, next(i + 1))?,
-                KlStage::Down(w) => {
-                    let spec = ConvSpec::new(w).downsample(KL_DOWN_PAD).stats(next(i + 1));
-                    ex.conv(&x, spec, Residual::None)?
-                }
-            };
-        }
-        let a = need(a)?;
-        let spec = ConvSpec::new(&self.conv_out).prologue(&a, Activation::Silu);
-        let (mut moments, _) = ex.conv(&x, spec, Residual::None)?;
-        drop(x);
-        if let Some(q) = &self.quant_conv {
-            moments = ex.conv(&moments, ConvSpec::new(q), Residual::None)?.0;
-        }
-        Ok(moments)
+        Ok(ex.run_graph(&self.graph, image, false)?.0)
     }
 }
 
@@ -212,10 +148,8 @@ impl AutoencoderKlEncoder {
 pub struct TaeEncoder {
     /// Latent channels of the output.
     pub latent_channels: usize,
-    conv_in: Conv2dWeights,
-    /// Sequential layers after the first conv: stride-2 convs and Blocks.
-    layers: Vec<TaeLayer>,
-    conv_out: Conv2dWeights,
+    levels: usize,
+    graph: Graph,
 }
 
 // Built once per model: the size difference of the variants does not matter.
@@ -252,61 +186,49 @@ impl TaeEncoder {
         }
         let conv_out = load_conv(ctx, store, "14", latent_channels, WIDTH, 3, true)?;
         store.finish(&[])?;
+        let levels = 1 + layers
+            .iter()
+            .filter(|l| matches!(l, TaeLayer::Down(_)))
+            .count();
+        let (mut b, image) = Builder::new();
+        let relu = b.identity(WIDTH);
+        let w = b.weights(conv_in);
+        let mut x = b.conv_plain(image, w, Geometry::Same);
+        for layer in layers {
+            x = match layer {
+                TaeLayer::Down(w) => {
+                    let w = b.weights(w);
+                    b.conv_plain(x, w, Geometry::Down(TAE_DOWN_PAD))
+                }
+                TaeLayer::Block(block) => block.build(&mut b, x, relu),
+            };
+        }
+        let w = b.weights(conv_out);
+        let out = b.conv_plain(x, w, Geometry::Same);
+        b.hold(relu, BOTH);
+        // The untiled encoder kept its input (a shadowed binding) to the end.
+        b.hold(image, &[Mode::Untiled]);
         Ok(TaeEncoder {
             latent_channels,
-            conv_in,
-            layers,
-            conv_out,
+            levels,
+            graph: b.finish(out, None),
         })
     }
 
     /// `x` [N, 3, H, W] in [0, 1] → latents [N, C, H/8, W/8].
     pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
-        let n = x.shape()[0];
-        let same3 = Conv2dOptions::same(3);
-        let down2 = Conv2dOptions {
-            stride: 2,
-            pad: TAE_DOWN_PAD,
-            upsample: false,
-        };
-        let relu = identity_affine(rec, n, WIDTH)?;
-        let mut x = conv(rec, &x, &self.conv_in, None, &same3)?;
-        for layer in &self.layers {
-            x = match layer {
-                TaeLayer::Down(w) => conv(rec, &x, w, None, &down2)?,
-                TaeLayer::Block(b) => b.forward(rec, x, &relu)?,
-            };
-        }
-        conv(rec, &x, &self.conv_out, None, &same3)
+        untiled::run(&self.graph, rec, x, &mut Taps::default())
     }
 
     /// Resolution levels: the latent and one per stride-2 conv.
     pub fn levels(&self) -> usize {
-        1 + self
-            .layers
-            .iter()
-            .filter(|l| matches!(l, TaeLayer::Down(_)))
-            .count()
+        self.levels
     }
 
     /// [`Self::forward`] tile by tile (the pool branches' GroupNorms, where
     /// present, with global statistics). `x` [N, 3, H, W] in [0, 1] →
     /// latents [N, C, H/8, W/8].
     pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
-        let relu = identity_affine(ex.rec(), image.n, WIDTH)?;
-        let (mut x, _) = ex.conv(&image, ConvSpec::new(&self.conv_in), Residual::None)?;
-        drop(image);
-        for layer in &self.layers {
-            x = match layer {
-                TaeLayer::Down(w) => {
-                    let spec = ConvSpec::new(w).downsample(TAE_DOWN_PAD);
-                    ex.conv(&x, spec, Residual::None)?.0
-                }
-                TaeLayer::Block(b) => b.forward_tiled(ex, x, &relu)?,
-            };
-        }
-        Ok(ex
-            .conv(&x, ConvSpec::new(&self.conv_out), Residual::None)?
-            .0)
+        Ok(ex.run_graph(&self.graph, image, false)?.0)
     }
 }

@@ -3,6 +3,7 @@
 pub mod autoencoder_kl;
 pub mod config;
 pub mod encoder;
+pub(crate) mod graph;
 pub mod layers;
 pub mod tae;
 pub mod weights;
@@ -417,9 +418,14 @@ impl Vae {
         z: crate::tiling::Act,
         keep_raw: bool,
     ) -> Result<(crate::tiling::Act, Option<crate::tiling::Act>)> {
+        ex.run_graph(self.graph(), z, keep_raw)
+    }
+
+    /// The decoder's layers.
+    pub(crate) fn graph(&self) -> &graph::Graph {
         match &self.decoder {
-            Decoder::Kl(k) => k.forward_tiled(ex, z, keep_raw),
-            Decoder::Tae(t) => t.forward_tiled(ex, z, keep_raw),
+            Decoder::Kl(k) => k.graph(),
+            Decoder::Tae(t) => t.graph(),
         }
     }
 
@@ -453,9 +459,6 @@ impl Vae {
 
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        match &self.decoder {
-            Decoder::Kl(k) => k.forward(rec, z, taps),
-            Decoder::Tae(t) => t.forward(rec, z, taps),
-        }
+        crate::exec::untiled::run(self.graph(), rec, z, taps)
     }
 }

@@ -8,15 +8,16 @@
 //! The variant is detected from the weight shapes.
 
 use crate::error::{Error, Result};
+use crate::exec::untiled;
 use crate::gpu::{Context, Recorder};
-use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights, Prologue};
-use crate::kernels::elementwise::{unary, Unary};
+use crate::kernels::conv2d::Conv2dWeights;
+use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
-use crate::models::layers::{conv, conv_add, dims4, identity_affine, load_conv, Norm, Taps};
+use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual, TensorId, BOTH};
+use crate::models::layers::{load_conv, Norm, Taps};
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
-use crate::tiling::{Act, ConvSpec, Executor, Residual};
 
 pub(crate) const WIDTH: usize = 64;
 /// PyTorch GroupNorm default.
@@ -69,58 +70,27 @@ impl Block {
         })
     }
 
-    /// `x` [N, 64, H, W] → block output (written in place into `x`'s storage).
-    /// `relu` is an identity affine [N, 64, 2] for ReLU-only conv prologues.
-    pub(crate) fn forward(
-        &self,
-        rec: &mut Recorder,
-        mut x: Tensor,
-        relu: &Tensor,
-    ) -> Result<Tensor> {
-        let same3 = Conv2dOptions::same(3);
-        let same1 = Conv2dOptions::same(1);
-        let relu_pro = || {
-            Some(Prologue {
-                affine: relu,
-                act: Activation::Relu,
-            })
-        };
-        if let Some(p) = &self.pool {
-            let t = conv(rec, &x, &p.expand, None, &same1)?;
-            let a = p.norm.affine(rec, &t)?;
-            let pro = Some(Prologue {
-                affine: &a,
-                act: Activation::Relu,
-            });
-            x = conv_add(rec, &t, &p.project, pro, x, &same1)?;
-        }
-        let h = conv(rec, &x, &self.convs[0], None, &same3)?;
-        let h = conv(rec, &h, &self.convs[1], relu_pro(), &same3)?;
-        let x = conv_add(rec, &h, &self.convs[2], relu_pro(), x, &same3)?;
-        unary(rec, Unary::Relu, &x, &x)?;
-        Ok(x)
-    }
-
-    /// Tile by tile (the pool branch's GroupNorm with global statistics).
-    /// `relu` is an identity affine [N, 64, 2].
-    pub(crate) fn forward_tiled(&self, ex: &mut Executor, x: Act, relu: &Tensor) -> Result<Act> {
+    /// Adds the block to `b` on `x` (updated in place; the weights move
+    /// into the graph). `relu` is an identity affine [N, 64, 2] for
+    /// ReLU-only conv prologues.
+    pub(crate) fn build(self, b: &mut Builder, x: TensorId, relu: TensorId) -> TensorId {
         let mut x = x;
-        if let Some(p) = &self.pool {
-            let spec = ConvSpec::new(&p.expand).stats(Some(&p.norm));
-            let (t, a) = ex.conv(&x, spec, Residual::None)?;
-            let a = a.ok_or_else(|| {
-                Error::Unsupported("pool branch without statistics (a wgvae bug)".into())
-            })?;
-            let spec = ConvSpec::new(&p.project).prologue(&a, Activation::Relu);
-            x = ex.conv(&t, spec, Residual::Take(x))?.0;
+        if let Some(p) = self.pool {
+            let (expand, norm) = (b.weights(p.expand), b.norm(p.norm));
+            let project = b.weights(p.project);
+            let t = b.conv_plain(x, expand, Geometry::Same);
+            let a = b.stats(t, norm);
+            let c = Conv::new(t, project, Geometry::Same).prologue(a, Activation::Relu);
+            x = b.conv(c.residual(Residual::InPlace(x)));
         }
-        let (h, _) = ex.conv(&x, ConvSpec::new(&self.convs[0]), Residual::None)?;
-        let spec = ConvSpec::new(&self.convs[1]).prologue(relu, Activation::Relu);
-        let (h, _) = ex.conv(&h, spec, Residual::None)?;
-        let spec = ConvSpec::new(&self.convs[2])
-            .prologue(relu, Activation::Relu)
-            .epilogue(Unary::Relu);
-        Ok(ex.conv(&h, spec, Residual::Take(x))?.0)
+        let [c0, c1, c2] = self.convs.map(|w| b.weights(w));
+        let h1 = b.conv_plain(x, c0, Geometry::Same);
+        let h2 = b.conv(Conv::new(h1, c1, Geometry::Same).prologue(relu, Activation::Relu));
+        let c = Conv::new(h2, c2, Geometry::Same).prologue(relu, Activation::Relu);
+        let y = b.conv(c.residual(Residual::InPlace(x)).epilogue(Unary::Relu));
+        // The first conv's output lived to the block's end (a shadowed binding).
+        b.hold(h1, BOTH);
+        y
     }
 }
 
@@ -138,9 +108,7 @@ pub struct TaeDecoder {
     pub latent_channels: usize,
     /// True when the weights hold `3.pool.0` (TAEF2's extra stage).
     pub has_pool: bool,
-    conv_in: Conv2dWeights,
-    layers: Vec<Layer>,
-    conv_out: Conv2dWeights,
+    graph: Graph,
 }
 
 impl TaeDecoder {
@@ -204,63 +172,40 @@ impl TaeDecoder {
         Ok(TaeDecoder {
             latent_channels,
             has_pool,
-            conv_in,
-            layers,
-            conv_out,
+            graph: build(conv_in, layers, conv_out),
         })
     }
 
-    /// The decoder tile by tile (exact; the taef2 pool branches' GroupNorms
-    /// use global statistics). Returns RGBA8 pixels `[N, 1, 8h, 8w]` and,
-    /// when `keep_raw`, the raw output `[N, 3, 8h, 8w]`.
-    pub(crate) fn forward_tiled(
-        &self,
-        ex: &mut Executor,
-        z: Act,
-        keep_raw: bool,
-    ) -> Result<(Act, Option<Act>)> {
-        let n = z.n;
-        let relu = identity_affine(ex.rec(), n, WIDTH)?;
-        let z = ex.map(z, Unary::TanhClamp(3.0))?;
-        let spec = ConvSpec::new(&self.conv_in).epilogue(Unary::Relu);
-        let (mut x, _) = ex.conv(&z, spec, Residual::None)?;
-        drop(z);
-        for layer in &self.layers {
-            match layer {
-                Layer::UpConv(w) => {
-                    x = ex.conv(&x, ConvSpec::new(w).upsample(), Residual::None)?.0;
-                }
-                Layer::Block(b) => x = b.forward_tiled(ex, x, &relu)?,
-            }
-        }
-        ex.conv_to_image(
-            &x,
-            ConvSpec::new(&self.conv_out),
-            ImageRange::ZeroToOne,
-            keep_raw,
-        )
+    /// The decoder's layers.
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
     }
 
     /// Records the decoder: `z` [N, C, h, w] latents (scale 1) → raw image [N, 3, 8h, 8w] in ≈[0, 1].
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        let [n, ..] = dims4(&z)?;
-        let same3 = Conv2dOptions::same(3);
-        let up2 = Conv2dOptions {
-            upsample: true,
-            ..same3
-        };
-        let relu = identity_affine(rec, n, WIDTH)?;
-        unary(rec, Unary::TanhClamp(3.0), &z, &z)?;
-        let mut x = conv(rec, &z, &self.conv_in, None, &same3)?;
-        drop(z);
-        unary(rec, Unary::Relu, &x, &x)?;
-        for (i, layer) in self.layers.iter().enumerate() {
-            x = match layer {
-                Layer::UpConv(w) => conv(rec, &x, w, None, &up2)?,
-                Layer::Block(b) => b.forward(rec, x, &relu)?,
-            };
-            taps.tap(rec, &format!("layer.{i}"), &x)?;
-        }
-        conv(rec, &x, &self.conv_out, None, &same3)
+        untiled::run(&self.graph, rec, z, taps)
     }
+}
+
+/// `tanh(z/3)·3` → conv_in + ReLU → layers → conv_out.
+fn build(conv_in: Conv2dWeights, layers: Vec<Layer>, conv_out: Conv2dWeights) -> Graph {
+    let (mut b, z) = Builder::new();
+    let relu = b.identity(WIDTH);
+    let z = b.map(z, Unary::TanhClamp(3.0));
+    let w = b.weights(conv_in);
+    let mut x = b.conv(Conv::new(z, w, Geometry::Same).epilogue(Unary::Relu));
+    for (i, layer) in layers.into_iter().enumerate() {
+        x = match layer {
+            Layer::UpConv(w) => {
+                let w = b.weights(w);
+                b.conv_plain(x, w, Geometry::Upsample)
+            }
+            Layer::Block(block) => block.build(&mut b, x, relu),
+        };
+        b.tap(x, format!("layer.{i}"));
+    }
+    let w = b.weights(conv_out);
+    let out = b.conv_plain(x, w, Geometry::Same);
+    b.hold(relu, BOTH);
+    b.finish(out, Some(ImageRange::ZeroToOne))
 }

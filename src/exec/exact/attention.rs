@@ -1,0 +1,178 @@
+//! The mid-block attention tile by tile: K and V per tile, parked, streamed
+//! block by block through each query tile's online-softmax state.
+
+use super::parking::Act;
+use super::{stage, Executor};
+use crate::attention::Mask;
+use crate::error::Result;
+use crate::kernels::attention::{
+    attention, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
+};
+use crate::kernels::conv2d::{conv2d, Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::tensor_ops::Window;
+use crate::kernels::Activation;
+use crate::models::layers::Norm;
+use crate::tensor::{DType, Tensor};
+
+/// The mid-block attention for [`Executor::attention`].
+pub(crate) struct AttentionSpec<'a> {
+    pub q: &'a Conv2dWeights,
+    pub k: &'a Conv2dWeights,
+    pub v: &'a Conv2dWeights,
+    pub out: &'a Conv2dWeights,
+    /// Global GroupNorm affine of the input `[N, C, 2]`.
+    pub affine: &'a Tensor,
+    /// Statistics of this norm over the output.
+    pub stats: Option<&'a Norm>,
+}
+
+impl Executor {
+    /// The mid-block attention (GroupNorm affine given, q/k/v/out 1×1
+    /// convs, one head over all tokens, residual) tile by tile: K and V are
+    /// computed per tile and parked, then each group of query tiles streams
+    /// every K/V block through its online-softmax state.
+    pub(crate) fn attention(
+        &mut self,
+        mut x: Act,
+        spec: AttentionSpec,
+    ) -> Result<(Act, Option<Tensor>)> {
+        let (n, c) = (x.n, x.c);
+        let scale = 1.0 / (c as f32).sqrt();
+        let same1 = Conv2dOptions::same(1);
+        let pro = Some(Prologue {
+            affine: spec.affine,
+            act: Activation::None,
+        });
+        let tiles = x.grid.len();
+        let mut out = self.empty_act(n, spec.out.cout(), x.h, x.w, spec.out.dtype());
+        let stats = match spec.stats {
+            Some(norm) => Some(self.stats_acc(norm, &out)?),
+            None => None,
+        };
+        let proj =
+            |ex: &mut Executor, xw: &Tensor, w: &Conv2dWeights, r: &Window| -> Result<Tensor> {
+                let t = Tensor::empty(
+                    &ex.ctx,
+                    &[n, w.cout(), r.h, r.w],
+                    DType::F32,
+                    "attention proj",
+                )?;
+                conv2d(ex.rec(), xw, w, pro, None, &t, &same1)?;
+                Ok(t)
+            };
+        if tiles == 1 {
+            // Whole: the plain flash-attention kernel, as the untiled decoder.
+            let r = x.grid.rect(0);
+            let xw = self.read_window(&x, r)?;
+            let q = proj(self, &xw, spec.q, &r)?;
+            let k = proj(self, &xw, spec.k, &r)?;
+            let v = proj(self, &xw, spec.v, &r)?;
+            drop(xw);
+            let o = Tensor::empty(&self.ctx, &[n, c, r.h, r.w], DType::F32, "attention out")?;
+            let tok = [n, c, r.h * r.w];
+            attention(
+                self.rec(),
+                &q.reshape(&tok)?,
+                &k.reshape(&tok)?,
+                &v.reshape(&tok)?,
+                scale,
+                &o.reshape(&tok)?,
+            )?;
+            drop((q, k, v));
+            let res = self.take_piece(&mut x, 0)?;
+            conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
+            if let Some(acc) = &stats {
+                self.stats_add(acc, 0, &res)?;
+            }
+            self.park(&mut out, 0, res)?;
+            self.step_done(stage::ATTENTION)?;
+        } else {
+            let mut ks = self.empty_act(n, c, x.h, x.w, DType::F32);
+            let mut vs = self.empty_act(n, c, x.h, x.w, DType::F32);
+            for i in 0..tiles {
+                let r = x.grid.rect(i);
+                let xw = self.read_window(&x, r)?;
+                let k = proj(self, &xw, spec.k, &r)?;
+                self.park(&mut ks, i, k)?;
+                let v = proj(self, &xw, spec.v, &r)?;
+                self.park(&mut vs, i, v)?;
+                self.step_done(stage::KV)?;
+            }
+            // Query tiles per pass: as many states (q, acc, ml) as the budget holds.
+            let mut groups: Vec<Vec<usize>> = Vec::new();
+            let mut used = u64::MAX;
+            for i in 0..tiles {
+                let r = x.grid.rect(i);
+                let state = (2 * n * c * r.area() + 2 * n * r.area()) as u64 * 4;
+                if used.saturating_add(state) > self.plan.attention_state_budget
+                    || groups.is_empty()
+                {
+                    groups.push(Vec::new());
+                    used = 0;
+                }
+                used += state;
+                groups.last_mut().expect("pushed").push(i);
+            }
+            for group in groups {
+                let mut states = Vec::new();
+                for &i in &group {
+                    let r = x.grid.rect(i);
+                    let xw = self.read_window(&x, r)?;
+                    let q = proj(self, &xw, spec.q, &r)?;
+                    let t = r.area();
+                    let acc = Tensor::empty(&self.ctx, &[n, c, t], DType::F32, "attention acc")?;
+                    let ml = Tensor::empty(&self.ctx, &[n, t, 2], DType::F32, "attention max/sum")?;
+                    states.push((q.reshape(&[n, c, t])?, acc, ml));
+                }
+                for b in 0..tiles {
+                    let rb = ks.grid.rect(b);
+                    let kb = self.read_window(&ks, rb)?.reshape(&[n, c, rb.area()])?;
+                    let vb = self.read_window(&vs, rb)?.reshape(&[n, c, rb.area()])?;
+                    let role = BlockRole {
+                        first: b == 0,
+                        last: b + 1 == tiles,
+                    };
+                    for (q, acc, ml) in &states {
+                        let t = q.shape()[2];
+                        let prob = AttentionProblem {
+                            batch: n,
+                            heads: 1,
+                            q_len: t,
+                            kv_len: rb.area(),
+                            head_dim: c,
+                            q_strides: Strides::channel_major(c, t),
+                            kv_strides: Strides::channel_major(c, rb.area()),
+                            scale,
+                            mask: Mask::NONE,
+                            q_pos0: 0,
+                            config: None,
+                        };
+                        let kv = KvInput::F32 { k: &kb, v: &vb };
+                        flash_attention_block(self.rec(), &prob, q, kv, acc, Some(ml), role)?;
+                    }
+                    drop((kb, vb));
+                    self.step_done(stage::ATTENTION)?;
+                }
+                for (&i, (q, acc, ml)) in group.iter().zip(states) {
+                    drop((q, ml));
+                    let r = x.grid.rect(i);
+                    let o = acc.reshape(&[n, c, r.h, r.w])?;
+                    let res = self.take_piece(&mut x, i)?;
+                    conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
+                    drop(o);
+                    if let Some(acc) = &stats {
+                        self.stats_add(acc, i, &res)?;
+                    }
+                    self.park(&mut out, i, res)?;
+                    self.step_done(stage::ATTENTION)?;
+                }
+            }
+        }
+        drop(x);
+        let affine = match stats {
+            Some(acc) => Some(self.stats_finish(acc, n)?),
+            None => None,
+        };
+        Ok((out, affine))
+    }
+}

@@ -1,0 +1,157 @@
+//! A model graph tile by tile: each op becomes one executor layer; a conv
+//! (or the attention) whose output a GroupNorm reads gathers that norm's
+//! statistics while it produces the tiles ([`Graph::stats_of`]), so the
+//! [`Op::Stats`] itself has nothing left to do.
+
+use super::{Act, AttentionSpec, ConvSpec, Executor, Residual as ExResidual};
+use crate::error::{Error, Result};
+use crate::models::graph::{Geometry, Graph, Mode, Op, Residual, TensorId};
+use crate::models::layers::identity_affine;
+use crate::tensor::Tensor;
+
+/// A graph tensor in a tiled run: an activation, or a small whole tensor
+/// (an affine).
+enum Value {
+    Act(Act),
+    Whole(Tensor),
+}
+
+impl Executor {
+    /// Runs `graph` on `input`; returns its output and, for a decoder
+    /// (whose output becomes RGBA8 pixels) with `keep_raw`, the raw output.
+    pub(crate) fn run_graph(
+        &mut self,
+        graph: &Graph,
+        input: Act,
+        keep_raw: bool,
+    ) -> Result<(Act, Option<Act>)> {
+        let n = input.n;
+        let mut slots: Vec<Option<Value>> = (0..graph.tensors()).map(|_| None).collect();
+        slots[graph.input().0] = Some(Value::Act(input));
+        let mut result = None;
+        for (i, op) in graph.ops().iter().enumerate() {
+            let out = graph.out(i);
+            let lookahead = out.and_then(|t| graph.stats_of(t));
+            let (value, affine) = match op {
+                Op::Identity { channels } => (
+                    Some(Value::Whole(identity_affine(self.rec(), n, *channels)?)),
+                    None,
+                ),
+                Op::Map { x, f } => {
+                    let x = take_act(&mut slots, *x)?;
+                    (Some(Value::Act(self.map(x, *f)?)), None)
+                }
+                Op::Stats { .. } => {
+                    if out.is_some_and(|t| slots[t.0].is_none()) {
+                        return Err(Error::Unsupported(
+                            "GroupNorm over a tensor no tiled layer produced (a wgvae bug)".into(),
+                        ));
+                    }
+                    (None, None)
+                }
+                Op::Tap { .. } => (None, None),
+                Op::Attention {
+                    x,
+                    affine,
+                    q,
+                    k,
+                    v,
+                    out: o,
+                } => {
+                    let x = take_act(&mut slots, *x)?;
+                    let spec = AttentionSpec {
+                        q: graph.conv(*q),
+                        k: graph.conv(*k),
+                        v: graph.conv(*v),
+                        out: graph.conv(*o),
+                        affine: whole(&slots, *affine)?,
+                        stats: lookahead.map(|l| l.0),
+                    };
+                    let (y, a) = self.attention(x, spec)?;
+                    (Some(Value::Act(y)), a)
+                }
+                Op::Conv(c) => {
+                    let residual = match c.residual {
+                        Residual::InPlace(r) => Some(take_act(&mut slots, r)?),
+                        _ => None,
+                    };
+                    let mut spec = ConvSpec::new(graph.conv(c.w)).stats(lookahead.map(|l| l.0));
+                    spec = match c.geometry {
+                        Geometry::Same => spec,
+                        Geometry::Upsample => spec.upsample(),
+                        Geometry::Down(pad) => spec.downsample(pad),
+                    };
+                    if let Some((a, act)) = c.prologue {
+                        spec = spec.prologue(whole(&slots, a)?, act);
+                    }
+                    if let Some(f) = c.epilogue {
+                        spec = spec.epilogue(f);
+                    }
+                    let x = act(&slots, c.x)?;
+                    match (graph.image(), out == Some(graph.output())) {
+                        (Some(range), true) => {
+                            result = Some(self.conv_to_image(x, spec, range, keep_raw)?);
+                            (None, None)
+                        }
+                        _ => {
+                            let res = match (c.residual, residual) {
+                                (Residual::Shortcut(s, sc), _) => {
+                                    ExResidual::Shortcut(act(&slots, s)?, graph.conv(sc))
+                                }
+                                (_, Some(r)) => ExResidual::Take(r),
+                                _ => ExResidual::None,
+                            };
+                            let (y, a) = self.conv(x, spec, res)?;
+                            (Some(Value::Act(y)), a)
+                        }
+                    }
+                }
+            };
+            if let (Some(v), Some(t)) = (value, out) {
+                slots[t.0] = Some(v);
+            }
+            if let Some((_, t)) = lookahead {
+                let a = affine.ok_or_else(|| {
+                    Error::Unsupported(
+                        "tiled layer without its GroupNorm statistics (a wgvae bug)".into(),
+                    )
+                })?;
+                slots[t.0] = Some(Value::Whole(a));
+            }
+            for t in graph.frees(Mode::Exact, i) {
+                slots[t.0] = None;
+            }
+        }
+        match result {
+            Some(r) => Ok(r),
+            None => Ok((take_act(&mut slots, graph.output())?, None)),
+        }
+    }
+}
+
+fn missing(t: TensorId) -> Error {
+    Error::Unsupported(format!(
+        "tiled graph read {t:?} before it was computed or after it was freed (a wgvae bug)"
+    ))
+}
+
+fn act(slots: &[Option<Value>], t: TensorId) -> Result<&Act> {
+    match &slots[t.0] {
+        Some(Value::Act(a)) => Ok(a),
+        _ => Err(missing(t)),
+    }
+}
+
+fn whole(slots: &[Option<Value>], t: TensorId) -> Result<&Tensor> {
+    match &slots[t.0] {
+        Some(Value::Whole(w)) => Ok(w),
+        _ => Err(missing(t)),
+    }
+}
+
+fn take_act(slots: &mut [Option<Value>], t: TensorId) -> Result<Act> {
+    match slots[t.0].take() {
+        Some(Value::Act(a)) => Ok(a),
+        _ => Err(missing(t)),
+    }
+}

@@ -1,0 +1,8 @@
+//! Executors: what runs a model's graph ([`crate::models::graph`]).
+//!
+//! - [`untiled`]: the whole graph recorded into one [`crate::gpu::Recorder`]
+//!   (also what fast tiles run per tile);
+//! - [`exact`]: layer-synchronous tiles with global GroupNorm statistics.
+
+pub(crate) mod exact;
+pub(crate) mod untiled;

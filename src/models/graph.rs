@@ -1,0 +1,452 @@
+//! A model as data: its layers as a list of ops over tensor ids, built once
+//! at load from the weights (which the graph then owns). Executors read it:
+//! [`crate::exec::untiled`] records it whole (golden taps included; fast
+//! tiles run it per tile), [`crate::exec::exact`] runs it tile by tile.
+//!
+//! Each tensor has a producer and a last use; an executor frees a tensor
+//! right after the op that uses it last ([`Graph::frees`]), newest first.
+//! Ops that update a tensor in place (a residual add, a map, the attention's
+//! output projection) *consume* it: its storage becomes the op's output.
+//! Where the hand-written executors kept a tensor alive longer (a scope end,
+//! a shadowed binding), the builder *holds* it, per [`Mode`] (held tensors
+//! are freed after those whose last use the op is), so that every
+//! executor allocates and frees exactly as before and memory plans stay
+//! byte-identical. The exact executor's GroupNorm look-ahead (which
+//! statistics a conv gathers while producing its output) is derived from
+//! the graph: the [`Op::Stats`] that reads the conv's output
+//! ([`Graph::stats_of`]).
+//!
+//! # Causal video decoders (not implemented)
+//! A per-frame causal decoder is one more graph: a conv that also reads the
+//! cached last input rows of the previous frame gets a `cache: Option<CacheId>`
+//! operand (its time halo), temporal up-sampling is an op that emits two
+//! frames per input frame, and trimming the first frame's extra outputs is
+//! an op on the output. A streaming executor mode then runs the graph frame
+//! by frame, keeping each cache id's tensor between frames (a lifetime that
+//! spans calls, like a hold that never ends) instead of freeing it.
+
+use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
+use crate::kernels::elementwise::Unary;
+use crate::kernels::image::ImageRange;
+use crate::kernels::Activation;
+use crate::models::layers::Norm;
+
+/// A tensor of the graph.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, PartialOrd, Ord)]
+pub(crate) struct TensorId(pub(crate) usize);
+
+/// A conv's weights in the graph's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConvId(usize);
+
+/// A GroupNorm's parameters in the graph's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct NormId(usize);
+
+/// Which executor a lifetime is for.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Mode {
+    /// [`crate::exec::untiled`].
+    Untiled = 0,
+    /// [`crate::exec::exact`].
+    Exact = 1,
+}
+
+/// Both modes.
+pub(crate) const BOTH: &[Mode] = &[Mode::Untiled, Mode::Exact];
+
+/// Whole-image geometry of a conv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Geometry {
+    /// Stride 1, padding `k / 2`.
+    Same,
+    /// Nearest 2× upsample fused into a 3×3 conv.
+    Upsample,
+    /// Stride 2 over the input zero-padded (top, left, bottom, right).
+    Down([u32; 4]),
+}
+
+impl Geometry {
+    /// The conv options of the whole-image conv with kernel `k`.
+    pub(crate) fn options(self, k: usize) -> Conv2dOptions {
+        match self {
+            Geometry::Same => Conv2dOptions::same(k as u32),
+            Geometry::Upsample => Conv2dOptions {
+                upsample: true,
+                ..Conv2dOptions::same(3)
+            },
+            Geometry::Down(pad) => Conv2dOptions {
+                stride: 2,
+                pad,
+                upsample: false,
+            },
+        }
+    }
+}
+
+/// The residual operand of a conv.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Residual {
+    /// None.
+    None,
+    /// Added in place into this tensor (consumed: it becomes the output).
+    InPlace(TensorId),
+    /// A 1×1 conv of this tensor (a ResnetBlock2D's shortcut).
+    Shortcut(TensorId, ConvId),
+}
+
+/// A conv with its prologue (GroupNorm affine + activation on load),
+/// geometry, residual add and epilogue.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct Conv {
+    pub x: TensorId,
+    pub w: ConvId,
+    /// Affine `[N, Cin, 2]` (a [`Op::Stats`] or [`Op::Identity`]) and activation.
+    pub prologue: Option<(TensorId, Activation)>,
+    pub geometry: Geometry,
+    pub residual: Residual,
+    /// Applied to the output after the residual add.
+    pub epilogue: Option<Unary>,
+}
+
+/// One op; each produces at most one tensor.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum Op {
+    /// Identity affine `[N, channels, 2]` (prologues that only activate).
+    Identity { channels: usize },
+    /// `f` on every element, in place (consumes `x`).
+    Map { x: TensorId, f: Unary },
+    /// A convolution.
+    Conv(Conv),
+    /// A GroupNorm's statistics over `x` as affine coefficients `[N, C, 2]`.
+    Stats { x: TensorId, norm: NormId },
+    /// The mid-block attention: q/k/v 1×1 convs on `x` with `affine`
+    /// applied, one head over all tokens, `out` projection added into `x`
+    /// (consumed).
+    Attention {
+        x: TensorId,
+        affine: TensorId,
+        q: ConvId,
+        k: ConvId,
+        v: ConvId,
+        out: ConvId,
+    },
+    /// A golden-check copy of `x` (with `affine` + activation applied when
+    /// given); untiled only, not a use.
+    Tap {
+        x: TensorId,
+        name: String,
+        activated: Option<(TensorId, Activation)>,
+    },
+}
+
+/// A model's layers, weights included.
+pub(crate) struct Graph {
+    ops: Vec<Op>,
+    /// Output of each op.
+    outs: Vec<Option<TensorId>>,
+    convs: Vec<Conv2dWeights>,
+    norms: Vec<Norm>,
+    input: TensorId,
+    output: TensorId,
+    image: Option<ImageRange>,
+    /// Per mode, per op: tensors to free after it, in order.
+    frees: [Vec<Vec<TensorId>>; 2],
+    /// Per tensor: the [`Op::Stats`] reading it.
+    stats_of: Vec<Option<usize>>,
+}
+
+impl Graph {
+    pub(crate) fn ops(&self) -> &[Op] {
+        &self.ops
+    }
+    /// The tensor op `i` produces.
+    pub(crate) fn out(&self, i: usize) -> Option<TensorId> {
+        self.outs[i]
+    }
+    pub(crate) fn tensors(&self) -> usize {
+        self.stats_of.len()
+    }
+    pub(crate) fn input(&self) -> TensorId {
+        self.input
+    }
+    pub(crate) fn output(&self) -> TensorId {
+        self.output
+    }
+    /// How the output maps to pixels (decoders); `None`: a plain tensor.
+    pub(crate) fn image(&self) -> Option<ImageRange> {
+        self.image
+    }
+    pub(crate) fn conv(&self, w: ConvId) -> &Conv2dWeights {
+        &self.convs[w.0]
+    }
+    pub(crate) fn norm(&self, n: NormId) -> &Norm {
+        &self.norms[n.0]
+    }
+    /// Tensors to free after op `i` in `mode`, in order.
+    pub(crate) fn frees(&self, mode: Mode, i: usize) -> &[TensorId] {
+        &self.frees[mode as usize][i]
+    }
+    /// The GroupNorm whose statistics are taken over `t`, and the affine
+    /// tensor they give (the look-ahead of the exact executor).
+    pub(crate) fn stats_of(&self, t: TensorId) -> Option<(&Norm, TensorId)> {
+        let i = self.stats_of[t.0]?;
+        match &self.ops[i] {
+            Op::Stats { norm, .. } => Some((self.norm(*norm), self.outs[i]?)),
+            _ => None,
+        }
+    }
+}
+
+/// Builds a [`Graph`] op by op.
+pub(crate) struct Builder {
+    ops: Vec<Op>,
+    outs: Vec<Option<TensorId>>,
+    convs: Vec<Conv2dWeights>,
+    norms: Vec<Norm>,
+    /// Per tensor: the op producing it (`None`: the input).
+    producer: Vec<Option<usize>>,
+    last_use: Vec<Option<usize>>,
+    held: [Vec<Option<usize>>; 2],
+    consumed: Vec<bool>,
+}
+
+impl Builder {
+    /// A builder and the graph's input tensor.
+    pub(crate) fn new() -> (Builder, TensorId) {
+        let b = Builder {
+            ops: Vec::new(),
+            outs: Vec::new(),
+            convs: Vec::new(),
+            norms: Vec::new(),
+            producer: vec![None],
+            last_use: vec![None],
+            held: [vec![None], vec![None]],
+            consumed: vec![false],
+        };
+        (b, TensorId(0))
+    }
+
+    /// Moves conv weights into the graph.
+    pub(crate) fn weights(&mut self, w: Conv2dWeights) -> ConvId {
+        self.convs.push(w);
+        ConvId(self.convs.len() - 1)
+    }
+
+    /// Moves a GroupNorm's parameters into the graph.
+    pub(crate) fn norm(&mut self, n: Norm) -> NormId {
+        self.norms.push(n);
+        NormId(self.norms.len() - 1)
+    }
+
+    fn push(&mut self, op: Op, produces: bool) -> TensorId {
+        let i = self.ops.len();
+        let (uses, consumes): (Vec<TensorId>, Option<TensorId>) = match &op {
+            Op::Identity { .. } | Op::Tap { .. } => (vec![], None),
+            Op::Map { x, .. } => (vec![*x], Some(*x)),
+            Op::Stats { x, .. } => (vec![*x], None),
+            Op::Attention { x, affine, .. } => (vec![*x, *affine], Some(*x)),
+            Op::Conv(c) => {
+                let mut u = vec![c.x];
+                u.extend(c.prologue.map(|p| p.0));
+                match c.residual {
+                    Residual::None => (u, None),
+                    Residual::InPlace(r) => {
+                        u.push(r);
+                        (u, Some(r))
+                    }
+                    Residual::Shortcut(s, _) => {
+                        u.push(s);
+                        (u, None)
+                    }
+                }
+            }
+        };
+        for t in uses {
+            debug_assert!(!self.consumed[t.0], "{t:?} used after an in-place op");
+            self.last_use[t.0] = Some(i);
+        }
+        if let Some(t) = consumes {
+            self.consumed[t.0] = true;
+        }
+        self.ops.push(op);
+        let out = produces.then(|| {
+            self.producer.push(Some(i));
+            self.last_use.push(None);
+            self.held[0].push(None);
+            self.held[1].push(None);
+            self.consumed.push(false);
+            TensorId(self.producer.len() - 1)
+        });
+        self.outs.push(out);
+        out.unwrap_or(TensorId(usize::MAX))
+    }
+
+    /// Identity affine `[N, channels, 2]`.
+    pub(crate) fn identity(&mut self, channels: usize) -> TensorId {
+        self.push(Op::Identity { channels }, true)
+    }
+
+    /// `f` in place on `x` (consumed).
+    pub(crate) fn map(&mut self, x: TensorId, f: Unary) -> TensorId {
+        self.push(Op::Map { x, f }, true)
+    }
+
+    /// A conv (see [`Conv`]).
+    pub(crate) fn conv(&mut self, c: Conv) -> TensorId {
+        self.push(Op::Conv(c), true)
+    }
+
+    /// A plain conv of `x`: no prologue, residual or epilogue.
+    pub(crate) fn conv_plain(&mut self, x: TensorId, w: ConvId, geometry: Geometry) -> TensorId {
+        self.conv(Conv::new(x, w, geometry))
+    }
+
+    /// GroupNorm statistics of `x`.
+    pub(crate) fn stats(&mut self, x: TensorId, norm: NormId) -> TensorId {
+        self.push(Op::Stats { x, norm }, true)
+    }
+
+    /// The mid-block attention on `x` (consumed).
+    pub(crate) fn attention(&mut self, op: Op) -> TensorId {
+        debug_assert!(matches!(op, Op::Attention { .. }));
+        self.push(op, true)
+    }
+
+    /// A golden-check tap of `x` (untiled executor with taps enabled).
+    pub(crate) fn tap(&mut self, x: TensorId, name: String) {
+        self.push(
+            Op::Tap {
+                x,
+                name,
+                activated: None,
+            },
+            false,
+        );
+    }
+
+    /// A tap of `x` with `affine` and `act` applied.
+    pub(crate) fn tap_activated(
+        &mut self,
+        x: TensorId,
+        name: String,
+        affine: TensorId,
+        act: Activation,
+    ) {
+        self.push(
+            Op::Tap {
+                x,
+                name,
+                activated: Some((affine, act)),
+            },
+            false,
+        );
+    }
+
+    /// Keeps `t` alive (in `modes`) until the last op pushed so far.
+    pub(crate) fn hold(&mut self, t: TensorId, modes: &[Mode]) {
+        let i = self.ops.len().checked_sub(1);
+        for &m in modes {
+            self.held[m as usize][t.0] = i;
+        }
+    }
+
+    /// The graph with `output` (never freed); `image`: how a decoder's
+    /// output maps to pixels.
+    pub(crate) fn finish(self, output: TensorId, image: Option<ImageRange>) -> Graph {
+        let n = self.ops.len();
+        let tensors = self.producer.len();
+        let mut frees: [Vec<Vec<TensorId>>; 2] = [vec![Vec::new(); n], vec![Vec::new(); n]];
+        for (m, frees) in frees.iter_mut().enumerate() {
+            // Tensors at their natural last use first, then held ones; newest first.
+            let mut held: Vec<Vec<TensorId>> = vec![Vec::new(); n];
+            for t in (0..tensors).rev() {
+                if TensorId(t) == output || self.consumed[t] {
+                    continue;
+                }
+                let natural = self.last_use[t].or(self.producer[t]);
+                let Some(natural) = natural else { continue };
+                match self.held[m][t] {
+                    Some(h) if h >= natural => held[h].push(TensorId(t)),
+                    _ => frees[natural].push(TensorId(t)),
+                }
+            }
+            for (f, h) in frees.iter_mut().zip(held) {
+                f.extend(h);
+            }
+        }
+        let mut stats_of = vec![None; tensors];
+        for (i, op) in self.ops.iter().enumerate() {
+            if let Op::Stats { x, .. } = op {
+                debug_assert!(stats_of[x.0].is_none(), "two GroupNorms over {x:?}");
+                stats_of[x.0] = Some(i);
+            }
+        }
+        Graph {
+            ops: self.ops,
+            outs: self.outs,
+            convs: self.convs,
+            norms: self.norms,
+            input: TensorId(0),
+            output,
+            image,
+            frees,
+            stats_of,
+        }
+    }
+}
+
+impl Conv {
+    /// A conv of `x` with `w`: no prologue, residual or epilogue.
+    pub(crate) fn new(x: TensorId, w: ConvId, geometry: Geometry) -> Conv {
+        Conv {
+            x,
+            w,
+            prologue: None,
+            geometry,
+            residual: Residual::None,
+            epilogue: None,
+        }
+    }
+    /// With `affine` and `act` applied on load.
+    pub(crate) fn prologue(mut self, affine: TensorId, act: Activation) -> Conv {
+        self.prologue = Some((affine, act));
+        self
+    }
+    /// With a residual add.
+    pub(crate) fn residual(mut self, r: Residual) -> Conv {
+        self.residual = r;
+        self
+    }
+    /// With `f` applied to the output.
+    pub(crate) fn epilogue(mut self, f: Unary) -> Conv {
+        self.epilogue = Some(f);
+        self
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// Natural last uses free newest first, held tensors after them; consumed
+    /// tensors and the output are never freed; the look-ahead finds the Stats.
+    #[test]
+    fn frees_follow_last_uses_and_holds() {
+        let (mut b, x) = Builder::new();
+        let r = b.identity(4);
+        let h1 = b.map(x, Unary::Relu);
+        let h2 = b.stats(h1, NormId(0));
+        let y = b.map(h1, Unary::Silu);
+        b.hold(r, &[Mode::Untiled]);
+        let g = b.finish(y, None);
+        assert!(g.frees(Mode::Untiled, 0).is_empty());
+        assert_eq!(g.frees(Mode::Untiled, 2), &[h2]);
+        assert_eq!(g.frees(Mode::Untiled, 3), &[r]);
+        assert_eq!(g.frees(Mode::Exact, 0), &[r]);
+        assert_eq!(g.frees(Mode::Exact, 2), &[h2]);
+        assert!(g.frees(Mode::Exact, 3).is_empty());
+        assert_eq!(g.stats_of[h1.0], Some(2));
+        assert_eq!(g.stats_of[x.0], None);
+    }
+}
