@@ -73,6 +73,7 @@ pub mod kernels;
 pub mod memory;
 pub mod models;
 pub mod report;
+pub(crate) mod run;
 pub mod tensor;
 pub mod testing;
 pub mod tiling;

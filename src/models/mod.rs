@@ -5,6 +5,7 @@ pub mod config;
 pub mod encoder;
 pub mod layers;
 pub mod tae;
+pub mod vae_encoder;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -284,11 +285,7 @@ impl Vae {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts);
-            let store = if ctx.is_dry_run() {
-                WeightStore::zeros()
-            } else {
-                WeightStore::random(opts.seed)
-            };
+            let store = preset_weights(ctx, opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
@@ -457,5 +454,16 @@ impl Vae {
             Decoder::Kl(k) => k.forward(rec, z, taps),
             Decoder::Tae(t) => t.forward(rec, z, taps),
         }
+    }
+}
+
+/// Random weights of a preset seeded with `seed`; zeros on a null device,
+/// where only their sizes matter (and generating them would cost time and
+/// host memory).
+pub(crate) fn preset_weights(ctx: &Context, seed: u64) -> WeightStore {
+    if ctx.is_null() {
+        WeightStore::zeros()
+    } else {
+        WeightStore::random(seed)
     }
 }
