@@ -20,7 +20,7 @@ use crate::memory::MemoryStats;
 use crate::models::{Taps, Vae};
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
 use crate::run::strategy::{choose, Geometry, Strategy};
-use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, Replay};
+use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, untiled_report, Replay};
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
@@ -156,23 +156,18 @@ impl DecodeJob<'_> {
         progress: Option<Progress>,
     ) -> Result<crate::run::ExactRun<ExactImages>> {
         let (vae, keep_raw) = (self.vae, self.keep_raw);
-        run_exact(
-            ctx,
-            plan,
-            (profile, true, progress),
-            (vae.dtype, self.z),
-            |ex, input| {
-                let (rgba, raw) = vae.forward_tiled(ex, input, keep_raw)?;
-                let (height, width) = (rgba.h, rgba.w);
-                let reading = Instant::now();
-                let raw = match raw {
-                    Some(r) => ex.gather_host(r)?,
-                    None => None,
-                };
-                let rgba = ex.gather_host(rgba)?;
-                Ok((rgba, raw, height, width, ms_since(reading)))
-            },
-        )
+        let how = (profile, true, progress);
+        run_exact(ctx, plan, how, (vae.dtype, self.z), |ex, input| {
+            let (rgba, raw) = vae.forward_tiled(ex, input, keep_raw)?;
+            let (height, width) = (rgba.h, rgba.w);
+            let reading = Instant::now();
+            let raw = match raw {
+                Some(r) => ex.gather_host(r)?,
+                None => None,
+            };
+            let rgba = ex.gather_host(rgba)?;
+            Ok((rgba, raw, height, width, ms_since(reading)))
+        })
     }
 }
 
@@ -222,6 +217,10 @@ pub fn decode(
 }
 
 fn split_images(bytes: Vec<u8>, n: usize) -> Vec<Vec<u8>> {
+    if n <= 1 {
+        // No copy: a null device's zeros stay untouched (uncommitted) pages.
+        return vec![bytes];
+    }
     let per = bytes.len() / n.max(1);
     bytes.chunks_exact(per.max(1)).map(|c| c.to_vec()).collect()
 }
@@ -277,12 +276,7 @@ fn decode_untiled(ctx: &Context, job: &DecodeJob, opts: &DecodeOptions) -> Resul
         )?),
         None => None,
     };
-    let report = TilingReport {
-        mode: "untiled".into(),
-        tiles: 1,
-        steps: 1,
-        ..Default::default()
-    };
+    let report = untiled_report();
     Ok(Decoded {
         rgba,
         raw,
@@ -379,7 +373,7 @@ fn decode_fast(
     if opts.profile && crate::gpu::Profiler::new(ctx).is_none() {
         log::warn!("profiling needs TIMESTAMP_QUERY_INSIDE_PASSES, which this adapter lacks");
     }
-    let image = run_fast(z, &grid, opts.progress.as_ref(), |zt| {
+    let mut image = run_fast(z, &grid, opts.progress.as_ref(), |zt| {
         let replay = decode_replay(ctx, vae, &zt.shape)?;
         let run = run_untiled(
             ctx,
@@ -408,7 +402,7 @@ fn decode_fast(
     let planes = n * 3;
     let range = vae.output_range();
     let plane = height * width;
-    let img = image.data;
+    let img = std::mem::take(&mut image.data);
     let rgba = (0..n)
         .map(|b| {
             let mut px = Vec::with_capacity(plane * 4);
@@ -425,20 +419,10 @@ fn decode_fast(
         .keep_raw
         .then(|| HostTensor::new(vec![n, 3, height, width], img))
         .transpose()?;
-    let report = TilingReport {
-        mode: "fast".into(),
-        tile_size: Some(px),
-        overlap: Some(overlap),
-        tiles: image.tiles,
-        steps: image.tiles,
-        readback_bytes: image.readback,
-        syncs: image.tiles,
-        // Two rows of f32 tiles for blending and the full-resolution
-        // f32 image they are cropped into.
-        host_parked_peak_bytes: (2 * image.cols * planes * px * px * 4
-            + planes * height * width * 4) as u64,
-        ..Default::default()
-    };
+    // Two rows of f32 tiles for blending and the full-resolution f32
+    // image they are cropped into.
+    let parked = 2 * image.cols * planes * px * px * 4 + planes * height * width * 4;
+    let report = image.report(px, overlap, parked as u64);
     Ok(Decoded {
         rgba,
         raw,

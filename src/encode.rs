@@ -14,7 +14,7 @@ use crate::io::HostTensor;
 use crate::memory::MemoryStats;
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
 use crate::run::strategy::{choose, Geometry, Strategy};
-use crate::run::{precision, run_exact, run_untiled, tiles_of, ExactRun, Replay};
+use crate::run::{precision, run_exact, run_untiled, tiles_of, untiled_report, ExactRun, Replay};
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
@@ -150,7 +150,9 @@ pub fn encode(
     let (moments, memory, mut tiling, overflows) = match strategy {
         Strategy::Untiled => encode_untiled(ctx, &job)?,
         Strategy::Exact(plan) => encode_exact(ctx, &job, plan, opts.progress.clone())?,
-        Strategy::Fast { px, overlap } => encode_fast(ctx, &job, px, overlap, opts)?,
+        Strategy::Fast { px, overlap } => {
+            encode_fast(ctx, &job, px, overlap, opts.progress.as_ref())?
+        }
     };
     tiling.max_memory = budget;
     if overflows > 0 {
@@ -201,12 +203,7 @@ fn encode_untiled(ctx: &Context, job: &EncodeJob) -> Result<EncodeRun> {
     )?;
     let memory = ctx.pool().stats();
     let values = run.out.f32_from_bytes(&run.bytes[0])?;
-    let report = TilingReport {
-        mode: "untiled".into(),
-        tiles: 1,
-        steps: 1,
-        ..Default::default()
-    };
+    let report = untiled_report();
     let out = HostTensor::new(run.out.shape().to_vec(), values)?;
     Ok((out, memory, report, run.f16_overflows))
 }
@@ -248,7 +245,7 @@ fn encode_fast(
     job: &EncodeJob,
     px: usize,
     overlap: usize,
-    opts: &EncodeOptions,
+    progress: Option<&Progress>,
 ) -> Result<EncodeRun> {
     let (enc, x) = (job.enc, job.x);
     let scale = enc.downscale();
@@ -263,7 +260,7 @@ fn encode_fast(
     };
     ctx.pool().reset_peak_stats();
     let mut overflows = 0;
-    let image = run_fast(x, &grid, opts.progress.as_ref(), |xt| {
+    let image = run_fast(x, &grid, progress, |xt| {
         let replay = job.replay(ctx, xt)?;
         let run = run_untiled(
             ctx,
@@ -282,17 +279,7 @@ fn encode_fast(
         })
     })?;
     let memory = ctx.pool().stats();
-    let report = TilingReport {
-        mode: "fast".into(),
-        tile_size: Some(px),
-        overlap: Some(overlap),
-        tiles: image.tiles,
-        steps: image.tiles,
-        readback_bytes: image.readback,
-        syncs: image.tiles,
-        host_parked_peak_bytes: image.held_peak,
-        ..Default::default()
-    };
+    let report = image.report(px, overlap, image.held_peak);
     let out = HostTensor::new(vec![n, image.channels, lh, lw], image.data)?;
     Ok((out, memory, report, overflows))
 }

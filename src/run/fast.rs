@@ -5,7 +5,7 @@
 
 use crate::error::Result;
 use crate::io::HostTensor;
-use crate::tiling::{Progress, ProgressUpdate};
+use crate::tiling::{Progress, ProgressUpdate, TilingReport};
 
 /// A tile's output `[N, C, h, w]` on the host.
 pub(crate) struct FastTile {
@@ -43,6 +43,24 @@ pub(crate) struct FastOutput {
     pub readback: u64,
     /// Host bytes of tile outputs kept for blending (this row and the last).
     pub held_peak: u64,
+}
+
+impl FastOutput {
+    /// The report of a fast tiling of `px`-pixel tiles overlapping by
+    /// `overlap` that parked `host_parked` bytes on the host.
+    pub(crate) fn report(&self, px: usize, overlap: usize, host_parked: u64) -> TilingReport {
+        TilingReport {
+            mode: "fast".into(),
+            tile_size: Some(px),
+            overlap: Some(overlap),
+            tiles: self.tiles,
+            steps: self.tiles,
+            readback_bytes: self.readback,
+            syncs: self.tiles,
+            host_parked_peak_bytes: host_parked,
+            ..Default::default()
+        }
+    }
 }
 
 /// Runs every tile of input `x` `[N, C, H, W]` with `run` and blends the

@@ -127,6 +127,16 @@ pub(crate) fn run_exact<T>(
     })
 }
 
+/// The report of an untiled run.
+pub(crate) fn untiled_report() -> TilingReport {
+    TilingReport {
+        mode: "untiled".into(),
+        tiles: 1,
+        steps: 1,
+        ..Default::default()
+    }
+}
+
 /// Tiles of `px` pixels (the report's, or the whole image) covering `h × w`.
 pub(crate) fn tiles_of(report: &TilingReport, h: usize, w: usize) -> usize {
     let px = report.tile_size.unwrap_or(h.max(w)).max(1);
