@@ -38,13 +38,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use crate::decode::{dry_peak_of, ensure_recorded_plan, is_limit_error, plan_key};
 use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
-use crate::memory::PlannedPool;
 use crate::models::{layers::dims4, Taps, Vae};
+use crate::run::strategy::{is_limit_error, null_peak_of};
+use crate::run::Replay;
 use crate::tensor::{DType, Tensor};
 use crate::tiling::default_max_memory;
 
@@ -218,7 +218,7 @@ pub fn frames_shape(latents: &HostTensor, channels: usize) -> Result<[usize; 4]>
 }
 
 /// Records one chunk: latents `[B, C, h, w]` (uploaded inside the command
-/// stream; `None`, in dry runs, only allocates them) → decoder → RGBA8
+/// stream; `None`, when tracing or fitting, only allocates them) → decoder → RGBA8
 /// `[B, H, W]`. Allocates in the order of [`crate::decode::record_decode`],
 /// so the two share memory plans.
 fn record_chunk(
@@ -255,7 +255,7 @@ pub const MIN_CHUNKS: usize = 4;
 /// chunks to overlap) whose batched decode stays within the device's binding,
 /// buffer and dispatch limits and, with the pool's current allocations and
 /// the staging buffers, within `max_memory` (default
-/// [`default_max_memory`]). Predicted by dry runs of the chunk's decode
+/// [`default_max_memory`]). Predicted by null-device runs of the chunk's decode
 /// (binary search over `B`), nothing runs. An error when not even one frame
 /// fits: decode such frames one by one with tiling ([`crate::decode()`]).
 pub fn choose_chunk(
@@ -275,8 +275,8 @@ pub fn choose_chunk(
     // `None` when `b` frames fit, else why not.
     let misfit = |b: usize| -> Result<Option<Error>> {
         let staging = staging_slots(n, b) as u64 * (b as u64 * frame_bytes + 4);
-        let run = dry_peak_of(ctx, |dry| {
-            let mut rec = Recorder::new(dry);
+        let run = null_peak_of(ctx, |null| {
+            let mut rec = Recorder::new(null);
             record_chunk(&mut rec, vae, [b, c, h, w], None).map(|_| ())
         });
         match run {
@@ -437,7 +437,7 @@ impl Delivery {
 ///
 /// Untiled only: a frame that does not decode untiled on the device is an
 /// error (decode it with [`crate::decode()`], which tiles). An error from
-/// `on_frame` stops the decode and is returned. Not available in dry runs
+/// `on_frame` stops the decode and is returned. Not available on a null device
 /// (predict a chunk's memory with [`crate::decode::estimate_decode`] at
 /// `[B, C, h, w]`).
 pub fn decode_frames(
@@ -473,11 +473,6 @@ fn run_frames(
     mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
 ) -> Result<FramesReport> {
     let start = Instant::now();
-    if ctx.is_dry_run() {
-        return Err(Error::Unsupported(
-            "decode_frames in a dry run; estimate a chunk's memory with estimate_decode at [B, C, h, w]".into(),
-        ));
-    }
     let shape = frames_shape(latents, vae.latent_channels())?;
     let [n, c, h, w] = shape;
     let chunk = match opts.chunk {
@@ -505,20 +500,10 @@ fn run_frames(
             limit: max_buffer,
         });
     }
-    let staging = ctx.scoped("allocating frame readback buffers", || {
-        Ok((0..staging_slots(n, chunk))
-            .map(|_| {
-                ctx.device().create_buffer(&wgpu::BufferDescriptor {
-                    label: Some("wgvae frame readback"),
-                    size: staging_size,
-                    usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
-                    mapped_at_creation: false,
-                })
-            })
-            .collect::<Vec<_>>())
-    })?;
+    let staging = (0..staging_slots(n, chunk))
+        .map(|_| ctx.readback_buffer("wgvae frame readback", staging_size))
+        .collect::<Result<Vec<_>>>()?;
 
-    let planned = ctx.pool().as_any().downcast_ref::<PlannedPool>();
     let (scale, shift) = vae.latent_scaling();
     let unscale = !opts.raw_latents && (scale != 1.0 || shift != 0.0);
     let mut unscaled = Vec::new();
@@ -561,12 +546,8 @@ fn run_frames(
             unscaled.extend(data.iter().map(|v| *v / scale + shift));
             data = &unscaled;
         }
-        let plan = match planned {
-            Some(p) => ensure_recorded_plan(ctx, p, plan_key(vae, &chunk_shape), |rec| {
-                record_chunk(rec, vae, chunk_shape, None)
-            })?,
-            None => None,
-        };
+        let key = || crate::decode::plan_key(vae, &chunk_shape);
+        let replay = Replay::recorded(ctx, key, |rec| record_chunk(rec, vae, chunk_shape, None))?;
         let mut encoder = ctx
             .device()
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
@@ -576,13 +557,8 @@ fn run_frames(
         if profile {
             rec.enable_profiling();
         }
-        if let (Some(p), Some(key)) = (planned, &plan) {
-            p.begin_replay(key)?;
-        }
         let recorded = record_chunk(&mut rec, vae, chunk_shape, Some(data));
-        if let Some(p) = planned {
-            p.end_replay();
-        }
+        drop(replay);
         let pixels = recorded?;
         let range_flag = rec.range_flag().cloned();
         if pixels.shape() != [count, height, width] {

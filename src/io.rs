@@ -321,6 +321,36 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
     .map_err(|e| bad(path, format!("could not write PNG: {e}")))
 }
 
+/// Reads an image as [1, 3, H, W] pixel values 0–255 (alpha dropped).
+/// Sizes must be multiples of 8, or `pad` extends the right and bottom
+/// edges by replication to the next multiple.
+pub fn load_image(path: &Path, pad: bool) -> Result<HostTensor> {
+    let img = image::open(path)
+        .map_err(|e| Error::BadFile {
+            path: path.to_path_buf(),
+            message: format!("not a readable image: {e}"),
+        })?
+        .to_rgb8();
+    let (w, h) = (img.width() as usize, img.height() as usize);
+    let (pw, ph) = (w.div_ceil(8) * 8, h.div_ceil(8) * 8);
+    if (pw, ph) != (w, h) && !pad {
+        return Err(Error::BadFile {
+            path: path.to_path_buf(),
+            message: format!("{w}×{h} is not a multiple of 8 in each dimension; crop it, or pass --pad to extend the edges to {pw}×{ph}"),
+        });
+    }
+    let mut data = vec![0.0f32; 3 * ph * pw];
+    for c in 0..3 {
+        for y in 0..ph {
+            for x in 0..pw {
+                let p = img.get_pixel(x.min(w - 1) as u32, y.min(h - 1) as u32);
+                data[(c * ph + y) * pw + x] = p[c] as f32;
+            }
+        }
+    }
+    HostTensor::new(vec![1, 3, ph, pw], data)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

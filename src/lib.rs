@@ -73,6 +73,7 @@ pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod models;
+pub(crate) mod run;
 pub mod seeded;
 pub mod tensor;
 pub mod testing;

@@ -161,7 +161,7 @@ struct Inner {
     pool: Arc<dyn MemoryPool>,
     /// Nothing runs and no device memory is allocated: allocations are only
     /// replayed through the pool (memory estimation).
-    dry_run: bool,
+    null: bool,
     /// wgpu errors that reached no error scope (see [`Context::from_device`]).
     uncaptured: UncapturedErrors,
     /// Something the user should see about the adapter choice (CPU fallback).
@@ -370,7 +370,7 @@ impl Context {
                 queue,
                 caps,
                 pool,
-                dry_run: false,
+                null: false,
                 uncaptured,
                 notice: None,
             }),
@@ -399,7 +399,7 @@ impl Context {
                 caps: self.inner.caps.clone(),
                 pipelines: self.inner.pipelines.clone(),
                 pool,
-                dry_run: self.inner.dry_run,
+                null: self.inner.null,
                 uncaptured: self.inner.uncaptured.clone(),
                 notice: self.inner.notice.clone(),
             }),
@@ -418,18 +418,20 @@ impl Context {
                 caps,
                 pipelines: self.inner.pipelines.clone(),
                 pool: self.inner.pool.clone(),
-                dry_run: self.inner.dry_run,
+                null: self.inner.null,
                 uncaptured: self.inner.uncaptured.clone(),
                 notice: self.inner.notice.clone(),
             }),
         }
     }
 
-    /// A dry-run context: the limits of `caps`, a pool, and no GPU work at
-    /// all. Models load (weights are accounted, not uploaded) and forward
-    /// passes record nothing, so the pool sees exactly the allocation sequence
-    /// of a real run. This is how memory is predicted.
-    pub fn dry_run(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
+    /// A context on a null device: the limits of `caps`, a pool, and no GPU
+    /// work at all. Models load (weights are accounted, not uploaded),
+    /// forward passes record nothing and read-backs return zeros, so the
+    /// pool sees exactly the allocation sequence of a real run. This is how
+    /// memory is predicted (a "dry run"); nothing above the device and pool
+    /// layers needs to know.
+    pub fn null(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
         let (device, queue) = wgpu::Device::noop(&wgpu::DeviceDescriptor::default());
         Context {
             inner: Arc::new(Inner {
@@ -438,21 +440,63 @@ impl Context {
                 caps,
                 pipelines: PipelineCache::new(),
                 pool,
-                dry_run: true,
+                null: true,
                 uncaptured: Default::default(),
                 notice: None,
             }),
         }
     }
 
-    /// True for dry-run contexts (memory estimation: nothing runs).
+    /// [`Context::null`] under its older name.
+    pub fn dry_run(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
+        Self::null(caps, pool)
+    }
+
+    /// True on a null device ([`Context::null`]): for the device and pool
+    /// layers (and executors not yet free of it); front ends never ask.
+    pub fn is_null(&self) -> bool {
+        self.inner.null
+    }
+
+    /// [`Context::is_null`] under its older name.
     pub fn is_dry_run(&self) -> bool {
-        self.inner.dry_run
+        self.is_null()
+    }
+
+    /// Host memory available for parked tiles: `MemAvailable` of
+    /// /proc/meminfo on a real device (`None` where unreadable), unlimited
+    /// (`None`) on a null device, whose host buffers are never filled.
+    pub fn host_memory_available(&self) -> Option<u64> {
+        if self.inner.null {
+            return None;
+        }
+        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+        Some(kib * 1024)
+    }
+
+    /// A `MAP_READ | COPY_DST` buffer of `size` bytes outside the pool, for
+    /// read-backs the caller maps itself (a null device has none to map).
+    pub fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+        if self.inner.null {
+            return Err(Error::Unsupported(format!(
+                "{label}: mapping device memory in a dry run (a null device runs nothing; estimate memory with estimate_decode)"
+            )));
+        }
+        self.scoped("allocating a readback buffer", || {
+            Ok(self.device().create_buffer(&wgpu::BufferDescriptor {
+                label: Some(label),
+                size,
+                usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::COPY_DST,
+                mapped_at_creation: false,
+            }))
+        })
     }
 
     /// Where the pool gets device buffers from.
     pub fn backing(&self) -> Backing<'_> {
-        if self.inner.dry_run {
+        if self.inner.null {
             Backing::Virtual {
                 max_buffer_size: self.inner.caps.max_buffer_size,
             }
@@ -588,6 +632,9 @@ impl Context {
 
     /// Blocks until all submitted work is done.
     pub fn wait_idle(&self) -> Result<()> {
+        if self.inner.null {
+            return Ok(());
+        }
         self.inner
             .device
             .poll(wgpu::PollType::wait_indefinitely())

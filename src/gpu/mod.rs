@@ -6,6 +6,7 @@ mod context;
 mod pipeline;
 mod profiler;
 mod recorder;
+pub(crate) mod requirements;
 pub mod storage;
 
 pub use context::{

@@ -137,7 +137,7 @@ impl SubmitStats {
 impl Profiler {
     /// `None` when the device cannot write timestamps inside passes.
     pub fn new(ctx: &Context) -> Option<Profiler> {
-        (ctx.caps().timestamp_inside_passes && !ctx.is_dry_run()).then(|| Profiler {
+        (ctx.caps().timestamp_inside_passes && !ctx.is_null()).then(|| Profiler {
             sets: Vec::new(),
             used: 0,
             resolve: None,

@@ -6,6 +6,7 @@ pub mod encoder;
 pub(crate) mod graph;
 pub mod layers;
 pub mod tae;
+pub mod vae_encoder;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -285,11 +286,7 @@ impl Vae {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts);
-            let store = if ctx.is_dry_run() {
-                WeightStore::zeros()
-            } else {
-                WeightStore::random(opts.seed)
-            };
+            let store = preset_weights(ctx, opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
@@ -460,5 +457,16 @@ impl Vae {
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
         crate::exec::untiled::run(self.graph(), rec, z, taps)
+    }
+}
+
+/// Random weights of a preset seeded with `seed`; zeros on a null device,
+/// where only their sizes matter (and generating them would cost time and
+/// host memory).
+pub(crate) fn preset_weights(ctx: &Context, seed: u64) -> WeightStore {
+    if ctx.is_null() {
+        WeightStore::zeros()
+    } else {
+        WeightStore::random(seed)
     }
 }

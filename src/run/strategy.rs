@@ -1,0 +1,419 @@
+//! How a run is executed (untiled, exact tiles, fast tiles) and the budget
+//! fitting that chooses it: every candidate is run on a null device whose
+//! pool predicts the real one.
+
+use std::sync::Arc;
+
+use crate::error::{Error, Result};
+use crate::gpu::{Context, Recorder};
+use crate::io::HostTensor;
+use crate::memory::{round_up, AllocationTrace, MemoryPool, Policy, TracingPool};
+use crate::tiling::{ExactPlan, TileMode, Tiling, TilingReport, FAST_DEFAULT_TILE};
+
+/// How one run executes.
+pub(crate) enum Strategy {
+    Untiled,
+    Exact(ExactPlan),
+    Fast { px: usize, overlap: usize },
+}
+
+/// The shape of a job (a decode or an encode) as strategy choice sees it.
+pub(crate) struct Geometry<'a> {
+    /// "decode" or "encode", for messages.
+    verb: &'static str,
+    /// Completes "no tile size … within the memory budget".
+    what: &'static str,
+    /// The whole input `[N, C, H, W]`.
+    input: &'a HostTensor,
+    /// Resolution levels of the model.
+    levels: usize,
+    /// Tile sizes and overlaps are multiples of this many pixels.
+    scale: usize,
+    /// Tile pixels per input pixel (decode: the upscale; encode: 1).
+    divisor: usize,
+}
+
+impl<'a> Geometry<'a> {
+    /// A decode of latents `z` by a model of `levels` levels, `up` pixels per latent pixel.
+    pub(crate) fn decode(z: &'a HostTensor, levels: usize, up: usize) -> Self {
+        let what = "decodes these latents";
+        Geometry {
+            verb: "decode",
+            what,
+            input: z,
+            levels,
+            scale: up,
+            divisor: up,
+        }
+    }
+
+    /// An encode of image `x` by a model of `levels` levels, `down` pixels per latent pixel.
+    pub(crate) fn encode(x: &'a HostTensor, levels: usize, down: usize) -> Self {
+        let what = "encodes this image";
+        Geometry {
+            verb: "encode",
+            what,
+            input: x,
+            levels,
+            scale: down,
+            divisor: 1,
+        }
+    }
+
+    /// The pyramid of an exact tiled run over the input.
+    fn pyramid(&self) -> Result<Pyramid> {
+        let (scale, div) = (self.scale, self.divisor);
+        let (h, w) = (self.input.shape[2], self.input.shape[3]);
+        if (h * div) % scale != 0 || (w * div) % scale != 0 {
+            return Err(Error::InvalidInput(format!(
+                "a tiled {} needs image sides that are multiples of {scale}, got {h}×{w}",
+                self.verb
+            )));
+        }
+        Ok(Pyramid {
+            levels: self.levels,
+            scale,
+            small: (h * div / scale, w * div / scale),
+        })
+    }
+}
+
+/// The resolution pyramid of a tiled run: level 0 (the latent) is `small`
+/// `(h, w)`, each further level twice as large; tile sizes count pixels of
+/// the largest level, `scale` = 2^(levels − 1) of them per latent pixel.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Pyramid {
+    pub levels: usize,
+    pub scale: usize,
+    pub small: (usize, usize),
+}
+
+/// One untiled pass over an input (the whole one or a tile of it).
+pub(crate) type UntiledRun<'a> = dyn Fn(&mut Recorder, &HostTensor) -> Result<()> + 'a;
+
+/// The strategy `tiling` asks for a job of `geometry` whose untiled passes
+/// `record` records and whose exact tiled runs `exact` runs, and the memory
+/// budget it was chosen for.
+pub(crate) fn choose(
+    ctx: &Context,
+    geometry: &Geometry,
+    tiling: &Tiling,
+    record: &UntiledRun,
+    exact: &TiledRun,
+) -> Result<(Strategy, u64)> {
+    let budget = tiling.budget(ctx.caps());
+    let base = ctx.pool().stats().allocated_bytes.current;
+    let untiled_fits = |x: &HostTensor| {
+        fits_budget(ctx, budget, base, |null| {
+            let mut rec = Recorder::new(null);
+            record(&mut rec, x)
+        })
+    };
+    let strategy = match tiling.mode {
+        TileMode::Off => Strategy::Untiled,
+        TileMode::Fast => choose_fast(geometry, tiling, budget, untiled_fits)?,
+        TileMode::Auto if untiled_fits(geometry.input)? => Strategy::Untiled,
+        TileMode::Auto | TileMode::Exact => {
+            let pyramid = geometry.pyramid()?;
+            Strategy::Exact(choose_exact(
+                ctx,
+                pyramid,
+                tiling,
+                budget,
+                base,
+                geometry.what,
+                exact,
+            )?)
+        }
+    };
+    Ok((strategy, budget))
+}
+
+/// The largest fast tile (the given one, or halving the default) whose
+/// untiled run fits the budget.
+fn choose_fast(
+    geometry: &Geometry,
+    tiling: &Tiling,
+    budget: u64,
+    fits: impl Fn(&HostTensor) -> Result<bool>,
+) -> Result<Strategy> {
+    let (scale, div, x) = (geometry.scale, geometry.divisor, geometry.input);
+    let mut px = round_to(tiling.tile_size.unwrap_or(FAST_DEFAULT_TILE), scale);
+    loop {
+        let overlap = tiling.overlap.unwrap_or(px / 4 / scale * scale);
+        if !overlap.is_multiple_of(scale) || overlap >= px {
+            return Err(Error::InvalidInput(format!(
+                "--tile-overlap {overlap}: must be a multiple of {scale} below the tile size {px}"
+            )));
+        }
+        // The largest tile must run within the budget.
+        let [n, c] = [x.shape[0], x.shape[1]];
+        let (h, w) = ((px / div).min(x.shape[2]), (px / div).min(x.shape[3]));
+        let probe = HostTensor {
+            shape: vec![n, c, h, w],
+            data: vec![0.0; n * c * h * w],
+        };
+        if fits(&probe)? {
+            return Ok(Strategy::Fast { px, overlap });
+        }
+        if tiling.tile_size.is_some() || px <= 8 * scale {
+            return Err(Error::InvalidInput(format!(
+                "a {px}-pixel fast tile does not {} within the memory budget of {budget} bytes; lower --tile-size or raise --max-memory",
+                geometry.verb
+            )));
+        }
+        px = round_to(px / 2, scale);
+    }
+}
+
+/// `px` rounded up to a positive multiple of `m`.
+pub(crate) fn round_to(px: usize, m: usize) -> usize {
+    px.max(1).div_ceil(m) * m
+}
+
+/// Errors that mean "too large for this device", which tiling can avoid.
+pub(crate) fn is_limit_error(e: &Error) -> bool {
+    matches!(
+        e,
+        Error::BindingTooLarge { .. }
+            | Error::BufferTooLarge { .. }
+            | Error::DispatchTooLarge { .. }
+    )
+}
+
+/// Peak of live bytes of a trace with every size rounded up to `align`
+/// (what a planned pool's replay counts as allocated).
+fn traced_peak(trace: &AllocationTrace, align: u64) -> u64 {
+    let mut events: Vec<(usize, i64)> = Vec::with_capacity(2 * trace.entries.len());
+    for e in &trace.entries {
+        let size = round_up(e.bytes.max(4), align) as i64;
+        events.push((e.start, size));
+        if e.end != usize::MAX {
+            events.push((e.end, -size));
+        }
+    }
+    events.sort_unstable();
+    let (mut live, mut peak) = (0i64, 0i64);
+    for (_, d) in events {
+        live += d;
+        peak = peak.max(live);
+    }
+    peak as u64
+}
+
+/// Peak allocated bytes of `run` on a null device that predicts `ctx`'s
+/// pool: a fresh pool of the same policy; for planned pools, the traced peak
+/// with sizes rounded as a replay rounds them (an upper bound when the run
+/// is too long to plan).
+pub(crate) fn null_peak_of<T>(
+    ctx: &Context,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<(u64, T)> {
+    if ctx.pool().policy_name() == Policy::Planned.name() {
+        let tracer = Arc::new(TracingPool::new());
+        let null = Context::null(ctx.caps().clone(), tracer.clone());
+        let out = run(&null)?;
+        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
+        Ok((traced_peak(&tracer.trace(), align), out))
+    } else {
+        let null = Context::null(ctx.caps().clone(), same_policy_pool(ctx));
+        let out = run(&null)?;
+        Ok((null.pool().stats().allocated_bytes.peak, out))
+    }
+}
+
+/// A fresh pool of the context's policy, for null devices that predict it.
+fn same_policy_pool(ctx: &Context) -> Arc<dyn MemoryPool> {
+    ctx.pool()
+        .policy_name()
+        .parse::<Policy>()
+        .unwrap_or(Policy::Exact)
+        .new_pool()
+}
+
+/// True when `run` (one untiled pass, run on a null device) stays within
+/// the device limits and `budget` on top of `base` bytes already allocated.
+pub(crate) fn fits_budget(
+    ctx: &Context,
+    budget: u64,
+    base: u64,
+    run: impl FnOnce(&Context) -> Result<()>,
+) -> Result<bool> {
+    match null_peak_of(ctx, run) {
+        Ok((peak, ())) => Ok(base + peak <= budget),
+        Err(e) if is_limit_error(&e) => Ok(false),
+        Err(e) => Err(e),
+    }
+}
+
+/// Tile sizes (output pixels) tried when none is given, largest first.
+const TILE_CANDIDATES: [usize; 16] = [
+    4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 16,
+];
+
+/// One exact tiled run (decode or encode) of a plan in the given context,
+/// returning its report; [`choose_exact`] calls it on null devices.
+pub(crate) type TiledRun<'a> = dyn Fn(&Context, &ExactPlan) -> Result<TilingReport> + 'a;
+
+/// The exact plan with the largest tile that fits `budget` (or the given
+/// tile), found with null-device runs of `run`; `what` completes the error
+/// message ("no tile size {what} within the memory budget").
+pub(crate) fn choose_exact(
+    ctx: &Context,
+    pyramid: Pyramid,
+    tiling: &Tiling,
+    budget: u64,
+    base: u64,
+    what: &str,
+    run: &TiledRun,
+) -> Result<ExactPlan> {
+    let avail = budget.checked_sub(base).ok_or_else(|| {
+        Error::InvalidInput(format!(
+            "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (--max-memory)"
+        ))
+    })?;
+    let up = pyramid.scale;
+    let levels = pyramid.levels;
+    let top = levels - 1;
+    let (h, w) = pyramid.small;
+    let longest = round_to(h.max(w) * up, up);
+    let candidates: Vec<usize> = match tiling.tile_size {
+        Some(px) => vec![round_to(px, up)],
+        None => std::iter::once(longest)
+            .chain(
+                TILE_CANDIDATES
+                    .into_iter()
+                    .filter(|&p| p < longest && p >= up),
+            )
+            .collect(),
+    };
+    // Fewest host transfers first (each byte parked on the host crosses the
+    // bus twice), then fewer tile steps: a tile step costs about as much
+    // as moving STEP_COST bytes. Stops at the first plan that parks nothing
+    // on the host, or when smaller tiles stop helping.
+    const STEP_COST: u64 = 1 << 20;
+    const MAX_TILES: usize = 4096;
+    let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
+    let mut best: Option<(u64, ExactPlan, u64)> = None;
+    let mut worse = 0;
+    let mut last_limit = None;
+    let (out_h, out_w) = (h * up, w * up);
+    for px in candidates {
+        if best.is_some() && out_h.div_ceil(px) * out_w.div_ceil(px) > MAX_TILES {
+            break;
+        }
+        let tiled: Vec<Option<usize>> = (0..levels)
+            .map(|l| {
+                let t = (px >> (top - l)).max(1);
+                (t < h << l || t < w << l).then_some(t)
+            })
+            .collect();
+        let mut mids = Vec::new();
+        if !tiling.tile_mid_block {
+            mids.push(None);
+        }
+        if tiled[0].is_some() || mids.is_empty() {
+            mids.push(tiled[0]);
+        }
+        for mid in mids {
+            let mut lv = tiled.clone();
+            lv[0] = mid;
+            let plan = ExactPlan {
+                px,
+                levels: lv,
+                latent: (h, w),
+                device_cap: 0,
+                attention_state_budget: avail / 4,
+                total_steps: 0,
+                staging_limit: staging_limit(avail),
+            };
+            match fit_plan(ctx, plan, avail, run) {
+                Ok(Some((plan, report))) => {
+                    if report.host_parked_peak_bytes == 0 {
+                        return Ok(plan);
+                    }
+                    let s = score(&report);
+                    if best.as_ref().is_none_or(|(b, _, _)| s < *b) {
+                        best = Some((s, plan, report.host_parked_peak_bytes));
+                        worse = 0;
+                    } else {
+                        worse += 1;
+                    }
+                    break;
+                }
+                Ok(None) => {}
+                Err(e) if is_limit_error(&e) => last_limit = Some(e),
+                Err(e) => return Err(e),
+            }
+        }
+        if worse >= 2 {
+            break;
+        }
+    }
+    if let Some((_, plan, host)) = best {
+        let host_limit = tiling
+            .max_host_memory
+            .or_else(|| ctx.host_memory_available());
+        if let Some(limit) = host_limit.filter(|&l| host > l) {
+            return Err(Error::InvalidInput(format!(
+                "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise --max-memory (fewer tiles parked on the host) or decode a smaller image",
+                host as f64 / 1048576.0,
+                limit as f64 / 1048576.0,
+                if tiling.max_host_memory.is_some() {
+                    "--max-host-memory"
+                } else {
+                    "MemAvailable in /proc/meminfo"
+                }
+            )));
+        }
+        return Ok(plan);
+    }
+    Err(match last_limit {
+        Some(e) if tiling.tile_size.is_some() => e,
+        _ => Error::InvalidInput(format!(
+            "no tile size {what} within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise --max-memory{}",
+            budget as f64 / 1048576.0,
+            base as f64 / 1048576.0,
+            if tiling.tile_size.is_some() { " or lower --tile-size" } else { "" }
+        )),
+    })
+}
+
+/// Staging (upload and read-back buffers) a tiled run may hold: an eighth
+/// of the budget left after the weights, at most [`crate::tiling::STAGING_LIMIT`],
+/// at least 64 KiB. [`fit_plan`] counts its measured peak against the budget.
+pub(crate) fn staging_limit(avail: u64) -> u64 {
+    (avail / 8).clamp(64 << 10, crate::tiling::STAGING_LIMIT)
+}
+
+/// Fits `plan` into `avail` bytes: the working set is the pool peak with
+/// every tile parked on the host plus the staging peak; parked device bytes
+/// get what remains, checked (and if need be lowered) with a second
+/// null-device run. Returns the plan and the report of its run.
+fn fit_plan(
+    ctx: &Context,
+    mut plan: ExactPlan,
+    avail: u64,
+    run: &TiledRun,
+) -> Result<Option<(ExactPlan, TilingReport)>> {
+    // Pool peak and staging peak (device memory outside the pool) together.
+    let null_peak = |plan: &ExactPlan| {
+        null_peak_of(ctx, |null| run(null, plan)).map(|(peak, r)| (peak + r.staging_peak_bytes, r))
+    };
+    plan.device_cap = 0;
+    let (working, report) = null_peak(&plan)?;
+    if working > avail {
+        return Ok(None);
+    }
+    plan.total_steps = report.steps;
+    let mut cap = avail - working;
+    for _ in 0..4 {
+        plan.device_cap = cap;
+        let (peak, report) = null_peak(&plan)?;
+        if peak <= avail {
+            return Ok(Some((plan, report)));
+        }
+        cap = cap.saturating_sub(peak - avail);
+    }
+    Ok(None)
+}
