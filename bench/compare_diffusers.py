@@ -34,6 +34,7 @@ def main():
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16", "bfloat16"])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--wgvae", default=os.path.join(os.path.dirname(__file__), "..", "target", "release", "wgvae"))
+    ap.add_argument("--json", help="also write both medians and the ratio to this JSON file (bench/gpu/run.sh)")
     args = ap.parse_args()
 
     import numpy as np
@@ -102,6 +103,13 @@ def main():
           f"({meta.get('backend')}): {wgvae_ms:.1f} ms (median of {row['runs']} after 1 warm-up; "
           f"upload + decode + RGBA8 readback)")
     print(f"ratio wgvae / diffusers: {wgvae_ms / torch_ms:.2f}")
+    if args.json:
+        import json
+        with open(args.json, "w") as f:
+            json.dump(dict(preset=args.preset, size=args.size, dtype=args.dtype, device=args.device,
+                           diffusers_ms=torch_ms, wgvae_ms=wgvae_ms, ratio=wgvae_ms / torch_ms,
+                           adapter=meta.get("adapter"), backend=meta.get("backend"),
+                           tiling=row["tiling"]), f)
 
 
 if __name__ == "__main__":

@@ -64,14 +64,41 @@ pub fn assert_close(got: &[f32], want: &[f32], atol: f32, rtol: f32, what: &str)
     }
 }
 
-/// `../shared` beside the project root, or `None` (tests then skip, saying so).
+/// The project root: `$WGVAE_PROJECT_DIR`, else where the tests were
+/// compiled. Prebuilt test executables run on another machine
+/// (`bench/gpu/run.sh --bin`) set it to the copied project.
+pub fn project_dir() -> std::path::PathBuf {
+    match std::env::var_os("WGVAE_PROJECT_DIR") {
+        Some(d) if !d.is_empty() => d.into(),
+        _ => env!("CARGO_MANIFEST_DIR").into(),
+    }
+}
+
+/// The shared test data: `$WGVAE_SHARED_DIR`, else `../shared` beside the
+/// project root ([`project_dir`]), else `../shared` from the working
+/// directory; `None` (tests then skip, saying so) without any.
 pub fn shared_dir() -> Option<std::path::PathBuf> {
-    let p = std::path::Path::new(env!("CARGO_MANIFEST_DIR")).join("../shared");
-    if p.join("README.md").exists() {
-        Some(p)
-    } else {
-        eprintln!("SKIPPED: ../shared (golden data and weights) is not beside the project root");
-        None
+    let mut candidates = Vec::new();
+    if let Some(d) = std::env::var_os("WGVAE_SHARED_DIR").filter(|d| !d.is_empty()) {
+        candidates.push(std::path::PathBuf::from(d));
+    }
+    candidates.push(project_dir().join("../shared"));
+    candidates.push("../shared".into());
+    let found = candidates
+        .into_iter()
+        .find(|p| p.join("README.md").exists());
+    if found.is_none() {
+        eprintln!("SKIPPED: ../shared (golden data and weights) is not beside the project root (or set WGVAE_SHARED_DIR)");
+    }
+    found
+}
+
+/// The `wgvae` executable integration tests run: `$WGVAE_BIN`, else `built`
+/// (pass `env!("CARGO_BIN_EXE_wgvae")`, the one cargo built beside the tests).
+pub fn wgvae_exe(built: &str) -> std::path::PathBuf {
+    match std::env::var_os("WGVAE_BIN") {
+        Some(p) if !p.is_empty() => p.into(),
+        _ => built.into(),
     }
 }
 

@@ -731,14 +731,15 @@ fn vae_4096_whole_decode_plans_without_an_n2_buffer() {
 #[test]
 fn bench_attention_cli() {
     let run = |args: &[&str]| {
-        let out = std::process::Command::new(env!("CARGO_BIN_EXE_wgvae"))
-            .args(args)
-            .env(
-                "WGPU_BACKEND",
-                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
-            )
-            .output()
-            .expect("run wgvae");
+        let out =
+            std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+                .args(args)
+                .env(
+                    "WGPU_BACKEND",
+                    std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+                )
+                .output()
+                .expect("run wgvae");
         let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
         assert!(out.status.success(), "{args:?}: {stderr}");
         String::from_utf8_lossy(&out.stdout).into_owned()

@@ -7,7 +7,7 @@ use std::process::Command;
 use wgvae::testing::shared_dir;
 
 fn wgvae(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
         .args(args)
         .env(
             "WGPU_BACKEND",
@@ -117,7 +117,7 @@ fn pipeline_cache_is_persisted_on_vulkan() {
     let latents = tmp("cache.npy");
     wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.1; 128]).unwrap();
     let vae = shared.join("weights/taef2/decoder.safetensors");
-    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
         .args([
             "decode",
             latents.to_str().unwrap(),

@@ -143,7 +143,7 @@ fn host_texture_decode_equals_cli_png_taef2_astronaut() {
     let cli_png = tmp("astronaut_cli.png");
     let host_png = tmp("astronaut_host.png");
     // The CLI runs in its own process meanwhile.
-    let cli = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+    let cli = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
         .args([
             "decode",
             latents.to_str().unwrap(),

@@ -321,7 +321,7 @@ fn tmp(name: &str) -> PathBuf {
 }
 
 fn wgvae_cli(args: &[&str]) -> (bool, String, String) {
-    let out = Command::new(env!("CARGO_BIN_EXE_wgvae"))
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
         .args(args)
         .env(
             "WGPU_BACKEND",

@@ -314,7 +314,7 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
     let image = dir.join("encode_input.png");
     let out = std::env::temp_dir().join(format!("wgvae-tiled-enc-{}.npy", std::process::id()));
     let wgvae = |args: &[&str]| {
-        let o = std::process::Command::new(env!("CARGO_BIN_EXE_wgvae"))
+        let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
             .args(args)
             .env(
                 "WGPU_BACKEND",
