@@ -552,7 +552,7 @@ mod tests {
     #[test]
     fn committed_report_csv_covers_every_pytorch_row() {
         let Some(py) = pytorch() else { return };
-        let path = crate::testing::project_dir().join("assets/reports/memory/memory.csv");
+        let path = wgvae::testing::project_dir().join("assets/reports/memory/memory.csv");
         let text = std::fs::read_to_string(&path).unwrap();
         let mut lines = text.lines();
         let header: Vec<&str> = lines.next().unwrap().split(',').collect();
