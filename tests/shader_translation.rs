@@ -207,7 +207,7 @@ fn translate(spec: &KernelSpec, key: &PipelineKey, errors: &mut Vec<String>) -> 
         variants: 1,
         ..Default::default()
     };
-    let src = match preprocess(spec.source, key) {
+    let src = match preprocess(&spec.source, key) {
         Ok(s) => s,
         Err(e) => {
             errors.push(format!("{name}: preprocess: {e}"));
