@@ -65,6 +65,9 @@ struct EncodeJob<'a> {
     x: &'a HostTensor,
 }
 
+/// An exact tiled encode's output shape and host bytes as f32.
+type ExactLatents = ([usize; 4], Option<Vec<u8>>);
+
 impl EncodeJob<'_> {
     /// An exact tiled encode: the output's shape and host bytes as f32
     /// (`None` when the executor gathered nothing).
@@ -73,7 +76,7 @@ impl EncodeJob<'_> {
         ctx: &Context,
         plan: ExactPlan,
         progress: Option<Progress>,
-    ) -> Result<ExactRun<([usize; 4], Option<Vec<u8>>)>> {
+    ) -> Result<ExactRun<ExactLatents>> {
         let enc = self.enc;
         run_exact(
             ctx,
