@@ -217,7 +217,7 @@ stage_tests() {
   [ -d "$bin/tests" ] && [ -n "$(ls "$bin/tests")" ] || { say_note tests "no test executables in $bin/tests"; return 1; }
   local exes=()
   if [ "${#quick_tests[@]}" -gt 0 ]; then exes=("${quick_tests[@]}"); else mapfile -t exes < <(ls "$bin/tests"); fi
-  local all=$dir/all.log
+  local all=$dir/all.log name
   : >"$all"
   for name in "${exes[@]}"; do
     local exe=$bin/tests/$name t0 t1 r
