@@ -217,7 +217,7 @@ stage_tests() {
   [ -d "$bin/tests" ] && [ -n "$(ls "$bin/tests")" ] || { say_note tests "no test executables in $bin/tests"; return 1; }
   local exes=()
   if [ "${#quick_tests[@]}" -gt 0 ]; then exes=("${quick_tests[@]}"); else mapfile -t exes < <(ls "$bin/tests"); fi
-  local all=$dir/all.log
+  local all=$dir/all.log name
   : >"$all"
   for name in "${exes[@]}"; do
     local exe=$bin/tests/$name t0 t1 r
@@ -345,13 +345,14 @@ stage_memory() {
       [ "$model" = taef2 ] && vae=$taef2
       [ "$tile" = exact ] && args=(--tile exact --tile-size "$tile_px")
       local pred
-      pred=$("$wgvae" "${adapter_args[@]}" memory --vae "$vae" --size "${size}x$size" --dtype "$dtype" "${args[@]}" 2>>"$dir/memory.log")
+      pred=$("$wgvae" "${adapter_args[@]}" memory --vae "$vae" --size "${size}x$size" --dtype "$dtype" "${args[@]}" --json 2>>"$dir/memory.log")
       echo "$pred" >>"$dir/memory.log"
+      # Bytes to MiB with 2 decimals, as decode.csv has them.
       local pa pr
-      pa=$(echo "$pred" | sed -n 's/^peak allocated: *\([0-9.]*\) MiB.*/\1/p' | head -1)
-      pr=$(echo "$pred" | sed -n 's/^peak reserved: *\([0-9.]*\) MiB.*/\1/p' | head -1)
+      pa=$(echo "$pred" | grep -o '"peak_allocated_bytes":[0-9]*' | cut -d: -f2 | awk '{printf "%.2f", $1 / 1048576}')
+      pr=$(echo "$pred" | grep -o '"peak_reserved_bytes":[0-9]*' | cut -d: -f2 | awk '{printf "%.2f", $1 / 1048576}')
       local agree=no
-      if [ -n "$pa" ] && awk -v a="$pa" -v b="$alloc" -v c="$pr" -v d="$res" 'BEGIN{exit !((a-b)^2 < 0.01 && (c-d)^2 < 0.01)}'; then agree=yes; else mismatches=$((mismatches + 1)); fi
+      if [ -n "$pa" ] && awk -v a="$pa" -v b="$alloc" -v c="$pr" -v d="$res" 'BEGIN{exit !((a-b)^2 < 0.0001 && (c-d)^2 < 0.0001)}'; then agree=yes; else mismatches=$((mismatches + 1)); fi
       [ -n "$pa" ] || rc=1
       rows=$((rows + 1))
       echo "$model,$tile,$size,$dtype,\"$tiling\",$pa,$pr,$alloc,$res,$agree" >>"$csv"
