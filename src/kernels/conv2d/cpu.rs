@@ -3,7 +3,7 @@
 use super::{output_size, Conv2dOptions};
 use crate::kernels::Activation;
 
-/// Plain CPU reference with the semantics of [`conv2d`].
+/// Plain CPU reference with the semantics of [`conv2d`](super::conv2d).
 ///
 /// input `[N, Cin, H, W]` (`in_shape`), weight PyTorch `[Cout, Cin, k, k]`, bias `[Cout]`,
 /// prologue `([N, Cin, 2] scale/shift, activation)`, residual `[N, Cout, Ho, Wo]`.
