@@ -92,6 +92,12 @@ pub enum Error {
     #[error("unsupported: {0}")]
     Unsupported(String),
 
+    /// A broken internal invariant: a bug in wgvae, not in the input.
+    #[error(
+        "internal error (a bug in wgvae; please report it with the command that caused it): {0}"
+    )]
+    Internal(String),
+
     /// A WGSL shader failed to parse or validate (a bug in wgvae).
     #[error("shader `{name}` is invalid: {message}")]
     Shader {

@@ -70,6 +70,9 @@ pub(crate) mod exec;
 pub mod frames;
 pub mod gpu;
 pub mod io;
+/// Kernel wrappers, tile tables and CPU references: crate internals, public
+/// only for the crate's benches and integration tests.
+#[doc(hidden)]
 pub mod kernels;
 pub mod memory;
 pub mod models;

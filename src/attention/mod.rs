@@ -17,6 +17,7 @@
 //! ([`crate::kernels::attention::attention`]) on the same kernel.
 
 pub mod cache;
+#[doc(hidden)]
 pub mod cpu;
 pub mod mask;
 pub mod quant;

@@ -137,7 +137,7 @@ fn take(slots: &mut [Option<Tensor>], t: TensorId) -> Result<Tensor> {
 }
 
 fn missing(t: TensorId) -> Error {
-    Error::Unsupported(format!(
-        "model graph read {t:?} before it was computed or after it was freed (a wgvae bug)"
+    Error::Internal(format!(
+        "model graph read {t:?} before it was computed or after it was freed"
     ))
 }

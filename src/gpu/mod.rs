@@ -7,18 +7,23 @@ mod pipeline;
 mod profiler;
 mod recorder;
 pub(crate) mod requirements;
+#[doc(hidden)]
 pub mod storage;
 
+#[doc(hidden)]
+pub use context::rank_adapters;
 pub use context::{
-    default_cache_dir, optional_features, rank_adapters, AdapterChoice, AdapterSelection,
-    AdapterSummary, Capabilities, Context, ContextOptions,
+    default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary,
+    Capabilities, Context, ContextOptions,
 };
+#[doc(hidden)]
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};
 pub(crate) use profiler::SubmitStats;
 pub use profiler::{KernelTime, Profile, Profiler};
-pub use recorder::{
-    linear_groups, range_count, read_back, read_range_flag, Binding, DispatchLabel, Recorder,
-};
+#[doc(hidden)]
+pub use recorder::{linear_groups, range_count, read_range_flag, Binding, DispatchLabel};
+pub use recorder::{read_back, Recorder};
+#[doc(hidden)]
 pub use storage::{Access, StorageType};
 
 #[cfg(test)]

@@ -8,13 +8,16 @@
 
 mod caching;
 mod exact;
+#[doc(hidden)]
 pub mod planned;
 mod snapshot;
 mod stats;
 
 pub use caching::CachingPool;
 pub use exact::ExactPool;
-pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, PlannedPool, TracingPool};
+pub use planned::PlannedPool;
+#[doc(hidden)]
+pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, TracingPool};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentPool, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat};
 

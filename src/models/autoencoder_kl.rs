@@ -3,7 +3,7 @@
 //! `Attention` with one head), for SD 1.x, SDXL, SD3 and FLUX.1.
 //!
 //! The weights load into blocks, which then move into the model's
-//! [`Graph`] (built once); the executors in [`crate::exec`] run it.
+//! `Graph` (built once, see `models::graph`); the executors in `exec` run it.
 
 use crate::error::Result;
 use crate::exec::untiled;

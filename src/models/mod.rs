@@ -1,12 +1,17 @@
 //! Models: configuration, weight files and the decoders.
 
+#[doc(hidden)]
 pub mod autoencoder_kl;
 pub mod config;
+#[doc(hidden)]
 pub mod encoder;
 pub(crate) mod graph;
+#[doc(hidden)]
 pub mod layers;
+#[doc(hidden)]
 pub mod tae;
 pub mod vae_encoder;
+#[doc(hidden)]
 pub mod weights;
 
 use std::path::{Path, PathBuf};
@@ -16,10 +21,13 @@ use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::ImageRange;
 use crate::tensor::{DType, Tensor};
+#[doc(hidden)]
 pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
+#[doc(hidden)]
 pub use tae::TaeDecoder;
+#[doc(hidden)]
 pub use weights::{Layout, TaePart, WeightStore};
 
 /// Options for [`Vae::load`].

@@ -255,8 +255,8 @@ impl Executor {
                 }
                 Piece::Host(_) => {}
                 Piece::Empty => {
-                    return Err(Error::Unsupported(format!(
-                        "tiled decode read tile {i} of an activation before it was computed (a wgvae bug)"
+                    return Err(Error::Internal(format!(
+                        "tiled decode read tile {i} of an activation before it was computed"
                     )))
                 }
             }
@@ -270,9 +270,7 @@ impl Executor {
         match std::mem::replace(&mut act.pieces[i], Piece::Empty) {
             Piece::Device(d) => Ok(d.into_tensor()),
             Piece::Host(h) => self.upload(&act.shape_of(&win), act.dtype, h.data.as_deref()),
-            Piece::Empty => Err(Error::Unsupported(format!(
-                "tiled decode took tile {i} twice (a wgvae bug)"
-            ))),
+            Piece::Empty => Err(Error::Internal(format!("tiled decode took tile {i} twice"))),
         }
     }
 
@@ -344,8 +342,8 @@ impl Executor {
                     }
                 }
                 Piece::Empty => {
-                    return Err(Error::Unsupported(
-                        "tiled decode output has an uncomputed tile (a wgvae bug)".into(),
+                    return Err(Error::Internal(
+                        "tiled decode output has an uncomputed tile".into(),
                     ))
                 }
             }

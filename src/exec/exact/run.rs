@@ -43,8 +43,8 @@ impl Executor {
                 }
                 Op::Stats { .. } => {
                     if out.is_some_and(|t| slots[t.0].is_none()) {
-                        return Err(Error::Unsupported(
-                            "GroupNorm over a tensor no tiled layer produced (a wgvae bug)".into(),
+                        return Err(Error::Internal(
+                            "GroupNorm over a tensor no tiled layer produced".into(),
                         ));
                     }
                     (None, None)
@@ -112,9 +112,7 @@ impl Executor {
             }
             if let Some((_, t)) = lookahead {
                 let a = affine.ok_or_else(|| {
-                    Error::Unsupported(
-                        "tiled layer without its GroupNorm statistics (a wgvae bug)".into(),
-                    )
+                    Error::Internal("tiled layer without its GroupNorm statistics".into())
                 })?;
                 slots[t.0] = Some(Value::Whole(a));
             }
@@ -130,8 +128,8 @@ impl Executor {
 }
 
 fn missing(t: TensorId) -> Error {
-    Error::Unsupported(format!(
-        "tiled graph read {t:?} before it was computed or after it was freed (a wgvae bug)"
+    Error::Internal(format!(
+        "tiled graph read {t:?} before it was computed or after it was freed"
     ))
 }
 

@@ -1,0 +1,494 @@
+use super::*;
+use crate::testing::{assert_close, rand_vec, test_context};
+
+#[test]
+fn configs_fit_webgpu_default_limits() {
+    for c in CONFIGS.iter().chain(&CPU_CONFIGS) {
+        assert!(
+            c.workgroup_bytes() <= 16384 * 2,
+            "{c:?}: {} bytes",
+            c.workgroup_bytes()
+        );
+        assert!(c.invocations() <= 256, "{c:?}");
+    }
+    assert_eq!(config_for(512).map(|c| c.max_d()), Some(512));
+    assert_eq!(config_for(513), None);
+    let cpu = test_context().caps().clone();
+    if cpu.is_cpu() {
+        let big = config_for_device(128, 4680, &cpu).unwrap();
+        let small = config_for_device(128, 93, &cpu).unwrap();
+        assert_eq!((big.ds, big.qg, small.qg), (2, 64, CPU_SMALL_QG));
+    }
+    let gpu = Capabilities::reference_gpu();
+    assert_eq!(config_for_device(512, 4096, &gpu), config_for(512));
+}
+
+/// d in {8, 33, 64, 512} x T in {1, 7, 37, 300}, batch 2, against an f64
+/// reference. Tolerance: 1e-4 relative + 1e-5 absolute. Inputs in
+/// [-2, 2] with scale 1/sqrt(d) give peaked as well as flat softmaxes.
+#[test]
+fn attention_matches_cpu() {
+    let ctx = test_context();
+    let n = 2;
+    let mut seed = 0;
+    for d in [8usize, 33, 64, 512] {
+        for t in [1usize, 7, 37, 300] {
+            seed += 3;
+            let len = n * d * t;
+            let qd = rand_vec(len, seed, 2.0);
+            let kd = rand_vec(len, seed + 1, 2.0);
+            let vd = rand_vec(len, seed + 2, 1.0);
+            let scale = 1.0 / (d as f32).sqrt();
+            let shape = [n, d, t];
+            let q = Tensor::from_f32(&ctx, &shape, &qd, "q").unwrap();
+            let k = Tensor::from_f32(&ctx, &shape, &kd, "k").unwrap();
+            let v = Tensor::from_f32(&ctx, &shape, &vd, "v").unwrap();
+            let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            attention(&mut rec, &q, &k, &v, scale, &out).unwrap();
+            rec.submit().unwrap();
+            let want = cpu_attention(&qd, &kd, &vd, n, d, t, scale);
+            assert_close(
+                &out.to_f32(&ctx).unwrap(),
+                &want,
+                1e-5,
+                1e-4,
+                &format!("attention d={d} T={t}"),
+            );
+        }
+    }
+}
+
+/// Every configuration (GPU table, CPU table, short-block CPU variants),
+/// forced, at its largest head dimension and one odd one below, with a
+/// sink + window + causal mask and odd token counts, against the CPU.
+/// (On this CPU adapter the engine itself would pick only the CPU table.)
+#[test]
+fn every_configuration_matches_cpu() {
+    use crate::attention::cpu::cpu_attention as cpu_mha;
+    let ctx = test_context();
+    let small = CPU_CONFIGS.map(|c| cfg(c.ds, CPU_SMALL_QG, c.dpt));
+    let mask = Mask::frame_window(7, 1, Some(2)).and_causal();
+    let mut seed = 500;
+    for c in CONFIGS.iter().chain(&CPU_CONFIGS).chain(&small).copied() {
+        if check_device(&Recorder::new(&ctx), &c, c.max_d()).is_err() {
+            println!("{c:?}: does not fit this device, skipped");
+            continue;
+        }
+        for d in [c.max_d(), c.max_d() - 3] {
+            seed += 3;
+            let (h, t) = (2, 37);
+            let qd = rand_vec(t * h * d, seed, 2.0);
+            let kd = rand_vec(t * h * d, seed + 1, 2.0);
+            let vd = rand_vec(t * h * d, seed + 2, 1.0);
+            let shape = [1, t, h, d];
+            let q = Tensor::from_f32(&ctx, &shape, &qd, "q").unwrap();
+            let k = Tensor::from_f32(&ctx, &shape, &kd, "k").unwrap();
+            let v = Tensor::from_f32(&ctx, &shape, &vd, "v").unwrap();
+            let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
+            let scale = 1.0 / (d as f32).sqrt();
+            let strides = Strides::token_major(t, h, d);
+            let prob = AttentionProblem {
+                batch: 1,
+                heads: h,
+                q_len: t,
+                kv_len: t,
+                head_dim: d,
+                q_strides: strides,
+                kv_strides: strides,
+                scale,
+                mask,
+                q_pos0: 0,
+                config: Some(c),
+            };
+            let mut rec = Recorder::new(&ctx);
+            flash_attention(&mut rec, &prob, &q, KvInput::F32 { k: &k, v: &v }, &out).unwrap();
+            rec.submit().unwrap();
+            let want = cpu_mha(&qd, &kd, &vd, 1, h, t, t, d, scale, &mask, 0);
+            assert_close(
+                &out.to_f32(&ctx).unwrap(),
+                &want,
+                1e-5,
+                1e-4,
+                &format!("{c:?} d={d}"),
+            );
+            if d % 4 == 0 {
+                // int8 K/V through the same configuration, against the
+                // CPU over the dequantised values.
+                let mut rec = Recorder::new(&ctx);
+                let k8 = crate::attention::QuantizedKv::quantize(&mut rec, &k, "k").unwrap();
+                let v8 = crate::attention::QuantizedKv::quantize(&mut rec, &v, "v").unwrap();
+                let kv = KvInput::Int8 {
+                    k_codes: &k8.codes,
+                    k_scales: &k8.scales,
+                    v_codes: &v8.codes,
+                    v_scales: &v8.scales,
+                };
+                flash_attention(&mut rec, &prob, &q, kv, &out).unwrap();
+                rec.submit().unwrap();
+                let (kq, vq) = (k8.to_f32(&ctx).unwrap(), v8.to_f32(&ctx).unwrap());
+                let want = cpu_mha(&qd, &kq, &vq, 1, h, t, t, d, scale, &mask, 0);
+                assert_close(
+                    &out.to_f32(&ctx).unwrap(),
+                    &want,
+                    1e-5,
+                    1e-4,
+                    &format!("int8 {c:?} d={d}"),
+                );
+            }
+        }
+    }
+}
+
+/// Large logits (scale 1): the online softmax must not overflow.
+#[test]
+fn attention_is_stable_with_large_scores() {
+    let ctx = test_context();
+    let (n, d, t) = (1, 64, 45);
+    let qd = rand_vec(n * d * t, 91, 4.0);
+    let kd = rand_vec(n * d * t, 92, 4.0);
+    let vd = rand_vec(n * d * t, 93, 1.0);
+    let shape = [n, d, t];
+    let q = Tensor::from_f32(&ctx, &shape, &qd, "q").unwrap();
+    let k = Tensor::from_f32(&ctx, &shape, &kd, "k").unwrap();
+    let v = Tensor::from_f32(&ctx, &shape, &vd, "v").unwrap();
+    let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
+    let mut rec = Recorder::new(&ctx);
+    attention(&mut rec, &q, &k, &v, 1.0, &out).unwrap();
+    rec.submit().unwrap();
+    let want = cpu_attention(&qd, &kd, &vd, n, d, t, 1.0);
+    // Logits reach ~±200: exp's relative error grows with |x| (Vulkan: 3 + 2|x| ulp).
+    assert_close(
+        &out.to_f32(&ctx).unwrap(),
+        &want,
+        1e-4,
+        1e-3,
+        "large-score attention",
+    );
+}
+
+#[test]
+fn bad_shapes_are_errors() {
+    let ctx = test_context();
+    let q = Tensor::empty(&ctx, &[1, 8, 5], DType::F32, "q").unwrap();
+    let k = Tensor::empty(&ctx, &[1, 8, 6], DType::F32, "k").unwrap();
+    let mut rec = Recorder::new(&ctx);
+    assert!(matches!(
+        attention(&mut rec, &q, &k, &q, 1.0, &q),
+        Err(Error::Shape { .. })
+    ));
+    let q4 = Tensor::empty(&ctx, &[1, 8, 5, 1], DType::F32, "q4").unwrap();
+    assert!(matches!(
+        attention(&mut rec, &q4, &q4, &q4, 1.0, &q4),
+        Err(Error::Shape { .. })
+    ));
+    let big = Tensor::empty(&ctx, &[1, 513, 2], DType::F32, "big").unwrap();
+    assert!(matches!(
+        attention(&mut rec, &big, &big, &big, 1.0, &big),
+        Err(Error::Unsupported(_))
+    ));
+}
+
+/// Channel-major `[n, d, tq]` queries over `[n, d, tk]` keys/values, f64.
+#[allow(clippy::too_many_arguments)]
+fn cpu_cross(
+    q: &[f32],
+    k: &[f32],
+    v: &[f32],
+    n: usize,
+    d: usize,
+    tq: usize,
+    tk: usize,
+    scale: f32,
+) -> Vec<f32> {
+    let mut out = vec![0f32; n * d * tq];
+    for b in 0..n {
+        let (qb, kb, vb) = (&q[b * d * tq..], &k[b * d * tk..], &v[b * d * tk..]);
+        for i in 0..tq {
+            let s: Vec<f64> = (0..tk)
+                .map(|j| {
+                    (0..d)
+                        .map(|c| qb[c * tq + i] as f64 * kb[c * tk + j] as f64)
+                        .sum::<f64>()
+                        * scale as f64
+                })
+                .collect();
+            let m = s.iter().cloned().fold(f64::MIN, f64::max);
+            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
+            let z: f64 = e.iter().sum();
+            for c in 0..d {
+                let o: f64 = (0..tk).map(|j| e[j] * vb[c * tk + j] as f64).sum();
+                out[b * d * tq + c * tq + i] = (o / z) as f32;
+            }
+        }
+    }
+    out
+}
+
+/// Columns `[t0, t1)` of `[n, d, t]` data.
+fn columns(x: &[f32], n: usize, d: usize, t: usize, t0: usize, t1: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(n * d * (t1 - t0));
+    for row in 0..n * d {
+        out.extend_from_slice(&x[row * t + t0..row * t + t1]);
+    }
+    out
+}
+
+/// Keys split over separate tensors (uneven blocks, blocks shorter than
+/// a key tile, one block longer than a CPU adapter runs in one dispatch)
+/// combine through `flash_attention_block` to attention over all keys;
+/// d in {33, 64, 512}, batch 2, odd query counts. Tolerance 1e-5 abs +
+/// 1e-4 rel vs an f64 reference.
+#[test]
+fn key_blocks_combine_to_full_attention() {
+    let ctx = test_context();
+    let caps = ctx.caps().clone();
+    let n = 2;
+    let cpu_share = |d: usize, tq: usize| {
+        config_for_device(d, tq, &caps)
+            .and_then(|c| keys_per_dispatch(&c, d, false, &caps))
+            .unwrap_or(40)
+    };
+    let long = cpu_share(512, 9) + 13;
+    for (d, tq, k_splits) in [
+        (33usize, 37usize, vec![0, 5, 20, 37]),
+        (64, 13, vec![0, 1, 9, 30, 45]),
+        (512, 29, vec![0, 29]),
+        (512, 9, vec![0, 7, 7 + long, 7 + long + 3]),
+    ] {
+        let tk = *k_splits.last().unwrap();
+        let qd = rand_vec(n * d * tq, d as u64, 2.0);
+        let kd = rand_vec(n * d * tk, d as u64 + 1, 2.0);
+        let vd = rand_vec(n * d * tk, d as u64 + 2, 1.0);
+        let scale = 1.0 / (d as f32).sqrt();
+        let want = cpu_cross(&qd, &kd, &vd, n, d, tq, tk, scale);
+        let q = Tensor::from_f32(&ctx, &[n, d, tq], &qd, "q").unwrap();
+        let out = Tensor::empty(&ctx, &[n, d, tq], DType::F32, "out").unwrap();
+        let stats = Tensor::empty(&ctx, &[n * tq * 2], DType::F32, "stats").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let blocks = k_splits.len() - 1;
+        for (b, ks) in k_splits.windows(2).enumerate() {
+            let len = ks[1] - ks[0];
+            let k = Tensor::from_f32_in(
+                &mut rec,
+                &[n, d, len],
+                &columns(&kd, n, d, tk, ks[0], ks[1]),
+                "k",
+            )
+            .unwrap();
+            let v = Tensor::from_f32_in(
+                &mut rec,
+                &[n, d, len],
+                &columns(&vd, n, d, tk, ks[0], ks[1]),
+                "v",
+            )
+            .unwrap();
+            let prob = AttentionProblem {
+                batch: n,
+                heads: 1,
+                q_len: tq,
+                kv_len: len,
+                head_dim: d,
+                q_strides: Strides::channel_major(d, tq),
+                kv_strides: Strides::channel_major(d, len),
+                scale,
+                mask: Mask::NONE,
+                q_pos0: 0,
+                config: None,
+            };
+            let role = BlockRole {
+                first: b == 0,
+                last: b + 1 == blocks,
+            };
+            flash_attention_block(
+                &mut rec,
+                &prob,
+                &q,
+                KvInput::F32 { k: &k, v: &v },
+                &out,
+                Some(&stats),
+                role,
+            )
+            .unwrap();
+        }
+        rec.submit().unwrap();
+        assert_close(
+            &out.to_f32(&ctx).unwrap(),
+            &want,
+            1e-5,
+            1e-4,
+            &format!("d={d} queries {tq} key blocks {k_splits:?}"),
+        );
+    }
+    // A block of a longer sequence without a stats scratch is an error.
+    let q = Tensor::empty(&ctx, &[1, 8, 5], DType::F32, "q").unwrap();
+    let o = Tensor::empty(&ctx, &[1, 8, 5], DType::F32, "o").unwrap();
+    let prob = AttentionProblem {
+        batch: 1,
+        heads: 1,
+        q_len: 5,
+        kv_len: 5,
+        head_dim: 8,
+        q_strides: Strides::channel_major(8, 5),
+        kv_strides: Strides::channel_major(8, 5),
+        scale: 1.0,
+        mask: Mask::NONE,
+        q_pos0: 0,
+        config: None,
+    };
+    let role = BlockRole {
+        first: true,
+        last: false,
+    };
+    let mut rec = Recorder::new(&ctx);
+    assert!(matches!(
+        flash_attention_block(
+            &mut rec,
+            &prob,
+            &q,
+            KvInput::F32 { k: &q, v: &q },
+            &o,
+            None,
+            role
+        ),
+        Err(Error::Shape { .. })
+    ));
+}
+
+/// Rough throughput: `cargo test --lib attention_throughput -- --ignored --nocapture`.
+#[test]
+#[ignore]
+fn attention_throughput() {
+    let ctx = test_context();
+    let t: usize = std::env::var("ATT_T")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(4096);
+    let d: usize = std::env::var("ATT_D")
+        .ok()
+        .and_then(|s| s.parse().ok())
+        .unwrap_or(512);
+    let n = 1;
+    let shape = [n, d, t];
+    let data = rand_vec(n * d * t, 5, 1.0);
+    let q = Tensor::from_f32(&ctx, &shape, &data, "q").unwrap();
+    let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
+    // Warm up (pipeline compile) on a small problem.
+    let small = Tensor::from_f32(&ctx, &[1, d, 16], &data[..d * 16], "s").unwrap();
+    let small_out = Tensor::empty(&ctx, &[1, d, 16], DType::F32, "so").unwrap();
+    let mut rec = Recorder::new(&ctx);
+    attention(&mut rec, &small, &small, &small, 0.044, &small_out).unwrap();
+    rec.submit().unwrap();
+    ctx.wait_idle().unwrap();
+    let start = std::time::Instant::now();
+    let mut rec = Recorder::new(&ctx);
+    attention(&mut rec, &q, &q, &q, 1.0 / (d as f32).sqrt(), &out).unwrap();
+    rec.submit().unwrap();
+    ctx.wait_idle().unwrap();
+    let secs = start.elapsed().as_secs_f64();
+    let flops = 4.0 * (t * t * d) as f64;
+    println!(
+        "attention d={d} T={t}: {:.3} s, {:.2} GFLOP/s",
+        secs,
+        flops / secs / 1e9
+    );
+}
+
+/// Multi-head throughput, GPU time from timestamps:
+/// `ATT_T=4096 ATT_H=16 ATT_D=8 ATT_WINDOW=64,1,8 ATT_INT8=1 cargo test --lib multihead_throughput -- --ignored --nocapture`
+/// (ATT_WINDOW = tokens per frame, sinks, window frames).
+#[test]
+#[ignore]
+fn multihead_throughput() {
+    use crate::attention::{
+        multi_head_attention, multi_head_attention_int8, AttentionOptions, QuantizedKv,
+    };
+    let env = |k: &str, d: usize| {
+        std::env::var(k)
+            .ok()
+            .and_then(|s| s.parse().ok())
+            .unwrap_or(d)
+    };
+    let (t, h, d) = (env("ATT_T", 2048), env("ATT_H", 16), env("ATT_D", 8));
+    let mask = match std::env::var("ATT_WINDOW") {
+        Ok(w) => {
+            let v: Vec<usize> = w.split(',').filter_map(|x| x.parse().ok()).collect();
+            Mask::frame_window(v[0], v[1], Some(v[2]))
+        }
+        Err(_) => Mask::NONE,
+    };
+    let int8 = std::env::var("ATT_INT8").is_ok();
+    // ATT_CFG=ds,qg,dpt forces a configuration.
+    let forced = std::env::var("ATT_CFG").ok().map(|v| {
+        let v: Vec<u32> = v.split(',').filter_map(|x| x.parse().ok()).collect();
+        cfg(v[0], v[1], v[2])
+    });
+    let ctx = test_context();
+    let shape = [1, t, h, d];
+    let x = Tensor::from_f32(&ctx, &shape, &rand_vec(t * h * d, 1, 1.0), "x").unwrap();
+    let y = Tensor::from_f32(&ctx, &shape, &rand_vec(t * h * d, 2, 1.0), "y").unwrap();
+    let nq = env("ATT_Q", t);
+    let qx = Tensor::from_f32(&ctx, &[1, nq, h, d], &rand_vec(nq * h * d, 3, 1.0), "q").unwrap();
+    let out = Tensor::empty(&ctx, &[1, nq, h, d], DType::F32, "out").unwrap();
+    let mut rec = Recorder::new(&ctx);
+    let k8 = QuantizedKv::quantize(&mut rec, &x, "k").unwrap();
+    let v8 = QuantizedKv::quantize(&mut rec, &y, "v").unwrap();
+    rec.submit().unwrap();
+    let opts = AttentionOptions::masked(mask);
+    // Process CPU seconds (utime + stime): on a software rasteriser this
+    // measures the work even when other processes share the cores.
+    let cpu_s = || -> f64 {
+        let stat = std::fs::read_to_string("/proc/self/stat").unwrap_or_default();
+        let rest = stat.rsplit(')').next().unwrap_or("");
+        let f: Vec<f64> = rest
+            .split_whitespace()
+            .map(|x| x.parse().unwrap_or(0.0))
+            .collect();
+        (f.get(11).unwrap_or(&0.0) + f.get(12).unwrap_or(&0.0)) / 100.0
+    };
+    for run in 0..3 {
+        let c0 = cpu_s();
+        let mut rec = Recorder::new(&ctx);
+        rec.enable_profiling();
+        if let Some(config) = forced {
+            let prob = AttentionProblem {
+                batch: 1,
+                heads: h,
+                q_len: nq,
+                kv_len: t,
+                head_dim: d,
+                q_strides: Strides::token_major(nq, h, d),
+                kv_strides: Strides::token_major(t, h, d),
+                scale: 1.0 / (d as f32).sqrt(),
+                mask,
+                q_pos0: 0,
+                config: Some(config),
+            };
+            let kv = if int8 {
+                KvInput::Int8 {
+                    k_codes: &k8.codes,
+                    k_scales: &k8.scales,
+                    v_codes: &v8.codes,
+                    v_scales: &v8.scales,
+                }
+            } else {
+                KvInput::F32 { k: &x, v: &y }
+            };
+            flash_attention(&mut rec, &prob, &qx, kv, &out).unwrap();
+        } else if int8 {
+            multi_head_attention_int8(&mut rec, &qx, &k8, &v8, &out, &opts).unwrap();
+        } else {
+            multi_head_attention(&mut rec, &qx, &x, &y, &out, &opts).unwrap();
+        }
+        let rec_macs: u64 = rec.labels().iter().map(|l| l.macs).sum();
+        let (_, prof) = rec.submit_profiled().unwrap();
+        let p = prof.unwrap();
+        let cpu = cpu_s() - c0;
+        let macs: u64 = rec_macs;
+        let flop = 2.0 * macs as f64 / 1e9;
+        println!(
+            "run {run}: Q={nq} T={t} H={h} d={d} int8={int8} {mask:?}: {:.1} ms, {:.2} GFLOP/s; {cpu:.2} CPU s, {:.2} GFLOP per CPU s",
+            p.gpu_ms, flop / (p.gpu_ms / 1e3), flop / cpu
+        );
+    }
+}
