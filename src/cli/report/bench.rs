@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{line_chart, line_chart_with, write, MIB};
+use super::{create_dir, line_chart, line_chart_with, write, MIB};
 use wgvae::decode::{decode, DecodeOptions};
 use wgvae::error::{Error, Result};
 use wgvae::gpu::Context;
@@ -300,10 +300,7 @@ pub fn decode_csv(rows: &[BenchRow], meta: &Metadata) -> String {
 
 /// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.
 pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(|source| Error::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    create_dir(out)?;
     write(&out.join("decode.csv"), &decode_csv(rows, meta))?;
     let mut md = String::from("# Decode benchmark\n\n");
     md += &meta.lines("- ");
@@ -369,10 +366,7 @@ pub struct ColdStartRow {
 
 /// Writes `cold_start.csv` and `cold_start.md` into `out`.
 pub fn write_cold_start_report(rows: &[ColdStartRow], meta: &Metadata, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(|source| Error::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    create_dir(out)?;
     let mut csv = meta.lines("# ");
     csv += "case,process_ms,decode_ms,cache_bytes,driver_cache_bytes,status\n";
     let mut md = String::from("# Cold start\n\n");

@@ -1,6 +1,9 @@
-//! SVG line charts for the reports.
+//! SVG line charts for the reports (linear or log-log axes).
 
 use std::path::Path;
+
+use plotters::coord::ranged1d::{AsRangedCoord, ValueFormatter};
+use plotters::prelude::*;
 
 use wgvae::error::{Error, Result};
 
@@ -33,30 +36,114 @@ pub(crate) fn line_chart(
 pub(crate) fn line_chart_with(
     path: &Path,
     title: &str,
-    (x_desc, y_desc): (&str, &str),
+    axes: (&str, &str),
     series: &[(String, Vec<(f64, f64)>)],
     dashed: &[bool],
 ) -> Result<()> {
-    let title = fit_title(title);
-    use plotters::prelude::*;
+    let series: Vec<(String, Vec<(f64, f64)>)> = series
+        .iter()
+        .map(|(name, data)| {
+            let finite = data.iter().filter(|p| p.0.is_finite() && p.1.is_finite());
+            (name.clone(), finite.copied().collect())
+        })
+        .collect();
+    let (xmax, ymax) = series
+        .iter()
+        .flat_map(|s| s.1.iter())
+        .fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
+    let layout = Layout {
+        size: (800, 500),
+        y_label_area: 60,
+        color: |i| {
+            let palette = [
+                RED,
+                BLUE,
+                GREEN,
+                MAGENTA,
+                CYAN,
+                BLACK,
+                RGBColor(255, 140, 0),
+            ];
+            palette[i % palette.len()].to_rgba()
+        },
+    };
+    let x = 0.0..xmax.max(1e-3) * 1.05;
+    let y = 0.0..ymax.max(1e-3) * 1.1;
+    draw(
+        path,
+        &layout,
+        &fit_title(title),
+        axes,
+        (x, y),
+        &series,
+        dashed,
+    )
+}
+
+/// An SVG chart with both axes logarithmic, points and a legend.
+pub(crate) fn loglog_chart(
+    path: &Path,
+    title: &str,
+    axes: (&str, &str),
+    series: &[(String, Vec<(f64, f64)>)],
+) -> Result<()> {
+    let pts = || series.iter().flat_map(|s| s.1.iter());
+    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, 0.0f64, f64::MAX, 0.0f64);
+    for p in pts() {
+        x0 = x0.min(p.0);
+        x1 = x1.max(p.0);
+        y0 = y0.min(p.1);
+        y1 = y1.max(p.1);
+    }
+    if x1 <= 0.0 {
+        (x0, x1, y0, y1) = (1.0, 10.0, 1.0, 10.0);
+    }
+    let layout = Layout {
+        size: (900, 600),
+        y_label_area: 70,
+        color: |i| Palette99::pick(i).to_rgba(),
+    };
+    let x = (x0 / 1.3..x1 * 1.3).log_scale();
+    let y = (y0 / 1.5..y1 * 1.5).log_scale();
+    draw(path, &layout, title, axes, (x, y), series, &[])
+}
+
+/// What differs between the chart kinds besides their axes.
+struct Layout {
+    size: (u32, u32),
+    y_label_area: u32,
+    color: fn(usize) -> RGBAColor,
+}
+
+/// Draws `series` over axes `x` × `y` into the SVG `path`: series `i` dashed
+/// with hollow points when `dashed[i]`, else solid with filled points.
+fn draw<X, Y>(
+    path: &Path,
+    layout: &Layout,
+    title: &str,
+    (x_desc, y_desc): (&str, &str),
+    (x, y): (X, Y),
+    series: &[(String, Vec<(f64, f64)>)],
+    dashed: &[bool],
+) -> Result<()>
+where
+    X: AsRangedCoord<Value = f64>,
+    Y: AsRangedCoord<Value = f64>,
+    X::CoordDescType: ValueFormatter<f64>,
+    Y::CoordDescType: ValueFormatter<f64>,
+{
     let err = |e: String| Error::BadFile {
         path: path.to_path_buf(),
         message: format!("could not draw the plot: {e}"),
     };
-    let root = SVGBackend::new(path, (800, 500)).into_drawing_area();
+    let root = SVGBackend::new(path, layout.size).into_drawing_area();
     root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let finite = |p: &&(f64, f64)| p.0.is_finite() && p.1.is_finite();
-    let (xmax, ymax) = series
-        .iter()
-        .flat_map(|s| s.1.iter())
-        .filter(finite)
-        .fold((0.0f64, 0.0f64), |(x, y), p| (x.max(p.0), y.max(p.1)));
     let mut chart = ChartBuilder::on(&root)
-        .caption(&title, ("sans-serif", 20))
+        .caption(title, ("sans-serif", 20))
         .margin(15)
         .x_label_area_size(40)
-        .y_label_area_size(60)
-        .build_cartesian_2d(0.0..xmax.max(1e-3) * 1.05, 0.0..ymax.max(1e-3) * 1.1)
+        .y_label_area_size(layout.y_label_area)
+        .build_cartesian_2d(x, y)
         .map_err(|e| err(e.to_string()))?;
     chart
         .configure_mesh()
@@ -64,18 +151,8 @@ pub(crate) fn line_chart_with(
         .y_desc(y_desc)
         .draw()
         .map_err(|e| err(e.to_string()))?;
-    let palette = [
-        RED,
-        BLUE,
-        GREEN,
-        MAGENTA,
-        CYAN,
-        BLACK,
-        RGBColor(255, 140, 0),
-    ];
     for (i, (name, data)) in series.iter().enumerate() {
-        let color = palette[i % palette.len()];
-        let data: Vec<(f64, f64)> = data.iter().filter(finite).copied().collect();
+        let color = (layout.color)(i);
         if dashed.get(i).copied().unwrap_or(false) {
             chart
                 .draw_series(DashedLineSeries::new(

@@ -8,7 +8,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use super::bench::Metadata;
-use super::{write, MIB};
+use super::{create_dir, write, MIB};
 use wgvae::decode::{decode, DecodeOptions};
 use wgvae::error::{Error, Result};
 use wgvae::frames::{decode_frames, FramesOptions, LatencySummary};
@@ -382,10 +382,7 @@ pub fn write_frames_report(
     meta: &Metadata,
     out: &Path,
 ) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(|source| Error::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    create_dir(out)?;
     let mut csv = meta.lines("# ");
     csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,vs_loop_cpu,status\n";
     for r in rows {

@@ -14,13 +14,22 @@ use clap::Subcommand;
 use wgvae::error::{Error, Result};
 
 use crate::cli::context;
-pub(crate) use chart::{line_chart, line_chart_with};
+pub(crate) use chart::{line_chart, line_chart_with, loglog_chart};
 
-pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(|source| Error::Io {
+pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
+    move |source| Error::Io {
         path: path.to_path_buf(),
         source,
-    })
+    }
+}
+
+pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
+    std::fs::write(path, text).map_err(io_err(path))
+}
+
+/// Creates the report folder `out` (and its parents).
+pub(crate) fn create_dir(out: &Path) -> Result<()> {
+    std::fs::create_dir_all(out).map_err(io_err(out))
 }
 
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;

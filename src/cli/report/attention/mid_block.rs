@@ -10,9 +10,8 @@ use wgvae::memory::Policy;
 use wgvae::seeded::uniform as rand_vec;
 use wgvae::tensor::{DType, Tensor};
 
-use super::{io_err, metadata_lines};
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{write, MIB};
+use crate::cli::report::{create_dir, write, MIB};
 
 /// Settings of the mid-block attention benchmark: one head of `head_dim`
 /// over T = h·w tokens, channel-major (the AutoencoderKL mid-block; T = 1024,
@@ -194,7 +193,7 @@ pub fn write_mid_block_report(
     meta: &Metadata,
     out: &Path,
 ) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
+    create_dir(out)?;
     let settings = format!(
         "head_dim {}, runs {}, budget {} s, policy {}, f32, one head, channel-major",
         cfg.head_dim,
@@ -202,7 +201,7 @@ pub fn write_mid_block_report(
         cfg.budget_s,
         cfg.policy.name()
     );
-    let mut csv = metadata_lines(meta, "# ");
+    let mut csv = meta.lines("# ");
     csv += &format!("# benchmark: {settings}\n");
     csv += "tokens,head_dim,status,runs,ms_median,ms_min,ms_max,gpu_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,score_matrix_bytes,dispatches\n";
     let num = |x: f64| {
@@ -233,7 +232,7 @@ pub fn write_mid_block_report(
     }
     write(&out.join("attention_midblock.csv"), &csv)?;
     let mut md = String::from("# Mid-block attention (flash, one head)\n\n");
-    md += &metadata_lines(meta, "- ");
+    md += &meta.lines("- ");
     md += &format!("- benchmark: {settings}\n\n");
     md += "| tokens (decode) | status | median ms (min–max) | GPU ms | GFLOP | GFLOP/s | peak allocated MiB | T×T scores a non-flash kernel holds, MiB | dispatches |\n";
     md += "|---|---|---|---|---|---|---|---|---|\n";

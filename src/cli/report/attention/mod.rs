@@ -18,37 +18,10 @@ mod mid_block;
 mod stream;
 mod sweep;
 
-use std::path::Path;
-
-use wgvae::error::Error;
-
-use super::bench::Metadata;
 use super::MIB;
 pub(crate) use mid_block::*;
 pub(crate) use stream::*;
 pub(crate) use sweep::*;
-
-/// The metadata as `prefix key: value` lines (CSV comments, Markdown list).
-pub fn metadata_lines(meta: &Metadata, prefix: &str) -> String {
-    let v = serde_json::to_value(meta).unwrap_or_default();
-    v.as_object()
-        .into_iter()
-        .flatten()
-        .map(|(k, v)| {
-            format!(
-                "{prefix}{k}: {}\n",
-                v.as_str().map_or(v.to_string(), str::to_string)
-            )
-        })
-        .collect()
-}
-
-pub(super) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
-    move |source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    }
-}
 
 pub(super) fn fmt_ms(ms: f64) -> String {
     if ms.is_finite() {

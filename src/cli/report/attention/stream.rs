@@ -11,10 +11,9 @@ use wgvae::memory::Policy;
 use wgvae::seeded::uniform as rand_vec;
 use wgvae::tensor::{DType, Tensor};
 
-use super::sweep::loglog_svg;
-use super::{io_err, metadata_lines, mib};
+use super::mib;
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{write, MIB};
+use crate::cli::report::{create_dir, loglog_chart, write, MIB};
 
 /// KV-cache strategy of the streaming benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -376,8 +375,8 @@ fn opt_mib(b: Option<u64>) -> String {
 /// Writes `attention_stream.csv` (one row per preset), `attention_stream_chunks.csv`
 /// (one row per chunk), `attention_stream.md` and `attention_stream_memory.svg`.
 pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
-    let mut csv = metadata_lines(meta, "# ");
+    create_dir(out)?;
+    let mut csv = meta.lines("# ");
     csv += "preset,chunks,scale,tokens_per_frame,frames_per_chunk,heads,head_dim,sink_frames,window_frames,warmup_chunks,warmup_ms,mean_ms,p50_ms,p99_ms,max_ms,gpu_mean_ms,chunks_per_s,frames_per_s,attention_gflops,peak_allocated_bytes,peak_reserved_bytes,kv_bytes,allocated_after_10,allocated_after_100,int8_max_abs_error,int8_cosine\n";
     for r in results {
         csv += &format!(
@@ -411,7 +410,7 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
         );
     }
     write(&out.join("attention_stream.csv"), &csv)?;
-    let mut chunks = metadata_lines(meta, "# ");
+    let mut chunks = meta.lines("# ");
     chunks += "preset,chunk,ms,gpu_ms,allocated_bytes,reserved_bytes,kv_bytes\n";
     for r in results {
         for s in &r.samples {
@@ -430,7 +429,7 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
     write(&out.join("attention_stream_chunks.csv"), &chunks)?;
 
     let mut md = String::from("# Streaming attention (LongLive-shaped)\n\n");
-    md += &metadata_lines(meta, "- ");
+    md += &meta.lines("- ");
     if let Some(r) = results.first() {
         md += &format!(
             "\nChunks of {} latent frames × {} tokens (scale {} of {}), {} heads × {}, f32 activations; each chunk appends its K/V to the cache and its queries attend to {} sink frames + a {}-frame window ({} keys when full), one submission per chunk, waited for. Latency: wall time per chunk (record, submit, GPU done); the first {} chunks (cache filling, pipeline compilation) are warm-up. Memory: the pool ({} policy).\n",
@@ -516,11 +515,10 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
             )
         })
         .collect();
-    loglog_svg(
+    loglog_chart(
         &out.join("attention_stream_memory.svg"),
         "allocated memory vs chunks streamed",
-        "chunks",
-        "MiB",
+        ("chunks", "MiB"),
         &mem,
     )?;
     let lat: Vec<(String, Vec<(f64, f64)>)> = results
@@ -532,11 +530,10 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
             )
         })
         .collect();
-    loglog_svg(
+    loglog_chart(
         &out.join("attention_stream_latency.svg"),
         &format!("chunk latency on {}", meta.adapter),
-        "chunk",
-        "ms",
+        ("chunk", "ms"),
         &lat,
     )
 }

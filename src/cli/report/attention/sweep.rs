@@ -3,7 +3,6 @@
 use std::path::Path;
 use std::time::Instant;
 
-use plotters::prelude::*;
 use serde::Serialize;
 use wgvae::attention::{
     multi_head_attention, AttentionOptions, KvCacheConfig, KvDtype, Mask, RingKvCache,
@@ -14,9 +13,9 @@ use wgvae::memory::Policy;
 use wgvae::seeded::uniform as rand_vec;
 use wgvae::tensor::{DType, Tensor};
 
-use super::{fmt_ms, io_err, metadata_lines, mib};
+use super::{fmt_ms, mib};
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{write, MIB};
+use crate::cli::report::{create_dir, io_err, loglog_chart, write, MIB};
 
 /// How attention over many frames is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -490,8 +489,8 @@ pub fn write_sweep_report(
     reference: Option<&[VggtRow]>,
     out: &Path,
 ) -> Result<()> {
-    std::fs::create_dir_all(out).map_err(io_err(out))?;
-    let mut csv = metadata_lines(meta, "# ");
+    create_dir(out)?;
+    let mut csv = meta.lines("# ");
     csv += "mode,frames,tokens_per_frame,tokens,dtype,status,time_ms,predicted_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,memory_source,predicted_allocated_bytes,predicted_reserved_bytes,kv_bytes\n";
     for r in rows {
         csv += &format!(
@@ -517,7 +516,7 @@ pub fn write_sweep_report(
     write(&out.join("attention_sweep.csv"), &csv)?;
 
     let mut md = String::from("# Attention frame sweep\n\n");
-    md += &metadata_lines(meta, "- ");
+    md += &meta.lines("- ");
     md += &format!(
         "\nEmbed {} = {} heads × {}, f32, batch 1. `global`: every token sees every token. `window`: frame f sees sink frames [0, {}) and frames [f − {} + 1, f], one dispatch over all tokens (tiles outside the window skipped). `window-ring`: the same mask streamed frame by frame through a ring KV cache of {} + {} frames (memory independent of the frame count). Time: median wall time (submit → done) of {} run(s); cells predicted to exceed {:.0} s are not run. Memory: the pool's peaks ({} policy), measured where the cell ran, else predicted by a dry run of the same calls (the dry run matches the measurement wherever both exist).\n\n",
         cfg.embed,
@@ -654,11 +653,10 @@ pub fn write_sweep_report(
         }
         s
     };
-    loglog_svg(
+    loglog_chart(
         &out.join("attention_sweep_time.svg"),
         &format!("attention time vs frames on {}", meta.adapter),
-        "frames",
-        "ms",
+        ("frames", "ms"),
         &series(&|r| {
             if r.status == "ok" {
                 r.time_ms
@@ -667,74 +665,10 @@ pub fn write_sweep_report(
             }
         }),
     )?;
-    loglog_svg(
+    loglog_chart(
         &out.join("attention_sweep_memory.svg"),
         "attention peak allocated memory vs frames",
-        "frames",
-        "MiB",
+        ("frames", "MiB"),
         &series(&|r| r.peak_allocated_bytes as f64 / MIB),
     )
-}
-
-pub(super) fn loglog_svg(
-    path: &Path,
-    title: &str,
-    x_desc: &str,
-    y_desc: &str,
-    series: &[(String, Vec<(f64, f64)>)],
-) -> Result<()> {
-    let err = |e: String| Error::BadFile {
-        path: path.to_path_buf(),
-        message: format!("could not draw the plot: {e}"),
-    };
-    let pts = || series.iter().flat_map(|s| s.1.iter());
-    let (mut x0, mut x1, mut y0, mut y1) = (f64::MAX, 0.0f64, f64::MAX, 0.0f64);
-    for p in pts() {
-        x0 = x0.min(p.0);
-        x1 = x1.max(p.0);
-        y0 = y0.min(p.1);
-        y1 = y1.max(p.1);
-    }
-    if x1 <= 0.0 {
-        (x0, x1, y0, y1) = (1.0, 10.0, 1.0, 10.0);
-    }
-    let root = SVGBackend::new(path, (900, 600)).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(70)
-        .build_cartesian_2d(
-            (x0 / 1.3..x1 * 1.3).log_scale(),
-            (y0 / 1.5..y1 * 1.5).log_scale(),
-        )
-        .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    for (i, (name, data)) in series.iter().enumerate() {
-        let color = Palette99::pick(i).to_rgba();
-        chart
-            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
-            .map_err(|e| err(e.to_string()))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
-            .map_err(|e| err(e.to_string()))?;
-    }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))
 }
