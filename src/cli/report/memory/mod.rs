@@ -8,7 +8,7 @@ use std::path::Path;
 
 use serde::Serialize;
 
-use super::{write, MIB};
+use super::{create_dir, io_err, write, MIB};
 use tables::{csv, markdown, measured_markdown, plot};
 use wgvae::decode::estimate_decode;
 use wgvae::error::{Error, Result};
@@ -55,10 +55,7 @@ pub struct PytorchRow {
 /// **first** of each (model, op, size, dtype). A row with fewer than 7 fields
 /// or a non-numeric figure is an error naming the line, not skipped.
 pub fn read_pytorch(path: &Path) -> Result<Vec<PytorchRow>> {
-    let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-        path: path.to_path_buf(),
-        source,
-    })?;
+    let text = std::fs::read_to_string(path).map_err(io_err(path))?;
     parse_pytorch(path, &text)
 }
 
@@ -137,6 +134,38 @@ pub struct Row {
     pub note: String,
 }
 
+impl Row {
+    /// The row of a `size`² cell of `dtype` (`bytes` per element) with these
+    /// MiB figures; no PyTorch figures, no parked tiles, no note.
+    fn new(
+        (model, op, size): (&str, &str, usize),
+        (dtype, bytes): (&str, f64),
+        policy: Policy,
+        source: String,
+        [weights, alloc, reserved]: [f64; 3],
+    ) -> Row {
+        Row {
+            model: model.into(),
+            op: op.into(),
+            size,
+            dtype: dtype.into(),
+            policy: policy.name().into(),
+            source,
+            weights_mib: weights,
+            peak_allocated_mib: alloc,
+            peak_reserved_mib: reserved,
+            reserved_over_allocated: reserved / alloc,
+            implied_constant: (alloc - weights) * MIB / ((size * size) as f64 * bytes),
+            pytorch_allocated_mib: None,
+            pytorch_reserved_mib: None,
+            working_vs_pytorch: None,
+            host_parked_mib: 0.0,
+            tile_px: None,
+            note: String::new(),
+        }
+    }
+}
+
 /// Predicts every row for a device with `caps`; cells the device cannot run
 /// untiled are returned as (model, size, policy, reason).
 pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>, Vec<String>)> {
@@ -182,23 +211,15 @@ pub fn predict_cells(
                         _ => 0,
                     };
                     for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
-                        let spec = format!("preset:{preset}");
-                        let channels = if preset == "flux1" { 16 } else { 4 };
-                        let l = size / 8;
-                        let load = LoadOptions {
-                            precision,
-                            ..Default::default()
-                        };
+                        let (spec, load, latent) = preset_decode(preset, size, precision);
                         let estimate = match op {
-                            "decode" => {
-                                estimate_decode(caps, policy, &spec, &load, [1, channels, l, l])
-                            }
+                            "decode" => estimate_decode(caps, policy, &spec, &load, latent),
                             "decode_tiled" => wgvae::decode::estimate_decode_with(
                                 caps,
                                 policy,
                                 &spec,
                                 &load,
-                                [1, channels, l, l],
+                                latent,
                                 &Tiling::exact().with_max_memory(tiled_budget),
                             ),
                             _ => wgvae::encode::estimate_encode(
@@ -228,7 +249,7 @@ pub fn predict_cells(
                                     policy,
                                     &spec,
                                     &load,
-                                    [1, channels, l, l],
+                                    latent,
                                     &Tiling::default(),
                                 )
                             }
@@ -238,23 +259,17 @@ pub fn predict_cells(
                             Ok(e) => e,
                             Err(e) if too_large(&e) => {
                                 rows.push(Row {
-                                    model: model.into(),
-                                    op: op.into(),
-                                    size,
-                                    dtype: dtype.into(),
-                                    policy: policy.name().into(),
-                                    source: "not predicted".into(),
-                                    weights_mib: f64::NAN,
-                                    peak_allocated_mib: f64::NAN,
-                                    peak_reserved_mib: f64::NAN,
-                                    reserved_over_allocated: f64::NAN,
-                                    implied_constant: f64::NAN,
                                     pytorch_allocated_mib: py.map(|r| r.allocated_mib),
                                     pytorch_reserved_mib: py.map(|r| r.reserved_mib),
-                                    working_vs_pytorch: None,
                                     host_parked_mib: f64::NAN,
-                                    tile_px: None,
                                     note: format!("{note} {e}").trim().to_string(),
+                                    ..Row::new(
+                                        (model, op, size),
+                                        (dtype, bytes),
+                                        policy,
+                                        "not predicted".into(),
+                                        [f64::NAN; 3],
+                                    )
                                 });
                                 continue;
                             }
@@ -264,24 +279,19 @@ pub fn predict_cells(
                         let alloc = e.peak_allocated_bytes as f64 / MIB;
                         let reserved = e.peak_reserved_bytes as f64 / MIB;
                         rows.push(Row {
-                            model: model.into(),
-                            op: op.into(),
-                            size,
-                            dtype: dtype.into(),
-                            policy: policy.name().into(),
-                            source: "predicted".into(),
-                            weights_mib: weights,
-                            peak_allocated_mib: alloc,
-                            peak_reserved_mib: reserved,
-                            reserved_over_allocated: reserved / alloc,
-                            implied_constant: (alloc - weights) * MIB
-                                / ((size * size) as f64 * bytes),
                             pytorch_allocated_mib: py.map(|r| r.allocated_mib),
                             pytorch_reserved_mib: py.map(|r| r.reserved_mib),
                             working_vs_pytorch: py.map(|r| (alloc - weights) / r.allocated_mib),
                             host_parked_mib: e.tiling.host_parked_peak_bytes as f64 / MIB,
                             tile_px: e.tiling.tile_size.filter(|_| e.tiling.mode == "exact"),
                             note,
+                            ..Row::new(
+                                (model, op, size),
+                                (dtype, bytes),
+                                policy,
+                                "predicted".into(),
+                                [weights, alloc, reserved],
+                            )
                         });
                     }
                 }
@@ -289,6 +299,24 @@ pub fn predict_cells(
         }
     }
     Ok((rows, failed))
+}
+
+/// The spec, load options and latent shape of a `size`² decode of `preset`.
+fn preset_decode(
+    preset: &str,
+    size: usize,
+    precision: Precision,
+) -> (String, LoadOptions, [usize; 4]) {
+    let channels = if preset == "flux1" { 16 } else { 4 };
+    let load = LoadOptions {
+        precision,
+        ..Default::default()
+    };
+    (
+        format!("preset:{preset}"),
+        load,
+        [1, channels, size / 8, size / 8],
+    )
 }
 
 /// Sizes (pixels per side) of the rows measured on this machine's device.
@@ -309,19 +337,12 @@ pub fn measure(
         for &size in sizes {
             for (dtype, precision, bytes) in DTYPES.into_iter().take(2) {
                 for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
-                    let spec = format!("preset:{preset}");
-                    let channels = if preset == "flux1" { 16 } else { 4 };
-                    let l = size / 8;
-                    let load = LoadOptions {
-                        precision,
-                        ..Default::default()
-                    };
+                    let (spec, load, shape) = preset_decode(preset, size, precision);
                     let pctx = ctx.with_pool(policy.new_pool());
                     let vae = wgvae::models::Vae::load(&pctx, &spec, &load)?;
-                    let shape = [1, channels, l, l];
                     let z = wgvae::io::HostTensor::new(
                         shape.to_vec(),
-                        wgvae::seeded::uniform(channels * l * l, 7, 0.5),
+                        wgvae::seeded::uniform(shape.iter().product(), 7, 0.5),
                     )?;
                     let opts = wgvae::DecodeOptions {
                         raw_latents: true,
@@ -333,29 +354,11 @@ pub fn measure(
                         wgvae::decode::estimate_decode(ctx.caps(), policy, &spec, &load, shape)?;
                     let row =
                         |source: String, weights: u64, alloc: u64, reserved: u64, note: String| {
-                            let (w, a, r) = (
-                                weights as f64 / MIB,
-                                alloc as f64 / MIB,
-                                reserved as f64 / MIB,
-                            );
+                            let mib = [weights, alloc, reserved].map(|b| b as f64 / MIB);
+                            let cell = (model, "decode", size);
                             Row {
-                                model: model.into(),
-                                op: "decode".into(),
-                                size,
-                                dtype: dtype.into(),
-                                policy: policy.name().into(),
-                                source,
-                                weights_mib: w,
-                                peak_allocated_mib: a,
-                                peak_reserved_mib: r,
-                                reserved_over_allocated: r / a,
-                                implied_constant: (a - w) * MIB / ((size * size) as f64 * bytes),
-                                pytorch_allocated_mib: None,
-                                pytorch_reserved_mib: None,
-                                working_vs_pytorch: None,
-                                host_parked_mib: 0.0,
-                                tile_px: None,
                                 note,
+                                ..Row::new(cell, (dtype, bytes), policy, source, mib)
                             }
                         };
                     let (ma, mr) = (
@@ -403,10 +406,7 @@ pub fn write_report(
     out: &Path,
     measure_on: Option<&wgvae::gpu::Context>,
 ) -> Result<Vec<Row>> {
-    std::fs::create_dir_all(out).map_err(|source| Error::Io {
-        path: out.to_path_buf(),
-        source,
-    })?;
+    create_dir(out)?;
     let pytorch = match reference {
         Some(p) => read_pytorch(p)?,
         None => Vec::new(),

@@ -198,25 +198,18 @@ fn findings(all: &[Row]) -> String {
         }
     }
     let ratios = |p: &str| -> (f64, f64) {
-        rows.iter()
-            .filter(|r| r.policy == p)
-            .map(|r| r.reserved_over_allocated)
-            .fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x)))
+        let ratios = rows.iter().filter(|r| r.policy == p);
+        span(ratios.map(|r| r.reserved_over_allocated)).unwrap_or((f64::MAX, 0.0))
     };
     let (clo, chi) = ratios("caching");
     let (plo, phi) = ratios("planned");
-    let py: Vec<f64> = rows
+    let py = rows
         .iter()
         .filter(|r| r.policy == "planned")
-        .filter_map(|r| Some(r.pytorch_reserved_mib? / r.pytorch_allocated_mib?))
-        .collect();
-    let py_range = py
-        .iter()
-        .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
-    if !py.is_empty() {
+        .filter_map(|r| Some(r.pytorch_reserved_mib? / r.pytorch_allocated_mib?));
+    if let Some((lo, hi)) = span(py) {
         s += &format!(
-            "- PyTorch's caching allocator reserves {:.2}–{:.2}× what it allocates on these decodes.\n",
-            py_range.0, py_range.1
+            "- PyTorch's caching allocator reserves {lo:.2}–{hi:.2}× what it allocates on these decodes.\n"
         );
     }
     s += &format!(
@@ -228,15 +221,11 @@ then fragments what is reused.\n"
     );
     s += &format!("- The `planned` policy reserves {plo:.3}–{phi:.3}× allocated: lifetimes are known before the decode runs, so reserved memory is the peak of live tensors.\n");
     for (dtype, _, _) in DTYPES {
-        let vs: Vec<f64> = rows
+        let vs = rows
             .iter()
             .filter(|r| r.policy == "planned" && r.dtype == dtype)
-            .filter_map(|r| r.working_vs_pytorch)
-            .collect();
-        if !vs.is_empty() {
-            let (lo, hi) = vs
-                .iter()
-                .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+            .filter_map(|r| r.working_vs_pytorch);
+        if let Some((lo, hi)) = span(vs) {
             s += &format!(
                 "- Planned {dtype} decodes: working memory is {:.0}–{:.0} % of PyTorch's allocated peak at the same dtype.\n",
                 lo * 100.0,
@@ -254,19 +243,13 @@ then fragments what is reused.\n"
         }
     }
     for dtype in ["float16", "float32"] {
-        let tiled: Vec<(f64, f64)> = all
+        let tiled = all
             .iter()
             .filter(|r| r.op == "decode_tiled" && r.policy == "planned" && r.dtype == dtype)
             .filter_map(|r| {
-                Some((
-                    r.peak_allocated_mib - r.weights_mib,
-                    r.pytorch_allocated_mib?,
-                ))
-            })
-            .collect();
-        if !tiled.is_empty() {
-            let lo = tiled.iter().map(|t| t.0 / t.1).fold(f64::MAX, f64::min);
-            let hi = tiled.iter().map(|t| t.0 / t.1).fold(0.0, f64::max);
+                Some((r.peak_allocated_mib - r.weights_mib) / r.pytorch_allocated_mib?)
+            });
+        if let Some((lo, hi)) = span(tiled) {
             s += &format!(
                 "- Tiled {dtype} decodes: within a budget of PyTorch's tiled peak plus our weights, our exact tiles use {:.0}–{:.0} % of the working memory of PyTorch's seamed tiles, with an output equal to the untiled decode (parked tiles in host memory: see the tables).\n",
                 lo * 100.0,
@@ -274,26 +257,18 @@ then fragments what is reused.\n"
             );
         }
     }
-    let consts: Vec<f64> = rows
+    let consts = rows
         .iter()
         .filter(|r| r.policy == "planned" && r.dtype == "float32")
-        .map(|r| r.implied_constant)
-        .collect();
-    if !consts.is_empty() {
-        let (lo, hi) = consts
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        .map(|r| r.implied_constant);
+    if let Some((lo, hi)) = span(consts) {
         s += &format!("- The implied working-memory constant `(peak − weights) / (H·W·4)` is {lo:.0}–{hi:.0} for planned decodes, against InvokeAI's rule of thumb of 2200 — a constant that our estimator makes unnecessary.\n");
     }
-    let ev: Vec<f64> = enc
+    let ev = enc
         .iter()
         .filter(|r| r.policy == "planned")
-        .filter_map(|r| r.working_vs_pytorch)
-        .collect();
-    if !ev.is_empty() {
-        let (lo, hi) = ev
-            .iter()
-            .fold((f64::MAX, 0.0f64), |(lo, hi), &x| (lo.min(x), hi.max(x)));
+        .filter_map(|r| r.working_vs_pytorch);
+    if let Some((lo, hi)) = span(ev) {
         s += &format!(
             "- Encode (planned): working memory is {:.0}–{:.0} % of PyTorch's allocated peak (its SD1.5/SDXL encode rows at 1536² and 2048² are tiled by that pipeline, hence smaller).\n",
             lo * 100.0,
@@ -344,4 +319,12 @@ pub(super) fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
         ("megapixels", "MiB"),
         &series,
     )
+}
+
+/// The smallest and the largest of `values` (the largest at least 0), or
+/// `None` when there are none.
+fn span(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
+    let mut values = values.into_iter().peekable();
+    values.peek()?;
+    Some(values.fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x))))
 }
