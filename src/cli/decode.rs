@@ -105,38 +105,33 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
         wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
     }
-    if let Some(p) = &a.memory_snapshot {
-        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
-            path: p.clone(),
-            source,
-        })?;
-    }
+    write_memory_snapshot(&ctx, a)?;
     let n = out.rgba.len();
     if a.json {
         println!(
             "{}",
-            json!({
-                "adapter": ctx.caps().adapter_name,
-                "backend": format!("{:?}", ctx.caps().backend),
-                "model": vae.name,
-                "random_weights": vae.random_weights,
-                "latents_shape": latents.shape,
-                "image_shape": [n, 3, out.height, out.width],
-                "dtype": out.dtype.name(),
-                "f16_overflows": out.f16_overflows,
-                "precision_note": out.precision_note,
-                "decode_ms": out.decode_ms,
-                "weights_bytes": vae.weights_bytes,
-                "peak_allocated_bytes": out.memory.allocated_bytes.peak,
-                "peak_reserved_bytes": out.memory.reserved_bytes.peak,
-                "policy": ctx.pool().policy_name(),
-                "tiling": out.tiling,
-                "outputs": paths,
-                "raw": a.save_raw,
-                "timings": out.timings,
-                "macs": out.macs,
-                "profile": out.profile,
-            })
+            json_summary(
+                &ctx,
+                &vae,
+                &latents,
+                json!({
+                    "image_shape": [n, 3, out.height, out.width],
+                    "dtype": out.dtype.name(),
+                    "f16_overflows": out.f16_overflows,
+                    "precision_note": out.precision_note,
+                    "decode_ms": out.decode_ms,
+                    "weights_bytes": vae.weights_bytes,
+                    "peak_allocated_bytes": out.memory.allocated_bytes.peak,
+                    "peak_reserved_bytes": out.memory.reserved_bytes.peak,
+                    "policy": ctx.pool().policy_name(),
+                    "tiling": out.tiling,
+                    "outputs": paths,
+                    "raw": a.save_raw,
+                    "timings": out.timings,
+                    "macs": out.macs,
+                    "profile": out.profile,
+                })
+            )
         );
     } else {
         for p in &paths {
@@ -211,33 +206,28 @@ fn decode_frames(
         wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?
     };
     ctx.save_pipeline_cache();
-    if let Some(p) = &a.memory_snapshot {
-        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
-            path: p.clone(),
-            source,
-        })?;
-    }
+    write_memory_snapshot(ctx, a)?;
     let r = &report;
     if a.json {
         println!(
             "{}",
-            json!({
-                "adapter": ctx.caps().adapter_name,
-                "backend": format!("{:?}", ctx.caps().backend),
-                "model": vae.name,
-                "random_weights": vae.random_weights,
-                "latents_shape": latents.shape,
-                "image_shape": [r.frames, 3, r.height, r.width],
-                "dtype": vae.dtype.name(),
-                "f16_overflows": r.f16_overflows,
-                "decode_ms": r.total_ms,
-                "weights_bytes": vae.weights_bytes,
-                "peak_allocated_bytes": r.peak_allocated_bytes,
-                "peak_reserved_bytes": r.peak_reserved_bytes,
-                "policy": ctx.pool().policy_name(),
-                "outputs": paths,
-                "frames": report,
-            })
+            json_summary(
+                ctx,
+                vae,
+                latents,
+                json!({
+                    "image_shape": [r.frames, 3, r.height, r.width],
+                    "dtype": vae.dtype.name(),
+                    "f16_overflows": r.f16_overflows,
+                    "decode_ms": r.total_ms,
+                    "weights_bytes": vae.weights_bytes,
+                    "peak_allocated_bytes": r.peak_allocated_bytes,
+                    "peak_reserved_bytes": r.peak_reserved_bytes,
+                    "policy": ctx.pool().policy_name(),
+                    "outputs": paths,
+                    "frames": report,
+                })
+            )
         );
     } else {
         println!(
@@ -283,6 +273,36 @@ fn decode_frames(
 }
 
 /// The per-kernel table, or why there is none.
+fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
+    if let Some(p) = &a.memory_snapshot {
+        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+            path: p.clone(),
+            source,
+        })?;
+    }
+    Ok(())
+}
+
+/// The `--json` summary: the fields both decode paths share, then `rest`.
+fn json_summary(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &wgvae::io::HostTensor,
+    rest: serde_json::Value,
+) -> serde_json::Value {
+    let mut summary = json!({
+        "adapter": ctx.caps().adapter_name,
+        "backend": format!("{:?}", ctx.caps().backend),
+        "model": vae.name,
+        "random_weights": vae.random_weights,
+        "latents_shape": latents.shape,
+    });
+    if let (Some(all), serde_json::Value::Object(rest)) = (summary.as_object_mut(), rest) {
+        all.extend(rest);
+    }
+    summary
+}
+
 pub(crate) fn print_profile(profile: Option<&wgvae::gpu::Profile>, ctx: &Context) {
     match profile {
         Some(p) if !p.kernels.is_empty() => print!("{}", p.table()),

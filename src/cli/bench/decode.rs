@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::load_average;
+use super::{load_average, TimingArgs};
 use crate::cli::context;
 use crate::cli::report::bench as rb;
 use crate::cli::tiles::BenchTileArgs;
@@ -19,12 +19,8 @@ pub(crate) struct DecodeBenchArgs {
     dtypes: Vec<String>,
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
-    #[arg(long, default_value = "planned")]
-    policy: String,
+    #[command(flatten)]
+    timing: TimingArgs,
     /// Tiling of every decode (default: off, so sizes compare untiled kernels).
     #[command(flatten)]
     tiles: BenchTileArgs,
@@ -43,9 +39,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::R
         vae: a.vae.clone(),
         sizes: a.sizes.clone(),
         batch: a.batch,
-        warmup: a.warmup,
-        runs: a.runs,
-        policy: a.policy.parse()?,
+        warmup: a.timing.warmup,
+        runs: a.timing.runs,
+        policy: a.timing.policy.parse()?,
         dtypes: precisions,
         tiling: a.tiles.tiling()?,
     };
@@ -55,9 +51,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::R
         a.sizes,
         a.dtypes,
         a.batch,
-        a.warmup,
-        a.runs,
-        a.policy,
+        a.timing.warmup,
+        a.timing.runs,
+        a.timing.policy,
         a.tiles.describe(),
         load_average()
     );

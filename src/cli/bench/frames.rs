@@ -2,7 +2,7 @@
 
 use std::path::PathBuf;
 
-use super::load_average;
+use super::{load_average, TimingArgs};
 use crate::cli::context;
 use crate::cli::report::{bench as rb, frames as rf};
 
@@ -25,12 +25,8 @@ pub(crate) struct FramesBenchArgs {
     /// Skip the one-frame-at-a-time loop baseline.
     #[arg(long)]
     no_baseline: bool,
-    #[arg(long, default_value_t = 1)]
-    warmup: usize,
-    #[arg(long, default_value_t = 3)]
-    runs: usize,
-    #[arg(long, default_value = "planned")]
-    policy: String,
+    #[command(flatten)]
+    timing: TimingArgs,
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }
@@ -56,9 +52,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::R
         size: a.size,
         chunks,
         baseline: !a.no_baseline,
-        warmup: a.warmup,
-        runs: a.runs,
-        policy: a.policy.parse()?,
+        warmup: a.timing.warmup,
+        runs: a.timing.runs,
+        policy: a.timing.policy.parse()?,
     };
     let ctx = context(cli_adapter)?;
     let load = load_average();
@@ -68,7 +64,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::R
     };
     let settings = format!(
         "vae {}, {} frames, {source}, chunks {:?}, baseline {}, warm-up {}, runs {}, policy {}, f32{load}",
-        b.vae, b.frames, a.chunk, b.baseline, b.warmup, b.runs, a.policy
+        b.vae, b.frames, a.chunk, b.baseline, b.warmup, b.runs, a.timing.policy
     );
     let (rows, samples) = rf::run_frames_bench(&ctx, &b, |m| eprintln!("{m}"))?;
     let meta = rb::Metadata::of(&ctx, settings);

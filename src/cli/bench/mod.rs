@@ -8,6 +8,17 @@ mod frames;
 
 use clap::Subcommand;
 
+/// Warm-up runs, timed runs and memory policy of the decode and frames benchmarks.
+#[derive(clap::Args)]
+pub(crate) struct TimingArgs {
+    #[arg(long, default_value_t = 1)]
+    pub(crate) warmup: usize,
+    #[arg(long, default_value_t = 3)]
+    pub(crate) runs: usize,
+    #[arg(long, default_value = "planned")]
+    pub(crate) policy: String,
+}
+
 #[derive(Subcommand)]
 pub(crate) enum BenchKind {
     /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.
