@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::tiles::default_tile_sets;
-use super::{Conv2dOptions, Conv2dWeights, ConvTiles, Prologue, NAIVE, NAIVE_WG, SOURCE, TILED};
+use super::{Call, ConvTiles, NAIVE, NAIVE_WG, SOURCE, TILED};
 use crate::error::Result;
 use crate::gpu::{Capabilities, KernelSpec, PipelineKey, StorageType, WgslSource};
 use crate::kernels::Activation;
@@ -136,17 +136,19 @@ pub(super) struct Variant {
 
 impl Variant {
     /// The variant a call needs: the weights' tiles (or `None` for the naive kernel).
-    #[allow(clippy::too_many_arguments)]
     pub(super) fn for_call(
         caps: &Capabilities,
         tiles: Option<ConvTiles>,
-        input: &Tensor,
-        w: &Conv2dWeights,
-        prologue: Option<&Prologue>,
-        residual: Option<&Tensor>,
-        out: &Tensor,
-        opts: &Conv2dOptions,
+        call: &Call,
     ) -> Result<Self> {
+        let Call {
+            input,
+            w,
+            prologue,
+            residual,
+            out,
+            opts,
+        } = *call;
         let st = |t: &Tensor| StorageType::of(t.dtype(), caps);
         Ok(Variant {
             tiles,

@@ -27,9 +27,8 @@ pub use tiles::ConvTiles;
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{
-    linear_groups, BindingKind, Context, KernelSpec, Recorder, StorageType, WgslSource,
-};
+use crate::gpu::{linear_groups, BindingKind, Context, KernelSpec, Recorder, StorageType};
+use crate::kernels::spec;
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
 
@@ -89,22 +88,10 @@ const BINDINGS: &[BindingKind] = &[
 ];
 
 /// The tiled kernel; its source gets the unrolled register block appended (`Variant::spec`).
-const TILED: KernelSpec = KernelSpec {
-    family: "conv2d",
-    source: WgslSource::Static(SOURCE),
-    entry: "conv2d",
-    bindings: BINDINGS,
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+const TILED: KernelSpec = spec::<Params>("conv2d", SOURCE, "conv2d", BINDINGS);
 
 /// The naive kernel (one output per invocation), for benchmarks.
-const NAIVE: KernelSpec = KernelSpec {
-    family: "conv2d",
-    source: WgslSource::Static(SOURCE),
-    entry: "naive",
-    bindings: BINDINGS,
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+const NAIVE: KernelSpec = spec::<Params>("conv2d", SOURCE, "naive", BINDINGS);
 
 /// Geometry options of a convolution.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -331,14 +318,26 @@ fn same_memory(a: &Tensor, b: &Tensor) -> bool {
     a.overlaps(b)
 }
 
-fn plan(
-    input: &Tensor,
-    w: &Conv2dWeights,
-    prologue: Option<&Prologue>,
-    residual: Option<&Tensor>,
-    out: &Tensor,
-    opts: &Conv2dOptions,
-) -> Result<Plan> {
+/// The tensors and options of one call, as [`conv2d`] takes them.
+#[derive(Clone, Copy)]
+struct Call<'a> {
+    input: &'a Tensor,
+    w: &'a Conv2dWeights,
+    prologue: Option<&'a Prologue<'a>>,
+    residual: Option<&'a Tensor>,
+    out: &'a Tensor,
+    opts: &'a Conv2dOptions,
+}
+
+fn plan(call: &Call) -> Result<Plan> {
+    let Call {
+        input,
+        w,
+        prologue,
+        residual,
+        out,
+        opts,
+    } = *call;
     let op = "conv2d";
     let shape_err = |msg: String| Err(Error::shape(op, msg));
     for t in [Some(input), Some(out), residual].into_iter().flatten() {
@@ -443,22 +442,16 @@ fn plan(
     })
 }
 
-fn bindings<'t>(
-    input: &'t Tensor,
-    w: &'t Conv2dWeights,
-    prologue: Option<&Prologue<'t>>,
-    residual: Option<&'t Tensor>,
-    out: &'t Tensor,
-    range_flag: Option<&'t Tensor>,
-) -> [&'t Tensor; 7] {
+fn bindings<'t>(call: &Call<'t>, range_flag: Option<&'t Tensor>) -> [&'t Tensor; 7] {
+    let w = call.w;
     let placeholder = &w.weight;
     [
-        input,
+        call.input,
         &w.weight,
         w.bias.as_ref().unwrap_or(placeholder),
-        prologue.map(|p| p.affine).unwrap_or(placeholder),
-        residual.unwrap_or(placeholder),
-        out,
+        call.prologue.map(|p| p.affine).unwrap_or(placeholder),
+        call.residual.unwrap_or(placeholder),
+        call.out,
         range_flag.unwrap_or(placeholder),
     ]
 }
@@ -488,34 +481,24 @@ pub fn conv2d(
     out: &Tensor,
     opts: &Conv2dOptions,
 ) -> Result<()> {
-    let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let mut variant = Variant::for_call(
-        rec.ctx().caps(),
-        Some(w.tiles),
+    let call = Call {
         input,
         w,
-        prologue.as_ref(),
+        prologue: prologue.as_ref(),
         residual,
         out,
         opts,
-    )?;
-    let groups_xy = linear_groups(rec.ctx(), plan.params.ntiles as u64)?;
-    let gz = plan.n as u64 * plan.params.mtiles as u64;
-    let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
-        what: "conv2d (batch x Cout tiles)".into(),
-        groups: gz,
-        limit: rec.ctx().caps().max_compute_workgroups_per_dimension,
-    })?;
-    let flag = range_flag_for(rec, &mut variant);
-    let tensors = bindings(input, w, prologue.as_ref(), residual, out, flag.as_ref());
-    rec.dispatch(
-        &variant.spec(),
-        &variant.key(),
-        &plan.params,
-        &tensors,
-        [groups_xy[0], groups_xy[1], gz],
-        plan.macs,
-    )
+    };
+    record(rec, &call, Some(w.tiles), |ctx, plan| {
+        let groups_xy = linear_groups(ctx, plan.params.ntiles as u64)?;
+        let gz = plan.n as u64 * plan.params.mtiles as u64;
+        let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
+            what: "conv2d (batch x Cout tiles)".into(),
+            groups: gz,
+            limit: ctx.caps().max_compute_workgroups_per_dimension,
+        })?;
+        Ok([groups_xy[0], groups_xy[1], gz])
+    })
 }
 
 /// The same convolution with one output per invocation and no workgroup-memory reuse.
@@ -529,27 +512,40 @@ pub fn conv2d_naive(
     out: &Tensor,
     opts: &Conv2dOptions,
 ) -> Result<()> {
-    let plan = plan(input, w, prologue.as_ref(), residual, out, opts)?;
-    let mut variant = Variant::for_call(
-        rec.ctx().caps(),
-        None,
+    let call = Call {
         input,
         w,
-        prologue.as_ref(),
+        prologue: prologue.as_ref(),
         residual,
         out,
         opts,
-    )?;
-    let per_image = w.cout as u64 * plan.params.npix as u64;
-    let groups = linear_groups(rec.ctx(), per_image.div_ceil(NAIVE_WG as u64))?;
+    };
+    record(rec, &call, None, |ctx, plan| {
+        let per_image = w.cout as u64 * plan.params.npix as u64;
+        let groups = linear_groups(ctx, per_image.div_ceil(NAIVE_WG as u64))?;
+        Ok([groups[0], groups[1], plan.n as u32])
+    })
+}
+
+/// Checks `call`, picks its variant (`tiles`, or `None` for the naive kernel)
+/// and records it over the workgroups `groups` gives for its plan.
+fn record(
+    rec: &mut Recorder,
+    call: &Call,
+    tiles: Option<ConvTiles>,
+    groups: impl FnOnce(&Context, &Plan) -> Result<[u32; 3]>,
+) -> Result<()> {
+    let plan = plan(call)?;
+    let mut variant = Variant::for_call(rec.ctx().caps(), tiles, call)?;
+    let groups = groups(rec.ctx(), &plan)?;
     let flag = range_flag_for(rec, &mut variant);
-    let tensors = bindings(input, w, prologue.as_ref(), residual, out, flag.as_ref());
+    let tensors = bindings(call, flag.as_ref());
     rec.dispatch(
         &variant.spec(),
         &variant.key(),
         &plan.params,
         &tensors,
-        [groups[0], groups[1], plan.n as u32],
+        groups,
         plan.macs,
     )
 }

@@ -24,6 +24,23 @@ const SMALL_SHARED: ConvTiles = ConvTiles {
     direct: false,
 };
 
+/// Stride `stride`, zero padding `pad` (top, left, bottom, right), no upsample.
+fn strided(stride: u32, pad: [u32; 4]) -> Conv2dOptions {
+    Conv2dOptions {
+        stride,
+        pad,
+        upsample: false,
+    }
+}
+
+/// Nearest-2x upsample fused into a "same" k×k convolution (the decoder's upsampler).
+fn upsampled(k: u32) -> Conv2dOptions {
+    Conv2dOptions {
+        upsample: true,
+        ..Conv2dOptions::same(k)
+    }
+}
+
 /// One GPU-vs-CPU comparison. Tolerance: |got - want| <= 1e-5 + 1e-4 |want| (f32).
 #[derive(Clone, Copy)]
 struct Case {
@@ -169,10 +186,7 @@ impl Case {
 /// in-place residual block, on odd shapes.
 #[test]
 fn half_storage_matches_cpu() {
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     let block = Case {
         act: Some(Activation::Silu),
         residual: true,
@@ -227,43 +241,27 @@ fn conv1x1_odd_shapes_match_cpu() {
 #[test]
 fn stride2_and_asymmetric_padding_match_cpu() {
     // The VAE encoder's downsampling conv: pad (top 0, left 0, bottom 1, right 1), stride 2.
-    let enc = Conv2dOptions {
-        stride: 2,
-        pad: [0, 0, 1, 1],
-        upsample: false,
-    };
+    let enc = strided(2, [0, 0, 1, 1]);
     Case {
         opts: enc,
         ..Case::new(2, 37, 19, 23, 67, 3)
     }
     .run_small(7);
-    let sym = Conv2dOptions {
-        stride: 2,
-        pad: [1; 4],
-        upsample: false,
-    };
+    let sym = strided(2, [1; 4]);
     Case {
         opts: sym,
         bias: false,
         ..Case::new(1, 5, 9, 12, 7, 3)
     }
     .run_small(9);
-    let one = Conv2dOptions {
-        stride: 2,
-        pad: [0; 4],
-        upsample: false,
-    };
+    let one = strided(2, [0; 4]);
     Case {
         opts: one,
         ..Case::new(1, 6, 9, 11, 10, 1)
     }
     .run_small(10);
     // Asymmetric padding at stride 1 (wider on the left and bottom).
-    let asym = Conv2dOptions {
-        stride: 1,
-        pad: [0, 2, 1, 0],
-        upsample: false,
-    };
+    let asym = strided(1, [0, 2, 1, 0]);
     Case {
         opts: asym,
         ..Case::new(1, 6, 8, 9, 5, 3)
@@ -273,19 +271,13 @@ fn stride2_and_asymmetric_padding_match_cpu() {
 
 #[test]
 fn upsample_matches_cpu() {
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     Case {
         opts: up,
         ..Case::new(2, 37, 7, 9, 67, 3)
     }
     .run_small(11);
-    let up1 = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(1)
-    };
+    let up1 = upsampled(1);
     Case {
         opts: up1,
         ..Case::new(1, 6, 5, 3, 9, 1)
@@ -306,10 +298,7 @@ fn prologue_silu_relu_match_cpu() {
         .run_small(20 + i as u64);
     }
     // With upsample and padding: padded taps stay exactly 0 after the transform.
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     Case {
         act: Some(Activation::Silu),
         opts: up,
@@ -353,10 +342,7 @@ fn engine_default_tiles_match_cpu() {
         ..Case::new(1, 64, 9, 11, 67, 1)
     }
     .run(41);
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     let block = Case {
         act: Some(Activation::Silu),
         residual: true,
@@ -377,11 +363,7 @@ fn gpu_default_tiles_match_cpu() {
         ..Case::new(2, 37, 19, 23, 67, 3)
     }
     .run(43);
-    let enc = Conv2dOptions {
-        stride: 2,
-        pad: [0, 0, 1, 1],
-        upsample: false,
-    };
+    let enc = strided(2, [0, 0, 1, 1]);
     let mid = ConvTiles::for_layer(&gpu, 64, 3);
     Case {
         tiles: Some(mid),
@@ -418,11 +400,7 @@ fn naive_kernel_matches_cpu() {
         ..Case::new(2, 37, 9, 13, 67, 3)
     }
     .run(50);
-    let enc = Conv2dOptions {
-        stride: 2,
-        pad: [0, 0, 1, 1],
-        upsample: false,
-    };
+    let enc = strided(2, [0, 0, 1, 1]);
     Case {
         naive: true,
         opts: enc,
@@ -431,10 +409,7 @@ fn naive_kernel_matches_cpu() {
         ..Case::new(1, 6, 9, 11, 10, 3)
     }
     .run(51);
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     Case {
         naive: true,
         opts: up,
@@ -447,16 +422,9 @@ fn naive_kernel_matches_cpu() {
 #[test]
 fn output_size_and_macs() {
     assert_eq!(output_size(64, 64, 3, &Conv2dOptions::same(3)), (64, 64));
-    let enc = Conv2dOptions {
-        stride: 2,
-        pad: [0, 0, 1, 1],
-        upsample: false,
-    };
+    let enc = strided(2, [0, 0, 1, 1]);
     assert_eq!(output_size(512, 512, 3, &enc), (256, 256));
-    let up = Conv2dOptions {
-        upsample: true,
-        ..Conv2dOptions::same(3)
-    };
+    let up = upsampled(3);
     assert_eq!(output_size(64, 32, 3, &up), (128, 64));
     assert_eq!(output_size(7, 5, 1, &Conv2dOptions::same(1)), (7, 5));
     assert_eq!(macs(1, 512, 512, 64, 64, 3), 512 * 512 * 64 * 64 * 9);
