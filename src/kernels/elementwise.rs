@@ -3,9 +3,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{
-    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
-};
+use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::{linear_groups, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::kernels::spec;
 use crate::tensor::Tensor;
 
 const SOURCE: &str = include_str!("../../shaders/elementwise.wgsl");
@@ -27,22 +27,11 @@ pub struct Params {
 }
 
 /// `out = f(x)` ([`unary`]).
-pub const UNARY: KernelSpec = KernelSpec {
-    family: "elementwise",
-    source: WgslSource::Static(SOURCE),
-    entry: "unary",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const UNARY: KernelSpec = spec::<Params>("elementwise", SOURCE, "unary", &[Read, ReadWrite]);
 
 /// `out = x + y` ([`add`]).
-pub const BINARY: KernelSpec = KernelSpec {
-    family: "elementwise",
-    source: WgslSource::Static(SOURCE),
-    entry: "binary",
-    bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const BINARY: KernelSpec =
+    spec::<Params>("elementwise", SOURCE, "binary", &[Read, Read, ReadWrite]);
 
 /// A one-input elementwise function.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -26,9 +26,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{
-    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
-};
+use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::{linear_groups, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::kernels::spec;
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
 
@@ -82,39 +82,21 @@ pub struct Params {
     pub planes: u32,
 }
 
-const UNIFORM_SIZE: u64 = std::mem::size_of::<Params>() as u64;
-
 /// Pass 1: partial sums per group and slot.
-pub const PARTIALS: KernelSpec = KernelSpec {
-    family: "group_norm",
-    source: WgslSource::Static(SOURCE),
-    entry: "partials",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: UNIFORM_SIZE,
-};
+pub const PARTIALS: KernelSpec =
+    spec::<Params>("group_norm", SOURCE, "partials", &[Read, ReadWrite]);
 
 /// Pass 2: combines partials into per-(sample, channel) scale and shift.
-pub const COMBINE: KernelSpec = KernelSpec {
-    family: "group_norm",
-    source: WgslSource::Static(SOURCE),
-    entry: "combine",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::ReadWrite,
-    ],
-    uniform_size: UNIFORM_SIZE,
-};
+pub const COMBINE: KernelSpec = spec::<Params>(
+    "group_norm",
+    SOURCE,
+    "combine",
+    &[Read, Read, Read, ReadWrite],
+);
 
 /// Pass 3: applies scale, shift and the activation.
-pub const APPLY: KernelSpec = KernelSpec {
-    family: "group_norm",
-    source: WgslSource::Static(SOURCE),
-    entry: "apply",
-    bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: UNIFORM_SIZE,
-};
+pub const APPLY: KernelSpec =
+    spec::<Params>("group_norm", SOURCE, "apply", &[Read, Read, ReadWrite]);
 
 /// The part of each `H x W` plane a statistics pass covers (a tile's own
 /// pixels, excluding the halo it shares with neighbours).

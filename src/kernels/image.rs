@@ -5,9 +5,11 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
+use crate::gpu::BindingKind::{Read, ReadWrite};
 use crate::gpu::{
     linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
 };
+use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/image.wgsl");
@@ -29,22 +31,10 @@ pub struct Params {
 }
 
 /// `to_rgba8`: packed RGBA8 into a tensor.
-pub const TO_RGBA8: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_rgba8",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_RGBA8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgba8", &[Read, ReadWrite]);
 
 /// `to_rgb8`: the RGB8 byte stream packed 4 bytes per u32 word.
-pub const TO_RGB8: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_rgb8",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_RGB8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgb8", &[Read, ReadWrite]);
 
 /// `to_texture` into an `Rgba8Unorm` storage texture: the bytes of [`to_rgba8`].
 pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
@@ -241,6 +231,8 @@ pub fn cpu_to_rgb8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -
     out
 }
 
+// The texture specs are literals, not `spec(..)` calls: only a literal's
+// constant is promoted to the `&'static` this hands out.
 fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
     match format {
         wgpu::TextureFormat::Rgba8Unorm => Some(&TO_TEXTURE_RGBA8),

@@ -4,7 +4,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{BindingKind, KernelSpec, PipelineKey, Recorder, WgslSource};
+use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::{KernelSpec, PipelineKey, Recorder};
+use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
@@ -41,27 +43,11 @@ pub struct Params {
 }
 
 /// `out = alpha · A · B`.
-pub const MATMUL: KernelSpec = KernelSpec {
-    family: "matmul",
-    source: WgslSource::Static(SOURCE),
-    entry: "matmul",
-    bindings: &[BindingKind::Read, BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const MATMUL: KernelSpec = spec::<Params>("matmul", SOURCE, "matmul", &[Read, Read, ReadWrite]);
 
 /// `out = alpha · A · B + bias` (bias per column).
-pub const MATMUL_BIAS: KernelSpec = KernelSpec {
-    family: "matmul",
-    source: WgslSource::Static(SOURCE),
-    entry: "matmul",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::ReadWrite,
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const MATMUL_BIAS: KernelSpec =
+    spec::<Params>("matmul", SOURCE, "matmul", &[Read, Read, Read, ReadWrite]);
 
 /// How the operands are read.
 #[derive(Clone, Copy, Debug, PartialEq)]

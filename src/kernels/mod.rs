@@ -12,6 +12,25 @@ pub mod image;
 pub mod matmul;
 pub mod tensor_ops;
 
+use crate::gpu::{BindingKind, KernelSpec, WgslSource};
+
+/// The spec of entry `entry` in the compiled-in shader file `source` of
+/// `family`, with uniforms `P` and storage `bindings` 1.. in order.
+const fn spec<P>(
+    family: &'static str,
+    source: &'static str,
+    entry: &'static str,
+    bindings: &'static [BindingKind],
+) -> KernelSpec {
+    KernelSpec {
+        family,
+        source: WgslSource::Static(source),
+        entry,
+        bindings,
+        uniform_size: std::mem::size_of::<P>() as u64,
+    }
+}
+
 /// An activation applied inside a kernel (fused), never materialised.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
 pub enum Activation {

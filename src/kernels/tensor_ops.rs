@@ -4,9 +4,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::{
-    linear_groups, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
-};
+use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::{linear_groups, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../shaders/tensor_ops.wgsl");
@@ -46,13 +46,8 @@ pub struct Params {
 }
 
 /// Copies a window of every plane into a window of another tensor.
-pub const COPY_WINDOW: KernelSpec = KernelSpec {
-    family: "tensor_ops",
-    source: WgslSource::Static(SOURCE),
-    entry: "copy_window",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const COPY_WINDOW: KernelSpec =
+    spec::<Params>("tensor_ops", SOURCE, "copy_window", &[Read, ReadWrite]);
 
 /// `None`: raw 32-bit words (f32, rgba8); else 16-bit elements of this storage.
 fn key(half: Option<StorageType>) -> PipelineKey {

@@ -26,9 +26,9 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::attention::Mask;
 use crate::error::{Error, Result};
-use crate::gpu::{
-    linear_groups, BindingKind, Capabilities, KernelSpec, PipelineKey, Recorder, WgslSource,
-};
+use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::{linear_groups, Capabilities, KernelSpec, PipelineKey, Recorder};
+use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
@@ -91,37 +91,21 @@ pub struct Params {
 }
 
 /// Attention with f32 K/V: q, k, v, stats (scratch of split key ranges), out.
-pub const ATTENTION: KernelSpec = KernelSpec {
-    family: "attention",
-    source: WgslSource::Static(SOURCE),
-    entry: "attention",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::ReadWrite,
-        BindingKind::ReadWrite,
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const ATTENTION: KernelSpec = spec::<Params>(
+    "attention",
+    SOURCE,
+    "attention",
+    &[Read, Read, Read, ReadWrite, ReadWrite],
+);
 
 /// Attention with int8 K/V: q, k codes, k scales, v codes, v scales,
 /// stats, out.
-pub const ATTENTION_INT8: KernelSpec = KernelSpec {
-    family: "attention",
-    source: WgslSource::Static(SOURCE),
-    entry: "attention",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::Read,
-        BindingKind::ReadWrite,
-        BindingKind::ReadWrite,
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const ATTENTION_INT8: KernelSpec = spec::<Params>(
+    "attention",
+    SOURCE,
+    "attention",
+    &[Read, Read, Read, Read, Read, ReadWrite, ReadWrite],
+);
 
 /// Uniforms of the `kv_append` entry.
 #[repr(C)]
@@ -162,26 +146,16 @@ pub struct AppendParams {
 }
 
 /// KV append as an f32 copy: src, dst.
-pub const KV_APPEND: KernelSpec = KernelSpec {
-    family: "attention",
-    source: WgslSource::Static(SOURCE),
-    entry: "kv_append",
-    bindings: &[BindingKind::Read, BindingKind::ReadWrite],
-    uniform_size: std::mem::size_of::<AppendParams>() as u64,
-};
+pub const KV_APPEND: KernelSpec =
+    spec::<AppendParams>("attention", SOURCE, "kv_append", &[Read, ReadWrite]);
 
 /// KV append with int8 quantisation: src, codes, scales.
-pub const KV_APPEND_INT8: KernelSpec = KernelSpec {
-    family: "attention",
-    source: WgslSource::Static(SOURCE),
-    entry: "kv_append",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::ReadWrite,
-        BindingKind::ReadWrite,
-    ],
-    uniform_size: std::mem::size_of::<AppendParams>() as u64,
-};
+pub const KV_APPEND_INT8: KernelSpec = spec::<AppendParams>(
+    "attention",
+    SOURCE,
+    "kv_append",
+    &[Read, ReadWrite, ReadWrite],
+);
 
 /// Invocations per workgroup of `kv_append` (one per token-head row).
 pub const APPEND_WG: u32 = 64;
