@@ -360,6 +360,7 @@ impl PipelineCache {
         }
         let source = preprocess(&*spec.source, key)?;
         let label = format!("{}::{}", key.family, key.entry);
+        let started = std::time::Instant::now();
         // Innermost scope: validation (a bug in a shader); outer: out of memory.
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
@@ -400,6 +401,11 @@ impl PipelineCache {
                 message: e.to_string(),
             });
         }
+        // Driver compile time: on software drivers the main cost of a cold start.
+        log::debug!(
+            "compiled {label} {key:?} in {:.0} ms",
+            started.elapsed().as_secs_f64() * 1e3
+        );
         let cached = Arc::new(CachedPipeline { pipeline, layout });
         self.map.lock().insert(key.clone(), cached.clone());
         Ok(cached)
