@@ -162,10 +162,10 @@ impl DecodeJob<'_> {
             let (height, width) = (rgba.h, rgba.w);
             let reading = Instant::now();
             let raw = match raw {
-                Some(r) => ex.gather_host(r)?,
+                Some(r) => ex.gather_host(r)?.into_data(),
                 None => None,
             };
-            let rgba = ex.gather_host(rgba)?;
+            let rgba = ex.gather_host(rgba)?.into_data();
             Ok((rgba, raw, height, width, ms_since(reading)))
         })
     }

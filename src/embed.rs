@@ -42,7 +42,7 @@
 //! `ConvTiles` add more. It holds no device objects and cannot make one
 //! engine's results depend on another's.
 
-use std::sync::Mutex;
+use parking_lot::Mutex;
 
 use crate::decode::{decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
@@ -345,11 +345,10 @@ impl Engine {
         Ok((size(w)?, size(h)?))
     }
 
-    fn lock(&self) -> std::sync::MutexGuard<'_, ()> {
-        // A panic while recording leaves nothing half-done in the engine itself.
-        self.recording
-            .lock()
-            .unwrap_or_else(|poisoned| poisoned.into_inner())
+    fn lock(&self) -> parking_lot::MutexGuard<'_, ()> {
+        // parking_lot does not poison: a panic while recording leaves
+        // nothing half-done in the engine itself.
+        self.recording.lock()
     }
 
     fn prepare<'a>(&self, latents: &'a Latents<'a>) -> Result<Prepared<'a>> {

@@ -90,7 +90,7 @@ impl EncodeJob<'_> {
                 };
                 let (shape, dtype) = ([out.n, out.c, out.h, out.w], out.dtype());
                 // Half encoders leave their output in 16 bits: widen to f32 bytes.
-                let data = match ex.gather_host(out)? {
+                let data = match ex.gather_host(out)?.into_data() {
                     Some(b) => Some(
                         bytemuck::cast_slice(&crate::tensor::f32_from_bytes_of(dtype, &b)?)
                             .to_vec(),
@@ -132,7 +132,7 @@ pub fn encode(
     if let EncoderKind::Tae(_) = enc.encoder {
         if opts.sample.is_some() {
             return Err(Error::InvalidInput(
-                "--sample: TAE encoders are deterministic (they output latents, not a distribution); sampling needs an AutoencoderKL encoder".into(),
+                "`EncodeOptions::sample`: TAE encoders are deterministic (they output latents, not a distribution); sampling needs an AutoencoderKL encoder".into(),
             ));
         }
     }

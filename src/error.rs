@@ -11,7 +11,7 @@ pub type Result<T, E = Error> = std::result::Result<T, E>;
 #[derive(Debug, thiserror::Error)]
 pub enum Error {
     /// No adapter matched the request (backend, name filter).
-    #[error("no GPU adapter found{0}; install a Vulkan driver (on a CPU-only machine: `apt-get install mesa-vulkan-drivers libvulkan1`) or relax WGPU_BACKEND / WGPU_ADAPTER_NAME / --adapter")]
+    #[error("no GPU adapter found{0}; install a Vulkan driver (on a CPU-only machine: `apt-get install mesa-vulkan-drivers libvulkan1`) or relax WGPU_BACKEND / WGPU_ADAPTER_NAME / `ContextOptions::adapter`")]
     NoAdapter(String),
 
     /// The adapter refused to create a device.
@@ -34,7 +34,7 @@ pub enum Error {
     },
 
     /// The device ran out of memory.
-    #[error("GPU out of memory during {during} ({message}); lower the image size, use tiling (--tile exact) or set --max-memory")]
+    #[error("GPU out of memory during {during} ({message}); lower the image size, use tiling (`TileMode::Exact`) or set `Tiling::max_memory`")]
     OutOfMemory {
         /// What the engine was doing.
         during: String,
@@ -47,7 +47,7 @@ pub enum Error {
     DeviceLost(String),
 
     /// A single buffer larger than the device allows.
-    #[error("{what} needs a buffer of {bytes} bytes but the device's max_buffer_size is {limit} bytes; use tiling (--tile exact) or a smaller size")]
+    #[error("{what} needs a buffer of {bytes} bytes but the device's max_buffer_size is {limit} bytes; use tiling (`TileMode::Exact`) or a smaller size")]
     BufferTooLarge {
         /// The buffer's purpose.
         what: String,
@@ -58,7 +58,7 @@ pub enum Error {
     },
 
     /// A tensor too large to bind as one storage buffer.
-    #[error("{what} is {bytes} bytes but the device's max_storage_buffer_binding_size is {limit} bytes; decode with tiling (--tile exact / --tile auto) or a smaller size")]
+    #[error("{what} is {bytes} bytes but the device's max_storage_buffer_binding_size is {limit} bytes; decode with tiling (`TileMode::Exact` / `TileMode::Auto`) or a smaller size")]
     BindingTooLarge {
         /// The tensor (label and shape).
         what: String,

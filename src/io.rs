@@ -215,7 +215,7 @@ pub fn read_safetensors_tensor(path: &Path, key: Option<&str>) -> Result<HostTen
             return Err(bad(
                 path,
                 format!(
-                    "the file holds {} tensors ({}); choose one with --key NAME",
+                    "the file holds {} tensors ({}); choose one with the `key` argument",
                     n.len(),
                     n.join(", ")
                 ),
@@ -336,7 +336,7 @@ pub fn load_image(path: &Path, pad: bool) -> Result<HostTensor> {
     if (pw, ph) != (w, h) && !pad {
         return Err(Error::BadFile {
             path: path.to_path_buf(),
-            message: format!("{w}×{h} is not a multiple of 8 in each dimension; crop it, or pass --pad to extend the edges to {pw}×{ph}"),
+            message: format!("{w}×{h} is not a multiple of 8 in each dimension; crop it, or load it with `pad` set to extend the edges to {pw}×{ph}"),
         });
     }
     let mut data = vec![0.0f32; 3 * ph * pw];
@@ -432,7 +432,7 @@ mod tests {
         ];
         safetensors::serialize_to_file(views, None, &p).unwrap();
         let e = load_latents(&p, None, 4).unwrap_err().to_string();
-        assert!(e.contains("--key"), "{e}");
+        assert!(e.contains("`key` argument"), "{e}");
         assert_eq!(load_latents(&p, Some("b"), 4).unwrap().data, vec![2.0; 16]);
         assert!(load_latents(&p, Some("c"), 4)
             .unwrap_err()

@@ -11,7 +11,7 @@ fn main() -> ExitCode {
     match cli::run(&cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("error: {e}");
+            eprintln!("error: {}", cli::in_cli_terms(&e.to_string()));
             ExitCode::FAILURE
         }
     }

@@ -30,7 +30,7 @@
 //! # Memory
 //! `max_memory` bounds the pool's peak *allocated* bytes of the whole decode,
 //! weights included. The plan is found with dry runs of the same code
-//! ([`Context::dry_run`]): first with every tile parked on the host, whose
+//! ([`Context::null`]): first with every tile parked on the host, whose
 //! peak is the working set `W` of the largest step; then parked device bytes
 //! are capped at `max_memory - (already allocated) - W` and a second dry run
 //! checks the peak. Parking decisions depend only on byte counts, so the real
@@ -42,7 +42,7 @@
 //! [`group_norm_partials`]: crate::kernels::group_norm::group_norm_partials
 //! [`group_norm_combine`]: crate::kernels::group_norm::group_norm_combine
 //! [`flash_attention_block`]: crate::kernels::attention::flash_attention_block
-//! [`Context::dry_run`]: crate::gpu::Context::dry_run
+//! [`Context::null`]: crate::gpu::Context::null
 
 use std::sync::Arc;
 

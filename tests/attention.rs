@@ -633,7 +633,7 @@ fn int8_cache_is_under_a_third_of_f32() {
     let ratio = cfg.bytes() as f64 / f32_bytes as f64;
     println!("int8 / f32 KV bytes at d = 128: {ratio:.4}");
     assert!(ratio <= 0.3, "{ratio}");
-    let ctx = Context::dry_run(Capabilities::reference_gpu(), Policy::Exact.new_pool());
+    let ctx = Context::null(Capabilities::reference_gpu(), Policy::Exact.new_pool());
     let ring = RingKvCache::new(&ctx, cfg).unwrap();
     assert_eq!(ring.kv_bytes(), cfg.bytes());
 }
@@ -652,7 +652,7 @@ fn vae_4096_mid_block_attention_needs_no_n2_buffer() {
     caps.max_storage_buffer_binding_size = 1 << 40;
     caps.max_buffer_size = 1 << 40;
     let tracer = Arc::new(TracingPool::new());
-    let ctx = Context::dry_run(caps, tracer.clone());
+    let ctx = Context::null(caps, tracer.clone());
     let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
     let z = wgvae::io::HostTensor::new(vec![1, 4, 512, 512], vec![0.0; 4 * 512 * 512]).unwrap();
     let mut rec = Recorder::new(&ctx);
@@ -699,7 +699,7 @@ fn vae_4096_mid_block_attention_needs_no_n2_buffer() {
 fn vae_4096_whole_decode_plans_without_an_n2_buffer() {
     let caps = Capabilities::reference_gpu();
     let tracer = Arc::new(TracingPool::new());
-    let ctx = Context::dry_run(caps.clone(), tracer.clone());
+    let ctx = Context::null(caps.clone(), tracer.clone());
     let vae = Vae::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
     let z = wgvae::io::HostTensor::new(vec![1, 4, 512, 512], vec![0.0; 4 * 512 * 512]).unwrap();
     let opts = wgvae::decode::DecodeOptions {

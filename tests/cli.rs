@@ -260,6 +260,25 @@ fn tiled_decode_and_estimate_through_the_cli() {
         !ok && err.contains("--tile-overlap applies to --tile fast only"),
         "{err}"
     );
+    // The library names its option (`Tiling::overlap`); the CLI shows the flag.
+    let (ok, _, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        png.to_str().unwrap(),
+        "--tile",
+        "fast",
+        "--tile-size",
+        "64",
+        "--tile-overlap",
+        "64",
+    ]);
+    assert!(
+        !ok && err.contains("--tile-overlap 64: must be a multiple of 8 below the tile size 64"),
+        "{err}"
+    );
     let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
     args.push(png.to_str().unwrap());
     args.extend(tile);

@@ -104,7 +104,7 @@ fn image_sizes_must_be_multiples_of_8_unless_padded() {
         .save(&tmp)
         .unwrap();
     let e = load_image(&tmp, false).unwrap_err().to_string();
-    assert!(e.contains("multiple of 8") && e.contains("--pad"), "{e}");
+    assert!(e.contains("multiple of 8") && e.contains("`pad`"), "{e}");
     let padded = load_image(&tmp, true).unwrap();
     assert_eq!(padded.shape, vec![1, 3, 16, 16]);
     assert!(
@@ -187,7 +187,10 @@ fn tae_encoders_refuse_sample_and_ignore_raw_latents() {
         ..Default::default()
     };
     let e = encode(&ctx, &enc, &img, &sample).err().unwrap().to_string();
-    assert!(e.contains("--sample") && e.contains("deterministic"), "{e}");
+    assert!(
+        e.contains("`EncodeOptions::sample`") && e.contains("deterministic"),
+        "{e}"
+    );
     // raw_latents changes nothing for TAE latents (the CLI rejects the flag).
     let raw = EncodeOptions {
         raw_latents: true,

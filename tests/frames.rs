@@ -247,7 +247,7 @@ fn bad_frame_inputs_are_errors() {
     assert_eq!(seen, vec![0, 1, 2]);
 
     // Dry runs predict memory; they have no frames to hand over.
-    let dry = Context::dry_run(
+    let dry = Context::null(
         ctx.caps().clone(),
         Arc::new(wgvae::memory::ExactPool::new()),
     );

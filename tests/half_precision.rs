@@ -169,7 +169,7 @@ fn auto_precision_follows_the_model() {
             (&with_f16, StorageType::F16),
             (&without_f16, StorageType::F16Packed),
         ] {
-            let ctx = wgvae::gpu::Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+            let ctx = wgvae::gpu::Context::null(caps.clone(), Policy::Exact.new_pool());
             let vae = Vae::load(&ctx, &spec, &auto).unwrap();
             assert_eq!(vae.dtype, want, "{preset}");
             if want == DType::F16 {
@@ -417,7 +417,7 @@ fn peak_breakdown(
     use std::sync::Arc;
     use wgvae::memory::TracingPool;
     let tracer = Arc::new(TracingPool::new());
-    let dry = wgvae::gpu::Context::dry_run(test_context().caps().clone(), tracer.clone());
+    let dry = wgvae::gpu::Context::null(test_context().caps().clone(), tracer.clone());
     let opts = LoadOptions {
         precision,
         ..Default::default()

@@ -274,11 +274,11 @@ fn host_parking_over_the_host_limit_fails_early() {
     let err = err.to_string();
     println!("{err}");
     assert!(
-        err.contains("1.0 MiB are available") && err.contains("--max-host-memory"),
+        err.contains("1.0 MiB are available") && err.contains("`Tiling::max_host_memory`"),
         "{err}"
     );
     assert!(
-        err.contains("raise --max-memory") && err.contains("smaller image"),
+        err.contains("raise `Tiling::max_memory`") && err.contains("smaller image"),
         "{err}"
     );
     // The same decode within a roomy host limit runs and parks on the host.

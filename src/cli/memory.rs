@@ -72,7 +72,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
         (e, a.dtype.clone())
     } else {
         // The latent channel count comes from the model: load it once in a dry run.
-        let probe = Context::dry_run(caps.clone(), Policy::Exact.new_pool());
+        let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
         let probe = Vae::load(&probe, &a.vae, &load)?;
         let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
         let shape = [a.batch, channels, h / 8, w / 8];

@@ -5,11 +5,14 @@
 mod bench;
 mod decode;
 mod encode;
+mod flags;
 mod info;
 mod memory;
 mod progress;
 mod report;
 mod tiles;
+
+pub(crate) use flags::in_cli_terms;
 
 use clap::{Parser, Subcommand};
 use wgvae::gpu::{AdapterChoice, Context, ContextOptions};

@@ -447,20 +447,10 @@ impl Context {
         }
     }
 
-    /// [`Context::null`] under its older name.
-    pub fn dry_run(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
-        Self::null(caps, pool)
-    }
-
     /// True on a null device ([`Context::null`]): for the device and pool
-    /// layers (and executors not yet free of it); front ends never ask.
+    /// layers; models, executors and front ends never ask.
     pub fn is_null(&self) -> bool {
         self.inner.null
-    }
-
-    /// [`Context::is_null`] under its older name.
-    pub fn is_dry_run(&self) -> bool {
-        self.is_null()
     }
 
     /// Host memory available for parked tiles: `MemAvailable` of

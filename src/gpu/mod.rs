@@ -3,6 +3,7 @@
 //! [`Recorder`] that records kernels into one command encoder.
 
 mod context;
+mod host;
 mod pipeline;
 mod profiler;
 mod recorder;
@@ -16,6 +17,7 @@ pub use context::{
     default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary,
     Capabilities, Context, ContextOptions,
 };
+pub(crate) use host::{read_back_host, HostBytes};
 #[doc(hidden)]
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};
 pub(crate) use profiler::SubmitStats;

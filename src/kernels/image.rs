@@ -323,9 +323,6 @@ pub fn to_texture(
         images: 0,
         words: 0,
     };
-    if rec.ctx().is_null() {
-        return Ok(());
-    }
     let view = texture.create_view(&wgpu::TextureViewDescriptor {
         label: Some("wgvae output texture"),
         format: Some(format),

@@ -1,5 +1,5 @@
+use parking_lot::Mutex;
 use std::collections::BTreeMap;
-use std::sync::Mutex;
 
 use super::{
     round_up, Backing, Block, BlockSnapshot, MemoryPool, MemoryStats, PoolSnapshot, SegmentPool,
@@ -32,24 +32,13 @@ impl MemoryPool for ExactPool {
         // wgpu needs sizes that are multiples of 4 for copies; never zero-sized.
         let size = round_up(bytes.max(4), 4);
         let buffer = backing.create_buffer(size, label).inspect_err(|_| {
-            self.state.lock().expect("pool poisoned").0.num_ooms += 1;
+            self.state.lock().0.num_ooms += 1;
         })?;
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         s.1 += 1;
         let id = s.1;
-        self.live
-            .lock()
-            .expect("pool poisoned")
-            .insert(id, (size, bytes));
-        let st = &mut s.0;
-        st.num_allocs += 1;
-        st.num_device_alloc += 1;
-        st.allocated_bytes.add(size);
-        st.active_bytes.add(size);
-        st.reserved_bytes.add(size);
-        st.requested_bytes.add(bytes);
-        st.allocation.add(1);
-        st.segment.add(1);
+        self.live.lock().insert(id, (size, bytes));
+        s.0.on_alloc(size, bytes, Some(size));
         Ok(Block {
             buffer,
             offset: 0,
@@ -63,36 +52,18 @@ impl MemoryPool for ExactPool {
     fn release(&self, block: &Block) {
         // Dropping (not destroying) the handle: commands recorded but not yet
         // submitted may still use it, and wgpu frees it when they complete.
-        let mut s = self.state.lock().expect("pool poisoned");
-        self.live.lock().expect("pool poisoned").remove(&block.id);
-        let st = &mut s.0;
-        st.num_device_free += 1;
-        st.allocated_bytes.sub(block.size);
-        st.active_bytes.sub(block.size);
-        st.reserved_bytes.sub(block.size);
-        st.requested_bytes.sub(block.requested);
-        st.allocation.sub(1);
-        st.segment.sub(1);
+        let mut s = self.state.lock();
+        self.live.lock().remove(&block.id);
+        s.0.on_release(block.size, block.requested);
+        s.0.on_segment_freed(block.size);
     }
 
     fn stats(&self) -> MemoryStats {
-        self.state.lock().expect("pool poisoned").0.clone()
+        self.state.lock().0.clone()
     }
 
     fn reset_peak_stats(&self) {
-        let mut s = self.state.lock().expect("pool poisoned");
-        let st = &mut s.0;
-        for x in [
-            &mut st.allocated_bytes,
-            &mut st.reserved_bytes,
-            &mut st.active_bytes,
-            &mut st.inactive_split_bytes,
-            &mut st.requested_bytes,
-            &mut st.allocation,
-            &mut st.segment,
-        ] {
-            x.reset_peak();
-        }
+        self.state.lock().0.reset_peaks();
     }
 
     fn empty_cache(&self) {}
@@ -103,8 +74,8 @@ impl MemoryPool for ExactPool {
 
     /// One segment per live tensor.
     fn snapshot(&self) -> PoolSnapshot {
-        let s = self.state.lock().expect("pool poisoned");
-        let live = self.live.lock().expect("pool poisoned");
+        let s = self.state.lock();
+        let live = self.live.lock();
         PoolSnapshot {
             policy: self.policy_name().to_string(),
             stats: s.0.clone(),

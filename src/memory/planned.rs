@@ -7,9 +7,10 @@
 //! Allocations outside a planned forward (weights, constants) get one buffer
 //! each, as in the `exact` policy.
 
+use parking_lot::Mutex;
 use std::any::Any;
 use std::collections::{BTreeMap, HashMap};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 
 use serde::Serialize;
 
@@ -167,31 +168,14 @@ struct Stats {
 impl Stats {
     fn on_alloc(&mut self, size: u64, requested: u64, new_segment: Option<u64>) -> u64 {
         self.next_id += 1;
-        let s = &mut self.stats;
-        s.num_allocs += 1;
-        s.allocated_bytes.add(size);
-        s.active_bytes.add(size);
-        s.requested_bytes.add(requested);
-        s.allocation.add(1);
-        if let Some(seg) = new_segment {
-            s.reserved_bytes.add(seg);
-            s.segment.add(1);
-            s.num_device_alloc += 1;
-        }
+        self.stats.on_alloc(size, requested, new_segment);
         self.next_id
     }
     fn on_release(&mut self, block: &Block) {
-        let s = &mut self.stats;
-        s.allocated_bytes.sub(block.size);
-        s.active_bytes.sub(block.size);
-        s.requested_bytes.sub(block.requested);
-        s.allocation.sub(1);
+        self.stats.on_release(block.size, block.requested);
     }
     fn drop_segment(&mut self, size: u64) {
-        let s = &mut self.stats;
-        s.reserved_bytes.sub(size);
-        s.segment.sub(1);
-        s.num_device_free += 1;
+        self.stats.on_segment_freed(size);
     }
 }
 
@@ -217,7 +201,7 @@ impl TracingPool {
 
     /// The trace so far (allocations still alive end at `usize::MAX`).
     pub fn trace(&self) -> AllocationTrace {
-        self.state.lock().expect("pool poisoned").trace.clone()
+        self.state.lock().trace.clone()
     }
 }
 
@@ -226,7 +210,7 @@ impl MemoryPool for TracingPool {
         "trace"
     }
     fn allocate(&self, _backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         let size = round_up(bytes.max(4), 4);
         let id = s.stats.on_alloc(size, bytes, Some(size));
         let start = s.event;
@@ -249,7 +233,7 @@ impl MemoryPool for TracingPool {
         })
     }
     fn release(&self, block: &Block) {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         s.stats.on_release(block);
         s.stats.drop_segment(block.size);
         let event = s.event;
@@ -259,33 +243,14 @@ impl MemoryPool for TracingPool {
         }
     }
     fn stats(&self) -> MemoryStats {
-        self.state
-            .lock()
-            .expect("pool poisoned")
-            .stats
-            .stats
-            .clone()
+        self.state.lock().stats.stats.clone()
     }
     fn reset_peak_stats(&self) {
-        reset_peaks(&mut self.state.lock().expect("pool poisoned").stats.stats);
+        self.state.lock().stats.stats.reset_peaks();
     }
     fn empty_cache(&self) {}
     fn as_any(&self) -> &dyn Any {
         self
-    }
-}
-
-pub(crate) fn reset_peaks(st: &mut MemoryStats) {
-    for x in [
-        &mut st.allocated_bytes,
-        &mut st.reserved_bytes,
-        &mut st.active_bytes,
-        &mut st.inactive_split_bytes,
-        &mut st.requested_bytes,
-        &mut st.allocation,
-        &mut st.segment,
-    ] {
-        x.reset_peak();
     }
 }
 
@@ -435,35 +400,25 @@ impl PlannedPool {
 
     /// True when a plan is installed under `key`.
     pub fn has_plan(&self, key: &str) -> bool {
-        self.state
-            .lock()
-            .expect("pool poisoned")
-            .plans
-            .contains_key(key)
+        self.state.lock().plans.contains_key(key)
     }
 
     /// Installs `plan` under `key`.
     pub fn install_plan(&self, key: &str, plan: MemoryPlan) {
         self.state
             .lock()
-            .expect("pool poisoned")
             .plans
             .insert(key.to_string(), Arc::new(plan));
     }
 
     /// The plan installed under `key`.
     pub fn plan(&self, key: &str) -> Option<Arc<MemoryPlan>> {
-        self.state
-            .lock()
-            .expect("pool poisoned")
-            .plans
-            .get(key)
-            .cloned()
+        self.state.lock().plans.get(key).cloned()
     }
 
     /// Following allocations take their places from plan `key`, in order.
     pub fn begin_replay(&self, key: &str) -> Result<()> {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         let Some(plan) = s.plans.get(key).cloned() else {
             return Err(Error::Unsupported(format!("no memory plan `{key}`")));
         };
@@ -479,21 +434,17 @@ impl PlannedPool {
 
     /// Back to one buffer per allocation.
     pub fn end_replay(&self) {
-        self.state.lock().expect("pool poisoned").replay = None;
+        self.state.lock().replay = None;
     }
 
     /// Replays that stopped because the forward did not follow its trace.
     pub fn divergences(&self) -> u64 {
-        self.state.lock().expect("pool poisoned").divergences
+        self.state.lock().divergences
     }
 
     /// Why the last replay stopped early, if one did.
     pub fn last_divergence(&self) -> Option<String> {
-        self.state
-            .lock()
-            .expect("pool poisoned")
-            .last_divergence
-            .clone()
+        self.state.lock().last_divergence.clone()
     }
 
     fn new_segment_id(s: &mut PlannedState) -> u64 {
@@ -545,7 +496,7 @@ impl MemoryPool for PlannedPool {
     }
 
     fn allocate(&self, backing: &Backing, bytes: u64, align: u64, label: &str) -> Result<Block> {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         if s.replay.is_some() {
             match s.planned_place(bytes, align, label) {
                 Ok((arena, offset, size)) => {
@@ -610,7 +561,7 @@ impl MemoryPool for PlannedPool {
     }
 
     fn release(&self, block: &Block) {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         s.stats.on_release(block);
         s.live.remove(&block.id);
         if let Some(n) = s.live_in_arena.get_mut(&block.segment) {
@@ -647,20 +598,15 @@ impl MemoryPool for PlannedPool {
     }
 
     fn stats(&self) -> MemoryStats {
-        self.state
-            .lock()
-            .expect("pool poisoned")
-            .stats
-            .stats
-            .clone()
+        self.state.lock().stats.stats.clone()
     }
 
     fn reset_peak_stats(&self) {
-        reset_peaks(&mut self.state.lock().expect("pool poisoned").stats.stats);
+        self.state.lock().stats.stats.reset_peaks();
     }
 
     fn empty_cache(&self) {
-        let mut s = self.state.lock().expect("pool poisoned");
+        let mut s = self.state.lock();
         let busy = s
             .arenas
             .iter()
@@ -678,7 +624,7 @@ impl MemoryPool for PlannedPool {
     /// Arenas (live blocks and the free gaps between them, in offset order)
     /// and one dedicated segment per tensor allocated outside a replay.
     fn snapshot(&self) -> PoolSnapshot {
-        let s = self.state.lock().expect("pool poisoned");
+        let s = self.state.lock();
         let mut segments = Vec::new();
         for a in &s.arenas {
             let mut inside: Vec<&LiveBlock> = s

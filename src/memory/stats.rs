@@ -54,3 +54,56 @@ pub struct MemoryStats {
     /// Allocations that failed for lack of memory.
     pub num_ooms: u64,
 }
+
+/// Bookkeeping shared by the pools.
+impl MemoryStats {
+    /// A block of `size` bytes (`requested` asked for) handed out; `new_segment`:
+    /// the bytes of a device buffer created for it.
+    pub(crate) fn on_alloc(&mut self, size: u64, requested: u64, new_segment: Option<u64>) {
+        self.num_allocs += 1;
+        self.allocated_bytes.add(size);
+        self.active_bytes.add(size);
+        self.requested_bytes.add(requested);
+        self.allocation.add(1);
+        if let Some(seg) = new_segment {
+            self.on_segment_created(seg);
+        }
+    }
+
+    /// A device buffer of `size` bytes created.
+    pub(crate) fn on_segment_created(&mut self, size: u64) {
+        self.reserved_bytes.add(size);
+        self.segment.add(1);
+        self.num_device_alloc += 1;
+    }
+
+    /// A block of `size` bytes (`requested` asked for) given back.
+    pub(crate) fn on_release(&mut self, size: u64, requested: u64) {
+        self.allocated_bytes.sub(size);
+        self.active_bytes.sub(size);
+        self.requested_bytes.sub(requested);
+        self.allocation.sub(1);
+    }
+
+    /// A device buffer of `size` bytes destroyed.
+    pub(crate) fn on_segment_freed(&mut self, size: u64) {
+        self.reserved_bytes.sub(size);
+        self.segment.sub(1);
+        self.num_device_free += 1;
+    }
+
+    /// Peaks back to the current values.
+    pub(crate) fn reset_peaks(&mut self) {
+        for x in [
+            &mut self.allocated_bytes,
+            &mut self.reserved_bytes,
+            &mut self.active_bytes,
+            &mut self.inactive_split_bytes,
+            &mut self.requested_bytes,
+            &mut self.allocation,
+            &mut self.segment,
+        ] {
+            x.reset_peak();
+        }
+    }
+}

@@ -190,7 +190,7 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
         mid_block_add_attention: store.contains("decoder.mid_block.attentions.0.to_q.weight"),
     };
     log::info!(
-        "no config.json: inferred {:?} ×{} layers, {} latent channels, scaling {} shift {:?} (override with --config / --scaling-factor / --shift-factor)",
+        "no config.json: inferred {:?} ×{} layers, {} latent channels, scaling {} shift {:?} (override with `LoadOptions::config` / `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`)",
         cfg.block_out_channels,
         cfg.layers_per_block,
         latent_channels,
@@ -216,7 +216,7 @@ fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
 pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
     if !path.exists() {
         return Err(Error::InvalidInput(format!(
-            "--vae `{}` is neither a file, a folder nor preset:NAME (presets: {})",
+            "the VAE `{}` is neither a file, a folder nor preset:NAME (presets: {})",
             path.display(),
             config::PRESETS.join(", ")
         )));
@@ -273,41 +273,51 @@ fn find_weights_in(dir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     Ok((weights, config.exists().then_some(config)))
 }
 
+/// Runs `load` and measures the pool bytes it leaves allocated (its weights).
+pub(crate) fn weights_loaded_by<T>(
+    ctx: &Context,
+    load: impl FnOnce() -> Result<T>,
+) -> Result<(T, u64)> {
+    let before = ctx.pool().stats().allocated_bytes.current;
+    let loaded = load()?;
+    let after = ctx.pool().stats().allocated_bytes.current;
+    Ok((loaded, after.saturating_sub(before)))
+}
+
 impl Vae {
     /// Loads `spec`: `preset:NAME` (random weights), a diffusers folder (or a
     /// pipeline folder with `vae/`), or a `.safetensors` file in diffusers, LDM
     /// or TAE layout.
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
-        let before = ctx.pool().stats().allocated_bytes.current;
-        let mut vae = Self::load_inner(ctx, spec, opts)?;
+        let (mut vae, bytes) = weights_loaded_by(ctx, || Self::load_inner(ctx, spec, opts))?;
         vae.source = Some((spec.to_string(), opts.clone()));
-        vae.weights_bytes = ctx
-            .pool()
-            .stats()
-            .allocated_bytes
-            .current
-            .saturating_sub(before);
+        vae.weights_bytes = bytes;
         Ok(vae)
+    }
+
+    fn new(decoder: Decoder, name: String, dtype: DType, random_weights: bool) -> Vae {
+        Vae {
+            decoder,
+            name,
+            random_weights,
+            weights_bytes: 0,
+            id: next_vae_id(),
+            dtype,
+            source: None,
+            bf16_twin: Default::default(),
+        }
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts);
-            let store = preset_weights(ctx, opts.seed);
+            let store = WeightStore::random(opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
-            return Ok(Vae {
-                decoder: Decoder::Kl(kl),
-                name: format!("{name} preset (random weights, seed {})", opts.seed),
-                random_weights: true,
-                weights_bytes: 0,
-                id: next_vae_id(),
-                dtype,
-                source: None,
-                bf16_twin: Default::default(),
-            });
+            let name = format!("{name} preset (random weights, seed {})", opts.seed);
+            return Ok(Vae::new(Decoder::Kl(kl), name, dtype, true));
         }
         let (weights, config) = locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
@@ -315,35 +325,19 @@ impl Vae {
             let dtype = opts.precision.resolve(true);
             store.set_dtype(dtype);
             let tae = TaeDecoder::load(ctx, &store)?;
-            return Ok(Vae {
-                name: format!("{} ({})", tae.variant_name(), weights.display()),
-                decoder: Decoder::Tae(tae),
-                random_weights: false,
-                weights_bytes: 0,
-                id: next_vae_id(),
-                dtype,
-                source: None,
-                bf16_twin: Default::default(),
-            });
+            let name = format!("{} ({})", tae.variant_name(), weights.display());
+            return Ok(Vae::new(Decoder::Tae(tae), name, dtype, false));
         }
         let cfg = resolve_config(&store, config.as_deref(), opts)?;
         let dtype = opts.precision.resolve(cfg.is_f16_safe());
         store.set_dtype(dtype);
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
-        Ok(Vae {
-            decoder: Decoder::Kl(kl),
-            name: format!(
-                "AutoencoderKL ({:?} layout, {})",
-                store.layout(),
-                weights.display()
-            ),
-            random_weights: false,
-            weights_bytes: 0,
-            id: next_vae_id(),
-            dtype,
-            source: None,
-            bf16_twin: Default::default(),
-        })
+        let name = format!(
+            "AutoencoderKL ({:?} layout, {})",
+            store.layout(),
+            weights.display()
+        );
+        Ok(Vae::new(Decoder::Kl(kl), name, dtype, false))
     }
 
     /// An AutoencoderKL decoder of a custom configuration from `store` (its
@@ -355,23 +349,11 @@ impl Vae {
         store: &WeightStore,
         name: &str,
     ) -> Result<Vae> {
-        let before = ctx.pool().stats().allocated_bytes.current;
-        let kl = AutoencoderKl::load(ctx, config, store)?;
-        Ok(Vae {
-            decoder: Decoder::Kl(kl),
-            name: name.to_string(),
-            random_weights: store.origin().starts_with("random"),
-            weights_bytes: ctx
-                .pool()
-                .stats()
-                .allocated_bytes
-                .current
-                .saturating_sub(before),
-            id: next_vae_id(),
-            dtype: store.dtype(),
-            source: None,
-            bf16_twin: Default::default(),
-        })
+        let (kl, bytes) = weights_loaded_by(ctx, || AutoencoderKl::load(ctx, config, store))?;
+        let random = store.origin().starts_with("random");
+        let mut vae = Vae::new(Decoder::Kl(kl), name.to_string(), store.dtype(), random);
+        vae.weights_bytes = bytes;
+        Ok(vae)
     }
 
     /// This model in bf16 (loaded once, on first use): where an f16 decode
@@ -465,16 +447,5 @@ impl Vae {
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
         crate::exec::untiled::run(self.graph(), rec, z, taps)
-    }
-}
-
-/// Random weights of a preset seeded with `seed`; zeros on a null device,
-/// where only their sizes matter (and generating them would cost time and
-/// host memory).
-pub(crate) fn preset_weights(ctx: &Context, seed: u64) -> WeightStore {
-    if ctx.is_null() {
-        WeightStore::zeros()
-    } else {
-        WeightStore::random(seed)
     }
 }

@@ -47,22 +47,17 @@ impl VaeEncoder {
     /// Loads an encoder: a diffusers folder or a .safetensors file with an
     /// AutoencoderKL encoder (diffusers or LDM keys), or a TAE encoder file.
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
-        let before = ctx.pool().stats().allocated_bytes.current;
-        let mut enc = Self::load_inner(ctx, spec, opts)?;
+        let (mut enc, bytes) =
+            crate::models::weights_loaded_by(ctx, || Self::load_inner(ctx, spec, opts))?;
         enc.source = Some((spec.to_string(), opts.clone()));
-        enc.weights_bytes = ctx
-            .pool()
-            .stats()
-            .allocated_bytes
-            .current
-            .saturating_sub(before);
+        enc.weights_bytes = bytes;
         Ok(enc)
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
-            let store = crate::models::preset_weights(ctx, opts.seed);
+            let store = crate::models::weights::WeightStore::random(opts.seed);
             store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
             let mut enc = Self::from_kl_config(ctx, &cfg, &store)?;
             enc.name = format!("{name} preset encoder (random weights, seed {})", opts.seed);

@@ -34,8 +34,6 @@ enum Source {
     File(BTreeMap<String, HostWeight>),
     /// Seeded random weights of whatever shape the model asks for.
     Random(u64),
-    /// Zeros of whatever shape (dry runs: only sizes matter).
-    Zeros,
 }
 
 /// Named weights with bookkeeping: which keys the model used, which it asked
@@ -151,15 +149,6 @@ impl WeightStore {
         Self::with_source(
             Source::Random(seed),
             format!("random weights (seed {seed})"),
-            Layout::Diffusers,
-        )
-    }
-
-    /// Zero weights of any shape, for dry runs that only need sizes.
-    pub fn zeros() -> Self {
-        Self::with_source(
-            Source::Zeros,
-            "zero weights (dry run)".into(),
             Layout::Diffusers,
         )
     }
@@ -326,14 +315,14 @@ impl WeightStore {
 
     /// True for seeded random weights.
     pub fn is_random(&self) -> bool {
-        matches!(self.source, Source::Random(_) | Source::Zeros)
+        matches!(self.source, Source::Random(_))
     }
 
     /// Shape of a stored key (`None` for random weights or absent keys).
     pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
         match &self.source {
             Source::File(m) => m.get(key).map(|w| w.shape.clone()),
-            Source::Random(_) | Source::Zeros => None,
+            Source::Random(_) => None,
         }
     }
 
@@ -341,7 +330,7 @@ impl WeightStore {
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {
             Source::File(m) => m.contains_key(key),
-            Source::Random(_) | Source::Zeros => false,
+            Source::Random(_) => false,
         }
     }
 
@@ -349,7 +338,7 @@ impl WeightStore {
     pub fn keys(&self) -> Vec<String> {
         match &self.source {
             Source::File(m) => m.keys().cloned().collect(),
-            Source::Random(_) | Source::Zeros => Vec::new(),
+            Source::Random(_) => Vec::new(),
         }
     }
 
@@ -360,7 +349,6 @@ impl WeightStore {
         let n: usize = shape.iter().product();
         match &self.source {
             Source::Random(seed) => random_weight(*seed, key, shape),
-            Source::Zeros => vec![0.0; n],
             Source::File(m) => match m.get(key) {
                 Some(w) => {
                     self.used.borrow_mut().insert(key.to_string());

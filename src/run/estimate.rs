@@ -33,15 +33,25 @@ pub struct MemoryEstimate {
     pub tiling: TilingReport,
 }
 
+/// What a run on the null device tells: (model name, weight bytes),
+/// (latents shape, image shape), its memory and its tiling.
+type NullRun = (
+    (String, u64),
+    (Vec<usize>, Vec<usize>),
+    MemoryStats,
+    TilingReport,
+);
+
 impl MemoryEstimate {
-    fn new(
+    /// Runs `job` on a null device with a fresh pool of `policy`.
+    fn predict(
+        caps: &Capabilities,
         policy: Policy,
-        (model, weights_bytes): (String, u64),
-        (latents_shape, image_shape): (Vec<usize>, Vec<usize>),
-        memory: &MemoryStats,
-        tiling: TilingReport,
-    ) -> Self {
-        MemoryEstimate {
+        job: impl FnOnce(&Context) -> Result<NullRun>,
+    ) -> Result<Self> {
+        let null = Context::null(caps.clone(), policy.new_pool());
+        let ((model, weights_bytes), (latents_shape, image_shape), memory, tiling) = job(&null)?;
+        Ok(MemoryEstimate {
             policy: policy.name(),
             model,
             latents_shape,
@@ -50,7 +60,7 @@ impl MemoryEstimate {
             peak_allocated_bytes: memory.allocated_bytes.peak,
             peak_reserved_bytes: memory.reserved_bytes.peak,
             tiling,
-        }
+        })
     }
 }
 
@@ -84,24 +94,23 @@ pub fn estimate_decode_with(
     latent_shape: [usize; 4],
     tiling: &Tiling,
 ) -> Result<MemoryEstimate> {
-    let null = Context::null(caps.clone(), policy.new_pool());
-    let vae = Vae::load(&null, vae_spec, load)?;
-    let opts = DecodeOptions {
-        raw_latents: true,
-        tiling: tiling.clone(),
-        ..Default::default()
-    };
-    let out = decode(&null, &vae, &zeros(latent_shape)?, &opts)?;
-    let image = vec![latent_shape[0], 3, out.height, out.width];
-    let model = (vae.name.clone(), vae.weights_bytes);
-    let shapes = (latent_shape.to_vec(), image);
-    Ok(MemoryEstimate::new(
-        policy,
-        model,
-        shapes,
-        &out.memory,
-        out.tiling,
-    ))
+    MemoryEstimate::predict(caps, policy, |null| {
+        let vae = Vae::load(null, vae_spec, load)?;
+        let opts = DecodeOptions {
+            raw_latents: true,
+            tiling: tiling.clone(),
+            ..Default::default()
+        };
+        let out = decode(null, &vae, &zeros(latent_shape)?, &opts)?;
+        let image = vec![latent_shape[0], 3, out.height, out.width];
+        let model = (vae.name.clone(), vae.weights_bytes);
+        Ok((
+            model,
+            (latent_shape.to_vec(), image),
+            out.memory,
+            out.tiling,
+        ))
+    })
 }
 
 /// Predicts the pool's peaks for encoding images of `image_shape`
@@ -126,20 +135,15 @@ pub fn estimate_encode_with(
     image_shape: [usize; 4],
     tiling: &Tiling,
 ) -> Result<MemoryEstimate> {
-    let null = Context::null(caps.clone(), policy.new_pool());
-    let enc = VaeEncoder::load(&null, vae_spec, load)?;
-    let opts = EncodeOptions {
-        tiling: tiling.clone(),
-        ..Default::default()
-    };
-    let out = encode(&null, &enc, &zeros(image_shape)?, &opts)?;
-    let model = (enc.name.clone(), enc.weights_bytes);
-    let shapes = (out.latents.shape.clone(), image_shape.to_vec());
-    Ok(MemoryEstimate::new(
-        policy,
-        model,
-        shapes,
-        &out.memory,
-        out.tiling,
-    ))
+    MemoryEstimate::predict(caps, policy, |null| {
+        let enc = VaeEncoder::load(null, vae_spec, load)?;
+        let opts = EncodeOptions {
+            tiling: tiling.clone(),
+            ..Default::default()
+        };
+        let out = encode(null, &enc, &zeros(image_shape)?, &opts)?;
+        let model = (enc.name.clone(), enc.weights_bytes);
+        let shapes = (out.latents.shape.clone(), image_shape.to_vec());
+        Ok((model, shapes, out.memory, out.tiling))
+    })
 }

@@ -176,24 +176,17 @@ mod tests {
     /// diffusers' blend on a 1-plane example, computed by hand.
     #[test]
     fn blends_follow_diffusers() {
-        let a = FastTile {
-            h: 4,
-            w: 2,
-            data: vec![1.0; 8],
+        let tile = |h: usize, w: usize, v: f32| FastTile {
+            h,
+            w,
+            data: vec![v; h * w],
         };
-        let mut b = FastTile {
-            h: 3,
-            w: 2,
-            data: vec![0.0; 6],
-        };
+        let a = tile(4, 2, 1.0);
+        let mut b = tile(3, 2, 0.0);
         blend_v(&a, &mut b, 1, 2);
         // y = 0: a weight 1; y = 1: a weight 0.5; y = 2 untouched.
         assert_eq!(b.data, vec![1.0, 1.0, 0.5, 0.5, 0.0, 0.0]);
-        let mut c = FastTile {
-            h: 3,
-            w: 2,
-            data: vec![0.0; 6],
-        };
+        let mut c = tile(3, 2, 0.0);
         blend_h(&b, &mut c, 1, 4);
         assert_eq!(c.data, vec![1.0, 0.5, 0.5, 0.25, 0.0, 0.0]);
     }

@@ -143,7 +143,7 @@ fn choose_fast(
         let overlap = tiling.overlap.unwrap_or(px / 4 / scale * scale);
         if !overlap.is_multiple_of(scale) || overlap >= px {
             return Err(Error::InvalidInput(format!(
-                "--tile-overlap {overlap}: must be a multiple of {scale} below the tile size {px}"
+                "`Tiling::overlap` {overlap}: must be a multiple of {scale} below the tile size {px}"
             )));
         }
         // The largest tile must run within the budget.
@@ -158,7 +158,7 @@ fn choose_fast(
         }
         if tiling.tile_size.is_some() || px <= 8 * scale {
             return Err(Error::InvalidInput(format!(
-                "a {px}-pixel fast tile does not {} within the memory budget of {budget} bytes; lower --tile-size or raise --max-memory",
+                "a {px}-pixel fast tile does not {} within the memory budget of {budget} bytes; lower `Tiling::tile_size` or raise `Tiling::max_memory`",
                 geometry.verb
             )));
         }
@@ -269,7 +269,7 @@ pub(crate) fn choose_exact(
 ) -> Result<ExactPlan> {
     let avail = budget.checked_sub(base).ok_or_else(|| {
         Error::InvalidInput(format!(
-            "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (--max-memory)"
+            "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
         ))
     })?;
     let up = pyramid.scale;
@@ -356,11 +356,11 @@ pub(crate) fn choose_exact(
             .or_else(|| ctx.host_memory_available());
         if let Some(limit) = host_limit.filter(|&l| host > l) {
             return Err(Error::InvalidInput(format!(
-                "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise --max-memory (fewer tiles parked on the host) or decode a smaller image",
+                "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise `Tiling::max_memory` (fewer tiles parked on the host) or decode a smaller image",
                 host as f64 / 1048576.0,
                 limit as f64 / 1048576.0,
                 if tiling.max_host_memory.is_some() {
-                    "--max-host-memory"
+                    "`Tiling::max_host_memory`"
                 } else {
                     "MemAvailable in /proc/meminfo"
                 }
@@ -371,10 +371,10 @@ pub(crate) fn choose_exact(
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
         _ => Error::InvalidInput(format!(
-            "no tile size {what} within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise --max-memory{}",
+            "no tile size {what} within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
             budget as f64 / 1048576.0,
             base as f64 / 1048576.0,
-            if tiling.tile_size.is_some() { " or lower --tile-size" } else { "" }
+            if tiling.tile_size.is_some() { " or lower `Tiling::tile_size`" } else { "" }
         )),
     })
 }

@@ -314,8 +314,7 @@ impl Executor {
     /// An activation held in host memory as one piece (the latents).
     pub(crate) fn host_act(&mut self, shape: [usize; 4], data: &[f32]) -> Act {
         let [n, c, h, w] = shape;
-        let bytes = (data.len() * 4) as u64;
-        let data = (!self.ctx.is_dry_run()).then(|| bytemuck::cast_slice(data).to_vec());
+        let data = self.ctx.host_copy_of(bytemuck::cast_slice(data));
         Act {
             n,
             c,
@@ -323,7 +322,7 @@ impl Executor {
             w,
             dtype: DType::F32,
             grid: Grid::new(h, w, None),
-            pieces: vec![Piece::Host(HostPiece::new(data, bytes, None))],
+            pieces: vec![Piece::Host(HostPiece::new(data, None))],
         }
     }
 

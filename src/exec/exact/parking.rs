@@ -7,7 +7,7 @@ use std::rc::Rc;
 use super::grid::Grid;
 use super::Executor;
 use crate::error::{Error, Result};
-use crate::gpu::read_back;
+use crate::gpu::{read_back_host, HostBytes};
 use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::tensor::{DType, Tensor};
 
@@ -57,16 +57,15 @@ impl Drop for DevicePiece {
     }
 }
 
-/// A tile in host memory (`None` data in dry runs), counted as parked
-/// unless it is the caller's input.
+/// A tile in host memory, counted as parked unless it is the caller's input.
 pub(super) struct HostPiece {
-    data: Option<Vec<u8>>,
-    bytes: u64,
+    data: HostBytes,
     counters: Option<Shared>,
 }
 
 impl HostPiece {
-    pub(super) fn new(data: Option<Vec<u8>>, bytes: u64, counters: Option<&Shared>) -> Self {
+    pub(super) fn new(data: HostBytes, counters: Option<&Shared>) -> Self {
+        let bytes = data.len();
         if let Some(counters) = counters {
             let mut c = counters.borrow_mut();
             c.host += bytes;
@@ -74,7 +73,6 @@ impl HostPiece {
         }
         HostPiece {
             data,
-            bytes,
             counters: counters.cloned(),
         }
     }
@@ -83,7 +81,7 @@ impl HostPiece {
 impl Drop for HostPiece {
     fn drop(&mut self) {
         if let Some(c) = &self.counters {
-            c.borrow_mut().host -= self.bytes;
+            c.borrow_mut().host -= self.data.len();
         }
     }
 }
@@ -150,21 +148,18 @@ impl Executor {
         act.pieces[i] = if device + bytes <= self.plan.device_cap {
             Piece::Device(DevicePiece::new(t, &self.counters))
         } else {
-            let data = if self.ctx.is_dry_run() {
-                None
-            } else {
-                self.submit()?;
-                let waiting = std::time::Instant::now();
-                let data = read_back(&self.ctx, &[&t])?.pop();
-                self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
-                data
-            };
+            self.submit()?;
+            let waiting = std::time::Instant::now();
+            let data = read_back_host(&self.ctx, &[&t])?.pop().ok_or_else(|| {
+                Error::Internal("read-back of a parked tile returned nothing".into())
+            })?;
+            self.stats.wait_ms += waiting.elapsed().as_secs_f64() * 1e3;
             // The read-back waited for the device: upload staging is free.
             self.staging = 0;
             self.staging_peak = self.staging_peak.max(readback_staging(&[bytes]));
             self.report.syncs += 1;
             self.report.readback_bytes += bytes;
-            Piece::Host(HostPiece::new(data, bytes, Some(&self.counters)))
+            Piece::Host(HostPiece::new(data, Some(&self.counters)))
         };
         Ok(())
     }
@@ -177,8 +172,9 @@ impl Executor {
         &mut self,
         shape: &[usize],
         dtype: DType,
-        data: Option<&[u8]>,
+        data: Option<&HostBytes>,
     ) -> Result<Tensor> {
+        let data = data.and_then(HostBytes::data);
         let t = Tensor::empty(&self.ctx, shape, dtype, "tile upload")?;
         let bytes = t.byte_size();
         let piece = (self.plan.staging_limit / 4 * 4).max(4);
@@ -210,7 +206,7 @@ impl Executor {
                 match &act.pieces[i] {
                     Piece::Device(d) => return Ok(d.tensor().clone()),
                     Piece::Host(h) => {
-                        return self.upload(&act.shape_of(&win), act.dtype, h.data.as_deref());
+                        return self.upload(&act.shape_of(&win), act.dtype, Some(&h.data));
                     }
                     Piece::Empty => {}
                 }
@@ -222,18 +218,18 @@ impl Executor {
             .iter()
             .any(|&i| matches!(act.pieces[i], Piece::Host(_)));
         let out = if any_host {
-            let mut bytes =
-                (!self.ctx.is_dry_run()).then(|| vec![0u8; act.bytes_of(&win) as usize]);
+            let mut bytes = self.ctx.host_zeros(act.bytes_of(&win));
+            let e = act.dtype.size() as usize;
             for &i in &parts {
-                if let (Piece::Host(h), Some(buf)) = (&act.pieces[i], bytes.as_mut()) {
+                if let Piece::Host(h) = &act.pieces[i] {
                     let r = act.grid.rect(i);
                     let o = r.intersect(&win).expect("overlapping tile");
-                    if let Some(src) = &h.data {
-                        host_copy(planes, act.dtype.size() as usize, src, &r, buf, &win, &o);
-                    }
+                    bytes.copy_from(&h.data, |src, buf| {
+                        host_copy(planes, e, src, &r, buf, &win, &o)
+                    });
                 }
             }
-            self.upload(&shape, act.dtype, bytes.as_deref())?
+            self.upload(&shape, act.dtype, Some(&bytes))?
         } else {
             Tensor::empty(&self.ctx, &shape, act.dtype, "tile window")?
         };
@@ -269,14 +265,14 @@ impl Executor {
         let win = act.grid.rect(i);
         match std::mem::replace(&mut act.pieces[i], Piece::Empty) {
             Piece::Device(d) => Ok(d.into_tensor()),
-            Piece::Host(h) => self.upload(&act.shape_of(&win), act.dtype, h.data.as_deref()),
+            Piece::Host(h) => self.upload(&act.shape_of(&win), act.dtype, Some(&h.data)),
             Piece::Empty => Err(Error::Internal(format!("tiled decode took tile {i} twice"))),
         }
     }
 
-    /// Gathers an activation in host memory (`None` in dry runs): one
-    /// read-back of its device tiles, host tiles copied.
-    pub(crate) fn gather_host(&mut self, act: Act) -> Result<Option<Vec<u8>>> {
+    /// Gathers an activation in host memory: one read-back of its device
+    /// tiles, host tiles copied.
+    pub(crate) fn gather_host(&mut self, act: Act) -> Result<HostBytes> {
         self.submit()?;
         let whole = Window::new(0, 0, act.h, act.w);
         let device: Vec<usize> = (0..act.pieces.len())
@@ -300,9 +296,6 @@ impl Executor {
             }
             self.staging_peak = self.staging_peak.max(readback_staging(&group));
         }
-        if self.ctx.is_dry_run() {
-            return Ok(None);
-        }
         let tensors: Vec<&Tensor> = device
             .iter()
             .map(|&i| match &act.pieces[i] {
@@ -317,15 +310,15 @@ impl Executor {
         for t in tensors {
             let sizes: Vec<u64> = group.iter().chain([&t]).map(|t| t.byte_size()).collect();
             if !group.is_empty() && readback_staging(&sizes) > self.plan.staging_limit {
-                data.extend(read_back(&self.ctx, &group)?);
+                data.extend(read_back_host(&self.ctx, &group)?);
                 group.clear();
             }
             group.push(t);
         }
         if !group.is_empty() {
-            data.extend(read_back(&self.ctx, &group)?);
+            data.extend(read_back_host(&self.ctx, &group)?);
         }
-        let mut out = vec![0u8; act.bytes_of(&whole) as usize];
+        let mut out = self.ctx.host_zeros(act.bytes_of(&whole));
         let planes = act.n * act.c;
         let esize = act.dtype.size() as usize;
         let mut next = data.into_iter();
@@ -334,12 +327,14 @@ impl Executor {
             match piece {
                 Piece::Device(_) => {
                     let d = next.next().expect("one read-back per device tile");
-                    host_copy(planes, esize, &d, &r, &mut out, &whole, &r);
+                    out.copy_from(&d, |d, out| {
+                        host_copy(planes, esize, d, &r, out, &whole, &r)
+                    });
                 }
                 Piece::Host(h) => {
-                    if let Some(d) = &h.data {
-                        host_copy(planes, esize, d, &r, &mut out, &whole, &r);
-                    }
+                    out.copy_from(&h.data, |d, out| {
+                        host_copy(planes, esize, d, &r, out, &whole, &r)
+                    });
                 }
                 Piece::Empty => {
                     return Err(Error::Internal(
@@ -348,11 +343,11 @@ impl Executor {
                 }
             }
         }
-        Ok(Some(out))
+        Ok(out)
     }
 }
 
-/// Bytes of the staging buffer [`read_back`] creates for tensors of `sizes`.
+/// Bytes of the staging buffer [`read_back_host`] creates for tensors of `sizes`.
 pub(super) fn readback_staging(sizes: &[u64]) -> u64 {
     sizes.iter().map(|&b| crate::memory::round_up(b, 256)).sum()
 }

@@ -10,9 +10,9 @@
 //! With [`Backing::Virtual`] the pool creates no buffer and otherwise behaves
 //! identically: a dry run predicts the reserved memory of a real run.
 
+use parking_lot::{Mutex, MutexGuard};
 use std::collections::{BTreeMap, BTreeSet};
 use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard};
 
 use super::{
     round_up, Backing, Block, BlockSnapshot, MemoryPool, MemoryStats, PoolSnapshot, SegmentPool,
@@ -176,9 +176,7 @@ impl State {
             // Dropping (never destroying) the buffer: wgpu frees it once
             // submitted work using it completes.
             drop(seg.buffer);
-            self.stats.reserved_bytes.sub(seg.size);
-            self.stats.segment.sub(1);
-            self.stats.num_device_free += 1;
+            self.stats.on_segment_freed(seg.size);
             bytes += seg.size;
         }
         (idle.len() as u64, bytes)
@@ -231,11 +229,7 @@ impl State {
             set.insert(rest);
         }
         let st = &mut self.stats;
-        st.num_allocs += 1;
-        st.allocated_bytes.add(block_size);
-        st.active_bytes.add(block_size);
-        st.requested_bytes.add(requested);
-        st.allocation.add(1);
+        st.on_alloc(block_size, requested, None);
         shift(
             &mut st.inactive_split_bytes,
             inactive_before,
@@ -290,7 +284,7 @@ impl CachingPool {
 
     fn lock(&self) -> MutexGuard<'_, State> {
         // A panic elsewhere must not turn every later tensor drop into one.
-        self.state.lock().unwrap_or_else(|e| e.into_inner())
+        self.state.lock()
     }
 
     /// Statistics and every segment with its blocks, taken together.
@@ -352,9 +346,7 @@ impl CachingPool {
             offset: 0,
         };
         st.free_set(pool).insert(key);
-        st.stats.reserved_bytes.add(size);
-        st.stats.segment.add(1);
-        st.stats.num_device_alloc += 1;
+        st.stats.on_segment_created(size);
         Ok(key)
     }
 }
@@ -512,10 +504,7 @@ impl MemoryPool for CachingPool {
             offset: start,
         });
         let stats = &mut st.stats;
-        stats.allocated_bytes.sub(b.size);
-        stats.active_bytes.sub(b.size);
-        stats.requested_bytes.sub(b.requested);
-        stats.allocation.sub(1);
+        stats.on_release(b.size, b.requested);
         shift(
             &mut stats.inactive_split_bytes,
             inactive_before,
@@ -528,19 +517,7 @@ impl MemoryPool for CachingPool {
     }
 
     fn reset_peak_stats(&self) {
-        let mut st = self.lock();
-        let s = &mut st.stats;
-        for x in [
-            &mut s.allocated_bytes,
-            &mut s.reserved_bytes,
-            &mut s.active_bytes,
-            &mut s.inactive_split_bytes,
-            &mut s.requested_bytes,
-            &mut s.allocation,
-            &mut s.segment,
-        ] {
-            x.reset_peak();
-        }
+        self.lock().stats.reset_peaks();
     }
 
     fn empty_cache(&self) {

@@ -8,7 +8,7 @@
 //!   and windowed attention streamed frame by frame through a
 //!   [`RingKvCache`]. Cells run when their predicted time fits a budget;
 //!   memory of every cell is predicted by a dry run of the same code
-//!   ([`Context::dry_run`]) and measured from the pool where the cell runs.
+//!   ([`Context::null`]) and measured from the pool where the cell runs.
 //! - **Streaming** (LongLive-shaped): chunks of 3 frames attend to 3 sink
 //!   frames + a 9-frame window, 12 heads × 128, with a naive concatenating
 //!   cache, the static ring cache, or the ring with int8 K/V; per-chunk

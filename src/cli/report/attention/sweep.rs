@@ -164,7 +164,7 @@ fn cell_state(ctx: &Context, cfg: &SweepConfig, tokens: usize, fill: bool) -> Re
     let (h, dh) = (cfg.heads, cfg.head_dim());
     let shape = [1, tokens, h, dh];
     let make = |seed: u64, label: &str| -> Result<Tensor> {
-        if fill && !ctx.is_dry_run() {
+        if fill && !ctx.is_null() {
             Tensor::from_f32(ctx, &shape, &rand_vec(tokens * h * dh, seed, 1.0), label)
         } else {
             Tensor::empty(ctx, &shape, DType::F32, label)
@@ -218,7 +218,7 @@ fn run_cell_once(
         }
     };
     rec.submit()?;
-    if !ctx.is_dry_run() {
+    if !ctx.is_null() {
         ctx.wait_idle()?;
     }
     Ok(kv_bytes)
@@ -259,7 +259,7 @@ pub fn run_sweep(
                 let tokens = f * tpf;
                 let flop = 4.0 * cfg.visible_pairs(mode, f, tpf) as f64 * cfg.embed as f64;
                 // Memory: a dry run of exactly the same calls.
-                let dry = Context::dry_run(prediction_caps(ctx), cfg.policy.new_pool());
+                let dry = Context::null(prediction_caps(ctx), cfg.policy.new_pool());
                 let in_tokens = if mode == SweepMode::WindowRing {
                     tpf
                 } else {
