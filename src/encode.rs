@@ -84,10 +84,7 @@ impl EncodeJob<'_> {
             (false, false, progress),
             (enc.dtype, self.x),
             |ex, image| {
-                let out = match &enc.encoder {
-                    EncoderKind::Kl(k) => k.forward_tiled(ex, image)?,
-                    EncoderKind::Tae(t) => t.forward_tiled(ex, image)?,
-                };
+                let out = ex.run_graph(enc.encoder.graph(), image, false)?.0;
                 let (shape, dtype) = ([out.n, out.c, out.h, out.w], out.dtype());
                 // Half encoders leave their output in 16 bits: widen to f32 bytes.
                 let data = match ex.gather_host(out)?.into_data() {
@@ -186,10 +183,7 @@ fn record_encode(rec: &mut Recorder, enc: &VaeEncoder, x: &HostTensor) -> Result
         rec.track_f16_range()?;
     }
     let input = Tensor::from_f32_in(rec, &x.shape, &x.data, "image")?;
-    match &enc.encoder {
-        EncoderKind::Kl(k) => k.forward(rec, input),
-        EncoderKind::Tae(t) => t.forward(rec, input),
-    }
+    crate::exec::untiled::run(enc.encoder.graph(), rec, input, &mut Default::default())
 }
 
 /// One untiled encode of `x`: the output on the host (zeros on a null

@@ -5,18 +5,15 @@
 //! and the TAESD-family encoders (taef2 weights: `0.weight` …).
 
 use crate::error::{Error, Result};
-use crate::exec::exact::{Act, Executor};
-use crate::exec::untiled;
-use crate::gpu::{Context, Recorder};
+use crate::gpu::Context;
 use crate::kernels::conv2d::Conv2dWeights;
 use crate::kernels::Activation;
 use crate::models::autoencoder_kl::{MidAttention, Resnet, EPS};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Mode, BOTH};
-use crate::models::layers::{load_conv, Norm, Taps};
+use crate::models::layers::{load_conv, Norm};
 use crate::models::tae::{Block, WIDTH};
 use crate::models::weights::WeightStore;
-use crate::tensor::Tensor;
 
 /// diffusers' Downsample2D: zero pad (top 0, left 0, bottom 1, right 1), stride 2.
 const KL_DOWN_PAD: [u32; 4] = [0, 0, 1, 1];
@@ -27,8 +24,8 @@ const TAE_DOWN_PAD: [u32; 4] = [1; 4];
 pub struct AutoencoderKlEncoder {
     /// The model's configuration.
     pub config: AutoencoderKlConfig,
-    levels: usize,
-    graph: Graph,
+    pub(crate) levels: usize,
+    pub(crate) graph: Graph,
 }
 
 impl AutoencoderKlEncoder {
@@ -125,31 +122,14 @@ impl AutoencoderKlEncoder {
             graph: b.finish(out, None),
         })
     }
-
-    /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8] (mean, then log-variance).
-    pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
-        untiled::run(&self.graph, rec, x, &mut Taps::default())
-    }
-
-    /// Resolution levels: the latent and one per stride-2 conv.
-    pub fn levels(&self) -> usize {
-        self.levels
-    }
-
-    /// [`Self::forward`] tile by tile (exact: every GroupNorm with global
-    /// statistics, gathered while the layer before it produces its input).
-    /// `x` [N, 3, H, W] in [-1, 1] → moments [N, 2·latent, H/8, W/8].
-    pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
-        Ok(ex.run_graph(&self.graph, image, false)?.0)
-    }
 }
 
 /// A TAE encoder on the device.
 pub struct TaeEncoder {
     /// Latent channels of the output.
     pub latent_channels: usize,
-    levels: usize,
-    graph: Graph,
+    pub(crate) levels: usize,
+    pub(crate) graph: Graph,
 }
 
 // Built once per model: the size difference of the variants does not matter.
@@ -213,22 +193,5 @@ impl TaeEncoder {
             levels,
             graph: b.finish(out, None),
         })
-    }
-
-    /// `x` [N, 3, H, W] in [0, 1] → latents [N, C, H/8, W/8].
-    pub fn forward(&self, rec: &mut Recorder, x: Tensor) -> Result<Tensor> {
-        untiled::run(&self.graph, rec, x, &mut Taps::default())
-    }
-
-    /// Resolution levels: the latent and one per stride-2 conv.
-    pub fn levels(&self) -> usize {
-        self.levels
-    }
-
-    /// [`Self::forward`] tile by tile (the pool branches' GroupNorms, where
-    /// present, with global statistics). `x` [N, 3, H, W] in [0, 1] →
-    /// latents [N, C, H/8, W/8].
-    pub(crate) fn forward_tiled(&self, ex: &mut Executor, image: Act) -> Result<Act> {
-        Ok(ex.run_graph(&self.graph, image, false)?.0)
     }
 }

@@ -7,6 +7,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
+use crate::models::graph::Graph;
 use crate::models::{Layout, LoadOptions, TaePart, WeightStore};
 use crate::tensor::DType;
 
@@ -18,6 +19,16 @@ pub enum EncoderKind {
     Kl(AutoencoderKlEncoder),
     /// A TAE encoder: outputs the latents directly (deterministic).
     Tae(TaeEncoder),
+}
+
+impl EncoderKind {
+    /// The network's graph (every executor runs it).
+    pub(crate) fn graph(&self) -> &Graph {
+        match self {
+            EncoderKind::Kl(k) => &k.graph,
+            EncoderKind::Tae(t) => &t.graph,
+        }
+    }
 }
 
 /// A loaded VAE encoder, weights on the device.
@@ -155,8 +166,8 @@ impl VaeEncoder {
     /// is the latent's).
     pub fn levels(&self) -> usize {
         match &self.encoder {
-            EncoderKind::Kl(k) => k.levels(),
-            EncoderKind::Tae(t) => t.levels(),
+            EncoderKind::Kl(k) => k.levels,
+            EncoderKind::Tae(t) => t.levels,
         }
     }
 
