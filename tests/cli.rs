@@ -244,30 +244,19 @@ fn tiled_decode_and_estimate_through_the_cli() {
     assert_eq!(e["peak_allocated_bytes"].as_u64(), Some(peak));
     assert_eq!(e["tiling"]["tile_size"], 32);
 
-    let (ok, _, err) = wgvae(&[
-        "decode",
-        latents.to_str().unwrap(),
-        "--vae",
-        vae,
-        "-o",
-        png.to_str().unwrap(),
-        "--tile",
-        "exact",
-        "--tile-overlap",
-        "16",
-    ]);
+    let decode_with = |extra: &[&str]| {
+        let mut args = vec!["decode", latents.to_str().unwrap(), "--vae", vae, "-o"];
+        args.push(png.to_str().unwrap());
+        args.extend(extra);
+        wgvae(&args)
+    };
+    let (ok, _, err) = decode_with(&["--tile", "exact", "--tile-overlap", "16"]);
     assert!(
         !ok && err.contains("--tile-overlap applies to --tile fast only"),
         "{err}"
     );
     // The library names its option (`Tiling::overlap`); the CLI shows the flag.
-    let (ok, _, err) = wgvae(&[
-        "decode",
-        latents.to_str().unwrap(),
-        "--vae",
-        vae,
-        "-o",
-        png.to_str().unwrap(),
+    let (ok, _, err) = decode_with(&[
         "--tile",
         "fast",
         "--tile-size",
