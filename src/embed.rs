@@ -48,7 +48,7 @@ use crate::decode::{decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, Recorder};
 use crate::io::{validate_latents, HostTensor};
-use crate::kernels::image::{to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
+use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
 use crate::memory::Policy;
 use crate::models::{layers::dims4, LoadOptions, Vae};
 use crate::run::input::{record_decoder, record_decoder_from_buffer};
@@ -540,20 +540,8 @@ impl Engine {
         let through = self.texture_route(target, width, height)?;
         let _guard = self.lock();
         let intermediate = through.map(|format| {
-            self.ctx.device().create_texture(&wgpu::TextureDescriptor {
-                label: Some("wgvae intermediate image"),
-                size: wgpu::Extent3d {
-                    width,
-                    height,
-                    depth_or_array_layers: 1,
-                },
-                mip_level_count: 1,
-                sample_count: 1,
-                dimension: wgpu::TextureDimension::D2,
-                format,
-                usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-                view_formats: &[],
-            })
+            let device = self.ctx.device();
+            storage_texture(device, "wgvae intermediate image", width, height, format)
         });
         let vae = self.active_vae()?;
         let mut rec = Recorder::with_encoder(&self.ctx, encoder);

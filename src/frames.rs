@@ -60,6 +60,11 @@ pub struct FramesOptions {
     /// (weights included) plus the staging buffers. `None`:
     /// [`default_max_memory`] of the device.
     pub max_memory: Option<u64>,
+    /// Time every kernel and copy with GPU timestamps
+    /// ([`FramesReport::profile`], summed over the chunks; `None` when the
+    /// adapter has no timestamps inside passes). The timestamps are read after
+    /// the last chunk, so the double buffering is kept.
+    pub profile: bool,
 }
 
 /// One decoded frame, lent to the callback of [`decode_frames`].
@@ -146,7 +151,7 @@ pub struct FramesReport {
     /// Compute dispatches recorded over all chunks.
     pub dispatches: usize,
     /// Per-kernel and per-copy GPU times summed over the chunks
-    /// ([`decode_frames_profiled`] only).
+    /// ([`FramesOptions::profile`] only).
     #[serde(skip_serializing_if = "Option::is_none")]
     pub profile: Option<crate::gpu::Profile>,
     /// Bytes read back (`N · H · W · 4`).
@@ -445,34 +450,10 @@ pub fn decode_frames(
     vae: &Vae,
     latents: &HostTensor,
     opts: &FramesOptions,
-    on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
-) -> Result<FramesReport> {
-    run_frames(ctx, vae, latents, opts, false, on_frame)
-}
-
-/// [`decode_frames`] with every kernel and copy timed by GPU timestamps
-/// ([`FramesReport::profile`], summed over the chunks; `None` when the
-/// adapter has no timestamps inside passes). The timestamps are read after
-/// the last chunk, so the double buffering is kept.
-pub fn decode_frames_profiled(
-    ctx: &Context,
-    vae: &Vae,
-    latents: &HostTensor,
-    opts: &FramesOptions,
-    on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
-) -> Result<FramesReport> {
-    run_frames(ctx, vae, latents, opts, true, on_frame)
-}
-
-fn run_frames(
-    ctx: &Context,
-    vae: &Vae,
-    latents: &HostTensor,
-    opts: &FramesOptions,
-    profile: bool,
     mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
 ) -> Result<FramesReport> {
     let start = Instant::now();
+    let profile = opts.profile;
     let shape = frames_shape(latents, vae.latent_channels())?;
     let [n, c, h, w] = shape;
     let chunk = match opts.chunk {

@@ -88,7 +88,7 @@ pub use embed::{
     DeviceLatents, Engine, EngineOptions, Latents, PendingDecode,
 };
 pub use error::{Error, Result};
-pub use frames::{decode_frames, decode_frames_profiled, FrameOut, FramesOptions, FramesReport};
+pub use frames::{decode_frames, FrameOut, FramesOptions, FramesReport};
 pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};

@@ -192,6 +192,7 @@ fn decode_frames(
         raw_latents: a.raw_latents,
         chunk: a.chunk,
         max_memory: tiling.max_memory,
+        profile: a.profile,
     };
     let mut paths = Vec::with_capacity(latents.shape[0]);
     let on_frame = |f: wgvae::FrameOut<'_>| {
@@ -200,11 +201,7 @@ fn decode_frames(
         paths.push(path);
         Ok(())
     };
-    let report = if a.profile {
-        wgvae::decode_frames_profiled(ctx, vae, latents, &opts, on_frame)?
-    } else {
-        wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?
-    };
+    let report = wgvae::decode_frames(ctx, vae, latents, &opts, on_frame)?;
     ctx.save_pipeline_cache();
     write_memory_snapshot(ctx, a)?;
     let r = &report;

@@ -372,6 +372,30 @@ pub fn cpu_to_rgba8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) 
     out
 }
 
+/// A 2D texture [`to_texture`] can write and a copy can read.
+pub(crate) fn storage_texture(
+    device: &wgpu::Device,
+    label: &str,
+    width: u32,
+    height: u32,
+    format: wgpu::TextureFormat,
+) -> wgpu::Texture {
+    device.create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format,
+        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    })
+}
+
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
     for dtype in StorageType::ALL {
@@ -590,20 +614,7 @@ mod tests {
         h: u32,
         format: wgpu::TextureFormat,
     ) -> wgpu::Texture {
-        ctx.device().create_texture(&wgpu::TextureDescriptor {
-            label: Some("test target"),
-            size: wgpu::Extent3d {
-                width: w,
-                height: h,
-                depth_or_array_layers: 1,
-            },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format,
-            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-            view_formats: &[],
-        })
+        super::storage_texture(ctx.device(), "test target", w, h, format)
     }
 
     /// Rgba8Unorm texels are byte-identical to `to_rgba8` (and so to the CPU

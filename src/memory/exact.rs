@@ -39,14 +39,7 @@ impl MemoryPool for ExactPool {
         let id = s.1;
         self.live.lock().insert(id, (size, bytes));
         s.0.on_alloc(size, bytes, Some(size));
-        Ok(Block {
-            buffer,
-            offset: 0,
-            size,
-            requested: bytes,
-            id,
-            segment: id,
-        })
+        Ok(Block::whole(buffer, size, bytes, id))
     }
 
     fn release(&self, block: &Block) {

@@ -50,9 +50,8 @@ impl Backing<'_> {
         }
     }
 
-    /// Creates one pool buffer of `size` bytes (`None` when virtual). Sizes
-    /// over the device limit and device out-of-memory are errors, not panics.
-    pub fn create_buffer(&self, size: u64, label: &str) -> Result<Option<wgpu::Buffer>> {
+    /// A buffer of `size` bytes for `label` is within the device's limit.
+    pub(crate) fn check_size(&self, size: u64, label: &str) -> Result<()> {
         let limit = self.max_buffer_size();
         if size > limit {
             return Err(Error::BufferTooLarge {
@@ -61,6 +60,13 @@ impl Backing<'_> {
                 limit,
             });
         }
+        Ok(())
+    }
+
+    /// Creates one pool buffer of `size` bytes (`None` when virtual). Sizes
+    /// over the device limit and device out-of-memory are errors, not panics.
+    pub fn create_buffer(&self, size: u64, label: &str) -> Result<Option<wgpu::Buffer>> {
+        self.check_size(size, label)?;
         let Backing::Device(device) = self else {
             return Ok(None);
         };
@@ -97,6 +103,20 @@ pub struct Block {
     pub id: u64,
     /// Pool-unique id of the device buffer (segment) holding the block.
     pub segment: u64,
+}
+
+impl Block {
+    /// A block that is a whole device buffer of its own (its own segment).
+    pub(crate) fn whole(buffer: Option<wgpu::Buffer>, size: u64, requested: u64, id: u64) -> Block {
+        Block {
+            buffer,
+            offset: 0,
+            size,
+            requested,
+            id,
+            segment: id,
+        }
+    }
 }
 
 /// A buffer allocator with allocated-vs-reserved accounting.

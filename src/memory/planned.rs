@@ -223,14 +223,7 @@ impl MemoryPool for TracingPool {
             label: label.to_string(),
         });
         s.open.insert(id, index);
-        Ok(Block {
-            buffer: None,
-            offset: 0,
-            size,
-            requested: bytes,
-            id,
-            segment: id,
-        })
+        Ok(Block::whole(None, size, bytes, id))
     }
     fn release(&self, block: &Block) {
         let mut s = self.state.lock();

@@ -125,6 +125,50 @@ impl MidAttention {
     }
 }
 
+/// UNetMidBlock2D of the encoder and the decoder: resnet, attention (unless
+/// the config leaves it out), resnet, all at the top width `c`.
+pub(crate) struct MidBlock {
+    resnets: [Resnet; 2],
+    attention: Option<MidAttention>,
+}
+
+impl MidBlock {
+    /// Loads `{prefix}.mid_block.*`.
+    pub(crate) fn load(
+        ctx: &Context,
+        s: &WeightStore,
+        prefix: &str,
+        c: usize,
+        config: &AutoencoderKlConfig,
+    ) -> Result<Self> {
+        let g = config.norm_num_groups;
+        let p = format!("{prefix}.mid_block");
+        let resnet = |i: usize| Resnet::load(ctx, s, &format!("{p}.resnets.{i}"), c, c, g);
+        // Load order is allocation order: resnets first, as the pools expect.
+        let resnets = [resnet(0)?, resnet(1)?];
+        let attention = if config.mid_block_add_attention {
+            let a = MidAttention::load(ctx, s, &format!("{p}.attentions.0"), c, g)?;
+            Some(a)
+        } else {
+            None
+        };
+        Ok(MidBlock {
+            resnets,
+            attention,
+        })
+    }
+
+    /// Adds the block to `b` on `x` (its weights move into the graph).
+    pub(crate) fn build(self, b: &mut Builder, mut x: TensorId) -> TensorId {
+        let [res0, res1] = self.resnets;
+        x = res0.build(b, x);
+        if let Some(attn) = self.attention {
+            x = attn.build(b, x);
+        }
+        res1.build(b, x)
+    }
+}
+
 struct UpBlock {
     resnets: Vec<Resnet>,
     upsample: Option<Conv2dWeights>,
@@ -152,21 +196,7 @@ impl AutoencoderKl {
             None
         };
         let conv_in = load_conv(ctx, store, "decoder.conv_in", top, lc, 3, true)?;
-        let mid_resnets = [
-            Resnet::load(ctx, store, "decoder.mid_block.resnets.0", top, top, g)?,
-            Resnet::load(ctx, store, "decoder.mid_block.resnets.1", top, top, g)?,
-        ];
-        let mid_attention = if config.mid_block_add_attention {
-            Some(MidAttention::load(
-                ctx,
-                store,
-                "decoder.mid_block.attentions.0",
-                top,
-                g,
-            )?)
-        } else {
-            None
-        };
+        let mid = MidBlock::load(ctx, store, "decoder", top, config)?;
         let mut up_blocks = Vec::new();
         let mut prev = top;
         for (i, &cout) in rev.iter().enumerate() {
@@ -214,8 +244,7 @@ impl AutoencoderKl {
         let graph = build(
             post_quant_conv,
             conv_in,
-            mid_resnets,
-            mid_attention,
+            mid,
             up_blocks,
             (norm_out, conv_out),
         );
@@ -248,8 +277,7 @@ impl AutoencoderKl {
 fn build(
     post_quant_conv: Option<Conv2dWeights>,
     conv_in: Conv2dWeights,
-    mid_resnets: [Resnet; 2],
-    mid_attention: Option<MidAttention>,
+    mid: MidBlock,
     up_blocks: Vec<UpBlock>,
     (norm_out, conv_out): (Norm, Conv2dWeights),
 ) -> Graph {
@@ -263,12 +291,7 @@ fn build(
     let conv_in_input = x;
     x = b.conv_plain(x, w, Geometry::Same);
     b.tap(x, "decoder.conv_in".into());
-    let [res0, res1] = mid_resnets;
-    x = res0.build(&mut b, x);
-    if let Some(attn) = mid_attention {
-        x = attn.build(&mut b, x);
-    }
-    x = res1.build(&mut b, x);
+    x = mid.build(&mut b, x);
     b.tap(x, "decoder.mid_block".into());
     for (i, block) in up_blocks.into_iter().enumerate() {
         for r in block.resnets {

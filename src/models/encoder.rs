@@ -8,7 +8,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::Conv2dWeights;
 use crate::kernels::Activation;
-use crate::models::autoencoder_kl::{MidAttention, Resnet, EPS};
+use crate::models::autoencoder_kl::{MidBlock, Resnet, EPS};
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Mode, BOTH};
 use crate::models::layers::{load_conv, Norm};
@@ -60,21 +60,7 @@ impl AutoencoderKlEncoder {
             prev = cout;
         }
         let top = prev;
-        let mid_resnets = [
-            Resnet::load(ctx, store, "encoder.mid_block.resnets.0", top, top, g)?,
-            Resnet::load(ctx, store, "encoder.mid_block.resnets.1", top, top, g)?,
-        ];
-        let mid_attention = if config.mid_block_add_attention {
-            Some(MidAttention::load(
-                ctx,
-                store,
-                "encoder.mid_block.attentions.0",
-                top,
-                g,
-            )?)
-        } else {
-            None
-        };
+        let mid = MidBlock::load(ctx, store, "encoder", top, config)?;
         let l2 = 2 * config.latent_channels;
         let norm_out = Norm::load(ctx, store, "encoder.conv_norm_out", top, g, EPS)?;
         let conv_out = load_conv(ctx, store, "encoder.conv_out", l2, top, 3, true)?;
@@ -97,12 +83,7 @@ impl AutoencoderKlEncoder {
                 x = b.conv_plain(x, w, Geometry::Down(KL_DOWN_PAD));
             }
         }
-        let [res0, res1] = mid_resnets;
-        x = res0.build(&mut b, x);
-        if let Some(a) = mid_attention {
-            x = a.build(&mut b, x);
-        }
-        x = res1.build(&mut b, x);
+        x = mid.build(&mut b, x);
         let norm = b.norm(norm_out);
         let a = b.stats(x, norm);
         let w = b.weights(conv_out);

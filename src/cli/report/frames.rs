@@ -262,7 +262,7 @@ pub fn run_frames_bench(
         let opts = FramesOptions {
             raw_latents: !pipeline_latents,
             chunk,
-            max_memory: None,
+            ..Default::default()
         };
         cells.push(cell("streamed", setting, Some(opts)));
     }

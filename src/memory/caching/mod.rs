@@ -368,14 +368,8 @@ impl MemoryPool for CachingPool {
         }
         let size = block_size_for(bytes);
         let pool = pool_for(size);
+        backing.check_size(size, label)?;
         let limit = backing.max_buffer_size();
-        if size > limit {
-            return Err(Error::BufferTooLarge {
-                what: label.to_string(),
-                bytes: size,
-                limit,
-            });
-        }
         // A segment never exceeds the device's buffer limit: on a device
         // with a small limit the segment shrinks (still >= size).
         let segment_size = segment_size_for(size).min(limit / MIN_BLOCK_SIZE * MIN_BLOCK_SIZE);
