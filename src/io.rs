@@ -169,18 +169,13 @@ pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
 pub fn view_to_f32(
     view: &safetensors::tensor::TensorView<'_>,
 ) -> std::result::Result<Vec<f32>, String> {
+    use crate::tensor::widen;
     use safetensors::Dtype;
     let b = view.data();
     Ok(match view.dtype() {
-        Dtype::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(b),
-        Dtype::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(b)
-            .into_iter()
-            .map(f32::from)
-            .collect(),
-        Dtype::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(b)
-            .into_iter()
-            .map(f32::from)
-            .collect(),
+        Dtype::F32 => widen::<f32>(b),
+        Dtype::F16 => widen::<half::f16>(b),
+        Dtype::BF16 => widen::<half::bf16>(b),
         Dtype::F64 => bytemuck::pod_collect_to_vec::<u8, f64>(b)
             .into_iter()
             .map(|v| v as f32)

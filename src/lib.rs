@@ -76,6 +76,7 @@ pub mod io;
 pub mod kernels;
 pub mod memory;
 pub mod models;
+pub mod named;
 pub(crate) mod run;
 pub mod seeded;
 pub mod tensor;

@@ -249,18 +249,21 @@ impl Tensor {
     }
 }
 
+/// Little-endian `T` elements in `bytes` (any alignment), widened to f32.
+pub(crate) fn widen<T: bytemuck::Pod>(bytes: &[u8]) -> Vec<f32>
+where
+    f32: From<T>,
+{
+    let values = bytemuck::pod_collect_to_vec::<u8, T>(bytes);
+    values.into_iter().map(f32::from).collect()
+}
+
 /// Values of `dtype` elements in little-endian `bytes`, widened to f32.
 pub(crate) fn f32_from_bytes_of(dtype: DType, bytes: &[u8]) -> Result<Vec<f32>> {
     Ok(match dtype {
-        DType::F32 => bytemuck::pod_collect_to_vec::<u8, f32>(bytes),
-        DType::F16 => bytemuck::pod_collect_to_vec::<u8, half::f16>(bytes)
-            .into_iter()
-            .map(f32::from)
-            .collect(),
-        DType::BF16 => bytemuck::pod_collect_to_vec::<u8, half::bf16>(bytes)
-            .into_iter()
-            .map(f32::from)
-            .collect(),
+        DType::F32 => widen::<f32>(bytes),
+        DType::F16 => widen::<half::f16>(bytes),
+        DType::BF16 => widen::<half::bf16>(bytes),
         DType::Rgba8 => {
             return Err(Error::Unsupported(
                 "to_f32 on an rgba8 tensor; use to_bytes".into(),

@@ -81,18 +81,23 @@ impl TileMode {
     }
 }
 
+impl crate::named::Named for TileMode {
+    const ALL: &'static [Self] = &[
+        TileMode::Auto,
+        TileMode::Off,
+        TileMode::Exact,
+        TileMode::Fast,
+    ];
+    const WHAT: &'static str = "tile mode";
+    fn name(self) -> &'static str {
+        TileMode::name(self)
+    }
+}
+
 impl std::str::FromStr for TileMode {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "auto" => Ok(TileMode::Auto),
-            "off" => Ok(TileMode::Off),
-            "exact" => Ok(TileMode::Exact),
-            "fast" => Ok(TileMode::Fast),
-            _ => Err(Error::InvalidInput(format!(
-                "unknown tile mode `{s}`; use auto, off, exact or fast"
-            ))),
-        }
+        crate::named::parse(s)
     }
 }
 

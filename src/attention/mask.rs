@@ -87,16 +87,21 @@ impl Mask {
         Ok(())
     }
 
+    /// (tokens per frame, sink frames, window frames) of a bounded frame
+    /// window; `None` when every frame is seen (no window, or a global one).
+    fn bounded_window(&self) -> Option<(usize, usize, usize)> {
+        let f = self.frames?;
+        Some((f.tokens_per_frame, f.sink_frames, f.window_frames?))
+    }
+
     /// (causal, tokens per frame, sink frames, window frames with 0 = all)
     /// as the shader's uniforms encode them.
     pub(crate) fn kernel_fields(&self) -> (bool, usize, usize, usize) {
-        match self.frames {
-            Some(FrameWindow {
-                tokens_per_frame,
-                sink_frames,
-                window_frames: Some(w),
-            }) => (self.causal, tokens_per_frame, sink_frames, w),
-            _ => (self.causal, 1, 0, 0),
+        match self.bounded_window() {
+            Some((tokens_per_frame, sink_frames, w)) => {
+                (self.causal, tokens_per_frame, sink_frames, w)
+            }
+            None => (self.causal, 1, 0, 0),
         }
     }
 
@@ -105,12 +110,8 @@ impl Mask {
         if self.causal && k_pos > q_pos {
             return false;
         }
-        match self.frames {
-            Some(FrameWindow {
-                tokens_per_frame: f,
-                sink_frames,
-                window_frames: Some(w),
-            }) => {
+        match self.bounded_window() {
+            Some((f, sink_frames, w)) => {
                 let (fq, fk) = (q_pos / f, k_pos / f);
                 fk < sink_frames || (fk <= fq && fk + w > fq)
             }
@@ -125,12 +126,8 @@ impl Mask {
         } else {
             n_kv
         };
-        match self.frames {
-            Some(FrameWindow {
-                tokens_per_frame: f,
-                sink_frames,
-                window_frames: Some(w),
-            }) => {
+        match self.bounded_window() {
+            Some((f, sink_frames, w)) => {
                 let fq = q_pos / f;
                 let sink_end = (sink_frames * f).min(last);
                 let start = ((fq + 1).saturating_sub(w) * f).max(sink_end);

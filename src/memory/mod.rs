@@ -180,17 +180,18 @@ impl Policy {
     }
 }
 
+impl crate::named::Named for Policy {
+    const ALL: &'static [Self] = &Policy::ALL;
+    const WHAT: &'static str = "memory policy";
+    fn name(self) -> &'static str {
+        Policy::name(self)
+    }
+}
+
 impl std::str::FromStr for Policy {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        Policy::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                Error::InvalidInput(format!(
-                    "unknown memory policy `{s}`; use caching, planned or exact"
-                ))
-            })
+        crate::named::parse(s)
     }
 }
 

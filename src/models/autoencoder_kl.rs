@@ -152,10 +152,7 @@ impl MidBlock {
         } else {
             None
         };
-        Ok(MidBlock {
-            resnets,
-            attention,
-        })
+        Ok(MidBlock { resnets, attention })
     }
 
     /// Adds the block to `b` on `x` (its weights move into the graph).

@@ -66,18 +66,28 @@ pub enum Precision {
     Auto,
 }
 
+impl crate::named::Named for Precision {
+    const ALL: &'static [Self] = &[
+        Precision::F32,
+        Precision::F16,
+        Precision::BF16,
+        Precision::Auto,
+    ];
+    const WHAT: &'static str = "dtype";
+    fn name(self) -> &'static str {
+        match self {
+            Precision::F32 => "f32",
+            Precision::F16 => "f16",
+            Precision::BF16 => "bf16",
+            Precision::Auto => "auto",
+        }
+    }
+}
+
 impl std::str::FromStr for Precision {
     type Err = Error;
     fn from_str(s: &str) -> Result<Self> {
-        match s {
-            "f32" => Ok(Precision::F32),
-            "f16" => Ok(Precision::F16),
-            "bf16" => Ok(Precision::BF16),
-            "auto" => Ok(Precision::Auto),
-            o => Err(Error::InvalidInput(format!(
-                "dtype `{o}`: expected f32, f16, bf16 or auto"
-            ))),
-        }
+        crate::named::parse(s)
     }
 }
 
