@@ -146,10 +146,52 @@ pub struct Vae {
     pub id: u64,
     /// Storage dtype of weights and activations.
     pub dtype: DType,
-    /// What was loaded, to load it again in another precision.
-    source: Option<(String, LoadOptions)>,
     /// The same model in bf16, loaded on the first f16 overflow.
-    bf16_twin: std::sync::OnceLock<Box<Vae>>,
+    bf16_twin: Bf16Twin<Vae>,
+}
+
+/// A model's bf16 copy, loaded again from the same file or preset the first
+/// time an f16 run overflows.
+pub(crate) struct Bf16Twin<T> {
+    /// What was loaded (`None`: built from weights in memory, no twin).
+    source: Option<(String, LoadOptions)>,
+    twin: std::sync::OnceLock<Box<T>>,
+}
+
+impl<T> Default for Bf16Twin<T> {
+    fn default() -> Self {
+        Bf16Twin {
+            source: None,
+            twin: Default::default(),
+        }
+    }
+}
+
+impl<T> Bf16Twin<T> {
+    /// Remembers where the model came from.
+    pub(crate) fn loaded_from(&mut self, spec: &str, opts: &LoadOptions) {
+        self.source = Some((spec.to_string(), opts.clone()));
+    }
+
+    /// The twin, loading it with `load(spec, bf16 options)` on first use.
+    pub(crate) fn get(
+        &self,
+        what: &str,
+        load: impl FnOnce(&str, &LoadOptions) -> Result<T>,
+    ) -> Result<&T> {
+        if let Some(t) = self.twin.get() {
+            return Ok(t);
+        }
+        let (spec, opts) = self.source.as_ref().ok_or_else(|| {
+            Error::Unsupported(format!("this {what} was not loaded from a file or preset"))
+        })?;
+        let opts = LoadOptions {
+            precision: Precision::BF16,
+            ..opts.clone()
+        };
+        let twin = Box::new(load(spec, &opts)?);
+        Ok(self.twin.get_or_init(|| twin))
+    }
 }
 
 fn next_vae_id() -> u64 {
@@ -300,7 +342,7 @@ impl Vae {
     /// or TAE layout.
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
         let (mut vae, bytes) = weights_loaded_by(ctx, || Self::load_inner(ctx, spec, opts))?;
-        vae.source = Some((spec.to_string(), opts.clone()));
+        vae.bf16_twin.loaded_from(spec, opts);
         vae.weights_bytes = bytes;
         Ok(vae)
     }
@@ -313,7 +355,6 @@ impl Vae {
             weights_bytes: 0,
             id: next_vae_id(),
             dtype,
-            source: None,
             bf16_twin: Default::default(),
         }
     }
@@ -369,18 +410,8 @@ impl Vae {
     /// This model in bf16 (loaded once, on first use): where an f16 decode
     /// overflowed. Weights are read again from the same source.
     pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
-        if let Some(t) = self.bf16_twin.get() {
-            return Ok(t);
-        }
-        let (spec, opts) = self.source.as_ref().ok_or_else(|| {
-            Error::Unsupported("this model was not loaded from a file or preset".into())
-        })?;
-        let opts = LoadOptions {
-            precision: Precision::BF16,
-            ..opts.clone()
-        };
-        let twin = Box::new(Vae::load(ctx, spec, &opts)?);
-        Ok(self.bf16_twin.get_or_init(|| twin))
+        self.bf16_twin
+            .get("model", |spec, opts| Vae::load(ctx, spec, opts))
     }
 
     /// Latent channels the decoder expects.

@@ -3,12 +3,12 @@
 
 use std::path::Path;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::Context;
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
 use crate::models::graph::Graph;
-use crate::models::{Layout, LoadOptions, TaePart, WeightStore};
+use crate::models::{Bf16Twin, Layout, LoadOptions, TaePart, WeightStore};
 use crate::tensor::DType;
 
 /// The encoder behind a [`VaeEncoder`].
@@ -43,10 +43,8 @@ pub struct VaeEncoder {
     pub dtype: DType,
     /// Process-unique id (memory plans are cached per model and shape).
     pub(crate) id: u64,
-    /// What was loaded, to load it again in bf16 after an f16 overflow.
-    source: Option<(String, LoadOptions)>,
     /// The same encoder in bf16, loaded on the first f16 overflow.
-    bf16_twin: std::sync::OnceLock<Box<VaeEncoder>>,
+    bf16_twin: Bf16Twin<VaeEncoder>,
 }
 
 fn next_id() -> u64 {
@@ -60,7 +58,7 @@ impl VaeEncoder {
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
         let (mut enc, bytes) =
             crate::models::weights_loaded_by(ctx, || Self::load_inner(ctx, spec, opts))?;
-        enc.source = Some((spec.to_string(), opts.clone()));
+        enc.bf16_twin.loaded_from(spec, opts);
         enc.weights_bytes = bytes;
         Ok(enc)
     }
@@ -80,36 +78,34 @@ impl VaeEncoder {
             let dtype = opts.precision.resolve(true);
             store.set_dtype(dtype);
             let tae = TaeEncoder::load(ctx, &store)?;
-            return Ok(VaeEncoder {
-                dtype,
-                source: None,
-                bf16_twin: Default::default(),
-                name: format!(
-                    "TAE encoder, {} latent channels ({})",
-                    tae.latent_channels,
-                    weights.display()
-                ),
-                encoder: EncoderKind::Tae(tae),
-                weights_bytes: 0,
-                id: next_id(),
-            });
+            let name = format!(
+                "TAE encoder, {} latent channels ({})",
+                tae.latent_channels,
+                weights.display()
+            );
+            return Ok(VaeEncoder::new(EncoderKind::Tae(tae), name, dtype));
         }
         let cfg = crate::models::resolve_config(&store, config.as_deref(), opts)?;
         let dtype = opts.precision.resolve(cfg.is_f16_safe());
         store.set_dtype(dtype);
-        Ok(VaeEncoder {
-            dtype,
-            source: None,
-            bf16_twin: Default::default(),
-            encoder: EncoderKind::Kl(AutoencoderKlEncoder::load(ctx, &cfg, &store)?),
-            name: format!(
-                "AutoencoderKL encoder ({:?} layout, {})",
-                store.layout(),
-                weights.display()
-            ),
+        let kl = AutoencoderKlEncoder::load(ctx, &cfg, &store)?;
+        let name = format!(
+            "AutoencoderKL encoder ({:?} layout, {})",
+            store.layout(),
+            weights.display()
+        );
+        Ok(VaeEncoder::new(EncoderKind::Kl(kl), name, dtype))
+    }
+
+    fn new(encoder: EncoderKind, name: String, dtype: DType) -> VaeEncoder {
+        VaeEncoder {
+            encoder,
+            name,
             weights_bytes: 0,
+            dtype,
             id: next_id(),
-        })
+            bf16_twin: Default::default(),
+        }
     }
 
     /// An AutoencoderKL encoder of `config` with the weights in `store`
@@ -119,39 +115,20 @@ impl VaeEncoder {
         config: &AutoencoderKlConfig,
         store: &WeightStore,
     ) -> Result<VaeEncoder> {
-        let before = ctx.pool().stats().allocated_bytes.current;
-        let kl = AutoencoderKlEncoder::load(ctx, config, store)?;
-        Ok(VaeEncoder {
-            dtype: store.dtype(),
-            source: None,
-            bf16_twin: Default::default(),
-            encoder: EncoderKind::Kl(kl),
-            name: format!("AutoencoderKL encoder ({})", store.origin()),
-            weights_bytes: ctx
-                .pool()
-                .stats()
-                .allocated_bytes
-                .current
-                .saturating_sub(before),
-            id: next_id(),
-        })
+        let (kl, bytes) = crate::models::weights_loaded_by(ctx, || {
+            AutoencoderKlEncoder::load(ctx, config, store)
+        })?;
+        let name = format!("AutoencoderKL encoder ({})", store.origin());
+        let mut enc = VaeEncoder::new(EncoderKind::Kl(kl), name, store.dtype());
+        enc.weights_bytes = bytes;
+        Ok(enc)
     }
 
     /// This encoder in bf16 (loaded once, on first use, from the same file
     /// or preset): where an f16 encode overflowed.
     pub fn bf16_twin(&self, ctx: &Context) -> Result<&VaeEncoder> {
-        if let Some(t) = self.bf16_twin.get() {
-            return Ok(t);
-        }
-        let (spec, opts) = self.source.as_ref().ok_or_else(|| {
-            Error::Unsupported("this encoder was not loaded from a file or preset".into())
-        })?;
-        let opts = LoadOptions {
-            precision: crate::models::Precision::BF16,
-            ..opts.clone()
-        };
-        let twin = Box::new(VaeEncoder::load(ctx, spec, &opts)?);
-        Ok(self.bf16_twin.get_or_init(|| twin))
+        self.bf16_twin
+            .get("encoder", |spec, opts| VaeEncoder::load(ctx, spec, opts))
     }
 
     /// Latent channels of the output (AutoencoderKL: of the mean).
