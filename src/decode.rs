@@ -1,6 +1,6 @@
 //! The main job: latents in host memory → decoded images, a thin front end
 //! over the runner (`run`), which also predicts its memory (the same
-//! decode on a null device, see [`estimate_decode`]).
+//! decode on a null device, see [`Estimate`]).
 //!
 //! A decode runs untiled (one recorded forward, one submit) or tiled (see
 //! [`crate::tiling`]): `exact` tiles equal the untiled output up to float
@@ -25,7 +25,7 @@ use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::embed::DeviceLatents;
-pub use crate::run::estimate::{estimate_decode, estimate_decode_with, MemoryEstimate};
+pub use crate::run::estimate::{Estimate, MemoryEstimate};
 
 /// Options for [`decode`].
 #[derive(Clone, Debug, Default)]

@@ -20,7 +20,6 @@ use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::io::load_image;
 pub use crate::models::vae_encoder::{EncoderKind, VaeEncoder};
-pub use crate::run::estimate::{estimate_encode, estimate_encode_with};
 
 /// Options for [`encode`].
 #[derive(Clone, Debug, Default)]

@@ -443,7 +443,7 @@ impl Delivery {
 /// Untiled only: a frame that does not decode untiled on the device is an
 /// error (decode it with [`crate::decode()`], which tiles). An error from
 /// `on_frame` stops the decode and is returned. Not available on a null device
-/// (predict a chunk's memory with [`crate::decode::estimate_decode`] at
+/// (predict a chunk's memory with [`crate::decode::Estimate`] at
 /// `[B, C, h, w]`).
 pub fn decode_frames(
     ctx: &Context,

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use wgvae::decode::estimate_decode;
+use wgvae::decode::Estimate;
 use wgvae::gpu::Capabilities;
 use wgvae::io::read_npy;
 use wgvae::memory::Policy;
@@ -184,15 +184,10 @@ fn auto_precision_follows_the_model() {
                     precision: p,
                     ..Default::default()
                 };
-                estimate_decode(
-                    caps,
-                    Policy::Planned,
-                    &spec,
-                    &opts,
-                    [1, vae.latent_channels(), 32, 32],
-                )
-                .unwrap()
-                .peak_allocated_bytes
+                Estimate::new(caps, Policy::Planned, &spec, &opts)
+                    .decode([1, vae.latent_channels(), 32, 32])
+                    .unwrap()
+                    .peak_allocated_bytes
             };
             let (half, full) = (est(Precision::Auto), est(Precision::F32));
             let ratio = half as f64 / full as f64;
@@ -223,14 +218,9 @@ fn half_precision_estimates_halve_memory() {
                 precision,
                 ..Default::default()
             };
-            estimate_decode(
-                &caps,
-                Policy::Planned,
-                &format!("preset:{preset}"),
-                &opts,
-                shape,
-            )
-            .unwrap()
+            Estimate::new(&caps, Policy::Planned, &format!("preset:{preset}"), &opts)
+                .decode(shape)
+                .unwrap()
         };
         let full = est(Precision::F32);
         for p in [Precision::F16, Precision::BF16] {

@@ -2,7 +2,7 @@
 //! policy; the planned policy reuses memory without changing a single output
 //! value and keeps reserved within 2 % of allocated.
 
-use wgvae::decode::estimate_decode;
+use wgvae::decode::Estimate;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::{PlannedPool, Policy};
 use wgvae::models::Precision;
@@ -94,7 +94,9 @@ fn estimate_equals_measured_for_every_policy() {
                 ..Default::default()
             };
             let real = decode(&ctx, &vae, &case.latents, &opts).unwrap();
-            let est = estimate_decode(ctx.caps(), policy, &case.spec, &case.load, shape).unwrap();
+            let est = Estimate::new(ctx.caps(), policy, &case.spec, &case.load)
+                .decode(shape)
+                .unwrap();
             let (a, r) = (
                 real.memory.allocated_bytes.peak,
                 real.memory.reserved_bytes.peak,
@@ -184,13 +186,13 @@ fn planned_pool_reuses_its_plan_and_arenas() {
 fn dry_run_estimates_large_decodes_without_device_memory() {
     let ctx = test_context();
     // FLUX.1 at 2048² cannot even be bound on lavapipe; the estimate needs no device memory.
-    let est = estimate_decode(
+    let est = Estimate::new(
         ctx.caps(),
         Policy::Planned,
         "preset:flux1",
         &LoadOptions::default(),
-        [1, 16, 256, 256],
-    );
+    )
+    .decode([1, 16, 256, 256]);
     match est {
         Ok(e) => panic!("lavapipe cannot bind a 2048² activation, yet the estimate passed: {e:?}"),
         Err(e) => assert!(
@@ -201,13 +203,13 @@ fn dry_run_estimates_large_decodes_without_device_memory() {
     let mut caps = ctx.caps().clone();
     caps.max_storage_buffer_binding_size = 4 << 30; // an RTX-class limit
     caps.max_buffer_size = 4 << 30;
-    let est = estimate_decode(
+    let est = Estimate::new(
         &caps,
         Policy::Planned,
         "preset:flux1",
         &LoadOptions::default(),
-        [1, 16, 256, 256],
     )
+    .decode([1, 16, 256, 256])
     .unwrap();
     println!("{est:?}");
     assert!(est.peak_allocated_bytes > est.weights_bytes);
@@ -227,14 +229,9 @@ fn encode_estimate_equals_measured_for_every_policy() {
         let ctx = base.with_pool(policy.new_pool());
         let enc = wgvae::encode::VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
         let real = wgvae::encode::encode(&ctx, &enc, &img, &Default::default()).unwrap();
-        let est = wgvae::encode::estimate_encode(
-            ctx.caps(),
-            policy,
-            spec,
-            &LoadOptions::default(),
-            shape,
-        )
-        .unwrap();
+        let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
+            .encode(shape)
+            .unwrap();
         assert_eq!(est.weights_bytes, enc.weights_bytes, "{}", policy.name());
         assert_eq!(
             est.peak_allocated_bytes,

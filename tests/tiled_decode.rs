@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use wgvae::decode::estimate_decode_with;
+use wgvae::decode::Estimate;
 use wgvae::gpu::Context;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
@@ -169,15 +169,10 @@ fn max_memory_is_kept_estimated_and_exact() {
         let budget = vae.weights_bytes + (3 << 19);
         let mut tiling = Tiling::exact().with_max_memory(budget);
         tiling.tile_mid_block = true;
-        let est = estimate_decode_with(
-            ctx.caps(),
-            policy,
-            spec,
-            &LoadOptions::default(),
-            shape,
-            &tiling,
-        )
-        .unwrap();
+        let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
+            .tiled(&tiling)
+            .decode(shape)
+            .unwrap();
         // The estimator predicts a decode without the raw output (as the CLI).
         let out = decode(
             &ctx,
@@ -447,7 +442,7 @@ fn flux_preset_estimate_keeps_a_1gib_budget() {
     let budget = 1u64 << 30;
     for precision in [Precision::F32, Precision::F16] {
         for side in [1024usize, 2048, 4096, 8192] {
-            let est = estimate_decode_with(
+            let est = Estimate::new(
                 &caps,
                 Policy::Caching,
                 "preset:flux1",
@@ -455,9 +450,9 @@ fn flux_preset_estimate_keeps_a_1gib_budget() {
                     precision,
                     ..Default::default()
                 },
-                [1, 16, side / 8, side / 8],
-                &Tiling::exact().with_max_memory(budget),
             )
+            .tiled(&Tiling::exact().with_max_memory(budget))
+            .decode([1, 16, side / 8, side / 8])
             .unwrap();
             let t = &est.tiling;
             println!(

@@ -7,7 +7,8 @@
 
 use std::path::PathBuf;
 
-use wgvae::encode::{encode, estimate_encode_with, load_image, EncodeOptions, Encoded, VaeEncoder};
+use wgvae::decode::Estimate;
+use wgvae::encode::{encode, load_image, EncodeOptions, Encoded, VaeEncoder};
 use wgvae::gpu::Context;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
@@ -234,7 +235,10 @@ fn tiled_encode_estimate_matches_measured() {
         let mut tiling = Tiling::exact().with_max_memory(budget);
         tiling.tile_mid_block = true;
         let load = LoadOptions::default();
-        let est = estimate_encode_with(ctx.caps(), policy, spec, &load, shape, &tiling).unwrap();
+        let est = Estimate::new(ctx.caps(), policy, spec, &load)
+            .tiled(&tiling)
+            .encode(shape)
+            .unwrap();
         let out = run(&ctx, &enc, &img, tiling);
         let peak = out.memory.allocated_bytes.peak;
         let t = &out.tiling;

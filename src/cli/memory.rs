@@ -68,7 +68,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
     let tiling = a.tiles.tiling()?;
     let (e, dtype) = if a.encode {
         let shape = [a.batch, 3, h, w];
-        let e = wgvae::encode::estimate_encode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, &load)
+            .tiled(&tiling)
+            .encode(shape)?;
         (e, a.dtype.clone())
     } else {
         // The latent channel count comes from the model: load it once in a dry run.
@@ -76,7 +78,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
         let probe = Vae::load(&probe, &a.vae, &load)?;
         let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
         let shape = [a.batch, channels, h / 8, w / 8];
-        let e = wgvae::decode::estimate_decode_with(&caps, policy, &a.vae, &load, shape, &tiling)?;
+        let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, &load)
+            .tiled(&tiling)
+            .decode(shape)?;
         (e, dtype)
     };
     let op = if a.encode { "encode" } else { "decode" };

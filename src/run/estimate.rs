@@ -69,81 +69,78 @@ fn zeros(shape: [usize; 4]) -> Result<HostTensor> {
     HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])
 }
 
-/// Predicts the pool's peaks for decoding latents of `latent_shape` with
-/// `vae_spec` under `policy` on a device with `caps`, without running any
-/// kernel or allocating device memory: the decode runs on a null device
-/// ([`Context::null`]) and the pool replays its allocation sequence.
-/// Untiled (as [`Tiling::off`]); see [`estimate_decode_with`].
-pub fn estimate_decode(
-    caps: &Capabilities,
-    policy: Policy,
-    vae_spec: &str,
-    load: &LoadOptions,
-    latent_shape: [usize; 4],
-) -> Result<MemoryEstimate> {
-    estimate_decode_with(caps, policy, vae_spec, load, latent_shape, &Tiling::off())
+/// A memory prediction: a model (`vae`, loaded with `load`) on a device
+/// with `caps` under `policy`, tiled as `tiling` says. [`Estimate::decode`]
+/// and [`Estimate::encode`] run the front end on a null device
+/// ([`Context::null`]) whose pool replays the allocation sequence, without
+/// running a kernel or allocating device memory; the choices are the ones
+/// [`decode`] / [`encode`] make with these options on such a device.
+#[derive(Clone, Debug)]
+pub struct Estimate<'a> {
+    /// The device the run is predicted for.
+    pub caps: &'a Capabilities,
+    /// Memory policy of the pool.
+    pub policy: Policy,
+    /// The model, as [`Vae::load`] takes it.
+    pub vae: &'a str,
+    /// How it is loaded (precision, config overrides, preset seed).
+    pub load: &'a LoadOptions,
+    /// How the run is tiled (untiled unless [`Estimate::tiled`]).
+    pub tiling: Tiling,
 }
 
-/// [`estimate_decode`] of a decode tiled as `tiling` says (the same
-/// choices [`decode`] makes with these options on a device with `caps`).
-pub fn estimate_decode_with(
-    caps: &Capabilities,
-    policy: Policy,
-    vae_spec: &str,
-    load: &LoadOptions,
-    latent_shape: [usize; 4],
-    tiling: &Tiling,
-) -> Result<MemoryEstimate> {
-    MemoryEstimate::predict(caps, policy, |null| {
-        let vae = Vae::load(null, vae_spec, load)?;
-        let opts = DecodeOptions {
-            raw_latents: true,
-            tiling: tiling.clone(),
-            ..Default::default()
-        };
-        let out = decode(null, &vae, &zeros(latent_shape)?, &opts)?;
-        let image = vec![latent_shape[0], 3, out.height, out.width];
-        let model = (vae.name.clone(), vae.weights_bytes);
-        Ok((
-            model,
-            (latent_shape.to_vec(), image),
-            out.memory,
-            out.tiling,
-        ))
-    })
-}
+impl<'a> Estimate<'a> {
+    /// An untiled run of `vae` on `caps` under `policy`.
+    pub fn new(
+        caps: &'a Capabilities,
+        policy: Policy,
+        vae: &'a str,
+        load: &'a LoadOptions,
+    ) -> Self {
+        Estimate {
+            caps,
+            policy,
+            vae,
+            load,
+            tiling: Tiling::off(),
+        }
+    }
 
-/// Predicts the pool's peaks for encoding images of `image_shape`
-/// [N, 3, H, W] untiled (see [`estimate_decode`] and [`estimate_encode_with`]).
-pub fn estimate_encode(
-    caps: &Capabilities,
-    policy: Policy,
-    vae_spec: &str,
-    load: &LoadOptions,
-    image_shape: [usize; 4],
-) -> Result<MemoryEstimate> {
-    estimate_encode_with(caps, policy, vae_spec, load, image_shape, &Tiling::off())
-}
+    /// The same run tiled as `tiling` says.
+    pub fn tiled(mut self, tiling: &Tiling) -> Self {
+        self.tiling = tiling.clone();
+        self
+    }
 
-/// [`estimate_encode`] of an encode tiled as `tiling` says (the same choices
-/// [`encode`] makes with these options on a device with `caps`).
-pub fn estimate_encode_with(
-    caps: &Capabilities,
-    policy: Policy,
-    vae_spec: &str,
-    load: &LoadOptions,
-    image_shape: [usize; 4],
-    tiling: &Tiling,
-) -> Result<MemoryEstimate> {
-    MemoryEstimate::predict(caps, policy, |null| {
-        let enc = VaeEncoder::load(null, vae_spec, load)?;
-        let opts = EncodeOptions {
-            tiling: tiling.clone(),
-            ..Default::default()
-        };
-        let out = encode(null, &enc, &zeros(image_shape)?, &opts)?;
-        let model = (enc.name.clone(), enc.weights_bytes);
-        let shapes = (out.latents.shape.clone(), image_shape.to_vec());
-        Ok((model, shapes, out.memory, out.tiling))
-    })
+    /// Peaks of decoding latents of `latent_shape` `[N, C, h, w]`.
+    pub fn decode(&self, latent_shape: [usize; 4]) -> Result<MemoryEstimate> {
+        MemoryEstimate::predict(self.caps, self.policy, |null| {
+            let vae = Vae::load(null, self.vae, self.load)?;
+            let opts = DecodeOptions {
+                raw_latents: true,
+                tiling: self.tiling.clone(),
+                ..Default::default()
+            };
+            let out = decode(null, &vae, &zeros(latent_shape)?, &opts)?;
+            let image = vec![latent_shape[0], 3, out.height, out.width];
+            let model = (vae.name.clone(), vae.weights_bytes);
+            let shapes = (latent_shape.to_vec(), image);
+            Ok((model, shapes, out.memory, out.tiling))
+        })
+    }
+
+    /// Peaks of encoding images of `image_shape` `[N, 3, H, W]`.
+    pub fn encode(&self, image_shape: [usize; 4]) -> Result<MemoryEstimate> {
+        MemoryEstimate::predict(self.caps, self.policy, |null| {
+            let enc = VaeEncoder::load(null, self.vae, self.load)?;
+            let opts = EncodeOptions {
+                tiling: self.tiling.clone(),
+                ..Default::default()
+            };
+            let out = encode(null, &enc, &zeros(image_shape)?, &opts)?;
+            let model = (enc.name.clone(), enc.weights_bytes);
+            let shapes = (out.latents.shape.clone(), image_shape.to_vec());
+            Ok((model, shapes, out.memory, out.tiling))
+        })
+    }
 }

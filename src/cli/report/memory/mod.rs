@@ -10,7 +10,7 @@ use serde::Serialize;
 
 use super::{create_dir, io_err, write, MIB};
 use tables::{csv, markdown, measured_markdown, plot};
-use wgvae::decode::estimate_decode;
+use wgvae::decode::Estimate;
 use wgvae::error::{Error, Result};
 use wgvae::gpu::Capabilities;
 use wgvae::memory::Policy;
@@ -213,22 +213,13 @@ pub fn predict_cells(
                     for policy in [Policy::Caching, Policy::Planned, Policy::Exact] {
                         let (spec, load, latent) = preset_decode(preset, size, precision);
                         let estimate = match op {
-                            "decode" => estimate_decode(caps, policy, &spec, &load, latent),
-                            "decode_tiled" => wgvae::decode::estimate_decode_with(
-                                caps,
-                                policy,
-                                &spec,
-                                &load,
-                                latent,
-                                &Tiling::exact().with_max_memory(tiled_budget),
-                            ),
-                            _ => wgvae::encode::estimate_encode(
-                                caps,
-                                policy,
-                                &spec,
-                                &load,
-                                [1, 3, size, size],
-                            ),
+                            "decode" => Estimate::new(caps, policy, &spec, &load).decode(latent),
+                            "decode_tiled" => Estimate::new(caps, policy, &spec, &load)
+                                .tiled(&Tiling::exact().with_max_memory(tiled_budget))
+                                .decode(latent),
+                            _ => {
+                                Estimate::new(caps, policy, &spec, &load).encode([1, 3, size, size])
+                            }
                         };
                         let too_large = |e: &Error| {
                             matches!(
@@ -244,14 +235,9 @@ pub fn predict_cells(
                                     "{model} {op} {size}² {dtype} {}: {e}",
                                     policy.name()
                                 ));
-                                wgvae::decode::estimate_decode_with(
-                                    caps,
-                                    policy,
-                                    &spec,
-                                    &load,
-                                    latent,
-                                    &Tiling::default(),
-                                )
+                                Estimate::new(caps, policy, &spec, &load)
+                                    .tiled(&Tiling::default())
+                                    .decode(latent)
                             }
                             other => other,
                         };
@@ -350,8 +336,7 @@ pub fn measure(
                         ..Default::default()
                     };
                     let real = wgvae::decode(&pctx, &vae, &z, &opts)?;
-                    let est =
-                        wgvae::decode::estimate_decode(ctx.caps(), policy, &spec, &load, shape)?;
+                    let est = Estimate::new(ctx.caps(), policy, &spec, &load).decode(shape)?;
                     let row =
                         |source: String, weights: u64, alloc: u64, reserved: u64, note: String| {
                             let mib = [weights, alloc, reserved].map(|b| b as f64 / MIB);
