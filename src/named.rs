@@ -13,6 +13,30 @@ pub trait Named: Copy + 'static {
     fn name(self) -> &'static str;
 }
 
+/// Implements [`Named`] and `FromStr` for a fieldless enum from one table
+/// of `Variant => "name"`, in the order messages list them.
+macro_rules! named {
+    ($ty:ident, $what:literal, { $($variant:ident => $name:literal),+ $(,)? }) => {
+        impl $crate::named::Named for $ty {
+            const ALL: &'static [Self] = &[$($ty::$variant),+];
+            const WHAT: &'static str = $what;
+            fn name(self) -> &'static str {
+                match self {
+                    $($ty::$variant => $name),+
+                }
+            }
+        }
+
+        impl std::str::FromStr for $ty {
+            type Err = $crate::error::Error;
+            fn from_str(s: &str) -> $crate::error::Result<Self> {
+                $crate::named::parse(s)
+            }
+        }
+    };
+}
+pub(crate) use named;
+
 /// The value of `T` named `s`; an error listing every name otherwise.
 pub fn parse<T: Named>(s: &str) -> Result<T> {
     T::ALL

@@ -48,7 +48,6 @@ use std::sync::Arc;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
 pub(crate) use crate::exec::exact::{Act, ExactPlan, Executor, STAGING_LIMIT};
 use crate::gpu::Capabilities;
 
@@ -72,34 +71,16 @@ pub enum TileMode {
 impl TileMode {
     /// The mode's command-line name.
     pub fn name(self) -> &'static str {
-        match self {
-            TileMode::Auto => "auto",
-            TileMode::Off => "off",
-            TileMode::Exact => "exact",
-            TileMode::Fast => "fast",
-        }
+        crate::named::Named::name(self)
     }
 }
 
-impl crate::named::Named for TileMode {
-    const ALL: &'static [Self] = &[
-        TileMode::Auto,
-        TileMode::Off,
-        TileMode::Exact,
-        TileMode::Fast,
-    ];
-    const WHAT: &'static str = "tile mode";
-    fn name(self) -> &'static str {
-        TileMode::name(self)
-    }
-}
-
-impl std::str::FromStr for TileMode {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        crate::named::parse(s)
-    }
-}
+crate::named::named!(TileMode, "tile mode", {
+    Auto => "auto",
+    Off => "off",
+    Exact => "exact",
+    Fast => "fast",
+});
 
 /// Default tile side of `fast` mode in output pixels (diffusers' SD default).
 pub const FAST_DEFAULT_TILE: usize = 512;

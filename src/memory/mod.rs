@@ -163,11 +163,7 @@ impl Policy {
 
     /// The policy's command-line name.
     pub fn name(self) -> &'static str {
-        match self {
-            Policy::Exact => "exact",
-            Policy::Caching => "caching",
-            Policy::Planned => "planned",
-        }
+        crate::named::Named::name(self)
     }
 
     /// A fresh pool of this policy.
@@ -180,20 +176,11 @@ impl Policy {
     }
 }
 
-impl crate::named::Named for Policy {
-    const ALL: &'static [Self] = &Policy::ALL;
-    const WHAT: &'static str = "memory policy";
-    fn name(self) -> &'static str {
-        Policy::name(self)
-    }
-}
-
-impl std::str::FromStr for Policy {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        crate::named::parse(s)
-    }
-}
+crate::named::named!(Policy, "memory policy", {
+    Exact => "exact",
+    Caching => "caching",
+    Planned => "planned",
+});
 
 /// Rounds `x` up to a multiple of `to` (a power of two or any positive number).
 pub fn round_up(x: u64, to: u64) -> u64 {

@@ -66,30 +66,12 @@ pub enum Precision {
     Auto,
 }
 
-impl crate::named::Named for Precision {
-    const ALL: &'static [Self] = &[
-        Precision::F32,
-        Precision::F16,
-        Precision::BF16,
-        Precision::Auto,
-    ];
-    const WHAT: &'static str = "dtype";
-    fn name(self) -> &'static str {
-        match self {
-            Precision::F32 => "f32",
-            Precision::F16 => "f16",
-            Precision::BF16 => "bf16",
-            Precision::Auto => "auto",
-        }
-    }
-}
-
-impl std::str::FromStr for Precision {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        crate::named::parse(s)
-    }
-}
+crate::named::named!(Precision, "dtype", {
+    F32 => "f32",
+    F16 => "f16",
+    BF16 => "bf16",
+    Auto => "auto",
+});
 
 impl Precision {
     /// The dtype for a model: `f16_safe` says whether the model's

@@ -43,6 +43,8 @@ pub struct VaeEncoder {
     pub dtype: DType,
     /// Process-unique id (memory plans are cached per model and shape).
     pub(crate) id: u64,
+    /// (latent channels, resolution levels) of the network.
+    shape: (usize, usize),
     /// The same encoder in bf16, loaded on the first f16 overflow.
     bf16_twin: Bf16Twin<VaeEncoder>,
 }
@@ -98,8 +100,13 @@ impl VaeEncoder {
     }
 
     fn new(encoder: EncoderKind, name: String, dtype: DType) -> VaeEncoder {
+        let shape = match &encoder {
+            EncoderKind::Kl(k) => (k.config.latent_channels, k.levels),
+            EncoderKind::Tae(t) => (t.latent_channels, t.levels),
+        };
         VaeEncoder {
             encoder,
+            shape,
             name,
             weights_bytes: 0,
             dtype,
@@ -133,19 +140,13 @@ impl VaeEncoder {
 
     /// Latent channels of the output (AutoencoderKL: of the mean).
     pub fn latent_channels(&self) -> usize {
-        match &self.encoder {
-            EncoderKind::Kl(k) => k.config.latent_channels,
-            EncoderKind::Tae(t) => t.latent_channels,
-        }
+        self.shape.0
     }
 
     /// Resolution levels: the image's, then one per stride-2 conv (the last
     /// is the latent's).
     pub fn levels(&self) -> usize {
-        match &self.encoder {
-            EncoderKind::Kl(k) => k.levels,
-            EncoderKind::Tae(t) => t.levels,
-        }
+        self.shape.1
     }
 
     /// Image pixels per latent pixel along each axis.
