@@ -60,6 +60,26 @@ impl Resnet {
         })
     }
 
+    /// `{prefix}.resnets.0 .. n`: the first from `cin` to `cout` channels,
+    /// the others at `cout`.
+    pub(crate) fn load_stack(
+        ctx: &Context,
+        s: &WeightStore,
+        prefix: &str,
+        n: usize,
+        cin: usize,
+        cout: usize,
+        groups: usize,
+    ) -> Result<Vec<Self>> {
+        (0..n)
+            .map(|j| {
+                let from = if j == 0 { cin } else { cout };
+                let p = format!("{prefix}.resnets.{j}");
+                Resnet::load(ctx, s, &p, from, cout, groups)
+            })
+            .collect()
+    }
+
     /// Adds the block to `b` on `x` (its weights move into the graph).
     pub(crate) fn build(self, b: &mut Builder, x: TensorId) -> TensorId {
         let (norm1, conv1) = (b.norm(self.norm1), b.weights(self.conv1));
@@ -197,18 +217,9 @@ impl AutoencoderKl {
         let mut up_blocks = Vec::new();
         let mut prev = top;
         for (i, &cout) in rev.iter().enumerate() {
-            let mut resnets = Vec::new();
-            for j in 0..=config.layers_per_block {
-                let cin = if j == 0 { prev } else { cout };
-                resnets.push(Resnet::load(
-                    ctx,
-                    store,
-                    &format!("decoder.up_blocks.{i}.resnets.{j}"),
-                    cin,
-                    cout,
-                    g,
-                )?);
-            }
+            let p = format!("decoder.up_blocks.{i}");
+            let n = config.layers_per_block + 1;
+            let resnets = Resnet::load_stack(ctx, store, &p, n, prev, cout, g)?;
             let upsample = if i + 1 < rev.len() {
                 Some(load_conv(
                     ctx,

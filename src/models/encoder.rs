@@ -38,18 +38,9 @@ impl AutoencoderKlEncoder {
         let mut down = Vec::new();
         let mut prev = ch[0];
         for (i, &cout) in ch.iter().enumerate() {
-            let mut resnets = Vec::new();
-            for j in 0..config.layers_per_block {
-                let cin = if j == 0 { prev } else { cout };
-                resnets.push(Resnet::load(
-                    ctx,
-                    store,
-                    &format!("encoder.down_blocks.{i}.resnets.{j}"),
-                    cin,
-                    cout,
-                    g,
-                )?);
-            }
+            let p = format!("encoder.down_blocks.{i}");
+            let resnets =
+                Resnet::load_stack(ctx, store, &p, config.layers_per_block, prev, cout, g)?;
             let downsample = if i + 1 < ch.len() {
                 let p = format!("encoder.down_blocks.{i}.downsamplers.0.conv");
                 Some(load_conv(ctx, store, &p, cout, cout, 3, true)?)
@@ -123,11 +114,10 @@ enum TaeLayer {
 impl TaeEncoder {
     /// TAESD encoder: 0 conv(3→64), 1 Block, [stride-2 conv (no bias), 3 Blocks] × 3, 14 conv(64→C).
     pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
-        let shape = store.shape_of("14.weight").ok_or_else(|| Error::BadFile {
-            path: store.origin().into(),
-            message: "not a TAE encoder: no `14.weight` (the last conv); is this a decoder file?"
-                .into(),
-        })?;
+        let shape = store.conv_shape(
+            "14.weight",
+            "not a TAE encoder: no `14.weight` (the last conv); is this a decoder file?",
+        )?;
         let latent_channels = shape[0];
         let conv_in = load_conv(ctx, store, "0", WIDTH, 3, 3, true)?;
         let mut layers = vec![TaeLayer::Block(Block::load(ctx, store, 1)?)];

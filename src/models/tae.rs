@@ -124,12 +124,11 @@ impl TaeDecoder {
 
     /// Uploads a decoder from TAE-layout weights.
     pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
-        let shape = store.shape_of("1.weight").ok_or_else(|| Error::BadFile {
-            path: store.origin().into(),
-            message: "not a TAE decoder: no `1.weight` (the first conv); is this an encoder file?"
-                .into(),
-        })?;
-        if shape.len() != 4 || shape[0] != WIDTH {
+        let shape = store.conv_shape(
+            "1.weight",
+            "not a TAE decoder: no `1.weight` (the first conv); is this an encoder file?",
+        )?;
+        if shape[0] != WIDTH {
             return Err(Error::BadFile {
                 path: store.origin().into(),
                 message: format!("`1.weight` has shape {shape:?}; a TAE decoder's first conv is [64, latent_channels, 3, 3]"),

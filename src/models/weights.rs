@@ -326,6 +326,22 @@ impl WeightStore {
         }
     }
 
+    /// The shape `[out, in, k, k]` of conv weight `key`, which a layout
+    /// detection relies on: missing is an error saying `missing` (what the
+    /// file probably is), any other rank an error naming the shape.
+    pub(crate) fn conv_shape(&self, key: &str, missing: &str) -> Result<[usize; 4]> {
+        let bad = |message: String| Error::BadFile {
+            path: self.origin().into(),
+            message,
+        };
+        let shape = self.shape_of(key).ok_or_else(|| bad(missing.to_string()))?;
+        <[usize; 4]>::try_from(shape.as_slice()).map_err(|_| {
+            bad(format!(
+                "`{key}` has shape {shape:?}; expected a conv weight [out, in, k, k]"
+            ))
+        })
+    }
+
     /// True when the store holds `key`.
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {

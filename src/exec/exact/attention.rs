@@ -81,11 +81,7 @@ impl Executor {
             drop((q, k, v));
             let res = self.take_piece(&mut x, 0)?;
             conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
-            if let Some(acc) = &stats {
-                self.stats_add(acc, 0, &res)?;
-            }
-            self.park(&mut out, 0, res)?;
-            self.step_done(stage::ATTENTION)?;
+            self.emit_tile(&mut out, stats.as_ref(), 0, res, stage::ATTENTION)?;
         } else {
             let mut ks = self.empty_act(n, c, x.h, x.w, DType::F32);
             let mut vs = self.empty_act(n, c, x.h, x.w, DType::F32);
@@ -160,19 +156,12 @@ impl Executor {
                     let res = self.take_piece(&mut x, i)?;
                     conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
                     drop(o);
-                    if let Some(acc) = &stats {
-                        self.stats_add(acc, i, &res)?;
-                    }
-                    self.park(&mut out, i, res)?;
-                    self.step_done(stage::ATTENTION)?;
+                    self.emit_tile(&mut out, stats.as_ref(), i, res, stage::ATTENTION)?;
                 }
             }
         }
         drop(x);
-        let affine = match stats {
-            Some(acc) => Some(self.stats_finish(acc, n)?),
-            None => None,
-        };
+        let affine = self.stats_finish(stats, n)?;
         Ok((out, affine))
     }
 }

@@ -467,17 +467,10 @@ impl Executor {
                 }
             };
             let tile = self.conv_tile(x, &spec, r, res)?;
-            if let Some(acc) = &stats {
-                self.stats_add(acc, i, &tile)?;
-            }
-            self.park(&mut out, i, tile)?;
-            self.step_done(stage::CONV)?;
+            self.emit_tile(&mut out, stats.as_ref(), i, tile, stage::CONV)?;
         }
         drop(residual);
-        let affine = match stats {
-            Some(acc) => Some(self.stats_finish(acc, x.n)?),
-            None => None,
-        };
+        let affine = self.stats_finish(stats, x.n)?;
         Ok((out, affine))
     }
 

@@ -41,7 +41,24 @@ impl Executor {
         })
     }
 
-    pub(super) fn stats_add(&mut self, acc: &StatsAcc, i: usize, tile: &Tensor) -> Result<()> {
+    /// Adds output tile `i`'s GroupNorm partials to `acc` (when its consumer
+    /// normalises), parks the tile in `out` and counts the step.
+    pub(super) fn emit_tile(
+        &mut self,
+        out: &mut Act,
+        acc: Option<&StatsAcc>,
+        i: usize,
+        tile: Tensor,
+        stage: &'static str,
+    ) -> Result<()> {
+        if let Some(acc) = acc {
+            self.stats_add(acc, i, &tile)?;
+        }
+        self.park(out, i, tile)?;
+        self.step_done(stage)
+    }
+
+    fn stats_add(&mut self, acc: &StatsAcc, i: usize, tile: &Tensor) -> Result<()> {
         group_norm_partials(
             self.rec(),
             tile,
@@ -53,7 +70,13 @@ impl Executor {
         )
     }
 
-    pub(super) fn stats_finish(&mut self, acc: StatsAcc, n: usize) -> Result<Tensor> {
+    /// The GroupNorm affine of everything added to `acc` (`None` without one).
+    pub(super) fn stats_finish(
+        &mut self,
+        acc: Option<StatsAcc>,
+        n: usize,
+    ) -> Result<Option<Tensor>> {
+        let Some(acc) = acc else { return Ok(None) };
         let c = acc.norm.channels();
         let affine = Tensor::empty(&self.ctx, &[n, c, 2], DType::F32, "groupnorm affine")?;
         let (gamma, beta) = acc.norm.gamma_beta();
@@ -68,6 +91,6 @@ impl Executor {
             acc.norm.eps(),
             &affine,
         )?;
-        Ok(affine)
+        Ok(Some(affine))
     }
 }
