@@ -39,8 +39,14 @@ pub fn rand_vec(n: usize, seed: u64, scale: f32) -> Vec<f32> {
     crate::seeded::uniform(n, seed, scale)
 }
 
-/// Largest |a - b| and the index where it occurs.
+/// Largest |a - b| and the index where it occurs (the slices must be equally long).
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> (f32, usize) {
+    // Zipping alone would compare only the common prefix.
+    assert_eq!(
+        a.len(),
+        b.len(),
+        "max_abs_diff of slices of different lengths"
+    );
     let mut worst = (0.0f32, 0usize);
     for (i, (x, y)) in a.iter().zip(b).enumerate() {
         let d = (x - y).abs();

@@ -139,8 +139,37 @@ impl AutoencoderKlConfig {
 
     /// Structural checks that would otherwise surface as shape errors deep in a decode.
     pub fn validate(&self) -> std::result::Result<(), String> {
-        if self.block_out_channels.is_empty() {
-            return Err("block_out_channels is empty".into());
+        // Bounds far beyond any published VAE, so absurd values are refused
+        // before a layer is allocated (and 2^(blocks − 1) cannot overflow).
+        const MAX_BLOCKS: usize = 8;
+        const MAX_CHANNELS: usize = 16384;
+        const MAX_LAYERS: usize = 64;
+        if self.block_out_channels.is_empty() || self.block_out_channels.len() > MAX_BLOCKS {
+            return Err(format!(
+                "block_out_channels {:?} must list 1 to {MAX_BLOCKS} widths",
+                self.block_out_channels
+            ));
+        }
+        if self.norm_num_groups == 0 {
+            return Err("norm_num_groups must be positive (diffusers' VAEs use 32)".into());
+        }
+        if self.layers_per_block > MAX_LAYERS {
+            return Err(format!(
+                "layers_per_block {} is over {MAX_LAYERS} (published VAEs use 1 or 2)",
+                self.layers_per_block
+            ));
+        }
+        let widths = [self.latent_channels, self.out_channels];
+        if self
+            .block_out_channels
+            .iter()
+            .chain(&widths)
+            .any(|&c| c > MAX_CHANNELS)
+        {
+            return Err(format!(
+                "channel counts (block_out_channels {:?}, latent_channels {}, out_channels {}) must be at most {MAX_CHANNELS}",
+                self.block_out_channels, self.latent_channels, self.out_channels
+            ));
         }
         for &c in &self.block_out_channels {
             if c == 0 || c % self.norm_num_groups != 0 {
@@ -159,6 +188,12 @@ impl AutoencoderKlConfig {
                 self.scaling_factor
             ));
         }
+        if self.shift_factor.is_some_and(|s| !s.is_finite()) {
+            return Err(format!(
+                "shift_factor {:?} must be finite",
+                self.shift_factor
+            ));
+        }
         Ok(())
     }
 
@@ -171,6 +206,48 @@ impl AutoencoderKlConfig {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Values that used to panic or allocate without bound are refused,
+    /// each with a message naming the field.
+    #[test]
+    fn absurd_configs_are_refused_naming_the_field() {
+        let base = AutoencoderKlConfig::preset("sd15").unwrap();
+        assert!(base.validate().is_ok());
+        let cases: Vec<(&str, Box<dyn Fn(&mut AutoencoderKlConfig)>)> = vec![
+            ("norm_num_groups", Box::new(|c| c.norm_num_groups = 0)),
+            (
+                "block_out_channels",
+                Box::new(|c| c.block_out_channels = vec![]),
+            ),
+            (
+                "block_out_channels",
+                Box::new(|c| c.block_out_channels = vec![32; 70]),
+            ),
+            (
+                "block_out_channels",
+                Box::new(|c| c.block_out_channels[0] = 1 << 40),
+            ),
+            ("latent_channels", Box::new(|c| c.latent_channels = 1 << 40)),
+            (
+                "layers_per_block",
+                Box::new(|c| c.layers_per_block = 1_000_000),
+            ),
+            (
+                "scaling_factor",
+                Box::new(|c| c.scaling_factor = f32::INFINITY),
+            ),
+            (
+                "shift_factor",
+                Box::new(|c| c.shift_factor = Some(f32::NAN)),
+            ),
+        ];
+        for (field, break_it) in cases {
+            let mut c = base.clone();
+            break_it(&mut c);
+            let err = c.validate().unwrap_err();
+            assert!(err.contains(field), "{field}: {err}");
+        }
+    }
 
     #[test]
     fn presets_are_valid_and_distinct() {

@@ -29,8 +29,10 @@ pub fn load_conv(
     k: usize,
     bias: bool,
 ) -> Result<Conv2dWeights> {
-    let w = store.take(&format!("{prefix}.weight"), &[cout, cin, k, k]);
-    let b = bias.then(|| store.take(&format!("{prefix}.bias"), &[cout]));
+    let w = store.take(&format!("{prefix}.weight"), &[cout, cin, k, k])?;
+    let b = bias
+        .then(|| store.take(&format!("{prefix}.bias"), &[cout]))
+        .transpose()?;
     Conv2dWeights::from_pytorch_as(ctx, &w, cout, cin, k, b.as_deref(), store.dtype(), prefix)
 }
 
@@ -94,8 +96,8 @@ impl Norm {
         groups: usize,
         eps: f32,
     ) -> Result<Norm> {
-        let g = store.take(&format!("{prefix}.weight"), &[channels]);
-        let b = store.take(&format!("{prefix}.bias"), &[channels]);
+        let g = store.take(&format!("{prefix}.weight"), &[channels])?;
+        let b = store.take(&format!("{prefix}.bias"), &[channels])?;
         Ok(Norm {
             gamma: Tensor::from_f32(ctx, &[channels], &g, prefix)?,
             beta: Tensor::from_f32(ctx, &[channels], &b, prefix)?,

@@ -182,17 +182,18 @@ fn next_vae_id() -> u64 {
 }
 
 fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKlConfig> {
-    let shape = |k: &str| store.shape_of(k);
-    let conv_in = shape("decoder.conv_in.weight").ok_or_else(|| Error::BadFile {
-        path: store.origin().into(),
-        message: "no decoder.conv_in.weight: this file holds no AutoencoderKL decoder".into(),
-    })?;
+    // Every shape read here is rank-checked: the file decides them.
+    let conv_in = store.conv_shape(
+        "decoder.conv_in.weight",
+        "no decoder.conv_in.weight: this file holds no AutoencoderKL decoder",
+    )?;
     let mut rev = Vec::new();
-    while let Some(s) = shape(&format!(
-        "decoder.up_blocks.{}.resnets.0.conv2.weight",
-        rev.len()
-    )) {
-        rev.push(s[0]);
+    loop {
+        let key = format!("decoder.up_blocks.{}.resnets.0.conv2.weight", rev.len());
+        if !store.contains(&key) {
+            break;
+        }
+        rev.push(store.conv_shape(&key, "")?[0]);
     }
     let mut layers = 0;
     while store.contains(&format!(
@@ -216,7 +217,10 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
         layers_per_block: layers,
         norm_num_groups: 32,
         latent_channels,
-        out_channels: shape("decoder.conv_out.weight").map_or(3, |s| s[0]),
+        out_channels: match store.contains("decoder.conv_out.weight") {
+            true => store.conv_shape("decoder.conv_out.weight", "")?[0],
+            false => 3,
+        },
         scaling_factor: scaling,
         shift_factor: shift,
         use_post_quant_conv: has_pq,

@@ -360,34 +360,48 @@ impl WeightStore {
 
     /// The values of `key`, which must have `shape` (a linear `[o, i]` also
     /// matches a 1×1 conv `[o, i, 1, 1]`). A missing or misshapen key is
-    /// recorded, zeros are returned, and [`WeightStore::finish`] reports it.
-    pub fn take(&self, key: &str, shape: &[usize]) -> Vec<f32> {
-        let n: usize = shape.iter().product();
-        match &self.source {
-            Source::Random(seed) => random_weight(*seed, key, shape),
-            Source::File(m) => match m.get(key) {
-                Some(w) => {
-                    self.used.borrow_mut().insert(key.to_string());
-                    let squeeze =
-                        |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
-                    if w.shape == shape
-                        || (w.data.len() == n && squeeze(&w.shape) == squeeze(shape))
-                    {
-                        w.data.clone()
-                    } else {
-                        self.wrong_shape.borrow_mut().push(format!(
-                            "{key}: file has {:?}, model needs {shape:?}",
-                            w.shape
-                        ));
-                        vec![0.0; n]
-                    }
-                }
-                None => {
-                    self.missing.borrow_mut().push(format!("{key} {shape:?}"));
+    /// recorded, zeros are returned, and [`WeightStore::finish`] reports it —
+    /// unless the model's tensor is larger than any in the file (a config
+    /// far off the weights): that stops the load at once, before zeros of an
+    /// absurd size exist.
+    pub fn take(&self, key: &str, shape: &[usize]) -> Result<Vec<f32>> {
+        let m = match &self.source {
+            Source::Random(seed) => return Ok(random_weight(*seed, key, shape)),
+            Source::File(m) => m,
+        };
+        let largest = m.values().map(|w| w.data.len()).max().unwrap_or(0);
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        let Some(n) = n.filter(|&n| n <= largest.max(1)) else {
+            let found = m.get(key).map(|w| format!("{:?}", w.shape));
+            return Err(Error::BadFile {
+                path: PathBuf::from(&self.origin),
+                message: format!(
+                    "weights do not match the model ({:?} layout): the model needs `{key}` of shape {shape:?}, larger than any tensor in the file (file has {}). Is this the right model, or does its config.json (block_out_channels, latent_channels) describe another one?",
+                    self.layout,
+                    found.unwrap_or_else(|| "no such key".into())
+                ),
+            });
+        };
+        Ok(match m.get(key) {
+            Some(w) => {
+                self.used.borrow_mut().insert(key.to_string());
+                let squeeze =
+                    |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
+                if w.shape == shape || (w.data.len() == n && squeeze(&w.shape) == squeeze(shape)) {
+                    w.data.clone()
+                } else {
+                    self.wrong_shape.borrow_mut().push(format!(
+                        "{key}: file has {:?}, model needs {shape:?}",
+                        w.shape
+                    ));
                     vec![0.0; n]
                 }
-            },
-        }
+            }
+            None => {
+                self.missing.borrow_mut().push(format!("{key} {shape:?}"));
+                vec![0.0; n]
+            }
+        })
     }
 
     /// Errors naming every missing, misshapen and unexpected key. Keys under
@@ -524,9 +538,9 @@ mod tests {
             },
         );
         let s = WeightStore::from_map(map, Layout::Diffusers, "test");
-        assert_eq!(s.take("a", &[2, 2, 1, 1]).len(), 4); // linear == 1x1 conv
-        s.take("b", &[4]);
-        s.take("c", &[5]);
+        assert_eq!(s.take("a", &[2, 2, 1, 1]).unwrap().len(), 4); // linear == 1x1 conv
+        s.take("b", &[4]).unwrap();
+        s.take("c", &[5]).unwrap();
         let e = s.finish(&["encoder."]).unwrap_err().to_string();
         assert!(e.contains("missing 1 keys: c [5]"), "{e}");
         assert!(e.contains("b: file has [3], model needs [4]"), "{e}");
@@ -535,14 +549,40 @@ mod tests {
 
     #[test]
     fn random_weights_are_deterministic() {
-        let a = WeightStore::random(7).take("decoder.conv_in.weight", &[8, 4, 3, 3]);
-        let b = WeightStore::random(7).take("decoder.conv_in.weight", &[8, 4, 3, 3]);
+        let take = |key: &str, shape: &[usize]| WeightStore::random(7).take(key, shape).unwrap();
+        let a = take("decoder.conv_in.weight", &[8, 4, 3, 3]);
+        let b = take("decoder.conv_in.weight", &[8, 4, 3, 3]);
         assert_eq!(a, b);
         assert!(a.iter().all(|v| v.abs() <= 1.0 / 6.0));
-        assert_eq!(
-            WeightStore::random(7).take("decoder.conv_norm_out.weight", &[4]),
-            vec![1.0; 4]
-        );
+        assert_eq!(take("decoder.conv_norm_out.weight", &[4]), vec![1.0; 4]);
+    }
+
+    /// A config far off the file stops at the first tensor larger than any
+    /// the file holds, before zeros of that size exist; a wrapping shape too.
+    #[test]
+    fn a_tensor_larger_than_the_file_stops_the_load() {
+        let mut map = BTreeMap::new();
+        let w = HostWeight {
+            shape: vec![4, 4],
+            data: vec![0.0; 16],
+        };
+        map.insert("a".to_string(), w);
+        let s = WeightStore::from_map(map, Layout::Diffusers, "test.safetensors");
+        s.take("missing", &[16]).unwrap();
+        // Layout detection reads shapes off the file: a rank it does not
+        // expect is an error naming the key, not an index out of bounds.
+        let e = s.conv_shape("a", "no a").unwrap_err().to_string();
+        assert!(e.contains("`a` has shape [4, 4]; expected a conv weight"), "{e}");
+        let e = s.conv_shape("b", "no conv b here").unwrap_err().to_string();
+        assert!(e.contains("no conv b here"), "{e}");
+        for shape in [&[1 << 20, 1 << 20][..], &[usize::MAX, 2]] {
+            let e = s.take("a", shape).unwrap_err().to_string();
+            assert!(e.contains("test.safetensors"), "{e}");
+            assert!(
+                e.contains("larger than any tensor in the file (file has [4, 4])"),
+                "{e}"
+            );
+        }
     }
 }
 
