@@ -82,7 +82,8 @@ pub fn project_dir() -> std::path::PathBuf {
 
 /// The shared test data: `$WGVAE_SHARED_DIR`, else `../shared` beside the
 /// project root ([`project_dir`]), else `../shared` from the working
-/// directory; `None` (tests then skip, saying so) without any.
+/// directory; `None` (tests then skip, saying so) without any — a panic
+/// instead when `WGVAE_REQUIRE_SHARED=1` (CI), so no golden is skipped there.
 pub fn shared_dir() -> Option<std::path::PathBuf> {
     let mut candidates = Vec::new();
     if let Some(d) = std::env::var_os("WGVAE_SHARED_DIR").filter(|d| !d.is_empty()) {
@@ -94,7 +95,12 @@ pub fn shared_dir() -> Option<std::path::PathBuf> {
         .into_iter()
         .find(|p| p.join("README.md").exists());
     if found.is_none() {
-        eprintln!("SKIPPED: ../shared (golden data and weights) is not beside the project root (or set WGVAE_SHARED_DIR)");
+        let why = "../shared (golden data and weights) is not beside the project root (or set WGVAE_SHARED_DIR)";
+        // CI sets WGVAE_REQUIRE_SHARED=1: there a skipped golden is a failure.
+        if std::env::var_os("WGVAE_REQUIRE_SHARED").is_some_and(|v| v == "1") {
+            panic!("WGVAE_REQUIRE_SHARED=1 but {why}");
+        }
+        eprintln!("SKIPPED: {why}");
     }
     found
 }
