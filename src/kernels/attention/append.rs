@@ -53,19 +53,8 @@ pub fn kv_append(
             (&KV_APPEND, dst_strides, vec![src, t])
         }
         KvOutput::Int8 { codes, scales } => {
-            let s = dst_strides;
-            if !d.is_multiple_of(4)
-                || !s.batch.is_multiple_of(d)
-                || !s.head.is_multiple_of(d)
-                || !s.token.is_multiple_of(d)
-            {
-                return Err(Error::shape(
-                    OP,
-                    format!("int8 caches need d % 4 == 0 and a dense layout, got d = {d}, {s:?}"),
-                ));
-            }
-            let words = s.words();
-            let code_words = words.max_offset(batch, heads, dst_t0 + tokens, d / 4) + 1;
+            let (words, code_words) =
+                dst_strides.int8_words(OP, "caches", batch, heads, dst_t0 + tokens, d)?;
             check_holds(OP, "codes", codes, DType::Rgba8, code_words)?;
             check_holds(OP, "scales", scales, DType::F32, code_words.div_ceil(d / 4))?;
             (&KV_APPEND_INT8, words, vec![src, codes, scales])

@@ -335,13 +335,37 @@ impl Strides {
             + (d - 1) * self.channel
     }
 
-    fn words(&self) -> Strides {
-        Strides {
-            batch: self.batch / 4,
-            head: self.head / 4,
-            token: self.token / 4,
-            channel: 1,
+    /// The strides of int8 codes (four per word) replacing this f32 layout, in
+    /// words, and the words `batch x heads x tokens` rows of `d` codes span.
+    /// The layout must be dense and channel-innermost, with `d % 4 == 0`.
+    fn int8_words(
+        &self,
+        op: &str,
+        what: &str,
+        batch: usize,
+        heads: usize,
+        tokens: usize,
+        d: usize,
+    ) -> Result<(Strides, usize)> {
+        let s = self;
+        if !d.is_multiple_of(4)
+            || s.channel != 1
+            || !s.batch.is_multiple_of(d)
+            || !s.head.is_multiple_of(d)
+            || !s.token.is_multiple_of(d)
+        {
+            return Err(Error::shape(
+                op,
+                format!("int8 {what} need d % 4 == 0 and a dense channel-innermost layout, got d = {d}, {s:?}"),
+            ));
         }
+        let words = Strides {
+            batch: s.batch / 4,
+            head: s.head / 4,
+            token: s.token / 4,
+            channel: 1,
+        };
+        Ok((words, words.max_offset(batch, heads, tokens, d / 4) + 1))
     }
 }
 
@@ -397,6 +421,33 @@ pub struct AttentionProblem {
     /// Forces a kernel configuration (tests, tuning); `None`: the device's
     /// choice ([`config_for_device`]).
     pub config: Option<AttentionConfig>,
+}
+
+impl AttentionProblem {
+    /// `tokens` queries over the same `tokens` keys, q / k / v / out all laid out by
+    /// `strides`; no mask, the device's configuration.
+    pub fn self_attention(
+        batch: usize,
+        heads: usize,
+        tokens: usize,
+        head_dim: usize,
+        strides: Strides,
+        scale: f32,
+    ) -> Self {
+        AttentionProblem {
+            batch,
+            heads,
+            q_len: tokens,
+            kv_len: tokens,
+            head_dim,
+            q_strides: strides,
+            kv_strides: strides,
+            scale,
+            mask: Mask::NONE,
+            q_pos0: 0,
+            config: None,
+        }
+    }
 }
 
 fn to_u32(op: &str, what: &str, x: usize) -> Result<u32> {
@@ -606,20 +657,9 @@ pub fn flash_attention_block(
             v_codes,
             v_scales,
         } => {
-            let s = prob.kv_strides;
-            if !d.is_multiple_of(4)
-                || s.channel != 1
-                || !s.batch.is_multiple_of(d)
-                || !s.head.is_multiple_of(d)
-                || !s.token.is_multiple_of(d)
-            {
-                return Err(Error::shape(
-                    OP,
-                    format!("int8 K/V need d % 4 == 0 and a dense channel-innermost layout, got d = {d}, {s:?}"),
-                ));
-            }
-            let words = s.words();
-            let code_words = words.max_offset(batch, heads, kv_len, d / 4) + 1;
+            let (words, code_words) = prob
+                .kv_strides
+                .int8_words(OP, "K/V", batch, heads, kv_len, d)?;
             let scale_elems = code_words.div_ceil(d / 4);
             check_holds(OP, "k codes", k_codes, DType::Rgba8, code_words)?;
             check_holds(OP, "v codes", v_codes, DType::Rgba8, code_words)?;
@@ -752,20 +792,7 @@ pub fn attention(
             "attention head dimension {d} (at most {MAX_HEAD_DIM})"
         )));
     }
-    let strides = Strides::channel_major(d, t);
-    let prob = AttentionProblem {
-        batch: n,
-        heads: 1,
-        q_len: t,
-        kv_len: t,
-        head_dim: d,
-        q_strides: strides,
-        kv_strides: strides,
-        scale,
-        mask: Mask::NONE,
-        q_pos0: 0,
-        config: None,
-    };
+    let prob = AttentionProblem::self_attention(n, 1, t, d, Strides::channel_major(d, t), scale);
     flash_attention(rec, &prob, q, KvInput::F32 { k, v }, out)
 }
 

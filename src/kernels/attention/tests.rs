@@ -89,17 +89,9 @@ fn every_configuration_matches_cpu() {
             let scale = 1.0 / (d as f32).sqrt();
             let strides = Strides::token_major(t, h, d);
             let prob = AttentionProblem {
-                batch: 1,
-                heads: h,
-                q_len: t,
-                kv_len: t,
-                head_dim: d,
-                q_strides: strides,
-                kv_strides: strides,
-                scale,
                 mask,
-                q_pos0: 0,
                 config: Some(c),
+                ..AttentionProblem::self_attention(1, h, t, d, strides, scale)
             };
             let mut rec = Recorder::new(&ctx);
             flash_attention(&mut rec, &prob, &q, KvInput::F32 { k: &k, v: &v }, &out).unwrap();
@@ -189,42 +181,6 @@ fn bad_shapes_are_errors() {
     ));
 }
 
-/// Channel-major `[n, d, tq]` queries over `[n, d, tk]` keys/values, f64.
-#[allow(clippy::too_many_arguments)]
-fn cpu_cross(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    d: usize,
-    tq: usize,
-    tk: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let mut out = vec![0f32; n * d * tq];
-    for b in 0..n {
-        let (qb, kb, vb) = (&q[b * d * tq..], &k[b * d * tk..], &v[b * d * tk..]);
-        for i in 0..tq {
-            let s: Vec<f64> = (0..tk)
-                .map(|j| {
-                    (0..d)
-                        .map(|c| qb[c * tq + i] as f64 * kb[c * tk + j] as f64)
-                        .sum::<f64>()
-                        * scale as f64
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for c in 0..d {
-                let o: f64 = (0..tk).map(|j| e[j] * vb[c * tk + j] as f64).sum();
-                out[b * d * tq + c * tq + i] = (o / z) as f32;
-            }
-        }
-    }
-    out
-}
-
 /// Columns `[t0, t1)` of `[n, d, t]` data.
 fn columns(x: &[f32], n: usize, d: usize, t: usize, t0: usize, t1: usize) -> Vec<f32> {
     let mut out = Vec::with_capacity(n * d * (t1 - t0));
@@ -261,7 +217,7 @@ fn key_blocks_combine_to_full_attention() {
         let kd = rand_vec(n * d * tk, d as u64 + 1, 2.0);
         let vd = rand_vec(n * d * tk, d as u64 + 2, 1.0);
         let scale = 1.0 / (d as f32).sqrt();
-        let want = cpu_cross(&qd, &kd, &vd, n, d, tq, tk, scale);
+        let want = super::cpu::cpu_cross_attention(&qd, &kd, &vd, n, d, tq, tk, scale);
         let q = Tensor::from_f32(&ctx, &[n, d, tq], &qd, "q").unwrap();
         let out = Tensor::empty(&ctx, &[n, d, tq], DType::F32, "out").unwrap();
         let stats = Tensor::empty(&ctx, &[n * tq * 2], DType::F32, "stats").unwrap();
@@ -269,20 +225,10 @@ fn key_blocks_combine_to_full_attention() {
         let blocks = k_splits.len() - 1;
         for (b, ks) in k_splits.windows(2).enumerate() {
             let len = ks[1] - ks[0];
-            let k = Tensor::from_f32_in(
-                &mut rec,
-                &[n, d, len],
-                &columns(&kd, n, d, tk, ks[0], ks[1]),
-                "k",
-            )
-            .unwrap();
-            let v = Tensor::from_f32_in(
-                &mut rec,
-                &[n, d, len],
-                &columns(&vd, n, d, tk, ks[0], ks[1]),
-                "v",
-            )
-            .unwrap();
+            let [k, v] = [(&kd, "k"), (&vd, "v")].map(|(data, name)| {
+                let block = columns(data, n, d, tk, ks[0], ks[1]);
+                Tensor::from_f32_in(&mut rec, &[n, d, len], &block, name).unwrap()
+            });
             let prob = AttentionProblem {
                 batch: n,
                 heads: 1,
