@@ -5,9 +5,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::BindingKind::{Read, ReadWrite, WriteTexture};
 use crate::gpu::{
-    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
+    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
 };
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
@@ -37,29 +37,21 @@ pub const TO_RGBA8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgba8", &[R
 pub const TO_RGB8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgb8", &[Read, ReadWrite]);
 
 /// `to_texture` into an `Rgba8Unorm` storage texture: the bytes of [`to_rgba8`].
-pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_texture",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba8Unorm),
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_TEXTURE_RGBA8: KernelSpec = spec::<Params>(
+    "image",
+    SOURCE,
+    "to_texture",
+    &[Read, WriteTexture(wgpu::TextureFormat::Rgba8Unorm)],
+);
 
 /// `to_texture` into an `Rgba16Float` storage texture: clamped values in [0, 1]
 /// before quantisation.
-pub const TO_TEXTURE_RGBA16F: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_texture",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba16Float),
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_TEXTURE_RGBA16F: KernelSpec = spec::<Params>(
+    "image",
+    SOURCE,
+    "to_texture",
+    &[Read, WriteTexture(wgpu::TextureFormat::Rgba16Float)],
+);
 
 /// Texture formats [`to_texture`] writes as storage textures.
 pub const STORAGE_TEXTURE_FORMATS: [wgpu::TextureFormat; 2] = [
@@ -231,12 +223,10 @@ pub fn cpu_to_rgb8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -
     out
 }
 
-// The texture specs are literals, not `spec(..)` calls: only a literal's
-// constant is promoted to the `&'static` this hands out.
-fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
+fn texture_spec(format: wgpu::TextureFormat) -> Option<KernelSpec> {
     match format {
-        wgpu::TextureFormat::Rgba8Unorm => Some(&TO_TEXTURE_RGBA8),
-        wgpu::TextureFormat::Rgba16Float => Some(&TO_TEXTURE_RGBA16F),
+        wgpu::TextureFormat::Rgba8Unorm => Some(TO_TEXTURE_RGBA8),
+        wgpu::TextureFormat::Rgba16Float => Some(TO_TEXTURE_RGBA16F),
         _ => None,
     }
 }
@@ -267,17 +257,8 @@ pub fn to_texture(
     texture: &wgpu::Texture,
 ) -> Result<()> {
     const OP: &str = "to_texture";
-    let [n, c, h, w] = match *x.shape() {
-        [n, c, h, w] => [n, c, h, w],
-        _ => {
-            return Err(Error::shape(
-                OP,
-                format!("x must be [1, 3, H, W], got {x:?}"),
-            ))
-        }
-    };
-    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
-    if n != 1 || c != 3 {
+    let ([n, h, w], x_storage) = rgb_input(rec, OP, x)?;
+    if n != 1 {
         return Err(Error::shape(
             OP,
             format!("x must be one 3-channel image [1, 3, H, W], got {x:?}"),
@@ -334,8 +315,8 @@ pub fn to_texture(
         ..Default::default()
     });
     rec.dispatch_bindings(
-        spec,
-        &texture_key(spec, x_storage, range),
+        &spec,
+        &texture_key(&spec, x_storage, range),
         &params,
         &[Binding::Tensor(x), Binding::Texture(&view)],
         groups,
@@ -359,17 +340,10 @@ pub fn cpu_to_unit_rgba(x: &[f32], h: usize, w: usize, range: ImageRange) -> Vec
 
 /// CPU reference: x `[N, 3, H, W]` → RGBA bytes `[N, H, W, 4]`.
 pub fn cpu_to_rgba8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -> Vec<u8> {
-    let plane = h * w;
-    let mut out = Vec::with_capacity(n * plane * 4);
-    for b in 0..n {
-        for i in 0..plane {
-            for ch in 0..3 {
-                out.push(range.to_byte(x[(b * 3 + ch) * plane + i]));
-            }
-            out.push(255);
-        }
-    }
-    out
+    cpu_to_rgb8(x, n, h, w, range)
+        .chunks_exact(3)
+        .flat_map(|rgb| [rgb[0], rgb[1], rgb[2], 255])
+        .collect()
 }
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {

@@ -48,22 +48,11 @@ pub struct Params {
     pub n_kv: u32,
     /// Heads.
     pub heads: u32,
-    /// q / out stride between batches (elements).
-    pub q_sb: u32,
-    /// q / out stride between heads.
-    pub q_sh: u32,
-    /// q / out stride between tokens.
-    pub q_st: u32,
-    /// q / out stride between channels.
-    pub q_sc: u32,
-    /// k / v stride between batches.
-    pub kv_sb: u32,
-    /// k / v stride between heads.
-    pub kv_sh: u32,
-    /// k / v stride between tokens.
-    pub kv_st: u32,
-    /// k / v stride between channels.
-    pub kv_sc: u32,
+    /// q / out strides between batches, heads, tokens and channels
+    /// (elements; the shader's `q_sb`, `q_sh`, `q_st`, `q_sc`).
+    pub q_strides: [u32; 4],
+    /// k / v strides, likewise (`kv_sb` .. `kv_sc`).
+    pub kv_strides: [u32; 4],
     /// Softmax scale.
     pub scale: f32,
     /// 1 for a causal mask.
@@ -119,20 +108,12 @@ pub struct AppendParams {
     pub tokens: u32,
     /// Batch size.
     pub batch: u32,
-    /// Source stride between batches (elements).
-    pub src_sb: u32,
-    /// Source stride between heads.
-    pub src_sh: u32,
-    /// Source stride between tokens.
-    pub src_st: u32,
-    /// Source stride between channels.
-    pub src_sc: u32,
-    /// Cache stride between batches.
-    pub dst_sb: u32,
-    /// Cache stride between heads.
-    pub dst_sh: u32,
-    /// Cache stride between tokens.
-    pub dst_st: u32,
+    /// Source strides between batches, heads, tokens and channels
+    /// (elements; the shader's `src_sb` .. `src_sc`).
+    pub src_strides: [u32; 4],
+    /// Cache strides between batches, heads and tokens (`dst_sb` .. `dst_st`;
+    /// channels are contiguous).
+    pub dst_strides: [u32; 3],
     /// First source token.
     pub src_t0: u32,
     /// First cache slot written.
@@ -333,6 +314,21 @@ impl Strides {
             + (heads - 1) * self.head
             + (tokens - 1) * self.token
             + (d - 1) * self.channel
+    }
+
+    /// Batch, head, token and channel stride as the shaders' `u32`s.
+    fn shader_strides(&self, op: &str, what: &str) -> Result<[u32; 4]> {
+        let mut out = [0; 4];
+        let named = [
+            ("batch", self.batch),
+            ("head", self.head),
+            ("token", self.token),
+            ("channel", self.channel),
+        ];
+        for (o, (name, x)) in out.iter_mut().zip(named) {
+            *o = to_u32(op, &format!("{what} {name} stride"), x)?;
+        }
+        Ok(out)
     }
 
     /// The strides of int8 codes (four per word) replacing this f32 layout, in
@@ -672,20 +668,13 @@ pub fn flash_attention_block(
         return Err(Error::shape(OP, "out must not overlap q, k or v"));
     }
     let (causal, tpf, sink, window) = prob.mask.kernel_fields();
-    let qs = prob.q_strides;
     let params = Params {
         d: d as u32,
         n_q: to_u32(OP, "q_len", q_len)?,
         n_kv: to_u32(OP, "kv_len", kv_len)?,
         heads: heads as u32,
-        q_sb: to_u32(OP, "q batch stride", qs.batch)?,
-        q_sh: to_u32(OP, "q head stride", qs.head)?,
-        q_st: to_u32(OP, "q token stride", qs.token)?,
-        q_sc: to_u32(OP, "q channel stride", qs.channel)?,
-        kv_sb: to_u32(OP, "kv batch stride", kv_strides.batch)?,
-        kv_sh: to_u32(OP, "kv head stride", kv_strides.head)?,
-        kv_st: to_u32(OP, "kv token stride", kv_strides.token)?,
-        kv_sc: to_u32(OP, "kv channel stride", kv_strides.channel)?,
+        q_strides: prob.q_strides.shader_strides(OP, "q")?,
+        kv_strides: kv_strides.shader_strides(OP, "kv")?,
         scale: prob.scale,
         causal: causal as u32,
         q_pos0: to_u32(OP, "q_pos0", prob.q_pos0)?,
