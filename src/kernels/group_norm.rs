@@ -709,11 +709,7 @@ mod tests {
             let want = cpu_group_norm(&data, shape, 32, &gamma, &beta, 1e-6, Activation::Silu);
             // One rounding of the output: 2^-11 (f16) or 2^-8 (bf16) relative, plus f32 noise.
             let tol = if dt == DType::BF16 { 8e-3 } else { 2e-3 };
-            let what = format!(
-                "{} group_norm (shader-f16 {})",
-                dt.name(),
-                ctx.caps().shader_f16
-            );
+            let what = format!("group_norm {}", crate::kernels::storage_path(&ctx, dt));
             assert_close(&x.to_f32(&ctx).unwrap(), &want, tol, tol, &what);
         }
     }

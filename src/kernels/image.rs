@@ -7,7 +7,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite, WriteTexture};
 use crate::gpu::{
-    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
+    linear_groups, Binding, BindingKind, Context, KernelSpec, PipelineKey, Recorder, StorageType,
 };
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
@@ -97,6 +97,31 @@ fn key(x: StorageType, range: ImageRange) -> PipelineKey {
         .storage("x", x)
         .constant("WG", format!("{WG}u"))
         .constant("RANGE", format!("{}u", range.code()))
+}
+
+/// A `width` x `height` 2-D texture of `format` that [`to_texture`] can write
+/// (`STORAGE_BINDING`) and that can be copied out (`COPY_SRC`).
+pub fn storage_texture(
+    ctx: &Context,
+    width: u32,
+    height: u32,
+    format: wgpu::TextureFormat,
+    label: &str,
+) -> wgpu::Texture {
+    ctx.device().create_texture(&wgpu::TextureDescriptor {
+        label: Some(label),
+        size: wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+        mip_level_count: 1,
+        sample_count: 1,
+        dimension: wgpu::TextureDimension::D2,
+        format,
+        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+        view_formats: &[],
+    })
 }
 
 /// `[N, H, W]` and the storage type of an image-output kernel's input x
@@ -365,6 +390,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
 mod tests {
     use super::*;
     use crate::testing::{rand_vec, test_context};
+    use wgpu::TextureFormat;
 
     fn gpu(
         ctx: &crate::Context,
@@ -558,26 +584,21 @@ mod tests {
             .collect()
     }
 
-    fn storage_texture(
-        ctx: &crate::Context,
-        w: u32,
-        h: u32,
+    /// The texels [`to_texture`] writes for `x` into a new `w` x `h` texture
+    /// of `format`.
+    fn texture_bytes(
+        ctx: &Context,
+        x: &Tensor,
+        range: ImageRange,
+        w: usize,
+        h: usize,
         format: wgpu::TextureFormat,
-    ) -> wgpu::Texture {
-        ctx.device().create_texture(&wgpu::TextureDescriptor {
-            label: Some("test target"),
-            size: wgpu::Extent3d {
-                width: w,
-                height: h,
-                depth_or_array_layers: 1,
-            },
-            mip_level_count: 1,
-            sample_count: 1,
-            dimension: wgpu::TextureDimension::D2,
-            format,
-            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-            view_formats: &[],
-        })
+    ) -> Vec<u8> {
+        let tex = storage_texture(ctx, w as u32, h as u32, format, "test target");
+        let mut rec = Recorder::new(ctx);
+        to_texture(&mut rec, x, range, &tex).unwrap();
+        rec.submit().unwrap();
+        read_texture(ctx, &tex)
     }
 
     /// Rgba8Unorm texels are byte-identical to `to_rgba8` (and so to the CPU
@@ -599,16 +620,7 @@ mod tests {
             let want = cpu_to_rgba8(&data, 1, h, w, range);
             assert_eq!(gpu(&ctx, &data, 1, h, w, range), want);
             let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
-            let tex = storage_texture(
-                &ctx,
-                w as u32 + 3,
-                h as u32 + 2,
-                wgpu::TextureFormat::Rgba8Unorm,
-            );
-            let mut rec = Recorder::new(&ctx);
-            to_texture(&mut rec, &x, range, &tex).unwrap();
-            rec.submit().unwrap();
-            let got = read_texture(&ctx, &tex);
+            let got = texture_bytes(&ctx, &x, range, w + 3, h + 2, TextureFormat::Rgba8Unorm);
             let tw = w + 3;
             for y in 0..h + 2 {
                 for xx in 0..tw {
@@ -634,15 +646,11 @@ mod tests {
         let data = rand_vec(3 * h * w, 5, 1.3);
         let range = ImageRange::MinusOneToOne;
         let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
-        let tex = storage_texture(&ctx, w as u32, h as u32, wgpu::TextureFormat::Rgba16Float);
-        let mut rec = Recorder::new(&ctx);
-        to_texture(&mut rec, &x, range, &tex).unwrap();
-        rec.submit().unwrap();
-        let got: Vec<f32> =
-            bytemuck::pod_collect_to_vec::<u8, half::f16>(&read_texture(&ctx, &tex))
-                .into_iter()
-                .map(f32::from)
-                .collect();
+        let texels = texture_bytes(&ctx, &x, range, w, h, TextureFormat::Rgba16Float);
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, half::f16>(&texels)
+            .into_iter()
+            .map(f32::from)
+            .collect();
         let want = cpu_to_unit_rgba(&data, h, w, range);
         assert_eq!(got.len(), want.len());
         for (i, (g, v)) in got.iter().zip(&want).enumerate() {
@@ -669,7 +677,7 @@ mod tests {
             if dt == DType::F32 {
                 continue;
             }
-            let what = format!("{} (shader-f16 {})", dt.name(), ctx.caps().shader_f16);
+            let what = crate::kernels::storage_path(&ctx, dt);
             for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
                 for (n, h, w) in [(1, 7, 5), (2, 19, 23)] {
                     let data: Vec<f32> = rand_vec(n * 3 * h * w, 13, 1.3)
@@ -684,16 +692,9 @@ mod tests {
                     rec.submit().unwrap();
                     assert_eq!(out.to_bytes(&ctx).unwrap(), want, "{what} {range:?} rgba8");
                     if n == 1 {
-                        let tex = storage_texture(
-                            &ctx,
-                            w as u32,
-                            h as u32,
-                            wgpu::TextureFormat::Rgba8Unorm,
-                        );
-                        let mut rec = Recorder::new(&ctx);
-                        to_texture(&mut rec, &x, range, &tex).unwrap();
-                        rec.submit().unwrap();
-                        assert_eq!(read_texture(&ctx, &tex), want, "{what} {range:?} texture");
+                        let texels =
+                            texture_bytes(&ctx, &x, range, w, h, TextureFormat::Rgba8Unorm);
+                        assert_eq!(texels, want, "{what} {range:?} texture");
                     }
                 }
             }
@@ -705,18 +706,18 @@ mod tests {
         let ctx = test_context();
         let x = Tensor::empty(&ctx, &[1, 3, 5, 5], DType::F32, "x").unwrap();
         let mut rec = Recorder::new(&ctx);
-        let small = storage_texture(&ctx, 4, 5, wgpu::TextureFormat::Rgba8Unorm);
+        let small = storage_texture(&ctx, 4, 5, wgpu::TextureFormat::Rgba8Unorm, "test target");
         assert!(matches!(
             to_texture(&mut rec, &x, ImageRange::ZeroToOne, &small),
             Err(Error::Shape { .. })
         ));
         let x2 = Tensor::empty(&ctx, &[2, 3, 5, 5], DType::F32, "x2").unwrap();
-        let ok = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::Rgba8Unorm);
+        let ok = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::Rgba8Unorm, "test target");
         assert!(matches!(
             to_texture(&mut rec, &x2, ImageRange::ZeroToOne, &ok),
             Err(Error::Shape { .. })
         ));
-        let r32 = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::R32Float);
+        let r32 = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::R32Float, "test target");
         assert!(matches!(
             to_texture(&mut rec, &x, ImageRange::ZeroToOne, &r32),
             Err(Error::Unsupported(_))

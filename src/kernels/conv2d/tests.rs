@@ -211,11 +211,7 @@ impl Case {
             DType::F16 => (2e-3, 2e-3),
             _ => (1e-2, 1e-2),
         };
-        let what = format!(
-            "{what} {} (shader-f16 {})",
-            dt.name(),
-            ctx.caps().shader_f16
-        );
+        let what = format!("{what} {}", crate::kernels::storage_path(&ctx, dt));
         assert_close(&out.to_f32(&ctx).unwrap(), &want, atol, rtol, &what);
     }
 }
