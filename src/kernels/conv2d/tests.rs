@@ -82,46 +82,12 @@ impl Case {
     /// Runs the case with the small tiles of both kinds.
     fn run_small(self, seed: u64) {
         for tiles in [SMALL_DIRECT, SMALL_SHARED] {
-            self.tiles(tiles).run(seed);
+            Case {
+                tiles: Some(tiles),
+                ..self
+            }
+            .run(seed);
         }
-    }
-
-    fn opts(mut self, opts: Conv2dOptions) -> Case {
-        self.opts = opts;
-        self
-    }
-
-    fn no_bias(mut self) -> Case {
-        self.bias = false;
-        self
-    }
-
-    /// A fused prologue with activation `act`.
-    fn act(mut self, act: Activation) -> Case {
-        self.act = Some(act);
-        self
-    }
-
-    fn residual(mut self) -> Case {
-        self.residual = true;
-        self
-    }
-
-    /// A residual add into the residual tensor itself.
-    fn in_place(mut self) -> Case {
-        self.residual = true;
-        self.in_place = true;
-        self
-    }
-
-    fn tiles(mut self, tiles: ConvTiles) -> Case {
-        self.tiles = Some(tiles);
-        self
-    }
-
-    fn naive(mut self) -> Case {
-        self.naive = true;
-        self
     }
 
     fn run(&self, seed: u64) {
@@ -222,21 +188,31 @@ impl Case {
 #[test]
 fn half_storage_matches_cpu() {
     let up = upsampled(3);
-    let block = Case::new(1, 37, 9, 11, 67, 3)
-        .act(Activation::Silu)
-        .in_place()
-        .opts(up);
+    let block = Case {
+        act: Some(Activation::Silu),
+        residual: true,
+        in_place: true,
+        opts: up,
+        ..Case::new(1, 37, 9, 11, 67, 3)
+    };
     for (ctx, dt) in crate::testing::dtype_contexts() {
         if dt == DType::F32 {
             continue;
         }
         for tiles in [SMALL_DIRECT, SMALL_SHARED] {
-            Case::new(2, 37, 19, 23, 67, 3)
-                .tiles(tiles)
-                .run_in(&ctx, dt, 50);
-            block.tiles(tiles).run_in(&ctx, dt, 51);
+            let tiles = Some(tiles);
+            Case {
+                tiles,
+                ..Case::new(2, 37, 19, 23, 67, 3)
+            }
+            .run_in(&ctx, dt, 50);
+            Case { tiles, ..block }.run_in(&ctx, dt, 51);
         }
-        Case::new(1, 5, 7, 9, 3, 1).naive().run_in(&ctx, dt, 52);
+        Case {
+            naive: true,
+            ..Case::new(1, 5, 7, 9, 3, 1)
+        }
+        .run_in(&ctx, dt, 52);
         block.run_in(&ctx, dt, 53);
     }
 }
@@ -245,13 +221,21 @@ fn half_storage_matches_cpu() {
 fn conv3x3_odd_shapes_match_cpu() {
     Case::new(1, 3, 7, 5, 4, 3).run_small(1);
     Case::new(2, 37, 19, 23, 67, 3).run_small(2);
-    Case::new(1, 64, 9, 11, 67, 3).no_bias().run_small(3);
+    Case {
+        bias: false,
+        ..Case::new(1, 64, 9, 11, 67, 3)
+    }
+    .run_small(3);
 }
 
 #[test]
 fn conv1x1_odd_shapes_match_cpu() {
     Case::new(1, 64, 9, 11, 67, 1).run_small(4);
-    Case::new(2, 37, 19, 23, 5, 1).no_bias().run_small(5);
+    Case {
+        bias: false,
+        ..Case::new(2, 37, 19, 23, 5, 1)
+    }
+    .run_small(5);
     Case::new(1, 3, 7, 5, 4, 1).run_small(6);
 }
 
@@ -259,25 +243,47 @@ fn conv1x1_odd_shapes_match_cpu() {
 fn stride2_and_asymmetric_padding_match_cpu() {
     // The VAE encoder's downsampling conv: pad (top 0, left 0, bottom 1, right 1), stride 2.
     let enc = strided(2, [0, 0, 1, 1]);
-    Case::new(2, 37, 19, 23, 67, 3).opts(enc).run_small(7);
+    Case {
+        opts: enc,
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run_small(7);
     let sym = strided(2, [1; 4]);
-    Case::new(1, 5, 9, 12, 7, 3)
-        .opts(sym)
-        .no_bias()
-        .run_small(9);
+    Case {
+        opts: sym,
+        bias: false,
+        ..Case::new(1, 5, 9, 12, 7, 3)
+    }
+    .run_small(9);
     let one = strided(2, [0; 4]);
-    Case::new(1, 6, 9, 11, 10, 1).opts(one).run_small(10);
+    Case {
+        opts: one,
+        ..Case::new(1, 6, 9, 11, 10, 1)
+    }
+    .run_small(10);
     // Asymmetric padding at stride 1 (wider on the left and bottom).
     let asym = strided(1, [0, 2, 1, 0]);
-    Case::new(1, 6, 8, 9, 5, 3).opts(asym).run_small(8);
+    Case {
+        opts: asym,
+        ..Case::new(1, 6, 8, 9, 5, 3)
+    }
+    .run_small(8);
 }
 
 #[test]
 fn upsample_matches_cpu() {
     let up = upsampled(3);
-    Case::new(2, 37, 7, 9, 67, 3).opts(up).run_small(11);
+    Case {
+        opts: up,
+        ..Case::new(2, 37, 7, 9, 67, 3)
+    }
+    .run_small(11);
     let up1 = upsampled(1);
-    Case::new(1, 6, 5, 3, 9, 1).opts(up1).run_small(12);
+    Case {
+        opts: up1,
+        ..Case::new(1, 6, 5, 3, 9, 1)
+    }
+    .run_small(12);
 }
 
 #[test]
@@ -286,37 +292,65 @@ fn prologue_silu_relu_match_cpu() {
         .into_iter()
         .enumerate()
     {
-        Case::new(2, 37, 9, 13, 67, 3)
-            .act(act)
-            .run_small(20 + i as u64);
+        Case {
+            act: Some(act),
+            ..Case::new(2, 37, 9, 13, 67, 3)
+        }
+        .run_small(20 + i as u64);
     }
     // With upsample and padding: padded taps stay exactly 0 after the transform.
     let up = upsampled(3);
-    Case::new(1, 8, 5, 6, 12, 3)
-        .act(Activation::Silu)
-        .opts(up)
-        .run_small(24);
+    Case {
+        act: Some(Activation::Silu),
+        opts: up,
+        ..Case::new(1, 8, 5, 6, 12, 3)
+    }
+    .run_small(24);
 }
 
 #[test]
 fn residual_and_in_place_match_cpu() {
-    Case::new(2, 37, 19, 23, 67, 3).residual().run_small(30);
-    let in_place = Case::new(1, 64, 9, 11, 67, 3).in_place();
-    in_place.act(Activation::Silu).run_small(31);
-    let in_place_1x1 = Case::new(1, 64, 9, 11, 67, 1).in_place();
-    in_place_1x1.no_bias().run_small(32);
+    Case {
+        residual: true,
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run_small(30);
+    let in_place = Case {
+        residual: true,
+        in_place: true,
+        ..Case::new(1, 64, 9, 11, 67, 3)
+    };
+    Case {
+        act: Some(Activation::Silu),
+        ..in_place
+    }
+    .run_small(31);
+    Case {
+        bias: false,
+        k: 1,
+        opts: Conv2dOptions::same(1),
+        ..in_place
+    }
+    .run_small(32);
 }
 
 #[test]
 fn engine_default_tiles_match_cpu() {
     // What the engine picks for the test device (lavapipe: direct, 16 x 16 blocks).
     Case::new(2, 37, 19, 23, 67, 3).run(40);
-    Case::new(1, 64, 9, 11, 67, 1).no_bias().run(41);
+    Case {
+        bias: false,
+        ..Case::new(1, 64, 9, 11, 67, 1)
+    }
+    .run(41);
     let up = upsampled(3);
-    let block = Case::new(1, 40, 9, 21, 36, 3)
-        .act(Activation::Silu)
-        .in_place()
-        .opts(up);
+    let block = Case {
+        act: Some(Activation::Silu),
+        residual: true,
+        in_place: true,
+        opts: up,
+        ..Case::new(1, 40, 9, 21, 36, 3)
+    };
     block.run(42);
 }
 
@@ -325,45 +359,65 @@ fn gpu_default_tiles_match_cpu() {
     // What the engine picks on GPUs (workgroup-memory tiles), run here too.
     let gpu = typical_caps(false);
     let big = ConvTiles::for_layer(&gpu, 512, 3);
-    Case::new(2, 37, 19, 23, 67, 3).tiles(big).run(43);
+    Case {
+        tiles: Some(big),
+        ..Case::new(2, 37, 19, 23, 67, 3)
+    }
+    .run(43);
     let enc = strided(2, [0, 0, 1, 1]);
     let mid = ConvTiles::for_layer(&gpu, 64, 3);
-    Case::new(1, 20, 33, 35, 40, 3)
-        .tiles(mid)
-        .opts(enc)
-        .act(Activation::Relu)
-        .residual()
-        .run(44);
+    Case {
+        tiles: Some(mid),
+        opts: enc,
+        act: Some(Activation::Relu),
+        residual: true,
+        ..Case::new(1, 20, 33, 35, 40, 3)
+    }
+    .run(44);
     let small = ConvTiles::for_layer(&gpu, 3, 3);
-    Case::new(1, 64, 17, 19, 3, 3)
-        .tiles(small)
-        .act(Activation::Silu)
-        .run(45);
+    Case {
+        tiles: Some(small),
+        act: Some(Activation::Silu),
+        ..Case::new(1, 64, 17, 19, 3, 3)
+    }
+    .run(45);
 }
 
 #[test]
 fn conv_out_three_channels_matches_cpu() {
     // The VAE's conv_out: Cout = 3 after a GroupNorm + SiLU prologue.
-    Case::new(1, 64, 17, 19, 3, 3).act(Activation::Silu).run(46);
+    Case {
+        act: Some(Activation::Silu),
+        ..Case::new(1, 64, 17, 19, 3, 3)
+    }
+    .run(46);
     Case::new(2, 16, 9, 7, 3, 3).run_small(47);
 }
 
 #[test]
 fn naive_kernel_matches_cpu() {
-    Case::new(2, 37, 9, 13, 67, 3).naive().run(50);
+    Case {
+        naive: true,
+        ..Case::new(2, 37, 9, 13, 67, 3)
+    }
+    .run(50);
     let enc = strided(2, [0, 0, 1, 1]);
-    Case::new(1, 6, 9, 11, 10, 3)
-        .naive()
-        .opts(enc)
-        .residual()
-        .act(Activation::Relu)
-        .run(51);
+    Case {
+        naive: true,
+        opts: enc,
+        residual: true,
+        act: Some(Activation::Relu),
+        ..Case::new(1, 6, 9, 11, 10, 3)
+    }
+    .run(51);
     let up = upsampled(3);
-    Case::new(1, 5, 4, 6, 7, 3)
-        .naive()
-        .opts(up)
-        .act(Activation::Silu)
-        .run(52);
+    Case {
+        naive: true,
+        opts: up,
+        act: Some(Activation::Silu),
+        ..Case::new(1, 5, 4, 6, 7, 3)
+    }
+    .run(52);
 }
 
 #[test]
