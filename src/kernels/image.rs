@@ -7,7 +7,7 @@ use bytemuck::{Pod, Zeroable};
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite, WriteTexture};
 use crate::gpu::{
-    linear_groups, Binding, BindingKind, Context, KernelSpec, PipelineKey, Recorder, StorageType,
+    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
 };
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
@@ -97,31 +97,6 @@ fn key(x: StorageType, range: ImageRange) -> PipelineKey {
         .storage("x", x)
         .constant("WG", format!("{WG}u"))
         .constant("RANGE", format!("{}u", range.code()))
-}
-
-/// A `width` x `height` 2-D texture of `format` that [`to_texture`] can write
-/// (`STORAGE_BINDING`) and that can be copied out (`COPY_SRC`).
-pub fn storage_texture(
-    ctx: &Context,
-    width: u32,
-    height: u32,
-    format: wgpu::TextureFormat,
-    label: &str,
-) -> wgpu::Texture {
-    ctx.device().create_texture(&wgpu::TextureDescriptor {
-        label: Some(label),
-        size: wgpu::Extent3d {
-            width,
-            height,
-            depth_or_array_layers: 1,
-        },
-        mip_level_count: 1,
-        sample_count: 1,
-        dimension: wgpu::TextureDimension::D2,
-        format,
-        usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
-        view_formats: &[],
-    })
 }
 
 /// `[N, H, W]` and the storage type of an image-output kernel's input x
@@ -584,17 +559,39 @@ mod tests {
             .collect()
     }
 
+    fn storage_texture(
+        ctx: &crate::Context,
+        w: u32,
+        h: u32,
+        format: wgpu::TextureFormat,
+    ) -> wgpu::Texture {
+        ctx.device().create_texture(&wgpu::TextureDescriptor {
+            label: Some("test target"),
+            size: wgpu::Extent3d {
+                width: w,
+                height: h,
+                depth_or_array_layers: 1,
+            },
+            mip_level_count: 1,
+            sample_count: 1,
+            dimension: wgpu::TextureDimension::D2,
+            format,
+            usage: wgpu::TextureUsages::STORAGE_BINDING | wgpu::TextureUsages::COPY_SRC,
+            view_formats: &[],
+        })
+    }
+
     /// The texels [`to_texture`] writes for `x` into a new `w` x `h` texture
     /// of `format`.
     fn texture_bytes(
-        ctx: &Context,
+        ctx: &crate::Context,
         x: &Tensor,
         range: ImageRange,
         w: usize,
         h: usize,
         format: wgpu::TextureFormat,
     ) -> Vec<u8> {
-        let tex = storage_texture(ctx, w as u32, h as u32, format, "test target");
+        let tex = storage_texture(ctx, w as u32, h as u32, format);
         let mut rec = Recorder::new(ctx);
         to_texture(&mut rec, x, range, &tex).unwrap();
         rec.submit().unwrap();
@@ -706,18 +703,18 @@ mod tests {
         let ctx = test_context();
         let x = Tensor::empty(&ctx, &[1, 3, 5, 5], DType::F32, "x").unwrap();
         let mut rec = Recorder::new(&ctx);
-        let small = storage_texture(&ctx, 4, 5, wgpu::TextureFormat::Rgba8Unorm, "test target");
+        let small = storage_texture(&ctx, 4, 5, wgpu::TextureFormat::Rgba8Unorm);
         assert!(matches!(
             to_texture(&mut rec, &x, ImageRange::ZeroToOne, &small),
             Err(Error::Shape { .. })
         ));
         let x2 = Tensor::empty(&ctx, &[2, 3, 5, 5], DType::F32, "x2").unwrap();
-        let ok = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::Rgba8Unorm, "test target");
+        let ok = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::Rgba8Unorm);
         assert!(matches!(
             to_texture(&mut rec, &x2, ImageRange::ZeroToOne, &ok),
             Err(Error::Shape { .. })
         ));
-        let r32 = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::R32Float, "test target");
+        let r32 = storage_texture(&ctx, 5, 5, wgpu::TextureFormat::R32Float);
         assert!(matches!(
             to_texture(&mut rec, &x, ImageRange::ZeroToOne, &r32),
             Err(Error::Unsupported(_))
