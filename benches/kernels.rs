@@ -27,7 +27,8 @@ use std::time::{Duration, Instant};
 use criterion::{Criterion, SamplingMode, Throughput};
 use wgvae::gpu::Recorder;
 use wgvae::kernels::conv2d::{
-    conv2d, conv2d_naive, macs, output_size, Conv2dOptions, Conv2dWeights, ConvTiles, Prologue,
+    conv2d, conv2d_naive, macs, output_size, Conv2dCall, Conv2dOptions, Conv2dWeights, ConvTiles,
+    Prologue,
 };
 use wgvae::kernels::Activation;
 use wgvae::testing::{rand_vec, test_context};
@@ -542,7 +543,15 @@ fn main() {
         let mut g_naive = None;
         if naive_mode != "0" {
             let naive = |rec: &mut Recorder| {
-                conv2d_naive(rec, &p.input, &p.weights, None, None, &p.out, &p.opts).expect("naive")
+                let call = Conv2dCall {
+                    input: &p.input,
+                    w: &p.weights,
+                    prologue: None,
+                    residual: None,
+                    out: &p.out,
+                    opts: &p.opts,
+                };
+                conv2d_naive(rec, &call).expect("naive")
             };
             let quick = naive_mode != "criterion";
             let m = measure(

@@ -620,6 +620,31 @@ impl Context {
         out
     }
 
+    /// Maps all of `buffer` (`MAP_READ`, its copies submitted) for reading, waits for the
+    /// device, hands the bytes to `f` and unmaps it again.
+    pub(crate) fn read_mapped<T>(
+        &self,
+        buffer: &wgpu::Buffer,
+        f: impl FnOnce(&[u8]) -> T,
+    ) -> Result<T> {
+        let (tx, rx) = std::sync::mpsc::channel();
+        buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
+            let _ = tx.send(r);
+        });
+        self.wait_idle()?;
+        rx.recv()
+            .map_err(|e| Error::Readback(e.to_string()))?
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let view = buffer
+            .slice(..)
+            .get_mapped_range()
+            .map_err(|e| Error::Readback(e.to_string()))?;
+        let out = f(&view);
+        drop(view);
+        buffer.unmap();
+        Ok(out)
+    }
+
     /// Blocks until all submitted work is done.
     pub fn wait_idle(&self) -> Result<()> {
         if self.inner.null {

@@ -7,7 +7,7 @@ use std::collections::BTreeMap;
 
 use serde::Serialize;
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::gpu::{Context, DispatchLabel};
 
 /// Query slots per query set (wgpu's maximum).
@@ -201,22 +201,7 @@ impl Profiler {
         let Some((_, read)) = &self.resolve else {
             return Ok(Profile::default());
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        read.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        ctx.wait_idle()?;
-        rx.recv()
-            .map_err(|e| Error::Readback(e.to_string()))?
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        let ticks: Vec<u64> = {
-            let view = read
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| Error::Readback(e.to_string()))?;
-            bytemuck::pod_collect_to_vec(&view)
-        };
-        read.unmap();
+        let ticks: Vec<u64> = ctx.read_mapped(read, bytemuck::pod_collect_to_vec)?;
         let period_ns = ctx.queue().get_timestamp_period() as f64;
         let mut per: BTreeMap<String, (usize, f64, u64)> = BTreeMap::new();
         for (i, (kernel, macs)) in self.spans.iter().enumerate() {

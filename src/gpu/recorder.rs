@@ -598,24 +598,11 @@ pub fn read_back(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<Vec<u8>>> {
         ctx.queue().submit([encoder.finish()]);
         Ok(())
     })?;
-    let (tx, rx) = std::sync::mpsc::channel();
-    staging.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-        let _ = tx.send(r);
-    });
-    ctx.wait_idle()?;
-    rx.recv()
-        .map_err(|e| Error::Readback(e.to_string()))?
-        .map_err(|e| Error::Readback(e.to_string()))?;
-    let data = staging
-        .slice(..)
-        .get_mapped_range()
-        .map_err(|e| Error::Readback(e.to_string()))?;
-    let out = tensors
-        .iter()
-        .zip(&offsets)
-        .map(|(t, off)| data[*off as usize..(*off + t.byte_size()) as usize].to_vec())
-        .collect();
-    drop(data);
-    staging.unmap();
-    Ok(out)
+    ctx.read_mapped(&staging, |data| {
+        tensors
+            .iter()
+            .zip(&offsets)
+            .map(|(t, off)| data[*off as usize..(*off + t.byte_size()) as usize].to_vec())
+            .collect()
+    })
 }

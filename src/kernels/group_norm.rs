@@ -183,6 +183,17 @@ fn check_f32(op: &str, what: &str, t: &Tensor, min_len: usize) -> Result<()> {
     Ok(())
 }
 
+/// [`check_f32`] with exactly `len` elements (gamma / beta `[C]`, affines `[N, C, 2]`).
+fn check_f32_exact(op: &str, what: &str, t: &Tensor, len: usize) -> Result<()> {
+    if t.numel() != len {
+        return Err(Error::shape(
+            op,
+            format!("{what} must have {len} elements, got {t:?}"),
+        ));
+    }
+    check_f32(op, what, t, len)
+}
+
 fn check_groups(op: &str, c: usize, groups: usize) -> Result<()> {
     if groups == 0 || !c.is_multiple_of(groups) {
         return Err(Error::shape(
@@ -279,21 +290,9 @@ pub fn group_norm_combine(
     let c = gamma.numel();
     check_groups(OP, c, groups)?;
     check_f32(OP, "gamma", gamma, c)?;
-    if beta.numel() != c {
-        return Err(Error::shape(
-            OP,
-            format!("gamma {gamma:?} vs beta {beta:?}"),
-        ));
-    }
-    check_f32(OP, "beta", beta, c)?;
+    check_f32_exact(OP, "beta", beta, c)?;
     check_f32(OP, "scratch", scratch, n * groups * slot_capacity * 4)?;
-    if affine_out.numel() != n * c * 2 {
-        return Err(Error::shape(
-            OP,
-            format!("affine_out must be [{n}, {c}, 2], got {affine_out:?}"),
-        ));
-    }
-    check_f32(OP, "affine_out", affine_out, n * c * 2)?;
+    check_f32_exact(OP, "affine_out", affine_out, n * c * 2)?;
     let params = Params {
         groups_total: u32_of(OP, n * groups)?,
         groups: groups as u32,
@@ -361,13 +360,7 @@ pub fn group_norm_apply(
     if out.shape() != x.shape() || (out.overlaps(x) && out.dtype() != x.dtype()) {
         return Err(Error::shape(OP, format!("x {x:?} vs out {out:?}")));
     }
-    if affine.numel() != n * c * 2 {
-        return Err(Error::shape(
-            OP,
-            format!("affine must be [{n}, {c}, 2], got {affine:?}"),
-        ));
-    }
-    check_f32(OP, "affine", affine, n * c * 2)?;
+    check_f32_exact(OP, "affine", affine, n * c * 2)?;
     u32_of(OP, x.numel())?;
     let planes = n * c;
     let params = Params {
@@ -716,11 +709,7 @@ mod tests {
             let want = cpu_group_norm(&data, shape, 32, &gamma, &beta, 1e-6, Activation::Silu);
             // One rounding of the output: 2^-11 (f16) or 2^-8 (bf16) relative, plus f32 noise.
             let tol = if dt == DType::BF16 { 8e-3 } else { 2e-3 };
-            let what = format!(
-                "{} group_norm (shader-f16 {})",
-                dt.name(),
-                ctx.caps().shader_f16
-            );
+            let what = format!("group_norm {}", crate::kernels::storage_path(&ctx, dt));
             assert_close(&x.to_f32(&ctx).unwrap(), &want, tol, tol, &what);
         }
     }

@@ -5,9 +5,9 @@
 use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
-use crate::gpu::BindingKind::{Read, ReadWrite};
+use crate::gpu::BindingKind::{Read, ReadWrite, WriteTexture};
 use crate::gpu::{
-    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType, WgslSource,
+    linear_groups, Binding, BindingKind, KernelSpec, PipelineKey, Recorder, StorageType,
 };
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
@@ -37,29 +37,21 @@ pub const TO_RGBA8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgba8", &[R
 pub const TO_RGB8: KernelSpec = spec::<Params>("image", SOURCE, "to_rgb8", &[Read, ReadWrite]);
 
 /// `to_texture` into an `Rgba8Unorm` storage texture: the bytes of [`to_rgba8`].
-pub const TO_TEXTURE_RGBA8: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_texture",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba8Unorm),
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_TEXTURE_RGBA8: KernelSpec = spec::<Params>(
+    "image",
+    SOURCE,
+    "to_texture",
+    &[Read, WriteTexture(wgpu::TextureFormat::Rgba8Unorm)],
+);
 
 /// `to_texture` into an `Rgba16Float` storage texture: clamped values in [0, 1]
 /// before quantisation.
-pub const TO_TEXTURE_RGBA16F: KernelSpec = KernelSpec {
-    family: "image",
-    source: WgslSource::Static(SOURCE),
-    entry: "to_texture",
-    bindings: &[
-        BindingKind::Read,
-        BindingKind::WriteTexture(wgpu::TextureFormat::Rgba16Float),
-    ],
-    uniform_size: std::mem::size_of::<Params>() as u64,
-};
+pub const TO_TEXTURE_RGBA16F: KernelSpec = spec::<Params>(
+    "image",
+    SOURCE,
+    "to_texture",
+    &[Read, WriteTexture(wgpu::TextureFormat::Rgba16Float)],
+);
 
 /// Texture formats [`to_texture`] writes as storage textures.
 pub const STORAGE_TEXTURE_FORMATS: [wgpu::TextureFormat; 2] = [
@@ -231,12 +223,10 @@ pub fn cpu_to_rgb8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -
     out
 }
 
-// The texture specs are literals, not `spec(..)` calls: only a literal's
-// constant is promoted to the `&'static` this hands out.
-fn texture_spec(format: wgpu::TextureFormat) -> Option<&'static KernelSpec> {
+fn texture_spec(format: wgpu::TextureFormat) -> Option<KernelSpec> {
     match format {
-        wgpu::TextureFormat::Rgba8Unorm => Some(&TO_TEXTURE_RGBA8),
-        wgpu::TextureFormat::Rgba16Float => Some(&TO_TEXTURE_RGBA16F),
+        wgpu::TextureFormat::Rgba8Unorm => Some(TO_TEXTURE_RGBA8),
+        wgpu::TextureFormat::Rgba16Float => Some(TO_TEXTURE_RGBA16F),
         _ => None,
     }
 }
@@ -267,17 +257,8 @@ pub fn to_texture(
     texture: &wgpu::Texture,
 ) -> Result<()> {
     const OP: &str = "to_texture";
-    let [n, c, h, w] = match *x.shape() {
-        [n, c, h, w] => [n, c, h, w],
-        _ => {
-            return Err(Error::shape(
-                OP,
-                format!("x must be [1, 3, H, W], got {x:?}"),
-            ))
-        }
-    };
-    let x_storage = crate::kernels::group_norm::activation_storage(rec, OP, x)?;
-    if n != 1 || c != 3 {
+    let ([n, h, w], x_storage) = rgb_input(rec, OP, x)?;
+    if n != 1 {
         return Err(Error::shape(
             OP,
             format!("x must be one 3-channel image [1, 3, H, W], got {x:?}"),
@@ -334,8 +315,8 @@ pub fn to_texture(
         ..Default::default()
     });
     rec.dispatch_bindings(
-        spec,
-        &texture_key(spec, x_storage, range),
+        &spec,
+        &texture_key(&spec, x_storage, range),
         &params,
         &[Binding::Tensor(x), Binding::Texture(&view)],
         groups,
@@ -359,17 +340,10 @@ pub fn cpu_to_unit_rgba(x: &[f32], h: usize, w: usize, range: ImageRange) -> Vec
 
 /// CPU reference: x `[N, 3, H, W]` → RGBA bytes `[N, H, W, 4]`.
 pub fn cpu_to_rgba8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -> Vec<u8> {
-    let plane = h * w;
-    let mut out = Vec::with_capacity(n * plane * 4);
-    for b in 0..n {
-        for i in 0..plane {
-            for ch in 0..3 {
-                out.push(range.to_byte(x[(b * 3 + ch) * plane + i]));
-            }
-            out.push(255);
-        }
-    }
-    out
+    cpu_to_rgb8(x, n, h, w, range)
+        .chunks_exact(3)
+        .flat_map(|rgb| [rgb[0], rgb[1], rgb[2], 255])
+        .collect()
 }
 
 /// A 2D texture [`to_texture`] can write and a copy can read.
@@ -415,6 +389,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
 mod tests {
     use super::*;
     use crate::testing::{rand_vec, test_context};
+    use wgpu::TextureFormat;
 
     fn gpu(
         ctx: &crate::Context,
@@ -617,6 +592,23 @@ mod tests {
         super::storage_texture(ctx.device(), "test target", w, h, format)
     }
 
+    /// The texels [`to_texture`] writes for `x` into a new `w` x `h` texture
+    /// of `format`.
+    fn texture_bytes(
+        ctx: &crate::Context,
+        x: &Tensor,
+        range: ImageRange,
+        w: usize,
+        h: usize,
+        format: wgpu::TextureFormat,
+    ) -> Vec<u8> {
+        let tex = storage_texture(ctx, w as u32, h as u32, format);
+        let mut rec = Recorder::new(ctx);
+        to_texture(&mut rec, x, range, &tex).unwrap();
+        rec.submit().unwrap();
+        read_texture(ctx, &tex)
+    }
+
     /// Rgba8Unorm texels are byte-identical to `to_rgba8` (and so to the CPU
     /// reference), exact halves included; a larger texture keeps its other
     /// texels (zero-initialised by wgpu) untouched.
@@ -636,16 +628,7 @@ mod tests {
             let want = cpu_to_rgba8(&data, 1, h, w, range);
             assert_eq!(gpu(&ctx, &data, 1, h, w, range), want);
             let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
-            let tex = storage_texture(
-                &ctx,
-                w as u32 + 3,
-                h as u32 + 2,
-                wgpu::TextureFormat::Rgba8Unorm,
-            );
-            let mut rec = Recorder::new(&ctx);
-            to_texture(&mut rec, &x, range, &tex).unwrap();
-            rec.submit().unwrap();
-            let got = read_texture(&ctx, &tex);
+            let got = texture_bytes(&ctx, &x, range, w + 3, h + 2, TextureFormat::Rgba8Unorm);
             let tw = w + 3;
             for y in 0..h + 2 {
                 for xx in 0..tw {
@@ -671,15 +654,11 @@ mod tests {
         let data = rand_vec(3 * h * w, 5, 1.3);
         let range = ImageRange::MinusOneToOne;
         let x = Tensor::from_f32(&ctx, &[1, 3, h, w], &data, "x").unwrap();
-        let tex = storage_texture(&ctx, w as u32, h as u32, wgpu::TextureFormat::Rgba16Float);
-        let mut rec = Recorder::new(&ctx);
-        to_texture(&mut rec, &x, range, &tex).unwrap();
-        rec.submit().unwrap();
-        let got: Vec<f32> =
-            bytemuck::pod_collect_to_vec::<u8, half::f16>(&read_texture(&ctx, &tex))
-                .into_iter()
-                .map(f32::from)
-                .collect();
+        let texels = texture_bytes(&ctx, &x, range, w, h, TextureFormat::Rgba16Float);
+        let got: Vec<f32> = bytemuck::pod_collect_to_vec::<u8, half::f16>(&texels)
+            .into_iter()
+            .map(f32::from)
+            .collect();
         let want = cpu_to_unit_rgba(&data, h, w, range);
         assert_eq!(got.len(), want.len());
         for (i, (g, v)) in got.iter().zip(&want).enumerate() {
@@ -706,7 +685,7 @@ mod tests {
             if dt == DType::F32 {
                 continue;
             }
-            let what = format!("{} (shader-f16 {})", dt.name(), ctx.caps().shader_f16);
+            let what = crate::kernels::storage_path(&ctx, dt);
             for range in [ImageRange::MinusOneToOne, ImageRange::ZeroToOne] {
                 for (n, h, w) in [(1, 7, 5), (2, 19, 23)] {
                     let data: Vec<f32> = rand_vec(n * 3 * h * w, 13, 1.3)
@@ -721,16 +700,9 @@ mod tests {
                     rec.submit().unwrap();
                     assert_eq!(out.to_bytes(&ctx).unwrap(), want, "{what} {range:?} rgba8");
                     if n == 1 {
-                        let tex = storage_texture(
-                            &ctx,
-                            w as u32,
-                            h as u32,
-                            wgpu::TextureFormat::Rgba8Unorm,
-                        );
-                        let mut rec = Recorder::new(&ctx);
-                        to_texture(&mut rec, &x, range, &tex).unwrap();
-                        rec.submit().unwrap();
-                        assert_eq!(read_texture(&ctx, &tex), want, "{what} {range:?} texture");
+                        let texels =
+                            texture_bytes(&ctx, &x, range, w, h, TextureFormat::Rgba8Unorm);
+                        assert_eq!(texels, want, "{what} {range:?} texture");
                     }
                 }
             }

@@ -76,3 +76,10 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     v.extend(tensor_ops::variants());
     v
 }
+
+/// The storage path a `(context, dtype)` of [`crate::testing::dtype_contexts`]
+/// runs, for test messages: the dtype and whether f16 is native.
+#[cfg(test)]
+fn storage_path(ctx: &crate::gpu::Context, dt: crate::tensor::DType) -> String {
+    format!("{} (shader-f16 {})", dt.name(), ctx.caps().shader_f16)
+}

@@ -27,22 +27,24 @@ pub struct Params {
     pub w: u32,
     /// Invocations per row (`ceil(w / ITEMS)`).
     pub row_chunks: u32,
-    /// Source plane height.
-    pub src_h: u32,
-    /// Source plane width.
-    pub src_w: u32,
-    /// Source window's first row.
-    pub sy: u32,
-    /// Source window's first column.
-    pub sx: u32,
-    /// Destination plane height.
-    pub dst_h: u32,
-    /// Destination plane width.
-    pub dst_w: u32,
-    /// Destination window's first row.
-    pub dy: u32,
-    /// Destination window's first column.
-    pub dx: u32,
+    /// The source window (WGSL `src_h`, `src_w`, `sy`, `sx`).
+    pub src: PlacedWindow,
+    /// The destination window (WGSL `dst_h`, `dst_w`, `dy`, `dx`).
+    pub dst: PlacedWindow,
+}
+
+/// A window's planes and origin, one side of [`Params`].
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, Pod, Zeroable)]
+pub struct PlacedWindow {
+    /// Plane height.
+    pub plane_h: u32,
+    /// Plane width.
+    pub plane_w: u32,
+    /// The window's first row.
+    pub y: u32,
+    /// The window's first column.
+    pub x: u32,
 }
 
 /// Copies a window of every plane into a window of another tensor.
@@ -165,19 +167,21 @@ pub fn copy_window(
     };
     u(src.numel())?;
     u(dst.numel())?;
+    let placed = |plane_h, plane_w, y, x| -> Result<PlacedWindow> {
+        Ok(PlacedWindow {
+            plane_h: u(plane_h)?,
+            plane_w: u(plane_w)?,
+            y: u(y)?,
+            x: u(x)?,
+        })
+    };
     let params = Params {
         planes: u(sp)?,
         h: u(h)?,
         w: u(w)?,
         row_chunks: u(row_chunks)?,
-        src_h: u(sh)?,
-        src_w: u(sw)?,
-        sy: u(sy)?,
-        sx: u(sx)?,
-        dst_h: u(dh)?,
-        dst_w: u(dw)?,
-        dy: u(dy)?,
-        dx: u(dx)?,
+        src: placed(sh, sw, sy, sx)?,
+        dst: placed(dh, dw, dy, dx)?,
     };
     let groups = linear_groups(rec.ctx(), total.div_ceil(WG as u64))?;
     let key = key(element_storage(rec, src.dtype())?);

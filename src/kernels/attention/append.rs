@@ -53,19 +53,8 @@ pub fn kv_append(
             (&KV_APPEND, dst_strides, vec![src, t])
         }
         KvOutput::Int8 { codes, scales } => {
-            let s = dst_strides;
-            if !d.is_multiple_of(4)
-                || !s.batch.is_multiple_of(d)
-                || !s.head.is_multiple_of(d)
-                || !s.token.is_multiple_of(d)
-            {
-                return Err(Error::shape(
-                    OP,
-                    format!("int8 caches need d % 4 == 0 and a dense layout, got d = {d}, {s:?}"),
-                ));
-            }
-            let words = s.words();
-            let code_words = words.max_offset(batch, heads, dst_t0 + tokens, d / 4) + 1;
+            let (words, code_words) =
+                dst_strides.int8_words(OP, "caches", batch, heads, dst_t0 + tokens, d)?;
             check_holds(OP, "codes", codes, DType::Rgba8, code_words)?;
             check_holds(OP, "scales", scales, DType::F32, code_words.div_ceil(d / 4))?;
             (&KV_APPEND_INT8, words, vec![src, codes, scales])
@@ -74,18 +63,15 @@ pub fn kv_append(
     if tensors[1..].iter().any(|t| t.overlaps(src)) {
         return Err(Error::shape(OP, "the cache must not overlap the source"));
     }
+    // The channel stride is 1 (checked above), the shader assumes it.
+    let [dst_sb, dst_sh, dst_st, _] = dst_s.shader_strides(OP, "cache")?;
     let params = AppendParams {
         d: d as u32,
         heads: to_u32(OP, "heads", heads)?,
         tokens: to_u32(OP, "tokens", tokens)?,
         batch: to_u32(OP, "batch", batch)?,
-        src_sb: to_u32(OP, "src batch stride", src_strides.batch)?,
-        src_sh: to_u32(OP, "src head stride", src_strides.head)?,
-        src_st: to_u32(OP, "src token stride", src_strides.token)?,
-        src_sc: to_u32(OP, "src channel stride", src_strides.channel)?,
-        dst_sb: to_u32(OP, "cache batch stride", dst_s.batch)?,
-        dst_sh: to_u32(OP, "cache head stride", dst_s.head)?,
-        dst_st: to_u32(OP, "cache token stride", dst_s.token)?,
+        src_strides: src_strides.shader_strides(OP, "src")?,
+        dst_strides: [dst_sb, dst_sh, dst_st],
         src_t0: to_u32(OP, "src_t0", src_t0)?,
         dst_t0: to_u32(OP, "dst_t0", dst_t0)?,
         ..Default::default()

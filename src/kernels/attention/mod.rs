@@ -48,22 +48,11 @@ pub struct Params {
     pub n_kv: u32,
     /// Heads.
     pub heads: u32,
-    /// q / out stride between batches (elements).
-    pub q_sb: u32,
-    /// q / out stride between heads.
-    pub q_sh: u32,
-    /// q / out stride between tokens.
-    pub q_st: u32,
-    /// q / out stride between channels.
-    pub q_sc: u32,
-    /// k / v stride between batches.
-    pub kv_sb: u32,
-    /// k / v stride between heads.
-    pub kv_sh: u32,
-    /// k / v stride between tokens.
-    pub kv_st: u32,
-    /// k / v stride between channels.
-    pub kv_sc: u32,
+    /// q / out strides between batches, heads, tokens and channels
+    /// (elements; the shader's `q_sb`, `q_sh`, `q_st`, `q_sc`).
+    pub q_strides: [u32; 4],
+    /// k / v strides, likewise (`kv_sb` .. `kv_sc`).
+    pub kv_strides: [u32; 4],
     /// Softmax scale.
     pub scale: f32,
     /// 1 for a causal mask.
@@ -119,20 +108,12 @@ pub struct AppendParams {
     pub tokens: u32,
     /// Batch size.
     pub batch: u32,
-    /// Source stride between batches (elements).
-    pub src_sb: u32,
-    /// Source stride between heads.
-    pub src_sh: u32,
-    /// Source stride between tokens.
-    pub src_st: u32,
-    /// Source stride between channels.
-    pub src_sc: u32,
-    /// Cache stride between batches.
-    pub dst_sb: u32,
-    /// Cache stride between heads.
-    pub dst_sh: u32,
-    /// Cache stride between tokens.
-    pub dst_st: u32,
+    /// Source strides between batches, heads, tokens and channels
+    /// (elements; the shader's `src_sb` .. `src_sc`).
+    pub src_strides: [u32; 4],
+    /// Cache strides between batches, heads and tokens (`dst_sb` .. `dst_st`;
+    /// channels are contiguous).
+    pub dst_strides: [u32; 3],
     /// First source token.
     pub src_t0: u32,
     /// First cache slot written.
@@ -335,13 +316,52 @@ impl Strides {
             + (d - 1) * self.channel
     }
 
-    fn words(&self) -> Strides {
-        Strides {
-            batch: self.batch / 4,
-            head: self.head / 4,
-            token: self.token / 4,
-            channel: 1,
+    /// Batch, head, token and channel stride as the shaders' `u32`s.
+    fn shader_strides(&self, op: &str, what: &str) -> Result<[u32; 4]> {
+        let mut out = [0; 4];
+        let named = [
+            ("batch", self.batch),
+            ("head", self.head),
+            ("token", self.token),
+            ("channel", self.channel),
+        ];
+        for (o, (name, x)) in out.iter_mut().zip(named) {
+            *o = to_u32(op, &format!("{what} {name} stride"), x)?;
         }
+        Ok(out)
+    }
+
+    /// The strides of int8 codes (four per word) replacing this f32 layout, in
+    /// words, and the words `batch x heads x tokens` rows of `d` codes span.
+    /// The layout must be dense and channel-innermost, with `d % 4 == 0`.
+    fn int8_words(
+        &self,
+        op: &str,
+        what: &str,
+        batch: usize,
+        heads: usize,
+        tokens: usize,
+        d: usize,
+    ) -> Result<(Strides, usize)> {
+        let s = self;
+        if !d.is_multiple_of(4)
+            || s.channel != 1
+            || !s.batch.is_multiple_of(d)
+            || !s.head.is_multiple_of(d)
+            || !s.token.is_multiple_of(d)
+        {
+            return Err(Error::shape(
+                op,
+                format!("int8 {what} need d % 4 == 0 and a dense channel-innermost layout, got d = {d}, {s:?}"),
+            ));
+        }
+        let words = Strides {
+            batch: s.batch / 4,
+            head: s.head / 4,
+            token: s.token / 4,
+            channel: 1,
+        };
+        Ok((words, words.max_offset(batch, heads, tokens, d / 4) + 1))
     }
 }
 
@@ -397,6 +417,33 @@ pub struct AttentionProblem {
     /// Forces a kernel configuration (tests, tuning); `None`: the device's
     /// choice ([`config_for_device`]).
     pub config: Option<AttentionConfig>,
+}
+
+impl AttentionProblem {
+    /// `tokens` queries over the same `tokens` keys, q / k / v / out all laid out by
+    /// `strides`; no mask, the device's configuration.
+    pub fn self_attention(
+        batch: usize,
+        heads: usize,
+        tokens: usize,
+        head_dim: usize,
+        strides: Strides,
+        scale: f32,
+    ) -> Self {
+        AttentionProblem {
+            batch,
+            heads,
+            q_len: tokens,
+            kv_len: tokens,
+            head_dim,
+            q_strides: strides,
+            kv_strides: strides,
+            scale,
+            mask: Mask::NONE,
+            q_pos0: 0,
+            config: None,
+        }
+    }
 }
 
 fn to_u32(op: &str, what: &str, x: usize) -> Result<u32> {
@@ -606,20 +653,9 @@ pub fn flash_attention_block(
             v_codes,
             v_scales,
         } => {
-            let s = prob.kv_strides;
-            if !d.is_multiple_of(4)
-                || s.channel != 1
-                || !s.batch.is_multiple_of(d)
-                || !s.head.is_multiple_of(d)
-                || !s.token.is_multiple_of(d)
-            {
-                return Err(Error::shape(
-                    OP,
-                    format!("int8 K/V need d % 4 == 0 and a dense channel-innermost layout, got d = {d}, {s:?}"),
-                ));
-            }
-            let words = s.words();
-            let code_words = words.max_offset(batch, heads, kv_len, d / 4) + 1;
+            let (words, code_words) = prob
+                .kv_strides
+                .int8_words(OP, "K/V", batch, heads, kv_len, d)?;
             let scale_elems = code_words.div_ceil(d / 4);
             check_holds(OP, "k codes", k_codes, DType::Rgba8, code_words)?;
             check_holds(OP, "v codes", v_codes, DType::Rgba8, code_words)?;
@@ -632,20 +668,13 @@ pub fn flash_attention_block(
         return Err(Error::shape(OP, "out must not overlap q, k or v"));
     }
     let (causal, tpf, sink, window) = prob.mask.kernel_fields();
-    let qs = prob.q_strides;
     let params = Params {
         d: d as u32,
         n_q: to_u32(OP, "q_len", q_len)?,
         n_kv: to_u32(OP, "kv_len", kv_len)?,
         heads: heads as u32,
-        q_sb: to_u32(OP, "q batch stride", qs.batch)?,
-        q_sh: to_u32(OP, "q head stride", qs.head)?,
-        q_st: to_u32(OP, "q token stride", qs.token)?,
-        q_sc: to_u32(OP, "q channel stride", qs.channel)?,
-        kv_sb: to_u32(OP, "kv batch stride", kv_strides.batch)?,
-        kv_sh: to_u32(OP, "kv head stride", kv_strides.head)?,
-        kv_st: to_u32(OP, "kv token stride", kv_strides.token)?,
-        kv_sc: to_u32(OP, "kv channel stride", kv_strides.channel)?,
+        q_strides: prob.q_strides.shader_strides(OP, "q")?,
+        kv_strides: kv_strides.shader_strides(OP, "kv")?,
         scale: prob.scale,
         causal: causal as u32,
         q_pos0: to_u32(OP, "q_pos0", prob.q_pos0)?,
@@ -752,20 +781,7 @@ pub fn attention(
             "attention head dimension {d} (at most {MAX_HEAD_DIM})"
         )));
     }
-    let strides = Strides::channel_major(d, t);
-    let prob = AttentionProblem {
-        batch: n,
-        heads: 1,
-        q_len: t,
-        kv_len: t,
-        head_dim: d,
-        q_strides: strides,
-        kv_strides: strides,
-        scale,
-        mask: Mask::NONE,
-        q_pos0: 0,
-        config: None,
-    };
+    let prob = AttentionProblem::self_attention(n, 1, t, d, Strides::channel_major(d, t), scale);
     flash_attention(rec, &prob, q, KvInput::F32 { k, v }, out)
 }
 

@@ -1,4 +1,5 @@
 use super::*;
+use crate::gpu::Context;
 use crate::testing::{assert_close, rand_vec, test_context};
 
 #[test]
@@ -23,6 +24,31 @@ fn configs_fit_webgpu_default_limits() {
     assert_eq!(config_for_device(512, 4096, &gpu), config_for(512));
 }
 
+/// [`attention`] and [`cpu_attention`] of random `[n, d, t]` q, k (in
+/// ±`qk`) and v (in ±1) from seeds `seed ..= seed + 2`.
+fn gpu_and_cpu(
+    ctx: &Context,
+    shape: [usize; 3],
+    seed: u64,
+    qk: f32,
+    scale: f32,
+) -> (Vec<f32>, Vec<f32>) {
+    let [n, d, t] = shape;
+    let len = n * d * t;
+    let qd = rand_vec(len, seed, qk);
+    let kd = rand_vec(len, seed + 1, qk);
+    let vd = rand_vec(len, seed + 2, 1.0);
+    let q = Tensor::from_f32(ctx, &shape, &qd, "q").unwrap();
+    let k = Tensor::from_f32(ctx, &shape, &kd, "k").unwrap();
+    let v = Tensor::from_f32(ctx, &shape, &vd, "v").unwrap();
+    let out = Tensor::empty(ctx, &shape, DType::F32, "out").unwrap();
+    let mut rec = Recorder::new(ctx);
+    attention(&mut rec, &q, &k, &v, scale, &out).unwrap();
+    rec.submit().unwrap();
+    let want = cpu_attention(&qd, &kd, &vd, n, d, t, scale);
+    (out.to_f32(ctx).unwrap(), want)
+}
+
 /// d in {8, 33, 64, 512} x T in {1, 7, 37, 300}, batch 2, against an f64
 /// reference. Tolerance: 1e-4 relative + 1e-5 absolute. Inputs in
 /// [-2, 2] with scale 1/sqrt(d) give peaked as well as flat softmaxes.
@@ -34,27 +60,9 @@ fn attention_matches_cpu() {
     for d in [8usize, 33, 64, 512] {
         for t in [1usize, 7, 37, 300] {
             seed += 3;
-            let len = n * d * t;
-            let qd = rand_vec(len, seed, 2.0);
-            let kd = rand_vec(len, seed + 1, 2.0);
-            let vd = rand_vec(len, seed + 2, 1.0);
             let scale = 1.0 / (d as f32).sqrt();
-            let shape = [n, d, t];
-            let q = Tensor::from_f32(&ctx, &shape, &qd, "q").unwrap();
-            let k = Tensor::from_f32(&ctx, &shape, &kd, "k").unwrap();
-            let v = Tensor::from_f32(&ctx, &shape, &vd, "v").unwrap();
-            let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
-            let mut rec = Recorder::new(&ctx);
-            attention(&mut rec, &q, &k, &v, scale, &out).unwrap();
-            rec.submit().unwrap();
-            let want = cpu_attention(&qd, &kd, &vd, n, d, t, scale);
-            assert_close(
-                &out.to_f32(&ctx).unwrap(),
-                &want,
-                1e-5,
-                1e-4,
-                &format!("attention d={d} T={t}"),
-            );
+            let (got, want) = gpu_and_cpu(&ctx, [n, d, t], seed, 2.0, scale);
+            assert_close(&got, &want, 1e-5, 1e-4, &format!("attention d={d} T={t}"));
         }
     }
 }
@@ -89,29 +97,20 @@ fn every_configuration_matches_cpu() {
             let scale = 1.0 / (d as f32).sqrt();
             let strides = Strides::token_major(t, h, d);
             let prob = AttentionProblem {
-                batch: 1,
-                heads: h,
-                q_len: t,
-                kv_len: t,
-                head_dim: d,
-                q_strides: strides,
-                kv_strides: strides,
-                scale,
                 mask,
-                q_pos0: 0,
                 config: Some(c),
+                ..AttentionProblem::self_attention(1, h, t, d, strides, scale)
             };
             let mut rec = Recorder::new(&ctx);
             flash_attention(&mut rec, &prob, &q, KvInput::F32 { k: &k, v: &v }, &out).unwrap();
             rec.submit().unwrap();
-            let want = cpu_mha(&qd, &kd, &vd, 1, h, t, t, d, scale, &mask, 0);
-            assert_close(
-                &out.to_f32(&ctx).unwrap(),
-                &want,
-                1e-5,
-                1e-4,
-                &format!("{c:?} d={d}"),
-            );
+            // `out` against the CPU over keys `k` and values `v`.
+            let check = |k: &[f32], v: &[f32], what: &str| {
+                let want = cpu_mha(&qd, k, v, 1, h, t, t, d, scale, &mask, 0);
+                let what = format!("{what}{c:?} d={d}");
+                assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-4, &what);
+            };
+            check(&kd, &vd, "");
             if d % 4 == 0 {
                 // int8 K/V through the same configuration, against the
                 // CPU over the dequantised values.
@@ -127,14 +126,7 @@ fn every_configuration_matches_cpu() {
                 flash_attention(&mut rec, &prob, &q, kv, &out).unwrap();
                 rec.submit().unwrap();
                 let (kq, vq) = (k8.to_f32(&ctx).unwrap(), v8.to_f32(&ctx).unwrap());
-                let want = cpu_mha(&qd, &kq, &vq, 1, h, t, t, d, scale, &mask, 0);
-                assert_close(
-                    &out.to_f32(&ctx).unwrap(),
-                    &want,
-                    1e-5,
-                    1e-4,
-                    &format!("int8 {c:?} d={d}"),
-                );
+                check(&kq, &vq, "int8 ");
             }
         }
     }
@@ -144,27 +136,9 @@ fn every_configuration_matches_cpu() {
 #[test]
 fn attention_is_stable_with_large_scores() {
     let ctx = test_context();
-    let (n, d, t) = (1, 64, 45);
-    let qd = rand_vec(n * d * t, 91, 4.0);
-    let kd = rand_vec(n * d * t, 92, 4.0);
-    let vd = rand_vec(n * d * t, 93, 1.0);
-    let shape = [n, d, t];
-    let q = Tensor::from_f32(&ctx, &shape, &qd, "q").unwrap();
-    let k = Tensor::from_f32(&ctx, &shape, &kd, "k").unwrap();
-    let v = Tensor::from_f32(&ctx, &shape, &vd, "v").unwrap();
-    let out = Tensor::empty(&ctx, &shape, DType::F32, "out").unwrap();
-    let mut rec = Recorder::new(&ctx);
-    attention(&mut rec, &q, &k, &v, 1.0, &out).unwrap();
-    rec.submit().unwrap();
-    let want = cpu_attention(&qd, &kd, &vd, n, d, t, 1.0);
+    let (got, want) = gpu_and_cpu(&ctx, [1, 64, 45], 91, 4.0, 1.0);
     // Logits reach ~±200: exp's relative error grows with |x| (Vulkan: 3 + 2|x| ulp).
-    assert_close(
-        &out.to_f32(&ctx).unwrap(),
-        &want,
-        1e-4,
-        1e-3,
-        "large-score attention",
-    );
+    assert_close(&got, &want, 1e-4, 1e-3, "large-score attention");
 }
 
 #[test]
@@ -187,42 +161,6 @@ fn bad_shapes_are_errors() {
         attention(&mut rec, &big, &big, &big, 1.0, &big),
         Err(Error::Unsupported(_))
     ));
-}
-
-/// Channel-major `[n, d, tq]` queries over `[n, d, tk]` keys/values, f64.
-#[allow(clippy::too_many_arguments)]
-fn cpu_cross(
-    q: &[f32],
-    k: &[f32],
-    v: &[f32],
-    n: usize,
-    d: usize,
-    tq: usize,
-    tk: usize,
-    scale: f32,
-) -> Vec<f32> {
-    let mut out = vec![0f32; n * d * tq];
-    for b in 0..n {
-        let (qb, kb, vb) = (&q[b * d * tq..], &k[b * d * tk..], &v[b * d * tk..]);
-        for i in 0..tq {
-            let s: Vec<f64> = (0..tk)
-                .map(|j| {
-                    (0..d)
-                        .map(|c| qb[c * tq + i] as f64 * kb[c * tk + j] as f64)
-                        .sum::<f64>()
-                        * scale as f64
-                })
-                .collect();
-            let m = s.iter().cloned().fold(f64::MIN, f64::max);
-            let e: Vec<f64> = s.iter().map(|x| (x - m).exp()).collect();
-            let z: f64 = e.iter().sum();
-            for c in 0..d {
-                let o: f64 = (0..tk).map(|j| e[j] * vb[c * tk + j] as f64).sum();
-                out[b * d * tq + c * tq + i] = (o / z) as f32;
-            }
-        }
-    }
-    out
 }
 
 /// Columns `[t0, t1)` of `[n, d, t]` data.
@@ -261,7 +199,7 @@ fn key_blocks_combine_to_full_attention() {
         let kd = rand_vec(n * d * tk, d as u64 + 1, 2.0);
         let vd = rand_vec(n * d * tk, d as u64 + 2, 1.0);
         let scale = 1.0 / (d as f32).sqrt();
-        let want = cpu_cross(&qd, &kd, &vd, n, d, tq, tk, scale);
+        let want = super::cpu::cpu_cross_attention(&qd, &kd, &vd, n, d, tq, tk, scale);
         let q = Tensor::from_f32(&ctx, &[n, d, tq], &qd, "q").unwrap();
         let out = Tensor::empty(&ctx, &[n, d, tq], DType::F32, "out").unwrap();
         let stats = Tensor::empty(&ctx, &[n * tq * 2], DType::F32, "stats").unwrap();
@@ -269,20 +207,10 @@ fn key_blocks_combine_to_full_attention() {
         let blocks = k_splits.len() - 1;
         for (b, ks) in k_splits.windows(2).enumerate() {
             let len = ks[1] - ks[0];
-            let k = Tensor::from_f32_in(
-                &mut rec,
-                &[n, d, len],
-                &columns(&kd, n, d, tk, ks[0], ks[1]),
-                "k",
-            )
-            .unwrap();
-            let v = Tensor::from_f32_in(
-                &mut rec,
-                &[n, d, len],
-                &columns(&vd, n, d, tk, ks[0], ks[1]),
-                "v",
-            )
-            .unwrap();
+            let [k, v] = [(&kd, "k"), (&vd, "v")].map(|(data, name)| {
+                let block = columns(data, n, d, tk, ks[0], ks[1]);
+                Tensor::from_f32_in(&mut rec, &[n, d, len], &block, name).unwrap()
+            });
             let prob = AttentionProblem {
                 batch: n,
                 heads: 1,

@@ -7,7 +7,7 @@ use std::sync::{Arc, OnceLock};
 use parking_lot::Mutex;
 
 use super::tiles::default_tile_sets;
-use super::{Call, ConvTiles, NAIVE, NAIVE_WG, SOURCE, TILED};
+use super::{Conv2dCall, ConvTiles, NAIVE, NAIVE_WG, SOURCE, TILED};
 use crate::error::Result;
 use crate::gpu::{Capabilities, KernelSpec, PipelineKey, StorageType, WgslSource};
 use crate::kernels::Activation;
@@ -139,30 +139,26 @@ impl Variant {
     pub(super) fn for_call(
         caps: &Capabilities,
         tiles: Option<ConvTiles>,
-        call: &Call,
+        call: &Conv2dCall,
     ) -> Result<Self> {
-        let Call {
-            input,
-            w,
-            prologue,
-            residual,
-            out,
-            opts,
-        } = *call;
         let st = |t: &Tensor| StorageType::of(t.dtype(), caps);
+        let w = call.w;
         Ok(Variant {
             tiles,
             k: w.k,
-            stride: opts.stride,
-            upsample: opts.upsample,
-            act: prologue.map(|p| p.act),
+            stride: call.opts.stride,
+            upsample: call.opts.upsample,
+            act: call.prologue.map(|p| p.act),
             bias: w.bias.is_some(),
-            residual: residual.is_some(),
+            residual: call.residual.is_some(),
             storage: [
-                st(input)?,
+                st(call.input)?,
                 st(&w.weight)?,
-                residual.map(st).transpose()?.unwrap_or(StorageType::F32),
-                st(out)?,
+                call.residual
+                    .map(st)
+                    .transpose()?
+                    .unwrap_or(StorageType::F32),
+                st(call.out)?,
             ],
             check_range: false,
         })

@@ -318,19 +318,26 @@ fn same_memory(a: &Tensor, b: &Tensor) -> bool {
     a.overlaps(b)
 }
 
-/// The tensors and options of one call, as [`conv2d`] takes them.
-#[derive(Clone, Copy)]
-struct Call<'a> {
-    input: &'a Tensor,
-    w: &'a Conv2dWeights,
-    prologue: Option<&'a Prologue<'a>>,
-    residual: Option<&'a Tensor>,
-    out: &'a Tensor,
-    opts: &'a Conv2dOptions,
+/// The tensors and options of one convolution, as [`conv2d`] takes them
+/// ([`conv2d_naive`] takes them together).
+#[derive(Clone, Copy, Debug)]
+pub struct Conv2dCall<'a> {
+    /// `[N, Cin, H, W]`.
+    pub input: &'a Tensor,
+    /// The weights (and bias).
+    pub w: &'a Conv2dWeights,
+    /// Optional fused affine + activation on the input.
+    pub prologue: Option<Prologue<'a>>,
+    /// Optional `[N, Cout, Ho, Wo]` added after the bias; may alias `out`.
+    pub residual: Option<&'a Tensor>,
+    /// `[N, Cout, Ho, Wo]`; never aliases `input`.
+    pub out: &'a Tensor,
+    /// Stride, padding, upsample.
+    pub opts: &'a Conv2dOptions,
 }
 
-fn plan(call: &Call) -> Result<Plan> {
-    let Call {
+fn plan(call: &Conv2dCall) -> Result<Plan> {
+    let Conv2dCall {
         input,
         w,
         prologue,
@@ -442,7 +449,7 @@ fn plan(call: &Call) -> Result<Plan> {
     })
 }
 
-fn bindings<'t>(call: &Call<'t>, range_flag: Option<&'t Tensor>) -> [&'t Tensor; 7] {
+fn bindings<'t>(call: &Conv2dCall<'t>, range_flag: Option<&'t Tensor>) -> [&'t Tensor; 7] {
     let w = call.w;
     let placeholder = &w.weight;
     [
@@ -481,15 +488,20 @@ pub fn conv2d(
     out: &Tensor,
     opts: &Conv2dOptions,
 ) -> Result<()> {
-    let call = Call {
+    let call = Conv2dCall {
         input,
         w,
-        prologue: prologue.as_ref(),
+        prologue,
         residual,
         out,
         opts,
     };
-    record(rec, &call, Some(w.tiles), |ctx, plan| {
+    tiled(rec, &call)
+}
+
+/// [`conv2d`] over a [`Conv2dCall`].
+fn tiled(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
+    record(rec, call, Some(call.w.tiles), |ctx, plan| {
         let groups_xy = linear_groups(ctx, plan.params.ntiles as u64)?;
         let gz = plan.n as u64 * plan.params.mtiles as u64;
         let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
@@ -503,25 +515,9 @@ pub fn conv2d(
 
 /// The same convolution with one output per invocation and no workgroup-memory reuse.
 /// Only for benchmarks (the speed-up ratio of the tiled kernel) and cross-checks.
-pub fn conv2d_naive(
-    rec: &mut Recorder,
-    input: &Tensor,
-    w: &Conv2dWeights,
-    prologue: Option<Prologue>,
-    residual: Option<&Tensor>,
-    out: &Tensor,
-    opts: &Conv2dOptions,
-) -> Result<()> {
-    let call = Call {
-        input,
-        w,
-        prologue: prologue.as_ref(),
-        residual,
-        out,
-        opts,
-    };
-    record(rec, &call, None, |ctx, plan| {
-        let per_image = w.cout as u64 * plan.params.npix as u64;
+pub fn conv2d_naive(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
+    record(rec, call, None, |ctx, plan| {
+        let per_image = call.w.cout as u64 * plan.params.npix as u64;
         let groups = linear_groups(ctx, per_image.div_ceil(NAIVE_WG as u64))?;
         Ok([groups[0], groups[1], plan.n as u32])
     })
@@ -531,7 +527,7 @@ pub fn conv2d_naive(
 /// and records it over the workgroups `groups` gives for its plan.
 fn record(
     rec: &mut Recorder,
-    call: &Call,
+    call: &Conv2dCall,
     tiles: Option<ConvTiles>,
     groups: impl FnOnce(&Context, &Plan) -> Result<[u32; 3]>,
 ) -> Result<()> {

@@ -159,11 +159,16 @@ impl Case {
         let prologue = self.act.map(|act| Prologue { affine: &at, act });
         let residual = self.residual.then_some(&rt);
         let mut rec = Recorder::new(&ctx);
-        let f = if self.naive { conv2d_naive } else { conv2d };
-        f(
-            &mut rec, &xt, &weights, prologue, residual, &out, &self.opts,
-        )
-        .unwrap();
+        let call = Conv2dCall {
+            input: &xt,
+            w: &weights,
+            prologue,
+            residual,
+            out: &out,
+            opts: &self.opts,
+        };
+        let f = if self.naive { conv2d_naive } else { tiled };
+        f(&mut rec, &call).unwrap();
         assert_eq!(rec.labels()[0].macs, macs(n, cin, cout, ho, wo, k));
         rec.submit().unwrap();
         // (atol, rtol): f32 1e-5 + 1e-4 relative; half storage adds the output's rounding.
@@ -172,11 +177,7 @@ impl Case {
             DType::F16 => (2e-3, 2e-3),
             _ => (1e-2, 1e-2),
         };
-        let what = format!(
-            "{what} {} (shader-f16 {})",
-            dt.name(),
-            ctx.caps().shader_f16
-        );
+        let what = format!("{what} {}", crate::kernels::storage_path(&ctx, dt));
         assert_close(&out.to_f32(&ctx).unwrap(), &want, atol, rtol, &what);
     }
 }

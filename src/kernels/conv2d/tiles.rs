@@ -119,19 +119,9 @@ impl ConvTiles {
                 rn: 4,
                 direct: false,
             }
-        } else if cout <= 64 {
-            ConvTiles {
-                tm: 64,
-                tn: 128,
-                tw: 32,
-                tk: 8,
-                rm: 8,
-                rn: 8,
-                direct: false,
-            }
         } else {
             ConvTiles {
-                tm: 128,
+                tm: if cout <= 64 { 64 } else { 128 },
                 tn: 128,
                 tw: 32,
                 tk: 8,
