@@ -179,22 +179,7 @@ impl PendingDecode {
         let Some(buffer) = &self.overflows else {
             return Ok(0);
         };
-        let (tx, rx) = std::sync::mpsc::channel();
-        buffer.slice(..).map_async(wgpu::MapMode::Read, move |r| {
-            let _ = tx.send(r);
-        });
-        self.ctx.wait_idle()?;
-        rx.recv()
-            .map_err(|e| Error::Readback(e.to_string()))?
-            .map_err(|e| Error::Readback(e.to_string()))?;
-        let count = {
-            let view = buffer
-                .slice(..)
-                .get_mapped_range()
-                .map_err(|e| Error::Readback(e.to_string()))?;
-            crate::gpu::range_count(&view)
-        };
-        buffer.unmap();
+        let count = self.ctx.read_mapped(buffer, crate::gpu::range_count)?;
         Ok(count as u64)
     }
 
