@@ -18,8 +18,8 @@ pub struct HostTensor {
 impl HostTensor {
     /// A tensor of `shape` holding `data`; an error unless the sizes match.
     pub fn new(shape: Vec<usize>, data: Vec<f32>) -> Result<Self> {
-        let n: usize = shape.iter().product();
-        if n != data.len() {
+        let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
+        if n != Some(data.len()) {
             return Err(Error::InvalidInput(format!(
                 "{} values do not fill shape {shape:?}",
                 data.len()
@@ -53,11 +53,42 @@ fn bad(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
+/// Fails unless `path` is a regular file: reading a FIFO or a device would
+/// block or never end.
+pub(crate) fn require_regular_file(path: &Path) -> Result<()> {
+    let meta = std::fs::metadata(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    if meta.is_file() {
+        return Ok(());
+    }
+    let what = if meta.is_dir() {
+        "a folder"
+    } else {
+        "not a regular file (a FIFO, socket or device)"
+    };
+    Err(bad(path, format!("is {what}; expected a file")))
+}
+
 fn read(path: &Path) -> Result<Vec<u8>> {
+    require_regular_file(path)?;
     std::fs::read(path).map_err(|source| Error::Io {
         path: path.to_path_buf(),
         source,
     })
+}
+
+/// Bytes of a .npy file's header (magic, version, length field, header
+/// text), from its version and length field; `None` when truncated.
+fn npy_header_len(bytes: &[u8]) -> Option<usize> {
+    match bytes.get(6)? {
+        1 => Some(10 + u16::from_le_bytes([*bytes.get(8)?, *bytes.get(9)?]) as usize),
+        _ => {
+            let l: [u8; 4] = bytes.get(8..12)?.try_into().ok()?;
+            Some(12 + u32::from_le_bytes(l) as usize)
+        }
+    }
 }
 
 /// Reads a `.npy` array (f32, f16, f64; C order) as f32.
@@ -76,7 +107,40 @@ pub fn read_npy(path: &Path) -> Result<HostTensor> {
     }
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let type_str = npy.dtype().descr().trim_matches('\'').to_string();
-    let data: Vec<f32> = match type_str.trim_start_matches(['<', '>', '|', '=']) {
+    let kind = type_str.trim_start_matches(['<', '>', '|', '=']);
+    let item = match kind {
+        "f4" => 4,
+        "f2" => 2,
+        "f8" => 8,
+        other => {
+            return Err(bad(
+                path,
+                format!("dtype `{other}` is not supported; expected float32, float16 or float64"),
+            ))
+        }
+    };
+    // The payload must be exactly what the header describes: checked before
+    // anything of that size is allocated.
+    let payload = bytes
+        .len()
+        .saturating_sub(npy_header_len(&bytes).unwrap_or(bytes.len()));
+    let want = shape
+        .iter()
+        .try_fold(item, |a: usize, &d| a.checked_mul(d))
+        .filter(|&b| b == payload);
+    if want.is_none() {
+        return Err(bad(
+            path,
+            format!(
+                "the header says shape {shape:?} of {type_str} ({} bytes) but the file holds {payload} bytes of data; the file is truncated or not what its header says",
+                shape
+                    .iter()
+                    .try_fold(item, |a: usize, &d| a.checked_mul(d))
+                    .map_or("more than 2^64".to_string(), |b| b.to_string())
+            ),
+        ));
+    }
+    let data: Vec<f32> = match kind {
         "f4" => npy
             .into_vec::<f32>()
             .map_err(|e| bad(path, e.to_string()))?,
@@ -86,17 +150,23 @@ pub fn read_npy(path: &Path) -> Result<HostTensor> {
             .into_iter()
             .map(f32::from)
             .collect(),
-        "f8" => npy
-            .into_vec::<f64>()
-            .map_err(|e| bad(path, e.to_string()))?
-            .into_iter()
-            .map(|v| v as f32)
-            .collect(),
-        other => {
-            return Err(bad(
-                path,
-                format!("dtype `{other}` is not supported; expected float32 or float16"),
-            ))
+        _ => {
+            let wide = npy
+                .into_vec::<f64>()
+                .map_err(|e| bad(path, e.to_string()))?;
+            if let Some(i) = wide
+                .iter()
+                .position(|v| v.is_finite() && v.abs() > f32::MAX as f64)
+            {
+                return Err(bad(
+                    path,
+                    format!(
+                        "float64 value {} at flat index {i} does not fit float32 (max ±3.4e38); latents are f32 in every pipeline: check how the file was made",
+                        wide[i]
+                    ),
+                ));
+            }
+            wide.into_iter().map(|v| v as f32).collect()
         }
     };
     HostTensor::new(shape, data).map_err(|e| bad(path, e.to_string()))

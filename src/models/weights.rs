@@ -572,7 +572,10 @@ mod tests {
         // Layout detection reads shapes off the file: a rank it does not
         // expect is an error naming the key, not an index out of bounds.
         let e = s.conv_shape("a", "no a").unwrap_err().to_string();
-        assert!(e.contains("`a` has shape [4, 4]; expected a conv weight"), "{e}");
+        assert!(
+            e.contains("`a` has shape [4, 4]; expected a conv weight"),
+            "{e}"
+        );
         let e = s.conv_shape("b", "no conv b here").unwrap_err().to_string();
         assert!(e.contains("no conv b here"), "{e}");
         for shape in [&[1 << 20, 1 << 20][..], &[usize::MAX, 2]] {
