@@ -107,14 +107,11 @@ pub(crate) fn run(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> w
             let modes = modes
                 .iter()
                 .map(|m| {
-                    ra::SweepMode::ALL
-                        .into_iter()
-                        .find(|x| x.name() == m.as_str())
-                        .ok_or_else(|| {
-                            wgvae::Error::InvalidInput(format!(
-                                "--modes {m}: use global, window or window-ring"
-                            ))
-                        })
+                    ra::by_name(&ra::SweepMode::ALL, ra::SweepMode::name, m).ok_or_else(|| {
+                        wgvae::Error::InvalidInput(format!(
+                            "--modes {m}: use global, window or window-ring"
+                        ))
+                    })
                 })
                 .collect::<wgvae::Result<Vec<_>>>()?;
             let cfg = ra::SweepConfig {
