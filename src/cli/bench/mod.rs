@@ -19,6 +19,17 @@ pub(crate) struct TimingArgs {
     pub(crate) policy: String,
 }
 
+impl TimingArgs {
+    /// The benchmark's [`Timing`](crate::cli::report::bench::Timing) (the policy parsed).
+    pub(crate) fn timing(&self) -> wgvae::Result<crate::cli::report::bench::Timing> {
+        Ok(crate::cli::report::bench::Timing {
+            warmup: self.warmup,
+            runs: self.runs,
+            policy: self.policy.parse()?,
+        })
+    }
+}
+
 #[derive(Subcommand)]
 pub(crate) enum BenchKind {
     /// Warm-up then timed decodes per size: ms, images/s, MP/s, GFLOP/s, peak memory.

@@ -108,6 +108,24 @@ impl Metadata {
     }
 }
 
+/// Warm-up runs, timed runs and memory policy of a benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Untimed runs first.
+    pub warmup: usize,
+    /// Timed runs.
+    pub runs: usize,
+    /// Memory policy.
+    pub policy: Policy,
+}
+
+impl Timing {
+    /// Warm-up and timed runs.
+    pub fn total(&self) -> usize {
+        self.warmup + self.runs
+    }
+}
+
 /// What to benchmark.
 #[derive(Clone, Debug)]
 pub struct DecodeBench {
@@ -117,12 +135,8 @@ pub struct DecodeBench {
     pub sizes: Vec<usize>,
     /// Images per decode.
     pub batch: usize,
-    /// Untimed runs first.
-    pub warmup: usize,
-    /// Timed runs.
-    pub runs: usize,
-    /// Memory policy.
-    pub policy: Policy,
+    /// Runs and memory policy.
+    pub timing: Timing,
     /// Storage precisions to measure (each a row per size).
     pub dtypes: Vec<wgvae::models::Precision>,
     /// Tiling of every decode.
@@ -170,7 +184,7 @@ pub fn run_decode_bench(
     b: &DecodeBench,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<BenchRow>> {
-    let ctx = ctx.with_pool(b.policy.new_pool());
+    let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let mut rows = Vec::new();
     for &precision in &b.dtypes {
         let load = LoadOptions {
@@ -199,12 +213,12 @@ pub fn run_decode_bench(
             let mut first_ms = f64::NAN;
             let mut last = None;
             let mut status = "ok".to_string();
-            for i in 0..b.warmup + b.runs {
+            for i in 0..b.timing.total() {
                 progress(&format!(
                     "{size}² {} run {}/{}",
                     vae.dtype.name(),
                     i + 1,
-                    b.warmup + b.runs
+                    b.timing.total()
                 ));
                 match decode(&ctx, &vae, &z, &opts) {
                     Ok(out) => {
@@ -212,7 +226,7 @@ pub fn run_decode_bench(
                         if i == 0 {
                             first_ms = out.decode_ms;
                         }
-                        if i >= b.warmup {
+                        if i >= b.timing.warmup {
                             times.push(out.decode_ms);
                         }
                         last = Some(out);

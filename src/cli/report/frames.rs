@@ -7,14 +7,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::bench::Metadata;
+use super::bench::{Metadata, Timing};
 use super::{create_dir, table, write, MIB};
 use wgvae::decode::{decode, DecodeOptions};
 use wgvae::error::{Error, Result};
 use wgvae::frames::{decode_frames, FramesOptions, LatencySummary};
 use wgvae::gpu::Context;
 use wgvae::io::HostTensor;
-use wgvae::memory::Policy;
 use wgvae::models::{LoadOptions, Vae};
 
 /// What to benchmark.
@@ -33,12 +32,8 @@ pub struct FramesBench {
     pub chunks: Vec<Option<usize>>,
     /// Also measure the one-frame-at-a-time loop (the baseline of the ratio).
     pub baseline: bool,
-    /// Untimed runs first.
-    pub warmup: usize,
-    /// Timed runs.
-    pub runs: usize,
-    /// Memory policy.
-    pub policy: Policy,
+    /// Runs and memory policy.
+    pub timing: Timing,
 }
 
 /// One measured configuration.
@@ -250,7 +245,7 @@ pub fn run_frames_bench(
     b: &FramesBench,
     mut progress: impl FnMut(&str),
 ) -> Result<(Vec<FramesRow>, Vec<LatencySample>)> {
-    let ctx = ctx.with_pool(b.policy.new_pool());
+    let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
     let (z, pipeline_latents) = bench_latents(&vae, b)?;
     let n = z.shape[0];
@@ -291,7 +286,7 @@ pub fn run_frames_bench(
         };
         cells.push(cell("streamed", setting, Some(opts)));
     }
-    let total_runs = b.warmup + b.runs;
+    let total_runs = b.timing.total();
     for run in 0..total_runs {
         for c in cells.iter_mut().filter(|c| c.status == "ok") {
             progress(&format!(
@@ -309,7 +304,7 @@ pub fn run_frames_bench(
                 Some(opts) => streamed_pass(&ctx, &vae, &z, opts),
             };
             match pass {
-                Ok(p) if run >= b.warmup => {
+                Ok(p) if run >= b.timing.warmup => {
                     c.cpu_ms_per_frame.extend(cpu_ms_since(cpu0, n));
                     c.passes.push(p);
                 }
