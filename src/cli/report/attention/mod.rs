@@ -23,11 +23,6 @@ pub(crate) use mid_block::*;
 pub(crate) use stream::*;
 pub(crate) use sweep::*;
 
-/// The one of `all` whose `name` is `s`.
-pub(crate) fn by_name<T: Copy>(all: &[T], name: fn(T) -> &'static str, s: &str) -> Option<T> {
-    all.iter().copied().find(|&x| name(x) == s)
-}
-
 pub(super) fn fmt_ms(ms: f64) -> String {
     if ms.is_finite() {
         format!("{ms:.1}")

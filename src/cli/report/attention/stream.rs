@@ -5,13 +5,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 use wgvae::attention::{ConcatKvCache, KvCacheConfig, KvDtype, RingKvCache};
-use wgvae::error::{Error, Result};
+use wgvae::error::Result;
 use wgvae::gpu::{Context, Recorder};
 use wgvae::memory::Policy;
 use wgvae::seeded::uniform as rand_vec;
 use wgvae::tensor::{DType, Tensor};
 
-use super::{by_name, mib};
+use super::mib;
 use crate::cli::report::bench::Metadata;
 use crate::cli::report::{create_dir, loglog_chart, table, write, MIB};
 
@@ -41,17 +41,6 @@ impl StreamPreset {
             StreamPreset::StaticKv => "static-kv",
             StreamPreset::Int8Kv => "int8-kv",
         }
-    }
-}
-
-impl std::str::FromStr for StreamPreset {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        by_name(&StreamPreset::ALL, StreamPreset::name, s).ok_or_else(|| {
-            Error::InvalidInput(format!(
-                "unknown preset `{s}`; use baseline, static-kv or int8-kv"
-            ))
-        })
     }
 }
 
