@@ -8,6 +8,8 @@ mod frames;
 
 use clap::Subcommand;
 
+use crate::cli::report::bench::Timing;
+
 /// Warm-up runs, timed runs and memory policy of the decode and frames benchmarks.
 #[derive(clap::Args)]
 pub(crate) struct TimingArgs {
@@ -20,9 +22,9 @@ pub(crate) struct TimingArgs {
 }
 
 impl TimingArgs {
-    /// The benchmark's [`Timing`](crate::cli::report::bench::Timing) (the policy parsed).
-    pub(crate) fn timing(&self) -> wgvae::Result<crate::cli::report::bench::Timing> {
-        Ok(crate::cli::report::bench::Timing {
+    /// The benchmark's [`Timing`] (the policy parsed).
+    pub(crate) fn timing(&self) -> wgvae::Result<Timing> {
+        Ok(Timing {
             warmup: self.warmup,
             runs: self.runs,
             policy: self.policy.parse()?,
