@@ -8,9 +8,9 @@ use wgvae::memory::Policy;
 use wgvae::tiling::TileMode;
 use wgvae::{DecodeOptions, LoadOptions, Vae};
 
-use super::context;
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
+use super::{context, device, mib};
 
 #[derive(clap::Args)]
 pub(crate) struct DecodeArgs {
@@ -138,15 +138,14 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
             println!("wrote {}", p.display());
         }
         println!(
-            "{}: {}×{} ×{n} in {:.1} ms on {} ({:?}); peak allocated {:.1} MiB, reserved {:.1} MiB",
+            "{}: {}×{} ×{n} in {:.1} ms on {}; peak allocated {:.1} MiB, reserved {:.1} MiB",
             vae.name,
             out.width,
             out.height,
             out.decode_ms,
-            ctx.caps().adapter_name,
-            ctx.caps().backend,
-            out.memory.allocated_bytes.peak as f64 / 1048576.0,
-            out.memory.reserved_bytes.peak as f64 / 1048576.0
+            device(&ctx),
+            mib(out.memory.allocated_bytes.peak),
+            mib(out.memory.reserved_bytes.peak)
         );
         if a.profile {
             let t = &out.timings;
@@ -234,7 +233,7 @@ fn decode_frames(
             r.frames - 1
         );
         println!(
-            "{}: {} frames of {}×{} in chunks of {} ({} chunks) in {:.1} ms on {} ({:?}): {:.3} frames/s",
+            "{}: {} frames of {}×{} in chunks of {} ({} chunks) in {:.1} ms on {}: {:.3} frames/s",
             vae.name,
             r.frames,
             r.width,
@@ -242,8 +241,7 @@ fn decode_frames(
             r.chunk,
             r.chunks,
             r.total_ms,
-            ctx.caps().adapter_name,
-            ctx.caps().backend,
+            device(ctx),
             r.frames_per_s
         );
         println!(
@@ -258,9 +256,9 @@ fn decode_frames(
         }
         println!(
             "peak allocated {:.1} MiB, reserved {:.1} MiB, readback staging {:.1} MiB",
-            r.peak_allocated_bytes as f64 / 1048576.0,
-            r.peak_reserved_bytes as f64 / 1048576.0,
-            r.staging_bytes as f64 / 1048576.0
+            mib(r.peak_allocated_bytes),
+            mib(r.peak_reserved_bytes),
+            mib(r.staging_bytes)
         );
         if a.profile {
             print_profile(r.profile.as_ref(), ctx);

@@ -5,9 +5,9 @@ use std::path::PathBuf;
 use serde_json::json;
 use wgvae::LoadOptions;
 
-use super::context;
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
+use super::{context, mib};
 
 #[derive(clap::Args)]
 pub(crate) struct EncodeArgs {
@@ -88,8 +88,8 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
             a.output.display(),
             out.latents.shape,
             enc.name,
-            out.memory.allocated_bytes.peak as f64 / 1048576.0,
-            out.memory.reserved_bytes.peak as f64 / 1048576.0
+            mib(out.memory.allocated_bytes.peak),
+            mib(out.memory.reserved_bytes.peak)
         );
         print_tiling(&out.tiling);
         if let Some(note) = &out.precision_note {

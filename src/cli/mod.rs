@@ -70,6 +70,16 @@ pub(crate) fn run(cli: &Cli) -> wgvae::Result<()> {
     }
 }
 
+/// Bytes in MiB, for printing.
+pub(crate) fn mib(bytes: u64) -> f64 {
+    bytes as f64 / 1048576.0
+}
+
+/// `ctx`'s adapter and backend as printed: `NAME (Backend)`.
+pub(crate) fn device(ctx: &Context) -> String {
+    format!("{} ({:?})", ctx.caps().adapter_name, ctx.caps().backend)
+}
+
 /// The device `--adapter` names (default: the best GPU).
 pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
     let choice = match adapter {

@@ -87,6 +87,17 @@ pub(crate) enum AttentionBenchKind {
     },
 }
 
+/// The one of `all` whose `name` is `s`, or the error `unknown()` says.
+fn by_name<T: Copy>(
+    all: &[T],
+    name: fn(T) -> &'static str,
+    s: &str,
+    unknown: impl FnOnce() -> String,
+) -> wgvae::Result<T> {
+    let found = all.iter().copied().find(|&x| name(x) == s);
+    found.ok_or_else(|| wgvae::Error::InvalidInput(unknown()))
+}
+
 pub(crate) fn run(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> wgvae::Result<()> {
     let ctx = context(cli_adapter)?;
     match which {
@@ -107,14 +118,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> w
             let modes = modes
                 .iter()
                 .map(|m| {
-                    ra::SweepMode::ALL
-                        .into_iter()
-                        .find(|x| x.name() == m.as_str())
-                        .ok_or_else(|| {
-                            wgvae::Error::InvalidInput(format!(
-                                "--modes {m}: use global, window or window-ring"
-                            ))
-                        })
+                    by_name(&ra::SweepMode::ALL, ra::SweepMode::name, m, || {
+                        format!("--modes {m}: use global, window or window-ring")
+                    })
                 })
                 .collect::<wgvae::Result<Vec<_>>>()?;
             let cfg = ra::SweepConfig {
@@ -196,7 +202,12 @@ pub(crate) fn run(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> w
             let presets: Vec<ra::StreamPreset> = if preset == "all" {
                 ra::StreamPreset::ALL.to_vec()
             } else {
-                vec![preset.parse()?]
+                vec![by_name(
+                    &ra::StreamPreset::ALL,
+                    ra::StreamPreset::name,
+                    preset,
+                    || format!("unknown preset `{preset}`; use baseline, static-kv or int8-kv"),
+                )?]
             };
             let scale = scale.unwrap_or(if ctx.caps().is_cpu() { 0.02 } else { 1.0 });
             let mut results = Vec::new();

@@ -39,9 +39,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::R
         vae: a.vae.clone(),
         sizes: a.sizes.clone(),
         batch: a.batch,
-        warmup: a.timing.warmup,
-        runs: a.timing.runs,
-        policy: a.timing.policy.parse()?,
+        timing: a.timing.timing()?,
         dtypes: precisions,
         tiling: a.tiles.tiling()?,
     };

@@ -52,9 +52,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::R
         size: a.size,
         chunks,
         baseline: !a.no_baseline,
-        warmup: a.timing.warmup,
-        runs: a.timing.runs,
-        policy: a.timing.policy.parse()?,
+        timing: a.timing.timing()?,
     };
     let ctx = context(cli_adapter)?;
     let load = load_average();
@@ -64,7 +62,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::R
     };
     let settings = format!(
         "vae {}, {} frames, {source}, chunks {:?}, baseline {}, warm-up {}, runs {}, policy {}, f32{load}",
-        b.vae, b.frames, a.chunk, b.baseline, b.warmup, b.runs, a.timing.policy
+        b.vae, b.frames, a.chunk, b.baseline, a.timing.warmup, a.timing.runs, a.timing.policy
     );
     let (rows, samples) = rf::run_frames_bench(&ctx, &b, |m| eprintln!("{m}"))?;
     let meta = rb::Metadata::of(&ctx, settings);

@@ -8,6 +8,8 @@ mod frames;
 
 use clap::Subcommand;
 
+use crate::cli::report::bench::Timing;
+
 /// Warm-up runs, timed runs and memory policy of the decode and frames benchmarks.
 #[derive(clap::Args)]
 pub(crate) struct TimingArgs {
@@ -17,6 +19,17 @@ pub(crate) struct TimingArgs {
     pub(crate) runs: usize,
     #[arg(long, default_value = "planned")]
     pub(crate) policy: String,
+}
+
+impl TimingArgs {
+    /// The benchmark's [`Timing`] (the policy parsed).
+    pub(crate) fn timing(&self) -> wgvae::Result<Timing> {
+        Ok(Timing {
+            warmup: self.warmup,
+            runs: self.runs,
+            policy: self.policy.parse()?,
+        })
+    }
 }
 
 #[derive(Subcommand)]

@@ -6,7 +6,7 @@ use std::time::{SystemTime, UNIX_EPOCH};
 
 use serde::Serialize;
 
-use super::{create_dir, line_chart, line_chart_with, write, MIB};
+use super::{create_dir, line_chart, table, write, MIB};
 use wgvae::decode::{decode, DecodeOptions};
 use wgvae::error::{Error, Result};
 use wgvae::gpu::Context;
@@ -91,6 +91,39 @@ impl Metadata {
             })
             .collect()
     }
+
+    /// A CSV file: the metadata as `# ` lines, then [`table`]`(head, rows, line)`.
+    pub(crate) fn csv<R>(
+        &self,
+        head: &str,
+        rows: impl IntoIterator<Item = R>,
+        line: impl FnMut(R) -> String,
+    ) -> String {
+        self.lines("# ") + &table(head, rows, line)
+    }
+
+    /// A Markdown report's start: `# title`, then the metadata as a list.
+    pub(crate) fn markdown(&self, title: &str) -> String {
+        format!("# {title}\n\n{}", self.lines("- "))
+    }
+}
+
+/// Warm-up runs, timed runs and memory policy of a benchmark.
+#[derive(Clone, Copy, Debug)]
+pub struct Timing {
+    /// Untimed runs first.
+    pub warmup: usize,
+    /// Timed runs.
+    pub runs: usize,
+    /// Memory policy.
+    pub policy: Policy,
+}
+
+impl Timing {
+    /// Warm-up and timed runs.
+    pub fn total(&self) -> usize {
+        self.warmup + self.runs
+    }
 }
 
 /// What to benchmark.
@@ -102,12 +135,8 @@ pub struct DecodeBench {
     pub sizes: Vec<usize>,
     /// Images per decode.
     pub batch: usize,
-    /// Untimed runs first.
-    pub warmup: usize,
-    /// Timed runs.
-    pub runs: usize,
-    /// Memory policy.
-    pub policy: Policy,
+    /// Runs and memory policy.
+    pub timing: Timing,
     /// Storage precisions to measure (each a row per size).
     pub dtypes: Vec<wgvae::models::Precision>,
     /// Tiling of every decode.
@@ -155,7 +184,7 @@ pub fn run_decode_bench(
     b: &DecodeBench,
     mut progress: impl FnMut(&str),
 ) -> Result<Vec<BenchRow>> {
-    let ctx = ctx.with_pool(b.policy.new_pool());
+    let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let mut rows = Vec::new();
     for &precision in &b.dtypes {
         let load = LoadOptions {
@@ -184,12 +213,12 @@ pub fn run_decode_bench(
             let mut first_ms = f64::NAN;
             let mut last = None;
             let mut status = "ok".to_string();
-            for i in 0..b.warmup + b.runs {
+            for i in 0..b.timing.total() {
                 progress(&format!(
                     "{size}² {} run {}/{}",
                     vae.dtype.name(),
                     i + 1,
-                    b.warmup + b.runs
+                    b.timing.total()
                 ));
                 match decode(&ctx, &vae, &z, &opts) {
                     Ok(out) => {
@@ -197,7 +226,7 @@ pub fn run_decode_bench(
                         if i == 0 {
                             first_ms = out.decode_ms;
                         }
-                        if i >= b.warmup {
+                        if i >= b.timing.warmup {
                             times.push(out.decode_ms);
                         }
                         last = Some(out);
@@ -286,32 +315,26 @@ const CSV_COLUMNS: &[(&str, fn(&BenchRow) -> String)] = &[
 
 /// `decode.csv`: the metadata as `# ` lines, a header, one line per row.
 pub fn decode_csv(rows: &[BenchRow], meta: &Metadata) -> String {
-    let mut csv = meta.lines("# ");
     let header: Vec<&str> = CSV_COLUMNS.iter().map(|c| c.0).collect();
-    csv += &header.join(",");
-    csv.push('\n');
-    for r in rows {
+    meta.csv(&(header.join(",") + "\n"), rows, |r| {
         let values: Vec<String> = CSV_COLUMNS.iter().map(|c| (c.1)(r)).collect();
-        csv += &values.join(",");
-        csv.push('\n');
-    }
-    csv
+        values.join(",") + "\n"
+    })
 }
 
 /// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.
 pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Result<()> {
     create_dir(out)?;
     write(&out.join("decode.csv"), &decode_csv(rows, meta))?;
-    let mut md = String::from("# Decode benchmark\n\n");
-    md += &meta.lines("- ");
-    md += "\n| size | dtype | tiling | batch | runs | first (cold) ms | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for r in rows {
-        md += &format!(
+    let md = meta.markdown("Decode benchmark") + &table(
+        "\n| size | dtype | tiling | batch | runs | first (cold) ms | median ms | min ms | max ms | images/s | MP/s | GFLOP/s | peak allocated MiB | peak reserved MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n",
+        rows,
+        |r| format!(
             "| {}² | {} | {} | {} | {} | {:.1} | {:.1} | {:.1} | {:.1} | {:.3} | {:.3} | {:.2} | {:.1} | {:.1} | {} |\n",
             r.size, r.dtype, r.tiling, r.batch, r.runs, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s,
             r.megapixels_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
-        );
-    }
+        ),
+    );
     write(&out.join("decode.md"), &md)?;
     let mp = |r: &BenchRow| (r.size * r.size) as f64 / 1e6;
     let mut dtypes: Vec<&str> = rows.iter().map(|r| r.dtype).collect();
@@ -331,13 +354,14 @@ pub fn write_decode_report(rows: &[BenchRow], meta: &Metadata, out: &Path) -> Re
         &format!("decode time on {}", meta.adapter),
         ("megapixels per image", "median ms"),
         &series(&|r| r.median_ms, "median ms"),
+        &[],
     )?;
     let mut memory = series(&|r| r.peak_allocated_mib, "peak allocated");
     let allocated = memory.len();
     memory.extend(series(&|r| r.peak_reserved_mib, "peak reserved"));
     // Reserved often equals allocated (planned pool): dashed, so both show.
     let dashed: Vec<bool> = (0..memory.len()).map(|i| i >= allocated).collect();
-    line_chart_with(
+    line_chart(
         &out.join("decode_memory.svg"),
         &format!("peak decode memory on {}", meta.adapter),
         ("megapixels per image", "MiB"),
@@ -369,8 +393,7 @@ pub fn write_cold_start_report(rows: &[ColdStartRow], meta: &Metadata, out: &Pat
     create_dir(out)?;
     let mut csv = meta.lines("# ");
     csv += "case,process_ms,decode_ms,cache_bytes,driver_cache_bytes,status\n";
-    let mut md = String::from("# Cold start\n\n");
-    md += &meta.lines("- ");
+    let mut md = meta.markdown("Cold start");
     md += "\n| case | process start → first image ms | decode ms | pipeline cache bytes | driver cache bytes | status |\n|---|---|---|---|---|---|\n";
     for r in rows {
         let driver = r.driver_cache_bytes.map_or("off".into(), |b| b.to_string());

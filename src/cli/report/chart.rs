@@ -20,20 +20,11 @@ fn fit_title(title: &str) -> String {
     t
 }
 
-/// An SVG line chart with points and a legend; non-finite points are left out.
+/// An SVG line chart with points and a legend; non-finite points are left
+/// out. Series `i` is drawn dashed with hollow, larger points when
+/// `dashed[i]` (`&[]`: none), so a series lying on another (reserved =
+/// allocated) leaves the one under it visible.
 pub(crate) fn line_chart(
-    path: &Path,
-    title: &str,
-    axes: (&str, &str),
-    series: &[(String, Vec<(f64, f64)>)],
-) -> Result<()> {
-    line_chart_with(path, title, axes, series, &[])
-}
-
-/// [`line_chart`] where series `i` is drawn dashed with hollow, larger points
-/// when `dashed[i]`, so a series lying on another (reserved = allocated)
-/// leaves the one under it visible.
-pub(crate) fn line_chart_with(
     path: &Path,
     title: &str,
     axes: (&str, &str),

@@ -7,14 +7,13 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-use super::bench::Metadata;
-use super::{create_dir, write, MIB};
+use super::bench::{Metadata, Timing};
+use super::{create_dir, table, write, MIB};
 use wgvae::decode::{decode, DecodeOptions};
 use wgvae::error::{Error, Result};
 use wgvae::frames::{decode_frames, FramesOptions, LatencySummary};
 use wgvae::gpu::Context;
 use wgvae::io::HostTensor;
-use wgvae::memory::Policy;
 use wgvae::models::{LoadOptions, Vae};
 
 /// What to benchmark.
@@ -33,12 +32,8 @@ pub struct FramesBench {
     pub chunks: Vec<Option<usize>>,
     /// Also measure the one-frame-at-a-time loop (the baseline of the ratio).
     pub baseline: bool,
-    /// Untimed runs first.
-    pub warmup: usize,
-    /// Timed runs.
-    pub runs: usize,
-    /// Memory policy.
-    pub policy: Policy,
+    /// Runs and memory policy.
+    pub timing: Timing,
 }
 
 /// One measured configuration.
@@ -84,6 +79,31 @@ pub struct FramesRow {
     pub vs_loop_cpu: f64,
     /// "ok" or why the configuration did not run.
     pub status: String,
+}
+
+impl FramesRow {
+    /// The figures both tables show, from the median total time to the
+    /// staging MiB: CSV fields (`csv`) or Markdown cells, with fewer digits.
+    fn figures(&self, csv: bool) -> String {
+        let figures = [
+            (self.median_total_ms, 2),
+            (self.frames_per_s, 4),
+            (self.latency.mean_ms, 2),
+            (self.latency.p99_ms, 2),
+            (self.latency.max_ms, 2),
+            (self.peak_allocated_mib, 2),
+            (self.peak_reserved_mib, 2),
+            (self.staging_mib, 2),
+        ];
+        let cells: Vec<String> = figures
+            .iter()
+            .map(|&(v, digits)| {
+                let digits = if csv { digits } else { digits - 1 };
+                format!("{v:.digits$}")
+            })
+            .collect();
+        cells.join(if csv { "," } else { " | " })
+    }
 }
 
 /// Per-frame latencies of every timed run, for the latency CSV.
@@ -225,7 +245,7 @@ pub fn run_frames_bench(
     b: &FramesBench,
     mut progress: impl FnMut(&str),
 ) -> Result<(Vec<FramesRow>, Vec<LatencySample>)> {
-    let ctx = ctx.with_pool(b.policy.new_pool());
+    let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
     let (z, pipeline_latents) = bench_latents(&vae, b)?;
     let n = z.shape[0];
@@ -266,7 +286,7 @@ pub fn run_frames_bench(
         };
         cells.push(cell("streamed", setting, Some(opts)));
     }
-    let total_runs = b.warmup + b.runs;
+    let total_runs = b.timing.total();
     for run in 0..total_runs {
         for c in cells.iter_mut().filter(|c| c.status == "ok") {
             progress(&format!(
@@ -284,7 +304,7 @@ pub fn run_frames_bench(
                 Some(opts) => streamed_pass(&ctx, &vae, &z, opts),
             };
             match pass {
-                Ok(p) if run >= b.warmup => {
+                Ok(p) if run >= b.timing.warmup => {
                     c.cpu_ms_per_frame.extend(cpu_ms_since(cpu0, n));
                     c.passes.push(p);
                 }
@@ -383,11 +403,11 @@ pub fn write_frames_report(
     out: &Path,
 ) -> Result<()> {
     create_dir(out)?;
-    let mut csv = meta.lines("# ");
-    csv += "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,vs_loop_cpu,status\n";
-    for r in rows {
-        csv += &format!(
-            "{},{},{},{},{},{},{},{:.2},{:.4},{:.2},{:.2},{:.2},{:.2},{:.2},{:.2},{:.3},{:.1},{:.3},{:.3},\"{}\"\n",
+    let csv = meta.csv(
+        "mode,chunk_setting,chunk,frames,width,height,runs,median_total_ms,frames_per_s,latency_mean_ms,latency_p99_ms,latency_max_ms,peak_allocated_mib,peak_reserved_mib,staging_mib,wait_share,cpu_ms_per_frame,vs_loop,vs_loop_cpu,status\n",
+        rows,
+        |r| format!(
+            "{},{},{},{},{},{},{},{},{:.3},{:.1},{:.3},{:.3},\"{}\"\n",
             r.mode,
             r.chunk_setting,
             r.chunk,
@@ -395,68 +415,50 @@ pub fn write_frames_report(
             r.width,
             r.height,
             r.runs,
-            r.median_total_ms,
-            r.frames_per_s,
-            r.latency.mean_ms,
-            r.latency.p99_ms,
-            r.latency.max_ms,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-            r.staging_mib,
+            r.figures(true),
             r.wait_share,
             r.cpu_ms_per_frame,
             r.vs_loop,
             r.vs_loop_cpu,
             r.status.replace('"', "'")
-        );
-    }
+        ),
+    );
     write(&out.join("frames.csv"), &csv)?;
-    let mut lat = meta.lines("# ");
-    lat += "mode,chunk_setting,run,frame,latency_ms\n";
-    for s in samples {
-        lat += &format!(
+    let lat = meta.csv("mode,chunk_setting,run,frame,latency_ms\n", samples, |s| {
+        format!(
             "{},{},{},{},{:.3}\n",
             s.mode, s.chunk_setting, s.run, s.frame, s.latency_ms
-        );
-    }
+        )
+    });
     write(&out.join("frames_latency.csv"), &lat)?;
-    let mut md = String::from("# Frame streaming benchmark\n\n");
-    md += &meta.lines("- ");
+    let mut md = meta.markdown("Frame streaming benchmark");
     md += "\nLatency: from a chunk's submit (the first chunk: from the call) to its frames mapped on the host; \
            the loop's: one `decode()` call. `vs loop`: frames/s over the one-frame-at-a-time loop's; `vs loop (CPU)`: the loop's CPU ms/frame over this one's. \
            Runs are interleaved across configurations. \
            `host waits`: share of the wall time the host was blocked on the device. \
            `CPU ms/frame`: CPU time of the whole process per frame (on a CPU adapter the device's work included; \
            robust to other processes sharing the cores, unlike wall time).\n\n";
-    md += "| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | CPU ms/frame | vs loop | vs loop (CPU) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for r in rows {
+    md += &table("| mode | chunk | frames | size | runs | median total ms | frames/s | latency mean ms | P99 ms | max ms | peak allocated MiB | peak reserved MiB | staging MiB | host waits | CPU ms/frame | vs loop | vs loop (CPU) | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", rows, |r| {
         let chunk = if r.chunk_setting == "auto" {
             format!("auto ({})", r.chunk)
         } else {
             r.chunk.to_string()
         };
-        md += &format!(
-            "| {} | {} | {} | {}×{} | {} | {:.1} | {:.3} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.1} | {:.0} % | {:.0} | {:.2}× | {:.2}× | {} |\n",
+        format!(
+            "| {} | {} | {} | {}×{} | {} | {} | {:.0} % | {:.0} | {:.2}× | {:.2}× | {} |\n",
             r.mode,
             chunk,
             r.frames,
             r.width,
             r.height,
             r.runs,
-            r.median_total_ms,
-            r.frames_per_s,
-            r.latency.mean_ms,
-            r.latency.p99_ms,
-            r.latency.max_ms,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-            r.staging_mib,
+            r.figures(false),
             r.wait_share * 100.0,
             r.cpu_ms_per_frame,
             r.vs_loop,
             r.vs_loop_cpu,
             r.status
-        );
-    }
+        )
+    });
     write(&out.join("frames.md"), &md)
 }

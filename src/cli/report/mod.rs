@@ -14,7 +14,7 @@ use clap::Subcommand;
 use wgvae::error::{Error, Result};
 
 use crate::cli::context;
-pub(crate) use chart::{line_chart, line_chart_with, loglog_chart};
+pub(crate) use chart::{line_chart, loglog_chart};
 
 pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     move |source| Error::Io {
@@ -33,6 +33,17 @@ pub(crate) fn create_dir(out: &Path) -> Result<()> {
 }
 
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;
+
+/// A CSV or Markdown table: `head` (header lines), then each row's `line`.
+pub(crate) fn table<R>(
+    head: &str,
+    rows: impl IntoIterator<Item = R>,
+    line: impl FnMut(R) -> String,
+) -> String {
+    let mut s = head.to_string();
+    s.extend(rows.into_iter().map(line));
+    s
+}
 
 #[derive(Subcommand)]
 pub(crate) enum ReportKind {

@@ -11,7 +11,7 @@ use wgvae::seeded::uniform as rand_vec;
 use wgvae::tensor::{DType, Tensor};
 
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{create_dir, write, MIB};
+use crate::cli::report::{create_dir, table, write, MIB};
 
 /// Settings of the mid-block attention benchmark: one head of `head_dim`
 /// over T = h·w tokens, channel-major (the AutoencoderKL mid-block; T = 1024,
@@ -201,9 +201,6 @@ pub fn write_mid_block_report(
         cfg.budget_s,
         cfg.policy.name()
     );
-    let mut csv = meta.lines("# ");
-    csv += &format!("# benchmark: {settings}\n");
-    csv += "tokens,head_dim,status,runs,ms_median,ms_min,ms_max,gpu_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,score_matrix_bytes,dispatches\n";
     let num = |x: f64| {
         if x.is_finite() {
             format!("{x:.3}")
@@ -211,8 +208,8 @@ pub fn write_mid_block_report(
             String::new()
         }
     };
-    for r in rows {
-        csv += &format!(
+    let csv = meta.csv(&format!("# benchmark: {settings}\ntokens,head_dim,status,runs,ms_median,ms_min,ms_max,gpu_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,score_matrix_bytes,dispatches\n"), rows, |r| {
+        format!(
             "{},{},\"{}\",{},{},{},{},{},{:.3},{},{},{},{},{}\n",
             r.tokens,
             r.head_dim,
@@ -228,14 +225,10 @@ pub fn write_mid_block_report(
             r.peak_reserved_bytes,
             r.score_matrix_bytes,
             r.dispatches,
-        );
-    }
+        )
+    });
     write(&out.join("attention_midblock.csv"), &csv)?;
-    let mut md = String::from("# Mid-block attention (flash, one head)\n\n");
-    md += &meta.lines("- ");
-    md += &format!("- benchmark: {settings}\n\n");
-    md += "| tokens (decode) | status | median ms (min–max) | GPU ms | GFLOP | GFLOP/s | peak allocated MiB | T×T scores a non-flash kernel holds, MiB | dispatches |\n";
-    md += "|---|---|---|---|---|---|---|---|---|\n";
+    let mut md = meta.markdown("Mid-block attention (flash, one head)");
     let fmt = |x: f64, p: usize| {
         if x.is_finite() {
             format!("{x:.p$}")
@@ -243,9 +236,9 @@ pub fn write_mid_block_report(
             "–".into()
         }
     };
-    for r in rows {
+    md += &table(&format!("- benchmark: {settings}\n\n| tokens (decode) | status | median ms (min–max) | GPU ms | GFLOP | GFLOP/s | peak allocated MiB | T×T scores a non-flash kernel holds, MiB | dispatches |\n|---|---|---|---|---|---|---|---|---|\n"), rows, |r| {
         let side = ((r.tokens as f64).sqrt() * 8.0).round();
-        md += &format!(
+        format!(
             "| {} ({side}²) | {} | {} ({}–{}) | {} | {:.1} | {} | {:.1} | {:.0} | {} |\n",
             r.tokens,
             r.status,
@@ -258,8 +251,8 @@ pub fn write_mid_block_report(
             r.peak_allocated_bytes as f64 / MIB,
             r.score_matrix_bytes as f64 / MIB,
             r.dispatches,
-        );
-    }
+        )
+    });
     md += "\nMemory is O(T): q, k, v and out (4·T·d·4 bytes) plus, where keys are split over dispatches, a 2·T f32 scratch; the T×T score matrix is never materialised.\n";
     write(&out.join("attention_midblock.md"), &md)
 }

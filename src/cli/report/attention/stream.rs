@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use wgvae::attention::{ConcatKvCache, KvCacheConfig, KvDtype, RingKvCache};
-use wgvae::error::{Error, Result};
+use wgvae::error::Result;
 use wgvae::gpu::{Context, Recorder};
 use wgvae::memory::Policy;
 use wgvae::seeded::uniform as rand_vec;
@@ -13,7 +13,7 @@ use wgvae::tensor::{DType, Tensor};
 
 use super::mib;
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{create_dir, loglog_chart, write, MIB};
+use crate::cli::report::{create_dir, loglog_chart, table, write, MIB};
 
 /// KV-cache strategy of the streaming benchmark.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -41,20 +41,6 @@ impl StreamPreset {
             StreamPreset::StaticKv => "static-kv",
             StreamPreset::Int8Kv => "int8-kv",
         }
-    }
-}
-
-impl std::str::FromStr for StreamPreset {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        StreamPreset::ALL
-            .into_iter()
-            .find(|p| p.name() == s)
-            .ok_or_else(|| {
-                Error::InvalidInput(format!(
-                    "unknown preset `{s}`; use baseline, static-kv or int8-kv"
-                ))
-            })
     }
 }
 
@@ -376,10 +362,8 @@ fn opt_mib(b: Option<u64>) -> String {
 /// (one row per chunk), `attention_stream.md` and `attention_stream_memory.svg`.
 pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path) -> Result<()> {
     create_dir(out)?;
-    let mut csv = meta.lines("# ");
-    csv += "preset,chunks,scale,tokens_per_frame,frames_per_chunk,heads,head_dim,sink_frames,window_frames,warmup_chunks,warmup_ms,mean_ms,p50_ms,p99_ms,max_ms,gpu_mean_ms,chunks_per_s,frames_per_s,attention_gflops,peak_allocated_bytes,peak_reserved_bytes,kv_bytes,allocated_after_10,allocated_after_100,int8_max_abs_error,int8_cosine\n";
-    for r in results {
-        csv += &format!(
+    let csv = meta.csv("preset,chunks,scale,tokens_per_frame,frames_per_chunk,heads,head_dim,sink_frames,window_frames,warmup_chunks,warmup_ms,mean_ms,p50_ms,p99_ms,max_ms,gpu_mean_ms,chunks_per_s,frames_per_s,attention_gflops,peak_allocated_bytes,peak_reserved_bytes,kv_bytes,allocated_after_10,allocated_after_100,int8_max_abs_error,int8_cosine\n", results, |r| {
+        format!(
             "{},{},{},{},{},{},{},{},{},{},\"{}\",{:.3},{:.3},{:.3},{:.3},{},{:.3},{:.3},{:.3},{},{},{},{},{},{},{}\n",
             r.preset,
             r.chunks,
@@ -407,29 +391,31 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
             r.allocated_after_100.map_or(String::new(), |b| b.to_string()),
             r.int8_max_abs_error.map_or(String::new(), |e| format!("{e:.3e}")),
             r.int8_cosine.map_or(String::new(), |c| format!("{c:.6}")),
-        );
-    }
+        )
+    });
     write(&out.join("attention_stream.csv"), &csv)?;
-    let mut chunks = meta.lines("# ");
-    chunks += "preset,chunk,ms,gpu_ms,allocated_bytes,reserved_bytes,kv_bytes\n";
-    for r in results {
-        for s in &r.samples {
-            chunks += &format!(
+    let samples = results
+        .iter()
+        .flat_map(|r| r.samples.iter().map(move |s| (r.preset, s)));
+    let chunks = meta.csv(
+        "preset,chunk,ms,gpu_ms,allocated_bytes,reserved_bytes,kv_bytes\n",
+        samples,
+        |(preset, s)| {
+            format!(
                 "{},{},{:.3},{},{},{},{}\n",
-                r.preset,
+                preset,
                 s.chunk,
                 s.ms,
                 s.gpu_ms.map_or(String::new(), |g| format!("{g:.3}")),
                 s.allocated_bytes,
                 s.reserved_bytes,
                 s.kv_bytes
-            );
-        }
-    }
+            )
+        },
+    );
     write(&out.join("attention_stream_chunks.csv"), &chunks)?;
 
-    let mut md = String::from("# Streaming attention (LongLive-shaped)\n\n");
-    md += &meta.lines("- ");
+    let mut md = meta.markdown("Streaming attention (LongLive-shaped)");
     if let Some(r) = results.first() {
         md += &format!(
             "\nChunks of {} latent frames × {} tokens (scale {} of {}), {} heads × {}, f32 activations; each chunk appends its K/V to the cache and its queries attend to {} sink frames + a {}-frame window ({} keys when full), one submission per chunk, waited for. Latency: wall time per chunk (record, submit, GPU done); the first {} chunks (cache filling, pipeline compilation) are warm-up. Memory: the pool ({} policy).\n",
@@ -446,9 +432,8 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
             r.policy
         );
     }
-    md += "\n| preset | chunks | mean ms | P50 ms | P99 ms | max ms | GPU ms (mean) | chunks/s | frames/s | attention GFLOP/s | peak allocated MiB | peak reserved MiB | KV MiB | allocated after 10 / 100 chunks MiB | warm-up ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for r in results {
-        md += &format!(
+    md += &table("\n| preset | chunks | mean ms | P50 ms | P99 ms | max ms | GPU ms (mean) | chunks/s | frames/s | attention GFLOP/s | peak allocated MiB | peak reserved MiB | KV MiB | allocated after 10 / 100 chunks MiB | warm-up ms |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|\n", results, |r| {
+        format!(
             "| {} | {} | {:.2} | {:.2} | {:.2} | {:.2} | {} | {:.2} | {:.2} | {:.2} | {} | {} | {} | {} / {} | {} |\n",
             r.preset,
             r.chunks,
@@ -466,8 +451,8 @@ pub fn write_stream_report(results: &[StreamResult], meta: &Metadata, out: &Path
             opt_mib(r.allocated_after_10),
             opt_mib(r.allocated_after_100),
             r.warmup_ms.iter().map(|m| format!("{m:.0}")).collect::<Vec<_>>().join(", ")
-        );
-    }
+        )
+    });
     let find = |name: &str| results.iter().find(|r| r.preset == name);
     if let (Some(s), Some(i)) = (find("static-kv"), find("int8-kv")) {
         md += &format!(

@@ -15,7 +15,7 @@ use wgvae::tensor::{DType, Tensor};
 
 use super::{fmt_ms, mib};
 use crate::cli::report::bench::Metadata;
-use crate::cli::report::{create_dir, io_err, loglog_chart, write, MIB};
+use crate::cli::report::{create_dir, io_err, loglog_chart, table, write, MIB};
 
 /// How attention over many frames is computed.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
@@ -490,10 +490,8 @@ pub fn write_sweep_report(
     out: &Path,
 ) -> Result<()> {
     create_dir(out)?;
-    let mut csv = meta.lines("# ");
-    csv += "mode,frames,tokens_per_frame,tokens,dtype,status,time_ms,predicted_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,memory_source,predicted_allocated_bytes,predicted_reserved_bytes,kv_bytes\n";
-    for r in rows {
-        csv += &format!(
+    let csv = meta.csv("mode,frames,tokens_per_frame,tokens,dtype,status,time_ms,predicted_ms,gflop,gflops,peak_allocated_bytes,peak_reserved_bytes,memory_source,predicted_allocated_bytes,predicted_reserved_bytes,kv_bytes\n", rows, |r| {
+        format!(
             "{},{},{},{},{},\"{}\",{:.3},{:.3},{:.4},{:.4},{},{},{},{},{},{}\n",
             r.mode.name(),
             r.frames,
@@ -511,12 +509,11 @@ pub fn write_sweep_report(
             r.predicted_allocated_bytes,
             r.predicted_reserved_bytes,
             r.kv_bytes
-        );
-    }
+        )
+    });
     write(&out.join("attention_sweep.csv"), &csv)?;
 
-    let mut md = String::from("# Attention frame sweep\n\n");
-    md += &meta.lines("- ");
+    let mut md = meta.markdown("Attention frame sweep");
     md += &format!(
         "\nEmbed {} = {} heads × {}, f32, batch 1. `global`: every token sees every token. `window`: frame f sees sink frames [0, {}) and frames [f − {} + 1, f], one dispatch over all tokens (tiles outside the window skipped). `window-ring`: the same mask streamed frame by frame through a ring KV cache of {} + {} frames (memory independent of the frame count). Time: median wall time (submit → done) of {} run(s); cells predicted to exceed {:.0} s are not run. Memory: the pool's peaks ({} policy), measured where the cell ran, else predicted by a dry run of the same calls (the dry run matches the measurement wherever both exist).\n\n",
         cfg.embed,
@@ -612,9 +609,8 @@ pub fn write_sweep_report(
             }
         }
     }
-    md += "\n## Cells\n\n| mode | frames | tokens/frame | tokens | time ms | GFLOP | GFLOP/s | peak allocated MiB | peak reserved MiB | memory | KV MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n";
-    for r in rows {
-        md += &format!(
+    md += &table("\n## Cells\n\n| mode | frames | tokens/frame | tokens | time ms | GFLOP | GFLOP/s | peak allocated MiB | peak reserved MiB | memory | KV MiB | status |\n|---|---|---|---|---|---|---|---|---|---|---|---|\n", rows, |r| {
+        format!(
             "| {} | {} | {} | {} | {} | {:.3} | {} | {} | {} | {} | {} | {} |\n",
             r.mode.name(),
             r.frames,
@@ -632,8 +628,8 @@ pub fn write_sweep_report(
             r.memory_source,
             mib(r.kv_bytes),
             r.status
-        );
-    }
+        )
+    });
     write(&out.join("attention_sweep.md"), &md)?;
 
     let series = |value: &dyn Fn(&SweepRow) -> f64| -> Vec<(String, Vec<(f64, f64)>)> {

@@ -4,7 +4,7 @@ use std::collections::BTreeMap;
 use std::path::Path;
 
 use super::{Row, DTYPES, MODELS, OPS, SIZES};
-use crate::cli::report::line_chart;
+use crate::cli::report::{line_chart, table};
 use wgvae::error::Result;
 
 pub(super) fn measured_markdown(rows: &[Row]) -> String {
@@ -47,7 +47,6 @@ pub(super) fn measured_markdown(rows: &[Row]) -> String {
 /// The CSV of `rows`; NaN figures are empty fields, `source` (a device
 /// name may hold commas) and `note` are quoted.
 pub(super) fn csv(rows: &[Row]) -> String {
-    let mut s = String::from("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px,note\n");
     let opt = |v: Option<f64>| v.map_or(String::new(), |x| format!("{x:.2}"));
     let num = |x: f64, digits: usize| {
         if x.is_nan() {
@@ -56,8 +55,8 @@ pub(super) fn csv(rows: &[Row]) -> String {
             format!("{x:.digits$}")
         }
     };
-    for r in rows {
-        s += &format!(
+    table("model,op,size,dtype,policy,source,weights_mib,peak_allocated_mib,peak_reserved_mib,reserved_over_allocated,implied_constant,pytorch_allocated_mib,pytorch_reserved_mib,working_vs_pytorch,host_parked_mib,tile_px,note\n", rows, |r| {
+        format!(
             "{},{},{},{},{},\"{}\",{},{},{},{},{},{},{},{},{},{},\"{}\"\n",
             r.model,
             r.op,
@@ -77,9 +76,8 @@ pub(super) fn csv(rows: &[Row]) -> String {
             num(r.host_parked_mib, 2),
             r.tile_px.map_or(String::new(), |t| t.to_string()),
             r.note.replace('"', "\"\"")
-        );
-    }
-    s
+        )
+    })
 }
 
 pub(super) fn get<'a>(
@@ -225,11 +223,9 @@ then fragments what is reused.\n"
             .iter()
             .filter(|r| r.policy == "planned" && r.dtype == dtype)
             .filter_map(|r| r.working_vs_pytorch);
-        if let Some((lo, hi)) = span(vs) {
+        if let Some(p) = span(vs).map(percents) {
             s += &format!(
-                "- Planned {dtype} decodes: working memory is {:.0}–{:.0} % of PyTorch's allocated peak at the same dtype.\n",
-                lo * 100.0,
-                hi * 100.0
+                "- Planned {dtype} decodes: working memory is {p} of PyTorch's allocated peak at the same dtype.\n"
             );
         }
     }
@@ -249,11 +245,9 @@ then fragments what is reused.\n"
             .filter_map(|r| {
                 Some((r.peak_allocated_mib - r.weights_mib) / r.pytorch_allocated_mib?)
             });
-        if let Some((lo, hi)) = span(tiled) {
+        if let Some(p) = span(tiled).map(percents) {
             s += &format!(
-                "- Tiled {dtype} decodes: within a budget of PyTorch's tiled peak plus our weights, our exact tiles use {:.0}–{:.0} % of the working memory of PyTorch's seamed tiles, with an output equal to the untiled decode (parked tiles in host memory: see the tables).\n",
-                lo * 100.0,
-                hi * 100.0
+                "- Tiled {dtype} decodes: within a budget of PyTorch's tiled peak plus our weights, our exact tiles use {p} of the working memory of PyTorch's seamed tiles, with an output equal to the untiled decode (parked tiles in host memory: see the tables).\n"
             );
         }
     }
@@ -268,11 +262,9 @@ then fragments what is reused.\n"
         .iter()
         .filter(|r| r.policy == "planned")
         .filter_map(|r| r.working_vs_pytorch);
-    if let Some((lo, hi)) = span(ev) {
+    if let Some(p) = span(ev).map(percents) {
         s += &format!(
-            "- Encode (planned): working memory is {:.0}–{:.0} % of PyTorch's allocated peak (its SD1.5/SDXL encode rows at 1536² and 2048² are tiled by that pipeline, hence smaller).\n",
-            lo * 100.0,
-            hi * 100.0
+            "- Encode (planned): working memory is {p} of PyTorch's allocated peak (its SD1.5/SDXL encode rows at 1536² and 2048² are tiled by that pipeline, hence smaller).\n"
         );
     }
     s
@@ -318,6 +310,7 @@ pub(super) fn plot(rows: &[Row], model: &str, path: &Path) -> Result<()> {
         &format!("{model} decode: peak memory vs image size (float32 unless marked)"),
         ("megapixels", "MiB"),
         &series,
+        &[],
     )
 }
 
@@ -327,4 +320,9 @@ fn span(values: impl IntoIterator<Item = f64>) -> Option<(f64, f64)> {
     let mut values = values.into_iter().peekable();
     values.peek()?;
     Some(values.fold((f64::MAX, 0.0f64), |(lo, hi), x| (lo.min(x), hi.max(x))))
+}
+
+/// A span of ratios as percentages: `12–34 %`.
+fn percents((lo, hi): (f64, f64)) -> String {
+    format!("{:.0}–{:.0} %", lo * 100.0, hi * 100.0)
 }
