@@ -28,7 +28,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use wgvae::gpu::Recorder;
 use wgvae::kernels::conv2d::{
     conv2d, conv2d_naive, macs, output_size, Conv2dCall, Conv2dOptions, Conv2dWeights, ConvTiles,
-    Prologue,
+    Prologue, PytorchConv,
 };
 use wgvae::kernels::Activation;
 use wgvae::testing::{rand_vec, test_context};
@@ -265,21 +265,14 @@ fn problem(ctx: &Context, shape: Shape) -> Problem {
     let out = Tensor::empty(ctx, &[1, cout, ho, wo], DType::F32, "out").unwrap();
     let wv = rand_vec(cout * cin * k * k, 2, 0.05);
     let bias = rand_vec(cout, 3, 0.1);
-    let weights = match tiles_override() {
-        Some(t) => Conv2dWeights::from_pytorch_with_tiles(
-            ctx,
-            &wv,
-            cout,
-            cin,
-            k,
-            Some(&bias),
-            t,
-            wgvae::tensor::DType::F32,
-            "w",
-        ),
-        None => Conv2dWeights::from_pytorch(ctx, &wv, cout, cin, k, Some(&bias), "w"),
-    }
-    .unwrap();
+    let host = PytorchConv {
+        weight: &wv,
+        cout,
+        cin,
+        k,
+        bias: Some(&bias),
+    };
+    let weights = Conv2dWeights::upload(ctx, &host, tiles_override(), DType::F32, "w").unwrap();
     let aff: Vec<f32> = (0..cin)
         .flat_map(|c| [1.0 + 0.01 * (c % 7) as f32, 0.1])
         .collect();

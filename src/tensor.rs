@@ -128,20 +128,9 @@ impl Tensor {
         data: &[f32],
         label: &str,
     ) -> Result<Tensor> {
-        Self::from_f32_in_as(rec, shape, data, DType::F32, label)
-    }
-
-    /// [`Tensor::from_f32_in`] into a tensor of `dtype`.
-    pub fn from_f32_in_as(
-        rec: &mut crate::gpu::Recorder,
-        shape: &[usize],
-        data: &[f32],
-        dtype: DType,
-        label: &str,
-    ) -> Result<Tensor> {
         check_len("Tensor::from_f32_in", shape, data)?;
-        let t = Tensor::empty(rec.ctx(), shape, dtype, label)?;
-        rec.upload(&t, &crate::gpu::storage::encode_f32(data, dtype)?)?;
+        let t = Tensor::empty(rec.ctx(), shape, DType::F32, label)?;
+        rec.upload(&t, bytemuck::cast_slice(data))?;
         Ok(t)
     }
 

@@ -3,7 +3,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
-use crate::kernels::conv2d::{self, Conv2dOptions, Conv2dWeights, Prologue};
+use crate::kernels::conv2d::{self, Conv2dOptions, Conv2dWeights, Prologue, PytorchConv};
 use crate::kernels::group_norm;
 use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
@@ -33,7 +33,14 @@ pub fn load_conv(
     let b = bias
         .then(|| store.take(&format!("{prefix}.bias"), &[cout]))
         .transpose()?;
-    Conv2dWeights::from_pytorch_as(ctx, &w, cout, cin, k, b.as_deref(), store.dtype(), prefix)
+    let host = PytorchConv {
+        weight: &w,
+        cout,
+        cin,
+        k,
+        bias: b.as_deref(),
+    };
+    Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
 }
 
 /// Runs a conv into a fresh pool tensor of the weights' dtype (the model's

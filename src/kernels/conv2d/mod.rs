@@ -142,8 +142,24 @@ impl std::fmt::Debug for Conv2dWeights {
     }
 }
 
+/// A convolution's weights as PyTorch holds them, on the host: `weight`
+/// `[cout, cin, k, k]` (k = 1 or 3) and `bias` `[cout]`, f32.
+#[derive(Clone, Copy, Debug)]
+pub struct PytorchConv<'a> {
+    /// `[cout, cin, k, k]` values.
+    pub weight: &'a [f32],
+    /// Output channels.
+    pub cout: usize,
+    /// Input channels.
+    pub cin: usize,
+    /// Kernel side (1 or 3).
+    pub k: usize,
+    /// `[cout]` values, if the conv has a bias.
+    pub bias: Option<&'a [f32]>,
+}
+
 impl Conv2dWeights {
-    /// weight: PyTorch layout `[Cout, Cin, k, k]` (k = 1 or 3) as f32; bias `[Cout]`.
+    /// f32 weights in PyTorch layout `[Cout, Cin, k, k]` (k = 1 or 3); bias `[Cout]`.
     pub fn from_pytorch(
         ctx: &Context,
         weight: &[f32],
@@ -153,40 +169,34 @@ impl Conv2dWeights {
         bias: Option<&[f32]>,
         label: &str,
     ) -> Result<Conv2dWeights> {
-        let tiles = ConvTiles::for_layer(ctx.caps(), cout, k);
-        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, DType::F32, label)
+        let w = PytorchConv {
+            weight,
+            cout,
+            cin,
+            k,
+            bias,
+        };
+        Self::upload(ctx, &w, None, DType::F32, label)
     }
 
-    /// [`Conv2dWeights::from_pytorch`] with the weights stored in `dtype`
-    /// (f16/bf16 halve their memory; the bias stays f32).
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_pytorch_as(
+    /// Uploads `w` with the weights stored in `dtype` (f16/bf16 halve their
+    /// memory; the bias stays f32), in `tiles` (tuning, benchmarks) or the
+    /// device's default for the layer ([`ConvTiles::for_layer`]).
+    pub fn upload(
         ctx: &Context,
-        weight: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
+        w: &PytorchConv,
+        tiles: Option<ConvTiles>,
         dtype: DType,
         label: &str,
     ) -> Result<Conv2dWeights> {
-        let tiles = ConvTiles::for_layer(ctx.caps(), cout, k);
-        Self::from_pytorch_with_tiles(ctx, weight, cout, cin, k, bias, tiles, dtype, label)
-    }
-
-    /// Like [`Conv2dWeights::from_pytorch`] with explicit tiles (tuning, benchmarks).
-    #[allow(clippy::too_many_arguments)]
-    pub fn from_pytorch_with_tiles(
-        ctx: &Context,
-        weight: &[f32],
-        cout: usize,
-        cin: usize,
-        k: usize,
-        bias: Option<&[f32]>,
-        tiles: ConvTiles,
-        dtype: DType,
-        label: &str,
-    ) -> Result<Conv2dWeights> {
+        let PytorchConv {
+            weight,
+            cout,
+            cin,
+            k,
+            bias,
+        } = *w;
+        let tiles = tiles.unwrap_or_else(|| ConvTiles::for_layer(ctx.caps(), cout, k));
         let op = "Conv2dWeights::from_pytorch";
         if k != 1 && k != 3 {
             return Err(Error::shape(

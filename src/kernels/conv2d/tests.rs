@@ -141,14 +141,14 @@ impl Case {
         );
 
         let xt = Tensor::from_f32_as(&ctx, &[n, cin, h, w], &x, dt, "x").unwrap();
-        let bias = self.bias.then_some(&bv[..]);
-        let weights = match self.tiles {
-            Some(t) => {
-                Conv2dWeights::from_pytorch_with_tiles(&ctx, &wv, cout, cin, k, bias, t, dt, "w")
-            }
-            None => Conv2dWeights::from_pytorch_as(&ctx, &wv, cout, cin, k, bias, dt, "w"),
-        }
-        .unwrap();
+        let host = PytorchConv {
+            weight: &wv,
+            cout,
+            cin,
+            k,
+            bias: self.bias.then_some(&bv[..]),
+        };
+        let weights = Conv2dWeights::upload(&ctx, &host, self.tiles, dt, "w").unwrap();
         let at = Tensor::from_f32(&ctx, &[n, cin, 2], &aff, "affine").unwrap();
         let rt = Tensor::from_f32_as(&ctx, &[n, cout, ho, wo], &rv, dt, "res").unwrap();
         let out = if self.in_place {
