@@ -389,7 +389,9 @@ fn bench_group_norm(
     timer: &Timer,
     [ch, h, w]: [usize; 3],
 ) -> (f64, f64) {
-    use wgvae::kernels::group_norm::{group_norm, group_norm_stats, stats_scratch_len};
+    use wgvae::kernels::group_norm::{
+        group_norm, group_norm_stats, stats_scratch_len, GroupNormParams,
+    };
     const GROUPS: usize = 32;
     let label = format!("[1,{ch},{h},{w}] g{GROUPS}");
     let numel = ch * h * w;
@@ -404,17 +406,20 @@ fn bench_group_norm(
     let act_bytes = 4 * numel as u64;
     let forms: [(&str, u64, &Record); 2] = [
         ("group_norm_stats", act_bytes, &|rec: &mut Recorder| {
-            group_norm_stats(rec, &x, GROUPS, &gamma, &beta, 1e-6, &scratch, &affine)
-                .expect("group_norm_stats")
+            group_norm_stats(
+                rec,
+                &x,
+                &GroupNormParams::new(GROUPS, &gamma, &beta, 1e-6),
+                &scratch,
+                &affine,
+            )
+            .expect("group_norm_stats")
         }),
         ("group_norm_silu", 3 * act_bytes, &|rec: &mut Recorder| {
             group_norm(
                 rec,
                 &x,
-                GROUPS,
-                &gamma,
-                &beta,
-                1e-6,
+                &GroupNormParams::new(GROUPS, &gamma, &beta, 1e-6),
                 Activation::Silu,
                 &scratch,
                 &affine,

@@ -16,7 +16,9 @@ use wgvae::kernels::conv2d::{
     conv2d, cpu_conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue,
 };
 use wgvae::kernels::elementwise::{unary, Unary};
-use wgvae::kernels::group_norm::{cpu_group_norm, group_norm, group_norm_stats, stats_scratch_len};
+use wgvae::kernels::group_norm::{
+    cpu_group_norm, group_norm, group_norm_stats, stats_scratch_len, GroupNormParams,
+};
 use wgvae::kernels::Activation;
 use wgvae::tensor::{DType, Tensor};
 use wgvae::testing::{assert_close, rand_vec, test_context};
@@ -141,10 +143,7 @@ impl Chain {
         group_norm(
             &mut rec,
             &mid,
-            groups,
-            &gt,
-            &bt,
-            eps,
+            &GroupNormParams::new(groups, &gt, &bt, eps),
             Activation::None,
             &scratch,
             &affine,
@@ -181,7 +180,14 @@ impl Chain {
         let out_fused = Tensor::empty(&ctx, &[n, c_out, ho, wo], DType::F32, "out fused").unwrap();
         let mut rec = Recorder::new(&ctx);
         conv2d(&mut rec, &xt, &conv1, None, None, &mid, &same).unwrap();
-        group_norm_stats(&mut rec, &mid, groups, &gt, &bt, eps, &scratch, &affine).unwrap();
+        group_norm_stats(
+            &mut rec,
+            &mid,
+            &GroupNormParams::new(groups, &gt, &bt, eps),
+            &scratch,
+            &affine,
+        )
+        .unwrap();
         let prologue = Prologue {
             affine: &affine,
             act: Activation::Silu,

@@ -271,22 +271,50 @@ pub fn group_norm_partials(
     rec.dispatch(&PARTIALS, &key, &params, &[x, scratch], groups_xy, 0)
 }
 
+/// A GroupNorm layer's parameters: `groups` groups over the channels,
+/// `gamma` and `beta` f32 `[C]`, and `eps`.
+#[derive(Clone, Copy, Debug)]
+pub struct GroupNormParams<'a> {
+    /// Number of groups (dividing the channels).
+    pub groups: usize,
+    /// Per-channel scale, f32 `[C]`.
+    pub gamma: &'a Tensor,
+    /// Per-channel shift, f32 `[C]`.
+    pub beta: &'a Tensor,
+    /// Added to the variance.
+    pub eps: f32,
+}
+
+impl<'a> GroupNormParams<'a> {
+    /// The parameters of a layer.
+    pub fn new(groups: usize, gamma: &'a Tensor, beta: &'a Tensor, eps: f32) -> Self {
+        GroupNormParams {
+            groups,
+            gamma,
+            beta,
+            eps,
+        }
+    }
+}
+
 /// Combine pass: merges the `slot_capacity` partials of every `(n, g)` in
 /// `scratch` (f32 `[N, groups, slot_capacity, 4]`, all slots written) and
 /// writes `affine_out` f32 `[N, C, 2]` = `(gamma[c] * rstd, beta[c] - mean * gamma[c] * rstd)`.
-#[allow(clippy::too_many_arguments)]
 pub fn group_norm_combine(
     rec: &mut Recorder,
     scratch: &Tensor,
     n: usize,
-    groups: usize,
     slot_capacity: usize,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f32,
+    norm: &GroupNormParams,
     affine_out: &Tensor,
 ) -> Result<()> {
     const OP: &str = "group_norm_combine";
+    let GroupNormParams {
+        groups,
+        gamma,
+        beta,
+        eps,
+    } = *norm;
     let c = gamma.numel();
     check_groups(OP, c, groups)?;
     check_f32(OP, "gamma", gamma, c)?;
@@ -320,28 +348,24 @@ pub fn group_norm_combine(
 /// x `[N, C, H, W]` (f32 or f16); gamma, beta `[C]` f32; affine_out `[N, C, 2]` f32;
 /// scratch: f32 tensor of at least [`stats_scratch_len`] elements, laid out
 /// `[N, G, S, 4]` partials (see the module docs).
-#[allow(clippy::too_many_arguments)]
 pub fn group_norm_stats(
     rec: &mut Recorder,
     x: &Tensor,
-    groups: usize,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f32,
+    norm: &GroupNormParams,
     scratch: &Tensor,
     affine_out: &Tensor,
 ) -> Result<()> {
     let [n, c, h, w] = dims4("group_norm_stats", x)?;
-    check_groups("group_norm_stats", c, groups)?;
-    if gamma.numel() != c {
+    check_groups("group_norm_stats", c, norm.groups)?;
+    if norm.gamma.numel() != c {
         return Err(Error::shape(
             "group_norm_stats",
-            format!("x {x:?} with gamma {gamma:?}"),
+            format!("x {x:?} with gamma {:?}", norm.gamma),
         ));
     }
-    let slots = partial_slots(c, h, w, groups);
-    group_norm_partials(rec, x, groups, None, scratch, 0, slots)?;
-    group_norm_combine(rec, scratch, n, groups, slots, gamma, beta, eps, affine_out)
+    let slots = partial_slots(c, h, w, norm.groups);
+    group_norm_partials(rec, x, norm.groups, None, scratch, 0, slots)?;
+    group_norm_combine(rec, scratch, n, slots, norm, affine_out)
 }
 
 /// Apply pass: `out = act(x * affine[n,c,0] + affine[n,c,1])`; x, out
@@ -381,20 +405,16 @@ pub fn group_norm_apply(
 
 /// Statistics + apply: `out = act(groupnorm(x))`. `scratch` as for
 /// [`group_norm_stats`], `affine_scratch` f32 `[N, C, 2]`; `out` may alias `x`.
-#[allow(clippy::too_many_arguments)]
 pub fn group_norm(
     rec: &mut Recorder,
     x: &Tensor,
-    groups: usize,
-    gamma: &Tensor,
-    beta: &Tensor,
-    eps: f32,
+    norm: &GroupNormParams,
     act: Activation,
     scratch: &Tensor,
     affine_scratch: &Tensor,
     out: &Tensor,
 ) -> Result<()> {
-    group_norm_stats(rec, x, groups, gamma, beta, eps, scratch, affine_scratch)?;
+    group_norm_stats(rec, x, norm, scratch, affine_scratch)?;
     group_norm_apply(rec, x, affine_scratch, act, out)
 }
 
@@ -496,7 +516,13 @@ mod tests {
         };
         let mut rec = Recorder::new(ctx);
         group_norm(
-            &mut rec, &x, groups, &g, &b, 1e-6, act, &scratch, &affine, &out,
+            &mut rec,
+            &x,
+            &GroupNormParams::new(groups, &g, &b, 1e-6),
+            act,
+            &scratch,
+            &affine,
+            &out,
         )
         .unwrap();
         rec.submit().unwrap();
@@ -646,7 +672,12 @@ mod tests {
             offset += partial_slots(c, r.h, r.w, groups);
         }
         group_norm_combine(
-            &mut rec, &scratch, n, groups, capacity, &gt, &bt, 1e-6, &affine,
+            &mut rec,
+            &scratch,
+            n,
+            capacity,
+            &GroupNormParams::new(groups, &gt, &bt, 1e-6),
+            &affine,
         )
         .unwrap();
         rec.submit().unwrap();
@@ -695,10 +726,7 @@ mod tests {
             group_norm(
                 &mut rec,
                 &x,
-                32,
-                &g,
-                &b,
-                1e-6,
+                &GroupNormParams::new(32, &g, &b, 1e-6),
                 Activation::Silu,
                 &scratch,
                 &affine,
@@ -722,12 +750,16 @@ mod tests {
         let scratch = Tensor::empty(&ctx, &[1024], DType::F32, "s").unwrap();
         let affine = Tensor::empty(&ctx, &[1, 66, 2], DType::F32, "a").unwrap();
         let mut rec = Recorder::new(&ctx);
+        let (p3, p32) = (
+            GroupNormParams::new(3, &g, &g, 1e-6),
+            GroupNormParams::new(32, &g, &g, 1e-6),
+        );
         // 32 groups do not divide 66 channels.
-        let r = group_norm_stats(&mut rec, &x, 32, &g, &g, 1e-6, &scratch, &affine);
+        let r = group_norm_stats(&mut rec, &x, &p32, &scratch, &affine);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         // Too small a scratch.
         let tiny = Tensor::empty(&ctx, &[3], DType::F32, "tiny").unwrap();
-        let r = group_norm_stats(&mut rec, &x, 3, &g, &g, 1e-6, &tiny, &affine);
+        let r = group_norm_stats(&mut rec, &x, &p3, &tiny, &affine);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         // Mismatched out, wrong affine, rank-3 x.
         let out = Tensor::empty(&ctx, &[1, 66, 4, 5], DType::F32, "o").unwrap();
@@ -736,11 +768,11 @@ mod tests {
         let r = group_norm_apply(&mut rec, &x, &g, Activation::None, &x);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         let x3 = Tensor::empty(&ctx, &[66, 4, 4], DType::F32, "x3").unwrap();
-        let r = group_norm_stats(&mut rec, &x3, 3, &g, &g, 1e-6, &scratch, &affine);
+        let r = group_norm_stats(&mut rec, &x3, &p3, &scratch, &affine);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         // Rgba8 activations, wrong dtype of the affine.
         let xr = Tensor::empty(&ctx, &[1, 66, 4, 4], DType::Rgba8, "xr").unwrap();
-        let r = group_norm_stats(&mut rec, &xr, 3, &g, &g, 1e-6, &scratch, &affine);
+        let r = group_norm_stats(&mut rec, &xr, &p3, &scratch, &affine);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
         let r = group_norm_apply(&mut rec, &xr, &affine, Activation::None, &xr);
         assert!(matches!(r, Err(Error::Shape { .. })), "{r:?}");
@@ -782,10 +814,27 @@ mod tests {
         };
         let act = Activation::Silu;
         let full = time(&|rec| {
-            group_norm(rec, &x, 32, &g, &g, 1e-6, act, &scratch, &affine, &out).unwrap()
+            group_norm(
+                rec,
+                &x,
+                &GroupNormParams::new(32, &g, &g, 1e-6),
+                act,
+                &scratch,
+                &affine,
+                &out,
+            )
+            .unwrap()
         });
-        let stats =
-            time(&|rec| group_norm_stats(rec, &x, 32, &g, &g, 1e-6, &scratch, &affine).unwrap());
+        let stats = time(&|rec| {
+            group_norm_stats(
+                rec,
+                &x,
+                &GroupNormParams::new(32, &g, &g, 1e-6),
+                &scratch,
+                &affine,
+            )
+            .unwrap()
+        });
         let apply = time(&|rec| group_norm_apply(rec, &x, &affine, act, &out).unwrap());
         let relu = time(&|rec| {
             crate::kernels::elementwise::unary(

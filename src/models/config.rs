@@ -213,7 +213,8 @@ mod tests {
     fn absurd_configs_are_refused_naming_the_field() {
         let base = AutoencoderKlConfig::preset("sd15").unwrap();
         assert!(base.validate().is_ok());
-        let cases: Vec<(&str, Box<dyn Fn(&mut AutoencoderKlConfig)>)> = vec![
+        type Breaks = Box<dyn Fn(&mut AutoencoderKlConfig)>;
+        let cases: Vec<(&str, Breaks)> = vec![
             ("norm_num_groups", Box::new(|c| c.norm_num_groups = 0)),
             (
                 "block_out_channels",

@@ -125,9 +125,9 @@ impl Norm {
     pub fn eps(&self) -> f32 {
         self.eps
     }
-    /// gamma `[C]`, beta `[C]`.
-    pub fn gamma_beta(&self) -> (&Tensor, &Tensor) {
-        (&self.gamma, &self.beta)
+    /// The layer's parameters as the kernels take them.
+    pub fn params(&self) -> group_norm::GroupNormParams<'_> {
+        group_norm::GroupNormParams::new(self.groups, &self.gamma, &self.beta, self.eps)
     }
 
     /// Statistics of `x` [N, C, H, W] as affine coefficients [N, C, 2].
@@ -137,16 +137,7 @@ impl Norm {
         let scratch_len = group_norm::stats_scratch_len(n, c, h, w, self.groups);
         let scratch = Tensor::empty(&ctx, &[scratch_len], DType::F32, "groupnorm partials")?;
         let affine = Tensor::empty(&ctx, &[n, c, 2], DType::F32, "groupnorm affine")?;
-        group_norm::group_norm_stats(
-            rec,
-            x,
-            self.groups,
-            &self.gamma,
-            &self.beta,
-            self.eps,
-            &scratch,
-            &affine,
-        )?;
+        group_norm::group_norm_stats(rec, x, &self.params(), &scratch, &affine)?;
         Ok(affine)
     }
 }

@@ -79,16 +79,12 @@ impl Executor {
         let Some(acc) = acc else { return Ok(None) };
         let c = acc.norm.channels();
         let affine = Tensor::empty(&self.ctx, &[n, c, 2], DType::F32, "groupnorm affine")?;
-        let (gamma, beta) = acc.norm.gamma_beta();
         group_norm_combine(
             self.rec(),
             &acc.scratch,
             n,
-            acc.norm.groups(),
             acc.capacity,
-            gamma,
-            beta,
-            acc.norm.eps(),
+            &acc.norm.params(),
             &affine,
         )?;
         Ok(Some(affine))
