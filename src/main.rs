@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use clap::Parser;
 
 fn main() -> ExitCode {
+    quiet_headless_vulkan();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
     match cli::run(&cli::Cli::parse()) {
         Ok(()) => ExitCode::SUCCESS,
@@ -14,5 +15,19 @@ fn main() -> ExitCode {
             eprintln!("error: {}", cli::in_cli_terms(&e.to_string()));
             ExitCode::FAILURE
         }
+    }
+}
+
+/// Mesa's Vulkan device-select layer probes Wayland and X11 for the default
+/// GPU; with no display it prints `error: XDG_RUNTIME_DIR is invalid…` lines
+/// although the run is fine. wgvae ranks adapters itself, so on a headless
+/// run the layer is switched off (its documented `NODEVICE_SELECT`), before
+/// any thread exists. An explicit setting of the variable is kept.
+fn quiet_headless_vulkan() {
+    let set = |k: &str| std::env::var_os(k).is_some_and(|v| !v.is_empty());
+    let headless = !set("XDG_RUNTIME_DIR") && !set("WAYLAND_DISPLAY") && !set("DISPLAY");
+    if headless && std::env::var_os("NODEVICE_SELECT").is_none() {
+        // No other thread exists yet, so changing the environment races nothing.
+        std::env::set_var("NODEVICE_SELECT", "1");
     }
 }

@@ -53,6 +53,23 @@ fn info_lists_the_adapter() {
     assert_eq!(text.contains("notice: no GPU adapter found"), cpu, "{text}");
 }
 
+/// A successful run on a machine without a display prints no "error" (the
+/// driver's window-system probe is kept quiet).
+#[test]
+fn headless_success_prints_no_error() {
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .arg("info")
+        .env_remove("XDG_RUNTIME_DIR")
+        .env_remove("WAYLAND_DISPLAY")
+        .env_remove("DISPLAY")
+        .env_remove("NODEVICE_SELECT")
+        .output()
+        .expect("run wgvae");
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{err}");
+    assert!(!err.to_lowercase().contains("error"), "{err}");
+}
+
 #[test]
 fn decode_taef2_photo_to_png_with_json() {
     let Some(shared) = shared_dir() else { return };
