@@ -340,6 +340,79 @@ fn check_snapshot(policy: &str, text: &str) {
     }
 }
 
+/// Output paths are checked before anything loads: a wrong extension, a
+/// missing folder, a folder given as a file, a file given as a folder, and an
+/// output that is an input (which would be destroyed) are errors, and the
+/// inputs stay byte-identical.
+#[test]
+fn outputs_are_checked_first_and_never_overwrite_inputs() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let latents = tmp("keep.npy");
+    wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.5; 128]).unwrap();
+    let before = std::fs::read(&latents).unwrap();
+    let decode = |extra: &[&str]| {
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = wgvae(&args);
+        assert!(!ok, "{extra:?} succeeded");
+        err
+    };
+    let png = tmp("fine.png");
+    let folder = std::env::temp_dir();
+    let cases: [(Vec<&str>, &str); 5] = [
+        (
+            vec![
+                "-o",
+                png.to_str().unwrap(),
+                "--save-raw",
+                latents.to_str().unwrap(),
+            ],
+            "same file as the input",
+        ),
+        (vec!["-o", "/nonexistent-wgvae-dir/x.png"], "does not exist"),
+        (vec!["-o", "x.jpg"], "must be a .png file"),
+        (vec!["-o", folder.to_str().unwrap()], "is a folder"),
+        (
+            vec!["--frames-out", latents.to_str().unwrap()],
+            "not a folder",
+        ),
+    ];
+    for (extra, want) in cases {
+        let err = decode(&extra);
+        assert!(err.contains(want), "{extra:?}: {err}");
+    }
+    assert_eq!(
+        std::fs::read(&latents).unwrap(),
+        before,
+        "the latents were touched"
+    );
+    // encode -o naming the weights it loads.
+    let weights = tmp("encoder.safetensors");
+    std::fs::copy(shared.join("weights/taef2/encoder.safetensors"), &weights).unwrap();
+    let w_before = std::fs::read(&weights).unwrap();
+    let image = shared.join("images/chelsea.png");
+    let (ok, _, err) = wgvae(&[
+        "encode",
+        image.to_str().unwrap(),
+        "--vae",
+        weights.to_str().unwrap(),
+        "-o",
+        weights.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("same file as the input"), "{err}");
+    assert_eq!(
+        std::fs::read(&weights).unwrap(),
+        w_before,
+        "the weights were touched"
+    );
+}
+
 #[test]
 fn bad_inputs_fail_with_a_message_and_exit_code() {
     let Some(shared) = shared_dir() else { return };

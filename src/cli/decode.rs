@@ -8,6 +8,7 @@ use wgvae::memory::Policy;
 use wgvae::tiling::TileMode;
 use wgvae::{DecodeOptions, LoadOptions, Vae};
 
+use super::outputs::{check_dir, check_file, write_atomically, Inputs};
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
@@ -70,7 +71,36 @@ pub(crate) struct DecodeArgs {
     json: bool,
 }
 
+/// The decode's outputs checked against its inputs, before any work.
+fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
+    let mut inputs = Inputs::default();
+    inputs.add(&a.latents);
+    inputs.add_vae(&a.vae, a.config.as_deref());
+    match &a.frames_out {
+        Some(dir) => check_dir(dir, "--frames-out", &inputs)?,
+        // `-o NAME` without an extension writes NAME.png; `-o DIR/` is no name.
+        None if a.output.is_dir() || a.output.to_string_lossy().ends_with(['/', '\\']) => {
+            return Err(wgvae::Error::BadFile {
+                path: a.output.clone(),
+                message: "-o is a folder; give a file name inside it (e.g. DIR/out.png)".into(),
+            });
+        }
+        None => {
+            let first = &wgvae::io::batch_paths(&a.output, 1)[0];
+            check_file(first, "-o", &["png"], &inputs)?;
+        }
+    }
+    if let Some(p) = &a.save_raw {
+        check_file(p, "--save-raw", &["npy"], &inputs)?;
+    }
+    if let Some(p) = &a.memory_snapshot {
+        check_file(p, "--memory-snapshot", &["json"], &inputs)?;
+    }
+    Ok(inputs)
+}
+
 pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
+    let inputs = check_outputs(a)?;
     let policy: Policy = a.policy.parse()?;
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
     let load = LoadOptions {
@@ -88,6 +118,11 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     if let Some(dir) = &a.frames_out {
         return decode_frames(&ctx, &vae, &latents, a, dir);
     }
+    // A batch writes OUT_0.png, OUT_1.png…: each checked before the decode.
+    let paths = wgvae::io::batch_paths(&a.output, latents.shape[0]);
+    for p in &paths {
+        check_file(p, "-o", &["png"], &inputs)?;
+    }
     let opts = DecodeOptions {
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
@@ -98,12 +133,13 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
     ctx.save_pipeline_cache();
-    let paths = wgvae::io::batch_paths(&a.output, out.rgba.len());
     for (p, img) in paths.iter().zip(&out.rgba) {
-        wgvae::io::write_png_rgb(p, out.width, out.height, img)?;
+        write_atomically(p, |t| {
+            wgvae::io::write_png_rgb(t, out.width, out.height, img)
+        })?;
     }
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
-        wgvae::io::write_npy(p, &raw.shape, &raw.data)?;
+        write_atomically(p, |t| wgvae::io::write_npy(t, &raw.shape, &raw.data))?;
     }
     write_memory_snapshot(&ctx, a)?;
     let n = out.rgba.len();
@@ -196,7 +232,9 @@ fn decode_frames(
     let mut paths = Vec::with_capacity(latents.shape[0]);
     let on_frame = |f: wgvae::FrameOut<'_>| {
         let path = dir.join(format!("frame_{:05}.png", f.index));
-        wgvae::io::write_png_rgb(&path, f.width, f.height, f.rgba)?;
+        write_atomically(&path, |t| {
+            wgvae::io::write_png_rgb(t, f.width, f.height, f.rgba)
+        })?;
         paths.push(path);
         Ok(())
     };
@@ -270,9 +308,11 @@ fn decode_frames(
 /// The per-kernel table, or why there is none.
 fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
     if let Some(p) = &a.memory_snapshot {
-        std::fs::write(p, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
-            path: p.clone(),
-            source,
+        write_atomically(p, |t| {
+            std::fs::write(t, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
+                path: p.clone(),
+                source,
+            })
         })?;
     }
     Ok(())

@@ -5,6 +5,7 @@ use std::path::PathBuf;
 use serde_json::json;
 use wgvae::LoadOptions;
 
+use super::outputs::{check_file, write_atomically, Inputs};
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, mib};
@@ -41,6 +42,10 @@ pub(crate) struct EncodeArgs {
 pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
     // Before any work: a wrong output name should not cost an encode.
     wgvae::io::latent_format(&a.output)?;
+    let mut inputs = Inputs::default();
+    inputs.add(&a.image);
+    inputs.add_vae(&a.vae, a.config.as_deref());
+    check_file(&a.output, "-o", &["npy", "safetensors"], &inputs)?;
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
         config: a.config.clone(),
@@ -67,7 +72,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
         },
     )?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    wgvae::io::write_latents(&a.output, &out.latents)?;
+    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &out.latents))?;
     ctx.save_pipeline_cache();
     if a.json {
         println!(

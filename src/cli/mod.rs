@@ -8,6 +8,7 @@ mod encode;
 mod flags;
 mod info;
 mod memory;
+mod outputs;
 mod progress;
 mod report;
 mod tiles;

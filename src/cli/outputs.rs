@@ -1,0 +1,267 @@
+//! Output paths, checked before any work and written atomically: a wrong
+//! name costs no decode, no output can overwrite an input (links included),
+//! and a failed run never leaves a half-written file where a good one was.
+
+use std::path::{Path, PathBuf};
+
+use wgvae::Error;
+
+fn bad(path: &Path, message: String) -> Error {
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// The files a command reads: its outputs must be none of them.
+#[derive(Default)]
+pub(crate) struct Inputs(Vec<(PathBuf, (u64, u64))>);
+
+impl Inputs {
+    /// Adds `path` (a file, or every file directly in a folder) if it exists.
+    pub(crate) fn add(&mut self, path: &Path) {
+        let files = match std::fs::read_dir(path) {
+            Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Err(_) => vec![path.to_path_buf()],
+        };
+        for f in files {
+            if let Some(id) = file_id(&f) {
+                self.0.push((f, id));
+            }
+        }
+    }
+
+    /// Adds the weight files and config behind a `--vae` value (nothing for
+    /// a preset).
+    pub(crate) fn add_vae(&mut self, spec: &str, config: Option<&Path>) {
+        if spec.starts_with("preset:") {
+            return;
+        }
+        let path = Path::new(spec);
+        self.add(path);
+        if let Some(vae) = path.join("vae").is_dir().then(|| path.join("vae")) {
+            self.add(&vae);
+        }
+        if let Some(c) = config {
+            self.add(c);
+        }
+    }
+
+    /// The input `path` is, if it is one (same device and inode).
+    fn same_as(&self, path: &Path) -> Option<&Path> {
+        let id = file_id(path)?;
+        self.0
+            .iter()
+            .find(|(_, i)| *i == id)
+            .map(|(p, _)| p.as_path())
+    }
+}
+
+#[cfg(unix)]
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    let m = std::fs::metadata(path).ok()?;
+    Some((m.dev(), m.ino()))
+}
+
+#[cfg(not(unix))]
+fn file_id(path: &Path) -> Option<(u64, u64)> {
+    // Without inodes: the canonical path stands for the file.
+    use std::hash::{Hash, Hasher};
+    let c = std::fs::canonicalize(path).ok()?;
+    let mut h = std::collections::hash_map::DefaultHasher::new();
+    c.hash(&mut h);
+    Some((0, h.finish()))
+}
+
+/// Checks an output file `path` (`what` names the flag): its extension is
+/// one of `exts`, it is not a folder, its folder exists and takes new files,
+/// and it is none of `inputs`.
+pub(crate) fn check_file(
+    path: &Path,
+    what: &str,
+    exts: &[&str],
+    inputs: &Inputs,
+) -> wgvae::Result<()> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_ascii_lowercase);
+    if !ext.as_deref().is_some_and(|e| exts.contains(&e)) {
+        let want: Vec<String> = exts.iter().map(|e| format!(".{e}")).collect();
+        return Err(bad(
+            path,
+            format!(
+                "{what} must be a {} file; choose a name ending in {}",
+                want.join(" or "),
+                want[0]
+            ),
+        ));
+    }
+    if path.is_dir() {
+        return Err(bad(
+            path,
+            format!("{what} is a folder; give a file name inside it"),
+        ));
+    }
+    check_folder(path, what)?;
+    if let Some(input) = inputs.same_as(path) {
+        return Err(bad(
+            path,
+            format!(
+                "{what} is the same file as the input `{}`: writing it would destroy the input; choose another path",
+                input.display()
+            ),
+        ));
+    }
+    Ok(())
+}
+
+/// Checks an output folder `dir` (created if missing): not a file, its
+/// parent exists, and it is no input.
+pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Result<()> {
+    if dir.exists() && !dir.is_dir() {
+        return Err(bad(
+            dir,
+            format!("{what} exists and is not a folder; give a folder path"),
+        ));
+    }
+    if !dir.exists() {
+        check_folder(dir, what)?;
+    } else if let Some(input) = inputs.same_as(dir) {
+        return Err(bad(
+            dir,
+            format!("{what} is the input `{}`", input.display()),
+        ));
+    }
+    Ok(())
+}
+
+/// The folder `path` goes in exists and takes new files.
+fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
+    let parent = match path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !parent.is_dir() {
+        return Err(bad(
+            path,
+            format!(
+                "{what}: the folder `{}` does not exist; create it first",
+                parent.display()
+            ),
+        ));
+    }
+    let probe = parent.join(format!(".wgvae-write-check-{}", std::process::id()));
+    std::fs::write(&probe, b"").map_err(|source| {
+        bad(
+            path,
+            format!(
+                "{what}: cannot write in the folder `{}`: {source}",
+                parent.display()
+            ),
+        )
+    })?;
+    let _ = std::fs::remove_file(&probe);
+    Ok(())
+}
+
+/// Writes `path` through `write` into a temporary file beside it, then
+/// renames it into place: readers never see a partial file, and a failure
+/// leaves what was there before.
+pub(crate) fn write_atomically(
+    path: &Path,
+    write: impl FnOnce(&Path) -> wgvae::Result<()>,
+) -> wgvae::Result<()> {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    // Writers pick the format by extension: keep it last.
+    let tmp = path.with_file_name(format!(".wgvae-{}-{name}", std::process::id()));
+    if let Err(e) = write(&tmp) {
+        let _ = std::fs::remove_file(&tmp);
+        return Err(e);
+    }
+    std::fs::rename(&tmp, path).map_err(|source| {
+        let _ = std::fs::remove_file(&tmp);
+        Error::Io {
+            path: path.to_path_buf(),
+            source,
+        }
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn dir() -> PathBuf {
+        let d = std::env::temp_dir().join(format!("wgvae-outputs-{}", std::process::id()));
+        std::fs::create_dir_all(&d).unwrap();
+        d
+    }
+
+    #[test]
+    fn outputs_are_checked_before_any_work() {
+        let d = dir();
+        let input = d.join("latents.npy");
+        std::fs::write(&input, b"x").unwrap();
+        let mut inputs = Inputs::default();
+        inputs.add(&input);
+        let png = ["png"];
+        assert!(check_file(&d.join("ok.png"), "-o", &png, &inputs).is_ok());
+        let e =
+            |p: &Path, exts: &[&str]| check_file(p, "-o", exts, &inputs).unwrap_err().to_string();
+        assert!(e(&d.join("x.jpg"), &png).contains("must be a .png file"));
+        assert!(e(&d.join("missing/x.png"), &png).contains("does not exist"));
+        assert!(e(&d, &png).contains("must be a .png"));
+        let sub = d.join("sub.png");
+        std::fs::create_dir_all(&sub).unwrap();
+        assert!(e(&sub, &png).contains("is a folder"));
+        assert!(e(&input, &["npy"]).contains("same file as the input"));
+        #[cfg(unix)]
+        {
+            let link = d.join("link.npy");
+            let _ = std::fs::remove_file(&link);
+            std::os::unix::fs::symlink(&input, &link).unwrap();
+            assert!(e(&link, &["npy"]).contains("same file as the input"));
+        }
+        let file = d.join("frames");
+        std::fs::write(&file, b"").unwrap();
+        let err = check_dir(&file, "--frames-out", &inputs)
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("not a folder"), "{err}");
+        assert!(check_dir(&d.join("new_frames"), "--frames-out", &inputs).is_ok());
+    }
+
+    #[test]
+    fn a_failed_write_leaves_the_old_file() {
+        let d = dir();
+        let out = d.join("keep.png");
+        std::fs::write(&out, b"good").unwrap();
+        let r = write_atomically(&out, |tmp| {
+            std::fs::write(tmp, b"half").unwrap();
+            Err(Error::InvalidInput("disk full".into()))
+        });
+        assert!(r.is_err());
+        assert_eq!(std::fs::read(&out).unwrap(), b"good");
+        write_atomically(&out, |tmp| {
+            std::fs::write(tmp, b"new").map_err(|source| Error::Io {
+                path: tmp.to_path_buf(),
+                source,
+            })
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
+        let leftovers = std::fs::read_dir(&d)
+            .unwrap()
+            .filter(|e| {
+                e.as_ref()
+                    .unwrap()
+                    .file_name()
+                    .to_string_lossy()
+                    .starts_with(".wgvae-")
+            })
+            .count();
+        assert_eq!(leftovers, 0);
+    }
+}
