@@ -183,7 +183,7 @@ pub fn decode(
     let mut z = latents.clone();
     crate::io::validate_latents(&mut z, vae.latent_channels()).map_err(Error::InvalidInput)?;
     if !opts.raw_latents {
-        vae.unscale_latents(&mut z);
+        vae.unscale_latents(&mut z)?;
     }
     let job = DecodeJob {
         vae,

@@ -343,7 +343,7 @@ impl Engine {
                 validate_latents(&mut z, self.vae.latent_channels())
                     .map_err(Error::InvalidInput)?;
                 if !self.options.raw_latents {
-                    self.vae.unscale_latents(&mut z);
+                    self.vae.unscale_latents(&mut z)?;
                 }
                 Ok(Prepared::Host(z))
             }

@@ -525,6 +525,7 @@ pub fn decode_frames(
             // As Vae::unscale_latents (same f32 operations), chunk by chunk.
             unscaled.clear();
             unscaled.extend(data.iter().map(|v| *v / scale + shift));
+            crate::models::check_unscaled(&unscaled, scale, shift)?;
             data = &unscaled;
         }
         let key = || crate::decode::plan_key(vae, &chunk_shape);

@@ -413,6 +413,47 @@ fn outputs_are_checked_first_and_never_overwrite_inputs() {
     );
 }
 
+/// Inputs that used to decode to an all-NaN image with exit 0: finite
+/// latents that overflow when unscaled, an infinite shift factor, a scaling
+/// factor so small the unscaled latents overflow.
+#[test]
+fn overflowing_unscaling_is_an_error_not_a_nan_image() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let good = dir.join("latents.npy");
+    let z = wgvae::io::read_npy(&good).unwrap();
+    let huge = tmp("huge.npy");
+    wgvae::io::write_npy(&huge, &z.shape, &vec![3e38; z.data.len()]).unwrap();
+    let out = tmp("nan.png");
+    let run = |latents: &std::path::Path, extra: &[&str]| {
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            dir.to_str().unwrap(),
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = wgvae(&args);
+        assert!(!ok, "{extra:?} succeeded");
+        err
+    };
+    let err = run(&huge, &[]);
+    assert!(
+        err.contains("overflow when unscaled") && err.contains("--scaling-factor"),
+        "{err}"
+    );
+    let err = run(&good, &["--scaling-factor", "1e-45"]);
+    assert!(err.contains("overflow when unscaled"), "{err}");
+    let err = run(&good, &["--shift-factor", "inf"]);
+    assert!(
+        err.contains("shift_factor") && err.contains("must be finite"),
+        "{err}"
+    );
+    assert!(!out.exists(), "no image is written");
+}
+
 #[test]
 fn bad_inputs_fail_with_a_message_and_exit_code() {
     let Some(shared) = shared_dir() else { return };

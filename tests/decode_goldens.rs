@@ -67,7 +67,7 @@ fn check_aekl(name: &str, check_activations: bool) {
     }
     if check_activations {
         let mut z = latents.clone();
-        vae.unscale_latents(&mut z);
+        vae.unscale_latents(&mut z).unwrap();
         let mut rec = Recorder::new(&ctx);
         let mut taps = Taps::enabled();
         let input = Tensor::from_f32(&ctx, &z.shape, &z.data, "latents").unwrap();

@@ -176,6 +176,18 @@ impl<T> Bf16Twin<T> {
     }
 }
 
+/// Latents after `z / scale + shift` are all finite; else an error naming
+/// the first bad value and the likely cause.
+pub(crate) fn check_unscaled(values: &[f32], scale: f32, shift: f32) -> Result<()> {
+    match values.iter().position(|v| !v.is_finite()) {
+        None => Ok(()),
+        Some(i) => Err(Error::InvalidInput(format!(
+            "latents overflow when unscaled (z / scaling_factor {scale} + shift_factor {shift}): value {} at flat index {i}; check the scaling and shift factors (`LoadOptions::scaling_factor`, `LoadOptions::shift_factor`) or the latents' range (pipeline latents are roughly within ±10)",
+            values[i]
+        ))),
+    }
+}
+
 fn next_vae_id() -> u64 {
     static NEXT: std::sync::atomic::AtomicU64 = std::sync::atomic::AtomicU64::new(1);
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
@@ -461,14 +473,17 @@ impl Vae {
 
     /// Pipeline latents → decoder input, as diffusers pipelines do:
     /// `latents / scaling_factor + shift_factor` (f32, same operation order).
-    pub fn unscale_latents(&self, latents: &mut HostTensor) {
+    /// Finite latents can overflow f32 here (huge values, a tiny scaling
+    /// factor): that is an error naming the cause, not an all-NaN image.
+    pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
         let (scale, shift) = self.latent_scaling();
         if scale == 1.0 && shift == 0.0 {
-            return;
+            return Ok(());
         }
         for v in &mut latents.data {
             *v = *v / scale + shift;
         }
+        check_unscaled(&latents.data, scale, shift)
     }
 
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].

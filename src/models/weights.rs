@@ -388,6 +388,15 @@ impl WeightStore {
                 let squeeze =
                     |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 if w.shape == shape || (w.data.len() == n && squeeze(&w.shape) == squeeze(shape)) {
+                    if let Some(i) = w.data.iter().position(|v| !v.is_finite()) {
+                        return Err(Error::BadFile {
+                            path: PathBuf::from(&self.origin),
+                            message: format!(
+                                "weight `{key}` holds {} at flat index {i}: the file is damaged or was saved from a diverged model; NaN/Inf weights would decode to an all-NaN image",
+                                w.data[i]
+                            ),
+                        });
+                    }
                     w.data.clone()
                 } else {
                     self.wrong_shape.borrow_mut().push(format!(
@@ -569,6 +578,18 @@ mod tests {
         map.insert("a".to_string(), w);
         let s = WeightStore::from_map(map, Layout::Diffusers, "test.safetensors");
         s.take("missing", &[16]).unwrap();
+        let mut nan = BTreeMap::new();
+        let w = HostWeight {
+            shape: vec![3],
+            data: vec![0.0, f32::NAN, 1.0],
+        };
+        nan.insert("w".to_string(), w);
+        let bad = WeightStore::from_map(nan, Layout::Diffusers, "nan.safetensors");
+        let e = bad.take("w", &[3]).unwrap_err().to_string();
+        assert!(
+            e.contains("nan.safetensors") && e.contains("`w` holds NaN at flat index 1"),
+            "{e}"
+        );
         // Layout detection reads shapes off the file: a rank it does not
         // expect is an error naming the key, not an index out of bounds.
         let e = s.conv_shape("a", "no a").unwrap_err().to_string();
