@@ -454,6 +454,49 @@ fn overflowing_unscaling_is_an_error_not_a_nan_image() {
     assert!(!out.exists(), "no image is written");
 }
 
+/// Estimates of sizes no host could hold fail with a message instead of
+/// aborting on an allocation (or overflowing the batch arithmetic).
+#[test]
+fn absurd_estimate_sizes_are_errors() {
+    for args in [
+        &[
+            "memory",
+            "--vae",
+            "preset:sd15",
+            "--size",
+            "1024",
+            "--batch",
+            "18446744073709551615",
+        ][..],
+        &[
+            "memory",
+            "--vae",
+            "preset:sd15",
+            "--size",
+            "100000x100000",
+            "--batch",
+            "100",
+        ],
+        &[
+            "memory",
+            "--vae",
+            "preset:sd15",
+            "--encode",
+            "--size",
+            "100000x100000",
+            "--batch",
+            "100",
+        ],
+    ] {
+        let (ok, _, err) = wgvae(args);
+        assert!(!ok, "{args:?} succeeded");
+        assert!(
+            err.contains("does not fit this host's available memory"),
+            "{args:?}: {err}"
+        );
+    }
+}
+
 #[test]
 fn bad_inputs_fail_with_a_message_and_exit_code() {
     let Some(shared) = shared_dir() else { return };

@@ -5,7 +5,7 @@ use serde::Serialize;
 
 use crate::decode::{decode, DecodeOptions};
 use crate::encode::{encode, EncodeOptions, VaeEncoder};
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context};
 use crate::io::HostTensor;
 use crate::memory::{MemoryStats, Policy};
@@ -64,9 +64,25 @@ impl MemoryEstimate {
     }
 }
 
-/// Zeros of `shape`.
+/// Zeros of `shape`: the input a real run would hold on the host. A shape
+/// whose values could not exist on this host is an error, before anything
+/// is allocated (sizes with no real input behind them, e.g. a batch of 2^64).
 fn zeros(shape: [usize; 4]) -> Result<HostTensor> {
-    HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])
+    let bytes = shape
+        .iter()
+        .try_fold(4usize, |a, &d| a.checked_mul(d))
+        .map(|b| b as u64);
+    let limit = crate::tiling::host_memory_available().unwrap_or(u64::MAX);
+    match bytes {
+        Some(b) if b <= limit => {
+            HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])
+        }
+        _ => Err(Error::InvalidInput(format!(
+            "an input of shape {shape:?} ({}) does not fit this host's available memory ({:.1} GiB); a run of that size needs it in host memory, so no estimate is made",
+            bytes.map_or("over 2^64 bytes".to_string(), |b| format!("{:.1} GiB of f32", b as f64 / (1u64 << 30) as f64)),
+            limit as f64 / (1u64 << 30) as f64
+        ))),
+    }
 }
 
 /// A memory prediction: a model (`vae`, loaded with `load`) on a device
@@ -114,6 +130,7 @@ impl<'a> Estimate<'a> {
 
     /// Peaks of decoding latents of `latent_shape` `[N, C, h, w]`.
     pub fn decode(&self, latent_shape: [usize; 4]) -> Result<MemoryEstimate> {
+        let latents = zeros(latent_shape)?;
         MemoryEstimate::predict(self.caps, self.policy, |null| {
             let vae = Vae::load(null, self.vae, self.load)?;
             let opts = DecodeOptions {
@@ -121,7 +138,7 @@ impl<'a> Estimate<'a> {
                 tiling: self.tiling.clone(),
                 ..Default::default()
             };
-            let out = decode(null, &vae, &zeros(latent_shape)?, &opts)?;
+            let out = decode(null, &vae, &latents, &opts)?;
             let image = vec![latent_shape[0], 3, out.height, out.width];
             let model = (vae.name.clone(), vae.weights_bytes);
             let shapes = (latent_shape.to_vec(), image);
@@ -131,13 +148,14 @@ impl<'a> Estimate<'a> {
 
     /// Peaks of encoding images of `image_shape` `[N, 3, H, W]`.
     pub fn encode(&self, image_shape: [usize; 4]) -> Result<MemoryEstimate> {
+        let image = zeros(image_shape)?;
         MemoryEstimate::predict(self.caps, self.policy, |null| {
             let enc = VaeEncoder::load(null, self.vae, self.load)?;
             let opts = EncodeOptions {
                 tiling: self.tiling.clone(),
                 ..Default::default()
             };
-            let out = encode(null, &enc, &zeros(image_shape)?, &opts)?;
+            let out = encode(null, &enc, &image, &opts)?;
             let model = (enc.name.clone(), enc.weights_bytes);
             let shapes = (out.latents.shape.clone(), image_shape.to_vec());
             Ok((model, shapes, out.memory, out.tiling))
