@@ -361,7 +361,7 @@ impl WeightStore {
     /// The values of `key`, which must have `shape` (a linear `[o, i]` also
     /// matches a 1×1 conv `[o, i, 1, 1]`). A missing or misshapen key is
     /// recorded, zeros are returned, and [`WeightStore::finish`] reports it —
-    /// unless the model's tensor is larger than any in the file (a config
+    /// unless the model's tensor is larger than any in the file and 2^24 values (a config
     /// far off the weights): that stops the load at once, before zeros of an
     /// absurd size exist.
     pub fn take(&self, key: &str, shape: &[usize]) -> Result<Vec<f32>> {
@@ -371,7 +371,10 @@ impl WeightStore {
         };
         let largest = m.values().map(|w| w.data.len()).max().unwrap_or(0);
         let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
-        let Some(n) = n.filter(|&n| n <= largest.max(1)) else {
+        // Zeros for a small missing key are cheap (and let `finish` name
+        // every mismatch); only a tensor beyond both the file's largest and
+        // 2^24 values stops the load here.
+        let Some(n) = n.filter(|&n| n <= largest.max(1 << 24)) else {
             let found = m.get(key).map(|w| format!("{:?}", w.shape));
             return Err(Error::BadFile {
                 path: PathBuf::from(&self.origin),
@@ -567,7 +570,8 @@ mod tests {
     }
 
     /// A config far off the file stops at the first tensor larger than any
-    /// the file holds, before zeros of that size exist; a wrapping shape too.
+    /// the file holds (and than 2^24 values), before zeros of that size
+    /// exist; a wrapping shape too.
     #[test]
     fn a_tensor_larger_than_the_file_stops_the_load() {
         let mut map = BTreeMap::new();
