@@ -39,8 +39,10 @@ impl Inputs {
         }
         let path = Path::new(spec);
         self.add(path);
-        if let Some(vae) = path.join("vae").is_dir().then(|| path.join("vae")) {
-            self.add(&vae);
+        // A pipeline folder's `vae/`, a weight file's config.json beside it.
+        self.add(&path.join("vae"));
+        if path.is_file() {
+            self.add(&path.with_file_name("config.json"));
         }
         if let Some(c) = config {
             self.add(c);
@@ -217,6 +219,22 @@ mod tests {
         std::fs::create_dir_all(&sub).unwrap();
         assert!(e(&sub, &png).contains("is a folder"));
         assert!(e(&input, &["npy"]).contains("same file as the input"));
+        // The config.json beside a weight file is an input too.
+        let weights = d.join("w.safetensors");
+        std::fs::write(&weights, b"w").unwrap();
+        std::fs::write(d.join("config.json"), b"{}").unwrap();
+        let mut beside = Inputs::default();
+        beside.add_vae(weights.to_str().unwrap(), None);
+        let err = check_file(
+            &d.join("config.json"),
+            "--memory-snapshot",
+            &["json"],
+            &beside,
+        );
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("same file as the input"));
         #[cfg(unix)]
         {
             let link = d.join("link.npy");

@@ -369,12 +369,13 @@ impl WeightStore {
             Source::Random(seed) => return Ok(random_weight(*seed, key, shape)),
             Source::File(m) => m,
         };
-        let largest = m.values().map(|w| w.data.len()).max().unwrap_or(0);
         let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));
         // Zeros for a small missing key are cheap (and let `finish` name
-        // every mismatch); only a tensor beyond both the file's largest and
-        // 2^24 values stops the load here.
-        let Some(n) = n.filter(|&n| n <= largest.max(1 << 24)) else {
+        // every mismatch); only a tensor beyond both 2^24 values and the
+        // file's largest stops the load here (the scan only for such sizes).
+        let fits =
+            |n: usize| n <= 1 << 24 || n <= m.values().map(|w| w.data.len()).max().unwrap_or(0);
+        let Some(n) = n.filter(|&n| fits(n)) else {
             let found = m.get(key).map(|w| format!("{:?}", w.shape));
             return Err(Error::BadFile {
                 path: PathBuf::from(&self.origin),
