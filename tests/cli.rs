@@ -451,6 +451,32 @@ fn overflowing_unscaling_is_an_error_not_a_nan_image() {
         err.contains("shift_factor") && err.contains("must be finite"),
         "{err}"
     );
+    // Finite raw latents the decoder overflows on: its output is counted on
+    // the GPU (alpha 0) and refused, untiled, in exact tiles and in f16 (after
+    // the bf16 re-decode).
+    let extreme = tmp("extreme.npy");
+    // ±3e38 by channel: conv_in overflows (spatial sign patterns can cancel).
+    let plane = z.shape[2] * z.shape[3];
+    let values: Vec<f32> = (0..z.data.len())
+        .map(|i| if (i / plane) % 2 == 0 { -3e38 } else { 3e38 })
+        .collect();
+    wgvae::io::write_npy(&extreme, &z.shape, &values).unwrap();
+    let pixels = z.shape[2] * z.shape[3] * 64;
+    for extra in [
+        &["--raw-latents"][..],
+        &["--raw-latents", "--tile", "exact", "--tile-size", "32"],
+        &["--raw-latents", "--dtype", "f16"],
+    ] {
+        let err = run(&extreme, extra);
+        assert!(
+            err.contains(&format!("produced {pixels} non-finite pixels"))
+                && err.contains("--raw-latents"),
+            "{extra:?}: {err}"
+        );
+        if extra.contains(&"f16") {
+            assert!(err.contains("even after re-decoding in bf16"), "{err}");
+        }
+    }
     assert!(!out.exists(), "no image is written");
 }
 
@@ -495,6 +521,15 @@ fn absurd_estimate_sizes_are_errors() {
             "{args:?}: {err}"
         );
     }
+    // One such image fits the host but not a plan: tile candidates that
+    // cannot fit the budget stop at their first tensor over it, and smaller
+    // tiles would be more than a plan may hold (this planned for minutes).
+    let (ok, _, err) = wgvae(&["memory", "--vae", "preset:sd15", "--size", "100000x100000"]);
+    assert!(!ok, "100000² succeeded");
+    assert!(
+        err.contains("100000×100000") && err.contains("more than the 4096 a plan may have"),
+        "{err}"
+    );
 }
 
 #[test]

@@ -8,6 +8,7 @@
 
 mod caching;
 mod exact;
+mod limit;
 #[doc(hidden)]
 pub mod planned;
 mod snapshot;
@@ -15,6 +16,7 @@ mod stats;
 
 pub use caching::CachingPool;
 pub use exact::ExactPool;
+pub(crate) use limit::LimitedPool;
 pub use planned::PlannedPool;
 #[doc(hidden)]
 pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, TracingPool};

@@ -7,7 +7,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
-use crate::memory::{round_up, AllocationTrace, MemoryPool, Policy, TracingPool};
+use crate::memory::{round_up, AllocationTrace, LimitedPool, MemoryPool, Policy, TracingPool};
 use crate::tiling::{ExactPlan, TileMode, Tiling, TilingReport, FAST_DEFAULT_TILE};
 
 /// How one run executes.
@@ -209,17 +209,49 @@ pub(crate) fn null_peak_of<T>(
     ctx: &Context,
     run: impl FnOnce(&Context) -> Result<T>,
 ) -> Result<(u64, T)> {
-    if ctx.pool().policy_name() == Policy::Planned.name() {
-        let tracer = Arc::new(TracingPool::new());
-        let null = Context::null(ctx.caps().clone(), tracer.clone());
-        let out = run(&null)?;
-        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
-        Ok((traced_peak(&tracer.trace(), align), out))
+    null_peak_inner(ctx, u64::MAX, run)?.ok_or_else(|| {
+        Error::Internal("an unlimited null-device pool refused an allocation".into())
+    })
+}
+
+/// [`null_peak_of`], stopping the run as soon as its allocated bytes pass
+/// `limit` (`None` then: its peak is over `limit`). Allocated bytes only
+/// grow when rounded as a replay rounds them, so a run that stops could not
+/// have fitted.
+pub(crate) fn null_peak_within<T>(
+    ctx: &Context,
+    limit: u64,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<Option<(u64, T)>> {
+    null_peak_inner(ctx, limit, run)
+}
+
+fn null_peak_inner<T>(
+    ctx: &Context,
+    limit: u64,
+    run: impl FnOnce(&Context) -> Result<T>,
+) -> Result<Option<(u64, T)>> {
+    let planned = ctx.pool().policy_name() == Policy::Planned.name();
+    let tracer = Arc::new(TracingPool::new());
+    let inner: Arc<dyn MemoryPool> = if planned {
+        tracer.clone()
     } else {
-        let null = Context::null(ctx.caps().clone(), same_policy_pool(ctx));
-        let out = run(&null)?;
-        Ok((null.pool().stats().allocated_bytes.peak, out))
-    }
+        same_policy_pool(ctx)
+    };
+    let limited = Arc::new(LimitedPool::new(inner, limit));
+    let null = Context::null(ctx.caps().clone(), limited.clone());
+    let out = match run(&null) {
+        Ok(out) => out,
+        Err(_) if limited.tripped() => return Ok(None),
+        Err(e) => return Err(e),
+    };
+    let peak = if planned {
+        let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
+        traced_peak(&tracer.trace(), align)
+    } else {
+        null.pool().stats().allocated_bytes.peak
+    };
+    Ok(Some((peak, out)))
 }
 
 /// A fresh pool of the context's policy, for null devices that predict it.
@@ -239,8 +271,12 @@ pub(crate) fn fits_budget(
     base: u64,
     run: impl FnOnce(&Context) -> Result<()>,
 ) -> Result<bool> {
-    match null_peak_of(ctx, run) {
-        Ok((peak, ())) => Ok(base + peak <= budget),
+    let Some(limit) = budget.checked_sub(base) else {
+        return Ok(false);
+    };
+    match null_peak_within(ctx, limit, run) {
+        Ok(Some((peak, ()))) => Ok(base + peak <= budget),
+        Ok(None) => Ok(false),
         Err(e) if is_limit_error(&e) => Ok(false),
         Err(e) => Err(e),
     }
@@ -298,8 +334,13 @@ pub(crate) fn choose_exact(
     let mut worse = 0;
     let mut last_limit = None;
     let (out_h, out_w) = (h * up, w * up);
+    let mut over_cap = None;
     for px in candidates {
-        if best.is_some() && out_h.div_ceil(px) * out_w.div_ceil(px) > MAX_TILES {
+        // Planning runs every tile on a null device: beyond MAX_TILES it
+        // would take minutes (smaller candidates only have more tiles).
+        let tiles = out_h.div_ceil(px).saturating_mul(out_w.div_ceil(px));
+        if tiles > MAX_TILES {
+            over_cap = Some((px, tiles));
             break;
         }
         let tiled: Vec<Option<usize>> = (0..levels)
@@ -368,6 +409,21 @@ pub(crate) fn choose_exact(
         }
         return Ok(plan);
     }
+    if let Some((px, tiles)) = over_cap {
+        return Err(Error::InvalidInput(format!(
+            "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device); {}",
+            if tiling.tile_size.is_some() {
+                format!("in {px}-pixel tiles")
+            } else {
+                format!("fits the memory budget of {budget} bytes only in tiles of {px} pixels or fewer")
+            },
+            if tiling.tile_size.is_some() {
+                "use larger tiles (`Tiling::tile_size`) or a smaller image"
+            } else {
+                "raise `Tiling::max_memory` (larger tiles) or use a smaller image"
+            },
+        )));
+    }
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
         _ => Error::InvalidInput(format!(
@@ -397,11 +453,15 @@ fn fit_plan(
     run: &TiledRun,
 ) -> Result<Option<(ExactPlan, TilingReport)>> {
     // Pool peak and staging peak (device memory outside the pool) together.
-    let null_peak = |plan: &ExactPlan| {
-        null_peak_of(ctx, |null| run(null, plan)).map(|(peak, r)| (peak + r.staging_peak_bytes, r))
+    // `None` when the pool alone passes `limit` (the run stops there).
+    let null_peak = |plan: &ExactPlan, limit: u64| -> Result<Option<(u64, TilingReport)>> {
+        Ok(null_peak_within(ctx, limit, |null| run(null, plan))?
+            .map(|(peak, r)| (peak + r.staging_peak_bytes, r)))
     };
     plan.device_cap = 0;
-    let (working, report) = null_peak(&plan)?;
+    let Some((working, report)) = null_peak(&plan, avail)? else {
+        return Ok(None);
+    };
     if working > avail {
         return Ok(None);
     }
@@ -409,7 +469,10 @@ fn fit_plan(
     let mut cap = avail - working;
     for _ in 0..4 {
         plan.device_cap = cap;
-        let (peak, report) = null_peak(&plan)?;
+        // Unlimited: an over-budget peak sets the next, lower cap.
+        let Some((peak, report)) = null_peak(&plan, u64::MAX)? else {
+            return Ok(None);
+        };
         if peak <= avail {
             return Ok(Some((plan, report)));
         }
