@@ -1,5 +1,7 @@
 // Postprocessing of decoder output x [N, 3, H, W] (planar RGB, storage type T):
-//   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255)
+//   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255;
+//                  alpha 0 marks a pixel with a NaN or infinite channel: hosts count them and
+//                  refuse the image instead of saving whatever bytes the clamps made of NaN)
 //   to_rgb8     -> out: the RGB8 byte stream of all N images (H * W * 3 bytes each, R G B per
 //                  pixel, row-major), packed 4 bytes per u32 word, little-endian; flag RGB8.
 //                  One invocation per word: a word may straddle pixels and images, and the
@@ -8,7 +10,8 @@
 //                  rgba8unorm (default) gets exactly the bytes to_rgba8 produces, as k / 255
 //                  (the unorm store converts back to k: the value is within a few ulp of k / 255);
 //                  rgba16float (flag RGBA16F) gets the clamped value before quantisation.
-//                  Either way the values are the decoder's sRGB-encoded pixel values, alpha 1.
+//                  Either way the values are the decoder's sRGB-encoded pixel values, alpha 1
+//                  (0 for a non-finite pixel, as to_rgba8).
 //
 // RANGE (const from the key):
 //   0 MinusOneToOne  diffusers: round(clamp(x / 2 + 0.5, 0, 1) * 255)
@@ -47,6 +50,15 @@ fn to_unit(v: f32) -> f32 {
     return clamp(v, 0.0, 1.0);
 }
 
+// Written so NaN fails the comparison (a compiler may not fold `v != v` away).
+fn finite(v: f32) -> bool {
+    return abs(v) <= 3.40282347e38;
+}
+
+fn alpha(r: f32, g: f32, b: f32) -> u32 {
+    return select(0u, 255u, finite(r) && finite(g) && finite(b));
+}
+
 fn to_byte(v: f32) -> u32 {
     return u32(round(to_unit(v) * 255.0));
 }
@@ -61,9 +73,9 @@ fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let g = x_ld(pixel + p.plane);
     let b = x_ld(pixel + 2u * p.plane);
 #ifdef RGBA16F
-    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), 1.0);
+    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), f32(alpha(r, g, b)) / 255.0);
 #else
-    let texel = vec4<f32>(vec3<f32>(vec3<u32>(to_byte(r), to_byte(g), to_byte(b))) / 255.0, 1.0);
+    let texel = vec4<f32>(vec4<f32>(vec4<u32>(to_byte(r), to_byte(g), to_byte(b), alpha(r, g, b))) / 255.0);
 #endif
     textureStore(out_tex, vec2<u32>(pixel % p.width, pixel / p.width), texel);
 }
@@ -97,10 +109,11 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let pixel = (wg.x + wg.y * nwg.x) * WG + li;
     if pixel >= p.plane { return; }
     let base = wg.z * 3u * p.plane + pixel;
-    let r = to_byte(x_ld(base));
-    let g = to_byte(x_ld(base + p.plane));
-    let b = to_byte(x_ld(base + 2u * p.plane));
-    out[wg.z * p.plane + pixel] = r | (g << 8u) | (b << 16u) | (255u << 24u);
+    let r = x_ld(base);
+    let g = x_ld(base + p.plane);
+    let b = x_ld(base + 2u * p.plane);
+    out[wg.z * p.plane + pixel] =
+        to_byte(r) | (to_byte(g) << 8u) | (to_byte(b) << 16u) | (alpha(r, g, b) << 24u);
 }
 #endif
 #endif

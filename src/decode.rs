@@ -206,14 +206,49 @@ pub fn decode(
         let twin = vae.bf16_twin(ctx)?;
         let (mut again, note) =
             precision::redo_in_bf16(out.f16_overflows, &vae.name, "re-decoded", || {
-                decode(ctx, twin, latents, opts)
+                decode(ctx, twin, latents, opts).map_err(|e| match e {
+                    Error::NonFiniteOutput {
+                        model,
+                        count,
+                        total,
+                        ..
+                    } => Error::NonFiniteOutput {
+                        model,
+                        count,
+                        total,
+                        f16: true,
+                    },
+                    e => e,
+                })
             })?;
         again.f16_overflows = out.f16_overflows;
         again.precision_note = Some(note);
         again.decode_ms += out.decode_ms;
         return Ok(again);
     }
+    if !ctx.is_null() && !opts.keep_f16_overflow {
+        check_finite_pixels(&vae.name, &out.rgba)?;
+    }
     Ok(out)
+}
+
+/// An error when any pixel of packed RGBA8 images is marked non-finite
+/// (alpha 0, see [`crate::kernels::image::to_rgba8`]).
+pub(crate) fn check_finite_pixels<B: AsRef<[u8]>>(model: &str, images: &[B]) -> Result<()> {
+    let count: u64 = images
+        .iter()
+        .map(|b| crate::kernels::image::count_non_finite(b.as_ref()))
+        .sum();
+    if count == 0 {
+        return Ok(());
+    }
+    let total = images.iter().map(|b| b.as_ref().len() as u64 / 4).sum();
+    Err(Error::NonFiniteOutput {
+        model: model.to_string(),
+        count,
+        total,
+        f16: false,
+    })
 }
 
 fn split_images(bytes: Vec<u8>, n: usize) -> Vec<Vec<u8>> {
@@ -410,7 +445,9 @@ fn decode_fast(
                 for ch in 0..3 {
                     px.push(range.to_byte(img[(b * 3 + ch) * plane + i]));
                 }
-                px.push(255);
+                // Alpha 0 marks a non-finite pixel, as the GPU kernel does.
+                let finite = crate::kernels::image::cpu_alpha(&img, plane, b, i);
+                px.push(if finite { 255 } else { 0 });
             }
             px
         })

@@ -447,6 +447,9 @@ impl Engine {
                 }
             }
         };
+        if !self.ctx.is_null() {
+            crate::decode::check_finite_pixels(&vae.name, &rgba)?;
+        }
         rgba.into_iter()
             .map(|px| {
                 image::RgbaImage::from_raw(width as u32, height as u32, px).ok_or_else(|| {

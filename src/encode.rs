@@ -164,6 +164,14 @@ pub fn encode(
         again.precision_note = Some(note);
         return Ok(again);
     }
+    let bad = moments.data.iter().filter(|v| !v.is_finite()).count();
+    if bad > 0 && !ctx.is_null() {
+        return Err(Error::InvalidInput(format!(
+            "{} produced {bad} non-finite latent values (NaN or ±Inf) of {}: the weights are probably damaged or from a diverged model",
+            enc.name,
+            moments.data.len()
+        )));
+    }
     let mut out = finish(enc, moments, memory, tiling, opts)?;
     out.dtype = enc.dtype;
     Ok(out)

@@ -124,6 +124,20 @@ pub enum Error {
     #[error("invalid input: {0}")]
     InvalidInput(String),
 
+    /// The decoder produced NaN or infinite values (counted on the GPU: the
+    /// RGBA8 kernel marks such pixels with alpha 0), so the image would be garbage.
+    #[error("{model} produced {count} non-finite pixels (NaN or ±Inf) of {total}{}: the latents are probably far outside the range the model was trained on (pipeline latents decoded as raw decoder input, or a wrong scaling/shift factor: check --raw-latents, --scaling-factor, --shift-factor), or the weights are damaged or from a diverged model", if *f16 { " even after re-decoding in bf16" } else { "" })]
+    NonFiniteOutput {
+        /// The model's name.
+        model: String,
+        /// Pixels with a NaN or infinite channel.
+        count: u64,
+        /// Pixels decoded.
+        total: u64,
+        /// The run was an f16 one, re-decoded in bf16.
+        f16: bool,
+    },
+
     /// File system errors, with the path.
     #[error("{path}: {source}")]
     Io {

@@ -343,6 +343,8 @@ struct Delivery {
     f16_overflows: u64,
     /// Frames of overflowing chunks, decoded again in bf16.
     redone_frames: usize,
+    /// The model, for errors.
+    model: String,
 }
 
 impl Delivery {
@@ -410,6 +412,14 @@ impl Delivery {
                 Err(e) => return Err(e),
             },
         };
+        // Non-finite pixels are an error, unless an overflowing f16 chunk
+        // had to be kept as it is (logged above).
+        if !ctx.is_null() && (overflows == 0 || redone.is_some()) {
+            match &redone {
+                Some(frames) => crate::decode::check_finite_pixels(&self.model, frames)?,
+                None => crate::decode::check_finite_pixels(&self.model, &[&view[..tail]])?,
+            }
+        }
         for i in 0..chunk.count {
             let index = chunk.first + i;
             debug_assert_eq!(index, self.next_index);
@@ -498,6 +508,7 @@ pub fn decode_frames(
         callback_ms: 0.0,
         f16_overflows: 0,
         redone_frames: 0,
+        model: vae.name.clone(),
     };
     // Frames `first..first + count` decoded alone with the bf16 twin.
     let mut redo = |first: usize, count: usize| -> Result<Vec<Vec<u8>>> {

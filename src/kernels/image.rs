@@ -122,8 +122,9 @@ fn rgb_input(rec: &Recorder, op: &str, x: &Tensor) -> Result<([usize; 3], Storag
 }
 
 /// x `[N, 3, H, W]` (f32 or f16) → out `[N, H, W]` tensor of `DType::Rgba8`
-/// (one u32 per pixel, R in the low byte, alpha = 255). NaN inputs give
-/// unspecified bytes.
+/// (one u32 per pixel, R in the low byte, alpha = 255). A pixel with a NaN
+/// or infinite channel gets alpha 0 (and unspecified RGB bytes): count them
+/// with [`count_non_finite`].
 pub fn to_rgba8(rec: &mut Recorder, x: &Tensor, range: ImageRange, out: &Tensor) -> Result<()> {
     const OP: &str = "to_rgba8";
     let ([n, h, w], x_storage) = rgb_input(rec, OP, x)?;
@@ -249,7 +250,7 @@ fn texture_key(spec: &KernelSpec, x: StorageType, range: ImageRange) -> Pipeline
 /// one of [`STORAGE_TEXTURE_FORMATS`], at least W×H. `Rgba8Unorm` receives
 /// exactly the bytes of [`to_rgba8`]; `Rgba16Float` the clamped values in
 /// [0, 1] before quantisation. Both are the decoder's sRGB-encoded pixel
-/// values (not linear light), alpha 1.
+/// values (not linear light), alpha 1 (0 for a pixel with a non-finite channel).
 pub fn to_texture(
     rec: &mut Recorder,
     x: &Tensor,
@@ -324,6 +325,13 @@ pub fn to_texture(
     )
 }
 
+/// Alpha of a pixel, as the kernels write it: 1 when every channel is
+/// finite, 0 when one is NaN or infinite (the mark hosts count, see
+/// [`count_non_finite`]).
+pub fn cpu_alpha(x: &[f32], plane: usize, image: usize, pixel: usize) -> bool {
+    (0..3).all(|ch| x[(image * 3 + ch) * plane + pixel].is_finite())
+}
+
 /// CPU reference of the `Rgba16Float` texels of [`to_texture`] before the
 /// f16 conversion: x `[1, 3, H, W]` → `[H, W, 4]` values in [0, 1].
 pub fn cpu_to_unit_rgba(x: &[f32], h: usize, w: usize, range: ImageRange) -> Vec<f32> {
@@ -333,17 +341,32 @@ pub fn cpu_to_unit_rgba(x: &[f32], h: usize, w: usize, range: ImageRange) -> Vec
         for ch in 0..3 {
             out.push(range.to_unit(x[ch * plane + i]));
         }
-        out.push(1.0);
+        out.push(if cpu_alpha(x, plane, 0, i) { 1.0 } else { 0.0 });
     }
     out
 }
 
-/// CPU reference: x `[N, 3, H, W]` → RGBA bytes `[N, H, W, 4]`.
+/// CPU reference: x `[N, 3, H, W]` → RGBA bytes `[N, H, W, 4]` (the RGB
+/// bytes of a non-finite pixel are unspecified on the GPU).
 pub fn cpu_to_rgba8(x: &[f32], n: usize, h: usize, w: usize, range: ImageRange) -> Vec<u8> {
+    let plane = h * w;
     cpu_to_rgb8(x, n, h, w, range)
         .chunks_exact(3)
-        .flat_map(|rgb| [rgb[0], rgb[1], rgb[2], 255])
+        .enumerate()
+        .flat_map(|(p, rgb)| {
+            let a = if cpu_alpha(x, plane, p / plane, p % plane) {
+                255
+            } else {
+                0
+            };
+            [rgb[0], rgb[1], rgb[2], a]
+        })
         .collect()
+}
+
+/// Pixels of packed RGBA8 bytes ([`to_rgba8`]) marked non-finite (alpha 0).
+pub fn count_non_finite(rgba: &[u8]) -> u64 {
+    rgba.chunks_exact(4).filter(|p| p[3] == 0).count() as u64
 }
 
 /// A 2D texture [`to_texture`] can write and a copy can read.
@@ -490,6 +513,50 @@ mod tests {
                     // The same bytes as the RGBA8 kernel without alpha.
                     let rgba = gpu_rgba(&ctx, &x, range);
                     assert_eq!(crate::testing::rgb_of(&rgba), want, "{what}: vs rgba8");
+                }
+            }
+        }
+    }
+
+    /// A pixel with a NaN or infinite channel (in any channel, any image,
+    /// every storage type) gets alpha 0; every other pixel is exactly the
+    /// CPU reference, large finite values included.
+    #[test]
+    fn non_finite_pixels_get_alpha_zero() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            let (n, h, w) = (2usize, 7usize, 5usize);
+            let plane = h * w;
+            let mut data = rand_vec(n * 3 * plane, 5, 1.2);
+            let big = if dt == DType::F32 { 3.0e38 } else { 60000.0 };
+            // (image, channel, pixel, value)
+            let marks = [
+                (0, 0, 0, f32::NAN),
+                (0, 1, 6, f32::INFINITY),
+                (0, 2, 34, f32::NEG_INFINITY),
+                (1, 2, 17, f32::NAN),
+                (1, 0, 3, big),
+                (1, 1, 3, -big),
+            ];
+            for &(b, ch, i, v) in &marks {
+                data[(b * 3 + ch) * plane + i] = v;
+            }
+            let data: Vec<f32> = data
+                .iter()
+                .map(|&v| crate::gpu::storage::round_through(v, dt))
+                .collect();
+            let x = Tensor::from_f32_as(&ctx, &[n, 3, h, w], &data, dt, "x").unwrap();
+            let got = gpu_rgba(&ctx, &x, ImageRange::MinusOneToOne);
+            let want = cpu_to_rgba8(&data, n, h, w, ImageRange::MinusOneToOne);
+            // f16 uploads saturate infinities (NaN stays NaN): 2 or 4 marked.
+            let marked = if dt == DType::F16 { 2 } else { 4 };
+            assert_eq!(count_non_finite(&want), marked, "{}: reference", dt.name());
+            assert_eq!(count_non_finite(&got), marked, "{}", dt.name());
+            for p in 0..n * plane {
+                let (g, wv) = (&got[p * 4..p * 4 + 4], &want[p * 4..p * 4 + 4]);
+                if wv[3] == 0 {
+                    assert_eq!(g[3], 0, "{}: pixel {p} is non-finite", dt.name());
+                } else {
+                    assert_eq!(g, wv, "{}: pixel {p}", dt.name());
                 }
             }
         }
