@@ -458,7 +458,13 @@ fn overflowing_unscaling_is_an_error_not_a_nan_image() {
     // ±3e38 by channel: conv_in overflows (spatial sign patterns can cancel).
     let plane = z.shape[2] * z.shape[3];
     let values: Vec<f32> = (0..z.data.len())
-        .map(|i| if (i / plane) % 2 == 0 { -3e38 } else { 3e38 })
+        .map(|i| {
+            if (i / plane).is_multiple_of(2) {
+                -3e38
+            } else {
+                3e38
+            }
+        })
         .collect();
     wgvae::io::write_npy(&extreme, &z.shape, &values).unwrap();
     let pixels = z.shape[2] * z.shape[3] * 64;

@@ -2,6 +2,14 @@
 //! name costs no decode, no output can overwrite an input (links included),
 //! and a failed run never leaves a half-written file where a good one was.
 
+// Input-facing: what a file or flag holds reaches this code (issue #15).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::path::{Path, PathBuf};
 
 use wgvae::Error;
@@ -96,7 +104,7 @@ pub(crate) fn check_file(
             format!(
                 "{what} must be a {} file; choose a name ending in {}",
                 want.join(" or "),
-                want[0]
+                want.first().map_or("", String::as_str)
             ),
         ));
     }
@@ -192,6 +200,12 @@ pub(crate) fn write_atomically(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 mod tests {
     use super::*;
 

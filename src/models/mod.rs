@@ -178,12 +178,18 @@ impl<T> Bf16Twin<T> {
 
 /// Latents after `z / scale + shift` are all finite; else an error naming
 /// the first bad value and the likely cause.
+// Input-facing (issue #15): these read what files and flags hold.
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 pub(crate) fn check_unscaled(values: &[f32], scale: f32, shift: f32) -> Result<()> {
-    match values.iter().position(|v| !v.is_finite()) {
+    match values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         None => Ok(()),
-        Some(i) => Err(Error::InvalidInput(format!(
-            "latents overflow when unscaled (z / scaling_factor {scale} + shift_factor {shift}): value {} at flat index {i}; check the scaling and shift factors (`LoadOptions::scaling_factor`, `LoadOptions::shift_factor`) or the latents' range (pipeline latents are roughly within ±10)",
-            values[i]
+        Some((i, v)) => Err(Error::InvalidInput(format!(
+            "latents overflow when unscaled (z / scaling_factor {scale} + shift_factor {shift}): value {v} at flat index {i}; check the scaling and shift factors (`LoadOptions::scaling_factor`, `LoadOptions::shift_factor`) or the latents' range (pipeline latents are roughly within ±10)"
         ))),
     }
 }
@@ -193,6 +199,12 @@ fn next_vae_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKlConfig> {
     // Every shape read here is rank-checked: the file decides them.
     let conv_in = store.conv_shape(
@@ -251,6 +263,12 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
     Ok(cfg)
 }
 
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
     if let Some(s) = opts.scaling_factor {
         cfg.scaling_factor = s;
@@ -263,6 +281,12 @@ fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
 /// The weight file and config.json (if any) behind a `--vae` path: a file
 /// (config.json beside it), a diffusers folder or a pipeline folder with `vae/`.
 /// `opts.config` overrides the config found.
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
     if !path.exists() {
         return Err(Error::InvalidInput(format!(
@@ -282,6 +306,12 @@ pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Optio
 
 /// The AutoencoderKL config: from `config.json` when given, else inferred
 /// from the weight shapes; then the scaling overrides of `opts`.
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 pub fn resolve_config(
     store: &WeightStore,
     config: Option<&Path>,
@@ -295,6 +325,12 @@ pub fn resolve_config(
     Ok(cfg)
 }
 
+#[warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 fn find_weights_in(dir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     let dir = if dir.join("vae").is_dir() {
         dir.join("vae")
