@@ -45,6 +45,8 @@ pub struct WeightStore {
     used: RefCell<BTreeSet<String>>,
     missing: RefCell<Vec<String>>,
     wrong_shape: RefCell<Vec<String>>,
+    /// Values handed out as zeros for missing or misshapen keys so far.
+    zero_filled: std::cell::Cell<usize>,
     /// Storage dtype of the convolution weights uploaded from this store.
     dtype: std::cell::Cell<DType>,
 }
@@ -161,6 +163,7 @@ impl WeightStore {
             used: RefCell::default(),
             missing: RefCell::default(),
             wrong_shape: RefCell::default(),
+            zero_filled: std::cell::Cell::new(0),
             dtype: std::cell::Cell::new(DType::F32),
         }
     }
@@ -194,6 +197,7 @@ impl WeightStore {
     /// shifts by one (TAESD's decoder starts with a Clamp module that diffusers
     /// applies in `forward`), the encoder's stays.
     pub fn from_safetensors_part(path: &Path, part: TaePart) -> Result<Self> {
+        crate::io::require_regular_file(path)?;
         let file = std::fs::File::open(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -407,33 +411,63 @@ impl WeightStore {
                         "{key}: file has {:?}, model needs {shape:?}",
                         w.shape
                     ));
-                    vec![0.0; n]
+                    self.zeros(n)?
                 }
             }
             None => {
                 self.missing.borrow_mut().push(format!("{key} {shape:?}"));
-                vec![0.0; n]
+                self.zeros(n)?
             }
         })
+    }
+
+    /// Zeros standing in for a mismatched key until [`WeightStore::finish`]
+    /// names them all; once they pass [`ZERO_FILL_LIMIT`] values in all, the
+    /// config is far off the file (e.g. `layers_per_block: 64` against a file
+    /// of 2) and the load stops with the mismatches so far.
+    fn zeros(&self, n: usize) -> Result<Vec<f32>> {
+        let total = self.zero_filled.get().saturating_add(n);
+        self.zero_filled.set(total);
+        if total > ZERO_FILL_LIMIT {
+            return Err(self.mismatch(&[], true).unwrap_or_else(|| {
+                Error::Internal("zero-filled weights without a recorded mismatch".into())
+            }));
+        }
+        Ok(vec![0.0; n])
     }
 
     /// Errors naming every missing, misshapen and unexpected key. Keys under
     /// `ignore` prefixes (e.g. the encoder when decoding) are not unexpected.
     pub fn finish(&self, ignore: &[&str]) -> Result<()> {
+        match self.mismatch(ignore, false) {
+            Some(e) => Err(e),
+            None => Ok(()),
+        }
+    }
+
+    /// The error naming every mismatch (`None`: none). `stopped`: the load
+    /// stopped early, so keys not asked for yet are not called unexpected.
+    fn mismatch(&self, ignore: &[&str], stopped: bool) -> Option<Error> {
         let Source::File(m) = &self.source else {
-            return Ok(());
+            return None;
         };
         let used = self.used.borrow();
         let unexpected: Vec<&String> = m
             .keys()
-            .filter(|k| !used.contains(*k) && !ignore.iter().any(|p| k.starts_with(p)))
+            .filter(|k| !stopped && !used.contains(*k) && !ignore.iter().any(|p| k.starts_with(p)))
             .collect();
         let missing = self.missing.borrow();
         let wrong = self.wrong_shape.borrow();
         if missing.is_empty() && wrong.is_empty() && unexpected.is_empty() {
-            return Ok(());
+            return None;
         }
         let mut msg = format!("weights do not match the model ({:?} layout)", self.layout);
+        if stopped {
+            msg += &format!(
+                ", loading stopped after {} values of zeros for missing or misshapen keys",
+                self.zero_filled.get()
+            );
+        }
         let list = |v: Vec<String>| {
             let n = v.len();
             let mut s: Vec<String> = v.into_iter().take(12).collect();
@@ -459,12 +493,17 @@ impl WeightStore {
                 list(unexpected.into_iter().cloned().collect())
             );
         }
-        Err(Error::BadFile {
+        Some(Error::BadFile {
             path: PathBuf::from(&self.origin),
             message: msg + ". Is this the right model, or does it need a config.json?",
         })
     }
 }
+
+/// Most zeros (values) a [`WeightStore`] hands out for mismatched keys
+/// before it stops the load: 2^26 (256 MiB of f32), more than any real
+/// VAE's weights (SD's decoder has 49 M values).
+pub(crate) const ZERO_FILL_LIMIT: usize = 1 << 26;
 
 /// Deterministic weights for a key: PyTorch's default init bound 1/sqrt(fan_in)
 /// for conv/linear weights and biases, GroupNorm weight 1 and bias 0.
@@ -524,6 +563,33 @@ mod tests {
             "encoder.down_blocks.1.downsamplers.0.conv.bias"
         );
         assert_eq!(m("post_quant_conv.weight"), "post_quant_conv.weight");
+    }
+
+    #[test]
+    fn zero_fill_stops_at_its_limit() {
+        let mut map = BTreeMap::new();
+        map.insert(
+            "kept".to_string(),
+            HostWeight {
+                shape: vec![2],
+                data: vec![1.0; 2],
+            },
+        );
+        let s = WeightStore::from_map(map, Layout::Diffusers, "far-off.safetensors");
+        // Keys of 2^24 values each (not beyond the per-key stop): the fifth
+        // passes 2^26 zeros in all.
+        let shape = [1usize << 12, 1 << 12];
+        for i in 0..4 {
+            assert_eq!(s.take(&format!("layer{i}"), &shape).unwrap().len(), 1 << 24);
+        }
+        let e = s.take("layer4", &shape).unwrap_err().to_string();
+        assert!(e.contains("far-off.safetensors"), "{e}");
+        assert!(
+            e.contains("loading stopped after 83886080 values of zeros"),
+            "{e}"
+        );
+        assert!(e.contains("missing 5 keys: layer0 [4096, 4096]"), "{e}");
+        assert!(!e.contains("unexpected"), "{e}");
     }
 
     #[test]
