@@ -14,11 +14,12 @@
 //!   bytes, the weights and the tiling report exactly (README: "CI checks that
 //!   real decodes measure exactly the predicted peaks under every policy").
 //!
-//! Cases: `WGVAE_PROP_CASES` (default [`EXACT_CASES`] and [`ESTIMATE_CASES`],
-//! sized for CI on lavapipe), a fixed seed (`WGVAE_PROP_SEED` to vary it); proptest prints
-//! the (shrunk) failing case.
+//! Cases: `WGVAE_PROP_CASES` (default [`EXACT_CASES`] and
+//! [`ESTIMATE_CASES`], sized for CI on lavapipe), a fixed seed
+//! (`WGVAE_PROP_SEED` to vary it); proptest prints the (shrunk) failing case.
 
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngSeed, TestCaseError};
@@ -36,9 +37,12 @@ use wgvae::{decode, Context, DType, DecodeOptions, Decoded, LoadOptions, Tiling,
 const EXACT_CASES: u32 = 8;
 const ESTIMATE_CASES: u32 = 4;
 
-/// Largest |exact tiled − untiled| allowed in f32. Measured over 100 cases
-/// of each model kind: see README (tiled decoding).
-const EXACT_BOUND: f32 = 1e-4;
+/// Largest |exact tiled − untiled| allowed in f32: about 3× the worst of
+/// 100 cases measured on lavapipe (3.2e-6 AutoencoderKL, TAE bit-identical;
+/// README, tiled decoding). Convs sum in the same order tiled or not; the
+/// rounding comes from GroupNorm statistics merged per tile and attention
+/// streamed over key blocks.
+const EXACT_BOUND: f32 = 1e-5;
 
 fn config(default_cases: u32) -> ProptestConfig {
     let env = |k: &str| std::env::var(k).ok().and_then(|v| v.parse::<u64>().ok());
@@ -202,12 +206,21 @@ fn tae_weights(c: usize, seed: u64) -> Vec<(String, HostWeight)> {
     v
 }
 
-/// The TAE model as a file (the public loader and [`Estimate`] take a path).
-fn tae_file(c: usize, seed: u64) -> PathBuf {
-    let dir = std::env::temp_dir().join(format!("wgvae-properties-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let file = dir.join(format!("tae{c}_{seed}_decoder.safetensors"));
-    if !file.exists() {
+/// A case's TAE weight file (the public loader and [`Estimate`] take a
+/// path), unique to the case and removed with it; `None` for in-memory models.
+struct ModelFile(Option<PathBuf>);
+
+impl ModelFile {
+    fn new(model: &Model) -> Self {
+        static NEXT: AtomicUsize = AtomicUsize::new(0);
+        let Model::Tae(c, seed) = *model else {
+            return ModelFile(None);
+        };
+        // A folder per case: nothing beside the file (config.json) is read.
+        let n = NEXT.fetch_add(1, Ordering::Relaxed);
+        let dir = std::env::temp_dir().join(format!("wgvae-properties-{}-{n}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let file = dir.join(format!("tae{c}_{seed}_decoder.safetensors"));
         let weights = tae_weights(c, seed);
         let views: Vec<(String, safetensors::tensor::TensorView)> = weights
             .iter()
@@ -223,8 +236,20 @@ fn tae_file(c: usize, seed: u64) -> PathBuf {
             })
             .collect();
         safetensors::serialize_to_file(views, None, &file).unwrap();
+        ModelFile(Some(file))
     }
-    file
+
+    fn spec(&self) -> &str {
+        self.0.as_ref().and_then(|p| p.to_str()).unwrap()
+    }
+}
+
+impl Drop for ModelFile {
+    fn drop(&mut self) {
+        if let Some(dir) = self.0.as_ref().and_then(|p| p.parent()) {
+            let _ = std::fs::remove_dir_all(dir);
+        }
+    }
 }
 
 fn precision_dtype(p: Precision) -> DType {
@@ -236,20 +261,24 @@ fn precision_dtype(p: Precision) -> DType {
 }
 
 /// The case's model on `ctx` (a real or a null device).
-fn load(ctx: &Context, model: &Model, precision: Precision) -> wgvae::Result<Vae> {
+fn load(
+    ctx: &Context,
+    model: &Model,
+    file: &ModelFile,
+    precision: Precision,
+) -> wgvae::Result<Vae> {
     match model {
         Model::Kl(cfg, seed) => {
             let store = WeightStore::random(*seed);
             store.set_dtype(precision_dtype(precision));
             Vae::from_kl_config(ctx, cfg, &store, "random tiny AutoencoderKL")
         }
-        Model::Tae(c, seed) => {
-            let file = tae_file(*c, *seed);
+        Model::Tae(..) => {
             let load = LoadOptions {
                 precision,
                 ..Default::default()
             };
-            Vae::load(ctx, file.to_str().unwrap(), &load)
+            Vae::load(ctx, file.spec(), &load)
         }
     }
 }
@@ -283,7 +312,15 @@ fn decode_with(
 
 fn check_exact_tiles(case: &Case) -> Result<(), TestCaseError> {
     let ctx = test_context();
-    let vae = ok(load(&ctx, &case.model, Precision::F32), "load")?;
+    let vae = ok(
+        load(
+            &ctx,
+            &case.model,
+            &ModelFile::new(&case.model),
+            Precision::F32,
+        ),
+        "load",
+    )?;
     let z = case.latents();
     let whole = ok(decode_with(&ctx, &vae, &z, Tiling::off(), true), "untiled")?;
     let tiled = ok(decode_with(&ctx, &vae, &z, case.exact(), true), "exact")?;
@@ -319,6 +356,7 @@ fn check_exact_tiles(case: &Case) -> Result<(), TestCaseError> {
 /// One decode measured on the device and predicted by a dry run.
 fn check_estimate(
     case: &Case,
+    file: &ModelFile,
     policy: Policy,
     precision: Precision,
     tiling: &Tiling,
@@ -330,13 +368,12 @@ fn check_estimate(
     // The prediction: the public estimator for file models, the same dry run
     // (load and decode on a null device, fresh pool) for in-memory configs.
     let est = match &case.model {
-        Model::Tae(c, seed) => {
-            let file = tae_file(*c, *seed);
+        Model::Tae(..) => {
             let load = LoadOptions {
                 precision,
                 ..Default::default()
             };
-            Estimate::new(base.caps(), policy, file.to_str().unwrap(), &load)
+            Estimate::new(base.caps(), policy, file.spec(), &load)
                 .tiled(tiling)
                 .decode(shape)
                 .map(|e| {
@@ -350,7 +387,7 @@ fn check_estimate(
         }
         Model::Kl(..) => {
             let null = Context::null(base.caps().clone(), policy.new_pool());
-            load(&null, &case.model, precision).and_then(|vae| {
+            load(&null, &case.model, file, precision).and_then(|vae| {
                 let zeros = HostTensor::new(z.shape.clone(), vec![0.0; z.data.len()])?;
                 let out = decode_with(&null, &vae, &zeros, tiling.clone(), false)?;
                 let m = out.memory;
@@ -364,7 +401,7 @@ fn check_estimate(
         }
     };
     let ctx = base.with_pool(policy.new_pool());
-    let vae = ok(load(&ctx, &case.model, precision), &what)?;
+    let vae = ok(load(&ctx, &case.model, file, precision), &what)?;
     let real = decode_with(&ctx, &vae, &z, tiling.clone(), false);
     let (est, real) = match (est, real) {
         (Ok(e), Ok(r)) => (e, r),
@@ -429,15 +466,16 @@ fn check_estimates(
     budget_frac: Option<f64>,
 ) -> Result<(), TestCaseError> {
     println!("{case:?} {precision:?} budget {budget_frac:?}");
+    let file = ModelFile::new(&case.model);
     for policy in Policy::ALL {
-        let (weights, whole) = check_estimate(case, policy, precision, &Tiling::off())?;
+        let (weights, whole) = check_estimate(case, &file, policy, precision, &Tiling::off())?;
         let whole = whole.ok_or_else(|| TestCaseError::fail("the untiled decode failed"))?;
         let mut tiling = case.exact();
         if let Some(f) = budget_frac {
             let peak = whole.memory.allocated_bytes.peak;
             tiling.max_memory = Some(weights + ((peak - weights) as f64 * f) as u64);
         }
-        check_estimate(case, policy, precision, &tiling)?;
+        check_estimate(case, &file, policy, precision, &tiling)?;
     }
     Ok(())
 }
