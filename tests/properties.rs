@@ -206,22 +206,112 @@ fn tae_weights(c: usize, seed: u64) -> Vec<(String, HostWeight)> {
     v
 }
 
-/// A case's TAE weight file (the public loader and [`Estimate`] take a
-/// path), unique to the case and removed with it; `None` for in-memory models.
+/// The (key, shape) of every AutoencoderKL decoder weight of `cfg`, as the
+/// loader asks for them (diffusers names; the loader rejects any other set).
+fn kl_keys(cfg: &AutoencoderKlConfig) -> Vec<(String, Vec<usize>)> {
+    let mut v = Vec::new();
+    let mut conv = |p: &str, cout: usize, cin: usize, k: usize| {
+        v.push((format!("{p}.weight"), vec![cout, cin, k, k]));
+        v.push((format!("{p}.bias"), vec![cout]));
+    };
+    let lc = cfg.latent_channels;
+    let rev: Vec<usize> = cfg.block_out_channels.iter().rev().copied().collect();
+    let top = rev[0];
+    if cfg.use_post_quant_conv {
+        conv("post_quant_conv", lc, lc, 1);
+    }
+    conv("decoder.conv_in", top, lc, 3);
+    let mut norms = Vec::new();
+    let mut resnet =
+        |conv: &mut dyn FnMut(&str, usize, usize, usize), p: String, cin: usize, cout: usize| {
+            norms.push((format!("{p}.norm1"), cin));
+            conv(&format!("{p}.conv1"), cout, cin, 3);
+            norms.push((format!("{p}.norm2"), cout));
+            conv(&format!("{p}.conv2"), cout, cout, 3);
+            if cin != cout {
+                conv(&format!("{p}.conv_shortcut"), cout, cin, 1);
+            }
+        };
+    for i in 0..2 {
+        resnet(
+            &mut conv,
+            format!("decoder.mid_block.resnets.{i}"),
+            top,
+            top,
+        );
+    }
+    let mut prev = top;
+    for (i, &cout) in rev.iter().enumerate() {
+        for j in 0..=cfg.layers_per_block {
+            let cin = if j == 0 { prev } else { cout };
+            resnet(
+                &mut conv,
+                format!("decoder.up_blocks.{i}.resnets.{j}"),
+                cin,
+                cout,
+            );
+        }
+        if i + 1 < rev.len() {
+            conv(
+                &format!("decoder.up_blocks.{i}.upsamplers.0.conv"),
+                cout,
+                cout,
+                3,
+            );
+        }
+        prev = cout;
+    }
+    if cfg.mid_block_add_attention {
+        let p = "decoder.mid_block.attentions.0";
+        norms.push((format!("{p}.group_norm"), top));
+        for q in ["to_q", "to_k", "to_v", "to_out.0"] {
+            conv(&format!("{p}.{q}"), top, top, 1);
+        }
+    }
+    norms.push(("decoder.conv_norm_out".into(), prev));
+    conv("decoder.conv_out", cfg.out_channels, prev, 3);
+    for (p, c) in norms {
+        v.push((format!("{p}.weight"), vec![c]));
+        v.push((format!("{p}.bias"), vec![c]));
+    }
+    v
+}
+
+/// A case's model as files, for the public loader and [`Estimate`] (which
+/// take a path): a diffusers folder (config.json, the same seeded weights
+/// [`WeightStore::random`] gives) or a TAE weight file; unique to the case,
+/// removed with it. `None`: an AutoencoderKL built in memory.
 struct ModelFile(Option<PathBuf>);
 
 impl ModelFile {
-    fn new(model: &Model) -> Self {
+    fn new(model: &Model, kl_files: bool) -> Self {
         static NEXT: AtomicUsize = AtomicUsize::new(0);
-        let Model::Tae(c, seed) = *model else {
-            return ModelFile(None);
+        let weights: Vec<(String, HostWeight)> = match model {
+            Model::Kl(..) if !kl_files => return ModelFile(None),
+            Model::Kl(cfg, seed) => {
+                let store = WeightStore::random(*seed);
+                kl_keys(cfg)
+                    .into_iter()
+                    .map(|(k, shape)| {
+                        let data = store.take(&k, &shape).unwrap();
+                        (k, HostWeight { shape, data })
+                    })
+                    .collect()
+            }
+            Model::Tae(c, seed) => tae_weights(*c, *seed),
         };
-        // A folder per case: nothing beside the file (config.json) is read.
+        // A folder per case: nothing but the model is beside the file.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);
         let dir = std::env::temp_dir().join(format!("wgvae-properties-{}-{n}", std::process::id()));
         std::fs::create_dir_all(&dir).unwrap();
-        let file = dir.join(format!("tae{c}_{seed}_decoder.safetensors"));
-        let weights = tae_weights(c, seed);
+        let file = match model {
+            Model::Kl(cfg, _) => {
+                let json = serde_json::to_string(cfg).unwrap();
+                std::fs::write(dir.join("config.json"), json).unwrap();
+                dir.join("diffusion_pytorch_model.safetensors")
+            }
+            Model::Tae(c, _) => dir.join(format!("tae{c}_decoder.safetensors")),
+        };
         let views: Vec<(String, safetensors::tensor::TensorView)> = weights
             .iter()
             .map(|(k, w)| {
@@ -267,13 +357,13 @@ fn load(
     file: &ModelFile,
     precision: Precision,
 ) -> wgvae::Result<Vae> {
-    match model {
-        Model::Kl(cfg, seed) => {
+    match (model, &file.0) {
+        (Model::Kl(cfg, seed), None) => {
             let store = WeightStore::random(*seed);
             store.set_dtype(precision_dtype(precision));
             Vae::from_kl_config(ctx, cfg, &store, "random tiny AutoencoderKL")
         }
-        Model::Tae(..) => {
+        _ => {
             let load = LoadOptions {
                 precision,
                 ..Default::default()
@@ -316,7 +406,7 @@ fn check_exact_tiles(case: &Case) -> Result<(), TestCaseError> {
         load(
             &ctx,
             &case.model,
-            &ModelFile::new(&case.model),
+            &ModelFile::new(&case.model, false),
             Precision::F32,
         ),
         "load",
@@ -365,41 +455,22 @@ fn check_estimate(
     let z = case.latents();
     let shape: [usize; 4] = z.shape.clone().try_into().unwrap();
     let what = format!("{} {precision:?} {:?}", policy.name(), tiling.mode);
-    // The prediction: the public estimator for file models, the same dry run
-    // (load and decode on a null device, fresh pool) for in-memory configs.
-    let est = match &case.model {
-        Model::Tae(..) => {
-            let load = LoadOptions {
-                precision,
-                ..Default::default()
-            };
-            Estimate::new(base.caps(), policy, file.spec(), &load)
-                .tiled(tiling)
-                .decode(shape)
-                .map(|e| {
-                    (
-                        e.weights_bytes,
-                        e.peak_allocated_bytes,
-                        e.peak_reserved_bytes,
-                        e.tiling,
-                    )
-                })
-        }
-        Model::Kl(..) => {
-            let null = Context::null(base.caps().clone(), policy.new_pool());
-            load(&null, &case.model, file, precision).and_then(|vae| {
-                let zeros = HostTensor::new(z.shape.clone(), vec![0.0; z.data.len()])?;
-                let out = decode_with(&null, &vae, &zeros, tiling.clone(), false)?;
-                let m = out.memory;
-                Ok((
-                    vae.weights_bytes,
-                    m.allocated_bytes.peak,
-                    m.reserved_bytes.peak,
-                    out.tiling,
-                ))
-            })
-        }
+    // The public estimator: the same load and decode on a null device.
+    let load_opts = LoadOptions {
+        precision,
+        ..Default::default()
     };
+    let est = Estimate::new(base.caps(), policy, file.spec(), &load_opts)
+        .tiled(tiling)
+        .decode(shape)
+        .map(|e| {
+            (
+                e.weights_bytes,
+                e.peak_allocated_bytes,
+                e.peak_reserved_bytes,
+                e.tiling,
+            )
+        });
     let ctx = base.with_pool(policy.new_pool());
     let vae = ok(load(&ctx, &case.model, file, precision), &what)?;
     let real = decode_with(&ctx, &vae, &z, tiling.clone(), false);
@@ -466,7 +537,7 @@ fn check_estimates(
     budget_frac: Option<f64>,
 ) -> Result<(), TestCaseError> {
     println!("{case:?} {precision:?} budget {budget_frac:?}");
-    let file = ModelFile::new(&case.model);
+    let file = ModelFile::new(&case.model, true);
     for policy in Policy::ALL {
         let (weights, whole) = check_estimate(case, &file, policy, precision, &Tiling::off())?;
         let whole = whole.ok_or_else(|| TestCaseError::fail("the untiled decode failed"))?;
