@@ -9,9 +9,11 @@
 //!   size (mid-block tiled or not) equals the untiled decode within
 //!   [`EXACT_BOUND`] (f32).
 //! - `estimate_equals_measured`: under every memory policy, untiled and
-//!   exact-tiled (some under a `max_memory` that forces parking), the dry run
-//!   on a null device predicts the measured peak allocated and peak reserved
-//!   bytes, the weights and the tiling report exactly (README: "CI checks that
+//!   exact-tiled (some under a `max_memory` that forces parking), in f32,
+//!   f16 and bf16, [`Estimate`] (a dry run on a null device) of the model
+//!   written to files (a diffusers folder, a TAE weight file) predicts the
+//!   weights, peak allocated, peak reserved and the tiling report of the real
+//!   decode exactly, or fails with the same error (README: "CI checks that
 //!   real decodes measure exactly the predicted peaks under every policy").
 //!
 //! Cases: `WGVAE_PROP_CASES` (default [`EXACT_CASES`] and
@@ -31,10 +33,11 @@ use wgvae::models::{AutoencoderKlConfig, Precision, WeightStore};
 use wgvae::testing::{max_abs_diff, rand_vec, test_context};
 use wgvae::{decode, Context, DType, DecodeOptions, Decoded, LoadOptions, Tiling, Vae};
 
-/// Cases of each property unless `WGVAE_PROP_CASES` says otherwise (CI on
-/// lavapipe: a tiling case takes 0.5–12 s, an estimate case, 6–18
-/// decodes, 1–30 s on a loaded 2-core machine).
+/// Cases of `exact_tiles_equal_untiled` unless `WGVAE_PROP_CASES` says
+/// otherwise (CI on lavapipe, a loaded 2-core machine: 0.5–12 s a case).
 const EXACT_CASES: u32 = 8;
+/// Cases of `estimate_equals_measured` (6 real decodes and 6 dry runs a
+/// case: 1–30 s).
 const ESTIMATE_CASES: u32 = 4;
 
 /// Largest |exact tiled − untiled| allowed in f32: about 3× the worst of
@@ -560,7 +563,6 @@ proptest! {
         check_exact_tiles(&case)?;
         println!("case took {:.1} s", t.elapsed().as_secs_f64());
     }
-
 }
 
 proptest! {
