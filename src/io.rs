@@ -91,6 +91,25 @@ fn npy_header_len(bytes: &[u8]) -> Option<usize> {
     }
 }
 
+/// Deepest bracket nesting a `.npy` header may have.
+const MAX_NPY_NESTING: usize = 4;
+
+/// The deepest nesting of `(`, `[`, `{` in `text`.
+fn npy_nesting(text: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0);
+    for &b in text {
+        match b {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// Reads a `.npy` array (f32, f16, f64; C order) as f32.
 pub fn read_npy(path: &Path) -> Result<HostTensor> {
     parse_npy(&read(path)?, path)
@@ -106,7 +125,18 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
     // 12-byte file could ask for 4 GiB. (Without the magic, npyz says so.)
     if bytes.starts_with(b"\x93NUMPY") {
         match npy_header_len(bytes) {
-            Some(n) if n <= bytes.len() => {}
+            Some(n) if n <= bytes.len() => {
+                // npyz's header parser backtracks exponentially in nested
+                // brackets (depth 15: seconds, 20: minutes); a real header
+                // nests 2 deep (`{'shape': (…)}`), a structured dtype 3.
+                let depth = npy_nesting(&bytes[..n]);
+                if depth > MAX_NPY_NESTING {
+                    return Err(bad(
+                        path,
+                        format!("not a valid .npy file: the header nests brackets {depth} deep; expected at most {MAX_NPY_NESTING} (a dict with a shape tuple)"),
+                    ));
+                }
+            }
             n => {
                 return Err(bad(
                     path,
@@ -538,6 +568,27 @@ mod tests {
             .unwrap_err()
             .to_string();
         assert!(e.contains("at least 10"), "{e}");
+    }
+
+    /// Found by fuzzing: npyz's header parser took minutes on a 100-byte
+    /// file whose header nests 20 brackets.
+    #[test]
+    fn deeply_nested_npy_headers_are_refused_at_once() {
+        let head = format!("{{'descr': '<f4', 'shape': {} }}\n", "[".repeat(20));
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        v.extend_from_slice(&(head.len() as u16).to_le_bytes());
+        v.extend_from_slice(head.as_bytes());
+        let start = std::time::Instant::now();
+        let e = parse_npy(&v, Path::new("n.npy")).unwrap_err().to_string();
+        assert!(
+            e.contains("n.npy") && e.contains("nests brackets 21 deep"),
+            "{e}"
+        );
+        assert!(start.elapsed().as_secs() < 1);
+        // A real header still loads.
+        let p = tmp("nest-ok.npy");
+        write_npy(&p, &[1, 4, 1, 1], &[1.0; 4]).unwrap();
+        assert_eq!(read_npy(&p).unwrap().shape, vec![1, 4, 1, 1]);
     }
 
     #[test]
