@@ -36,6 +36,10 @@ out("fuzz_npy", "v2-header", npy("<f4", [2, 4, 1, 1], version=2))
 out("fuzz_npy", "rank2", npy("<f4", [4, 4]))
 out("fuzz_npy", "empty-dim", npy("<f4", [1, 4, 0, 2]))
 out("fuzz_npy", "nan", npy("<f4", [1, 4, 1, 1], data=struct.pack("<4f", 0, float("nan"), 1, 2)))
+# Found by fuzzing: npyz's header parser backtracks exponentially on these.
+nested = "{'descr': '<f4', 'fortran_order': False, 'shape': " + "[" * 20 + " }\n"
+out("fuzz_npy", "nested-header", b"\x93NUMPY\x01\x00" + struct.pack("<H", len(nested)) + nested.encode())
+out("fuzz_npy", "huge-header-len", b"\x93NUMPY\x02\x00\xff\xff\xff\xff{'descr'")
 out("fuzz_npy", "truncated", npy("<f4", [1, 4, 2, 2])[:-5])
 
 def st(tensors, meta=None):
