@@ -91,14 +91,66 @@ fn npy_header_len(bytes: &[u8]) -> Option<usize> {
     }
 }
 
+/// Deepest bracket nesting a `.npy` header may have.
+const MAX_NPY_NESTING: usize = 4;
+
+/// The deepest nesting of `(`, `[`, `{` in `text`.
+fn npy_nesting(text: &[u8]) -> usize {
+    let (mut depth, mut max) = (0usize, 0);
+    for &b in text {
+        match b {
+            b'(' | b'[' | b'{' => {
+                depth += 1;
+                max = max.max(depth);
+            }
+            b')' | b']' | b'}' => depth = depth.saturating_sub(1),
+            _ => {}
+        }
+    }
+    max
+}
+
 /// Reads a `.npy` array (f32, f16, f64; C order) as f32.
 pub fn read_npy(path: &Path) -> Result<HostTensor> {
-    let bytes = read(path)?;
+    parse_npy(&read(path)?, path)
+}
+
+/// [`read_npy`] on the file's bytes; `path` names it in errors.
+#[doc(hidden)]
+pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
     if bytes.is_empty() {
         return Err(bad(path, "the file is empty; expected a .npy array"));
     }
-    let npy = npyz::NpyFile::new(&bytes[..])
-        .map_err(|e| bad(path, format!("not a valid .npy file: {e}")))?;
+    // npyz allocates the header's declared length before reading it: a
+    // 12-byte file could ask for 4 GiB. (Without the magic, npyz says so.)
+    if bytes.starts_with(b"\x93NUMPY") {
+        match npy_header_len(bytes) {
+            Some(n) if n <= bytes.len() => {
+                // npyz's header parser backtracks exponentially in nested
+                // brackets (depth 15: seconds, 20: minutes); a real header
+                // nests 2 deep (`{'shape': (…)}`), a structured dtype 3.
+                let depth = npy_nesting(&bytes[..n]);
+                if depth > MAX_NPY_NESTING {
+                    return Err(bad(
+                        path,
+                        format!("not a valid .npy file: the header nests brackets {depth} deep; expected at most {MAX_NPY_NESTING} (a dict with a shape tuple)"),
+                    ));
+                }
+            }
+            n => {
+                return Err(bad(
+                    path,
+                    format!(
+                        "not a valid .npy file: the header needs {} bytes but the file holds {}; the file is truncated",
+                        n.map_or("at least 10".to_string(), |n| n.to_string()),
+                        bytes.len()
+                    ),
+                ))
+            }
+        }
+    }
+    let npy =
+        npyz::NpyFile::new(bytes).map_err(|e| bad(path, format!("not a valid .npy file: {e}")))?;
     if npy.order() != npyz::Order::C {
         return Err(bad(
             path,
@@ -123,7 +175,7 @@ pub fn read_npy(path: &Path) -> Result<HostTensor> {
     // anything of that size is allocated.
     let payload = bytes
         .len()
-        .saturating_sub(npy_header_len(&bytes).unwrap_or(bytes.len()));
+        .saturating_sub(npy_header_len(bytes).unwrap_or(bytes.len()));
     let want = shape
         .iter()
         .try_fold(item, |a: usize, &d| a.checked_mul(d))
@@ -260,14 +312,23 @@ pub fn view_to_f32(
 
 /// Reads one tensor from a `.safetensors` file: `key`, or the only tensor.
 pub fn read_safetensors_tensor(path: &Path, key: Option<&str>) -> Result<HostTensor> {
-    let bytes = read(path)?;
+    parse_safetensors_tensor(&read(path)?, path, key)
+}
+
+/// [`read_safetensors_tensor`] on the file's bytes; `path` names it in errors.
+#[doc(hidden)]
+pub fn parse_safetensors_tensor(
+    bytes: &[u8],
+    path: &Path,
+    key: Option<&str>,
+) -> Result<HostTensor> {
     if bytes.is_empty() {
         return Err(bad(
             path,
             "the file is empty; expected a .safetensors file holding the latent tensor",
         ));
     }
-    let st = safetensors::SafeTensors::deserialize(&bytes)
+    let st = safetensors::SafeTensors::deserialize(bytes)
         .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
     let names = st.names();
     let name = match key {
@@ -390,11 +451,27 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
 /// Sizes must be multiples of 8, or `pad` extends the right and bottom
 /// edges by replication to the next multiple.
 pub fn load_image(path: &Path, pad: bool) -> Result<HostTensor> {
-    let img = image::open(path)
-        .map_err(|e| Error::BadFile {
-            path: path.to_path_buf(),
-            message: format!("not a readable image: {e}"),
-        })?
+    let unreadable = |e: &dyn std::fmt::Display| bad(path, format!("not a readable image: {e}"));
+    let bytes = std::fs::read(path).map_err(|e| unreadable(&e))?;
+    // The format by extension, as `image::open` chooses it.
+    let format = image::ImageFormat::from_path(path).map_err(|e| unreadable(&e))?;
+    decode_image(&bytes, format, path, pad)
+}
+
+/// [`load_image`] on a PNG file's bytes; `path` names it in errors.
+#[doc(hidden)]
+pub fn parse_png(bytes: &[u8], path: &Path, pad: bool) -> Result<HostTensor> {
+    decode_image(bytes, image::ImageFormat::Png, path, pad)
+}
+
+fn decode_image(
+    bytes: &[u8],
+    format: image::ImageFormat,
+    path: &Path,
+    pad: bool,
+) -> Result<HostTensor> {
+    let img = image::load_from_memory_with_format(bytes, format)
+        .map_err(|e| bad(path, format!("not a readable image: {e}")))?
         .to_rgb8();
     let (w, h) = (img.width() as usize, img.height() as usize);
     let (pw, ph) = (w.div_ceil(8) * 8, h.div_ceil(8) * 8);
@@ -477,6 +554,41 @@ mod tests {
             load_latents(&tmp("missing.npy"), None, 4),
             Err(Error::Io { .. })
         ));
+    }
+
+    /// Found by fuzzing: npyz allocated a header's declared length (up to
+    /// 4 GiB for a version-2 header) before reading it.
+    #[test]
+    fn a_header_longer_than_the_file_is_refused_before_allocation() {
+        let mut v2 = b"\x93NUMPY\x02\x00".to_vec();
+        v2.extend_from_slice(&u32::MAX.to_le_bytes());
+        let e = parse_npy(&v2, Path::new("h.npy")).unwrap_err().to_string();
+        assert!(e.contains("h.npy") && e.contains("4294967307 bytes"), "{e}");
+        let e = parse_npy(b"\x93NUMPY\x01", Path::new("h.npy"))
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("at least 10"), "{e}");
+    }
+
+    /// Found by fuzzing: npyz's header parser took minutes on a 100-byte
+    /// file whose header nests 20 brackets.
+    #[test]
+    fn deeply_nested_npy_headers_are_refused_at_once() {
+        let head = format!("{{'descr': '<f4', 'shape': {} }}\n", "[".repeat(20));
+        let mut v = b"\x93NUMPY\x01\x00".to_vec();
+        v.extend_from_slice(&(head.len() as u16).to_le_bytes());
+        v.extend_from_slice(head.as_bytes());
+        let start = std::time::Instant::now();
+        let e = parse_npy(&v, Path::new("n.npy")).unwrap_err().to_string();
+        assert!(
+            e.contains("n.npy") && e.contains("nests brackets 21 deep"),
+            "{e}"
+        );
+        assert!(start.elapsed().as_secs() < 1);
+        // A real header still loads.
+        let p = tmp("nest-ok.npy");
+        write_npy(&p, &[1, 4, 1, 1], &[1.0; 4]).unwrap();
+        assert_eq!(read_npy(&p).unwrap().shape, vec![1, 4, 1, 1]);
     }
 
     #[test]

@@ -68,6 +68,8 @@ pub mod encode;
 pub mod error;
 pub(crate) mod exec;
 pub mod frames;
+#[doc(hidden)]
+pub mod fuzzing;
 pub mod gpu;
 pub mod io;
 /// Kernel wrappers, tile tables and CPU references: crate internals, public

@@ -130,7 +130,13 @@ impl AutoencoderKlConfig {
             path: path.to_path_buf(),
             source,
         })?;
-        let cfg: Self = serde_json::from_str(&text).map_err(|e| Error::BadFile {
+        Self::from_json(&text, path)
+    }
+
+    /// [`AutoencoderKlConfig::from_file`] on the file's text; `path` names it in errors.
+    #[doc(hidden)]
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        let cfg: Self = serde_json::from_str(text).map_err(|e| Error::BadFile {
             path: path.to_path_buf(),
             message: format!("not a diffusers AutoencoderKL config: {e}"),
         })?;

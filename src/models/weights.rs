@@ -214,7 +214,14 @@ impl WeightStore {
             path: path.to_path_buf(),
             source,
         })?;
-        let st = safetensors::SafeTensors::deserialize(&mmap)
+        Self::from_safetensors_bytes(&mmap, path, part)
+    }
+
+    /// [`WeightStore::from_safetensors_part`] on the file's bytes; `path`
+    /// names it in errors.
+    #[doc(hidden)]
+    pub fn from_safetensors_bytes(bytes: &[u8], path: &Path, part: TaePart) -> Result<Self> {
+        let st = safetensors::SafeTensors::deserialize(bytes)
             .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
         let names: Vec<String> = st.names().into_iter().map(String::from).collect();
         if names.is_empty() {

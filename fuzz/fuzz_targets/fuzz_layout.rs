@@ -1,0 +1,7 @@
+//! Fuzz target: see `wgvae::fuzzing::layout`.
+#![no_main]
+
+#[global_allocator]
+static ALLOC: wgvae::fuzzing::BoundedAlloc = wgvae::fuzzing::BoundedAlloc;
+
+libfuzzer_sys::fuzz_target!(|data: &[u8]| wgvae::fuzzing::layout(data));
