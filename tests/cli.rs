@@ -117,8 +117,21 @@ fn decode_taef2_photo_to_png_with_json() {
         .max()
         .unwrap();
     assert!(worst <= 1, "PNG differs from PyTorch's by {worst}");
+    // `--save-raw` holds the decoder's output: PyTorch's within README's
+    // 4.8e-6 (×3), and the PNG is its bytes, round(clamp(x, 0, 1) · 255).
     let raw = wgvae::io::read_npy(&raw).unwrap();
     assert_eq!(raw.shape, vec![1, 3, 288, 448]);
+    let want = wgvae::io::read_npy(&shared.join("golden/taef2/chelsea.decoded.npy")).unwrap();
+    let (err, at) = wgvae::testing::max_abs_diff(&raw.data, &want.data);
+    assert!(err <= 1.5e-5, "--save-raw vs PyTorch: {err} at {at}");
+    let plane = 288 * 448;
+    for (i, px) in ours.as_raw().chunks_exact(3).enumerate() {
+        for (c, &byte) in px.iter().enumerate() {
+            let x = raw.data[c * plane + i];
+            let want = (x.clamp(0.0, 1.0) * 255.0).round_ties_even() as u8;
+            assert_eq!(byte, want, "pixel {i} channel {c}: raw {x}");
+        }
+    }
 }
 
 #[test]
@@ -694,43 +707,6 @@ fn batch_decode_writes_numbered_pngs_matching_diffusers() {
     assert!(out_dir.join("single.png").exists());
 }
 
-/// `--raw-latents`: latents unscaled by hand and decoded raw give the same
-/// PNG bytes as the pipeline latents decoded normally.
-#[test]
-fn raw_latents_flag_skips_unscaling() {
-    let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/aekl-tiny-sd");
-    let cfg: serde_json::Value =
-        serde_json::from_str(&std::fs::read_to_string(dir.join("config.json")).unwrap()).unwrap();
-    let scale = cfg["scaling_factor"].as_f64().unwrap() as f32;
-    let shift = cfg["shift_factor"].as_f64().unwrap_or(0.0) as f32;
-    let z = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
-    let unscaled: Vec<f32> = z.data.iter().map(|v| v / scale + shift).collect();
-    let raw_npy = tmp("unscaled.npy");
-    wgvae::io::write_npy(&raw_npy, &z.shape, &unscaled).unwrap();
-    let run = |latents: &std::path::Path, png: &std::path::Path, raw: bool| {
-        let mut args = vec![
-            "decode",
-            latents.to_str().unwrap(),
-            "--vae",
-            dir.to_str().unwrap(),
-            "-o",
-            png.to_str().unwrap(),
-        ];
-        if raw {
-            args.push("--raw-latents");
-        }
-        let (ok, _, err) = wgvae(&args);
-        assert!(ok, "{err}");
-        image::open(png).unwrap().to_rgb8().into_raw()
-    };
-    let normal = run(&dir.join("latents.npy"), &tmp("normal.png"), false);
-    let raw = run(&raw_npy, &tmp("raw.png"), true);
-    assert_eq!(normal, raw);
-    let skipped = run(&dir.join("latents.npy"), &tmp("skipped.png"), true);
-    assert_ne!(normal, skipped, "--raw-latents must skip the unscaling");
-}
-
 /// Kernel rows of a `--profile` table: (name, calls, total ms).
 fn profile_rows(stdout: &str) -> Vec<(String, usize, f64)> {
     stdout
@@ -1129,4 +1105,332 @@ fn encode_f16_overflow_is_reported_in_json() {
         .iter()
         .all(|x| x.is_finite()));
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Runs `wgvae decode … --save-raw` and returns (success, raw output, stderr).
+fn decode_raw(name: &str, args: &[&str]) -> (bool, Option<wgvae::io::HostTensor>, String) {
+    let raw = tmp(&format!("{name}.npy"));
+    let png = tmp(&format!("{name}.png"));
+    let _ = std::fs::remove_file(&raw);
+    let mut all = vec!["decode"];
+    all.extend_from_slice(args);
+    all.extend_from_slice(&[
+        "-o",
+        png.to_str().unwrap(),
+        "--save-raw",
+        raw.to_str().unwrap(),
+    ]);
+    let (ok, _, err) = wgvae(&all);
+    (ok, wgvae::io::read_npy(&raw).ok(), err)
+}
+
+/// `--key` picks the named tensor of a .safetensors file holding several; a
+/// wrong key, or none, is an error naming the tensors there.
+#[test]
+fn key_picks_the_named_latent_tensor() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let z = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
+    let want = wgvae::io::read_npy(&dir.join("decoded.npy")).unwrap();
+    let noise = wgvae::testing::rand_vec(z.data.len(), 9, 0.5);
+    let bytes = |v: &[f32]| v.iter().flat_map(|x| x.to_le_bytes()).collect::<Vec<u8>>();
+    let (zb, nb) = (bytes(&z.data), bytes(&noise));
+    let view = |b| {
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, z.shape.clone(), b).unwrap()
+    };
+    let file = tmp("two-tensors.safetensors");
+    safetensors::serialize_to_file(
+        vec![("a_noise", view(&nb)), ("latents", view(&zb))],
+        None,
+        &file,
+    )
+    .unwrap();
+    let (f, vae) = (file.to_str().unwrap(), dir.to_str().unwrap());
+    let (ok, raw, err) = decode_raw("key-latents", &[f, "--vae", vae, "--key", "latents"]);
+    assert!(ok, "{err}");
+    let (e, at) = wgvae::testing::max_abs_diff(&raw.unwrap().data, &want.data);
+    // (`a_noise` comes first in the file and by name: not picked by default.)
+    assert!(e <= 1.5e-5, "--key latents vs diffusers: {e} at {at}");
+    for (args, says) in [
+        (vec!["--key", "nope"], "no tensor named `nope`"),
+        (vec![], "2 tensors (a_noise, latents)"),
+    ] {
+        let mut all = vec![f, "--vae", vae];
+        all.extend(args);
+        let (ok, raw, err) = decode_raw("key-bad", &all);
+        assert!(!ok && raw.is_none(), "{all:?} succeeded");
+        assert!(err.contains(says), "{all:?}: {err}");
+    }
+}
+
+/// `--scaling-factor S --shift-factor T` decode `z / S + T`: the same output
+/// as those values decoded with `--raw-latents`, and not the config's;
+/// `--raw-latents` on pipeline latents skips the unscaling.
+#[test]
+fn scaling_shift_and_raw_latents_flags_follow_the_formula() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let vae = dir.to_str().unwrap();
+    let latents = dir.join("latents.npy");
+    let z = wgvae::io::read_npy(&latents).unwrap();
+    let unscaled: Vec<f32> = z.data.iter().map(|v| v / 0.5 + 0.25).collect();
+    let unscaled_npy = tmp("unscaled-0.5-0.25.npy");
+    wgvae::io::write_npy(&unscaled_npy, &z.shape, &unscaled).unwrap();
+    let l = latents.to_str().unwrap();
+    let flags = ["--scaling-factor", "0.5", "--shift-factor", "0.25"];
+    let (ok, by_flags, err) = decode_raw("factors", &[&[l, "--vae", vae][..], &flags].concat());
+    assert!(ok, "{err}");
+    let by_flags = by_flags.unwrap();
+    let u = unscaled_npy.to_str().unwrap();
+    let (ok, by_hand, err) = decode_raw("factors-raw", &[u, "--vae", vae, "--raw-latents"]);
+    assert!(ok, "{err}");
+    let (e, at) = wgvae::testing::max_abs_diff(&by_flags.data, &by_hand.unwrap().data);
+    assert!(
+        e <= 1e-5,
+        "flags vs z / 0.5 + 0.25 decoded raw: {e} at {at}"
+    );
+    // diffusers' output of the config's factors (0.18215, no shift).
+    let want = wgvae::io::read_npy(&dir.join("decoded.npy")).unwrap();
+    let (e, _) = wgvae::testing::max_abs_diff(&by_flags.data, &want.data);
+    assert!(e > 1e-2, "the flags changed nothing ({e})");
+    let (ok, skipped, err) = decode_raw("raw-latents", &[l, "--vae", vae, "--raw-latents"]);
+    assert!(ok, "{err}");
+    let skipped = skipped.unwrap();
+    for (what, other) in [("diffusers'", &want.data), ("the flags'", &by_flags.data)] {
+        let (e, _) = wgvae::testing::max_abs_diff(&skipped.data, other);
+        assert!(e > 1e-2, "--raw-latents decoded like {what} output ({e})");
+    }
+}
+
+/// `--seed` of preset random weights: the same seed decodes the same bytes,
+/// another seed other ones.
+#[test]
+fn seed_makes_preset_weights_reproducible() {
+    let latents = tmp("seed.npy");
+    wgvae::io::write_npy(&latents, &[1, 4, 1, 1], &[0.3, -0.2, 0.1, 0.5]).unwrap();
+    let l = latents.to_str().unwrap();
+    let run = |seed: &str| {
+        let (ok, raw, err) = decode_raw(
+            &format!("seed-{seed}"),
+            &[l, "--vae", "preset:sd15", "--seed", seed],
+        );
+        assert!(ok, "{err}");
+        raw.unwrap().data
+    };
+    let (a, again, b) = (run("1"), run("1"), run("2"));
+    assert_eq!(a, again, "--seed 1 twice");
+    let (e, _) = wgvae::testing::max_abs_diff(&a, &b);
+    assert!(e > 1e-3, "--seed 1 and 2 decode alike ({e})");
+}
+
+/// `--dtype auto`: f16 for the SD 1.x-like VAE (within 3× README's 3.8e-3
+/// of diffusers), bf16 for the 16-channel FLUX-like one.
+#[test]
+fn dtype_auto_picks_by_model() {
+    let Some(shared) = shared_dir() else { return };
+    for (name, dtype, tol) in [
+        ("aekl-tiny-sd", "f16", 1.2e-2),
+        ("aekl-tiny-flux", "bf16", 1.3e-1),
+    ] {
+        let dir = shared.join("golden").join(name);
+        let raw = tmp(&format!("auto-{name}.npy"));
+        let (ok, out, err) = wgvae(&[
+            "decode",
+            dir.join("latents.npy").to_str().unwrap(),
+            "--vae",
+            dir.to_str().unwrap(),
+            "--dtype",
+            "auto",
+            "-o",
+            tmp(&format!("auto-{name}.png")).to_str().unwrap(),
+            "--save-raw",
+            raw.to_str().unwrap(),
+            "--json",
+        ]);
+        assert!(ok, "{err}");
+        assert_eq!(json(&out)["dtype"], dtype, "{name}: {out}");
+        let want = wgvae::io::read_npy(&dir.join("decoded.npy")).unwrap();
+        let raw = wgvae::io::read_npy(&raw).unwrap();
+        let (e, at) = wgvae::testing::max_abs_diff(&raw.data, &want.data);
+        assert!(e <= tol, "{name} auto ({dtype}): {e} at {at}");
+    }
+}
+
+/// Rows of a report CSV (`# ` metadata lines skipped) as column → value maps.
+fn csv_rows(path: &std::path::Path) -> Vec<std::collections::HashMap<String, String>> {
+    let csv = std::fs::read_to_string(path).unwrap();
+    let mut lines = csv.lines().filter(|l| !l.starts_with('#'));
+    let header: Vec<String> = lines.next().unwrap().split(',').map(String::from).collect();
+    lines
+        .map(|l| {
+            header
+                .iter()
+                .cloned()
+                .zip(l.split(',').map(String::from))
+                .collect()
+        })
+        .collect()
+}
+
+/// `memory --batch` predicts the batch (the library's estimate of that shape;
+/// working memory grows with it) and `--reference-gpu` predicts for the
+/// reference limits, not this adapter's.
+#[test]
+fn memory_batch_and_reference_gpu() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let vae = dir.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["memory", "--vae", vae, "--size", "96x128", "--json"];
+        args.extend_from_slice(extra);
+        let (ok, out, err) = wgvae(&args);
+        assert!(ok, "{err}");
+        json(&out)
+    };
+    let one = run(&[]);
+    let two = run(&["--batch", "2"]);
+    let reference = run(&["--batch", "2", "--reference-gpu"]);
+    let caps = wgvae::gpu::Capabilities::reference_gpu();
+    assert_eq!(reference["device"], caps.adapter_name.as_str());
+    assert_ne!(one["device"], reference["device"]);
+    let load = wgvae::LoadOptions::default();
+    let want = wgvae::decode::Estimate::new(&caps, wgvae::memory::Policy::Planned, vae, &load)
+        .tiled(&wgvae::Tiling::default())
+        .decode([2, 4, 12, 16])
+        .unwrap();
+    assert_eq!(
+        reference["latents_shape"],
+        serde_json::json!([2, 4, 12, 16])
+    );
+    assert_eq!(reference["peak_allocated_bytes"], want.peak_allocated_bytes);
+    assert_eq!(reference["weights_bytes"], want.weights_bytes);
+    assert_eq!(
+        reference["tiling"]["max_memory"], want.tiling.max_memory,
+        "the reference GPU's default budget"
+    );
+    assert_eq!(two["latents_shape"], serde_json::json!([2, 4, 12, 16]));
+    let working = |v: &serde_json::Value| {
+        v["peak_allocated_bytes"].as_u64().unwrap() - v["weights_bytes"].as_u64().unwrap()
+    };
+    assert!(
+        working(&two) as f64 >= 1.5 * working(&one) as f64,
+        "batch 2 working {} vs batch 1 {}",
+        working(&two),
+        working(&one)
+    );
+}
+
+/// `bench decode --dtypes f32,f16`: a row per dtype, the f16 one's peak
+/// about half the f32 one's.
+#[test]
+fn bench_decode_dtypes_writes_a_row_per_dtype() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let dir = tmp("bench-dtypes");
+    let (ok, _, err) = wgvae(&[
+        "bench",
+        "decode",
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--sizes",
+        "32",
+        "--dtypes",
+        "f32,f16",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = csv_rows(&dir.join("decode.csv"));
+    let dtypes: Vec<&str> = rows.iter().map(|r| r["dtype"].as_str()).collect();
+    assert_eq!(dtypes, ["f32", "f16"], "{rows:?}");
+    let peak = |i: usize| rows[i]["peak_allocated_mib"].parse::<f64>().unwrap();
+    let ratio = peak(1) / peak(0);
+    assert!(
+        (0.45..=0.6).contains(&ratio),
+        "f16 / f32 peak {ratio}: {rows:?}"
+    );
+}
+
+/// `bench frames`: rows for the streamed decode and the one-frame loop with
+/// the requested frames, size and chunk, consistent figures.
+#[test]
+fn bench_frames_writes_streamed_and_loop_rows() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let dir = tmp("bench-frames");
+    let (ok, out, err) = wgvae(&[
+        "bench",
+        "frames",
+        "--vae",
+        tiny.to_str().unwrap(),
+        "--frames",
+        "3",
+        "--size",
+        "32",
+        "--chunk",
+        "2",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = csv_rows(&dir.join("frames.csv"));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for r in &rows {
+        assert_eq!(
+            (&*r["frames"], &*r["width"], &*r["height"], &*r["status"]),
+            ("3", "32", "32", "\"ok\""),
+            "{r:?}"
+        );
+        let f = |k: &str| r[k].parse::<f64>().unwrap();
+        let fps = 3e3 / f("median_total_ms");
+        assert!((f("frames_per_s") / fps - 1.0).abs() < 0.01, "{r:?}");
+        assert!(f("latency_p99_ms") <= f("latency_max_ms"), "{r:?}");
+    }
+    assert!(rows.iter().any(|r| r["chunk"] == "2"), "{rows:?}");
+    let latencies = std::fs::read_to_string(dir.join("frames_latency.csv")).unwrap();
+    assert_eq!(
+        latencies.lines().filter(|l| !l.starts_with('#')).count(),
+        1 + 2 * 3
+    );
+    assert!(out.contains("frames/s"), "{out}");
+}
+
+/// `WGVAE_PIPELINE_CACHE=0` turns the pipeline cache folder off: nothing is
+/// written where `WGVAE_CACHE_DIR` points.
+#[test]
+fn pipeline_cache_env_zero_writes_no_cache() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = tmp("pipeline-cache-off");
+    let _ = std::fs::remove_dir_all(&dir);
+    let latents = tmp("cache-off.npy");
+    wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.1; 128]).unwrap();
+    let vae = shared.join("weights/taef2/decoder.safetensors");
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .args([
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+            "-o",
+            tmp("cache-off.png").to_str().unwrap(),
+        ])
+        .env("WGVAE_CACHE_DIR", &dir)
+        .env("WGVAE_PIPELINE_CACHE", "0")
+        .output()
+        .unwrap();
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
+    assert_eq!(files, 0, "WGVAE_PIPELINE_CACHE=0 wrote a cache");
 }

@@ -462,7 +462,8 @@ fn bf16_bits(v: f32) -> u16 {
 }
 
 /// The golden weights stored as bf16: loaded, widened, decoded; the error
-/// against diffusers' f32 output is the weights' rounding (≤ 5e-2).
+/// against diffusers' f32 output is the weights' rounding (README: 1.55e-2;
+/// bound 2.6× that).
 #[test]
 fn bf16_stored_weights_decode_close_to_diffusers() {
     let Some(dir) = golden("aekl-tiny-sd") else {
@@ -497,7 +498,7 @@ fn bf16_stored_weights_decode_close_to_diffusers() {
         .unwrap();
     let (err, at) = max_abs_diff(&raw.data, &want.data);
     println!("bf16-stored weights: raw max abs error {err:.3e} at {at}");
-    assert!(err <= 5e-2, "bf16 weights: max abs error {err} at {at}");
+    assert!(err <= 4e-2, "bf16 weights: max abs error {err} at {at}");
     // The weights really were rounded: the f32 file decodes differently.
     assert!(err > 1e-5, "bf16 rounding left no trace ({err})");
 }

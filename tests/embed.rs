@@ -718,9 +718,10 @@ fn f16_overflow_on_engine_paths_is_reported_and_redone() {
         "a saturated decode should look wrong: {saturated_db:.1} dB"
     );
     assert!(!still_counted && after_count == 0);
-    assert!(recovered_db >= 35.0, "bf16 texture: {recovered_db:.1} dB");
+    // README: 55.9 dB after the fall-back (47 dB: 2.8× its RMS error).
+    assert!(recovered_db >= 47.0, "bf16 texture: {recovered_db:.1} dB");
     assert!(
-        simple_db >= 35.0,
+        simple_db >= 47.0,
         "decode_to_image was not redone: {simple_db:.1} dB"
     );
     let _ = std::fs::remove_dir_all(&dir);
@@ -771,6 +772,11 @@ fn packed_f16_engine_on_a_device_without_shader_f16() {
         let native_img = native.decode_to_image(&latents).unwrap();
         let (worst, differing) = compare(simple.as_raw(), native_img.as_raw());
         println!("packed vs native f16 engine: {differing} bytes differ, worst by {worst}");
-        assert!(worst <= 1, "packed vs native f16: {worst}");
+        // README: byte-identical (the same f16 values, stored two ways).
+        assert_eq!(
+            (worst, differing),
+            (0, 0),
+            "packed vs native f16 engine bytes"
+        );
     }
 }

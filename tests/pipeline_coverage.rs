@@ -6,8 +6,9 @@
 use std::collections::HashSet;
 
 use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
-use wgvae::gpu::{Context, ContextOptions};
+use wgvae::gpu::{Capabilities, Context, ContextOptions};
 use wgvae::io::HostTensor;
+use wgvae::memory::Policy;
 use wgvae::models::weights::WeightStore;
 use wgvae::testing::{rand_vec, tiny_kl_config};
 use wgvae::{decode, DType, DecodeOptions, Tiling, Vae};
@@ -20,8 +21,29 @@ fn f16_decode_pipelines_are_validated_variants() {
     check_coverage(&ctx, vec![(ctx.clone(), DType::F16)], false);
 }
 
-/// Every storage path, decodes untiled and exact-tiled, and encodes
-/// (about 4 minutes on lavapipe: `cargo test --test pipeline_coverage -- --ignored`).
+/// Every storage path, decodes untiled and exact-tiled, and encodes, on null
+/// devices (which record the keys a run asks for without compiling them: a
+/// fraction of a second), with this adapter's limits and a reference GPU's
+/// (native f16, subgroups): every key requested is a validated variant.
+#[test]
+fn every_storage_path_requests_only_validated_variants() {
+    let real = Context::new(&ContextOptions::default()).expect("an adapter");
+    for caps in [real.caps().clone(), Capabilities::reference_gpu()] {
+        let null = Context::null(caps.clone(), Policy::Exact.new_pool());
+        let mut packed = caps.clone();
+        packed.shader_f16 = false;
+        let mut paths = vec![(null.clone(), DType::F32), (null.clone(), DType::BF16)];
+        if caps.shader_f16 {
+            paths.push((null.clone(), DType::F16));
+        }
+        paths.push((null.with_caps(packed), DType::F16));
+        run_paths(&paths, true);
+        check_keys(&caps.adapter_name, null.pipelines().requested_keys());
+    }
+}
+
+/// Every storage path, decodes untiled and exact-tiled, and encodes, compiled
+/// for real (about 4 minutes on lavapipe: `cargo test --test pipeline_coverage -- --ignored`).
 #[test]
 #[ignore]
 fn every_compiled_pipeline_is_a_validated_variant() {
@@ -41,6 +63,13 @@ fn every_compiled_pipeline_is_a_validated_variant() {
 /// Runs the model in every `(context, dtype)` of `paths` (all sharing `ctx`'s
 /// pipeline cache) and checks the compiled keys against `all_variants()`.
 fn check_coverage(ctx: &Context, paths: Vec<(Context, DType)>, everything: bool) {
+    run_paths(&paths, everything);
+    check_keys("compiled", ctx.pipelines().keys());
+}
+
+/// Decodes (untiled; with `everything`, exact-tiled too) and encodes a small
+/// random AutoencoderKL in every `(context, dtype)` of `paths`.
+fn run_paths(paths: &[(Context, DType)], everything: bool) {
     let cfg = tiny_kl_config();
     let z = HostTensor::new(vec![1, 4, 6, 5], rand_vec(4 * 30, 3, 1.5)).unwrap();
     let image = HostTensor::new(
@@ -51,7 +80,7 @@ fn check_coverage(ctx: &Context, paths: Vec<(Context, DType)>, everything: bool)
             .collect(),
     )
     .unwrap();
-    for (c, dt) in &paths {
+    for (c, dt) in paths {
         let store = WeightStore::random(7);
         store.set_dtype(*dt);
         let vae = Vae::from_kl_config(c, &cfg, &store, "tiny random").unwrap();
@@ -73,18 +102,21 @@ fn check_coverage(ctx: &Context, paths: Vec<(Context, DType)>, everything: bool)
         let enc = VaeEncoder::from_kl_config(c, &cfg, &store).unwrap();
         encode(c, &enc, &image, &EncodeOptions::default()).unwrap();
     }
+}
 
+/// `keys` (at least 10) are all listed by `all_variants()`.
+fn check_keys(what: &str, keys: Vec<wgvae::gpu::PipelineKey>) {
     let listed: HashSet<_> = wgvae::kernels::all_variants()
         .into_iter()
         .map(|(_, key)| key)
         .collect();
-    let compiled = ctx.pipelines().keys();
-    assert!(compiled.len() > 10, "{} pipelines", compiled.len());
-    let missing: Vec<_> = compiled.iter().filter(|k| !listed.contains(*k)).collect();
+    assert!(keys.len() > 10, "{what}: {} pipelines", keys.len());
+    let missing: Vec<_> = keys.iter().filter(|k| !listed.contains(*k)).collect();
     assert!(
         missing.is_empty(),
-        "{} of {} compiled pipelines are not in all_variants(): {missing:#?}",
+        "{what}: {} of {} pipelines are not in all_variants(): {missing:#?}",
         missing.len(),
-        compiled.len()
+        keys.len()
     );
+    println!("{what}: {} pipelines, all validated variants", keys.len());
 }

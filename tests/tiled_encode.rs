@@ -1,5 +1,6 @@
 //! Tiled encoding: `exact` equals the untiled encode up to float rounding
-//! (max abs ≤ 1e-4 on the AutoencoderKL mean and std, on TAE latents) with
+//! (max abs ≤ 7.5e-6, 3× README's largest measured 2.5e-6, on the
+//! AutoencoderKL mean and std, on TAE latents) with
 //! halos through every stride-2 conv, global GroupNorm statistics and the
 //! mid-block attention streamed over all latent tiles; `auto` tiles only
 //! when the budget demands it and then lowers the measured peak; the
@@ -15,6 +16,10 @@ use wgvae::memory::Policy;
 use wgvae::models::{AutoencoderKlConfig, WeightStore};
 use wgvae::testing::{max_abs_diff, rand_vec, shared_dir, test_context};
 use wgvae::{LoadOptions, Tiling};
+
+/// Exact tiles vs the untiled encode: 3× README's largest measured error
+/// (2.5e-6, TAEF2 chelsea; the others measure 0.9–1.6e-6).
+const UNTILED_TOL: f32 = 7.5e-6;
 
 /// `../shared` beside the project root, or `../../shared` for a git
 /// worktree one level deeper (tests skip, saying so, without either).
@@ -81,7 +86,7 @@ fn random_image(h: usize, w: usize, seed: u64) -> HostTensor {
 /// aekl-tiny-sd (96×128 image): 40-px tiles are 3×4 image tiles with 16-
 /// and 8-px edges, 5-px latent tiles (12×16 latent: 3×4 with 2- and 1-px
 /// edges) through which the attention streams. Equal to the untiled encode
-/// (≤ 1e-4) and to diffusers' mean and std (≤ 1e-3).
+/// (≤ UNTILED_TOL) and to diffusers' mean and std (≤ 1e-3).
 #[test]
 fn exact_matches_untiled_aekl_tiny_sd() {
     let Some(shared) = shared() else { return };
@@ -107,7 +112,7 @@ fn exact_matches_untiled_aekl_tiny_sd() {
         "aekl-tiny-sd: exact 40-px tiles ({} tiles): max abs vs untiled {err:.3e}; vs diffusers mean {gm:.3e}, std {gs:.3e}",
         t.tiles
     );
-    assert!(err <= 1e-4, "tiled vs untiled {err}");
+    assert!(err <= UNTILED_TOL, "tiled vs untiled {err}");
     assert!(
         gm <= 1e-3 && gs <= 1e-3,
         "vs diffusers: mean {gm}, std {gs}"
@@ -116,7 +121,7 @@ fn exact_matches_untiled_aekl_tiny_sd() {
 
 /// TAEF2 encoder on the chelsea photo (288×448): 120-px tiles, 3×4 per
 /// level (latent level tiled too, where the pool branches' GroupNorms sit),
-/// equal to the untiled encode (≤ 1e-4) and PyTorch's latents (≤ 2e-3).
+/// equal to the untiled encode (≤ UNTILED_TOL) and PyTorch's latents (≤ 2e-3).
 #[test]
 fn taef2_exact_matches_untiled_on_chelsea() {
     let Some(shared) = shared() else { return };
@@ -137,7 +142,7 @@ fn taef2_exact_matches_untiled_on_chelsea() {
         "taef2 chelsea: exact 120-px tiles ({} tiles): max abs vs untiled {err:.3e}, vs PyTorch {gerr:.3e}",
         t.tiles
     );
-    assert!(err <= 1e-4, "tiled vs untiled {err}");
+    assert!(err <= UNTILED_TOL, "tiled vs untiled {err}");
     assert!(gerr <= 2e-3, "vs PyTorch {gerr}");
 }
 
@@ -170,7 +175,7 @@ fn exact_matches_untiled_random_kl_odd_sizes() {
             "random KL 72×104: exact 32-px tiles (mid-block {}): max abs vs untiled {err:.3e} (|mean| ≤ {absmax:.2})",
             if mid { "tiled" } else { "whole" }
         );
-        assert!(err <= 1e-4, "tiled vs untiled {err}");
+        assert!(err <= UNTILED_TOL, "tiled vs untiled {err}");
     }
 }
 
@@ -203,7 +208,7 @@ fn auto_tiles_under_a_small_budget_and_lowers_the_peak() {
         peak <= budget && peak < untiled_peak,
         "{peak} vs {untiled_peak}"
     );
-    assert!(err <= 1e-4, "{err}");
+    assert!(err <= UNTILED_TOL, "{err}");
     // `off` ignores the budget.
     let off = run(&ctx, &enc, &img, Tiling::off().with_max_memory(budget));
     assert_eq!(off.tiling.mode, "untiled");
@@ -255,7 +260,7 @@ fn tiled_encode_estimate_matches_measured() {
         assert!(peak <= budget, "{}: {peak} > {budget}", policy.name());
         assert_eq!(est.peak_allocated_bytes, peak, "{}", policy.name());
         assert_eq!(&est.tiling, t, "{}", policy.name());
-        assert!(err <= 1e-4, "{}: {err}", policy.name());
+        assert!(err <= UNTILED_TOL, "{}: {err}", policy.name());
     }
 }
 
@@ -358,7 +363,7 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
     };
     let whole = encode(&ctx, &enc, &img, &opts).unwrap();
     let (err, _) = max_abs_diff(&written.data, &whole.latents.data);
-    assert!(err <= 1e-4, "CLI tiled vs untiled latents: {err}");
+    assert!(err <= UNTILED_TOL, "CLI tiled vs untiled latents: {err}");
     let m = wgvae(&[
         "memory",
         "--encode",
@@ -416,6 +421,8 @@ fn sd15_encode_peak_untiled_vs_tiled() {
     );
     assert_eq!(t.mode, "exact");
     assert!(peak <= budget);
+    let err = diff(&tiled, &whole);
+    assert!(err <= UNTILED_TOL, "auto (exact) vs untiled: {err}");
 }
 
 /// `auto` on a device whose storage bindings are too small for the untiled
@@ -444,5 +451,5 @@ fn auto_tiles_when_the_binding_limit_is_too_small() {
     assert_eq!(tiled.tiling.mode, "exact");
     assert!(tiled.tiling.tiles > 1);
     let err = diff(&tiled, &whole);
-    assert!(err <= 1e-4, "{err}");
+    assert!(err <= UNTILED_TOL, "{err}");
 }

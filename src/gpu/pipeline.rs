@@ -245,6 +245,8 @@ struct DiskCache {
 pub struct PipelineCache {
     map: Arc<Mutex<HashMap<PipelineKey, Arc<CachedPipeline>>>>,
     disk: Arc<Mutex<Option<DiskCache>>>,
+    /// Keys a null device's dispatches asked for (never compiled).
+    requested: Arc<Mutex<std::collections::HashSet<PipelineKey>>>,
 }
 
 impl PipelineCache {
@@ -258,6 +260,19 @@ impl PipelineCache {
     pub fn keys(&self) -> Vec<PipelineKey> {
         let map = self.map.lock();
         map.keys().cloned().collect()
+    }
+
+    /// Notes `key` as requested by a dispatch on a null device, which
+    /// compiles nothing: dry runs show which pipelines a run would compile.
+    pub(crate) fn note_requested(&self, key: &PipelineKey) {
+        self.requested.lock().insert(key.clone());
+    }
+
+    /// The keys dispatches on a null device ([`crate::gpu::Context::null`])
+    /// asked for (tests check them against [`crate::kernels::all_variants`]
+    /// for every storage path in milliseconds, without compiling).
+    pub fn requested_keys(&self) -> Vec<PipelineKey> {
+        self.requested.lock().iter().cloned().collect()
     }
 
     /// Loads (or starts) the driver's pipeline cache for this device from

@@ -281,6 +281,7 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         if self.ctx.is_null() {
+            self.ctx.pipelines().note_requested(key);
             self.labels.push(DispatchLabel {
                 family: spec.family,
                 entry: spec.entry,

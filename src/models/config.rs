@@ -271,19 +271,45 @@ mod tests {
         }
     }
 
+    /// Each preset carries its published diffusers `vae/config.json` values
+    /// (SD 1.5, SDXL, SD3-medium, FLUX.1-dev), and no two presets are equal.
     #[test]
     fn presets_are_valid_and_distinct() {
-        for p in PRESETS {
-            let c = AutoencoderKlConfig::preset(p).unwrap();
+        // (name, latent channels, scaling_factor, shift_factor, quant convs)
+        let published = [
+            ("sd15", 4, 0.18215, None, true),
+            ("sdxl", 4, 0.13025, None, true),
+            ("sd3", 16, 1.5305, Some(0.0609), false),
+            ("flux1", 16, 0.3611, Some(0.1159), false),
+        ];
+        assert_eq!(published.len(), PRESETS.len());
+        let mut seen: Vec<AutoencoderKlConfig> = Vec::new();
+        for (&name, (want, latent, scaling, shift, quant)) in PRESETS.iter().zip(published) {
+            assert_eq!(name, want);
+            let c = AutoencoderKlConfig::preset(name).unwrap();
             c.validate().unwrap();
             assert_eq!(c.upscale(), 8);
+            assert_eq!(c.block_out_channels, [128, 256, 512, 512], "{name}");
+            assert_eq!((c.layers_per_block, c.norm_num_groups), (2, 32), "{name}");
+            assert_eq!((c.latent_channels, c.out_channels), (latent, 3), "{name}");
+            assert_eq!(c.scaling_factor, scaling, "{name}");
+            assert_eq!(c.shift_factor, shift, "{name}");
+            assert_eq!(
+                (c.use_quant_conv, c.use_post_quant_conv),
+                (quant, quant),
+                "{name}"
+            );
+            assert!(c.mid_block_add_attention, "{name}");
+            assert_eq!(c.is_f16_safe(), name == "sd15", "{name}");
+            assert!(!seen.contains(&c), "{name} equals an earlier preset");
+            seen.push(c);
         }
-        assert_eq!(
-            AutoencoderKlConfig::preset("flux1")
-                .unwrap()
-                .latent_channels,
-            16
-        );
+        for (alias, name) in [("SD1.5", "sd15"), ("flux", "flux1"), ("sd", "sd15")] {
+            assert_eq!(
+                AutoencoderKlConfig::preset(alias).unwrap(),
+                AutoencoderKlConfig::preset(name).unwrap()
+            );
+        }
         assert!(AutoencoderKlConfig::preset("nope")
             .unwrap_err()
             .to_string()
