@@ -452,6 +452,7 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
 /// edges by replication to the next multiple.
 pub fn load_image(path: &Path, pad: bool) -> Result<HostTensor> {
     let unreadable = |e: &dyn std::fmt::Display| bad(path, format!("not a readable image: {e}"));
+    require_regular_file(path)?;
     let bytes = std::fs::read(path).map_err(|e| unreadable(&e))?;
     // The format by extension, as `image::open` chooses it.
     let format = image::ImageFormat::from_path(path).map_err(|e| unreadable(&e))?;

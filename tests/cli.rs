@@ -1434,3 +1434,99 @@ fn pipeline_cache_env_zero_writes_no_cache() {
     let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     assert_eq!(files, 0, "WGVAE_PIPELINE_CACHE=0 wrote a cache");
 }
+
+/// A FIFO named as latents, weights, a model folder's config.json or an
+/// encode input is an error naming it, not a process blocked forever in
+/// `open` (the run is killed after 60 s if it hangs).
+#[test]
+fn fifos_are_errors_not_hangs() {
+    let Some(shared) = shared_dir() else { return };
+    let d = tmp("fifos");
+    let model = d.join("model");
+    std::fs::create_dir_all(&model).unwrap();
+    let fifo = |p: PathBuf| {
+        let _ = std::fs::remove_file(&p);
+        let ok = Command::new("mkfifo").arg(&p).status().map(|s| s.success());
+        assert!(matches!(ok, Ok(true)), "mkfifo {p:?}: {ok:?}");
+        p.to_str().unwrap().to_string()
+    };
+    // A model folder whose config.json is a FIFO.
+    let kl = shared.join("golden/aekl-tiny-sd");
+    let weights = model.join("diffusion_pytorch_model.safetensors");
+    let _ = std::fs::remove_file(&weights);
+    std::fs::copy(kl.join("diffusion_pytorch_model.safetensors"), &weights).unwrap();
+    let s = |p: PathBuf| p.to_str().unwrap().to_string();
+    let taef2 = shared.join("weights/taef2");
+    let out = s(d.join("out.png"));
+    let cases = [
+        (
+            "z.npy",
+            vec![
+                "decode".into(),
+                fifo(d.join("z.npy")),
+                "--vae".into(),
+                s(taef2.join("decoder.safetensors")),
+            ],
+        ),
+        (
+            "w.safetensors",
+            vec![
+                "decode".into(),
+                s(shared.join("golden/taef2/astronaut.latents.npy")),
+                "--vae".into(),
+                fifo(d.join("w.safetensors")),
+            ],
+        ),
+        (
+            "config.json",
+            vec![
+                "decode".into(),
+                s(kl.join("latents.npy")),
+                "--vae".into(),
+                {
+                    fifo(model.join("config.json"));
+                    s(model.clone())
+                },
+            ],
+        ),
+        (
+            "in.png",
+            vec![
+                "encode".into(),
+                fifo(d.join("in.png")),
+                "--vae".into(),
+                s(taef2.join("encoder.safetensors")),
+            ],
+        ),
+    ];
+    for (name, mut args) in cases {
+        let o = if args[0] == "encode" {
+            s(d.join("z.safetensors"))
+        } else {
+            out.clone()
+        };
+        args.extend(["-o".to_string(), o]);
+        let mut child = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(&args)
+            .stdout(std::process::Stdio::null())
+            .stderr(std::process::Stdio::piped())
+            .spawn()
+            .expect("run wgvae");
+        let start = std::time::Instant::now();
+        while child.try_wait().unwrap().is_none() {
+            if start.elapsed().as_secs() > 60 {
+                child.kill().unwrap();
+                panic!("{args:?} hangs");
+            }
+            std::thread::sleep(std::time::Duration::from_millis(50));
+        }
+        let run = child.wait_with_output().unwrap();
+        let err = String::from_utf8_lossy(&run.stderr);
+        assert!(!run.status.success(), "{args:?} succeeded");
+        assert!(
+            err.contains(name) && err.contains("not a regular file"),
+            "{args:?}: {err}"
+        );
+    }
+    assert!(!d.join("out.png").exists());
+}
