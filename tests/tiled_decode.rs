@@ -431,9 +431,10 @@ fn fast_reproduces_diffusers_tiled_decode() {
         mean_abs(&raw.data, &theirs_tiled.data),
         mean_abs(&raw.data, &theirs_whole.data),
     );
-    assert!(err <= 1e-3, "fast vs diffusers tiled: {err} at {at}");
+    // 3× README's measured 4.3e-6 and 3.5e-6.
+    assert!(err <= 1.3e-5, "fast vs diffusers tiled: {err} at {at}");
     assert!(seam > 0.1, "fast tiling must show diffusers' seams");
-    assert!(exact_err <= 1e-3);
+    assert!(exact_err <= 1.05e-5, "exact vs whole: {exact_err}");
 }
 
 /// The FLUX.1 preset within 1 GiB (weights included) at 1024², 2048², 4096²
