@@ -149,7 +149,10 @@ fn taef2_matches_pytorch_on_photos() {
         let original = png_rgb(&shared.join(format!("images/{photo}.png")));
         let p = psnr(&rgb_of(&out.rgba[0]), &original);
         println!("taef2 {photo}: max abs error {err:.3e}, PSNR {p:.2} dB (PyTorch {want_psnr})");
-        assert!(err <= 1.5e-5, "{photo}: max abs error {err} > 1.5e-5 at {at}");
+        assert!(
+            err <= 1.5e-5,
+            "{photo}: max abs error {err} > 1.5e-5 at {at}"
+        );
         assert!(
             (p - want_psnr).abs() <= 0.1,
             "{photo}: PSNR {p:.2} vs {want_psnr}"

@@ -118,6 +118,7 @@ fn corpus_replays_and_mutations_do_not_panic() {
     let mut failures = Vec::new();
     for &(target, f) in TARGETS {
         let start = std::time::Instant::now();
+        wgvae::fuzzing::reset_largest_alloc();
         let inputs = corpus(target);
         assert!(!inputs.is_empty(), "fuzz/corpus/{target} is empty");
         for (name, data) in &inputs {
@@ -130,9 +131,10 @@ fn corpus_replays_and_mutations_do_not_panic() {
             failures.extend(run(target, f, &format!("mutation-{i}"), &data).err());
         }
         println!(
-            "{target}: {} corpus files + {iters} mutations in {:.1} s",
+            "{target}: {} corpus files + {iters} mutations in {:.1} s, largest single allocation {} bytes",
             inputs.len(),
-            start.elapsed().as_secs_f64()
+            start.elapsed().as_secs_f64(),
+            wgvae::fuzzing::largest_alloc()
         );
     }
     assert!(failures.is_empty(), "{}", failures.join("\n"));
