@@ -2,6 +2,14 @@
 //! and images (PNG). Every malformed input is an [`Error`] naming the file
 //! and what was expected.
 
+// Input-facing: what a file or flag holds reaches this code (issue #15).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -30,6 +38,8 @@ impl HostTensor {
 
     /// `self[:, :, y0..y1, x0..x1]` of an `[N, C, H, W]` tensor (the ranges
     /// must lie inside it).
+    // Internal: the tilers pass ranges inside the tensor they planned.
+    #[allow(clippy::indexing_slicing)]
     pub fn crop(&self, y0: usize, y1: usize, x0: usize, x1: usize) -> HostTensor {
         let [n, c, h, w] = [self.shape[0], self.shape[1], self.shape[2], self.shape[3]];
         let mut data = Vec::with_capacity(n * c * (y1 - y0) * (x1 - x0));
@@ -129,7 +139,7 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
                 // npyz's header parser backtracks exponentially in nested
                 // brackets (depth 15: seconds, 20: minutes); a real header
                 // nests 2 deep (`{'shape': (…)}`), a structured dtype 3.
-                let depth = npy_nesting(&bytes[..n]);
+                let depth = npy_nesting(bytes.get(..n).unwrap_or(bytes));
                 if depth > MAX_NPY_NESTING {
                     return Err(bad(
                         path,
@@ -206,15 +216,15 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
             let wide = npy
                 .into_vec::<f64>()
                 .map_err(|e| bad(path, e.to_string()))?;
-            if let Some(i) = wide
+            if let Some((i, v)) = wide
                 .iter()
-                .position(|v| v.is_finite() && v.abs() > f32::MAX as f64)
+                .enumerate()
+                .find(|(_, v)| v.is_finite() && v.abs() > f32::MAX as f64)
             {
                 return Err(bad(
                     path,
                     format!(
-                        "float64 value {} at flat index {i} does not fit float32 (max ±3.4e38); latents are f32 in every pipeline: check how the file was made",
-                        wide[i]
+                        "float64 value {v} at flat index {i} does not fit float32 (max ±3.4e38); latents are f32 in every pipeline: check how the file was made"
                     ),
                 ));
             }
@@ -333,7 +343,7 @@ pub fn parse_safetensors_tensor(
     let names = st.names();
     let name = match key {
         Some(k) => k.to_string(),
-        None if names.len() == 1 => names[0].to_string(),
+        None if names.len() == 1 => names.concat(),
         None if names.is_empty() => return Err(bad(path, "the file holds no tensor")),
         None => {
             let mut n: Vec<&str> = names.clone();
@@ -395,17 +405,17 @@ pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Res
     if t.data.is_empty() {
         return Err(format!("latents are empty (shape {:?})", t.shape));
     }
-    if t.shape[1] != channels {
+    let c = t.shape.get(1).copied().unwrap_or(0);
+    if c != channels {
         return Err(format!(
-            "latents have {} channels (shape {:?}) but this VAE expects {channels}",
-            t.shape[1], t.shape
+            "latents have {c} channels (shape {:?}) but this VAE expects {channels}",
+            t.shape
         ));
     }
-    if let Some(i) = t.data.iter().position(|v| !v.is_finite()) {
+    if let Some((i, v)) = t.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         let bad = t.data.iter().filter(|v| !v.is_finite()).count();
         return Err(format!(
-            "latents contain {bad} non-finite values (first at flat index {i}: {}); the diffusion step upstream probably diverged",
-            t.data[i]
+            "latents contain {bad} non-finite values (first at flat index {i}: {v}); the diffusion step upstream probably diverged"
         ));
     }
     Ok(())
@@ -435,7 +445,7 @@ pub fn batch_paths(out: &Path, n: usize) -> Vec<PathBuf> {
 pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> Result<()> {
     let rgb: Vec<u8> = rgba
         .chunks_exact(4)
-        .flat_map(|p| [p[0], p[1], p[2]])
+        .flat_map(|p| p.iter().take(3).copied())
         .collect();
     image::save_buffer(
         path,
@@ -482,12 +492,12 @@ fn decode_image(
             message: format!("{w}×{h} is not a multiple of 8 in each dimension; crop it, or load it with `pad` set to extend the edges to {pw}×{ph}"),
         });
     }
-    let mut data = vec![0.0f32; 3 * ph * pw];
+    let mut data = Vec::with_capacity(3 * ph * pw);
     for c in 0..3 {
         for y in 0..ph {
             for x in 0..pw {
                 let p = img.get_pixel(x.min(w - 1) as u32, y.min(h - 1) as u32);
-                data[(c * ph + y) * pw + x] = p[c] as f32;
+                data.push(p.0.get(c).copied().unwrap_or(0) as f32);
             }
         }
     }
@@ -495,6 +505,12 @@ fn decode_image(
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 mod tests {
     use super::*;
 

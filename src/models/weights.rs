@@ -2,6 +2,14 @@
 //! files) and TAE layouts, normalised to one naming (diffusers') on load.
 //! Weights are converted to f32 on the host and uploaded once by the models.
 
+// Input-facing: what a file or flag holds reaches this code (issue #15).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
@@ -62,7 +70,7 @@ fn bad(path: &Path, message: impl Into<String>) -> Error {
 /// `up_blocks` is the number of decoder up blocks (LDM numbers them in reverse).
 pub fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {
     let parts: Vec<&str> = key.split('.').collect();
-    let rest = |from: usize| parts[from..].join(".");
+    let rest = |from: usize| parts.get(from..).unwrap_or_default().join(".");
     let resnet_tail = |s: String| s.replacen("nin_shortcut", "conv_shortcut", 1);
     let attn_tail = |s: &str| -> String {
         match s.split_once('.') {
@@ -403,12 +411,11 @@ impl WeightStore {
                 let squeeze =
                     |s: &[usize]| s.iter().copied().filter(|&d| d != 1).collect::<Vec<_>>();
                 if w.shape == shape || (w.data.len() == n && squeeze(&w.shape) == squeeze(shape)) {
-                    if let Some(i) = w.data.iter().position(|v| !v.is_finite()) {
+                    if let Some((i, v)) = w.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
                         return Err(Error::BadFile {
                             path: PathBuf::from(&self.origin),
                             message: format!(
-                                "weight `{key}` holds {} at flat index {i}: the file is damaged or was saved from a diverged model; NaN/Inf weights would decode to an all-NaN image",
-                                w.data[i]
+                                "weight `{key}` holds {v} at flat index {i}: the file is damaged or was saved from a diverged model; NaN/Inf weights would decode to an all-NaN image"
                             ),
                         });
                     }
@@ -521,10 +528,9 @@ fn random_weight(seed: u64, key: &str, shape: &[usize]) -> Vec<f32> {
         let v = if key.ends_with(".weight") { 1.0 } else { 0.0 };
         return vec![v; n];
     }
-    let fan_in = if shape.len() > 1 {
-        shape[1..].iter().product::<usize>()
-    } else {
-        64
+    let fan_in = match shape.get(1..) {
+        Some(rest) if !rest.is_empty() => rest.iter().product::<usize>(),
+        _ => 64,
     };
     let bound = 1.0 / (fan_in as f32).sqrt();
     let h = key.bytes().fold(seed ^ 0xcbf2_9ce4_8422_2325, |h, b| {
@@ -534,6 +540,12 @@ fn random_weight(seed: u64, key: &str, shape: &[usize]) -> Vec<f32> {
 }
 
 #[cfg(test)]
+#[allow(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
 mod tests {
     use super::*;
 
