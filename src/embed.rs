@@ -436,20 +436,22 @@ impl Engine {
             Latents::Device(_) => {
                 let prepared = self.prepare(&latents)?;
                 let (rgba, w, h, overflows) = self.decode_device(vae, &prepared)?;
-                if overflows == 0 {
-                    (rgba, w, h)
+                let rgba = if overflows == 0 {
+                    rgba
                 } else {
                     let twin = vae.bf16_twin(&self.ctx)?;
                     let redo = || self.decode_device(twin, &prepared);
-                    let ((rgba, w, h, _), _) =
+                    let ((rgba, ..), _) =
                         precision::redo_in_bf16(overflows, &vae.name, "re-decoded", redo)?;
-                    (rgba, w, h)
+                    rgba
+                };
+                // Host latents went through `decode`, which checks this.
+                if !self.ctx.is_null() {
+                    crate::decode::check_finite_pixels(&vae.name, &rgba)?;
                 }
+                (rgba, w, h)
             }
         };
-        if !self.ctx.is_null() {
-            crate::decode::check_finite_pixels(&vae.name, &rgba)?;
-        }
         rgba.into_iter()
             .map(|px| {
                 image::RgbaImage::from_raw(width as u32, height as u32, px).ok_or_else(|| {

@@ -196,3 +196,46 @@ pub fn tiny_kl_config() -> crate::models::AutoencoderKlConfig {
         mid_block_add_attention: true,
     }
 }
+
+/// Width of [`synthetic_tae_decoder`]'s blocks.
+pub const TAE_WIDTH: usize = 64;
+/// `nn.Sequential` indices of [`synthetic_tae_decoder`]'s residual blocks.
+pub const TAE_BLOCKS: [usize; 10] = [3, 4, 5, 8, 9, 10, 13, 14, 15, 18];
+/// `nn.Sequential` indices of its upsampling convs (no bias).
+pub const TAE_UPS: [usize; 3] = [7, 12, 17];
+
+/// A TAESD decoder's `nn.Sequential` weights for `c` latent channels, no
+/// pool branch, seeded: PyTorch-like scales (1/sqrt(fan_in), biases 0.1).
+pub fn synthetic_tae_decoder(
+    c: usize,
+    seed: u64,
+) -> std::collections::BTreeMap<String, crate::models::weights::HostWeight> {
+    const W: usize = TAE_WIDTH;
+    let mut m = std::collections::BTreeMap::new();
+    let mut seed = seed;
+    let mut put = |key: String, shape: Vec<usize>, fan_in: usize| {
+        seed += 1;
+        let n = shape.iter().product();
+        let scale = if key.ends_with("bias") {
+            0.1
+        } else {
+            1.0 / (fan_in as f32).sqrt()
+        };
+        let data = rand_vec(n, seed, scale);
+        m.insert(key, crate::models::weights::HostWeight { shape, data });
+    };
+    put("1.weight".into(), vec![W, c, 3, 3], c * 9);
+    put("1.bias".into(), vec![W], 1);
+    for i in TAE_BLOCKS {
+        for j in [0, 2, 4] {
+            put(format!("{i}.conv.{j}.weight"), vec![W, W, 3, 3], W * 9);
+            put(format!("{i}.conv.{j}.bias"), vec![W], 1);
+        }
+    }
+    for i in TAE_UPS {
+        put(format!("{i}.weight"), vec![W, W, 3, 3], W * 9);
+    }
+    put("19.weight".into(), vec![3, W, 3, 3], W * 9);
+    put("19.bias".into(), vec![3], 1);
+    m
+}

@@ -142,9 +142,20 @@ fn pipeline_cache_is_persisted_on_vulkan() {
         println!("SKIPPED: the pipeline cache is persisted on Vulkan only");
         return;
     }
-    let dir = tmp("pipeline-cache");
+    let files = taef2_decode_with_cache_dir(&shared, "pipeline-cache", &[]);
+    assert_eq!(files, 1, "one cache file per adapter");
+}
+
+/// Decodes small latents with TAEF2 with `WGVAE_CACHE_DIR` at a fresh folder
+/// `name` (plus `env`); returns how many files the folder then holds.
+fn taef2_decode_with_cache_dir(
+    shared: &std::path::Path,
+    name: &str,
+    env: &[(&str, &str)],
+) -> usize {
+    let dir = tmp(name);
     let _ = std::fs::remove_dir_all(&dir);
-    let latents = tmp("cache.npy");
+    let latents = tmp(&format!("{name}.npy"));
     wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.1; 128]).unwrap();
     let vae = shared.join("weights/taef2/decoder.safetensors");
     let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
@@ -154,9 +165,10 @@ fn pipeline_cache_is_persisted_on_vulkan() {
             "--vae",
             vae.to_str().unwrap(),
             "-o",
-            tmp("cache.png").to_str().unwrap(),
+            tmp(&format!("{name}.png")).to_str().unwrap(),
         ])
         .env("WGVAE_CACHE_DIR", &dir)
+        .envs(env.iter().copied())
         .output()
         .unwrap();
     assert!(
@@ -164,8 +176,7 @@ fn pipeline_cache_is_persisted_on_vulkan() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    let files: Vec<_> = std::fs::read_dir(&dir).unwrap().collect();
-    assert_eq!(files.len(), 1, "one cache file per adapter");
+    std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0)
 }
 
 #[test]
@@ -1408,30 +1419,11 @@ fn bench_frames_writes_streamed_and_loop_rows() {
 #[test]
 fn pipeline_cache_env_zero_writes_no_cache() {
     let Some(shared) = shared_dir() else { return };
-    let dir = tmp("pipeline-cache-off");
-    let _ = std::fs::remove_dir_all(&dir);
-    let latents = tmp("cache-off.npy");
-    wgvae::io::write_npy(&latents, &[1, 32, 2, 2], &[0.1; 128]).unwrap();
-    let vae = shared.join("weights/taef2/decoder.safetensors");
-    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
-        .args([
-            "decode",
-            latents.to_str().unwrap(),
-            "--vae",
-            vae.to_str().unwrap(),
-            "-o",
-            tmp("cache-off.png").to_str().unwrap(),
-        ])
-        .env("WGVAE_CACHE_DIR", &dir)
-        .env("WGVAE_PIPELINE_CACHE", "0")
-        .output()
-        .unwrap();
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
+    let files = taef2_decode_with_cache_dir(
+        &shared,
+        "pipeline-cache-off",
+        &[("WGVAE_PIPELINE_CACHE", "0")],
     );
-    let files = std::fs::read_dir(&dir).map(|d| d.count()).unwrap_or(0);
     assert_eq!(files, 0, "WGVAE_PIPELINE_CACHE=0 wrote a cache");
 }
 

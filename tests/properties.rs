@@ -30,7 +30,7 @@ use wgvae::io::HostTensor;
 use wgvae::memory::{PlannedPool, Policy};
 use wgvae::models::weights::HostWeight;
 use wgvae::models::{AutoencoderKlConfig, Precision, WeightStore};
-use wgvae::testing::{max_abs_diff, rand_vec, test_context};
+use wgvae::testing::{max_abs_diff, rand_vec, synthetic_tae_decoder, test_context};
 use wgvae::{decode, Context, DType, DecodeOptions, Decoded, LoadOptions, Tiling, Vae};
 
 /// Cases of `exact_tiles_equal_untiled` unless `WGVAE_PROP_CASES` says
@@ -176,39 +176,6 @@ fn case(kl_side: usize, tae_side: usize) -> impl Strategy<Value = Case> {
     )
 }
 
-/// TAESD `nn.Sequential` decoder weights for `c` latent channels (no pool
-/// branch), as in `tests/tae_variants.rs`.
-fn tae_weights(c: usize, seed: u64) -> Vec<(String, HostWeight)> {
-    const W: usize = 64;
-    let mut v = Vec::new();
-    let mut seed = seed * 1000;
-    let mut put = |key: String, shape: Vec<usize>, fan_in: usize| {
-        seed += 1;
-        let n = shape.iter().product();
-        let scale = if key.ends_with("bias") {
-            0.1
-        } else {
-            1.0 / (fan_in as f32).sqrt()
-        };
-        let data = rand_vec(n, seed, scale);
-        v.push((key, HostWeight { shape, data }));
-    };
-    put("1.weight".into(), vec![W, c, 3, 3], c * 9);
-    put("1.bias".into(), vec![W], 1);
-    for i in [3, 4, 5, 8, 9, 10, 13, 14, 15, 18] {
-        for j in [0, 2, 4] {
-            put(format!("{i}.conv.{j}.weight"), vec![W, W, 3, 3], W * 9);
-            put(format!("{i}.conv.{j}.bias"), vec![W], 1);
-        }
-    }
-    for i in [7, 12, 17] {
-        put(format!("{i}.weight"), vec![W, W, 3, 3], W * 9);
-    }
-    put("19.weight".into(), vec![3, W, 3, 3], W * 9);
-    put("19.bias".into(), vec![3], 1);
-    v
-}
-
 /// The (key, shape) of every AutoencoderKL decoder weight of `cfg`, as the
 /// loader asks for them (diffusers names; the loader rejects any other set).
 fn kl_keys(cfg: &AutoencoderKlConfig) -> Vec<(String, Vec<usize>)> {
@@ -301,7 +268,9 @@ impl ModelFile {
                     })
                     .collect()
             }
-            Model::Tae(c, seed) => tae_weights(*c, *seed),
+            Model::Tae(c, seed) => synthetic_tae_decoder(*c, *seed * 1000)
+                .into_iter()
+                .collect(),
         };
         // A folder per case: nothing but the model is beside the file.
         let n = NEXT.fetch_add(1, Ordering::Relaxed);

@@ -12,48 +12,15 @@ use wgvae::kernels::conv2d::{cpu_conv2d, Conv2dOptions};
 use wgvae::models::tae::TaeDecoder;
 use wgvae::models::weights::HostWeight;
 use wgvae::models::{Layout, WeightStore};
-use wgvae::testing::{assert_close, rand_vec, test_context};
+use wgvae::testing::{
+    assert_close, rand_vec, synthetic_tae_decoder as synthetic, test_context, TAE_BLOCKS, TAE_UPS,
+    TAE_WIDTH,
+};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
 
-const W: usize = 64;
-const BLOCKS: [usize; 10] = [3, 4, 5, 8, 9, 10, 13, 14, 15, 18];
-const UPS: [usize; 3] = [7, 12, 17];
-
-/// A TAESD decoder's `nn.Sequential` weights for `c` latent channels, no pool branch.
-fn synthetic(c: usize, seed: u64) -> BTreeMap<String, HostWeight> {
-    let mut m = BTreeMap::new();
-    let mut seed = seed;
-    let mut put = |key: String, shape: Vec<usize>, fan_in: usize| {
-        seed += 1;
-        let n = shape.iter().product();
-        let scale = if key.ends_with("bias") {
-            0.1
-        } else {
-            1.0 / (fan_in as f32).sqrt()
-        };
-        m.insert(
-            key,
-            HostWeight {
-                shape,
-                data: rand_vec(n, seed, scale),
-            },
-        );
-    };
-    put("1.weight".into(), vec![W, c, 3, 3], c * 9);
-    put("1.bias".into(), vec![W], 1);
-    for i in BLOCKS {
-        for j in [0, 2, 4] {
-            put(format!("{i}.conv.{j}.weight"), vec![W, W, 3, 3], W * 9);
-            put(format!("{i}.conv.{j}.bias"), vec![W], 1);
-        }
-    }
-    for i in UPS {
-        put(format!("{i}.weight"), vec![W, W, 3, 3], W * 9);
-    }
-    put("19.weight".into(), vec![3, W, 3, 3], W * 9);
-    put("19.bias".into(), vec![3], 1);
-    m
-}
+const W: usize = TAE_WIDTH;
+const BLOCKS: [usize; 10] = TAE_BLOCKS;
+const UPS: [usize; 3] = TAE_UPS;
 
 /// The TAESD decoder on the CPU: z `[1, c, h, w]` → `[1, 3, 8h, 8w]`.
 fn cpu_tae(m: &BTreeMap<String, HostWeight>, z: &[f32], c: usize, h: usize, w: usize) -> Vec<f32> {
