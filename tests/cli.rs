@@ -1522,3 +1522,112 @@ fn fifos_are_errors_not_hangs() {
     }
     assert!(!d.join("out.png").exists());
 }
+
+/// `report memory` on a CI-sized selection: the files, README's FLUX.1 512²
+/// figures (f32 caching 701.9 / 974 MiB, planned 701.0, weights 189.9 /
+/// 189.0; f16 weights 98.1 / 94.6 and 47 % of PyTorch's working memory),
+/// each row equal to the library's estimate, and a size off the grid
+/// refused before any work.
+#[test]
+fn report_memory_partial_grid_matches_readme_and_estimates() {
+    let Some(shared) = shared_dir() else { return };
+    let reference = shared.join("reference/pytorch_vae_memory_rtx4090.csv");
+    let out = tmp("report-memory");
+    let (ok, stdout, err) = wgvae(&[
+        "report",
+        "memory",
+        "--sizes",
+        "512",
+        "--models",
+        "flux",
+        "--reference",
+        reference.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    assert!(stdout.contains("wrote 18 rows"), "{stdout}");
+    for f in ["memory.csv", "memory.md", "memory_flux.svg"] {
+        assert!(out.join(f).is_file(), "{f} missing");
+    }
+    assert!(
+        !out.join("memory_sdxl.svg").exists(),
+        "SDXL was not selected"
+    );
+    let rows = csv_rows(&out.join("memory.csv"));
+    // decode and encode × 3 dtypes × 3 policies (PyTorch has no tiled 512² row to budget by).
+    assert_eq!(rows.len(), 18, "{rows:?}");
+    let row = |op: &str, dtype: &str, policy: &str| {
+        rows.iter()
+            .find(|r| r["op"] == op && r["dtype"] == dtype && r["policy"] == policy)
+            .unwrap_or_else(|| panic!("no {op} {dtype} {policy} row"))
+    };
+    let f =
+        |r: &std::collections::HashMap<String, String>, k: &str| -> f64 { r[k].parse().unwrap() };
+    let c32 = row("decode", "float32", "caching");
+    let p32 = row("decode", "float32", "planned");
+    let p16 = row("decode", "float16", "planned");
+    let c16 = row("decode", "float16", "caching");
+    assert_eq!(
+        [c32, p32].map(|r| format!(
+            "{:.0} / {:.0}",
+            f(r, "peak_allocated_mib"),
+            f(r, "peak_reserved_mib")
+        )),
+        ["702 / 974", "701 / 701"]
+    );
+    assert_eq!(
+        [c32, p32, c16, p16].map(|r| format!("{:.1}", f(r, "weights_mib"))),
+        ["189.9", "189.0", "98.1", "94.6"]
+    );
+    assert_eq!(format!("{:.2}", f(p16, "working_vs_pytorch")), "0.47");
+    assert_eq!(f(p16, "pytorch_allocated_mib"), 546.12, "the published row");
+    // Every decode row is the library's estimate for the reference GPU.
+    let caps = wgvae::gpu::Capabilities::reference_gpu();
+    for (dtype, precision) in [
+        ("float32", wgvae::models::Precision::F32),
+        ("float16", wgvae::models::Precision::F16),
+    ] {
+        for policy in [
+            wgvae::memory::Policy::Caching,
+            wgvae::memory::Policy::Planned,
+            wgvae::memory::Policy::Exact,
+        ] {
+            let load = wgvae::LoadOptions {
+                precision,
+                ..Default::default()
+            };
+            let e = wgvae::decode::Estimate::new(&caps, policy, "preset:flux1", &load)
+                .decode([1, 16, 64, 64])
+                .unwrap();
+            let r = row("decode", dtype, policy.name());
+            let mib = |b: u64| format!("{:.2}", b as f64 / (1024.0 * 1024.0));
+            assert_eq!(r["peak_allocated_mib"], mib(e.peak_allocated_bytes));
+            assert_eq!(r["peak_reserved_mib"], mib(e.peak_reserved_bytes));
+            assert_eq!(r["weights_mib"], mib(e.weights_bytes));
+        }
+    }
+    let started = std::time::Instant::now();
+    let (ok, _, err) = wgvae(&[
+        "report",
+        "memory",
+        "--sizes",
+        "640",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && err.contains("--sizes 640") && err.contains("wgvae memory --size 640x640"),
+        "{err}"
+    );
+    let (ok, _, err) = wgvae(&[
+        "report",
+        "memory",
+        "--models",
+        "sd2",
+        "--out",
+        out.to_str().unwrap(),
+    ]);
+    assert!(!ok && err.contains("FLUX, SD1.5, SDXL"), "{err}");
+    assert!(started.elapsed().as_secs() < 10, "refused before any work");
+}

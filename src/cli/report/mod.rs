@@ -64,6 +64,12 @@ pub(crate) enum ReportKind {
         /// each policy) and add those measured rows beside their predictions.
         #[arg(long)]
         measure: bool,
+        /// Only these sizes (pixels per side, from the report's grid: 512,768,1024,1536,2048).
+        #[arg(long, value_delimiter = ',')]
+        sizes: Vec<usize>,
+        /// Only these models (FLUX, SD1.5, SDXL; any case).
+        #[arg(long, value_delimiter = ',')]
+        models: Vec<String>,
     },
 }
 
@@ -74,7 +80,13 @@ pub(crate) fn run(adapter: &Option<String>, which: &ReportKind) -> Result<()> {
             reference,
             this_device,
             measure,
-        } => report_memory(adapter, out, reference, *this_device, *measure),
+            sizes,
+            models,
+        } => {
+            // Checked before any work: a typo should not cost the full report's minutes.
+            let only = memory::Selection::new(sizes, models)?;
+            report_memory(adapter, out, reference, *this_device, *measure, &only)
+        }
     }
 }
 
@@ -84,6 +96,7 @@ fn report_memory(
     reference: &Path,
     this_device: bool,
     measure: bool,
+    only: &memory::Selection,
 ) -> wgvae::Result<()> {
     let device = if measure || this_device {
         Some(context(cli_adapter)?)
@@ -105,7 +118,7 @@ fn report_memory(
         std::env::consts::OS
     );
     let measure_on = device.as_ref().filter(|_| measure);
-    let rows = memory::write_report(&caps, reference, &header, out, measure_on)?;
+    let rows = memory::write_report(&caps, reference, &header, out, measure_on, only)?;
     println!(
         "wrote {} rows to {}/memory.csv, memory.md and memory_*.svg",
         rows.len(),

@@ -166,13 +166,64 @@ impl Row {
     }
 }
 
-/// Predicts every row for a device with `caps`; cells the device cannot run
-/// untiled are returned as (model, size, policy, reason).
-pub fn predict(caps: &Capabilities, pytorch: &[PytorchRow]) -> Result<(Vec<Row>, Vec<String>)> {
-    predict_cells(caps, pytorch, |_, _, _, _| true)
+/// The report's cells to compute: the whole grid, or the sizes and models
+/// `--sizes` / `--models` name (a quick partial report).
+#[derive(Clone, Debug, Default)]
+pub struct Selection {
+    sizes: Vec<usize>,
+    models: Vec<&'static str>,
 }
 
-/// [`predict`] of the cells (op, model, size, dtype) `keep` accepts. A
+impl Selection {
+    /// Only `sizes` (from [`SIZES`]) and `models` (labels of [`MODELS`], any
+    /// case); an empty list means all of them.
+    pub fn new(sizes: &[usize], models: &[String]) -> Result<Selection> {
+        for &s in sizes {
+            if !SIZES.contains(&s) {
+                return Err(Error::InvalidInput(format!(
+                    "`--sizes {s}`: the memory report's grid has sizes {SIZES:?} (the PyTorch reference's); \
+                     for other sizes use `wgvae memory --size {s}x{s}`"
+                )));
+            }
+        }
+        let labels: Vec<&str> = MODELS.iter().map(|(m, _)| *m).collect();
+        let models = models
+            .iter()
+            .map(|m| {
+                labels
+                    .iter()
+                    .find(|l| l.eq_ignore_ascii_case(m))
+                    .copied()
+                    .ok_or_else(|| {
+                        Error::InvalidInput(format!(
+                            "`--models {m}`: the memory report's models are {}",
+                            labels.join(", ")
+                        ))
+                    })
+            })
+            .collect::<Result<_>>()?;
+        Ok(Selection {
+            sizes: sizes.to_vec(),
+            models,
+        })
+    }
+
+    fn keeps(&self, model: &str, size: usize) -> bool {
+        (self.sizes.is_empty() || self.sizes.contains(&size))
+            && (self.models.is_empty() || self.models.contains(&model))
+    }
+
+    fn models(&self) -> Vec<(&'static str, &'static str)> {
+        MODELS
+            .into_iter()
+            .filter(|(m, _)| self.models.is_empty() || self.models.contains(m))
+            .collect()
+    }
+}
+
+/// Predicts the rows of the cells (op, model, size, dtype) `keep` accepts for
+/// a device with `caps`; cells the device cannot run untiled are also
+/// returned as "model op size dtype policy: reason" lines. A
 /// `decode_tiled` cell needs its model's `decode` cell at some size for the
 /// weights of its budget. A decode that exceeds a device limit untiled is
 /// predicted with `--tile auto` instead (its `note` says so); a cell that
@@ -381,8 +432,8 @@ pub fn measure(
     Ok(rows)
 }
 
-/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`;
-/// with `measure_on`, also rows measured on that context's device at
+/// Writes `memory.csv`, `memory.md` and `memory_<model>.svg` into `out`
+/// for the cells `only` keeps; with `measure_on`, also rows measured on that context's device at
 /// [`MEASURED_SIZES`] (see [`measure`]).
 pub fn write_report(
     caps: &Capabilities,
@@ -390,15 +441,17 @@ pub fn write_report(
     header: &str,
     out: &Path,
     measure_on: Option<&wgvae::gpu::Context>,
+    only: &Selection,
 ) -> Result<Vec<Row>> {
     create_dir(out)?;
     let pytorch = match reference {
         Some(p) => read_pytorch(p)?,
         None => Vec::new(),
     };
-    let (mut rows, failed) = predict(caps, &pytorch)?;
+    let (mut rows, failed) =
+        predict_cells(caps, &pytorch, |_, model, size, _| only.keeps(model, size))?;
     if let Some(ctx) = measure_on {
-        rows.extend(measure(ctx, &MODELS, &MEASURED_SIZES)?);
+        rows.extend(measure(ctx, &only.models(), &MEASURED_SIZES)?);
     }
     write(&out.join("memory.csv"), &csv(&rows))?;
     let mut header = header.to_string();
@@ -407,7 +460,7 @@ pub fn write_report(
     }
     let md = markdown(&rows, &failed, &header) + "\n" + &measured_markdown(&rows);
     write(&out.join("memory.md"), &md)?;
-    for (model, _) in MODELS {
+    for (model, _) in only.models() {
         plot(
             &rows,
             model,
