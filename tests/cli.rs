@@ -817,9 +817,11 @@ fn decode_profile_of_exact_tiles_has_kernel_rows() {
     ]);
     assert!(ok, "{err}");
     let untiled = json(&out)["macs"].as_u64().unwrap();
-    // Tiles recompute their halos: at least the untiled work, not much more.
-    assert!(
-        untiled > 0 && tiled >= untiled && tiled < 2 * untiled,
+    // Tiles recompute their halos: README's 1.857 GMAC against 1.828 untiled.
+    let g = |m: u64| format!("{:.3}", m as f64 / 1e9);
+    assert_eq!(
+        [g(tiled), g(untiled)],
+        ["1.857", "1.828"],
         "tiled {tiled} vs untiled {untiled} MACs"
     );
 }

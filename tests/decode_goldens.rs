@@ -1,6 +1,7 @@
 //! Decoders against the diffusers / PyTorch goldens in `../shared/golden`.
-//! Tolerances: AutoencoderKL raw output max abs error ≤ 2e-5 (diffusers f32 on
-//! CPU vs our f32 kernels; measured ≤ 6.6e-6, README), PNGs within ±1; TAEF2
+//! Tolerances: AutoencoderKL raw output max abs error per golden at about 3×
+//! README's measured figure (diffusers f32 on CPU vs our f32 kernels, Vulkan
+//! and GL llvmpipe), PNGs within ±1; TAEF2
 //! ≤ 1.5e-5 (measured ≤ 4.8e-6) and PSNR within 0.1 dB.
 
 use std::path::{Path, PathBuf};
@@ -19,7 +20,7 @@ fn png_rgb(path: &Path) -> Vec<u8> {
     image::open(path).unwrap().to_rgb8().into_raw()
 }
 
-fn check_aekl(name: &str, check_activations: bool) {
+fn check_aekl(name: &str, tolerance: f32, check_activations: bool) {
     let Some(dir) = golden(name) else { return };
     let ctx = test_context();
     let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
@@ -40,8 +41,8 @@ fn check_aekl(name: &str, check_activations: bool) {
     let (err, at) = max_abs_diff(&raw.data, &want.data);
     println!("{name}: raw max abs error {err:.3e} at {at}");
     assert!(
-        err <= 2e-5,
-        "{name}: raw max abs error {err} > 2e-5 (at {at})"
+        err <= tolerance,
+        "{name}: raw max abs error {err} > {tolerance:e} (at {at})"
     );
     let [n, _, h, w] = want.shape[..] else {
         panic!("{name}: decoded.npy is not N×3×H×W")
@@ -104,22 +105,22 @@ fn check_aekl(name: &str, check_activations: bool) {
 
 #[test]
 fn aekl_tiny_sd_matches_diffusers() {
-    check_aekl("aekl-tiny-sd", true);
+    check_aekl("aekl-tiny-sd", 9e-6, true);
 }
 
 #[test]
 fn aekl_tiny_sd_batch2_matches_diffusers() {
-    check_aekl("aekl-tiny-sd-batch2", true);
+    check_aekl("aekl-tiny-sd-batch2", 1.9e-5, true);
 }
 
 #[test]
 fn aekl_tiny_flux_matches_diffusers() {
-    check_aekl("aekl-tiny-flux", true);
+    check_aekl("aekl-tiny-flux", 1.4e-5, true);
 }
 
 #[test]
 fn aekl_tiny_sd_tiled_whole_decode_matches_diffusers() {
-    check_aekl("aekl-tiny-sd-tiled", false);
+    check_aekl("aekl-tiny-sd-tiled", 1.05e-5, false);
 }
 
 #[test]

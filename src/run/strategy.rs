@@ -427,12 +427,22 @@ pub(crate) fn choose_exact(
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
         _ => Error::InvalidInput(format!(
-            "no tile size {what} within the memory budget of {budget} bytes ({:.0} MiB, of which {:.0} MiB are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
-            budget as f64 / 1048576.0,
-            base as f64 / 1048576.0,
+            "no tile size {what} within the memory budget of {budget} bytes ({}, of which {} are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
+            human_bytes(budget),
+            human_bytes(base),
             if tiling.tile_size.is_some() { " or lower `Tiling::tile_size`" } else { "" }
         )),
     })
+}
+
+/// `bytes` in the largest unit that keeps it ≥ 1 (a tiny budget is not "0 MiB").
+fn human_bytes(bytes: u64) -> String {
+    const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
+    let b = bytes as f64;
+    match UNITS.iter().find(|(_, u)| b >= *u) {
+        Some((name, u)) => format!("{:.1} {name}", b / u),
+        None => format!("{bytes} bytes"),
+    }
 }
 
 /// Staging (upload and read-back buffers) a tiled run may hold: an eighth
@@ -479,4 +489,18 @@ fn fit_plan(
         cap = cap.saturating_sub(peak - avail);
     }
     Ok(None)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::human_bytes;
+
+    #[test]
+    fn budgets_print_in_a_unit_that_is_not_zero() {
+        assert_eq!(human_bytes(0), "0 bytes");
+        assert_eq!(human_bytes(1000), "1000 bytes");
+        assert_eq!(human_bytes(1536), "1.5 KiB");
+        assert_eq!(human_bytes(3 << 20), "3.0 MiB");
+        assert_eq!(human_bytes(16 << 30), "16.0 GiB");
+    }
 }
