@@ -1,0 +1,268 @@
+"""wgvae: diffusion-model VAE decoding on any GPU wgpu runs on.
+
+numpy arrays (or anything with ``__array__`` or DLPack: CPU torch tensors)
+in, images out. The native module ``wgvae._wgvae`` wraps the Rust library's
+front doors; this layer converts arrays and checks their layout.
+
+Exceptions: ``ValueError`` for bad input (NaN latents, wrong shapes or
+channel counts, unreadable weight files), ``MemoryError`` for a memory budget
+no tiling can meet or a device out of memory, ``FileNotFoundError`` /
+``OSError`` for the file system, ``RuntimeError`` for device failures. Each
+carries the library's message.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from typing import Any, Dict, List, Optional, Tuple, Union
+
+import numpy as np
+
+from . import _wgvae
+
+__version__: str = _wgvae.__version__
+__all__ = ["Vae", "adapters", "__version__"]
+
+_UNITS = {
+    "": 1, "b": 1,
+    "k": 1 << 10, "kb": 1 << 10, "kib": 1 << 10,
+    "m": 1 << 20, "mb": 1 << 20, "mib": 1 << 20,
+    "g": 1 << 30, "gb": 1 << 30, "gib": 1 << 30,
+    "t": 1 << 40, "tb": 1 << 40, "tib": 1 << 40,
+}  # fmt: skip
+
+
+def adapters() -> List[Dict[str, Any]]:
+    """Every adapter wgpu sees: index, name, backend, device_type, driver,
+    driver_info, shader_f16 (the order ``Vae(adapter=index)`` uses)."""
+    return list(_wgvae.adapters())
+
+
+def _bytes(value: Union[int, str, None], what: str) -> Optional[int]:
+    """Bytes as an int or a string with a K/M/G/KiB/MiB/GiB suffix (as the CLI's ``--max-memory``)."""
+    if value is None:
+        return None
+    if isinstance(value, bool):
+        raise ValueError(f"{what}: expected bytes (int) or a size such as '800MiB', got {value!r}")
+    if isinstance(value, (int, np.integer)):
+        if value <= 0:
+            raise ValueError(f"{what}: expected a positive number of bytes, got {value}")
+        return int(value)
+    if isinstance(value, str):
+        m = re.fullmatch(r"\s*([0-9]*\.?[0-9]+)\s*([a-zA-Z]*)\s*", value)
+        if m and m.group(2).lower() in _UNITS and float(m.group(1)) > 0:
+            return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+    raise ValueError(f"{what} {value!r}: expected bytes, e.g. 1073741824, '1GiB' or '800MiB'")
+
+
+def _as_array(x: Any, what: str) -> np.ndarray:
+    """A numpy view or copy of ``x``: numpy arrays, torch tensors (detached, moved
+    to the CPU; bfloat16 widened), anything with ``__array__`` or ``__dlpack__``."""
+    if isinstance(x, np.ndarray):
+        return x
+    if type(x).__module__.split(".")[0] == "torch":
+        t = x.detach()
+        if str(t.dtype) == "torch.bfloat16":  # numpy has no bfloat16
+            t = t.float()
+        return t.cpu().numpy()
+    if hasattr(x, "__array__"):
+        return np.asarray(x)
+    if hasattr(x, "__dlpack__") and hasattr(np, "from_dlpack"):
+        return np.from_dlpack(x)
+    raise ValueError(
+        f"{what}: expected a numpy array, a CPU torch tensor or an object with __array__ / __dlpack__, "
+        f"got {type(x).__name__}"
+    )
+
+
+def _f32(a: np.ndarray, what: str) -> np.ndarray:
+    if a.dtype.kind != "f":
+        raise ValueError(f"{what}: expected float16, float32 or float64 values, got {a.dtype}")
+    return np.ascontiguousarray(a, dtype="<f4")
+
+
+class Vae:
+    """A VAE decoder (and, on first ``encode``, its encoder) on a device.
+
+    ``path_or_preset``: a diffusers folder (or a pipeline folder with ``vae/``),
+    a ``.safetensors`` file in diffusers, LDM or TAE layout, or ``preset:NAME``
+    (random weights). ``dtype``: ``"auto"`` (f16 for models known to fit it,
+    bf16 otherwise), ``"f32"``, ``"f16"`` or ``"bf16"``. ``policy``: the memory
+    pool, ``"planned"``, ``"caching"`` or ``"exact"``. ``adapter``: None (the
+    best GPU), an index into :func:`adapters` or a name substring.
+    ``max_memory``: the default peak device memory of a run (bytes or e.g.
+    ``"2GiB"``), weights included. ``encoder``: the encoder's weights when they
+    live elsewhere (TAE ``encoder.safetensors``); default ``path_or_preset``.
+    """
+
+    def __init__(
+        self,
+        path_or_preset: Union[str, "os.PathLike[str]"],
+        dtype: str = "auto",
+        policy: str = "planned",
+        adapter: Union[int, str, None] = None,
+        max_memory: Union[int, str, None] = None,
+        encoder: Union[str, "os.PathLike[str]", None] = None,
+    ) -> None:
+        spec = _path(path_or_preset)
+        self._model = _wgvae.Model(
+            spec,
+            dtype,
+            policy,
+            adapter,
+            _bytes(max_memory, "max_memory"),
+            None if encoder is None else _path(encoder),
+        )
+
+    @property
+    def name(self) -> str:
+        """The model's description (variant and source)."""
+        return self._model.name
+
+    @property
+    def latent_channels(self) -> int:
+        return self._model.latent_channels
+
+    @property
+    def upscale(self) -> int:
+        """Output pixels per latent along each axis (8)."""
+        return self._model.upscale
+
+    @property
+    def dtype(self) -> str:
+        """Storage dtype of weights and activations: f32, f16 or bf16."""
+        return self._model.dtype
+
+    @property
+    def device(self) -> str:
+        """The adapter's name and backend."""
+        return self._model.device
+
+    @property
+    def random_weights(self) -> bool:
+        """True for ``preset:NAME`` models (the images show noise)."""
+        return self._model.random_weights
+
+    def __repr__(self) -> str:
+        return f"wgvae.Vae({self.name!r}, dtype={self.dtype!r}, device={self.device!r})"
+
+    def decode(
+        self,
+        latents: Any,
+        tile: str = "auto",
+        raw_latents: bool = False,
+        output: str = "uint8",
+        tile_size: Optional[int] = None,
+        max_memory: Union[int, str, None] = None,
+    ) -> np.ndarray:
+        """Decodes latents N×C×h×w (or C×h×w) to images.
+
+        ``latents`` are pipeline latents (as ``pipe(..., output_type="latent")``
+        returns them) unless ``raw_latents``: the decoder input is
+        ``latents / scaling_factor + shift_factor``. ``tile``: ``"auto"``
+        (untiled when it fits the memory budget), ``"off"``, ``"exact"``
+        (equals the untiled decode up to rounding) or ``"fast"`` (diffusers'
+        blended tiles). ``output="uint8"``: N×H×W×3 uint8 (diffusers'
+        postprocessing); ``output="float"``: float32 N×3×H×W, the raw decoder
+        output (diffusers' ``vae.decode(...).sample``). A C×h×w input gives
+        one image without the batch axis.
+        """
+        if output not in ("uint8", "float"):
+            raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
+        a = _as_array(latents, "latents")
+        single = a.ndim == 3
+        if single:
+            a = a[None]
+        if a.ndim != 4:
+            raise ValueError(f"latents: expected N×C×h×w or C×h×w, got shape {tuple(a.shape)}")
+        a = _f32(a, "latents")
+        rgb, raw, h, w = self._model.decode(
+            a.tobytes(),
+            list(a.shape),
+            tile,
+            tile_size,
+            bool(raw_latents),
+            output == "float",
+            _bytes(max_memory, "max_memory"),
+        )
+        n = a.shape[0]
+        if output == "float":
+            out = np.frombuffer(raw, dtype="<f4").reshape(n, 3, h, w)
+        else:
+            out = np.frombuffer(rgb, dtype=np.uint8).reshape(n, h, w, 3)
+        return out[0] if single else out
+
+    def encode(
+        self,
+        images: Any,
+        tile: str = "auto",
+        raw_latents: bool = False,
+        sample: Optional[int] = None,
+        tile_size: Optional[int] = None,
+        max_memory: Union[int, str, None] = None,
+    ) -> np.ndarray:
+        """Encodes images to latents, float32 N×C×h×w (pipeline latents unless
+        ``raw_latents``; the distribution's mean unless ``sample`` seeds a draw).
+
+        ``images``: uint8 N×H×W×3 (or H×W×3), as PIL / PNG pixels, or float
+        N×3×H×W (or 3×H×W) in [-1, 1], as diffusers' image processor hands
+        them to ``vae.encode``. H and W must be multiples of 8.
+        """
+        a = _as_array(images, "images")
+        if a.dtype == np.uint8:
+            single = a.ndim == 3
+            if single:
+                a = a[None]
+            if a.ndim != 4 or a.shape[3] != 3:
+                raise ValueError(f"images: uint8 images must be N×H×W×3 or H×W×3, got shape {tuple(a.shape)}")
+            pixels = np.ascontiguousarray(a.transpose(0, 3, 1, 2), dtype="<f4")
+        else:
+            single = a.ndim == 3
+            if single:
+                a = a[None]
+            if a.ndim != 4 or a.shape[1] != 3:
+                raise ValueError(
+                    f"images: float images must be N×3×H×W or 3×H×W in [-1, 1], got shape {tuple(a.shape)}"
+                )
+            a = _f32(a, "images")
+            if not np.isfinite(a).all():
+                raise ValueError("images: NaN or infinite values")
+            pixels = np.ascontiguousarray((np.clip(a, -1.0, 1.0) + 1.0) * 127.5, dtype="<f4")
+        data, shape = self._model.encode(
+            pixels.tobytes(),
+            list(pixels.shape),
+            tile,
+            tile_size,
+            bool(raw_latents),
+            sample,
+            _bytes(max_memory, "max_memory"),
+        )
+        out = np.frombuffer(data, dtype="<f4").reshape(shape)
+        return out[0] if single else out
+
+    def memory(
+        self,
+        size: Tuple[int, int] = (1024, 1024),
+        batch: int = 1,
+        dtype: Optional[str] = None,
+        encode: bool = False,
+        tile: str = "auto",
+        tile_size: Optional[int] = None,
+        max_memory: Union[int, str, None] = None,
+    ) -> Dict[str, Any]:
+        """Predicted memory of decoding to (or, with ``encode``, encoding) a
+        ``size`` = (H, W) image batch on this model's device: the dict
+        ``wgvae memory --json`` prints (a dry run; nothing is allocated)."""
+        h, w = size
+        text = self._model.memory(
+            int(h), int(w), int(batch), dtype, bool(encode), tile, tile_size, _bytes(max_memory, "max_memory")
+        )
+        return json.loads(text)
+
+
+def _path(p: Any) -> str:
+    import os
+
+    return os.fspath(p)
