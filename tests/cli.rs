@@ -603,6 +603,37 @@ fn bad_inputs_fail_with_a_message_and_exit_code() {
     ]);
     assert!(!ok);
     assert!(err.contains("unknown memory policy"), "{err}");
+    // Tile sizes are refused, not rounded, when they are not whole latent pixels.
+    for (flag, px, fix) in [
+        ("--tile-size", "3", "--tile-size 8"),
+        ("--tile-size", "0", "--tile-size 8"),
+        ("--tile-overlap", "12", "--tile-overlap 16"),
+    ] {
+        let mode = if flag == "--tile-overlap" {
+            "fast"
+        } else {
+            "exact"
+        };
+        for cmd in [
+            vec!["memory", "--vae", "preset:sd15", "--size", "512x512"],
+            vec![
+                "decode",
+                wrong.to_str().unwrap(),
+                "--vae",
+                vae.to_str().unwrap(),
+            ],
+        ] {
+            let mut args = cmd.clone();
+            args.extend(["--tile", mode, flag, px]);
+            let (ok, _, err) = wgvae(&args);
+            assert!(!ok, "{args:?}");
+            assert!(
+                err.contains(&format!("{flag} {px}: expected a positive multiple of 8"))
+                    && err.contains(fix),
+                "{args:?}: {err}"
+            );
+        }
+    }
 }
 
 #[test]

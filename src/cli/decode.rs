@@ -101,7 +101,9 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
 
 pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
     let inputs = check_outputs(a)?;
+    // Flags before any work: a typo should not cost a model load.
     let policy: Policy = a.policy.parse()?;
+    let tiling = a.tiles.tiling()?;
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
     let load = LoadOptions {
         config: a.config.clone(),
@@ -116,7 +118,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     }
     let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
     if let Some(dir) = &a.frames_out {
-        return decode_frames(&ctx, &vae, &latents, a, dir);
+        return decode_frames(&ctx, &vae, &latents, a, tiling, dir);
     }
     // A batch writes OUT_0.png, OUT_1.png…: each checked before the decode.
     let paths = wgvae::io::batch_paths(&a.output, latents.shape[0]);
@@ -127,7 +129,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
         profile: a.profile,
-        tiling: a.tiles.tiling()?,
+        tiling,
         progress: progress_bar(a.json),
         keep_f16_overflow: false,
     };
@@ -208,9 +210,9 @@ fn decode_frames(
     vae: &Vae,
     latents: &wgvae::io::HostTensor,
     a: &DecodeArgs,
+    tiling: wgvae::tiling::Tiling,
     dir: &std::path::Path,
 ) -> wgvae::Result<()> {
-    let tiling = a.tiles.tiling()?;
     if !matches!(tiling.mode, TileMode::Auto | TileMode::Off)
         || tiling.tile_size.is_some()
         || tiling.overlap.is_some()
