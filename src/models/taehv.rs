@@ -147,6 +147,34 @@ impl TaehvDecoder {
                 .is_some_and(|s| s.first() == Some(&WIDTHS[0]))
     }
 
+    /// True when the `.safetensors` file at `path` holds a TAEHV decoder (see
+    /// [`TaehvDecoder::detect`]), read off its header alone: a front end picks
+    /// the video path before loading weights. Any unreadable file is `false`
+    /// (the image loader then says what is wrong with it).
+    pub fn is_taehv_file(path: &std::path::Path) -> bool {
+        use std::io::Read;
+        let header = || -> Option<serde_json::Value> {
+            let mut f = std::fs::File::open(path).ok()?;
+            let mut len = [0u8; 8];
+            f.read_exact(&mut len).ok()?;
+            let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+            // safetensors caps headers at 100 MB.
+            if len > 100_000_000 {
+                return None;
+            }
+            let mut bytes = vec![0u8; len];
+            f.read_exact(&mut bytes).ok()?;
+            serde_json::from_slice(&bytes).ok()
+        };
+        let Some(header) = header() else { return false };
+        ["decoder.", ""].iter().any(|p| {
+            let width = header
+                .get(format!("{p}1.weight"))
+                .and_then(|t| t.get("shape")?.get(0)?.as_u64());
+            width == Some(WIDTHS[0] as u64) && header.get(format!("{p}3.conv.0.weight")).is_some()
+        })
+    }
+
     /// Uploads a decoder from TAEHV weights (`decoder.N…` keys, or the same
     /// without the prefix).
     pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
