@@ -151,3 +151,40 @@ fn an_image_tae_is_not_a_video_decoder() {
         "{m}"
     );
 }
+
+/// Streaming holds only the time caches between chunks: the peak allocated
+/// is the same for 8 and 32 latent frames, and the caches are the nine
+/// MemBlocks' last input frames.
+#[test]
+fn streaming_memory_is_flat_in_video_length() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = load(&ctx, &dir, "taew2_1.safetensors");
+    let (h, w) = (2, 3);
+    let mut peaks = Vec::new();
+    for frames in [8, 32] {
+        let latents = HostTensor::new(
+            vec![1, frames, 16, h, w],
+            wgvae::testing::rand_vec(frames * 16 * h * w, frames as u64, 1.0),
+        )
+        .unwrap();
+        ctx.pool().reset_peak_stats();
+        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut out = 0;
+        for t in 0..frames {
+            out += stream.decode(&chunk(&latents, 0, t, t + 1)).unwrap().shape[0];
+        }
+        assert_eq!(out, 4 * frames - 3);
+        // 3 blocks each of 256×h×w, 128×2h×2w, 64×4h×4w f32 values.
+        let caches = 3 * 4 * (256 + 128 * 4 + 64 * 16) * h * w;
+        assert_eq!(stream.cache_bytes(), caches as u64);
+        peaks.push(ctx.pool().stats().allocated_bytes.peak);
+    }
+    println!(
+        "streaming peak allocated (weights included): 8 frames {} B, 32 frames {} B",
+        peaks[0], peaks[1]
+    );
+    assert_eq!(peaks[0], peaks[1]);
+}
