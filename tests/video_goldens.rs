@@ -133,6 +133,13 @@ fn bad_video_inputs_are_errors() {
     ));
     assert!(m.contains("TAEHV video decoder"), "{m}");
     println!("errors read: {m}");
+    let enc = wgvae::models::vae_encoder::VaeEncoder::load(
+        &ctx,
+        path.to_str().unwrap(),
+        &LoadOptions::default(),
+    );
+    let m = message(enc);
+    assert!(m.contains("TAEHV video autoencoder"), "{m}");
 }
 
 /// An image TAE (taesd layout) where a TAEHV decoder is expected.
