@@ -1,6 +1,7 @@
 //! TAEHV video decoders against the `taehv.py` goldens in `../shared/golden`
 //! (seeded random weights, f16-rounded values run in f32 on CPU): raw output
-//! before the clamp within 2e-3 max abs, decoded whole and streamed in
+//! before the clamp within 8e-6 max abs (3× README's measured 2.6e-6; the
+//! issue's bound is 2e-3), decoded whole and streamed in
 //! chunks of 1 and 2 latent frames.
 
 use std::path::PathBuf;
@@ -10,7 +11,7 @@ use wgvae::models::{TaehvDecoder, WeightStore};
 use wgvae::testing::{max_abs_diff, shared_dir, test_context};
 use wgvae::{decode_video, Context, LoadOptions, Vae, VideoDecoder};
 
-const TOLERANCE: f32 = 2e-3;
+const TOLERANCE: f32 = 8e-6;
 
 fn golden(name: &str) -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join(name))
