@@ -84,6 +84,7 @@ pub mod seeded;
 pub mod tensor;
 pub mod testing;
 pub mod tiling;
+pub mod video;
 
 pub use decode::{decode, DecodeOptions, Decoded};
 pub use embed::{
@@ -96,3 +97,4 @@ pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
+pub use video::{decode_video, VideoDecoder};

@@ -603,6 +603,37 @@ fn bad_inputs_fail_with_a_message_and_exit_code() {
     ]);
     assert!(!ok);
     assert!(err.contains("unknown memory policy"), "{err}");
+    // Tile sizes are refused, not rounded, when they are not whole latent pixels.
+    for (flag, px, fix) in [
+        ("--tile-size", "3", "--tile-size 8"),
+        ("--tile-size", "0", "--tile-size 8"),
+        ("--tile-overlap", "12", "--tile-overlap 16"),
+    ] {
+        let mode = if flag == "--tile-overlap" {
+            "fast"
+        } else {
+            "exact"
+        };
+        for cmd in [
+            vec!["memory", "--vae", "preset:sd15", "--size", "512x512"],
+            vec![
+                "decode",
+                wrong.to_str().unwrap(),
+                "--vae",
+                vae.to_str().unwrap(),
+            ],
+        ] {
+            let mut args = cmd.clone();
+            args.extend(["--tile", mode, flag, px]);
+            let (ok, _, err) = wgvae(&args);
+            assert!(!ok, "{args:?}");
+            assert!(
+                err.contains(&format!("{flag} {px}: expected a positive multiple of 8"))
+                    && err.contains(fix),
+                "{args:?}: {err}"
+            );
+        }
+    }
 }
 
 #[test]
@@ -1632,4 +1663,50 @@ fn report_memory_partial_grid_matches_readme_and_estimates() {
     ]);
     assert!(!ok && err.contains("FLUX, SD1.5, SDXL"), "{err}");
     assert!(started.elapsed().as_secs() < 10, "refused before any work");
+}
+
+/// `decode --vae taew2_1.safetensors --frames-out DIR`: a TAEHV file takes the
+/// video path, streams the latents in chunks and writes frame PNGs equal to
+/// the golden's frames (±1 level); without --frames-out it says what to add.
+#[test]
+fn decode_taehv_video_writes_frames() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/taew2_1-rand");
+    let vae = dir.join("taew2_1.safetensors");
+    let latents = dir.join("latents.npy");
+    let out = tmp("taehv_frames");
+    let args = [
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        vae.to_str().unwrap(),
+        "--frames-out",
+        out.to_str().unwrap(),
+        "--chunk",
+        "2",
+        "--json",
+    ];
+    let (ok, stdout, err) = wgvae(&args);
+    assert!(ok, "{err}");
+    let v = json(&stdout);
+    assert_eq!(v["frames"], 9, "{v}");
+    assert_eq!(v["frame_shape"], serde_json::json!([3, 64, 80]), "{v}");
+    let want = wgvae::io::read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let range = wgvae::kernels::image::ImageRange::ZeroToOne;
+    let want = wgvae::kernels::image::cpu_to_rgba8(&want.data, 9, 64, 80, range);
+    for (i, frame) in want.chunks_exact(64 * 80 * 4).enumerate() {
+        let png = image::open(out.join(format!("frame_{i:05}.png")))
+            .unwrap()
+            .to_rgb8()
+            .into_raw();
+        let worst = wgvae::testing::rgb_of(frame)
+            .iter()
+            .zip(&png)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        assert!(worst <= 1, "frame {i} differs by {worst}");
+    }
+    let (ok, _, err) = wgvae(&args[..4]);
+    assert!(!ok && err.contains("--frames-out"), "{err}");
 }

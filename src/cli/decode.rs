@@ -5,8 +5,9 @@ use std::path::PathBuf;
 use serde_json::json;
 use wgvae::gpu::Context;
 use wgvae::memory::Policy;
+use wgvae::models::{Precision, TaehvDecoder, WeightStore};
 use wgvae::tiling::TileMode;
-use wgvae::{DecodeOptions, LoadOptions, Vae};
+use wgvae::{DecodeOptions, LoadOptions, Vae, VideoDecoder};
 
 use super::outputs::{check_dir, check_file, write_atomically, Inputs};
 use super::progress::progress_bar;
@@ -18,7 +19,8 @@ pub(crate) struct DecodeArgs {
     /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
     latents: PathBuf,
     /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
-    /// (sd15, sdxl, sd3, flux1 with seeded random weights).
+    /// (sd15, sdxl, sd3, flux1 with seeded random weights). A TAEHV video decoder (taew2_1,
+    /// taew2_2) decodes N×T×C×h×w video latents with --frames-out.
     #[arg(long)]
     vae: String,
     /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …).
@@ -63,7 +65,8 @@ pub(crate) struct DecodeArgs {
     #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw"])]
     frames_out: Option<PathBuf>,
     /// Frames per batched forward with --frames-out (default: the largest of at most
-    /// ceil(N/4) that fits --max-memory and the device's limits).
+    /// ceil(N/4) that fits --max-memory and the device's limits); with a TAEHV video
+    /// decoder, latent frames per streamed chunk (default 1).
     #[arg(long, value_name = "B", requires = "frames_out")]
     chunk: Option<usize>,
     /// Print one JSON object on stdout instead of text.
@@ -101,7 +104,9 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
 
 pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
     let inputs = check_outputs(a)?;
+    // Flags before any work: a typo should not cost a model load.
     let policy: Policy = a.policy.parse()?;
+    let tiling = a.tiles.tiling()?;
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
     let load = LoadOptions {
         config: a.config.clone(),
@@ -110,13 +115,17 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         seed: a.seed,
         precision: a.dtype.parse()?,
     };
+    let video = std::path::Path::new(&a.vae);
+    if video.is_file() && TaehvDecoder::is_taehv_file(video) {
+        return decode_video(&ctx, a, load.precision);
+    }
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
     let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
     if let Some(dir) = &a.frames_out {
-        return decode_frames(&ctx, &vae, &latents, a, dir);
+        return decode_frames(&ctx, &vae, &latents, a, tiling, dir);
     }
     // A batch writes OUT_0.png, OUT_1.png…: each checked before the decode.
     let paths = wgvae::io::batch_paths(&a.output, latents.shape[0]);
@@ -127,7 +136,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         raw_latents: a.raw_latents,
         keep_raw: a.save_raw.is_some(),
         profile: a.profile,
-        tiling: a.tiles.tiling()?,
+        tiling,
         progress: progress_bar(a.json),
         keep_f16_overflow: false,
     };
@@ -208,9 +217,9 @@ fn decode_frames(
     vae: &Vae,
     latents: &wgvae::io::HostTensor,
     a: &DecodeArgs,
+    tiling: wgvae::tiling::Tiling,
     dir: &std::path::Path,
 ) -> wgvae::Result<()> {
-    let tiling = a.tiles.tiling()?;
     if !matches!(tiling.mode, TileMode::Auto | TileMode::Off)
         || tiling.tile_size.is_some()
         || tiling.overlap.is_some()
@@ -306,6 +315,138 @@ fn decode_frames(
 }
 
 /// The per-kernel table, or why there is none.
+/// `decode --vae TAEHV.safetensors --frames-out DIR`: video latents
+/// (N×T×C×h×w or T×C×h×w) streamed `--chunk` latent frames at a time
+/// (default 1) through a [`VideoDecoder`], each frame written as it arrives
+/// (`DIR/frame_00000.png`, …; one `DIR/video_N/` per video of a batch).
+fn decode_video(ctx: &Context, a: &DecodeArgs, precision: Precision) -> wgvae::Result<()> {
+    let Some(dir) = &a.frames_out else {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "`{}` is a TAEHV video decoder: give --frames-out DIR for its frames",
+            a.vae
+        )));
+    };
+    let tiling = a.tiles.tiling()?;
+    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off) || tiling.tile_size.is_some() {
+        return Err(wgvae::Error::InvalidInput(
+            "a TAEHV video decode runs untiled: it takes no --tile exact/fast or --tile-size"
+                .into(),
+        ));
+    }
+    let store = WeightStore::from_safetensors(std::path::Path::new(&a.vae))?;
+    store.set_dtype(precision.resolve(true));
+    let decoder = TaehvDecoder::load(ctx, &store)?;
+    drop(store);
+    let latents = match a
+        .latents
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_lowercase)
+        .as_deref()
+    {
+        Some("npy") => wgvae::io::read_npy(&a.latents)?,
+        Some("safetensors") => wgvae::io::read_safetensors_tensor(&a.latents, a.key.as_deref())?,
+        _ => {
+            return Err(wgvae::Error::BadFile {
+                path: a.latents.clone(),
+                message: "unknown latent file type; expected .npy or .safetensors".into(),
+            })
+        }
+    };
+    let [n, t, c, h, w] = match latents.shape[..] {
+        [n, t, c, h, w] => [n, t, c, h, w],
+        [t, c, h, w] => [1, t, c, h, w],
+        _ => {
+            return Err(wgvae::Error::BadFile {
+                path: a.latents.clone(),
+                message: format!(
+                    "TAEHV video latents are N×T×C×h×w or T×C×h×w, got shape {:?}",
+                    latents.shape
+                ),
+            })
+        }
+    };
+    let step = a.chunk.unwrap_or(1);
+    if step == 0 {
+        return Err(wgvae::Error::InvalidInput(
+            "--chunk must be at least 1".into(),
+        ));
+    }
+    let frame = c * h * w;
+    let start = std::time::Instant::now();
+    ctx.pool().reset_peak_stats();
+    let mut paths = Vec::new();
+    let (mut width, mut height) = (0, 0);
+    for v in 0..n {
+        let out = if n == 1 {
+            dir.clone()
+        } else {
+            dir.join(format!("video_{v}"))
+        };
+        std::fs::create_dir_all(&out).map_err(|source| wgvae::Error::Io {
+            path: out.clone(),
+            source,
+        })?;
+        let mut stream = VideoDecoder::new(ctx, &decoder);
+        let mut index = 0;
+        for t0 in (0..t).step_by(step) {
+            let t1 = (t0 + step).min(t);
+            let at = (v * t + t0) * frame;
+            let data = latents
+                .data
+                .get(at..at + (t1 - t0) * frame)
+                .unwrap_or_default();
+            let chunk = wgvae::io::HostTensor::new(vec![t1 - t0, c, h, w], data.to_vec())?;
+            let frames = stream.decode(&chunk)?;
+            let [f, _, fh, fw] = frames.shape[..] else {
+                continue;
+            };
+            (width, height) = (fw, fh);
+            let range = wgvae::kernels::image::ImageRange::ZeroToOne;
+            let rgba = wgvae::kernels::image::cpu_to_rgba8(&frames.data, f, fh, fw, range);
+            for img in rgba.chunks_exact(fh * fw * 4) {
+                let path = out.join(format!("frame_{index:05}.png"));
+                write_atomically(&path, |p| wgvae::io::write_png_rgb(p, fw, fh, img))?;
+                paths.push(path);
+                index += 1;
+            }
+        }
+    }
+    ctx.save_pipeline_cache();
+    write_memory_snapshot(ctx, a)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    let peak = ctx.pool().stats().allocated_bytes.peak;
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": decoder.variant_name(),
+                "latents_shape": latents.shape,
+                "frames": paths.len(),
+                "frame_shape": [3, height, width],
+                "chunk_latent_frames": step,
+                "decode_ms": ms,
+                "frames_per_s": paths.len() as f64 / (ms / 1e3),
+                "peak_allocated_bytes": peak,
+                "outputs": paths,
+            })
+        );
+    } else {
+        println!(
+            "{} ({}): wrote {} frames of {width}×{height} to {} in {ms:.1} ms on {} (chunks of {step} latent frames); peak allocated {:.1} MiB",
+            decoder.variant_name(),
+            a.vae,
+            paths.len(),
+            dir.display(),
+            device(ctx),
+            mib(peak)
+        );
+    }
+    Ok(())
+}
+
 fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
     if let Some(p) = &a.memory_snapshot {
         write_atomically(p, |t| {

@@ -46,6 +46,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
     inputs.add(&a.image);
     inputs.add_vae(&a.vae, a.config.as_deref());
     check_file(&a.output, "-o", &["npy", "safetensors"], &inputs)?;
+    let tiling = a.tiles.tiling()?;
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
         config: a.config.clone(),
@@ -67,7 +68,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
         &wgvae::encode::EncodeOptions {
             sample: a.sample,
             raw_latents: a.raw_latents,
-            tiling: a.tiles.tiling()?,
+            tiling,
             progress: progress_bar(a.json),
         },
     )?;

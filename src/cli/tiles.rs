@@ -40,6 +40,21 @@ impl TileArgs {
                 mode.name()
             )));
         }
+        // Tiles are whole latent pixels (8 image pixels): say so rather than round silently.
+        for (flag, v) in [
+            ("--tile-size", self.tile_size),
+            ("--tile-overlap", self.tile_overlap),
+        ] {
+            match v {
+                Some(px) if px % 8 != 0 || (px == 0 && flag == "--tile-size") => {
+                    let up = px.max(1).div_ceil(8) * 8;
+                    return Err(wgvae::Error::InvalidInput(format!(
+                        "{flag} {px}: expected a positive multiple of 8 image pixels (one latent pixel is 8×8), e.g. {flag} {up}"
+                    )));
+                }
+                _ => {}
+            }
+        }
         Ok(Tiling {
             mode,
             tile_size: self.tile_size,

@@ -11,10 +11,25 @@ use crate::gpu::Recorder;
 use crate::kernels::attention::attention;
 use crate::kernels::conv2d::{Conv2dOptions, Prologue};
 use crate::kernels::elementwise::unary;
+use crate::kernels::tensor_ops::copy_window;
 use crate::kernels::Activation;
 use crate::models::graph::{Graph, Mode, Op, Residual, TensorId};
 use crate::models::layers::{conv, conv_add, conv_as, dims4, identity_affine, Taps};
 use crate::tensor::{DType, Tensor};
+
+/// The cache slots of a video graph's [`Op::TimeShift`]s, kept between
+/// calls (chunks of one video): one frame `[1, C, H, W]` each, from the pool.
+#[derive(Default)]
+pub(crate) struct VideoState {
+    caches: Vec<Option<Tensor>>,
+}
+
+impl VideoState {
+    /// Cache tensors held.
+    pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        self.caches.iter().flatten()
+    }
+}
 
 /// Records `graph` on `input`; returns its output (a decoder's raw image).
 pub(crate) fn run(
@@ -22,6 +37,18 @@ pub(crate) fn run(
     rec: &mut Recorder,
     input: Tensor,
     taps: &mut Taps,
+) -> Result<Tensor> {
+    run_video(graph, rec, input, taps, &mut VideoState::default())
+}
+
+/// [`run`] with the time caches of `state` (a video graph's chunk: the
+/// batch dimension is time).
+pub(crate) fn run_video(
+    graph: &Graph,
+    rec: &mut Recorder,
+    input: Tensor,
+    taps: &mut Taps,
+    state: &mut VideoState,
 ) -> Result<Tensor> {
     let n = dims4(&input)?[0];
     let mut slots: Vec<Option<Tensor>> = (0..graph.tensors()).map(|_| None).collect();
@@ -35,6 +62,17 @@ pub(crate) fn run(
                 Some(x)
             }
             Op::Stats { x, norm } => Some(graph.norm(*norm).affine(rec, get(&slots, *x)?)?),
+            Op::TimeShift { x, cache } => Some(time_shift(rec, get(&slots, *x)?, *cache, state)?),
+            Op::TimeGrow { x, stride } => {
+                let x = take(&mut slots, *x)?;
+                let [t, c, h, w] = dims4(&x)?;
+                if *stride == 0 || c % stride != 0 {
+                    return Err(Error::Internal(format!(
+                        "time stride {stride} does not divide {c} channels"
+                    )));
+                }
+                Some(x.reshape(&[t * stride, c / stride, h, w])?)
+            }
             Op::Conv(c) => {
                 let w = graph.conv(c.w);
                 let opts = c.geometry.options(w.k());
@@ -128,6 +166,59 @@ pub(crate) fn run(
     take(&mut slots, graph.output())
 }
 
+/// `x` [T, C, H, W] one frame later: frame 0 from cache slot `slot`
+/// (zeros at first), which then takes frame T − 1. Each frame is one row of
+/// a `[1, T, C·H·W]` view, so one window-copy kernel moves whole frames.
+fn time_shift(
+    rec: &mut Recorder,
+    x: &Tensor,
+    slot: usize,
+    state: &mut VideoState,
+) -> Result<Tensor> {
+    let [t, c, h, w] = dims4(x)?;
+    let frame = c * h * w;
+    if state.caches.len() <= slot {
+        state.caches.resize_with(slot + 1, || None);
+    }
+    let cache = match state.caches[slot].take() {
+        Some(k) if k.shape() == [1, c, h, w] && k.dtype() == x.dtype() => k,
+        Some(k) => {
+            return Err(Error::InvalidInput(format!(
+                "a video chunk's frames are {c}×{h}×{w} ({}) at a cached layer that held {:?} from the previous chunk; every chunk of one video must have the same latent size",
+                x.dtype().name(),
+                k
+            )))
+        }
+        None => {
+            let k = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "time cache")?;
+            rec.upload(&k, &vec![0u8; k.byte_size() as usize])?;
+            k
+        }
+    };
+    let past = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "previous frames")?;
+    let rows = |v: &Tensor, n: usize| v.reshape(&[1, n, frame]);
+    let (x3, past3, cache3) = (rows(x, t)?, rows(&past, t)?, rows(&cache, 1)?);
+    copy_window(rec, &cache3, (0, 0), &past3, (0, 0), (1, frame))?;
+    copy_window(
+        rec,
+        &x3,
+        (0, 0),
+        &past3,
+        (1, 0),
+        (t.saturating_sub(1), frame),
+    )?;
+    copy_window(
+        rec,
+        &x3,
+        (t.saturating_sub(1), 0),
+        &cache3,
+        (0, 0),
+        (1, frame),
+    )?;
+    state.caches[slot] = Some(cache);
+    Ok(past)
+}
+
 fn get(slots: &[Option<Tensor>], t: TensorId) -> Result<&Tensor> {
     slots[t.0].as_ref().ok_or_else(|| missing(t))
 }
@@ -140,4 +231,41 @@ fn missing(t: TensorId) -> Error {
     Error::Internal(format!(
         "model graph read {t:?} before it was computed or after it was freed"
     ))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::models::graph::Builder;
+    use crate::testing::{dtype_contexts, rand_vec};
+
+    /// Time shift over two chunks of odd frame sizes equals the CPU shift of
+    /// the whole sequence (zeros before the first frame), in every dtype.
+    #[test]
+    fn time_shift_matches_cpu_across_chunks() {
+        let (mut b, x) = Builder::new();
+        let past = b.time_shift(x, 0);
+        let g = b.finish(past, None);
+        let [c, h, w] = [3, 5, 7];
+        let frame = c * h * w;
+        for (ctx, dtype) in dtype_contexts() {
+            let mut state = VideoState::default();
+            let all = rand_vec(5 * frame, 11, 1.0);
+            let mut got = Vec::new();
+            for (t0, t1) in [(0, 3), (3, 4), (4, 5)] {
+                let mut rec = Recorder::new(&ctx);
+                let data = &all[t0 * frame..t1 * frame];
+                let x = Tensor::from_f32_as(&ctx, &[t1 - t0, c, h, w], data, dtype, "x").unwrap();
+                let y = run_video(&g, &mut rec, x, &mut Taps::default(), &mut state).unwrap();
+                rec.submit().unwrap();
+                got.extend(y.to_f32(&ctx).unwrap());
+            }
+            let want: Vec<f32> = std::iter::repeat_n(0.0, frame)
+                .chain(all[..4 * frame].iter().copied())
+                .collect();
+            let rounded = Tensor::from_f32_as(&ctx, &[5 * frame], &want, dtype, "w").unwrap();
+            assert_eq!(got, rounded.to_f32(&ctx).unwrap(), "{dtype:?}");
+            assert_eq!(state.tensors().count(), 1);
+        }
+    }
 }

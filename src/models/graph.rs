@@ -16,14 +16,14 @@
 //! the graph: the [`Op::Stats`] that reads the conv's output
 //! ([`Graph::stats_of`]).
 //!
-//! # Causal video decoders (not implemented)
-//! A per-frame causal decoder is one more graph: a conv that also reads the
-//! cached last input rows of the previous frame gets a `cache: Option<CacheId>`
-//! operand (its time halo), temporal up-sampling is an op that emits two
-//! frames per input frame, and trimming the first frame's extra outputs is
-//! an op on the output. A streaming executor mode then runs the graph frame
-//! by frame, keeping each cache id's tensor between frames (a lifetime that
-//! spans calls, like a hold that never ends) instead of freeing it.
+//! # Causal video decoders
+//! A video decoder's graph runs on one video at a time with time as the
+//! batch dimension. [`Op::TimeShift`] gives each frame its predecessor (the
+//! first frame gets the cache slot's frame: zeros at a clip's start, the
+//! last frame of the previous chunk when streaming), and
+//! [`Op::TimeGrow`] turns `s·C` channels into `s` frames (a free view).
+//! Cache slots live in the executor's state between calls
+//! ([`crate::exec::untiled::VideoState`]), not in the graph's lifetimes.
 
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
 use crate::kernels::elementwise::Unary;
@@ -131,6 +131,11 @@ pub(crate) enum Op {
         v: ConvId,
         out: ConvId,
     },
+    /// `x` [T, C, H, W] shifted one frame later in time: frame 0 is cache
+    /// slot `cache`'s frame, which then becomes frame T − 1 of `x`.
+    TimeShift { x: TensorId, cache: usize },
+    /// `x` [T, s·C, H, W] viewed as [T·s, C, H, W] (consumes `x`).
+    TimeGrow { x: TensorId, stride: usize },
     /// A golden-check copy of `x` (with `affine` + activation applied when
     /// given); untiled only, not a use.
     Tap {
@@ -244,7 +249,8 @@ impl Builder {
         let (uses, consumes): (Vec<TensorId>, Option<TensorId>) = match &op {
             Op::Identity { .. } | Op::Tap { .. } => (vec![], None),
             Op::Map { x, .. } => (vec![*x], Some(*x)),
-            Op::Stats { x, .. } => (vec![*x], None),
+            Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
+            Op::TimeGrow { x, .. } => (vec![*x], Some(*x)),
             Op::Attention { x, affine, .. } => (vec![*x, *affine], Some(*x)),
             Op::Conv(c) => {
                 let mut u = vec![c.x];
@@ -300,6 +306,16 @@ impl Builder {
     /// A plain conv of `x`: no prologue, residual or epilogue.
     pub(crate) fn conv_plain(&mut self, x: TensorId, w: ConvId, geometry: Geometry) -> TensorId {
         self.conv(Conv::new(x, w, geometry))
+    }
+
+    /// `x` one frame later in time, frame 0 from cache slot `cache`.
+    pub(crate) fn time_shift(&mut self, x: TensorId, cache: usize) -> TensorId {
+        self.push(Op::TimeShift { x, cache }, true)
+    }
+
+    /// `x` [T, s·C, H, W] as [T·s, C, H, W] (consumed).
+    pub(crate) fn time_grow(&mut self, x: TensorId, stride: usize) -> TensorId {
+        self.push(Op::TimeGrow { x, stride }, true)
     }
 
     /// GroupNorm statistics of `x`.

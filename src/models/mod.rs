@@ -10,6 +10,7 @@ pub(crate) mod graph;
 pub mod layers;
 #[doc(hidden)]
 pub mod tae;
+pub mod taehv;
 pub mod vae_encoder;
 #[doc(hidden)]
 pub mod weights;
@@ -27,6 +28,7 @@ pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
+pub use taehv::TaehvDecoder;
 #[doc(hidden)]
 pub use weights::{Layout, TaePart, WeightStore};
 
@@ -406,6 +408,12 @@ impl Vae {
         }
         let (weights, config) = locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors(&weights)?;
+        if TaehvDecoder::detect(&store) {
+            return Err(Error::InvalidInput(format!(
+                "`{}` is a TAEHV video decoder (256-wide first conv, MemBlocks): it decodes video latents N×T×C×h×w with `wgvae::decode_video` / `VideoDecoder`, not images",
+                weights.display()
+            )));
+        }
         if store.layout() == Layout::Tae {
             let dtype = opts.precision.resolve(true);
             store.set_dtype(dtype);

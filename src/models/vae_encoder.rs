@@ -3,7 +3,7 @@
 
 use std::path::Path;
 
-use crate::error::Result;
+use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::encoder::{AutoencoderKlEncoder, TaeEncoder};
@@ -76,6 +76,12 @@ impl VaeEncoder {
         }
         let (weights, config) = crate::models::locate_weights(Path::new(spec), opts)?;
         let store = WeightStore::from_safetensors_part(&weights, TaePart::Encoder)?;
+        if store.layout() == Layout::Taehv {
+            return Err(Error::Unsupported(format!(
+                "`{}` is a TAEHV video autoencoder: its (video) encoder is not supported yet",
+                weights.display()
+            )));
+        }
         if store.layout() == Layout::Tae {
             let dtype = opts.precision.resolve(true);
             store.set_dtype(dtype);

@@ -27,6 +27,9 @@ pub enum Layout {
     Ldm,
     /// TAESD `nn.Sequential` indices: `1.weight`, `3.conv.0.weight`, `3.pool.1.weight`, …
     Tae,
+    /// TAEHV (video) state dicts: `decoder.3.conv.0.weight`, `encoder.0.weight`, …
+    /// held as TAE indices of the part loaded (the prefix stripped).
+    Taehv,
 }
 
 /// One host weight: shape and f32 values.
@@ -147,6 +150,25 @@ fn diffusers_tiny_to_tae(key: &str, part: TaePart) -> Option<String> {
     Some(format!("{}.{tail}", index + shift))
 }
 
+/// `decoder.N.rest` → `N.rest` (or `encoder.`, per `part`); `None` for the
+/// other half or a key without an index.
+fn taehv_to_tae(key: &str, part: TaePart) -> Option<String> {
+    let prefix = match part {
+        TaePart::Decoder => "decoder.",
+        TaePart::Encoder => "encoder.",
+    };
+    key.strip_prefix(prefix)
+        .filter(|rest| is_tae_key(rest))
+        .map(String::from)
+}
+
+/// A TAEHV state-dict key: `decoder.N…` or `encoder.N…`.
+fn is_taehv_key(k: &str) -> bool {
+    ["decoder.", "encoder."]
+        .iter()
+        .any(|p| k.strip_prefix(p).is_some_and(is_tae_key))
+}
+
 fn is_tae_key(k: &str) -> bool {
     k.split('.')
         .next()
@@ -263,8 +285,20 @@ impl WeightStore {
                 ));
             }
         }
+        let taehv = !diffusers_tiny && selected.iter().all(|(_, k)| is_taehv_key(k));
+        if taehv {
+            selected = selected
+                .into_iter()
+                .filter_map(|(f, k)| Some((f, taehv_to_tae(&k, part)?)))
+                .collect();
+            if selected.is_empty() {
+                return Err(bad(path, format!("a TAEHV file without {part:?} weights")));
+            }
+        }
         let layout = if diffusers_tiny {
             Layout::Tae
+        } else if taehv {
+            Layout::Taehv
         } else if selected
             .iter()
             .any(|(_, k)| k.starts_with("decoder.mid.") || k.starts_with("encoder.mid."))
@@ -296,7 +330,7 @@ impl WeightStore {
             .map_or(0, |m| m + 1);
         let mut map = BTreeMap::new();
         for (file_key, key) in selected {
-            if layout != Layout::Tae && !is_vae_key(&key) {
+            if !matches!(layout, Layout::Tae | Layout::Taehv) && !is_vae_key(&key) {
                 continue;
             }
             let view = st.tensor(&file_key).map_err(|e| bad(path, e.to_string()))?;

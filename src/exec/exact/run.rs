@@ -50,6 +50,11 @@ impl Executor {
                     (None, None)
                 }
                 Op::Tap { .. } => (None, None),
+                Op::TimeShift { .. } | Op::TimeGrow { .. } => {
+                    return Err(Error::Unsupported(
+                        "exact tiles of a video decoder (its time caches run untiled only)".into(),
+                    ))
+                }
                 Op::Attention {
                     x,
                     affine,

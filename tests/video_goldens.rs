@@ -1,0 +1,224 @@
+//! TAEHV video decoders against the `taehv.py` goldens in `../shared/golden`
+//! (seeded random weights, f16-rounded values run in f32 on CPU): raw output
+//! before the clamp within 8e-6 max abs (3× README's measured 2.6e-6; the
+//! issue's bound is 2e-3), decoded whole and streamed in
+//! chunks of 1 and 2 latent frames.
+
+use std::path::PathBuf;
+
+use wgvae::io::{read_npy, HostTensor};
+use wgvae::models::{TaehvDecoder, WeightStore};
+use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::{decode_video, Context, LoadOptions, Vae, VideoDecoder};
+
+const TOLERANCE: f32 = 8e-6;
+
+fn golden(name: &str) -> Option<PathBuf> {
+    shared_dir().map(|s| s.join("golden").join(name))
+}
+
+fn load(ctx: &Context, dir: &std::path::Path, file: &str) -> TaehvDecoder {
+    let store = WeightStore::from_safetensors(&dir.join(file)).unwrap();
+    TaehvDecoder::load(ctx, &store).unwrap()
+}
+
+/// Video `n` of `latents` [N, T, C, h, w], frames `t0..t1`, as [T, C, h, w].
+fn chunk(latents: &HostTensor, n: usize, t0: usize, t1: usize) -> HostTensor {
+    let [_, t, c, h, w] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let frame = c * h * w;
+    let start = (n * t + t0) * frame;
+    HostTensor::new(
+        vec![t1 - t0, c, h, w],
+        latents.data[start..start + (t1 - t0) * frame].to_vec(),
+    )
+    .unwrap()
+}
+
+fn check(name: &str, file: &str) {
+    let Some(dir) = golden(name) else { return };
+    let ctx = test_context();
+    let dec = load(&ctx, &dir, file);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let got = decode_video(&ctx, &dec, &latents).unwrap();
+    assert_eq!(got.shape, want.shape, "{name}: output shape");
+    let (err, at) = max_abs_diff(&got.data, &want.data);
+    println!("{name}: whole clip: raw max abs error {err:.3e} at {at}");
+    assert!(
+        err <= TOLERANCE,
+        "{name}: whole clip: {err} > {TOLERANCE} at {at}"
+    );
+
+    let [n, t, ..] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    for size in [1, 2] {
+        let mut data = Vec::new();
+        for v in 0..n {
+            let mut stream = VideoDecoder::new(&ctx, &dec);
+            for t0 in (0..t).step_by(size) {
+                let frames = stream
+                    .decode(&chunk(&latents, v, t0, (t0 + size).min(t)))
+                    .unwrap();
+                data.extend(frames.data);
+            }
+        }
+        assert_eq!(
+            data.len(),
+            want.data.len(),
+            "{name}: chunks of {size}: values"
+        );
+        let (err, at) = max_abs_diff(&data, &want.data);
+        let (vs_whole, _) = max_abs_diff(&data, &got.data);
+        println!(
+            "{name}: chunks of {size}: raw max abs error {err:.3e} at {at}, {vs_whole:.3e} from the whole clip"
+        );
+        assert!(
+            err <= TOLERANCE,
+            "{name}: chunks of {size}: {err} > {TOLERANCE} at {at}"
+        );
+    }
+}
+
+#[test]
+fn taew2_1_rand() {
+    check("taew2_1-rand", "taew2_1.safetensors");
+}
+
+#[test]
+fn taew2_2_rand() {
+    check("taew2_2-rand", "taew2_2.safetensors");
+}
+
+fn message<T>(r: wgvae::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("expected an error"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Wrong channel count, T = 0, wrong rank, a chunk of another size, a
+/// TAEHV file given as an image VAE: clear errors, no panics.
+#[test]
+fn bad_video_inputs_are_errors() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let ctx = test_context();
+    let dec = load(&ctx, &dir, "taew2_1.safetensors");
+    let lat = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        HostTensor::new(shape, vec![0.1; n]).unwrap()
+    };
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 2, 15, 2, 2])));
+    assert!(m.contains("15 channels") && m.contains("16"), "{m}");
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 0, 16, 2, 2])));
+    assert!(m.contains("T=0"), "{m}");
+    let m = message(decode_video(&ctx, &dec, &lat(vec![2, 16, 2, 2])));
+    assert!(m.contains("N×T×C×h×w"), "{m}");
+    let mut stream = VideoDecoder::new(&ctx, &dec);
+    stream.decode(&lat(vec![1, 16, 2, 2])).unwrap();
+    let m = message(stream.decode(&lat(vec![1, 16, 2, 3])));
+    assert!(m.contains("same latent size"), "{m}");
+    let mut nan = lat(vec![1, 16, 2, 2]);
+    nan.data[5] = f32::NAN;
+    let m = message(stream.decode(&nan));
+    assert!(m.contains("finite"), "{m}");
+    let path = dir.join("taew2_1.safetensors");
+    let m = message(Vae::load(
+        &ctx,
+        path.to_str().unwrap(),
+        &LoadOptions::default(),
+    ));
+    assert!(m.contains("TAEHV video decoder"), "{m}");
+    println!("errors read: {m}");
+    let enc = wgvae::models::vae_encoder::VaeEncoder::load(
+        &ctx,
+        path.to_str().unwrap(),
+        &LoadOptions::default(),
+    );
+    let m = message(enc);
+    assert!(m.contains("TAEHV video autoencoder"), "{m}");
+}
+
+/// An image TAE (taesd layout) where a TAEHV decoder is expected.
+#[test]
+fn an_image_tae_is_not_a_video_decoder() {
+    let ctx = test_context();
+    let store = WeightStore::from_map(
+        wgvae::testing::synthetic_tae_decoder(4, 7),
+        wgvae::models::Layout::Tae,
+        "taesd.safetensors",
+    );
+    assert!(!TaehvDecoder::detect(&store));
+    let m = message(TaehvDecoder::load(&ctx, &store));
+    assert!(
+        m.contains("[256, latent_channels, 3, 3]") && m.contains("image TAE"),
+        "{m}"
+    );
+}
+
+/// Streaming holds only the time caches between chunks: the peak allocated
+/// is the same for 8 and 32 latent frames, and the caches are the nine
+/// MemBlocks' last input frames.
+#[test]
+fn streaming_memory_is_flat_in_video_length() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = load(&ctx, &dir, "taew2_1.safetensors");
+    let (h, w) = (2, 3);
+    let mut peaks = Vec::new();
+    for frames in [8, 32] {
+        let latents = HostTensor::new(
+            vec![1, frames, 16, h, w],
+            wgvae::testing::rand_vec(frames * 16 * h * w, frames as u64, 1.0),
+        )
+        .unwrap();
+        ctx.pool().reset_peak_stats();
+        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut out = 0;
+        for t in 0..frames {
+            out += stream.decode(&chunk(&latents, 0, t, t + 1)).unwrap().shape[0];
+        }
+        assert_eq!(out, 4 * frames - 3);
+        // 3 blocks each of 256×h×w, 128×2h×2w, 64×4h×4w f32 values.
+        let caches = 3 * 4 * (256 + 128 * 4 + 64 * 16) * h * w;
+        assert_eq!(stream.cache_bytes(), caches as u64);
+        peaks.push(ctx.pool().stats().allocated_bytes.peak);
+    }
+    println!(
+        "streaming peak allocated (weights included): 8 frames {} B, 32 frames {} B",
+        peaks[0], peaks[1]
+    );
+    assert_eq!(peaks[0], peaks[1]);
+}
+
+/// f16 storage (TAEHV's own realtime default), the device's first f16
+/// path: within 6e-3 of the f32 reference (measured 2.0e-3 native and
+/// packed; bf16 measured 2.1e-2, not checked here: each decode costs a
+/// minute on lavapipe).
+#[test]
+fn taew2_1_rand_f16() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let contexts = wgvae::testing::dtype_contexts();
+    let (ctx, dtype) = contexts
+        .into_iter()
+        .find(|(_, d)| *d == wgvae::DType::F16)
+        .unwrap();
+    let store = WeightStore::from_safetensors(&dir.join("taew2_1.safetensors")).unwrap();
+    store.set_dtype(dtype);
+    let dec = TaehvDecoder::load(&ctx, &store).unwrap();
+    let got = decode_video(&ctx, &dec, &latents).unwrap();
+    let (err, at) = max_abs_diff(&got.data, &want.data);
+    let native = ctx.caps().shader_f16;
+    println!("taew2_1-rand f16 (native: {native}): raw max abs error {err:.3e} at {at}");
+    assert!(err <= 6e-3, "f16: {err} at {at}");
+}
