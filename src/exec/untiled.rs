@@ -191,7 +191,7 @@ fn time_shift(
         }
         None => {
             let k = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "time cache")?;
-            rec.upload(&k, &vec![0u8; k.byte_size() as usize])?;
+            rec.zero(&k, "clear::time_cache")?;
             k
         }
     };

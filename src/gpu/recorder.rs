@@ -362,14 +362,23 @@ impl<'a> Recorder<'a> {
             crate::tensor::DType::F32,
             "f16 range counter",
         )?;
-        if !self.ctx.is_null() {
-            let (buffer, offset) = (t.buffer()?.clone(), t.block().offset);
-            self.timed_transfer("clear::f16_counter", |e| {
-                e.clear_buffer(&buffer, offset, Some(4))
-            });
-        }
+        self.zero(&t, "clear::f16_counter")?;
         self.range_flag = Some(t.clone());
         Ok(t)
+    }
+
+    /// Zeroes `t` inside the command stream (no host buffer or staging copy).
+    pub(crate) fn zero(&mut self, t: &Tensor, label: &'static str) -> Result<()> {
+        if self.ctx.is_null() {
+            return Ok(());
+        }
+        let size = round_up(t.byte_size(), 4);
+        if size > t.block().size {
+            return Err(Error::shape("zero", format!("{size} bytes of {t:?}")));
+        }
+        let (buffer, offset) = (t.buffer()?.clone(), t.block().offset);
+        self.timed_transfer(label, |e| e.clear_buffer(&buffer, offset, Some(size)));
+        Ok(())
     }
 
     /// Counts into an existing counter (one per decode across several recorders).
