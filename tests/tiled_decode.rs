@@ -11,7 +11,7 @@ use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
 use wgvae::models::Precision;
 use wgvae::testing::{max_abs_diff, shared_dir, test_context};
-use wgvae::{decode, DecodeOptions, Decoded, LoadOptions, TileMode, Tiling, Vae};
+use wgvae::{decode, DecodeOptions, Decoded, Error, LoadOptions, TileMode, Tiling, Vae};
 
 /// `../shared` beside the project root, or `../../shared` for a git
 /// worktree one level deeper (tests skip, saying so, without either).
@@ -266,6 +266,7 @@ fn host_parking_over_the_host_limit_fails_early() {
     let Err(err) = decode(&ctx, &vae, &z, &opts(tight)) else {
         panic!("a decode over the host limit ran");
     };
+    assert!(matches!(err, Error::OverBudget(_)), "{err}");
     let err = err.to_string();
     println!("{err}");
     assert!(
