@@ -1747,7 +1747,7 @@ fn decode_taehv_video_out_and_raw() {
     let fps = v["frames_per_s"].as_f64().unwrap();
     let ms = v["decode_ms"].as_f64().unwrap();
     assert!(fps > 0.0 && (fps * ms / 1e3 - 9.0).abs() < 1e-6, "{v}");
-    let l = &v["latency_ms"];
+    let l = &v["latency"];
     let (mean, p99, max) = (
         l["mean_ms"].as_f64().unwrap(),
         l["p99_ms"].as_f64().unwrap(),

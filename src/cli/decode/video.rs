@@ -341,7 +341,7 @@ pub(crate) fn decode_video(
                 "chunk_latent_frames": step,
                 "decode_ms": ms,
                 "frames_per_s": fps,
-                "latency_ms": latency,
+                "latency": latency,
                 "peak_allocated_bytes": peak,
                 "peak_reserved_bytes": reserved,
                 "outputs": sinks.written,
