@@ -126,41 +126,46 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     // Flags before any work: a typo should not cost a model load.
     let policy: Policy = a.policy.parse()?;
     let tiling = a.tiles.tiling()?;
+    let precision = a.dtype.parse()?;
+    // A video decoder is told by its file's header alone, before the device starts.
+    let video = std::path::Path::new(&a.vae);
+    let is_video = video.is_file() && TaehvDecoder::is_taehv_file(video);
+    if !is_video {
+        // Video-only flags on an image VAE.
+        let video_only = [
+            ("--video-out", a.video_out.is_some()),
+            ("--layout", a.layout.is_some()),
+            ("--fps", a.fps != "16"),
+        ];
+        if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2); `{}` is an image VAE: write its frames with --frames-out DIR",
+                a.vae
+            )));
+        }
+        if a.chunk.is_some() && a.frames_out.is_none() {
+            return Err(wgvae::Error::InvalidInput(
+                "--chunk sets the frames per batched forward of --frames-out DIR: add --frames-out"
+                    .into(),
+            ));
+        }
+        if a.frames_out.is_some() && a.save_raw.is_some() {
+            return Err(wgvae::Error::InvalidInput(
+                "--frames-out writes PNGs only with an image VAE; drop --save-raw (or decode without --frames-out to save the raw output)".into(),
+            ));
+        }
+    }
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
+    if is_video {
+        return decode_video(&ctx, a, &inputs, precision);
+    }
     let load = LoadOptions {
         config: a.config.clone(),
         scaling_factor: a.scaling_factor,
         shift_factor: a.shift_factor,
         seed: a.seed,
-        precision: a.dtype.parse()?,
+        precision,
     };
-    let video = std::path::Path::new(&a.vae);
-    if video.is_file() && TaehvDecoder::is_taehv_file(video) {
-        return decode_video(&ctx, a, &inputs, load.precision);
-    }
-    // Video-only flags on an image VAE.
-    let video_only = [
-        ("--video-out", a.video_out.is_some()),
-        ("--layout", a.layout.is_some()),
-        ("--fps", a.fps != "16"),
-    ];
-    if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
-        return Err(wgvae::Error::InvalidInput(format!(
-            "{flag} is for video decoders (TAEHV: taew2_1, taew2_2); `{}` is an image VAE: write its frames with --frames-out DIR",
-            a.vae
-        )));
-    }
-    if a.chunk.is_some() && a.frames_out.is_none() {
-        return Err(wgvae::Error::InvalidInput(
-            "--chunk sets the frames per batched forward of --frames-out DIR: add --frames-out"
-                .into(),
-        ));
-    }
-    if a.frames_out.is_some() && a.save_raw.is_some() {
-        return Err(wgvae::Error::InvalidInput(
-            "--frames-out writes PNGs only with an image VAE; drop --save-raw (or decode without --frames-out to save the raw output)".into(),
-        ));
-    }
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
