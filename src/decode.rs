@@ -25,7 +25,7 @@ use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::embed::DeviceLatents;
-pub use crate::run::estimate::{Estimate, MemoryEstimate};
+pub use crate::run::estimate::{Estimate, MemoryEstimate, VideoMemoryEstimate};
 
 /// Options for [`decode`].
 #[derive(Clone, Debug, Default)]

@@ -163,6 +163,8 @@ pub struct VideoDecoder<'a> {
     submitted: usize,
     /// Two `MAP_READ` buffers, alternating between chunks.
     staging: [Option<(wgpu::Buffer, u64)>; 2],
+    /// Largest chunk output so far: what each staging slot grows to.
+    largest_chunk_bytes: u64,
     pending: Option<Pending>,
 }
 
@@ -178,6 +180,7 @@ impl<'a> VideoDecoder<'a> {
             delivered: 0,
             submitted: 0,
             staging: [None, None],
+            largest_chunk_bytes: 0,
             pending: None,
         }
     }
@@ -272,6 +275,7 @@ impl<'a> VideoDecoder<'a> {
         };
         // Copies move whole 4-byte words (f16 frames have even sizes anyway).
         let bytes = raw.byte_size().div_ceil(4) * 4;
+        self.largest_chunk_bytes = self.largest_chunk_bytes.max(bytes);
         if !null {
             let staging = self.staging_buffer(slot, bytes)?;
             let (src, offset) = (raw.buffer()?.clone(), raw.block().offset);
@@ -386,10 +390,33 @@ impl<'a> VideoDecoder<'a> {
         (decoder.t_upscale * t).saturating_sub(decoder.frames_to_trim())
     }
 
+    /// Host-visible read-back bytes (outside the pool): two staging
+    /// buffers, each as large as the largest chunk output so far (also
+    /// counted on a null device, which creates none).
+    pub fn staging_bytes(&self) -> u64 {
+        2 * self.largest_chunk_bytes
+    }
+
     /// Pool bytes the time caches hold between chunks.
     pub fn cache_bytes(&self) -> u64 {
         self.state.tensors().map(|t| t.byte_size()).sum()
     }
+}
+
+/// Latent frames per streamed chunk when the caller gives none (the CLI's
+/// `--chunk` default): one, the lowest latency and the smallest memory.
+pub const DEFAULT_CHUNK: usize = 1;
+
+/// Loads the video decoder at `spec` (a TAEHV `.safetensors` file) in
+/// the storage precision `load` asks for.
+pub fn load_video_decoder(
+    ctx: &Context,
+    spec: &str,
+    load: &crate::models::LoadOptions,
+) -> Result<TaehvDecoder> {
+    let store = crate::models::WeightStore::from_safetensors(std::path::Path::new(spec))?;
+    store.set_dtype(load.precision.resolve(true));
+    TaehvDecoder::load(ctx, &store)
 }
 
 /// The shape checks of one video's latents `[T, C, h, w]`.

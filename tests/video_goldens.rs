@@ -218,6 +218,46 @@ fn streaming_memory_is_flat_in_video_length() {
         peaks[0], peaks[1]
     );
     assert_eq!(peaks[0], peaks[1]);
+    // The null-device estimate (first chunk + one steady chunk) is that peak.
+    let caps = ctx.caps().clone();
+    let vae = dir.join("taew2_1.safetensors");
+    let load = LoadOptions::default();
+    let e = wgvae::decode::Estimate::new(
+        &caps,
+        wgvae::memory::Policy::Exact,
+        vae.to_str().unwrap(),
+        &load,
+    )
+    .video((8 * h, 8 * w), 32, wgvae::video::DEFAULT_CHUNK)
+    .unwrap();
+    assert_eq!(e.peak_allocated_bytes, peaks[0], "{e:?}");
+    assert_eq!(
+        e.cache_bytes,
+        (3 * 4 * (256 + 128 * 4 + 64 * 16) * h * w) as u64
+    );
+    assert_eq!(e.output_frames, 4 * 32 - 3);
+    // Two read-back buffers of one chunk's 4 f32 frames of 3×16×24.
+    assert_eq!(e.staging_bytes, 2 * 4 * 4 * 3 * 16 * 24);
+    let m = message(
+        wgvae::decode::Estimate::new(
+            &caps,
+            wgvae::memory::Policy::Exact,
+            vae.to_str().unwrap(),
+            &load,
+        )
+        .video((20, 24), 1, 1),
+    );
+    assert!(m.contains("multiples of 8"), "{m}");
+    let m = message(
+        wgvae::decode::Estimate::new(
+            &caps,
+            wgvae::memory::Policy::Exact,
+            vae.to_str().unwrap(),
+            &load,
+        )
+        .video((16, 24), 0, 1),
+    );
+    assert!(m.contains("at least one latent frame"), "{m}");
 }
 
 /// f16 storage (TAEHV's own realtime default), the device's first f16

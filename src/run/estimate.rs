@@ -162,3 +162,117 @@ impl<'a> Estimate<'a> {
         })
     }
 }
+
+/// Predicted memory of a streaming video decode ([`crate::VideoDecoder`]):
+/// constant in the video's length, so `frames` only sets how many frames
+/// come out. Peaks are the pool's (weights included); the staging buffers
+/// are host-visible read-back memory outside the pool.
+#[derive(Clone, Debug, Serialize)]
+pub struct VideoMemoryEstimate {
+    /// Memory policy the estimate is for.
+    pub policy: &'static str,
+    /// The decoder's variant.
+    pub model: String,
+    /// Storage precision.
+    pub dtype: &'static str,
+    /// Latent frames of the video (T).
+    pub frames: usize,
+    /// Output frames the video decodes to.
+    pub output_frames: usize,
+    /// Latent frames per streamed chunk.
+    pub chunk: usize,
+    /// One latent frame `[C, h, w]`.
+    pub latent_frame: Vec<usize>,
+    /// One output frame `[3, H, W]`.
+    pub frame_shape: Vec<usize>,
+    /// Bytes of weights.
+    pub weights_bytes: u64,
+    /// Bytes of the time caches held between chunks.
+    pub cache_bytes: u64,
+    /// Peak working bytes of a chunk (peak allocated − weights − caches).
+    pub activation_bytes: u64,
+    /// Read-back double buffers (outside the pool).
+    pub staging_bytes: u64,
+    /// Peak allocated over the first chunk.
+    pub first_chunk_peak_allocated_bytes: u64,
+    /// Peak allocated over a steady-state chunk (the same for every later one).
+    pub chunk_peak_allocated_bytes: u64,
+    /// Peak allocated of the whole decode, any T.
+    pub peak_allocated_bytes: u64,
+    /// Peak reserved of the whole decode, any T.
+    pub peak_reserved_bytes: u64,
+    /// Always true: streaming holds only the caches between chunks.
+    pub independent_of_frames: bool,
+}
+
+impl Estimate<'_> {
+    /// Peaks of streaming a video of `frames` latent frames, `chunk` at a
+    /// time, into frames of `size` `(H, W)` pixels: the first chunk and one
+    /// steady-state chunk run on a null device (every later chunk repeats
+    /// the second's allocations). Untiled (video decodes are).
+    pub fn video(
+        &self,
+        size: (usize, usize),
+        frames: usize,
+        chunk: usize,
+    ) -> Result<VideoMemoryEstimate> {
+        let (h, w) = size;
+        if frames == 0 || chunk == 0 {
+            return Err(Error::InvalidInput(format!(
+                "a video needs at least one latent frame and chunks of at least one (got {frames} frames, chunks of {chunk})"
+            )));
+        }
+        if h == 0 || w == 0 {
+            return Err(Error::InvalidInput(format!(
+                "video frame size {h}x{w}: both sides must be positive"
+            )));
+        }
+        let null = Context::null(self.caps.clone(), self.policy.new_pool());
+        let dec = crate::video::load_video_decoder(&null, self.vae, self.load)?;
+        let up = dec.upscale();
+        if h % up != 0 || w % up != 0 {
+            return Err(Error::InvalidInput(format!(
+                "video frame size {h}x{w}: a {} decoder's frames are multiples of {up} pixels (one latent pixel each)",
+                dec.variant_name()
+            )));
+        }
+        let c = dec.latent_channels;
+        let latent = [c, h / up, w / up];
+        let weights_bytes = null.pool().stats().allocated_bytes.current;
+        let mut stream = crate::VideoDecoder::new(&null, &dec);
+        // The first chunk (no caches yet) and one in the steady state.
+        let mut peaks = [0u64; 2];
+        let mut reserved = 0u64;
+        for (i, peak) in peaks.iter_mut().enumerate() {
+            let t = if i == 0 { chunk.min(frames) } else { chunk };
+            let z = zeros([t, latent[0], latent[1], latent[2]])?;
+            null.pool().reset_peak_stats();
+            stream.decode(&z)?;
+            let stats = null.pool().stats();
+            *peak = stats.allocated_bytes.peak;
+            reserved = reserved.max(stats.reserved_bytes.peak);
+        }
+        let [first, steady] = peaks;
+        let cache_bytes = stream.cache_bytes();
+        let peak = first.max(steady);
+        Ok(VideoMemoryEstimate {
+            policy: self.policy.name(),
+            model: dec.variant_name().to_string(),
+            dtype: self.load.precision.resolve(true).name(),
+            frames,
+            output_frames: crate::VideoDecoder::frames_for(&dec, frames),
+            chunk,
+            latent_frame: latent.to_vec(),
+            frame_shape: vec![3, h, w],
+            weights_bytes,
+            cache_bytes,
+            activation_bytes: steady.saturating_sub(weights_bytes + cache_bytes),
+            staging_bytes: stream.staging_bytes(),
+            first_chunk_peak_allocated_bytes: first,
+            chunk_peak_allocated_bytes: steady,
+            peak_allocated_bytes: peak,
+            peak_reserved_bytes: reserved,
+            independent_of_frames: true,
+        })
+    }
+}
