@@ -1882,3 +1882,48 @@ fn video_latent_shapes_are_clear_errors() {
     let (e, at) = wgvae::testing::max_abs_diff(&got.data, &want.data);
     assert!(e <= 8e-6, "--layout ncthw: {e} at {at}");
 }
+
+/// `memory --vae taew2_1.safetensors --frames 81 --json`: a video decoder's
+/// streaming estimate (was an error: "not images"), the same for any T; a
+/// bad T or size is refused with a message.
+#[test]
+fn memory_of_a_video_decoder_streams() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
+    let vae = vae.to_str().unwrap();
+    let json = |frames: &str| {
+        let (ok, out, err) = wgvae(&[
+            "memory", "--vae", vae, "--size", "64x80", "--frames", frames, "--json",
+        ]);
+        assert!(ok, "{err}");
+        serde_json::from_str::<serde_json::Value>(&out).unwrap()
+    };
+    let v = json("81");
+    assert_eq!(v["op"], "decode_video");
+    assert_eq!(v["frames"], 81);
+    assert_eq!(v["output_frames"], 4 * 81 - 3);
+    assert_eq!(v["chunk"], 1);
+    assert_eq!(v["latent_frame"], serde_json::json!([16, 8, 10]));
+    assert_eq!(v["independent_of_frames"], true);
+    let peak = v["peak_allocated_bytes"].as_u64().unwrap();
+    let parts =
+        ["weights_bytes", "cache_bytes", "activation_bytes"].map(|k| v[k].as_u64().unwrap());
+    assert_eq!(
+        parts.iter().sum::<u64>(),
+        v["chunk_peak_allocated_bytes"].as_u64().unwrap()
+    );
+    assert!(peak >= parts[0] + parts[1] && v["peak_reserved_bytes"].as_u64().unwrap() >= peak);
+    assert_eq!(json("3")["peak_allocated_bytes"].as_u64().unwrap(), peak);
+    for (args, says) in [
+        (
+            ["--size", "64x80", "--frames", "0"],
+            "--frames must be at least 1",
+        ),
+        (["--size", "60x80", "--frames", "2"], "multiples of 8"),
+    ] {
+        let mut all = vec!["memory", "--vae", vae];
+        all.extend(args);
+        let (ok, _, err) = wgvae(&all);
+        assert!(!ok && err.contains(says), "{args:?}: {err}");
+    }
+}

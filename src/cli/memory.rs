@@ -29,6 +29,13 @@ pub(crate) struct MemoryArgs {
     /// Predict encoding an HxW image instead of decoding to one.
     #[arg(long)]
     encode: bool,
+    /// Latent frames of a video (video decoders; the estimate streams and
+    /// does not depend on it; default 1).
+    #[arg(long)]
+    frames: Option<usize>,
+    /// Latent frames per streamed chunk of a video (as `decode --chunk`).
+    #[arg(long)]
+    chunk: Option<usize>,
     #[command(flatten)]
     tiles: TileArgs,
     #[arg(long)]
@@ -60,6 +67,17 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
         ..Default::default()
     };
     let (h, w) = parse_size(&a.size)?;
+    let path = std::path::Path::new(&a.vae);
+    let video = path.is_file() && wgvae::models::TaehvDecoder::is_taehv_file(path);
+    if !video && (a.frames.is_some() || a.chunk.is_some()) {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--frames/--chunk predict a video decode; `{}` is not a video decoder",
+            a.vae
+        )));
+    }
+    if video {
+        return run_video(cli_adapter, a, policy, &load, (h, w));
+    }
     let caps = if a.reference_gpu {
         wgvae::gpu::Capabilities::reference_gpu()
     } else {
@@ -108,6 +126,73 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
             e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64
         );
         print_tiling(&e.tiling);
+    }
+    Ok(())
+}
+
+/// `wgvae memory` of a streaming video decode (see [`wgvae::decode::Estimate::video`]).
+fn run_video(
+    cli_adapter: &Option<String>,
+    a: &MemoryArgs,
+    policy: Policy,
+    load: &LoadOptions,
+    size: (usize, usize),
+) -> wgvae::Result<()> {
+    let frames = a.frames.unwrap_or(1);
+    let chunk = a.chunk.unwrap_or(wgvae::video::DEFAULT_CHUNK);
+    if frames == 0 {
+        return Err(wgvae::Error::InvalidInput(
+            "--frames must be at least 1 (latent frames of the video)".into(),
+        ));
+    }
+    if chunk == 0 {
+        return Err(wgvae::Error::InvalidInput(
+            "--chunk must be at least 1".into(),
+        ));
+    }
+    if a.encode || a.batch != 1 {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "`{}` is a video decoder: its estimate is one streamed video (no --encode, --batch 1)",
+            a.vae
+        )));
+    }
+    let tiling = a.tiles.tiling()?;
+    if !matches!(tiling.mode, wgvae::TileMode::Auto | wgvae::TileMode::Off)
+        || tiling.tile_size.is_some()
+    {
+        return Err(wgvae::Error::InvalidInput(
+            "a video decode runs untiled: no --tile exact/fast or --tile-size".into(),
+        ));
+    }
+    let caps = if a.reference_gpu {
+        wgvae::gpu::Capabilities::reference_gpu()
+    } else {
+        context(cli_adapter)?.caps().clone()
+    };
+    let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, load).video(size, frames, chunk)?;
+    if a.json {
+        let mut v = serde_json::to_value(&e).unwrap_or_default();
+        v["device"] = json!(caps.adapter_name);
+        v["op"] = json!("decode_video");
+        println!("{v}");
+    } else {
+        let mib = |b: u64| b as f64 / 1048576.0;
+        println!(
+            "{} streaming video decode {}x{}, {} latent frames -> {} frames, chunks of {} ({}, {} policy) on {}:",
+            e.model, size.0, size.1, e.frames, e.output_frames, e.chunk, e.dtype, e.policy, caps.adapter_name
+        );
+        println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
+        println!("  caches         {:10.1} MiB", mib(e.cache_bytes));
+        println!("  activations    {:10.1} MiB", mib(e.activation_bytes));
+        println!(
+            "  staging        {:10.1} MiB (read-back double buffers, outside the pool)",
+            mib(e.staging_bytes)
+        );
+        println!("  peak allocated {:10.1} MiB", mib(e.peak_allocated_bytes));
+        println!("  peak reserved  {:10.1} MiB", mib(e.peak_reserved_bytes));
+        println!(
+            "  independent of the video's length (streamed: only the caches stay between chunks)"
+        );
     }
     Ok(())
 }

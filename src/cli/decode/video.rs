@@ -201,7 +201,7 @@ pub(crate) fn decode_video(
         .as_deref()
         .map(str::parse::<VideoLayout>)
         .transpose()?;
-    let step = a.chunk.unwrap_or(1);
+    let step = a.chunk.unwrap_or(wgvae::video::DEFAULT_CHUNK);
     if step == 0 {
         return Err(Error::InvalidInput("--chunk must be at least 1".into()));
     }
