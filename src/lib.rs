@@ -97,4 +97,4 @@ pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
-pub use video::{decode_video, VideoDecoder};
+pub use video::{decode_video, VideoDecoder, VideoModel};

@@ -7,7 +7,7 @@
 use std::path::PathBuf;
 
 use wgvae::io::{read_npy, HostTensor};
-use wgvae::models::{TaehvDecoder, WeightStore};
+use wgvae::models::{TaehvDecoder, WanDecoder, WeightStore};
 use wgvae::testing::{max_abs_diff, shared_dir, test_context};
 use wgvae::{decode_video, Context, LoadOptions, Vae, VideoDecoder};
 
@@ -221,4 +221,83 @@ fn taew2_1_rand_f16() {
     let native = ctx.caps().shader_f16;
     println!("taew2_1-rand f16 (native: {native}): raw max abs error {err:.3e} at {at}");
     assert!(err <= 6e-3, "f16: {err} at {at}");
+}
+
+/// Wan 2.1 VAE (`AutoencoderKLWan`, small config) within this of the
+/// diffusers golden.
+const WAN_TOLERANCE: f32 = 1e-3;
+
+fn wan(ctx: &Context) -> Option<(PathBuf, WanDecoder)> {
+    let dir = golden("wan21-tiny")?;
+    let dec = WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    Some((dir, dec))
+}
+
+/// Latent frames `t0..t1` of video 0 of Wan latents [1, C, T, h, w] as
+/// the [T, C, h, w] chunk a [`VideoDecoder`] takes.
+fn wan_chunk(latents: &HostTensor, t0: usize, t1: usize) -> HostTensor {
+    let [_, c, t, h, w] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let mut data = Vec::new();
+    for f in t0..t1 {
+        for ch in 0..c {
+            let at = (ch * t + f) * h * w;
+            data.extend_from_slice(&latents.data[at..at + h * w]);
+        }
+    }
+    HostTensor::new(vec![t1 - t0, c, h, w], data).unwrap()
+}
+
+/// Whole clip and streamed in chunks of 1 and 2 latent frames (one
+/// `AutoencoderKLWan._decode` call each decodes frame by frame).
+#[test]
+fn wan21_tiny() {
+    let ctx = test_context();
+    let Some((dir, dec)) = wan(&ctx) else { return };
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let got = decode_video(&ctx, &dec, &latents).unwrap();
+    assert_eq!(got.shape, want.shape, "wan21-tiny: output shape");
+    let (err, at) = max_abs_diff(&got.data, &want.data);
+    println!("wan21-tiny: whole clip: max abs error {err:.3e} at {at}");
+    assert!(
+        err <= WAN_TOLERANCE,
+        "wan21-tiny: whole clip: {err} at {at}"
+    );
+    let [_, _, t, ..] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let [_, oc, ot, oh, ow] = want.shape[..] else {
+        panic!("decoded is not 5-D")
+    };
+    for size in [1, 2] {
+        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut frames = Vec::new();
+        for t0 in (0..t).step_by(size) {
+            let out = stream
+                .decode(&wan_chunk(&latents, t0, (t0 + size).min(t)))
+                .unwrap();
+            frames.extend(out.data);
+        }
+        // [T', 3, H, W] → [3, T', H, W].
+        let plane = oh * ow;
+        assert_eq!(frames.len(), oc * ot * plane, "chunks of {size}: values");
+        let mut data = Vec::new();
+        for ch in 0..oc {
+            for f in 0..ot {
+                let at = (f * oc + ch) * plane;
+                data.extend_from_slice(&frames[at..at + plane]);
+            }
+        }
+        let (err, at) = max_abs_diff(&data, &want.data);
+        let (vs_whole, _) = max_abs_diff(&data, &got.data);
+        println!(
+            "wan21-tiny: chunks of {size}: max abs error {err:.3e} at {at}, {vs_whole:.3e} from the whole clip"
+        );
+        assert!(
+            err <= WAN_TOLERANCE,
+            "wan21-tiny: chunks of {size}: {err} at {at}"
+        );
+    }
 }

@@ -12,6 +12,7 @@ pub mod layers;
 pub mod tae;
 pub mod taehv;
 pub mod vae_encoder;
+pub mod wan;
 #[doc(hidden)]
 pub mod weights;
 
@@ -29,6 +30,7 @@ pub use layers::Taps;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
+pub use wan::{WanConfig, WanDecoder};
 #[doc(hidden)]
 pub use weights::{Layout, TaePart, WeightStore};
 
