@@ -14,6 +14,9 @@ use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
 
+#[path = "decode_wan.rs"]
+mod wan;
+
 #[derive(clap::Args)]
 pub(crate) struct DecodeArgs {
     /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
@@ -118,6 +121,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     let video = std::path::Path::new(&a.vae);
     if video.is_file() && TaehvDecoder::is_taehv_file(video) {
         return decode_video(&ctx, a, load.precision);
+    }
+    if wan::is_wan(&a.vae) {
+        return wan::decode_wan(&ctx, a, load.precision);
     }
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if vae.random_weights && !a.json {

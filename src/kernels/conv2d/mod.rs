@@ -541,7 +541,7 @@ pub fn conv2d(
         out,
         opts,
     };
-    tiled(rec, &call, None)
+    tiled(rec, &call)
 }
 
 /// [`conv2d`] of `frames.count` images only: input images from
@@ -567,11 +567,16 @@ pub fn conv2d_frames(
         out,
         opts,
     };
-    tiled(rec, &call, Some(frames))
+    tiled_frames(rec, &call, Some(frames))
 }
 
 /// [`conv2d`] over a [`Conv2dCall`].
-fn tiled(rec: &mut Recorder, call: &Conv2dCall, frames: Option<Frames>) -> Result<()> {
+fn tiled(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
+    tiled_frames(rec, call, None)
+}
+
+/// [`tiled`] of some images only (see [`conv2d_frames`]).
+fn tiled_frames(rec: &mut Recorder, call: &Conv2dCall, frames: Option<Frames>) -> Result<()> {
     record(rec, call, frames, Some(call.w.tiles), |ctx, plan| {
         let groups_xy = linear_groups(ctx, plan.params.ntiles as u64)?;
         let gz = plan.n as u64 * plan.params.mtiles as u64;
