@@ -331,6 +331,13 @@ fn wan_bad_inputs_are_errors() {
     assert!(m.contains("N×C×T×h×w"), "{m}");
     let m = message(VideoDecoder::new(&ctx, &dec).decode(&lat(vec![0, 16, 2, 2])));
     assert!(m.contains("T=0"), "{m}");
+    let wan_dir = golden("wan21-tiny").unwrap();
+    let m = message(Vae::load(
+        &ctx,
+        wan_dir.to_str().unwrap(),
+        &LoadOptions::default(),
+    ));
+    assert!(m.contains("Wan 2.1 video VAE"), "{m}");
     println!("errors read: {m}");
 }
 
@@ -419,4 +426,122 @@ fn wan_cli_writes_frames() {
     let (ok, _, err) = run(&[]);
     assert!(!ok && err.contains("--frames-out"), "{err}");
     std::fs::remove_dir_all(&out).ok();
+}
+
+/// The diffusers name of a Wan decoder weight → its original
+/// `wan/modules/vae.py` name (the inverse of diffusers' conversion script)
+/// for `per_block` residual blocks per up stage.
+fn wan_original_key(key: &str, per_block: usize) -> Option<String> {
+    let res = |t: &str| {
+        [
+            ("norm1.gamma", "residual.0.gamma"),
+            ("conv1.", "residual.2."),
+            ("norm2.gamma", "residual.3.gamma"),
+            ("conv2.", "residual.6."),
+            ("conv_shortcut.", "shortcut."),
+        ]
+        .iter()
+        .find_map(|(a, b)| t.strip_prefix(a).map(|r| format!("{b}{r}")))
+    };
+    if let Some(t) = key.strip_prefix("post_quant_conv.") {
+        return Some(format!("conv2.{t}"));
+    }
+    let d = key.strip_prefix("decoder.")?;
+    for (from, to) in [
+        ("conv_in.", "conv1."),
+        ("norm_out.", "head.0."),
+        ("conv_out.", "head.2."),
+        ("mid_block.attentions.0.", "middle.1."),
+    ] {
+        if let Some(t) = d.strip_prefix(from) {
+            return Some(format!("decoder.{to}{t}"));
+        }
+    }
+    if let Some(t) = d.strip_prefix("mid_block.resnets.") {
+        let (i, t) = t.split_once('.')?;
+        let m = if i == "0" { 0 } else { 2 };
+        return Some(format!("decoder.middle.{m}.{}", res(t)?));
+    }
+    let t = d.strip_prefix("up_blocks.")?;
+    let (i, t) = t.split_once('.')?;
+    let base = i.parse::<usize>().ok()? * (per_block + 1);
+    if let Some(t) = t.strip_prefix("resnets.") {
+        let (j, t) = t.split_once('.')?;
+        let f = base + j.parse::<usize>().ok()?;
+        return Some(format!("decoder.upsamples.{f}.{}", res(t)?));
+    }
+    let t = t.strip_prefix("upsamplers.0.")?;
+    Some(format!("decoder.upsamples.{}.{t}", base + per_block))
+}
+
+/// The golden's weights under the original Wan key names in one
+/// `.safetensors` file without a config.json (as ComfyUI ships
+/// `wan_2.1_vae.safetensors`) decode exactly as the diffusers folder.
+#[test]
+fn wan_original_keys_load() {
+    let ctx = test_context();
+    let Some((dir, dec)) = wan(&ctx) else { return };
+    let bytes = std::fs::read(dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let mut tensors = Vec::new();
+    for name in st.names() {
+        let Some(key) = wan_original_key(name, 2) else {
+            continue;
+        };
+        tensors.push((key, st.tensor(name).unwrap()));
+    }
+    assert!(tensors.len() > 50);
+    let out = std::env::temp_dir().join(format!("wgvae-wan-orig-{}", std::process::id()));
+    std::fs::create_dir_all(&out).unwrap();
+    let file = out.join("wan_2.1_vae.safetensors");
+    safetensors::serialize_to_file(tensors, None, &file).unwrap();
+    let orig = WanDecoder::open(&ctx, file.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    assert_eq!(orig.config.base_dim, 16);
+    assert_eq!(orig.config.num_res_blocks, 1);
+    assert_eq!(orig.config.temperal_downsample, vec![false, true, true]);
+    let z = HostTensor::new(
+        vec![1, 16, 2, 4, 4],
+        wgvae::testing::rand_vec(16 * 2 * 16, 3, 1.0),
+    )
+    .unwrap();
+    let a = decode_video(&ctx, &orig, &z).unwrap();
+    let b = decode_video(&ctx, &dec, &z).unwrap();
+    assert_eq!(a.data, b.data);
+    std::fs::remove_dir_all(&out).ok();
+}
+
+/// Streaming Wan holds only its caches between chunks: the same peak
+/// allocated for 4 and 12 latent frames.
+#[test]
+fn wan_streaming_memory_is_flat_in_video_length() {
+    let Some(dir) = golden("wan21-tiny") else {
+        return;
+    };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    let (h, w) = (2, 3);
+    let mut peaks = Vec::new();
+    let mut caches = Vec::new();
+    for frames in [4, 12] {
+        ctx.pool().reset_peak_stats();
+        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut out = 0;
+        for t in 0..frames {
+            let z = HostTensor::new(
+                vec![1, 16, h, w],
+                wgvae::testing::rand_vec(16 * h * w, t as u64, 1.0),
+            )
+            .unwrap();
+            out += stream.decode(&z).unwrap().shape[0];
+        }
+        assert_eq!(out, 4 * frames - 3);
+        caches.push(stream.cache_bytes());
+        peaks.push(ctx.pool().stats().allocated_bytes.peak);
+    }
+    println!(
+        "wan streaming peak allocated: 4 frames {} B, 12 frames {} B; caches {} B",
+        peaks[0], peaks[1], caches[1]
+    );
+    assert_eq!(peaks[0], peaks[1]);
+    assert_eq!(caches[0], caches[1]);
 }
