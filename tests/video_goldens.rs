@@ -545,3 +545,28 @@ fn wan_streaming_memory_is_flat_in_video_length() {
     assert_eq!(peaks[0], peaks[1]);
     assert_eq!(caches[0], caches[1]);
 }
+
+/// f16 storage (f32 arithmetic) of the Wan decoder against the f32
+/// diffusers golden.
+#[test]
+fn wan21_tiny_f16() {
+    let Some(dir) = golden("wan21-tiny") else {
+        return;
+    };
+    let contexts = wgvae::testing::dtype_contexts();
+    let (ctx, dtype) = contexts
+        .into_iter()
+        .find(|(_, d)| *d == wgvae::DType::F16)
+        .unwrap();
+    let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let got = decode_video(&ctx, &dec, &latents).unwrap();
+    let (err, at) = max_abs_diff(&got.data, &want.data);
+    let native = ctx.caps().shader_f16;
+    println!("wan21-tiny f16 (native: {native}): max abs error {err:.3e} at {at}");
+    assert!(err <= WAN_F16_TOLERANCE, "f16: {err} at {at}");
+}
+
+/// 3× the measured f16 error (4.9e-3, native f16 on lavapipe).
+const WAN_F16_TOLERANCE: f32 = 1.5e-2;
