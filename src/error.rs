@@ -120,6 +120,12 @@ pub enum Error {
         message: String,
     },
 
+    /// The run cannot fit the memory budget the caller set
+    /// (`Tiling::max_memory`, `FramesOptions::max_memory`) or the host's
+    /// memory; the message names the budget and what to raise or lower.
+    #[error("over the memory budget: {0}")]
+    OverBudget(String),
+
     /// Bad input values (NaN latents, wrong channel count …).
     #[error("invalid input: {0}")]
     InvalidInput(String),

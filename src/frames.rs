@@ -286,7 +286,7 @@ pub fn choose_chunk(
         });
         match run {
             Ok((peak, ())) if base + peak + staging <= budget => Ok(None),
-            Ok((peak, ())) => Ok(Some(Error::InvalidInput(format!(
+            Ok((peak, ())) => Ok(Some(Error::OverBudget(format!(
                 "a chunk of {b} frame(s) needs {} MiB ({} MiB already in use, {} MiB of activations, {} MiB of staging), more than the memory budget of {} MiB; raise `FramesOptions::max_memory`",
                 (base + peak + staging) >> 20,
                 base >> 20,

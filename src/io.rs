@@ -252,6 +252,100 @@ pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
     w.finish().map_err(io_err)
 }
 
+/// A float32 `.npy` array written as its values arrive: the header with
+/// the final shape first, then values appended, so a long video's output
+/// never has to be held whole. [`NpyStream::finish`] checks the count.
+pub struct NpyStream<W: std::io::Write> {
+    out: W,
+    /// Values still to come.
+    left: u64,
+    path: PathBuf,
+}
+
+impl NpyStream<std::io::BufWriter<std::fs::File>> {
+    /// Creates `path` holding an array of `shape` (see [`NpyStream::new`]).
+    pub fn create(path: &Path, shape: &[usize]) -> Result<Self> {
+        let file = std::fs::File::create(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        NpyStream::new(std::io::BufWriter::new(file), path, shape)
+    }
+}
+
+impl<W: std::io::Write> NpyStream<W> {
+    /// Writes the `.npy` 1.0 header of a little-endian f32 C-order array of
+    /// `shape` into `out` (`path` names it in errors).
+    pub fn new(mut out: W, path: &Path, shape: &[usize]) -> Result<Self> {
+        let dims: Vec<String> = shape.iter().map(usize::to_string).collect();
+        let tuple = match dims.len() {
+            1 => format!("({},)", dims.join("")),
+            _ => format!("({})", dims.join(", ")),
+        };
+        let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
+        // Magic (6) + version (2) + length (2) + header + '\n': a multiple of 64.
+        while (10 + header.len() + 1) % 64 != 0 {
+            header.push(' ');
+        }
+        header.push('\n');
+        let len = u16::try_from(header.len()).map_err(|_| {
+            bad(
+                path,
+                format!("a shape of {} axes is too long for .npy", shape.len()),
+            )
+        })?;
+        let io = |source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        };
+        out.write_all(b"\x93NUMPY\x01\x00").map_err(io)?;
+        out.write_all(&len.to_le_bytes()).map_err(io)?;
+        out.write_all(header.as_bytes()).map_err(io)?;
+        Ok(NpyStream {
+            out,
+            left: shape.iter().map(|&d| d as u64).product(),
+            path: path.to_path_buf(),
+        })
+    }
+
+    /// Appends `values` (C order).
+    pub fn write(&mut self, values: &[f32]) -> Result<()> {
+        let n = values.len() as u64;
+        if n > self.left {
+            return Err(Error::Internal(format!(
+                "{}: {n} more values than the {} its shape has room for",
+                self.path.display(),
+                self.left
+            )));
+        }
+        self.left -= n;
+        let mut bytes = Vec::with_capacity(values.len() * 4);
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        self.out.write_all(&bytes).map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })
+    }
+
+    /// Flushes; an error when fewer values came than the shape holds.
+    pub fn finish(mut self) -> Result<W> {
+        if self.left != 0 {
+            return Err(Error::Internal(format!(
+                "{}: {} values of its shape were never written",
+                self.path.display(),
+                self.left
+            )));
+        }
+        self.out.flush().map_err(|source| Error::Io {
+            path: self.path.clone(),
+            source,
+        })?;
+        Ok(self.out)
+    }
+}
+
 /// Writes f32 values as a one-tensor `.safetensors` file under `key`.
 pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) -> Result<()> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
@@ -395,6 +489,12 @@ pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Res
     match t.shape.len() {
         3 => t.shape.insert(0, 1),
         4 => {}
+        5 => {
+            return Err(format!(
+                "latents have rank 5 (shape {:?}): video latents (N×T×C×h×w or N×C×T×h×w), but this is an image VAE, which takes N×C×h×w or C×h×w; decode video latents with a video VAE (e.g. --vae taew2_1.safetensors for Wan 2.1 latents)",
+                t.shape
+            ))
+        }
         r => {
             return Err(format!(
                 "latents have rank {r} (shape {:?}); expected N×C×h×w or C×h×w",
@@ -531,7 +631,46 @@ mod tests {
     }
 
     #[test]
+    fn npy_stream_writes_the_final_shape_then_values() {
+        let p = tmp("stream.npy");
+        let data: Vec<f32> = (0..30).map(|i| i as f32 - 7.25).collect();
+        let mut s = NpyStream::create(&p, &[1, 5, 3, 2]).unwrap();
+        for chunk in data.chunks(6) {
+            s.write(chunk).unwrap();
+        }
+        s.finish().unwrap();
+        let bytes = std::fs::read(&p).unwrap();
+        assert_eq!(npy_header_len(&bytes).map(|n| n % 64), Some(0));
+        let t = read_npy(&p).unwrap();
+        assert_eq!((t.shape, t.data), (vec![1, 5, 3, 2], data));
+        let mut short = NpyStream::new(Vec::new(), &p, &[2]).unwrap();
+        short.write(&[1.0]).unwrap();
+        assert!(short.write(&[1.0, 2.0]).is_err());
+        assert!(short
+            .finish()
+            .unwrap_err()
+            .to_string()
+            .contains("never written"));
+        let one = NpyStream::new(Vec::new(), &p, &[3]).unwrap();
+        let mut one = one;
+        one.write(&[1.0, 2.0, 3.0]).unwrap();
+        let bytes = one.finish().unwrap();
+        assert_eq!(parse_npy(&bytes, &p).unwrap().shape, vec![3]);
+    }
+
+    #[test]
     fn bad_latents_are_clear_errors() {
+        let p = tmp("video.npy");
+        write_npy(&p, &[1, 2, 4, 2, 2], &[0.0; 32]).unwrap();
+        let e = load_latents(&p, None, 4).unwrap_err().to_string();
+        assert!(
+            e.contains("video.npy")
+                && e.contains("rank 5")
+                && e.contains("image VAE")
+                && e.contains("video VAE"),
+            "{e}"
+        );
+
         let p = tmp("c.npy");
         write_npy(&p, &[1, 3, 2, 2], &[0.0; 12]).unwrap();
         let e = load_latents(&p, None, 4).unwrap_err().to_string();

@@ -85,6 +85,7 @@ pub mod tensor;
 pub mod testing;
 pub mod tiling;
 pub mod video;
+pub mod y4m;
 
 pub use decode::{decode, DecodeOptions, Decoded};
 pub use embed::{
@@ -97,4 +98,4 @@ pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
-pub use video::{decode_video, VideoDecoder, VideoModel};
+pub use video::{decode_video, VideoDecoder, VideoFrames, VideoLayout, VideoModel};

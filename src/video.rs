@@ -17,9 +17,11 @@
     clippy::indexing_slicing
 )]
 
+use std::sync::mpsc;
+
 use crate::error::{Error, Result};
 use crate::exec::untiled::{run_video, VideoState};
-use crate::gpu::{read_back, Context, Recorder};
+use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::models::graph::Graph;
 use crate::models::taehv::TaehvDecoder;
@@ -73,11 +75,129 @@ impl VideoModel<'_> {
     }
 }
 
+/// How the axes of 5-D video latents are ordered. Each video model
+/// declares its own (TAEHV: [`VideoLayout::Ntchw`]; diffusers' video VAEs
+/// such as Wan's: [`VideoLayout::Ncthw`]); a front end may override it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VideoLayout {
+    /// `N×T×C×h×w`: frames outermost (TAEHV's `decode_video`).
+    Ntchw,
+    /// `N×C×T×h×w`: channels before time (diffusers / PyTorch Conv3d).
+    Ncthw,
+}
+
+impl VideoLayout {
+    /// The flag spelling (`ntchw`, `ncthw`).
+    pub fn name(self) -> &'static str {
+        match self {
+            VideoLayout::Ntchw => "ntchw",
+            VideoLayout::Ncthw => "ncthw",
+        }
+    }
+
+    /// `[N, T, C, h, w]` of a 5-D `shape` in this layout.
+    pub fn dims(self, shape: [usize; 5]) -> [usize; 5] {
+        let [n, a, b, h, w] = shape;
+        match self {
+            VideoLayout::Ntchw => [n, a, b, h, w],
+            VideoLayout::Ncthw => [n, b, a, h, w],
+        }
+    }
+
+    /// 5-D latents in this layout, reordered to `N×T×C×h×w` (a copy only
+    /// for [`VideoLayout::Ncthw`]).
+    pub fn to_ntchw(self, latents: HostTensor) -> Result<HostTensor> {
+        let shape: [usize; 5] = latents.shape.as_slice().try_into().map_err(|_| {
+            Error::InvalidInput(format!(
+                "video latents are 5-D ({}), got shape {:?}",
+                self.describe(),
+                latents.shape
+            ))
+        })?;
+        let [n, t, c, h, w] = self.dims(shape);
+        if self == VideoLayout::Ntchw {
+            return Ok(latents);
+        }
+        let plane = h * w;
+        let mut data = Vec::with_capacity(latents.data.len());
+        for v in 0..n {
+            for f in 0..t {
+                for ch in 0..c {
+                    let at = ((v * c + ch) * t + f) * plane;
+                    let src = latents.data.get(at..at + plane).ok_or_else(|| {
+                        Error::InvalidInput(format!(
+                            "{} values do not fill video latents of shape {:?}",
+                            latents.data.len(),
+                            latents.shape
+                        ))
+                    })?;
+                    data.extend_from_slice(src);
+                }
+            }
+        }
+        HostTensor::new(vec![n, t, c, h, w], data)
+    }
+
+    /// `N×T×C×h×w` or `N×C×T×h×w`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            VideoLayout::Ntchw => "N×T×C×h×w",
+            VideoLayout::Ncthw => "N×C×T×h×w",
+        }
+    }
+}
+
+impl std::str::FromStr for VideoLayout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "ntchw" => Ok(VideoLayout::Ntchw),
+            "ncthw" => Ok(VideoLayout::Ncthw),
+            _ => Err(Error::InvalidInput(format!(
+                "unknown video latent layout `{s}`: use ntchw (N×T×C×h×w, TAEHV) or ncthw (N×C×T×h×w, diffusers/Wan)"
+            ))),
+        }
+    }
+}
+
+/// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
+#[derive(Debug)]
+pub struct VideoFrames {
+    /// Frames `[T', 3, H, W]` (TAEHV: raw, before its [0, 1] clamp; Wan:
+    /// clamped to [−1, 1]).
+    pub frames: HostTensor,
+    /// Index in the video of the first of them.
+    pub first: usize,
+    /// Milliseconds from the submission of their chunk until they were on
+    /// the host (the same for every frame of a chunk).
+    pub latency_ms: f64,
+}
+
+/// A submitted chunk whose output is on its way to a staging buffer.
+struct Pending {
+    slot: usize,
+    submitted: std::time::Instant,
+    submission: Option<wgpu::SubmissionIndex>,
+    mapped: Option<mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
+    /// Output `[frames, channels, h, w]` before trim and pixel shuffle.
+    shape: [usize; 4],
+    dtype: crate::tensor::DType,
+    bytes: u64,
+}
+
 /// A streaming decode of one video: feed latent chunks in order, get the
 /// frames each chunk completes. Between calls it holds only the decoder's
 /// time caches (one frame per MemBlock), so memory does not grow with the
 /// video's length; the output equals decoding the whole clip at once up to
 /// float rounding.
+///
+/// [`VideoDecoder::push`] double-buffers the read-back (as
+/// [`crate::decode_frames`] does): chunk k + 1 is recorded and submitted
+/// before the host waits for chunk k, whose frames it then returns, so the
+/// device decodes k + 1 while the host takes k; [`VideoDecoder::finish`]
+/// returns the last chunk's. [`VideoDecoder::decode`] is the same without
+/// the overlap (submit, wait, return this chunk's frames).
 pub struct VideoDecoder<'a> {
     ctx: Context,
     decoder: VideoModel<'a>,
@@ -86,6 +206,13 @@ pub struct VideoDecoder<'a> {
     frame: Option<[usize; 3]>,
     /// Output frames still to drop at the video's start.
     to_trim: usize,
+    /// Frames handed over so far.
+    delivered: usize,
+    /// Chunks submitted so far (picks the staging slot).
+    submitted: usize,
+    /// Two `MAP_READ` buffers, alternating between chunks.
+    staging: [Option<(wgpu::Buffer, u64)>; 2],
+    pending: Option<Pending>,
 }
 
 impl<'a> VideoDecoder<'a> {
@@ -98,6 +225,10 @@ impl<'a> VideoDecoder<'a> {
             state: VideoState::default(),
             frame: None,
             to_trim: decoder.frames_to_trim(),
+            delivered: 0,
+            submitted: 0,
+            staging: [None, None],
+            pending: None,
         }
     }
 
@@ -106,8 +237,48 @@ impl<'a> VideoDecoder<'a> {
     /// (TAEHV: raw, before the clamp to [0, 1]; Wan: raw z in, clamped to
     /// [−1, 1] out). The video's first chunk gives `t_upscale · T −
     /// frames_to_trim` frames (Wan: `1 + 4 (T − 1)`), later ones
-    /// `t_upscale · T`.
+    /// `t_upscale · T`. Frames of an earlier [`VideoDecoder::push`] not yet
+    /// taken come first.
     pub fn decode(&mut self, chunk: &HostTensor) -> Result<HostTensor> {
+        let earlier = self.push(chunk)?;
+        let this = self.finish()?;
+        let out = match (earlier, this) {
+            (Some(a), Some(b)) => {
+                let mut a = a.frames;
+                if let (Some(x), Some(y)) = (a.shape.first_mut(), b.frames.shape.first()) {
+                    *x += y;
+                }
+                a.data.extend(b.frames.data);
+                a
+            }
+            (Some(a), None) | (None, Some(a)) => a.frames,
+            (None, None) => return Err(Error::Internal("a decoded chunk went missing".into())),
+        };
+        Ok(out)
+    }
+
+    /// Submits the next `chunk` (as [`VideoDecoder::decode`]) and returns
+    /// the frames of the chunk submitted before it (`None` for the first),
+    /// waiting for them only after this chunk is on the device's queue.
+    pub fn push(&mut self, chunk: &HostTensor) -> Result<Option<VideoFrames>> {
+        let next = self.submit(chunk)?;
+        let done = match self.pending.replace(next) {
+            Some(p) => Some(self.take(p)?),
+            None => None,
+        };
+        Ok(done)
+    }
+
+    /// The frames of the last pushed chunk (`None` when all were taken).
+    pub fn finish(&mut self) -> Result<Option<VideoFrames>> {
+        match self.pending.take() {
+            Some(p) => self.take(p).map(Some),
+            None => Ok(None),
+        }
+    }
+
+    /// Records and submits `chunk` with the copy of its output into a staging buffer.
+    fn submit(&mut self, chunk: &HostTensor) -> Result<Pending> {
         let [t, c, h, w] = match chunk.shape[..] {
             [t, c, h, w] => [t, c, h, w],
             _ => {
@@ -130,7 +301,15 @@ impl<'a> VideoDecoder<'a> {
             )));
         }
         self.frame = Some([c, h, w]);
-        let mut rec = Recorder::new(&self.ctx);
+        let slot = self.submitted % 2;
+        let null = self.ctx.is_null();
+        let mut encoder =
+            self.ctx
+                .device()
+                .create_command_encoder(&wgpu::CommandEncoderDescriptor {
+                    label: Some("wgvae video chunk"),
+                });
+        let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
         let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
         let raw = run_video(
             self.decoder.graph(),
@@ -139,24 +318,131 @@ impl<'a> VideoDecoder<'a> {
             &mut Taps::default(),
             &mut self.state,
         )?;
-        rec.submit()?;
-        let bytes = read_back(&self.ctx, &[&raw])?.pop().unwrap_or_default();
-        let values = raw.f32_from_bytes(&bytes)?;
-        let [frames, channels, oh, ow] = match raw.shape() {
+        let shape = match raw.shape() {
             &[a, b, c, d] => [a, b, c, d],
             s => return Err(Error::Internal(format!("video decoder output {s:?}"))),
         };
+        // Copies move whole 4-byte words (f16 frames have even sizes anyway).
+        let bytes = raw.byte_size().div_ceil(4) * 4;
+        if !null {
+            let staging = self.staging_buffer(slot, bytes)?;
+            let (src, offset) = (raw.buffer()?.clone(), raw.block().offset);
+            rec.timed_transfer("copy::video_to_staging", |e| {
+                e.copy_buffer_to_buffer(&src, offset, &staging, 0, bytes)
+            });
+        }
+        rec.finish();
+        let dtype = raw.dtype();
+        let submitted = std::time::Instant::now();
+        let (submission, mapped) = if null {
+            (None, None)
+        } else {
+            let submission = self.ctx.scoped("submitting a video chunk", || {
+                Ok(self.ctx.queue().submit([encoder.finish()]))
+            })?;
+            // Queue order keeps later chunks' writes to this memory after the copy.
+            drop(raw);
+            let (tx, rx) = mpsc::channel();
+            if let Some((buffer, _)) = self.staging.get(slot).and_then(Option::as_ref) {
+                buffer
+                    .slice(..bytes)
+                    .map_async(wgpu::MapMode::Read, move |r| {
+                        let _ = tx.send(r);
+                    });
+            }
+            (Some(submission), Some(rx))
+        };
+        self.submitted += 1;
+        Ok(Pending {
+            slot,
+            submitted,
+            submission,
+            mapped,
+            shape,
+            dtype,
+            bytes,
+        })
+    }
+
+    /// Staging slot `slot`, grown to at least `bytes`.
+    fn staging_buffer(&mut self, slot: usize, bytes: u64) -> Result<wgpu::Buffer> {
+        let entry = self
+            .staging
+            .get_mut(slot)
+            .ok_or_else(|| Error::Internal("staging slot".into()))?;
+        match entry {
+            Some((buffer, size)) if *size >= bytes => Ok(buffer.clone()),
+            _ => {
+                let buffer = self.ctx.readback_buffer("wgvae video readback", bytes)?;
+                *entry = Some((buffer.clone(), bytes));
+                Ok(buffer)
+            }
+        }
+    }
+
+    /// Waits for `p`'s submission (not later ones) and converts its frames.
+    fn take(&mut self, p: Pending) -> Result<VideoFrames> {
+        let [frames, channels, oh, ow] = p.shape;
+        let values = match (p.submission, p.mapped) {
+            (Some(submission), Some(mapped)) => {
+                self.ctx
+                    .device()
+                    .poll(wgpu::PollType::Wait {
+                        submission_index: Some(submission),
+                        timeout: None,
+                    })
+                    .map_err(|e| Error::DeviceLost(e.to_string()))?;
+                let result = match mapped.try_recv() {
+                    Ok(r) => r,
+                    Err(_) => {
+                        self.ctx.wait_idle()?;
+                        mapped.recv().map_err(|e| Error::Readback(e.to_string()))?
+                    }
+                };
+                result.map_err(|e| Error::Readback(e.to_string()))?;
+                let Some((buffer, _)) = self.staging.get(p.slot).and_then(Option::as_ref) else {
+                    return Err(Error::Internal("video staging buffer missing".into()));
+                };
+                let view = buffer
+                    .slice(..p.bytes)
+                    .get_mapped_range()
+                    .map_err(|e| Error::Readback(e.to_string()))?;
+                let mut v = crate::tensor::f32_from_bytes_of(p.dtype, &view)?;
+                drop(view);
+                buffer.unmap();
+                v.truncate(frames * channels * oh * ow);
+                v
+            }
+            // A dry run computes nothing: zeros of the right size.
+            _ => vec![0.0; frames * channels * oh * ow],
+        };
+        let latency_ms = p.submitted.elapsed().as_secs_f64() * 1e3;
         let skip = self.to_trim.min(frames);
         self.to_trim -= skip;
         let per_frame = channels * oh * ow;
         let kept = values.get(skip * per_frame..).unwrap_or_default();
-        let p = self.decoder.patch_size();
-        let out_c = channels / (p * p);
-        let mut data = pixel_shuffle(kept, frames - skip, out_c, p, oh, ow);
+        let patch = self.decoder.patch_size();
+        let out_c = channels / (patch * patch);
+        let mut data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
         if let VideoModel::Wan(_) = self.decoder {
             data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
         }
-        HostTensor::new(vec![frames - skip, out_c, oh * p, ow * p], data)
+        let first = self.delivered;
+        self.delivered += frames - skip;
+        Ok(VideoFrames {
+            frames: HostTensor::new(vec![frames - skip, out_c, oh * patch, ow * patch], data)?,
+            first,
+            latency_ms,
+        })
+    }
+
+    /// Frames a video of `t` latent frames decodes to (TAEHV: `t_upscale · t
+    /// − frames_to_trim`; Wan: `1 + 4 (t − 1)`).
+    pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
+        match decoder.into() {
+            VideoModel::Taehv(d) => (d.t_upscale * t).saturating_sub(d.frames_to_trim()),
+            VideoModel::Wan(d) => d.frames_out(t),
+        }
     }
 
     /// Pool bytes the time caches hold between chunks.
@@ -283,8 +569,28 @@ pub fn decode_video<'a>(
 }
 
 #[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn layouts_reorder_to_ntchw() {
+        // N=1, C=2, T=3, 1×1: value = 10·c + t.
+        let ncthw: Vec<f32> = (0..2)
+            .flat_map(|c| (0..3).map(move |t| (10 * c + t) as f32))
+            .collect();
+        let x = HostTensor::new(vec![1, 2, 3, 1, 1], ncthw).unwrap();
+        assert_eq!(VideoLayout::Ncthw.dims([1, 2, 3, 1, 1]), [1, 3, 2, 1, 1]);
+        let y = VideoLayout::Ncthw.to_ntchw(x.clone()).unwrap();
+        assert_eq!(y.shape, vec![1, 3, 2, 1, 1]);
+        assert_eq!(y.data, vec![0.0, 10.0, 1.0, 11.0, 2.0, 12.0]);
+        assert_eq!(VideoLayout::Ntchw.to_ntchw(x.clone()).unwrap().data, x.data);
+        assert_eq!("NCTHW".parse::<VideoLayout>().unwrap(), VideoLayout::Ncthw);
+        let e = "nchw".parse::<VideoLayout>().unwrap_err().to_string();
+        assert!(e.contains("ntchw") && e.contains("ncthw"), "{e}");
+        let flat = HostTensor::new(vec![6], vec![0.0; 6]).unwrap();
+        assert!(VideoLayout::Ncthw.to_ntchw(flat).is_err());
+    }
 
     #[test]
     fn pixel_shuffle_matches_pytorch_order() {

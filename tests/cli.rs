@@ -1710,3 +1710,175 @@ fn decode_taehv_video_writes_frames() {
     let (ok, _, err) = wgvae(&args[..4]);
     assert!(!ok && err.contains("--frames-out"), "{err}");
 }
+
+/// `decode --vae taew2_1 --video-out OUT.y4m --save-raw RAW.npy --json`:
+/// the .y4m parses (frame count, size, rate, 4:2:0) with the BT.601
+/// full-range luma of the golden's clamped frames, the raw .npy is the
+/// golden's `decoded_raw.npy` (N×T'×3×H×W before the clamp) within
+/// video_goldens' bound, and the JSON's timing and memory fields are sane.
+#[test]
+fn decode_taehv_video_out_and_raw() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/taew2_1-rand");
+    let vae = dir.join("taew2_1.safetensors");
+    let latents = dir.join("latents.npy");
+    let y4m = tmp("taehv.y4m");
+    let raw = tmp("taehv_raw.npy");
+    let (ok, stdout, err) = wgvae(&[
+        "decode",
+        latents.to_str().unwrap(),
+        "--vae",
+        vae.to_str().unwrap(),
+        "--video-out",
+        y4m.to_str().unwrap(),
+        "--save-raw",
+        raw.to_str().unwrap(),
+        "--fps",
+        "24",
+        "--chunk",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&stdout);
+    assert_eq!(v["frames"], 9, "{v}");
+    assert_eq!(v["layout"], "ntchw", "{v}");
+    assert_eq!(v["video_chroma"], "420jpeg", "{v}");
+    let fps = v["frames_per_s"].as_f64().unwrap();
+    let ms = v["decode_ms"].as_f64().unwrap();
+    assert!(fps > 0.0 && (fps * ms / 1e3 - 9.0).abs() < 1e-6, "{v}");
+    let l = &v["latency"];
+    let (mean, p99, max) = (
+        l["mean_ms"].as_f64().unwrap(),
+        l["p99_ms"].as_f64().unwrap(),
+        l["max_ms"].as_f64().unwrap(),
+    );
+    assert!(0.0 < mean && mean <= max && p99 <= max && max <= ms, "{v}");
+    assert!(v["peak_allocated_bytes"].as_u64().unwrap() > 0, "{v}");
+
+    let want = wgvae::io::read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let got = wgvae::io::read_npy(&raw).unwrap();
+    assert_eq!(got.shape, vec![1, 9, 3, 64, 80]);
+    let (e, at) = wgvae::testing::max_abs_diff(&got.data, &want.data);
+    println!("--save-raw vs taehv.py: max abs {e:.3e} at {at}");
+    assert!(e <= 8e-6, "--save-raw: {e} at {at}");
+
+    let bytes = std::fs::read(&y4m).unwrap();
+    let info = wgvae::y4m::parse_y4m(&bytes).unwrap();
+    assert_eq!((info.width, info.height, info.frames), (80, 64, 9));
+    assert_eq!(info.rate, wgvae::y4m::FrameRate { num: 24, den: 1 });
+    assert_eq!(info.chroma, wgvae::y4m::Chroma::C420Jpeg);
+    // Luma of every pixel of the last frame from the golden (±1 level).
+    let header = bytes.iter().position(|&b| b == b'\n').unwrap() + 1;
+    let frame = 6 + 80 * 64 * 3 / 2;
+    let luma = &bytes[header + 8 * frame + 6..][..80 * 64];
+    let plane = 80 * 64;
+    let last = &want.data[8 * 3 * plane..];
+    let level = |x: f32| x.clamp(0.0, 1.0) * 255.0;
+    for (i, y) in luma.iter().enumerate() {
+        let [yy, _, _] = wgvae::y4m::rgb_to_ycbcr(
+            level(last[i]),
+            level(last[plane + i]),
+            level(last[2 * plane + i]),
+        );
+        assert!((yy - *y as f32).abs() <= 1.0, "luma {i}: {y} vs {yy}");
+    }
+}
+
+/// Video latents in the wrong layout, with the wrong channel count, T = 0,
+/// 4-D (an image latent) for a video VAE, 5-D for an image VAE: errors that
+/// name the file, what was expected and found, and the fix; `--layout
+/// ncthw` then decodes the transposed latents like the golden.
+#[test]
+fn video_latent_shapes_are_clear_errors() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/taew2_1-rand");
+    let vae = dir.join("taew2_1.safetensors");
+    let golden = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
+    let [n, t, c, h, w] = golden.shape[..] else {
+        panic!("not 5-D")
+    };
+    let save = |name: &str, shape: &[usize], data: &[f32]| {
+        let p = tmp(name);
+        wgvae::io::write_npy(&p, shape, data).unwrap();
+        p
+    };
+    // N×C×T×h×w of the golden's N×T×C×h×w.
+    let mut ncthw = vec![0.0; golden.data.len()];
+    for f in 0..t {
+        for ch in 0..c {
+            let src = (f * c + ch) * h * w;
+            let dst = (ch * t + f) * h * w;
+            ncthw[dst..dst + h * w].copy_from_slice(&golden.data[src..src + h * w]);
+        }
+    }
+    let transposed = save("ncthw.npy", &[n, c, t, h, w], &ncthw);
+    let decode = |latents: &PathBuf, vae: &PathBuf, extra: &[&str]| {
+        let raw = tmp("layout_raw.npy");
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae.to_str().unwrap(),
+            "--save-raw",
+            raw.to_str().unwrap(),
+        ];
+        args.extend_from_slice(extra);
+        let (ok, _, err) = wgvae(&args);
+        (ok, err, raw)
+    };
+    let (ok, err, _) = decode(&transposed, &vae, &[]);
+    assert!(
+        !ok && err.contains("ncthw.npy")
+            && err.contains("--layout ncthw")
+            && err.contains("takes 16"),
+        "{err}"
+    );
+    let one = |shape: &[usize]| vec![0.1; shape.iter().product()];
+    let cases: [(&str, Vec<usize>, &[&str]); 4] = [
+        (
+            "c15.npy",
+            vec![1, 2, 15, 2, 2],
+            &["15 channels", "takes 16"],
+        ),
+        ("t0.npy", vec![1, 0, 16, 2, 2], &["T = 0"]),
+        (
+            "image.npy",
+            vec![2, 16, 2, 2],
+            &["4-D", "image latent", "1×T×C×h×w"],
+        ),
+        ("rank2.npy", vec![16, 4], &["rank 2", "5-D"]),
+    ];
+    for (name, shape, want) in cases {
+        let p = save(name, &shape, &one(&shape));
+        let (ok, err, _) = decode(&p, &vae, &[]);
+        assert!(!ok && err.contains(name), "{name}: {err}");
+        for w in want {
+            assert!(err.contains(w), "{name}: `{w}` not in {err}");
+        }
+    }
+    let (ok, err, _) = decode(&transposed, &vae, &["--layout", "nchw"]);
+    assert!(
+        !ok && err.contains("ntchw") && err.contains("ncthw"),
+        "{err}"
+    );
+    // A video latent given to an image VAE (TAEF2).
+    let taef2 = shared.join("weights/taef2/decoder.safetensors");
+    let video = save("video5d.npy", &[1, 2, 32, 2, 2], &one(&[1, 2, 32, 2, 2]));
+    let (ok, err, _) = decode(&video, &taef2, &[]);
+    assert!(
+        !ok && err.contains("video5d.npy") && err.contains("rank 5") && err.contains("video VAE"),
+        "{err}"
+    );
+    let out = tmp("image.y4m");
+    let (ok, err, _) = decode(&video, &taef2, &["--video-out", out.to_str().unwrap()]);
+    assert!(!ok && err.contains("video decoders"), "{err}");
+    // The override decodes the transposed latents as the golden.
+    let (ok, err, raw) = decode(&transposed, &vae, &["--layout", "ncthw"]);
+    assert!(ok, "{err}");
+    let want = wgvae::io::read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let got = wgvae::io::read_npy(&raw).unwrap();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = wgvae::testing::max_abs_diff(&got.data, &want.data);
+    assert!(e <= 8e-6, "--layout ncthw: {e} at {at}");
+}

@@ -125,12 +125,25 @@ fn aekl_tiny_sd_tiled_whole_decode_matches_diffusers() {
 
 #[test]
 fn taef2_matches_pytorch_on_photos() {
+    taef2_matches_pytorch(&[("astronaut", 31.2), ("chelsea", 32.7)]);
+}
+
+/// The third photo (400×592, about 2 minutes on lavapipe): `-- --ignored`.
+#[test]
+#[ignore = "slow on lavapipe (~2 min); astronaut and chelsea cover TAEF2 in CI"]
+fn taef2_matches_pytorch_on_coffee() {
+    taef2_matches_pytorch(&[("coffee", 29.6)]);
+}
+
+/// Each photo's decode within 1.5e-5 of PyTorch's and its PSNR against the
+/// original photo within 0.1 dB of PyTorch's.
+fn taef2_matches_pytorch(photos: &[(&str, f64)]) {
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     let weights = shared.join("weights/taef2/decoder.safetensors");
     let vae = Vae::load(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
     assert!(vae.name.contains("taef2"), "{}", vae.name);
-    for (photo, want_psnr) in [("astronaut", 31.2), ("coffee", 29.6), ("chelsea", 32.7)] {
+    for &(photo, want_psnr) in photos {
         let dir = shared.join("golden/taef2");
         let latents = read_npy(&dir.join(format!("{photo}.latents.npy"))).unwrap();
         let want = read_npy(&dir.join(format!("{photo}.decoded.npy"))).unwrap();

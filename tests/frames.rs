@@ -210,10 +210,9 @@ fn automatic_chunk_is_the_largest_that_fits() {
     .unwrap_err();
     assert!(matches!(e, Error::BindingTooLarge { .. }), "{e}");
     // A memory budget below the weights: not even one frame fits, said so.
-    let e = choose_chunk(&base, &vae, [7, 4, 6, 5], Some(1024))
-        .unwrap_err()
-        .to_string();
-    assert!(e.contains("memory budget"), "{e}");
+    let e = choose_chunk(&base, &vae, [7, 4, 6, 5], Some(1024)).unwrap_err();
+    assert!(matches!(e, Error::OverBudget(_)), "{e}");
+    assert!(e.to_string().contains("memory budget"), "{e}");
 }
 
 #[test]

@@ -11,7 +11,7 @@ use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
 use wgvae::models::Precision;
 use wgvae::testing::{max_abs_diff, shared_dir, test_context};
-use wgvae::{decode, DecodeOptions, Decoded, LoadOptions, TileMode, Tiling, Vae};
+use wgvae::{decode, DecodeOptions, Decoded, Error, LoadOptions, TileMode, Tiling, Vae};
 
 /// `../shared` beside the project root, or `../../shared` for a git
 /// worktree one level deeper (tests skip, saying so, without either).
@@ -103,7 +103,7 @@ fn exact_matches_untiled_aekl_tiny_sd_batch2() {
 
 #[test]
 fn exact_matches_untiled_aekl_tiny_sd_tiled_many_odd_tiles() {
-    check_exact("aekl-tiny-sd-tiled", 56); // 320×384: 6×7 tiles, 40/48-px edge tiles
+    check_exact("aekl-tiny-sd-tiled", 104); // 320×384: 4×4 tiles, 8/72-px edge tiles (one latent pixel wide)
 }
 
 /// `auto` on a device whose storage bindings are too small for the untiled
@@ -111,7 +111,7 @@ fn exact_matches_untiled_aekl_tiny_sd_tiled_many_odd_tiles() {
 /// it tiles, exactly; `off` fails naming the limit.
 #[test]
 fn auto_tiles_when_the_binding_limit_is_too_small() {
-    let Some(dir) = golden("aekl-tiny-sd-tiled") else {
+    let Some(dir) = golden("aekl-tiny-sd") else {
         return;
     };
     let ctx = test_context();
@@ -120,8 +120,8 @@ fn auto_tiles_when_the_binding_limit_is_too_small() {
     let whole = run(&ctx, &vae, &z, Tiling::default());
     assert_eq!(whole.tiling.mode, "untiled", "auto must not tile what fits");
     let mut caps = ctx.caps().clone();
-    // The 32-channel 320×384 activations are 15 MiB; bind at most 2 MiB.
-    caps.max_storage_buffer_binding_size = 2 << 20;
+    // The 32-channel 96×128 activations are 1.5 MiB; bind at most 256 KiB.
+    caps.max_storage_buffer_binding_size = 256 << 10;
     let small = ctx.with_caps(caps);
     let e = decode(
         &small,
@@ -137,7 +137,7 @@ fn auto_tiles_when_the_binding_limit_is_too_small() {
     .to_string();
     assert!(e.contains("max_storage_buffer_binding_size"), "{e}");
     let tiled = run(&small, &vae, &z, Tiling::default());
-    println!("auto under a 2 MiB binding limit: {:?}", tiled.tiling);
+    println!("auto under a 256 KiB binding limit: {:?}", tiled.tiling);
     assert_eq!(tiled.tiling.mode, "exact");
     assert!(tiled.tiling.tiles > 1);
     let (err, at) = max_abs_diff(&tiled.raw.unwrap().data, &whole.raw.unwrap().data);
@@ -266,6 +266,7 @@ fn host_parking_over_the_host_limit_fails_early() {
     let Err(err) = decode(&ctx, &vae, &z, &opts(tight)) else {
         panic!("a decode over the host limit ran");
     };
+    assert!(matches!(err, Error::OverBudget(_)), "{err}");
     let err = err.to_string();
     println!("{err}");
     assert!(
@@ -319,12 +320,18 @@ fn taef2_exact_matches_untiled_on_chelsea() {
     taef2_exact_matches_untiled("chelsea");
 }
 
+// The larger photos take about 3 minutes each on lavapipe; CI runs chelsea
+// (same code path, 12 tiles), `cargo test -- --ignored` runs these.
 #[test]
+#[ignore = "slow on lavapipe (~3 min); chelsea covers exact TAE tiles in CI"]
 fn taef2_exact_matches_untiled_on_coffee() {
     taef2_exact_matches_untiled("coffee");
 }
 
+// The larger photos take about 3 minutes each on lavapipe; CI runs chelsea
+// (same code path, 12 tiles), `cargo test -- --ignored` runs these.
 #[test]
+#[ignore = "slow on lavapipe (~3 min); chelsea covers exact TAE tiles in CI"]
 fn taef2_exact_matches_untiled_on_astronaut() {
     taef2_exact_matches_untiled("astronaut");
 }
@@ -348,7 +355,7 @@ fn fast_batch2_equals_fast_per_sample() {
     shape2[0] = 2;
     let z2 = HostTensor::new(shape2, both).unwrap();
     let z_other = HostTensor::new(z.shape.clone(), other).unwrap();
-    let fast = || Tiling::fast().with_tile_size(32).with_overlap(8);
+    let fast = || Tiling::fast().with_tile_size(48).with_overlap(16);
     let batch = run(&ctx, &vae, &z2, fast());
     assert!(batch.tiling.tiles > 1);
     let raw = batch.raw.unwrap();

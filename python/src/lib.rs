@@ -31,16 +31,15 @@ use wgvae::{DecodeOptions, Error, LoadOptions, Vae};
 fn to_py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
-        // The library reports a budget no tiling can meet as invalid input (a
-        // `Tiling::max_memory` / host-memory limit the caller chose); Python
-        // callers catch those as MemoryError.
-        Error::InvalidInput(ref m) if is_budget_message(m) => PyMemoryError::new_err(msg),
         Error::InvalidInput(_)
         | Error::Shape { .. }
         | Error::BadFile { .. }
         | Error::NonFiniteOutput { .. }
         | Error::Unsupported(_) => PyValueError::new_err(msg),
-        Error::OutOfMemory { .. }
+        // A budget no tiling can meet (`max_memory`, host memory) is a
+        // MemoryError as the device running out is.
+        Error::OverBudget(_)
+        | Error::OutOfMemory { .. }
         | Error::BufferTooLarge { .. }
         | Error::BindingTooLarge { .. } => PyMemoryError::new_err(msg),
         Error::Io { ref source, .. } if source.kind() == std::io::ErrorKind::NotFound => {
@@ -52,12 +51,6 @@ fn to_py_err(e: Error) -> PyErr {
         #[allow(unreachable_patterns)]
         _ => PyRuntimeError::new_err(msg),
     }
-}
-
-/// Messages of the library's "does not fit the memory budget" errors
-/// (`run::strategy`): they name the budget option or the host's memory.
-fn is_budget_message(m: &str) -> bool {
-    m.contains("memory budget") || m.contains("Tiling::max_memory") || m.contains("host memory")
 }
 
 fn value_err(msg: impl Into<String>) -> PyErr {

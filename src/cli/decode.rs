@@ -5,9 +5,13 @@ use std::path::PathBuf;
 use serde_json::json;
 use wgvae::gpu::Context;
 use wgvae::memory::Policy;
-use wgvae::models::{Precision, TaehvDecoder, WeightStore};
+use wgvae::models::TaehvDecoder;
 use wgvae::tiling::TileMode;
-use wgvae::{DecodeOptions, LoadOptions, Vae, VideoDecoder};
+use wgvae::{DecodeOptions, LoadOptions, Vae};
+
+mod video;
+
+use video::decode_video;
 
 use super::outputs::{check_dir, check_file, write_atomically, Inputs};
 use super::progress::progress_bar;
@@ -65,13 +69,25 @@ pub(crate) struct DecodeArgs {
     tiles: TileArgs,
     /// Stream the frames of N×C×h×w latents (e.g. a video's) in batched chunks with
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
-    #[arg(long, value_name = "DIR", conflicts_with_all = ["save_raw"])]
+    #[arg(long, value_name = "DIR")]
     frames_out: Option<PathBuf>,
     /// Frames per batched forward with --frames-out (default: the largest of at most
-    /// ceil(N/4) that fits --max-memory and the device's limits); with a TAEHV video
+    /// ceil(N/4) that fits --max-memory and the device's limits); with a video
     /// decoder, latent frames per streamed chunk (default 1).
-    #[arg(long, value_name = "B", requires = "frames_out")]
+    #[arg(long, value_name = "B")]
     chunk: Option<usize>,
+    /// Video decoders: write the frames as raw YUV4MPEG2 (.y4m: BT.601 full range, 4:2:0
+    /// when width and height are even, else 4:4:4), frame by frame; a batch of N videos
+    /// writes OUT_0.y4m, OUT_1.y4m, ….
+    #[arg(long, value_name = "OUT.y4m")]
+    video_out: Option<PathBuf>,
+    /// Frame rate in the --video-out header: 16 (Wan's), 24, 23.976 or 30000/1001.
+    #[arg(long, default_value = "16", value_name = "RATE")]
+    fps: String,
+    /// Axis order of 5-D video latents: ntchw (N×T×C×h×w) or ncthw (N×C×T×h×w).
+    /// Default: the model's own (TAEHV: ntchw).
+    #[arg(long, value_name = "ntchw|ncthw")]
+    layout: Option<String>,
     /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
@@ -99,6 +115,9 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
     if let Some(p) = &a.save_raw {
         check_file(p, "--save-raw", &["npy"], &inputs)?;
     }
+    if let Some(p) = &a.video_out {
+        check_file(p, "--video-out", &["y4m"], &inputs)?;
+    }
     if let Some(p) = &a.memory_snapshot {
         check_file(p, "--memory-snapshot", &["json"], &inputs)?;
     }
@@ -110,18 +129,46 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     // Flags before any work: a typo should not cost a model load.
     let policy: Policy = a.policy.parse()?;
     let tiling = a.tiles.tiling()?;
+    let precision = a.dtype.parse()?;
+    // A video decoder is told by its file's header alone, before the device starts.
+    let video = std::path::Path::new(&a.vae);
+    let is_video = video.is_file() && TaehvDecoder::is_taehv_file(video);
+    if !is_video {
+        // Video-only flags on an image VAE.
+        let video_only = [
+            ("--video-out", a.video_out.is_some()),
+            ("--layout", a.layout.is_some()),
+            ("--fps", a.fps != "16"),
+        ];
+        if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2); `{}` is an image VAE: write its frames with --frames-out DIR",
+                a.vae
+            )));
+        }
+        if a.chunk.is_some() && a.frames_out.is_none() {
+            return Err(wgvae::Error::InvalidInput(
+                "--chunk sets the frames per batched forward of --frames-out DIR: add --frames-out"
+                    .into(),
+            ));
+        }
+        if a.frames_out.is_some() && a.save_raw.is_some() {
+            return Err(wgvae::Error::InvalidInput(
+                "--frames-out writes PNGs only with an image VAE; drop --save-raw (or decode without --frames-out to save the raw output)".into(),
+            ));
+        }
+    }
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
+    if is_video {
+        return decode_video(&ctx, a, &inputs, precision);
+    }
     let load = LoadOptions {
         config: a.config.clone(),
         scaling_factor: a.scaling_factor,
         shift_factor: a.shift_factor,
         seed: a.seed,
-        precision: a.dtype.parse()?,
+        precision,
     };
-    let video = std::path::Path::new(&a.vae);
-    if video.is_file() && TaehvDecoder::is_taehv_file(video) {
-        return decode_video(&ctx, a, load.precision);
-    }
     if wan::is_wan(&a.vae) {
         return wan::decode_wan(&ctx, a, load.precision);
     }
@@ -320,139 +367,6 @@ fn decode_frames(
     Ok(())
 }
 
-/// The per-kernel table, or why there is none.
-/// `decode --vae TAEHV.safetensors --frames-out DIR`: video latents
-/// (N×T×C×h×w or T×C×h×w) streamed `--chunk` latent frames at a time
-/// (default 1) through a [`VideoDecoder`], each frame written as it arrives
-/// (`DIR/frame_00000.png`, …; one `DIR/video_N/` per video of a batch).
-fn decode_video(ctx: &Context, a: &DecodeArgs, precision: Precision) -> wgvae::Result<()> {
-    let Some(dir) = &a.frames_out else {
-        return Err(wgvae::Error::InvalidInput(format!(
-            "`{}` is a TAEHV video decoder: give --frames-out DIR for its frames",
-            a.vae
-        )));
-    };
-    let tiling = a.tiles.tiling()?;
-    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off) || tiling.tile_size.is_some() {
-        return Err(wgvae::Error::InvalidInput(
-            "a TAEHV video decode runs untiled: it takes no --tile exact/fast or --tile-size"
-                .into(),
-        ));
-    }
-    let store = WeightStore::from_safetensors(std::path::Path::new(&a.vae))?;
-    store.set_dtype(precision.resolve(true));
-    let decoder = TaehvDecoder::load(ctx, &store)?;
-    drop(store);
-    let latents = match a
-        .latents
-        .extension()
-        .and_then(|e| e.to_str())
-        .map(str::to_lowercase)
-        .as_deref()
-    {
-        Some("npy") => wgvae::io::read_npy(&a.latents)?,
-        Some("safetensors") => wgvae::io::read_safetensors_tensor(&a.latents, a.key.as_deref())?,
-        _ => {
-            return Err(wgvae::Error::BadFile {
-                path: a.latents.clone(),
-                message: "unknown latent file type; expected .npy or .safetensors".into(),
-            })
-        }
-    };
-    let [n, t, c, h, w] = match latents.shape[..] {
-        [n, t, c, h, w] => [n, t, c, h, w],
-        [t, c, h, w] => [1, t, c, h, w],
-        _ => {
-            return Err(wgvae::Error::BadFile {
-                path: a.latents.clone(),
-                message: format!(
-                    "TAEHV video latents are N×T×C×h×w or T×C×h×w, got shape {:?}",
-                    latents.shape
-                ),
-            })
-        }
-    };
-    let step = a.chunk.unwrap_or(1);
-    if step == 0 {
-        return Err(wgvae::Error::InvalidInput(
-            "--chunk must be at least 1".into(),
-        ));
-    }
-    let frame = c * h * w;
-    let start = std::time::Instant::now();
-    ctx.pool().reset_peak_stats();
-    let mut paths = Vec::new();
-    let (mut width, mut height) = (0, 0);
-    for v in 0..n {
-        let out = if n == 1 {
-            dir.clone()
-        } else {
-            dir.join(format!("video_{v}"))
-        };
-        std::fs::create_dir_all(&out).map_err(|source| wgvae::Error::Io {
-            path: out.clone(),
-            source,
-        })?;
-        let mut stream = VideoDecoder::new(ctx, &decoder);
-        let mut index = 0;
-        for t0 in (0..t).step_by(step) {
-            let t1 = (t0 + step).min(t);
-            let at = (v * t + t0) * frame;
-            let data = latents
-                .data
-                .get(at..at + (t1 - t0) * frame)
-                .unwrap_or_default();
-            let chunk = wgvae::io::HostTensor::new(vec![t1 - t0, c, h, w], data.to_vec())?;
-            let frames = stream.decode(&chunk)?;
-            let [f, _, fh, fw] = frames.shape[..] else {
-                continue;
-            };
-            (width, height) = (fw, fh);
-            let range = wgvae::kernels::image::ImageRange::ZeroToOne;
-            let rgba = wgvae::kernels::image::cpu_to_rgba8(&frames.data, f, fh, fw, range);
-            for img in rgba.chunks_exact(fh * fw * 4) {
-                let path = out.join(format!("frame_{index:05}.png"));
-                write_atomically(&path, |p| wgvae::io::write_png_rgb(p, fw, fh, img))?;
-                paths.push(path);
-                index += 1;
-            }
-        }
-    }
-    ctx.save_pipeline_cache();
-    write_memory_snapshot(ctx, a)?;
-    let ms = start.elapsed().as_secs_f64() * 1e3;
-    let peak = ctx.pool().stats().allocated_bytes.peak;
-    if a.json {
-        println!(
-            "{}",
-            json!({
-                "adapter": ctx.caps().adapter_name,
-                "backend": format!("{:?}", ctx.caps().backend),
-                "model": decoder.variant_name(),
-                "latents_shape": latents.shape,
-                "frames": paths.len(),
-                "frame_shape": [3, height, width],
-                "chunk_latent_frames": step,
-                "decode_ms": ms,
-                "frames_per_s": paths.len() as f64 / (ms / 1e3),
-                "peak_allocated_bytes": peak,
-                "outputs": paths,
-            })
-        );
-    } else {
-        println!(
-            "{} ({}): wrote {} frames of {width}×{height} to {} in {ms:.1} ms on {} (chunks of {step} latent frames); peak allocated {:.1} MiB",
-            decoder.variant_name(),
-            a.vae,
-            paths.len(),
-            dir.display(),
-            device(ctx),
-            mib(peak)
-        );
-    }
-    Ok(())
-}
-
 fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
     if let Some(p) = &a.memory_snapshot {
         write_atomically(p, |t| {
@@ -485,6 +399,7 @@ fn json_summary(
     summary
 }
 
+/// The per-kernel table, or why there is none.
 pub(crate) fn print_profile(profile: Option<&wgvae::gpu::Profile>, ctx: &Context) {
     match profile {
         Some(p) if !p.kernels.is_empty() => print!("{}", p.table()),

@@ -41,7 +41,7 @@ pub(crate) enum Command {
         json: bool,
     },
     /// Decode latents (.npy / .safetensors) to PNG.
-    Decode(decode::DecodeArgs),
+    Decode(Box<decode::DecodeArgs>),
     /// Encode an image to latents (.npy / .safetensors).
     Encode(encode::EncodeArgs),
     /// Predict a decode's (or with --encode an encode's) memory without running it (weights, peak allocated, peak reserved).

@@ -176,6 +176,57 @@ fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
     Ok(())
 }
 
+/// An output written over time (a stream) into a temporary file beside
+/// `path`, renamed into place by [`Staged::commit`]; dropped uncommitted (an
+/// error on the way) it removes the temporary file and leaves `path` as it was.
+pub(crate) struct Staged {
+    path: PathBuf,
+    tmp: PathBuf,
+    done: bool,
+}
+
+impl Staged {
+    pub(crate) fn new(path: &Path) -> Staged {
+        Staged {
+            path: path.to_path_buf(),
+            tmp: temp_beside(path),
+            done: false,
+        }
+    }
+
+    /// Where to write meanwhile.
+    pub(crate) fn tmp(&self) -> &Path {
+        &self.tmp
+    }
+
+    /// Renames the written file into place.
+    pub(crate) fn commit(mut self) -> wgvae::Result<()> {
+        self.done = true;
+        std::fs::rename(&self.tmp, &self.path).map_err(|source| {
+            let _ = std::fs::remove_file(&self.tmp);
+            Error::Io {
+                path: self.path.clone(),
+                source,
+            }
+        })
+    }
+}
+
+impl Drop for Staged {
+    fn drop(&mut self) {
+        if !self.done {
+            let _ = std::fs::remove_file(&self.tmp);
+        }
+    }
+}
+
+/// The temporary name of `path` while it is written.
+fn temp_beside(path: &Path) -> PathBuf {
+    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
+    // Writers pick the format by extension: keep it last.
+    path.with_file_name(format!(".wgvae-{}-{name}", std::process::id()))
+}
+
 /// Writes `path` through `write` into a temporary file beside it, then
 /// renames it into place: readers never see a partial file, and a failure
 /// leaves what was there before.
@@ -183,9 +234,7 @@ pub(crate) fn write_atomically(
     path: &Path,
     write: impl FnOnce(&Path) -> wgvae::Result<()>,
 ) -> wgvae::Result<()> {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    // Writers pick the format by extension: keep it last.
-    let tmp = path.with_file_name(format!(".wgvae-{}-{name}", std::process::id()));
+    let tmp = temp_beside(path);
     if let Err(e) = write(&tmp) {
         let _ = std::fs::remove_file(&tmp);
         return Err(e);

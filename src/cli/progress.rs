@@ -31,3 +31,19 @@ pub(crate) fn progress_bar(quiet: bool) -> Option<Progress> {
         }
     })))
 }
+
+/// A per-frame progress bar of `total` frames on a terminal (nothing otherwise).
+pub(crate) fn frame_bar(quiet: bool, total: usize) -> Option<indicatif::ProgressBar> {
+    use std::io::IsTerminal;
+    if quiet || !std::io::stderr().is_terminal() {
+        return None;
+    }
+    let bar = indicatif::ProgressBar::new(total as u64);
+    bar.set_style(
+        indicatif::ProgressStyle::with_template(
+            "{spinner} frames {bar:40} {pos}/{len} {per_sec} [{elapsed_precise} < {eta_precise}]",
+        )
+        .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+    );
+    Some(bar)
+}

@@ -19,7 +19,7 @@ pub use exact::ExactPool;
 pub(crate) use limit::LimitedPool;
 pub use planned::PlannedPool;
 #[doc(hidden)]
-pub use planned::{plan_greedy_by_size, AllocationTrace, MemoryPlan, TracingPool};
+pub use planned::{plan_greedy, AllocationTrace, MemoryPlan, TracingPool};
 pub use snapshot::{BlockSnapshot, PoolSnapshot, SegmentPool, SegmentSnapshot};
 pub use stats::{MemoryStats, Stat};
 

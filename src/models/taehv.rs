@@ -286,6 +286,11 @@ impl TaehvDecoder {
         })
     }
 
+    /// The axis order of its latents: `N×T×C×h×w`, as `taehv.py` takes them.
+    pub fn latent_layout(&self) -> crate::video::VideoLayout {
+        crate::video::VideoLayout::Ntchw
+    }
+
     /// Output frames dropped at a video's start (`t_upscale − 1`).
     pub fn frames_to_trim(&self) -> usize {
         self.t_upscale.saturating_sub(1)

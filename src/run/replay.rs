@@ -5,7 +5,7 @@ use std::sync::Arc;
 
 use crate::error::Result;
 use crate::gpu::{Context, Recorder};
-use crate::memory::{plan_greedy_by_size, PlannedPool, TracingPool};
+use crate::memory::{plan_greedy, PlannedPool, TracingPool};
 
 /// Largest trace the planned pool plans (greedy placement is quadratic in
 /// the number of allocations); longer tiled runs allocate one buffer per
@@ -79,7 +79,7 @@ fn ensure_plan(
             return Ok(None);
         }
         let caps = ctx.caps();
-        let plan = plan_greedy_by_size(
+        let plan = plan_greedy(
             &trace,
             caps.min_storage_buffer_offset_alignment as u64,
             caps.max_buffer_size,

@@ -157,7 +157,7 @@ fn choose_fast(
             return Ok(Strategy::Fast { px, overlap });
         }
         if tiling.tile_size.is_some() || px <= 8 * scale {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::OverBudget(format!(
                 "a {px}-pixel fast tile does not {} within the memory budget of {budget} bytes; lower `Tiling::tile_size` or raise `Tiling::max_memory`",
                 geometry.verb
             )));
@@ -304,7 +304,7 @@ pub(crate) fn choose_exact(
     run: &TiledRun,
 ) -> Result<ExactPlan> {
     let avail = budget.checked_sub(base).ok_or_else(|| {
-        Error::InvalidInput(format!(
+        Error::OverBudget(format!(
             "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
         ))
     })?;
@@ -396,7 +396,7 @@ pub(crate) fn choose_exact(
             .max_host_memory
             .or_else(|| ctx.host_memory_available());
         if let Some(limit) = host_limit.filter(|&l| host > l) {
-            return Err(Error::InvalidInput(format!(
+            return Err(Error::OverBudget(format!(
                 "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise `Tiling::max_memory` (fewer tiles parked on the host) or decode a smaller image",
                 host as f64 / 1048576.0,
                 limit as f64 / 1048576.0,
@@ -410,7 +410,7 @@ pub(crate) fn choose_exact(
         return Ok(plan);
     }
     if let Some((px, tiles)) = over_cap {
-        return Err(Error::InvalidInput(format!(
+        let msg = format!(
             "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device); {}",
             if tiling.tile_size.is_some() {
                 format!("in {px}-pixel tiles")
@@ -422,11 +422,17 @@ pub(crate) fn choose_exact(
             } else {
                 "raise `Tiling::max_memory` (larger tiles) or use a smaller image"
             },
-        )));
+        );
+        // Without a tile size it is the budget that asks for so many tiles.
+        return Err(if tiling.tile_size.is_some() {
+            Error::InvalidInput(msg)
+        } else {
+            Error::OverBudget(msg)
+        });
     }
     Err(match last_limit {
         Some(e) if tiling.tile_size.is_some() => e,
-        _ => Error::InvalidInput(format!(
+        _ => Error::OverBudget(format!(
             "no tile size {what} within the memory budget of {budget} bytes ({}, of which {} are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
             human_bytes(budget),
             human_bytes(base),

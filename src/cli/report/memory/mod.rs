@@ -535,7 +535,7 @@ mod tests {
         );
         for r in &rows {
             assert!(!r.peak_allocated_mib.is_nan(), "{r:?}");
-            // The tiled fallback's plan (greedy by size) leaves ~10 % slack
+            // The tiled fallback's plan (greedy) leaves ~10 % slack
             // (9.80 GB arena for 8.86 GB live at SD1.5 f32 2048²): not held
             // to the 1.02 target, which is about untiled decodes.
             match r.policy.as_str() {

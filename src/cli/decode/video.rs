@@ -1,0 +1,383 @@
+//! `decode --vae TAEHV.safetensors`: video latents streamed `--chunk` latent
+//! frames at a time (default 1) through a [`VideoDecoder`] with
+//! double-buffered read-back, each frame written as it arrives to the
+//! outputs asked for: PNGs (`--frames-out DIR`), a `.y4m` (`--video-out`),
+//! the raw float32 output (`--save-raw`, `N×T'×3×H×W` before the clamp).
+//! Memory stays constant in the video's length on the host as on the device.
+
+use std::path::{Path, PathBuf};
+
+use serde_json::json;
+use wgvae::frames::LatencySummary;
+use wgvae::gpu::Context;
+use wgvae::io::{HostTensor, NpyStream};
+use wgvae::kernels::image::{cpu_to_rgba8, ImageRange};
+use wgvae::models::{Precision, TaehvDecoder, WeightStore};
+use wgvae::tiling::TileMode;
+use wgvae::y4m::{FrameRate, Y4mWriter};
+use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
+
+use super::super::outputs::{check_file, write_atomically, Inputs, Staged};
+use super::super::progress::frame_bar;
+use super::super::{device, mib};
+use super::{write_memory_snapshot, DecodeArgs};
+
+fn bad(path: &Path, message: String) -> Error {
+    Error::BadFile {
+        path: path.to_path_buf(),
+        message,
+    }
+}
+
+/// Latents read from `path` as the `N×T×C×h×w` the decoder takes, from 5-D
+/// latents in `layout`: every shape mistake named with the file, what was
+/// expected, what was found and the fix.
+pub(crate) fn video_latents(
+    path: &Path,
+    latents: HostTensor,
+    layout: VideoLayout,
+    model: &str,
+    channels: usize,
+) -> wgvae::Result<HostTensor> {
+    let shape: [usize; 5] = match latents.shape[..] {
+        [a, b, c, d, e] => [a, b, c, d, e],
+        [_, c, _, _] if c == channels => {
+            return Err(bad(
+                path,
+                format!(
+                    "latents have shape {:?}: 4-D, an image latent (N×C×h×w); {model} is a video VAE and takes 5-D {} latents. One video of T latent frames is 1×T×C×h×w (numpy: `x[None]` on T×C×h×w); image latents decode with an image VAE",
+                    latents.shape,
+                    layout.describe()
+                ),
+            ))
+        }
+        _ => {
+            return Err(bad(
+                path,
+                format!(
+                    "latents have shape {:?} (rank {}); {model} is a video VAE and takes 5-D {} latents with C = {channels}",
+                    latents.shape,
+                    latents.shape.len(),
+                    layout.describe()
+                ),
+            ))
+        }
+    };
+    let [n, t, c, h, w] = layout.dims(shape);
+    if c != channels {
+        let other = match layout {
+            VideoLayout::Ntchw => VideoLayout::Ncthw,
+            VideoLayout::Ncthw => VideoLayout::Ntchw,
+        };
+        let fix = if other.dims(shape)[2] == channels {
+            format!(
+                "they look like {} ({}): pass --layout {}",
+                other.name(),
+                other.describe(),
+                other.name()
+            )
+        } else {
+            "are these latents for another VAE?".into()
+        };
+        return Err(bad(
+            path,
+            format!(
+                "latents of shape {:?} read as {} ({}) have {c} channels; {model} takes {channels}: {fix}",
+                latents.shape,
+                layout.name(),
+                layout.describe()
+            ),
+        ));
+    }
+    if t == 0 {
+        return Err(bad(
+            path,
+            format!(
+                "latents of shape {:?} ({}) hold no latent frames (T = 0); a video needs at least one",
+                latents.shape,
+                layout.describe()
+            ),
+        ));
+    }
+    if n == 0 || h == 0 || w == 0 {
+        return Err(bad(
+            path,
+            format!(
+                "latents of shape {:?} ({}) are empty: N = {n}, h = {h}, w = {w}",
+                latents.shape,
+                layout.describe()
+            ),
+        ));
+    }
+    if let Some((i, v)) = latents
+        .data
+        .iter()
+        .enumerate()
+        .find(|(_, v)| !v.is_finite())
+    {
+        return Err(bad(
+            path,
+            format!("latents hold {v} at flat index {i}: video latents must be finite"),
+        ));
+    }
+    layout
+        .to_ntchw(latents)
+        .map_err(|e| bad(path, e.to_string()))
+}
+
+/// `OUT.y4m` for one video, `OUT_v.y4m` for video `v` of a batch.
+fn video_path(out: &Path, v: usize, n: usize) -> PathBuf {
+    wgvae::io::batch_paths(out, n)
+        .into_iter()
+        .nth(v)
+        .unwrap_or_else(|| out.to_path_buf())
+}
+
+/// The outputs of one streamed decode, fed frame by frame.
+struct Sinks {
+    pngs: Option<PathBuf>,
+    y4m: Option<(Staged, Y4mWriter<std::io::BufWriter<std::fs::File>>)>,
+    npy: Option<(Staged, NpyStream<std::io::BufWriter<std::fs::File>>)>,
+    written: Vec<PathBuf>,
+    latency_ms: Vec<f64>,
+    bar: Option<indicatif::ProgressBar>,
+}
+
+impl Sinks {
+    /// Takes one chunk's frames `[T', 3, H, W]` of a video (PNGs go in `dir`).
+    fn take(&mut self, got: &VideoFrames, dir: Option<&Path>) -> wgvae::Result<()> {
+        let [f, c, h, w] = match got.frames.shape[..] {
+            [f, c, h, w] => [f, c, h, w],
+            _ => return Err(Error::Internal("video frames are not 4-D".into())),
+        };
+        let per = c * h * w;
+        if let Some(dir) = dir {
+            let rgba = cpu_to_rgba8(&got.frames.data, f, h, w, ImageRange::ZeroToOne);
+            for (i, img) in rgba.chunks_exact(h * w * 4).enumerate() {
+                let path = dir.join(format!("frame_{:05}.png", got.first + i));
+                write_atomically(&path, |p| wgvae::io::write_png_rgb(p, w, h, img))?;
+                self.written.push(path);
+            }
+        }
+        for frame in got.frames.data.chunks_exact(per) {
+            if let Some((_, y4m)) = &mut self.y4m {
+                y4m.write_frame(frame)?;
+            }
+            if let Some((_, npy)) = &mut self.npy {
+                npy.write(frame)?;
+            }
+            self.latency_ms.push(got.latency_ms);
+            if let Some(bar) = &self.bar {
+                bar.inc(1);
+            }
+        }
+        Ok(())
+    }
+}
+
+/// `decode` with a TAEHV video decoder (see the module docs).
+pub(crate) fn decode_video(
+    ctx: &Context,
+    a: &DecodeArgs,
+    inputs: &Inputs,
+    precision: Precision,
+) -> wgvae::Result<()> {
+    if a.frames_out.is_none() && a.video_out.is_none() && a.save_raw.is_none() {
+        return Err(Error::InvalidInput(format!(
+            "`{}` is a TAEHV video decoder: give --frames-out DIR (PNG frames), --video-out OUT.y4m or --save-raw RAW.npy",
+            a.vae
+        )));
+    }
+    let tiling = a.tiles.tiling()?;
+    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off) || tiling.tile_size.is_some() {
+        return Err(Error::InvalidInput(
+            "a TAEHV video decode runs untiled: it takes no --tile exact/fast or --tile-size"
+                .into(),
+        ));
+    }
+    let rate: FrameRate = a.fps.parse()?;
+    let layout_flag = a
+        .layout
+        .as_deref()
+        .map(str::parse::<VideoLayout>)
+        .transpose()?;
+    let step = a.chunk.unwrap_or(1);
+    if step == 0 {
+        return Err(Error::InvalidInput("--chunk must be at least 1".into()));
+    }
+    let store = WeightStore::from_safetensors(Path::new(&a.vae))?;
+    store.set_dtype(precision.resolve(true));
+    let decoder = TaehvDecoder::load(ctx, &store)?;
+    drop(store);
+    let layout = layout_flag.unwrap_or_else(|| decoder.latent_layout());
+    let given = match a
+        .latents
+        .extension()
+        .and_then(|e| e.to_str())
+        .map(str::to_lowercase)
+        .as_deref()
+    {
+        Some("npy") => wgvae::io::read_npy(&a.latents)?,
+        Some("safetensors") => wgvae::io::read_safetensors_tensor(&a.latents, a.key.as_deref())?,
+        _ => {
+            return Err(bad(
+                &a.latents,
+                "unknown latent file type; expected .npy or .safetensors".into(),
+            ))
+        }
+    };
+    let given_shape = given.shape.clone();
+    let latents = video_latents(
+        &a.latents,
+        given,
+        layout,
+        decoder.variant_name(),
+        decoder.latent_channels,
+    )?;
+    let [n, t, c, h, w] = match latents.shape[..] {
+        [n, t, c, h, w] => [n, t, c, h, w],
+        _ => return Err(Error::Internal("video latents are not 5-D".into())),
+    };
+    // A batch writes OUT_0.y4m, OUT_1.y4m…: each checked before the decode.
+    if let Some(out) = &a.video_out {
+        for v in 0..n {
+            check_file(&video_path(out, v, n), "--video-out", &["y4m"], inputs)?;
+        }
+    }
+    let per_video = VideoDecoder::frames_for(&decoder, t);
+    let (height, width) = (h * decoder.upscale(), w * decoder.upscale());
+    let mut sinks = Sinks {
+        pngs: a.frames_out.clone(),
+        y4m: None,
+        npy: None,
+        written: Vec::new(),
+        latency_ms: Vec::with_capacity(n * per_video),
+        bar: frame_bar(a.json, n * per_video),
+    };
+    // The raw output: one file for the batch, N×T'×3×H×W as taehv.py returns it.
+    if let Some(p) = &a.save_raw {
+        let staged = Staged::new(p);
+        let npy = NpyStream::create(staged.tmp(), &[n, per_video, 3, height, width])?;
+        sinks.npy = Some((staged, npy));
+    }
+    let frame = c * h * w;
+    let start = std::time::Instant::now();
+    ctx.pool().reset_peak_stats();
+    let mut videos = Vec::new();
+    let mut chroma = None;
+    for v in 0..n {
+        let dir = match &sinks.pngs {
+            Some(d) if n == 1 => Some(d.clone()),
+            Some(d) => Some(d.join(format!("video_{v}"))),
+            None => None,
+        };
+        if let Some(d) = &dir {
+            std::fs::create_dir_all(d).map_err(|source| Error::Io {
+                path: d.clone(),
+                source,
+            })?;
+        }
+        if let Some(out) = &a.video_out {
+            let path = video_path(out, v, n);
+            let staged = Staged::new(&path);
+            let y4m = Y4mWriter::create(staged.tmp(), width, height, rate, ImageRange::ZeroToOne)?;
+            chroma = Some(y4m.chroma());
+            sinks.y4m = Some((staged, y4m));
+            videos.push(path);
+        }
+        let mut stream = VideoDecoder::new(ctx, &decoder);
+        for t0 in (0..t).step_by(step) {
+            let t1 = (t0 + step).min(t);
+            let at = (v * t + t0) * frame;
+            let data = latents
+                .data
+                .get(at..at + (t1 - t0) * frame)
+                .unwrap_or_default();
+            let chunk = HostTensor::new(vec![t1 - t0, c, h, w], data.to_vec())?;
+            // Chunk k is on the device's queue; the host takes chunk k − 1.
+            if let Some(got) = stream.push(&chunk)? {
+                sinks.take(&got, dir.as_deref())?;
+            }
+        }
+        if let Some(got) = stream.finish()? {
+            sinks.take(&got, dir.as_deref())?;
+        }
+        if let Some((staged, y4m)) = sinks.y4m.take() {
+            y4m.finish()?;
+            staged.commit()?;
+        }
+    }
+    if let Some((staged, npy)) = sinks.npy.take() {
+        npy.finish()?;
+        staged.commit()?;
+    }
+    if let Some(bar) = &sinks.bar {
+        bar.finish_and_clear();
+    }
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    ctx.save_pipeline_cache();
+    write_memory_snapshot(ctx, a)?;
+    let stats = ctx.pool().stats();
+    let (peak, reserved) = (stats.allocated_bytes.peak, stats.reserved_bytes.peak);
+    let frames = sinks.latency_ms.len();
+    let fps = frames as f64 / (ms / 1e3);
+    let latency = LatencySummary::of(&sinks.latency_ms);
+    let chroma_name = chroma.map(|c| match c {
+        wgvae::y4m::Chroma::C420Jpeg => "420jpeg",
+        wgvae::y4m::Chroma::C444 => "444",
+    });
+    if a.json {
+        println!(
+            "{}",
+            json!({
+                "adapter": ctx.caps().adapter_name,
+                "backend": format!("{:?}", ctx.caps().backend),
+                "model": decoder.variant_name(),
+                "dtype": precision.resolve(true).name(),
+                "latents_shape": given_shape,
+                "layout": layout,
+                "frames": frames,
+                "frame_shape": [3, height, width],
+                "chunk_latent_frames": step,
+                "decode_ms": ms,
+                "frames_per_s": fps,
+                "latency": latency,
+                "peak_allocated_bytes": peak,
+                "peak_reserved_bytes": reserved,
+                "outputs": sinks.written,
+                "video_out": videos,
+                "video_fps": rate.fps(),
+                "video_chroma": chroma_name,
+                "raw": a.save_raw,
+            })
+        );
+    } else {
+        let mut wrote = Vec::new();
+        if let Some(d) = &a.frames_out {
+            wrote.push(format!("{} PNGs to {}", sinks.written.len(), d.display()));
+        }
+        for p in &videos {
+            wrote.push(format!(
+                "{} ({} fps, {})",
+                p.display(),
+                a.fps,
+                chroma_name.unwrap_or("")
+            ));
+        }
+        if let Some(p) = &a.save_raw {
+            wrote.push(format!("{} (raw float32)", p.display()));
+        }
+        println!("wrote {}", wrote.join(", "));
+        println!(
+            "{} ({}): {frames} frames of {width}×{height} in {ms:.1} ms on {} (chunks of {step} latent frames): {fps:.2} frames/s; latency per frame mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; peak allocated {:.1} MiB",
+            decoder.variant_name(),
+            a.vae,
+            device(ctx),
+            latency.mean_ms,
+            latency.p99_ms,
+            latency.max_ms,
+            mib(peak)
+        );
+    }
+    Ok(())
+}
