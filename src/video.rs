@@ -73,6 +73,46 @@ impl VideoModel<'_> {
     pub fn channels_first(&self) -> bool {
         matches!(self, VideoModel::Wan(_))
     }
+
+    /// The latent layout the model takes (TAEHV `ntchw`, Wan `ncthw`).
+    pub fn latent_layout(&self) -> VideoLayout {
+        match self {
+            VideoModel::Taehv(d) => d.latent_layout(),
+            VideoModel::Wan(_) => VideoLayout::Ncthw,
+        }
+    }
+
+    /// The model's name in messages and reports.
+    pub fn name(&self) -> &str {
+        match self {
+            VideoModel::Taehv(d) => d.variant_name(),
+            VideoModel::Wan(d) => &d.name,
+        }
+    }
+
+    /// Channels of one latent frame.
+    pub fn latent_channels(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.latent_channels,
+            VideoModel::Wan(d) => d.latent_channels(),
+        }
+    }
+
+    /// Output pixels per latent pixel along each axis.
+    pub fn upscale(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.upscale(),
+            VideoModel::Wan(d) => d.upscale(),
+        }
+    }
+
+    /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
+    pub fn range(&self) -> crate::kernels::image::ImageRange {
+        match self {
+            VideoModel::Taehv(_) => crate::kernels::image::ImageRange::ZeroToOne,
+            VideoModel::Wan(_) => crate::kernels::image::ImageRange::MinusOneToOne,
+        }
+    }
 }
 
 /// How the axes of 5-D video latents are ordered. Each video model

@@ -411,10 +411,13 @@ fn wan_cli_writes_frames() {
         )
     };
     let outs = out.to_str().unwrap();
+    let raw = std::env::temp_dir().join(format!("wgvae-wan-raw-{}.npy", std::process::id()));
     let (ok, stdout, err) = run(&[
         "--raw-latents",
         "--frames-out",
         outs,
+        "--save-raw",
+        raw.to_str().unwrap(),
         "--chunk",
         "2",
         "--json",
@@ -424,6 +427,13 @@ fn wan_cli_writes_frames() {
     assert_eq!(v["frames"], 9, "{v}");
     assert_eq!(v["frame_shape"], serde_json::json!([3, 64, 80]), "{v}");
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    // --save-raw: N×3×T'×H×W after the clamp, diffusers' layout and values.
+    let got = read_npy(&raw).unwrap();
+    std::fs::remove_file(&raw).ok();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = max_abs_diff(&got.data, &want.data);
+    println!("wan21-tiny CLI --save-raw: max |diff| = {e:.3e} at {at}");
+    assert!(e <= WAN_TOLERANCE, "--save-raw differs by {e} at {at}");
     let plane = 64 * 80;
     let range = wgvae::kernels::image::ImageRange::MinusOneToOne;
     for f in 0..9 {

@@ -18,9 +18,6 @@ use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
 
-#[path = "decode_wan.rs"]
-mod wan;
-
 #[derive(clap::Args)]
 pub(crate) struct DecodeArgs {
     /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
@@ -132,7 +129,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
     let video = std::path::Path::new(&a.vae);
-    let is_video = video.is_file() && TaehvDecoder::is_taehv_file(video);
+    let is_video = (video.is_file() && TaehvDecoder::is_taehv_file(video)) || video::is_wan(&a.vae);
     if !is_video {
         // Video-only flags on an image VAE.
         let video_only = [
@@ -142,7 +139,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         ];
         if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
             return Err(wgvae::Error::InvalidInput(format!(
-                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2); `{}` is an image VAE: write its frames with --frames-out DIR",
+                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE: write its frames with --frames-out DIR",
                 a.vae
             )));
         }
@@ -169,9 +166,6 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         seed: a.seed,
         precision,
     };
-    if wan::is_wan(&a.vae) {
-        return wan::decode_wan(&ctx, a, load.precision);
-    }
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
