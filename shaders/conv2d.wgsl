@@ -4,6 +4,8 @@
 //
 // Fused on load:  nearest-2x upsample (UPSAMPLE), per-(image, channel) affine + activation
 // (PROLOGUE, ACT), zero padding (after the prologue: padded taps contribute exactly 0).
+// Frame offsets (in_frame, out_frame) let a causal video conv add one time tap at a time,
+// reading earlier frames in place from the current input or the cache (Wan's 3x3x3 convs).
 // Fused on store: bias (HAS_BIAS), residual add (HAS_RESIDUAL; `res` may alias `out`), and
 // for f16 outputs a count of values f16 cannot hold (CHECK_RANGE).
 //
@@ -53,6 +55,10 @@ struct Params {
     ntiles: u32,   // pixel tiles per image
     mtiles: u32,   // Cout tiles
     npix: u32,     // Ho * Wo
+    in_frame: u32,  // input image read for dispatched image nb: nb + in_frame
+    out_frame: u32, // output (and residual) image written for nb: nb + out_frame
+    _pad0: u32,
+    _pad1: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -166,6 +172,8 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
          @builtin(local_invocation_index) li: u32) {
     let i = (wg.x + wg.y * nwg.x) * WG + li;
     let nb = wg.z;
+    let nbi = nb + p.in_frame;
+    let nbo = nb + p.out_frame;
     let m = i / p.npix;
     let pix = i % p.npix;
     if m >= p.cout { return; }
@@ -175,7 +183,7 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
     let ix0 = i32(ox * STRIDE) - i32(p.pad_left);
     var acc = 0.0;
     for (var ci = 0u; ci < p.cin; ci++) {
-        let plane = nb * p.cin + ci;
+        let plane = nbi * p.cin + ci;
         let ss = plane_affine(plane, true);
         for (var t = 0u; t < KK; t++) {
             let row = xrow_base(plane, iy0 + i32(t / KS), true);
@@ -183,7 +191,7 @@ fn naive(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec
             acc += wv * xrow(row.x, ix0 + i32(t % KS), row.y != 0u, ss);
         }
     }
-    out_store((nb * p.cout + m) * p.npix + pix, epilogue(nb, m, pix, acc, bias_of(m)));
+    out_store((nbo * p.cout + m) * p.npix + pix, epilogue(nbo, m, pix, acc, bias_of(m)));
 }
 #else
 
@@ -231,6 +239,8 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if tile >= p.ntiles { return; }   // uniform over the workgroup
     let nb = div_small(wg.z, p.mtiles);
     let m0 = (wg.z - nb * p.mtiles) * TM;
+    let nbi = nb + p.in_frame;
+    let nbo = nb + p.out_frame;
     let ty = div_small(tile, p.tiles_x);
     let oy0 = ty * TH;
     let ox0 = (tile - ty * p.tiles_x) * TW;
@@ -251,7 +261,7 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     // never stored.
     let rows_ok = oy < p.ho;
     for (var ci = 0u; ci < p.cin; ci++) {
-        let plane = nb * p.cin + ci;
+        let plane = nbi * p.cin + ci;
         let ss = plane_affine(plane, true);
         for (var ky = 0u; ky < KS; ky++) {
             let row = xrow_base(plane, iy0 + i32(ky), rows_ok);
@@ -274,7 +284,7 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
             let t = kg - ci * KK;
             let ky = div_ks(t);
             let kx = t - ky * KS;
-            let plane = nb * p.cin + ci;
+            let plane = nbi * p.cin + ci;
             let ok = kg < p.ktot;
             let ss = plane_affine(plane, ok);
             let pn = (idx & (TN4 - 1u)) * 4u;
@@ -297,6 +307,6 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         workgroupBarrier();
     }
 #endif
-    store_block(&acc, nb, m, oy0, ox0, n0, nstep);
+    store_block(&acc, nbo, m, oy0, ox0, n0, nstep);
 }
 #endif

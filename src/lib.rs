@@ -98,4 +98,4 @@ pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
-pub use video::{decode_video, VideoDecoder, VideoFrames, VideoLayout};
+pub use video::{decode_video, VideoDecoder, VideoFrames, VideoLayout, VideoModel};

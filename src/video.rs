@@ -23,9 +23,97 @@ use crate::error::{Error, Result};
 use crate::exec::untiled::{run_video, VideoState};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
+use crate::models::graph::Graph;
 use crate::models::taehv::TaehvDecoder;
+use crate::models::wan::WanDecoder;
 use crate::models::Taps;
 use crate::tensor::Tensor;
+
+/// A causal video decoder [`VideoDecoder`] and [`decode_video`] run.
+#[derive(Clone, Copy)]
+pub enum VideoModel<'a> {
+    /// The TAEHV family (latents N×T×C×h×w, output before its [0, 1] clamp).
+    Taehv(&'a TaehvDecoder),
+    /// The Wan 2.1 VAE (latents N×C×T×h×w, output clamped to [−1, 1]).
+    Wan(&'a WanDecoder),
+}
+
+impl<'a> From<&'a TaehvDecoder> for VideoModel<'a> {
+    fn from(d: &'a TaehvDecoder) -> Self {
+        VideoModel::Taehv(d)
+    }
+}
+
+impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
+    fn from(d: &'a WanDecoder) -> Self {
+        VideoModel::Wan(d)
+    }
+}
+
+impl VideoModel<'_> {
+    fn graph(&self) -> &Graph {
+        match self {
+            VideoModel::Taehv(d) => d.graph(),
+            VideoModel::Wan(d) => d.graph(),
+        }
+    }
+    fn frames_to_trim(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.frames_to_trim(),
+            VideoModel::Wan(_) => 0,
+        }
+    }
+    fn patch_size(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.patch_size,
+            VideoModel::Wan(_) => 1,
+        }
+    }
+    /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
+    pub fn channels_first(&self) -> bool {
+        matches!(self, VideoModel::Wan(_))
+    }
+
+    /// The latent layout the model takes (TAEHV `ntchw`, Wan `ncthw`).
+    pub fn latent_layout(&self) -> VideoLayout {
+        match self {
+            VideoModel::Taehv(d) => d.latent_layout(),
+            VideoModel::Wan(_) => VideoLayout::Ncthw,
+        }
+    }
+
+    /// The model's name in messages and reports.
+    pub fn name(&self) -> &str {
+        match self {
+            VideoModel::Taehv(d) => d.variant_name(),
+            VideoModel::Wan(d) => &d.name,
+        }
+    }
+
+    /// Channels of one latent frame.
+    pub fn latent_channels(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.latent_channels,
+            VideoModel::Wan(d) => d.latent_channels(),
+        }
+    }
+
+    /// Output pixels per latent pixel along each axis.
+    pub fn upscale(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.upscale(),
+            VideoModel::Wan(d) => d.upscale(),
+        }
+    }
+
+    /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
+    pub fn range(&self) -> crate::kernels::image::ImageRange {
+        match self {
+            VideoModel::Taehv(_) => crate::kernels::image::ImageRange::ZeroToOne,
+            VideoModel::Wan(_) => crate::kernels::image::ImageRange::MinusOneToOne,
+        }
+    }
+}
 
 /// How the axes of 5-D video latents are ordered. Each video model
 /// declares its own (TAEHV: [`VideoLayout::Ntchw`]; diffusers' video VAEs
@@ -116,7 +204,8 @@ impl std::str::FromStr for VideoLayout {
 /// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
 #[derive(Debug)]
 pub struct VideoFrames {
-    /// Frames `[T', 3, H, W]`, raw (before the model's output clamp).
+    /// Frames `[T', 3, H, W]` (TAEHV: raw, before its [0, 1] clamp; Wan:
+    /// clamped to [−1, 1]).
     pub frames: HostTensor,
     /// Index in the video of the first of them.
     pub first: usize,
@@ -151,7 +240,7 @@ struct Pending {
 /// the overlap (submit, wait, return this chunk's frames).
 pub struct VideoDecoder<'a> {
     ctx: Context,
-    decoder: &'a TaehvDecoder,
+    decoder: VideoModel<'a>,
     state: VideoState,
     /// Latent frame shape `[C, h, w]` of the first chunk.
     frame: Option<[usize; 3]>,
@@ -170,7 +259,8 @@ pub struct VideoDecoder<'a> {
 
 impl<'a> VideoDecoder<'a> {
     /// A decoder at the start of a video.
-    pub fn new(ctx: &Context, decoder: &'a TaehvDecoder) -> Self {
+    pub fn new(ctx: &Context, decoder: impl Into<VideoModel<'a>>) -> Self {
+        let decoder = decoder.into();
         VideoDecoder {
             ctx: ctx.clone(),
             decoder,
@@ -187,9 +277,11 @@ impl<'a> VideoDecoder<'a> {
 
     /// Decodes the next `chunk` of latents `[T, C, h, w]` (T ≥ 1, TAEHV
     /// scale: as the video model produced them) into frames `[T', 3, H, W]`
-    /// (raw, before the clamp to [0, 1]). The video's first chunk gives
-    /// `t_upscale · T − frames_to_trim` frames, later ones `t_upscale · T`.
-    /// Frames of an earlier [`VideoDecoder::push`] not yet taken come first.
+    /// (TAEHV: raw, before the clamp to [0, 1]; Wan: raw z in, clamped to
+    /// [−1, 1] out). The video's first chunk gives `t_upscale · T −
+    /// frames_to_trim` frames (Wan: `1 + 4 (T − 1)`), later ones
+    /// `t_upscale · T`. Frames of an earlier [`VideoDecoder::push`] not yet
+    /// taken come first.
     pub fn decode(&mut self, chunk: &HostTensor) -> Result<HostTensor> {
         let earlier = self.push(chunk)?;
         let this = self.finish()?;
@@ -373,9 +465,12 @@ impl<'a> VideoDecoder<'a> {
         self.to_trim -= skip;
         let per_frame = channels * oh * ow;
         let kept = values.get(skip * per_frame..).unwrap_or_default();
-        let patch = self.decoder.patch_size;
+        let patch = self.decoder.patch_size();
         let out_c = channels / (patch * patch);
-        let data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
+        let mut data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
+        if let VideoModel::Wan(_) = self.decoder {
+            data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
+        }
         let first = self.delivered;
         self.delivered += frames - skip;
         Ok(VideoFrames {
@@ -385,9 +480,13 @@ impl<'a> VideoDecoder<'a> {
         })
     }
 
-    /// Frames a video of `t` latent frames decodes to (`t_upscale · t − frames_to_trim`).
-    pub fn frames_for(decoder: &TaehvDecoder, t: usize) -> usize {
-        (decoder.t_upscale * t).saturating_sub(decoder.frames_to_trim())
+    /// Frames a video of `t` latent frames decodes to (TAEHV: `t_upscale · t
+    /// − frames_to_trim`; Wan: `1 + 4 (t − 1)`).
+    pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
+        match decoder.into() {
+            VideoModel::Taehv(d) => (d.t_upscale * t).saturating_sub(d.frames_to_trim()),
+            VideoModel::Wan(d) => d.frames_out(t),
+        }
     }
 
     /// Host-visible read-back bytes (outside the pool): two staging
@@ -420,12 +519,22 @@ pub fn load_video_decoder(
 }
 
 /// The shape checks of one video's latents `[T, C, h, w]`.
-fn check_frame(decoder: &TaehvDecoder, [t, c, h, w]: [usize; 4]) -> Result<()> {
-    if c != decoder.latent_channels {
+fn check_frame(decoder: VideoModel, [t, c, h, w]: [usize; 4]) -> Result<()> {
+    let (name, channels, layout) = match decoder {
+        VideoModel::Taehv(d) => (
+            d.variant_name(),
+            d.latent_channels,
+            "TAEHV latents are N×T×C×h×w",
+        ),
+        VideoModel::Wan(d) => (
+            "Wan 2.1 VAE",
+            d.latent_channels(),
+            "Wan latents are N×C×T×h×w",
+        ),
+    };
+    if c != channels {
         return Err(Error::InvalidInput(format!(
-            "latents have {c} channels; this {} decoder takes {} (TAEHV latents are N×T×C×h×w)",
-            decoder.variant_name(),
-            decoder.latent_channels
+            "latents have {c} channels; this {name} decoder takes {channels} ({layout})"
         )));
     }
     if t == 0 || h == 0 || w == 0 {
@@ -455,20 +564,41 @@ fn pixel_shuffle(x: &[f32], t: usize, c: usize, p: usize, h: usize, w: usize) ->
     out
 }
 
-/// Decodes video latents `[N, T, C, h, w]` (TAEHV layout) whole: frames
+/// `[A, B, rest]` → `[B, A, rest]` of one video.
+fn swap_axes(x: &[f32], a: usize, b: usize, rest: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for j in 0..b {
+        for i in 0..a {
+            let at = (i * b + j) * rest;
+            out.extend_from_slice(x.get(at..at + rest).unwrap_or_default());
+        }
+    }
+    out
+}
+
+/// Decodes video latents whole. TAEHV: `[N, T, C, h, w]` → frames
 /// `[N, T', 3, H, W]` (raw, before the clamp to [0, 1]),
-/// `T' = t_upscale · T − frames_to_trim`. Each video is one
-/// [`VideoDecoder`] chunk.
-pub fn decode_video(
+/// `T' = t_upscale · T − frames_to_trim`. Wan: raw z `[N, C, T, h, w]` →
+/// `[N, 3, T', H, W]` clamped to [−1, 1], `T' = 1 + 4 (T − 1)` (as diffusers'
+/// `AutoencoderKLWan.decode`). Each video is one [`VideoDecoder`] chunk.
+pub fn decode_video<'a>(
     ctx: &Context,
-    decoder: &TaehvDecoder,
+    decoder: impl Into<VideoModel<'a>>,
     latents: &HostTensor,
 ) -> Result<HostTensor> {
-    let [n, t, c, h, w] = match latents.shape[..] {
-        [n, t, c, h, w] => [n, t, c, h, w],
+    let decoder = decoder.into();
+    let wan = decoder.channels_first();
+    let [n, t, c, h, w] = match (&latents.shape[..], wan) {
+        (&[n, t, c, h, w], false) => [n, t, c, h, w],
+        (&[n, c, t, h, w], true) => [n, t, c, h, w],
         _ => {
             return Err(Error::InvalidInput(format!(
-                "video latents are N×T×C×h×w (TAEHV layout), got shape {:?}",
+                "video latents are {}, got shape {:?}",
+                if wan {
+                    "N×C×T×h×w (Wan layout)"
+                } else {
+                    "N×T×C×h×w (TAEHV layout)"
+                },
                 latents.shape
             )))
         }
@@ -483,10 +613,23 @@ pub fn decode_video(
     let mut shape = Vec::new();
     let mut data = Vec::new();
     for video in latents.data.chunks(per_video).take(n) {
-        let chunk = HostTensor::new(vec![t, c, h, w], video.to_vec())?;
+        let video = if wan {
+            swap_axes(video, c, t, h * w)
+        } else {
+            video.to_vec()
+        };
+        let chunk = HostTensor::new(vec![t, c, h, w], video)?;
         let frames = VideoDecoder::new(ctx, decoder).decode(&chunk)?;
-        shape = frames.shape;
-        data.extend(frames.data);
+        match (wan, &frames.shape[..]) {
+            (true, &[ft, fc, fh, fw]) => {
+                data.extend(swap_axes(&frames.data, ft, fc, fh * fw));
+                shape = vec![fc, ft, fh, fw];
+            }
+            _ => {
+                shape = frames.shape;
+                data.extend(frames.data);
+            }
+        }
     }
     shape.insert(0, n);
     HostTensor::new(shape, data)

@@ -101,6 +101,17 @@ fn run_paths(paths: &[(Context, DType)], everything: bool) {
         store.set_dtype(*dt);
         let enc = VaeEncoder::from_kl_config(c, &cfg, &store).unwrap();
         encode(c, &enc, &image, &EncodeOptions::default()).unwrap();
+        // The Wan video decoder (RMS norm, causal conv taps, per-frame
+        // attention), two latent frames so the time convs run.
+        let store = WeightStore::random(9);
+        store.set_dtype(*dt);
+        let wan_cfg = wgvae::models::WanConfig {
+            base_dim: 4,
+            ..wgvae::models::WanConfig::wan21()
+        };
+        let wan = wgvae::models::WanDecoder::load(c, &store, wan_cfg, true).unwrap();
+        let zv = HostTensor::new(vec![1, 16, 2, 2, 3], rand_vec(16 * 12, 5, 1.0)).unwrap();
+        wgvae::decode_video(c, &wan, &zv).unwrap();
     }
 }
 

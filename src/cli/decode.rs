@@ -23,14 +23,16 @@ pub(crate) struct DecodeArgs {
     /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
     latents: PathBuf,
     /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
-    /// (sd15, sdxl, sd3, flux1 with seeded random weights). A TAEHV video decoder (taew2_1,
-    /// taew2_2) decodes N×T×C×h×w video latents with --frames-out.
+    /// (sd15, sdxl, sd3, flux1 with seeded random weights). A video decoder (TAEHV: taew2_1,
+    /// taew2_2, N×T×C×h×w latents; the Wan 2.1 VAE: a diffusers folder, its single file or
+    /// preset:wan21, N×C×T×h×w) writes --frames-out, --video-out and/or --save-raw.
     #[arg(long)]
     vae: String,
     /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …).
     #[arg(short, long, default_value = "out.png")]
     output: PathBuf,
-    /// Also write the raw float32 decoder output N×3×H×W as .npy.
+    /// Also write the raw float32 decoder output as .npy: N×3×H×W (image VAE), N×T'×3×H×W
+    /// before the clamp (TAEHV), N×3×T'×H×W after the [-1, 1] clamp (Wan, diffusers' layout).
     #[arg(long)]
     save_raw: Option<PathBuf>,
     /// Latents are decoder input already: skip `/ scaling_factor + shift_factor`.
@@ -70,7 +72,7 @@ pub(crate) struct DecodeArgs {
     frames_out: Option<PathBuf>,
     /// Frames per batched forward with --frames-out (default: the largest of at most
     /// ceil(N/4) that fits --max-memory and the device's limits); with a video
-    /// decoder, latent frames per streamed chunk (default 1).
+    /// decoder (TAEHV or Wan), latent frames per streamed chunk (default 1).
     #[arg(long, value_name = "B")]
     chunk: Option<usize>,
     /// Video decoders: write the frames as raw YUV4MPEG2 (.y4m: BT.601 full range, 4:2:0
@@ -82,7 +84,7 @@ pub(crate) struct DecodeArgs {
     #[arg(long, default_value = "16", value_name = "RATE")]
     fps: String,
     /// Axis order of 5-D video latents: ntchw (N×T×C×h×w) or ncthw (N×C×T×h×w).
-    /// Default: the model's own (TAEHV: ntchw).
+    /// Default: the model's own (TAEHV: ntchw; Wan: ncthw).
     #[arg(long, value_name = "ntchw|ncthw")]
     layout: Option<String>,
     /// Print one JSON object on stdout instead of text.
@@ -129,7 +131,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
     let video = std::path::Path::new(&a.vae);
-    let is_video = video.is_file() && TaehvDecoder::is_taehv_file(video);
+    let is_video = (video.is_file() && TaehvDecoder::is_taehv_file(video)) || video::is_wan(&a.vae);
     if !is_video {
         // Video-only flags on an image VAE.
         let video_only = [
@@ -139,7 +141,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
         ];
         if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
             return Err(wgvae::Error::InvalidInput(format!(
-                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2); `{}` is an image VAE: write its frames with --frames-out DIR",
+                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE: write its frames with --frames-out DIR",
                 a.vae
             )));
         }

@@ -9,11 +9,12 @@
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::kernels::attention::attention;
-use crate::kernels::conv2d::{Conv2dOptions, Prologue};
+use crate::kernels::conv2d::{conv2d_frames, output_size, Conv2dOptions, Frames, Prologue};
 use crate::kernels::elementwise::unary;
+use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
 use crate::kernels::Activation;
-use crate::models::graph::{Graph, Mode, Op, Residual, TensorId};
+use crate::models::graph::{CausalWeights, Geometry, Graph, Mode, Op, Residual, TensorId};
 use crate::models::layers::{conv, conv_add, conv_as, dims4, identity_affine, Taps};
 use crate::tensor::{DType, Tensor};
 
@@ -140,6 +141,74 @@ pub(crate) fn run_video(
                 drop((q, k, v));
                 Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
             }
+            Op::RmsNorm { x, norm, silu } => {
+                let x = get(&slots, *x)?;
+                let out = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "rms norm")?;
+                rms_norm(rec, x, graph.rms(*norm), *silu, &out)?;
+                Some(out)
+            }
+            Op::CausalConv {
+                x,
+                w,
+                cache,
+                residual,
+            } => {
+                let residual = match residual {
+                    Residual::None => None,
+                    Residual::InPlace(r) => Some(take(&mut slots, *r)?),
+                    Residual::Shortcut(s, sc) => Some(conv(
+                        rec,
+                        get(&slots, *s)?,
+                        graph.conv(*sc),
+                        None,
+                        &Conv2dOptions::same(1),
+                    )?),
+                };
+                let x = get(&slots, *x)?;
+                let t = dims4(x)?[0];
+                let w = graph.causal(*w);
+                Some(causal_conv(rec, x, (0, t), w, residual, *cache, state)?)
+            }
+            Op::TimeUpsample { x, w, cache, up } => {
+                let x = get(&slots, *x)?;
+                Some(time_upsample(
+                    rec,
+                    x,
+                    graph.causal(*w),
+                    graph.conv(*up),
+                    *cache,
+                    state,
+                )?)
+            }
+            Op::FrameAttention {
+                x,
+                normed,
+                q,
+                k,
+                v,
+                out,
+            } => {
+                let x = take(&mut slots, *x)?;
+                let normed = get(&slots, *normed)?;
+                let [n, c, h, w] = dims4(&x)?;
+                let same1 = Conv2dOptions::same(1);
+                let f32 = DType::F32;
+                let q = conv_as(rec, normed, graph.conv(*q), None, &same1, f32)?;
+                let k = conv_as(rec, normed, graph.conv(*k), None, &same1, f32)?;
+                let v = conv_as(rec, normed, graph.conv(*v), None, &same1, f32)?;
+                let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
+                let tokens = [n, c, h * w];
+                attention(
+                    rec,
+                    &q.reshape(&tokens)?,
+                    &k.reshape(&tokens)?,
+                    &v.reshape(&tokens)?,
+                    1.0 / (c as f32).sqrt(),
+                    &o.reshape(&tokens)?,
+                )?;
+                drop((q, k, v));
+                Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
+            }
             Op::Tap { x, name, activated } => {
                 let x = get(&slots, *x)?;
                 match activated {
@@ -217,6 +286,189 @@ fn time_shift(
     )?;
     state.caches[slot] = Some(cache);
     Ok(past)
+}
+
+/// `x` [.., C, H, W] viewed as rows of whole frames `[1, T, C·H·W]`.
+fn frame_rows(x: &Tensor) -> Result<(Tensor, usize)> {
+    let [t, c, h, w] = dims4(x)?;
+    Ok((x.reshape(&[1, t, c * h * w])?, c * h * w))
+}
+
+/// The causal conv of frames `x0..x0 + count` of `x` [T, C, H, W] with the
+/// `kt − 1` frames before them from cache slot `slot` (zeros when empty):
+/// one pass of the implicit-GEMM conv per time tap, each reading its frames
+/// in place (from `x`, or the cache for the outputs it reaches back
+/// before the chunk) and adding into the output. The cache then holds the
+/// last `kt − 1` frames of the stream. `residual`: the tensor the taps add
+/// into (consumed; the result).
+fn causal_conv(
+    rec: &mut Recorder,
+    x: &Tensor,
+    (x0, count): (usize, usize),
+    w: &CausalWeights,
+    residual: Option<Tensor>,
+    slot: usize,
+    state: &mut VideoState,
+) -> Result<Tensor> {
+    let [_, c, h, wd] = dims4(x)?;
+    let Some((current, earlier)) = w.taps.split_last() else {
+        return Err(Error::Internal("causal conv without taps".into()));
+    };
+    let hist = earlier.len();
+    let opts = Conv2dOptions::same(current.k() as u32);
+    let (ho, wo) = output_size(h, wd, current.k(), &opts);
+    let frames = |in_frame, out_frame, count| Frames {
+        in_frame,
+        out_frame,
+        count,
+    };
+    let y = match residual {
+        Some(r) => {
+            conv2d_frames(rec, x, current, Some(&r), &r, &opts, frames(x0, 0, count))?;
+            r
+        }
+        None => {
+            let y = Tensor::empty(
+                rec.ctx(),
+                &[count, current.cout(), ho, wo],
+                x.dtype(),
+                "causal conv out",
+            )?;
+            conv2d_frames(rec, x, current, None, &y, &opts, frames(x0, 0, count))?;
+            y
+        }
+    };
+    if hist == 0 {
+        return Ok(y);
+    }
+    let cache = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
+    for (j, tap) in earlier.iter().enumerate() {
+        let back = hist - j;
+        if count > back {
+            conv2d_frames(
+                rec,
+                x,
+                tap,
+                Some(&y),
+                &y,
+                &opts,
+                frames(x0, back, count - back),
+            )?;
+        }
+        let n = back.min(count);
+        if n > 0 {
+            conv2d_frames(
+                rec,
+                &cache,
+                tap,
+                Some(&y),
+                &y,
+                &opts,
+                frames(hist - back, 0, n),
+            )?;
+        }
+    }
+    // The cache becomes the stream's last `hist` frames.
+    let (x_rows, frame) = frame_rows(x)?;
+    let cache = if count >= hist {
+        let (rows, _) = frame_rows(&cache)?;
+        copy_window(
+            rec,
+            &x_rows,
+            (x0 + count - hist, 0),
+            &rows,
+            (0, 0),
+            (hist, frame),
+        )?;
+        cache
+    } else {
+        let next = Tensor::empty(rec.ctx(), &[hist, c, h, wd], x.dtype(), "time cache")?;
+        let ((old, _), (new, _)) = (frame_rows(&cache)?, frame_rows(&next)?);
+        copy_window(rec, &old, (count, 0), &new, (0, 0), (hist - count, frame))?;
+        copy_window(
+            rec,
+            &x_rows,
+            (x0, 0),
+            &new,
+            (hist - count, 0),
+            (count, frame),
+        )?;
+        next
+    };
+    state.caches[slot] = Some(cache);
+    Ok(y)
+}
+
+/// Cache slot `slot`'s tensor `shape` (taken out of the state; zeros when
+/// the slot is empty); an error when a previous chunk left another shape.
+fn cache_frames(
+    rec: &mut Recorder,
+    state: &mut VideoState,
+    slot: usize,
+    shape: [usize; 4],
+    x: &Tensor,
+) -> Result<Tensor> {
+    if state.caches.len() <= slot {
+        state.caches.resize_with(slot + 1, || None);
+    }
+    match state.caches[slot].take() {
+        Some(k) if k.shape() == shape && k.dtype() == x.dtype() => Ok(k),
+        Some(k) => Err(Error::InvalidInput(format!(
+            "a video chunk's frames are {}×{}×{} ({}) at a cached layer that held {k:?} from the previous chunk; every chunk of one video must have the same latent size",
+            shape[1],
+            shape[2],
+            shape[3],
+            x.dtype().name(),
+        ))),
+        None => {
+            let k = Tensor::empty(rec.ctx(), &shape, x.dtype(), "time cache")?;
+            rec.zero(&k, "clear::time_cache")?;
+            Ok(k)
+        }
+    }
+}
+
+/// Wan's `upsample3d` on `x` [T, C, H, W] (see [`Op::TimeUpsample`]): at a
+/// video's start (empty slot) frame 0 goes straight to the spatial conv and
+/// the time conv starts from zeros on the frames after it.
+fn time_upsample(
+    rec: &mut Recorder,
+    x: &Tensor,
+    w: &CausalWeights,
+    up: &crate::kernels::conv2d::Conv2dWeights,
+    slot: usize,
+    state: &mut VideoState,
+) -> Result<Tensor> {
+    let [t, c, h, wd] = dims4(x)?;
+    let first = state.caches.get(slot).is_none_or(|k| k.is_none());
+    let pass = usize::from(first);
+    if first {
+        let hist = w.taps.len().saturating_sub(1);
+        let k = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
+        state.caches[slot] = Some(k);
+    }
+    let count = t.saturating_sub(pass);
+    let opts = Geometry::Upsample.options(3);
+    let out = Tensor::empty(
+        rec.ctx(),
+        &[pass + 2 * count, up.cout(), 2 * h, 2 * wd],
+        x.dtype(),
+        "upsample3d out",
+    )?;
+    let frames = |in_frame, out_frame, count| Frames {
+        in_frame,
+        out_frame,
+        count,
+    };
+    if pass == 1 {
+        conv2d_frames(rec, x, up, None, &out, &opts, frames(0, 0, 1))?;
+    }
+    if count > 0 {
+        let y = causal_conv(rec, x, (pass, count), w, None, slot, state)?;
+        let y = y.reshape(&[2 * count, c, h, wd])?;
+        conv2d_frames(rec, &y, up, None, &out, &opts, frames(0, pass, 2 * count))?;
+    }
+    Ok(out)
 }
 
 fn get(slots: &[Option<Tensor>], t: TensorId) -> Result<&Tensor> {

@@ -10,6 +10,7 @@ pub mod elementwise;
 pub mod group_norm;
 pub mod image;
 pub mod matmul;
+pub mod rms_norm;
 pub mod tensor_ops;
 
 use crate::gpu::{BindingKind, KernelSpec, WgslSource};
@@ -73,6 +74,7 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     v.extend(group_norm::variants());
     v.extend(image::variants());
     v.extend(matmul::variants());
+    v.extend(rms_norm::variants());
     v.extend(tensor_ops::variants());
     v
 }

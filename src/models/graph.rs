@@ -43,6 +43,22 @@ pub(crate) struct ConvId(usize);
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct NormId(usize);
 
+/// A causal video conv's weights in the graph's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct CausalId(usize);
+
+/// An RMS norm's gamma (`√C` folded in, f32 `[C]`) in the graph's table.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct RmsId(usize);
+
+/// A causal conv over time: `taps[j]` is the 2-D conv of the frame
+/// `kt − 1 − j` steps back (`kt = taps.len()`; only the last tap, the
+/// current frame's, has the bias). The `kt − 1` frames before a chunk come
+/// from the executor's cache slot (zeros at a video's start).
+pub(crate) struct CausalWeights {
+    pub taps: Vec<Conv2dWeights>,
+}
+
 /// Which executor a lifetime is for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Mode {
@@ -136,6 +152,42 @@ pub(crate) enum Op {
     TimeShift { x: TensorId, cache: usize },
     /// `x` [T, s·C, H, W] viewed as [T·s, C, H, W] (consumes `x`).
     TimeGrow { x: TensorId, stride: usize },
+    /// RMS norm over channels per position (SiLU after when `silu`) into a
+    /// new tensor.
+    RmsNorm {
+        x: TensorId,
+        norm: RmsId,
+        silu: bool,
+    },
+    /// Causal conv over time of `x` [T, C, H, W] (time as the batch), the
+    /// frames before from cache slot `cache`, which then keeps the last
+    /// `kt − 1` frames; `residual` added (an in-place one is consumed).
+    CausalConv {
+        x: TensorId,
+        w: CausalId,
+        cache: usize,
+        residual: Residual,
+    },
+    /// Wan's `upsample3d` Resample: a causal time conv to 2·C channels, read
+    /// as 2 frames per frame, then the nearest-2× up-sample and 3×3 conv
+    /// `up` per frame. A video's first frame skips the time conv (diffusers'
+    /// `"Rep"` cache entry); its cache slot starts at zeros after it.
+    TimeUpsample {
+        x: TensorId,
+        w: CausalId,
+        cache: usize,
+        up: ConvId,
+    },
+    /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
+    /// of `normed`, `out` projection added into `x` (consumed).
+    FrameAttention {
+        x: TensorId,
+        normed: TensorId,
+        q: ConvId,
+        k: ConvId,
+        v: ConvId,
+        out: ConvId,
+    },
     /// A golden-check copy of `x` (with `affine` + activation applied when
     /// given); untiled only, not a use.
     Tap {
@@ -152,6 +204,8 @@ pub(crate) struct Graph {
     outs: Vec<Option<TensorId>>,
     convs: Vec<Conv2dWeights>,
     norms: Vec<Norm>,
+    causal: Vec<CausalWeights>,
+    rms: Vec<crate::tensor::Tensor>,
     input: TensorId,
     output: TensorId,
     image: Option<ImageRange>,
@@ -188,6 +242,12 @@ impl Graph {
     pub(crate) fn norm(&self, n: NormId) -> &Norm {
         &self.norms[n.0]
     }
+    pub(crate) fn causal(&self, w: CausalId) -> &CausalWeights {
+        &self.causal[w.0]
+    }
+    pub(crate) fn rms(&self, n: RmsId) -> &crate::tensor::Tensor {
+        &self.rms[n.0]
+    }
     /// Tensors to free after op `i` in `mode`, in order.
     pub(crate) fn frees(&self, mode: Mode, i: usize) -> &[TensorId] {
         &self.frees[mode as usize][i]
@@ -209,6 +269,8 @@ pub(crate) struct Builder {
     outs: Vec<Option<TensorId>>,
     convs: Vec<Conv2dWeights>,
     norms: Vec<Norm>,
+    causal: Vec<CausalWeights>,
+    rms: Vec<crate::tensor::Tensor>,
     /// Per tensor: the op producing it (`None`: the input).
     producer: Vec<Option<usize>>,
     last_use: Vec<Option<usize>>,
@@ -224,6 +286,8 @@ impl Builder {
             outs: Vec::new(),
             convs: Vec::new(),
             norms: Vec::new(),
+            causal: Vec::new(),
+            rms: Vec::new(),
             producer: vec![None],
             last_use: vec![None],
             held: [vec![None], vec![None]],
@@ -236,6 +300,59 @@ impl Builder {
     pub(crate) fn weights(&mut self, w: Conv2dWeights) -> ConvId {
         self.convs.push(w);
         ConvId(self.convs.len() - 1)
+    }
+
+    /// Moves a causal conv's weights into the graph.
+    pub(crate) fn causal_weights(&mut self, w: CausalWeights) -> CausalId {
+        self.causal.push(w);
+        CausalId(self.causal.len() - 1)
+    }
+
+    /// Moves an RMS norm's gamma into the graph.
+    pub(crate) fn rms_gamma(&mut self, g: crate::tensor::Tensor) -> RmsId {
+        self.rms.push(g);
+        RmsId(self.rms.len() - 1)
+    }
+
+    /// RMS norm of `x` (then SiLU when `silu`).
+    pub(crate) fn rms_norm(&mut self, x: TensorId, norm: RmsId, silu: bool) -> TensorId {
+        self.push(Op::RmsNorm { x, norm, silu }, true)
+    }
+
+    /// A causal conv of `x` with cache slot `cache` (see [`Op::CausalConv`]).
+    pub(crate) fn causal_conv(
+        &mut self,
+        x: TensorId,
+        w: CausalId,
+        cache: usize,
+        residual: Residual,
+    ) -> TensorId {
+        self.push(
+            Op::CausalConv {
+                x,
+                w,
+                cache,
+                residual,
+            },
+            true,
+        )
+    }
+
+    /// Wan's `upsample3d` (see [`Op::TimeUpsample`]).
+    pub(crate) fn time_upsample(
+        &mut self,
+        x: TensorId,
+        w: CausalId,
+        cache: usize,
+        up: ConvId,
+    ) -> TensorId {
+        self.push(Op::TimeUpsample { x, w, cache, up }, true)
+    }
+
+    /// Per-frame attention (see [`Op::FrameAttention`]).
+    pub(crate) fn frame_attention(&mut self, op: Op) -> TensorId {
+        debug_assert!(matches!(op, Op::FrameAttention { .. }));
+        self.push(op, true)
     }
 
     /// Moves a GroupNorm's parameters into the graph.
@@ -251,6 +368,13 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } => (vec![*x], Some(*x)),
+            Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } => (vec![*x], None),
+            Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
+            Op::CausalConv { x, residual, .. } => match residual {
+                Residual::None => (vec![*x], None),
+                Residual::InPlace(r) => (vec![*x, *r], Some(*r)),
+                Residual::Shortcut(sc, _) => (vec![*x, *sc], None),
+            },
             Op::Attention { x, affine, .. } => (vec![*x, *affine], Some(*x)),
             Op::Conv(c) => {
                 let mut u = vec![c.x];
@@ -403,6 +527,8 @@ impl Builder {
             outs: self.outs,
             convs: self.convs,
             norms: self.norms,
+            causal: self.causal,
+            rms: self.rms,
             input: TensorId(0),
             output,
             image,

@@ -12,6 +12,7 @@ pub mod layers;
 pub mod tae;
 pub mod taehv;
 pub mod vae_encoder;
+pub mod wan;
 #[doc(hidden)]
 pub mod weights;
 
@@ -29,6 +30,7 @@ pub use layers::Taps;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
+pub use wan::{WanConfig, WanDecoder};
 #[doc(hidden)]
 pub use weights::{Layout, TaePart, WeightStore};
 
@@ -396,6 +398,11 @@ impl Vae {
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        if spec == "preset:wan21" || WanDecoder::is_wan(Path::new(spec)) {
+            return Err(Error::InvalidInput(format!(
+                "`{spec}` is a Wan 2.1 video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images"
+            )));
+        }
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts);

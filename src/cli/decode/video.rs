@@ -1,9 +1,13 @@
-//! `decode --vae TAEHV.safetensors`: video latents streamed `--chunk` latent
-//! frames at a time (default 1) through a [`VideoDecoder`] with
-//! double-buffered read-back, each frame written as it arrives to the
-//! outputs asked for: PNGs (`--frames-out DIR`), a `.y4m` (`--video-out`),
-//! the raw float32 output (`--save-raw`, `N×T'×3×H×W` before the clamp).
-//! Memory stays constant in the video's length on the host as on the device.
+//! `decode --vae TAEHV.safetensors` or `--vae WAN` (a Wan 2.1 VAE): video
+//! latents streamed `--chunk` latent frames at a time (default 1) through a
+//! [`VideoDecoder`] with double-buffered read-back, each frame written as it
+//! arrives to the outputs asked for: PNGs (`--frames-out DIR`), a `.y4m`
+//! (`--video-out`), the raw float32 output (`--save-raw`; TAEHV:
+//! `N×T'×3×H×W` before the clamp, as taehv.py; Wan: `N×3×T'×H×W` after its
+//! [−1, 1] clamp, as diffusers). Wan pipeline latents are un-normalised
+//! unless --raw-latents. Memory stays constant in the video's length on the
+//! host as on the device (except Wan's --save-raw, which holds one video's
+//! frames to write them channels-first).
 
 use std::path::{Path, PathBuf};
 
@@ -12,15 +16,36 @@ use wgvae::frames::LatencySummary;
 use wgvae::gpu::Context;
 use wgvae::io::{HostTensor, NpyStream};
 use wgvae::kernels::image::{cpu_to_rgba8, ImageRange};
-use wgvae::models::{Precision, TaehvDecoder, WeightStore};
+use wgvae::models::{Precision, TaehvDecoder, WanDecoder, WeightStore};
 use wgvae::tiling::TileMode;
 use wgvae::y4m::{FrameRate, Y4mWriter};
-use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
+use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout, VideoModel};
 
 use super::super::outputs::{check_file, write_atomically, Inputs, Staged};
 use super::super::progress::frame_bar;
 use super::super::{device, mib};
 use super::{write_memory_snapshot, DecodeArgs};
+
+/// True when `--vae` names a Wan VAE (preset:wan21, a diffusers folder
+/// whose config is `AutoencoderKLWan`, or a file with Wan keys).
+pub(crate) fn is_wan(vae: &str) -> bool {
+    vae == "preset:wan21" || WanDecoder::is_wan(Path::new(vae))
+}
+
+/// A loaded video decoder the CLI owns.
+enum Loaded {
+    Taehv(TaehvDecoder),
+    Wan(WanDecoder),
+}
+
+impl Loaded {
+    fn model(&self) -> VideoModel<'_> {
+        match self {
+            Loaded::Taehv(d) => d.into(),
+            Loaded::Wan(d) => d.into(),
+        }
+    }
+}
 
 fn bad(path: &Path, message: String) -> Error {
     Error::BadFile {
@@ -141,6 +166,9 @@ struct Sinks {
     written: Vec<PathBuf>,
     latency_ms: Vec<f64>,
     bar: Option<indicatif::ProgressBar>,
+    range: ImageRange,
+    /// `--save-raw` is channels-first (Wan): one video's frames wait here.
+    raw_video: Option<Vec<f32>>,
 }
 
 impl Sinks {
@@ -152,7 +180,7 @@ impl Sinks {
         };
         let per = c * h * w;
         if let Some(dir) = dir {
-            let rgba = cpu_to_rgba8(&got.frames.data, f, h, w, ImageRange::ZeroToOne);
+            let rgba = cpu_to_rgba8(&got.frames.data, f, h, w, self.range);
             for (i, img) in rgba.chunks_exact(h * w * 4).enumerate() {
                 let path = dir.join(format!("frame_{:05}.png", got.first + i));
                 write_atomically(&path, |p| wgvae::io::write_png_rgb(p, w, h, img))?;
@@ -163,8 +191,10 @@ impl Sinks {
             if let Some((_, y4m)) = &mut self.y4m {
                 y4m.write_frame(frame)?;
             }
-            if let Some((_, npy)) = &mut self.npy {
-                npy.write(frame)?;
+            match (&mut self.raw_video, &mut self.npy) {
+                (Some(held), Some(_)) => held.extend_from_slice(frame),
+                (None, Some((_, npy))) => npy.write(frame)?,
+                _ => {}
             }
             self.latency_ms.push(got.latency_ms);
             if let Some(bar) = &self.bar {
@@ -173,9 +203,26 @@ impl Sinks {
         }
         Ok(())
     }
+
+    /// Ends one video: its held raw frames `[T', 3, H, W]` go to the
+    /// `.npy` as `[3, T', H, W]`.
+    fn end_video(&mut self, plane: usize) -> wgvae::Result<()> {
+        let (Some(held), Some((_, npy))) = (&mut self.raw_video, &mut self.npy) else {
+            return Ok(());
+        };
+        let frames = held.len() / (3 * plane).max(1);
+        for ch in 0..3 {
+            for f in 0..frames {
+                let at = (f * 3 + ch) * plane;
+                npy.write(held.get(at..at + plane).unwrap_or_default())?;
+            }
+        }
+        held.clear();
+        Ok(())
+    }
 }
 
-/// `decode` with a TAEHV video decoder (see the module docs).
+/// `decode` with a video decoder, TAEHV or Wan (see the module docs).
 pub(crate) fn decode_video(
     ctx: &Context,
     a: &DecodeArgs,
@@ -184,15 +231,14 @@ pub(crate) fn decode_video(
 ) -> wgvae::Result<()> {
     if a.frames_out.is_none() && a.video_out.is_none() && a.save_raw.is_none() {
         return Err(Error::InvalidInput(format!(
-            "`{}` is a TAEHV video decoder: give --frames-out DIR (PNG frames), --video-out OUT.y4m or --save-raw RAW.npy",
+            "`{}` is a video decoder: give --frames-out DIR (PNG frames), --video-out OUT.y4m or --save-raw RAW.npy",
             a.vae
         )));
     }
     let tiling = a.tiles.tiling()?;
     if !matches!(tiling.mode, TileMode::Auto | TileMode::Off) || tiling.tile_size.is_some() {
         return Err(Error::InvalidInput(
-            "a TAEHV video decode runs untiled: it takes no --tile exact/fast or --tile-size"
-                .into(),
+            "a video decode runs untiled: it takes no --tile exact/fast or --tile-size".into(),
         ));
     }
     let rate: FrameRate = a.fps.parse()?;
@@ -205,10 +251,16 @@ pub(crate) fn decode_video(
     if step == 0 {
         return Err(Error::InvalidInput("--chunk must be at least 1".into()));
     }
-    let store = WeightStore::from_safetensors(Path::new(&a.vae))?;
-    store.set_dtype(precision.resolve(true));
-    let decoder = TaehvDecoder::load(ctx, &store)?;
-    drop(store);
+    let wan = is_wan(&a.vae);
+    let dtype = precision.resolve(!wan);
+    let loaded = if wan {
+        Loaded::Wan(WanDecoder::open(ctx, &a.vae, dtype, a.seed)?)
+    } else {
+        let store = WeightStore::from_safetensors(Path::new(&a.vae))?;
+        store.set_dtype(dtype);
+        Loaded::Taehv(TaehvDecoder::load(ctx, &store)?)
+    };
+    let decoder = loaded.model();
     let layout = layout_flag.unwrap_or_else(|| decoder.latent_layout());
     let given = match a
         .latents
@@ -231,20 +283,27 @@ pub(crate) fn decode_video(
         &a.latents,
         given,
         layout,
-        decoder.variant_name(),
-        decoder.latent_channels,
+        decoder.name(),
+        decoder.latent_channels(),
     )?;
     let [n, t, c, h, w] = match latents.shape[..] {
         [n, t, c, h, w] => [n, t, c, h, w],
         _ => return Err(Error::Internal("video latents are not 5-D".into())),
     };
+    let mut latents = latents;
+    if let (Loaded::Wan(d), false) = (&loaded, a.raw_latents) {
+        // N×T×C×h×w read as (N·T)×C×1×h×w: the same per-channel planes.
+        latents.shape = vec![n * t, c, 1, h, w];
+        d.unnormalize(&mut latents)?;
+        latents.shape = vec![n, t, c, h, w];
+    }
     // A batch writes OUT_0.y4m, OUT_1.y4m…: each checked before the decode.
     if let Some(out) = &a.video_out {
         for v in 0..n {
             check_file(&video_path(out, v, n), "--video-out", &["y4m"], inputs)?;
         }
     }
-    let per_video = VideoDecoder::frames_for(&decoder, t);
+    let per_video = VideoDecoder::frames_for(decoder, t);
     let (height, width) = (h * decoder.upscale(), w * decoder.upscale());
     let mut sinks = Sinks {
         pngs: a.frames_out.clone(),
@@ -253,11 +312,20 @@ pub(crate) fn decode_video(
         written: Vec::new(),
         latency_ms: Vec::with_capacity(n * per_video),
         bar: frame_bar(a.json, n * per_video),
+        range: decoder.range(),
+        raw_video: None,
     };
-    // The raw output: one file for the batch, N×T'×3×H×W as taehv.py returns it.
+    // The raw output: one file for the batch, N×T'×3×H×W as taehv.py returns
+    // it, or N×3×T'×H×W as diffusers' Wan decode does.
     if let Some(p) = &a.save_raw {
         let staged = Staged::new(p);
-        let npy = NpyStream::create(staged.tmp(), &[n, per_video, 3, height, width])?;
+        let shape = if decoder.channels_first() {
+            sinks.raw_video = Some(Vec::new());
+            [n, 3, per_video, height, width]
+        } else {
+            [n, per_video, 3, height, width]
+        };
+        let npy = NpyStream::create(staged.tmp(), &shape)?;
         sinks.npy = Some((staged, npy));
     }
     let frame = c * h * w;
@@ -280,12 +348,12 @@ pub(crate) fn decode_video(
         if let Some(out) = &a.video_out {
             let path = video_path(out, v, n);
             let staged = Staged::new(&path);
-            let y4m = Y4mWriter::create(staged.tmp(), width, height, rate, ImageRange::ZeroToOne)?;
+            let y4m = Y4mWriter::create(staged.tmp(), width, height, rate, decoder.range())?;
             chroma = Some(y4m.chroma());
             sinks.y4m = Some((staged, y4m));
             videos.push(path);
         }
-        let mut stream = VideoDecoder::new(ctx, &decoder);
+        let mut stream = VideoDecoder::new(ctx, decoder);
         for t0 in (0..t).step_by(step) {
             let t1 = (t0 + step).min(t);
             let at = (v * t + t0) * frame;
@@ -302,6 +370,7 @@ pub(crate) fn decode_video(
         if let Some(got) = stream.finish()? {
             sinks.take(&got, dir.as_deref())?;
         }
+        sinks.end_video(height * width)?;
         if let Some((staged, y4m)) = sinks.y4m.take() {
             y4m.finish()?;
             staged.commit()?;
@@ -332,8 +401,8 @@ pub(crate) fn decode_video(
             json!({
                 "adapter": ctx.caps().adapter_name,
                 "backend": format!("{:?}", ctx.caps().backend),
-                "model": decoder.variant_name(),
-                "dtype": precision.resolve(true).name(),
+                "model": decoder.name(),
+                "dtype": dtype.name(),
                 "latents_shape": given_shape,
                 "layout": layout,
                 "frames": frames,
@@ -370,7 +439,7 @@ pub(crate) fn decode_video(
         println!("wrote {}", wrote.join(", "));
         println!(
             "{} ({}): {frames} frames of {width}×{height} in {ms:.1} ms on {} (chunks of {step} latent frames): {fps:.2} frames/s; latency per frame mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; peak allocated {:.1} MiB",
-            decoder.variant_name(),
+            decoder.name(),
             a.vae,
             device(ctx),
             latency.mean_ms,

@@ -50,7 +50,12 @@ impl Executor {
                     (None, None)
                 }
                 Op::Tap { .. } => (None, None),
-                Op::TimeShift { .. } | Op::TimeGrow { .. } => {
+                Op::TimeShift { .. }
+                | Op::TimeGrow { .. }
+                | Op::RmsNorm { .. }
+                | Op::CausalConv { .. }
+                | Op::TimeUpsample { .. }
+                | Op::FrameAttention { .. } => {
                     return Err(Error::Unsupported(
                         "exact tiles of a video decoder (its time caches run untiled only)".into(),
                     ))

@@ -73,6 +73,12 @@ pub struct Params {
     pub mtiles: u32,
     /// Output pixels per image (`Ho · Wo`).
     pub npix: u32,
+    /// Input image read for dispatched image `nb`: `nb + in_frame`.
+    pub in_frame: u32,
+    /// Output (and residual) image written for `nb`: `nb + out_frame`.
+    pub out_frame: u32,
+    /// Padding to 16 bytes.
+    pub _pad: [u32; 2],
 }
 
 // input, weights, bias, affine, residual, out, f16 range counter. Absent optional operands
@@ -346,7 +352,19 @@ pub struct Conv2dCall<'a> {
     pub opts: &'a Conv2dOptions,
 }
 
-fn plan(call: &Conv2dCall) -> Result<Plan> {
+/// Which images a conv computes: `count` outputs from image `out_frame` on,
+/// reading inputs from image `in_frame` on (all of them when `None`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Frames {
+    /// First input image read.
+    pub in_frame: usize,
+    /// First output image written.
+    pub out_frame: usize,
+    /// Images computed.
+    pub count: usize,
+}
+
+fn plan(call: &Conv2dCall, frames: Option<Frames>) -> Result<Plan> {
     let Conv2dCall {
         input,
         w,
@@ -395,8 +413,21 @@ fn plan(call: &Conv2dCall) -> Result<Plan> {
             input.shape()
         ));
     }
-    let want = [n, w.cout, ho, wo];
-    if out.shape() != want {
+    let out_n = out.shape().first().copied().unwrap_or(0);
+    let f = frames.unwrap_or(Frames {
+        in_frame: 0,
+        out_frame: 0,
+        count: n,
+    });
+    if f.count == 0 || f.in_frame + f.count > n || f.out_frame + f.count > out_n {
+        return shape_err(format!(
+            "{f:?} out of range of input {:?} and out {:?}",
+            input.shape(),
+            out.shape()
+        ));
+    }
+    let want = [out_n, w.cout, ho, wo];
+    if out.shape() != want || (frames.is_none() && out_n != n) {
         return shape_err(format!("out is {:?}, expected {want:?}", out.shape()));
     }
     if let Some(r) = residual {
@@ -404,6 +435,7 @@ fn plan(call: &Conv2dCall) -> Result<Plan> {
             return shape_err(format!("residual is {:?}, expected {want:?}", r.shape()));
         }
     }
+    let n = f.count;
     if let Some(pro) = prologue {
         if pro.affine.shape() != [n, cin, 2] {
             return shape_err(format!(
@@ -451,6 +483,9 @@ fn plan(call: &Conv2dCall) -> Result<Plan> {
         ntiles: ntiles as u32,
         mtiles: mtiles as u32,
         npix: npix as u32,
+        in_frame: f.in_frame as u32,
+        out_frame: f.out_frame as u32,
+        _pad: [0; 2],
     };
     Ok(Plan {
         params,
@@ -509,9 +544,40 @@ pub fn conv2d(
     tiled(rec, &call)
 }
 
+/// [`conv2d`] of `frames.count` images only: input images from
+/// `frames.in_frame` on, output (and residual) images from
+/// `frames.out_frame` on; `input` and `out` may hold different image counts.
+/// A causal video conv adds its time taps this way, reading earlier frames
+/// in place.
+#[allow(clippy::too_many_arguments)]
+pub fn conv2d_frames(
+    rec: &mut Recorder,
+    input: &Tensor,
+    w: &Conv2dWeights,
+    residual: Option<&Tensor>,
+    out: &Tensor,
+    opts: &Conv2dOptions,
+    frames: Frames,
+) -> Result<()> {
+    let call = Conv2dCall {
+        input,
+        w,
+        prologue: None,
+        residual,
+        out,
+        opts,
+    };
+    tiled_frames(rec, &call, Some(frames))
+}
+
 /// [`conv2d`] over a [`Conv2dCall`].
 fn tiled(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
-    record(rec, call, Some(call.w.tiles), |ctx, plan| {
+    tiled_frames(rec, call, None)
+}
+
+/// [`tiled`] of some images only (see [`conv2d_frames`]).
+fn tiled_frames(rec: &mut Recorder, call: &Conv2dCall, frames: Option<Frames>) -> Result<()> {
+    record(rec, call, frames, Some(call.w.tiles), |ctx, plan| {
         let groups_xy = linear_groups(ctx, plan.params.ntiles as u64)?;
         let gz = plan.n as u64 * plan.params.mtiles as u64;
         let gz = u32::try_from(gz).map_err(|_| Error::DispatchTooLarge {
@@ -526,7 +592,7 @@ fn tiled(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
 /// The same convolution with one output per invocation and no workgroup-memory reuse.
 /// Only for benchmarks (the speed-up ratio of the tiled kernel) and cross-checks.
 pub fn conv2d_naive(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
-    record(rec, call, None, |ctx, plan| {
+    record(rec, call, None, None, |ctx, plan| {
         let per_image = call.w.cout as u64 * plan.params.npix as u64;
         let groups = linear_groups(ctx, per_image.div_ceil(NAIVE_WG as u64))?;
         Ok([groups[0], groups[1], plan.n as u32])
@@ -538,10 +604,11 @@ pub fn conv2d_naive(rec: &mut Recorder, call: &Conv2dCall) -> Result<()> {
 fn record(
     rec: &mut Recorder,
     call: &Conv2dCall,
+    frames: Option<Frames>,
     tiles: Option<ConvTiles>,
     groups: impl FnOnce(&Context, &Plan) -> Result<[u32; 3]>,
 ) -> Result<()> {
-    let plan = plan(call)?;
+    let plan = plan(call, frames)?;
     let mut variant = Variant::for_call(rec.ctx().caps(), tiles, call)?;
     let groups = groups(rec.ctx(), &plan)?;
     let flag = range_flag_for(rec, &mut variant);

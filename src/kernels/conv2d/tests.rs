@@ -525,3 +525,62 @@ fn bad_shapes_are_errors() {
     ));
     assert!(rec.labels().is_empty());
 }
+
+/// `conv2d_frames`: 2 images from input image 1 added into output images
+/// 2..4 of a 5-image residual (in place); the other images untouched, both
+/// tile kinds and the device's default tiles.
+#[test]
+fn frame_offsets_read_and_write_the_chosen_images() {
+    let ctx = test_context();
+    let (cin, cout, h, w) = (5, 6, 7, 9);
+    let x = rand_vec(4 * cin * h * w, 41, 1.0);
+    let wt = rand_vec(cout * cin * 9, 42, 0.3);
+    let b = rand_vec(cout, 43, 0.1);
+    let r = rand_vec(5 * cout * h * w, 44, 1.0);
+    let opts = Conv2dOptions::same(3);
+    let img = |v: &[f32], c: usize, i: usize| v[i * c * h * w..(i + 1) * c * h * w].to_vec();
+    let sliced: Vec<f32> = (1..3).flat_map(|i| img(&x, cin, i)).collect();
+    let res: Vec<f32> = (2..4).flat_map(|i| img(&r, cout, i)).collect();
+    let conv = cpu_conv2d(
+        &sliced,
+        [2, cin, h, w],
+        &wt,
+        cout,
+        3,
+        Some(&b),
+        None,
+        Some(&res),
+        &opts,
+    );
+    let mut want = r.clone();
+    want[2 * cout * h * w..4 * cout * h * w].copy_from_slice(&conv);
+    for tiles in [None, Some(SMALL_DIRECT), Some(SMALL_SHARED)] {
+        let host = PytorchConv {
+            weight: &wt,
+            cout,
+            cin,
+            k: 3,
+            bias: Some(&b),
+        };
+        let weights = Conv2dWeights::upload(&ctx, &host, tiles, DType::F32, "w").unwrap();
+        let input = Tensor::from_f32(&ctx, &[4, cin, h, w], &x, "x").unwrap();
+        let out = Tensor::from_f32(&ctx, &[5, cout, h, w], &r, "out").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let frames = Frames {
+            in_frame: 1,
+            out_frame: 2,
+            count: 2,
+        };
+        conv2d_frames(&mut rec, &input, &weights, Some(&out), &out, &opts, frames).unwrap();
+        rec.submit().unwrap();
+        assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-4, "frames");
+        let bad = Frames {
+            in_frame: 3,
+            out_frame: 0,
+            count: 2,
+        };
+        let mut rec = Recorder::new(&ctx);
+        let e = conv2d_frames(&mut rec, &input, &weights, None, &out, &opts, bad);
+        assert!(e.is_err());
+    }
+}

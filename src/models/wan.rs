@@ -1,0 +1,835 @@
+//! The Wan 2.1 VAE decoder (diffusers `AutoencoderKLWan`, the original
+//! `wan/modules/vae.py` keys as ComfyUI's `wan_2.1_vae.safetensors`).
+//!
+//! Decoder: post_quant_conv (1×1×1) → causal conv_in → mid block (residual
+//! block, per-frame attention, residual block) → up blocks (residual blocks,
+//! then `upsample3d` / `upsample2d`) → RMS norm → SiLU → causal conv_out,
+//! clamped to [−1, 1] as the frames come back. Residual block: RMS norm →
+//! SiLU → causal 3×3×3 conv → RMS norm → SiLU → causal 3×3×3 conv, plus the
+//! input (through a 1×1×1 conv when the width changes).
+//!
+//! The graph runs one video with time as the batch dimension: each causal
+//! conv sees the whole stream of its layer with two zero frames before it,
+//! which is what diffusers' frame-by-frame `_decode` with its 2-frame
+//! feature cache computes; `upsample3d` skips its time conv on a video's
+//! first frame (the cache's `"Rep"` entry), so T latent frames give
+//! `1 + 4 (T − 1)` frames.
+
+// Input-facing: what a file or flag holds reaches this code (issue #15).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use std::collections::BTreeMap;
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+use crate::gpu::Context;
+use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
+use crate::models::graph::{Builder, CausalWeights, Conv, Geometry, Graph, Op, Residual, TensorId};
+use crate::models::taehv::TaehvDecoder;
+use crate::models::weights::{HostWeight, Layout, WeightStore};
+use crate::tensor::{DType, Tensor};
+
+/// The public Wan 2.1 `latents_mean` (diffusers' default config).
+pub const WAN21_LATENTS_MEAN: [f32; 16] = [
+    -0.7571, -0.7089, -0.9113, 0.1075, -0.1745, 0.9653, -0.1517, 1.5508, 0.4134, -0.0715, 0.5517,
+    -0.3632, -0.1922, -0.9497, 0.2503, -0.2921,
+];
+/// The public Wan 2.1 `latents_std`.
+pub const WAN21_LATENTS_STD: [f32; 16] = [
+    2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
+    1.6382, 1.1253, 2.8251, 1.9160,
+];
+
+/// The decoder's shape (diffusers `AutoencoderKLWan` config fields).
+#[derive(Clone, Debug, PartialEq)]
+pub struct WanConfig {
+    /// Decoder base width (`decoder_base_dim`, else `base_dim`).
+    pub base_dim: usize,
+    /// Latent channels.
+    pub z_dim: usize,
+    /// Width multipliers (encoder order).
+    pub dim_mult: Vec<usize>,
+    /// Residual blocks per encoder stage (the decoder has one more).
+    pub num_res_blocks: usize,
+    /// Time down-sampling per encoder stage (the decoder up-samples in reverse).
+    pub temperal_downsample: Vec<bool>,
+    /// Pipeline latents' per-channel mean (`z = latents · std + mean`).
+    pub latents_mean: Vec<f32>,
+    /// Pipeline latents' per-channel std.
+    pub latents_std: Vec<f32>,
+}
+
+fn bad(origin: &Path, message: impl Into<String>) -> Error {
+    Error::BadFile {
+        path: origin.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+impl WanConfig {
+    /// The public Wan 2.1 VAE: base_dim 96, z_dim 16, dim_mult [1, 2, 4, 4],
+    /// 2 residual blocks, temporal down-sampling [False, True, True].
+    pub fn wan21() -> Self {
+        WanConfig {
+            base_dim: 96,
+            z_dim: 16,
+            dim_mult: vec![1, 2, 4, 4],
+            num_res_blocks: 2,
+            temperal_downsample: vec![false, true, true],
+            latents_mean: WAN21_LATENTS_MEAN.to_vec(),
+            latents_std: WAN21_LATENTS_STD.to_vec(),
+        }
+    }
+
+    /// A diffusers `config.json` of an `AutoencoderKLWan` (Wan 2.1 only:
+    /// `is_residual` and `patch_size` models are Wan 2.2's and refused).
+    pub fn from_file(path: &Path) -> Result<Self> {
+        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
+            path: path.to_path_buf(),
+            source,
+        })?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
+        let class = v.get("_class_name").and_then(|c| c.as_str());
+        if let Some(c) = class.filter(|c| *c != "AutoencoderKLWan") {
+            return Err(bad(
+                path,
+                format!("config.json is a `{c}`, not an `AutoencoderKLWan` (Wan 2.1 VAE)"),
+            ));
+        }
+        if v.get("is_residual").and_then(|r| r.as_bool()) == Some(true)
+            || v.get("patch_size").is_some_and(|p| !p.is_null())
+        {
+            return Err(Error::Unsupported(format!(
+                "`{}` is a Wan 2.2 VAE (is_residual / patch_size); only the Wan 2.1 VAE decoder is implemented",
+                path.display()
+            )));
+        }
+        let d = WanConfig::wan21();
+        let int = |k: &str, default: usize| -> Result<usize> {
+            match v.get(k) {
+                None | Some(serde_json::Value::Null) => Ok(default),
+                Some(x) => x
+                    .as_u64()
+                    .and_then(|x| usize::try_from(x).ok())
+                    .ok_or_else(|| {
+                        bad(
+                            path,
+                            format!("config.json: `{k}` is {x}, expected an integer"),
+                        )
+                    }),
+            }
+        };
+        let list = |k: &str| v.get(k).and_then(|x| x.as_array());
+        let base_dim = int("decoder_base_dim", int("base_dim", d.base_dim)?)?;
+        let ints = |k: &str, default: Vec<usize>| -> Result<Vec<usize>> {
+            match list(k) {
+                None => Ok(default),
+                Some(a) => a
+                    .iter()
+                    .map(|x| x.as_u64().and_then(|x| usize::try_from(x).ok()))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad(path, format!("config.json: `{k}` must hold integers"))),
+            }
+        };
+        let floats = |k: &str, default: Vec<f32>| -> Result<Vec<f32>> {
+            match list(k) {
+                None => Ok(default),
+                Some(a) => a
+                    .iter()
+                    .map(|x| x.as_f64().map(|x| x as f32))
+                    .collect::<Option<Vec<_>>>()
+                    .ok_or_else(|| bad(path, format!("config.json: `{k}` must hold numbers"))),
+            }
+        };
+        let temperal_downsample = match list("temperal_downsample") {
+            None => d.temperal_downsample,
+            Some(a) => a
+                .iter()
+                .map(|x| x.as_bool())
+                .collect::<Option<Vec<_>>>()
+                .ok_or_else(|| {
+                    bad(
+                        path,
+                        "config.json: `temperal_downsample` must hold booleans",
+                    )
+                })?,
+        };
+        Ok(WanConfig {
+            base_dim,
+            z_dim: int("z_dim", d.z_dim)?,
+            dim_mult: ints("dim_mult", d.dim_mult)?,
+            num_res_blocks: int("num_res_blocks", d.num_res_blocks)?,
+            temperal_downsample,
+            latents_mean: floats("latents_mean", d.latents_mean)?,
+            latents_std: floats("latents_std", d.latents_std)?,
+        })
+    }
+
+    /// The config of a file without `config.json`, read off its shapes
+    /// (the Wan 2.1 latents' statistics assumed).
+    fn infer(store: &WeightStore) -> Result<Self> {
+        let origin = PathBuf::from(store.origin());
+        let shape = |k: &str| {
+            store
+                .shape_of(k)
+                .ok_or_else(|| bad(&origin, format!("not a Wan 2.1 VAE decoder: no `{k}`")))
+        };
+        let conv_in = shape("decoder.conv_in.weight")?;
+        let conv_out = shape("decoder.conv_out.weight")?;
+        let (Some(&z_dim), Some(&base_dim)) = (conv_in.get(1), conv_out.get(1)) else {
+            return Err(bad(&origin, "Wan conv weights must be 5-D"));
+        };
+        let mut widths = Vec::new();
+        while let Some(s) = store.shape_of(&format!(
+            "decoder.up_blocks.{}.resnets.0.conv1.weight",
+            widths.len()
+        )) {
+            widths.push(s.first().copied().unwrap_or(0));
+        }
+        let mut resnets = 0;
+        while store.contains(&format!(
+            "decoder.up_blocks.0.resnets.{resnets}.conv1.weight"
+        )) {
+            resnets += 1;
+        }
+        if widths.is_empty() || base_dim == 0 || resnets == 0 {
+            return Err(bad(
+                &origin,
+                "not a Wan 2.1 VAE decoder: no `decoder.up_blocks.0.resnets.0`",
+            ));
+        }
+        let mut dim_mult: Vec<usize> = widths.iter().map(|w| w / base_dim).collect();
+        dim_mult.reverse();
+        let mut temperal_downsample: Vec<bool> = (0..widths.len().saturating_sub(1))
+            .map(|i| {
+                store.contains(&format!(
+                    "decoder.up_blocks.{i}.upsamplers.0.time_conv.weight"
+                ))
+            })
+            .collect();
+        temperal_downsample.reverse();
+        Ok(WanConfig {
+            base_dim,
+            z_dim,
+            dim_mult,
+            num_res_blocks: resnets - 1,
+            temperal_downsample,
+            latents_mean: WAN21_LATENTS_MEAN.to_vec(),
+            latents_std: WAN21_LATENTS_STD.to_vec(),
+        })
+    }
+}
+
+/// The original `wan/modules/vae.py` key of a decoder weight → its diffusers
+/// name (as diffusers' `convert_wan_to_diffusers.py`); `per_block`: residual
+/// blocks per up stage. `None`: not a decoder key.
+fn original_to_diffusers(key: &str, per_block: usize) -> Option<String> {
+    let residual = |rest: &str| -> Option<String> {
+        let map = [
+            ("residual.0.gamma", "norm1.gamma"),
+            ("residual.2.", "conv1."),
+            ("residual.3.gamma", "norm2.gamma"),
+            ("residual.6.", "conv2."),
+            ("shortcut.", "conv_shortcut."),
+        ];
+        map.iter()
+            .find_map(|(from, to)| rest.strip_prefix(from).map(|t| format!("{to}{t}")))
+    };
+    if let Some(t) = key.strip_prefix("conv2.") {
+        return Some(format!("post_quant_conv.{t}"));
+    }
+    let rest = key.strip_prefix("decoder.")?;
+    if let Some(t) = rest.strip_prefix("conv1.") {
+        return Some(format!("decoder.conv_in.{t}"));
+    }
+    if let Some(t) = rest.strip_prefix("head.0.") {
+        return Some(format!("decoder.norm_out.{t}"));
+    }
+    if let Some(t) = rest.strip_prefix("head.2.") {
+        return Some(format!("decoder.conv_out.{t}"));
+    }
+    if let Some(t) = rest.strip_prefix("middle.") {
+        let (i, t) = t.split_once('.')?;
+        return match i {
+            "0" => Some(format!("decoder.mid_block.resnets.0.{}", residual(t)?)),
+            "1" => Some(format!("decoder.mid_block.attentions.0.{t}")),
+            "2" => Some(format!("decoder.mid_block.resnets.1.{}", residual(t)?)),
+            _ => None,
+        };
+    }
+    let t = rest.strip_prefix("upsamples.")?;
+    let (f, t) = t.split_once('.')?;
+    let f: usize = f.parse().ok()?;
+    // Stages of `per_block` residual blocks and one Resample (the last
+    // stage has none, which the division does not see).
+    let (stage, at) = (f / (per_block + 1), f % (per_block + 1));
+    if at < per_block {
+        Some(format!(
+            "decoder.up_blocks.{stage}.resnets.{at}.{}",
+            residual(t)?
+        ))
+    } else {
+        Some(format!("decoder.up_blocks.{stage}.upsamplers.0.{t}"))
+    }
+}
+
+/// A Wan 2.1 VAE decoder with its weights on the device.
+pub struct WanDecoder {
+    /// The model's shape and latent statistics.
+    pub config: WanConfig,
+    /// Where the weights came from (for messages).
+    pub name: String,
+    graph: Graph,
+    t_upscale: usize,
+}
+
+/// Keys of a Wan file, diffusers-named, from `path` (a `.safetensors`).
+fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeight>> {
+    if TaehvDecoder::is_taehv_file(path) {
+        return Err(bad(
+            path,
+            "this is a TAEHV file (a tiny video decoder, `decoder.N…` keys), not a Wan 2.1 VAE: load it with `TaehvDecoder`",
+        ));
+    }
+    let bytes = std::fs::read(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    let st = safetensors::SafeTensors::deserialize(&bytes)
+        .map_err(|e| bad(path, format!("not a valid .safetensors file: {e}")))?;
+    let names: Vec<String> = st.names().into_iter().map(String::from).collect();
+    let original = names
+        .iter()
+        .any(|n| n.starts_with("decoder.middle.") || n.starts_with("decoder.upsamples."));
+    let diffusers = names.iter().any(|n| n.starts_with("decoder.mid_block."));
+    if !original && !diffusers {
+        let mut sample: Vec<&str> = names.iter().map(String::as_str).take(4).collect();
+        sample.sort();
+        return Err(bad(
+            path,
+            format!(
+                "not a Wan 2.1 VAE: no `decoder.mid_block.…` (diffusers) or `decoder.middle.…` (original) keys; found keys like {}",
+                sample.join(", ")
+            ),
+        ));
+    }
+    // Residual blocks per stage: the upsamples index of the first Resample.
+    let per_block = names
+        .iter()
+        .filter_map(|n| {
+            let t = n.strip_prefix("decoder.upsamples.")?;
+            let (f, rest) = t.split_once('.')?;
+            (rest.starts_with("resample.") || rest.starts_with("time_conv."))
+                .then(|| f.parse::<usize>().ok())
+                .flatten()
+        })
+        .min()
+        .unwrap_or(3);
+    let mut map = BTreeMap::new();
+    for n in &names {
+        let key = if original {
+            match original_to_diffusers(n, per_block) {
+                Some(k) => k,
+                None => continue,
+            }
+        } else if n.starts_with("decoder.") || n.starts_with("post_quant_conv.") {
+            n.clone()
+        } else {
+            continue;
+        };
+        let view = st.tensor(n).map_err(|e| bad(path, e.to_string()))?;
+        let data = crate::io::view_to_f32(&view).map_err(|m| bad(path, format!("{n}: {m}")))?;
+        map.insert(
+            key,
+            HostWeight {
+                shape: view.shape().to_vec(),
+                data,
+            },
+        );
+    }
+    Ok(map)
+}
+
+/// Loads a causal conv `{prefix}` `[cout, cin, kt, k, k]` as `kt` taps.
+fn load_causal(
+    ctx: &Context,
+    store: &WeightStore,
+    prefix: &str,
+    [cout, cin, kt, k]: [usize; 4],
+) -> Result<CausalWeights> {
+    let w = store.take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
+    let b = store.take(&format!("{prefix}.bias"), &[cout])?;
+    let taps = (0..kt)
+        .map(|j| {
+            let tap: Vec<f32> = w
+                .chunks(k * k)
+                .skip(j)
+                .step_by(kt)
+                .flatten()
+                .copied()
+                .collect();
+            let host = PytorchConv {
+                weight: &tap,
+                cout,
+                cin,
+                k,
+                bias: (j + 1 == kt).then_some(b.as_slice()),
+            };
+            Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
+        })
+        .collect::<Result<Vec<_>>>()?;
+    Ok(CausalWeights { taps })
+}
+
+/// A 1×1(×1) conv `{prefix}` (weights of any rank with trailing 1s).
+fn load_pointwise(
+    ctx: &Context,
+    store: &WeightStore,
+    prefix: &str,
+    cout: usize,
+    cin: usize,
+    rank5: bool,
+) -> Result<Conv2dWeights> {
+    let shape: &[usize] = if rank5 {
+        &[cout, cin, 1, 1, 1]
+    } else {
+        &[cout, cin, 1, 1]
+    };
+    let w = store.take(&format!("{prefix}.weight"), shape)?;
+    let b = store.take(&format!("{prefix}.bias"), &[cout])?;
+    let host = PytorchConv {
+        weight: &w,
+        cout,
+        cin,
+        k: 1,
+        bias: Some(&b),
+    };
+    Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
+}
+
+struct GraphBuilder<'a> {
+    ctx: &'a Context,
+    store: &'a WeightStore,
+    b: Builder,
+    slot: usize,
+}
+
+impl GraphBuilder<'_> {
+    fn next_slot(&mut self) -> usize {
+        self.slot += 1;
+        self.slot - 1
+    }
+
+    fn rms(
+        &mut self,
+        x: TensorId,
+        key: &str,
+        c: usize,
+        image: bool,
+        silu: bool,
+    ) -> Result<TensorId> {
+        let shape: &[usize] = if image { &[c, 1, 1] } else { &[c, 1, 1, 1] };
+        let g = self.store.take(key, shape)?;
+        let scale = (c as f32).sqrt();
+        let g: Vec<f32> = g.iter().map(|v| v * scale).collect();
+        let t = Tensor::from_f32(self.ctx, &[c], &g, key)?;
+        let id = self.b.rms_gamma(t);
+        Ok(self.b.rms_norm(x, id, silu))
+    }
+
+    fn causal(
+        &mut self,
+        x: TensorId,
+        prefix: &str,
+        dims: [usize; 4],
+        residual: Residual,
+    ) -> Result<TensorId> {
+        let w = load_causal(self.ctx, self.store, prefix, dims)?;
+        let w = self.b.causal_weights(w);
+        let slot = self.next_slot();
+        Ok(self.b.causal_conv(x, w, slot, residual))
+    }
+
+    fn resblock(&mut self, x: TensorId, prefix: &str, cin: usize, cout: usize) -> Result<TensorId> {
+        let n1 = self.rms(x, &format!("{prefix}.norm1.gamma"), cin, false, true)?;
+        let c1 = self.causal(
+            n1,
+            &format!("{prefix}.conv1"),
+            [cout, cin, 3, 3],
+            Residual::None,
+        )?;
+        let n2 = self.rms(c1, &format!("{prefix}.norm2.gamma"), cout, false, true)?;
+        let residual = if cin != cout {
+            let sc = load_pointwise(
+                self.ctx,
+                self.store,
+                &format!("{prefix}.conv_shortcut"),
+                cout,
+                cin,
+                true,
+            )?;
+            Residual::Shortcut(x, self.b.weights(sc))
+        } else {
+            Residual::InPlace(x)
+        };
+        self.causal(n2, &format!("{prefix}.conv2"), [cout, cout, 3, 3], residual)
+    }
+
+    fn attention(&mut self, x: TensorId, prefix: &str, c: usize) -> Result<TensorId> {
+        let normed = self.rms(x, &format!("{prefix}.norm.gamma"), c, true, false)?;
+        let w = self
+            .store
+            .take(&format!("{prefix}.to_qkv.weight"), &[3 * c, c, 1, 1])?;
+        let bias = self
+            .store
+            .take(&format!("{prefix}.to_qkv.bias"), &[3 * c])?;
+        let mut ids = Vec::new();
+        for (i, (w, b)) in w.chunks(c * c).zip(bias.chunks(c)).enumerate() {
+            let host = PytorchConv {
+                weight: w,
+                cout: c,
+                cin: c,
+                k: 1,
+                bias: Some(b),
+            };
+            let label = format!("{prefix}.to_qkv[{i}]");
+            let conv = Conv2dWeights::upload(self.ctx, &host, None, self.store.dtype(), &label)?;
+            ids.push(self.b.weights(conv));
+        }
+        let [q, k, v] = ids[..] else {
+            return Err(Error::Internal("to_qkv split".into()));
+        };
+        let out = load_pointwise(self.ctx, self.store, &format!("{prefix}.proj"), c, c, false)?;
+        let out = self.b.weights(out);
+        Ok(self.b.frame_attention(Op::FrameAttention {
+            x,
+            normed,
+            q,
+            k,
+            v,
+            out,
+        }))
+    }
+}
+
+impl WanDecoder {
+    /// True when `path` (a `.safetensors` file or a diffusers folder) holds
+    /// a Wan VAE: its config says `AutoencoderKLWan` or its keys are Wan's.
+    pub fn is_wan(path: &Path) -> bool {
+        let dir_config = path.join("config.json");
+        if path.is_dir() {
+            return std::fs::read_to_string(&dir_config)
+                .is_ok_and(|t| t.contains("\"AutoencoderKLWan\""));
+        }
+        header_keys(path).is_some_and(|keys| {
+            keys.iter().any(|k| {
+                k.starts_with("decoder.middle.")
+                    || (k.starts_with("decoder.mid_block.") && k.ends_with(".gamma"))
+            })
+        })
+    }
+
+    /// Opens `spec`: `preset:wan21` (seeded random weights, `seed`), a
+    /// diffusers folder (`config.json` + `diffusion_pytorch_model.safetensors`)
+    /// or a `.safetensors` file (diffusers or original keys; a `config.json`
+    /// beside it is read). Weights are stored as `dtype`.
+    pub fn open(ctx: &Context, spec: &str, dtype: DType, seed: u64) -> Result<Self> {
+        if let Some(name) = spec.strip_prefix("preset:") {
+            if name != "wan21" {
+                return Err(Error::InvalidInput(format!(
+                    "unknown video preset `{name}` (video presets: wan21)"
+                )));
+            }
+            let store = WeightStore::random(seed);
+            store.set_dtype(dtype);
+            let mut dec = Self::load(ctx, &store, WanConfig::wan21(), true)?;
+            dec.name = format!("wan21 preset (random weights, seed {seed})");
+            return Ok(dec);
+        }
+        let path = Path::new(spec);
+        let (file, config) = if path.is_dir() {
+            let file = path.join("diffusion_pytorch_model.safetensors");
+            if !file.exists() {
+                return Err(bad(
+                    path,
+                    "a diffusers AutoencoderKLWan folder holds `diffusion_pytorch_model.safetensors`; it is not there",
+                ));
+            }
+            (file, Some(path.join("config.json")))
+        } else {
+            let beside = path.with_file_name("config.json");
+            (path.to_path_buf(), beside.exists().then_some(beside))
+        };
+        crate::io::require_regular_file(&file)?;
+        let map = read_wan_weights(&file)?;
+        let has_post_quant = map.contains_key("post_quant_conv.weight");
+        let store = WeightStore::from_map(map, Layout::Diffusers, &file.display().to_string());
+        store.set_dtype(dtype);
+        let config = match config.filter(|c| c.exists()) {
+            Some(c) => WanConfig::from_file(&c)?,
+            None => WanConfig::infer(&store)?,
+        };
+        let mut dec = Self::load(ctx, &store, config, has_post_quant)?;
+        dec.name = format!("Wan 2.1 VAE ({})", file.display());
+        Ok(dec)
+    }
+
+    /// Builds the decoder of `config` from `store` (diffusers key names).
+    pub fn load(
+        ctx: &Context,
+        store: &WeightStore,
+        config: WanConfig,
+        post_quant_conv: bool,
+    ) -> Result<Self> {
+        let cfg = &config;
+        let origin = PathBuf::from(store.origin());
+        let stages = cfg.dim_mult.len();
+        if stages == 0 || cfg.temperal_downsample.len() + 1 != stages || cfg.base_dim == 0 {
+            return Err(bad(
+                &origin,
+                format!(
+                    "a Wan config needs dim_mult of n ≥ 1 stages and n − 1 temperal_downsample flags; got {:?} and {:?}",
+                    cfg.dim_mult, cfg.temperal_downsample
+                ),
+            ));
+        }
+        if cfg.latents_mean.len() != cfg.z_dim || cfg.latents_std.len() != cfg.z_dim {
+            return Err(bad(
+                &origin,
+                format!(
+                    "latents_mean/latents_std have {}/{} values for z_dim {}",
+                    cfg.latents_mean.len(),
+                    cfg.latents_std.len(),
+                    cfg.z_dim
+                ),
+            ));
+        }
+        // dims = base · [mult[-1]] + reversed(mult).
+        let mut dims: Vec<usize> = cfg
+            .dim_mult
+            .iter()
+            .rev()
+            .map(|m| m * cfg.base_dim)
+            .collect();
+        let first = dims.first().copied().unwrap_or(0);
+        dims.insert(0, first);
+        let up_time: Vec<bool> = cfg.temperal_downsample.iter().rev().copied().collect();
+        let (b, z) = Builder::new();
+        let mut g = GraphBuilder {
+            ctx,
+            store,
+            b,
+            slot: 0,
+        };
+        let zc = cfg.z_dim;
+        let mut x = z;
+        if post_quant_conv {
+            let w = load_pointwise(ctx, store, "post_quant_conv", zc, zc, true)?;
+            let w = g.b.weights(w);
+            x = g.b.conv_plain(x, w, Geometry::Same);
+        }
+        x = g.causal(x, "decoder.conv_in", [first, zc, 3, 3], Residual::None)?;
+        x = g.resblock(x, "decoder.mid_block.resnets.0", first, first)?;
+        x = g.attention(x, "decoder.mid_block.attentions.0", first)?;
+        x = g.resblock(x, "decoder.mid_block.resnets.1", first, first)?;
+        let mut t_upscale = 1;
+        let mut width = first;
+        for i in 0..stages {
+            let (Some(&d_in), Some(&d_out)) = (dims.get(i), dims.get(i + 1)) else {
+                return Err(Error::Internal("Wan stage widths".into()));
+            };
+            let mut cin = if i > 0 { d_in / 2 } else { d_in };
+            if cin != width {
+                return Err(Error::Internal(format!(
+                    "Wan stage {i}: {width} channels in, {cin} expected"
+                )));
+            }
+            for j in 0..=cfg.num_res_blocks {
+                x = g.resblock(x, &format!("decoder.up_blocks.{i}.resnets.{j}"), cin, d_out)?;
+                cin = d_out;
+            }
+            width = d_out;
+            if i + 1 == stages {
+                break;
+            }
+            let p = format!("decoder.up_blocks.{i}.upsamplers.0");
+            let up = crate::models::layers::load_conv(
+                ctx,
+                store,
+                &format!("{p}.resample.1"),
+                d_out / 2,
+                d_out,
+                3,
+                true,
+            )?;
+            let up = g.b.weights(up);
+            if up_time.get(i).copied().unwrap_or(false) {
+                let w = load_causal(
+                    ctx,
+                    store,
+                    &format!("{p}.time_conv"),
+                    [2 * d_out, d_out, 3, 1],
+                )?;
+                let w = g.b.causal_weights(w);
+                let slot = g.next_slot();
+                x = g.b.time_upsample(x, w, slot, up);
+                t_upscale *= 2;
+            } else {
+                x = g.b.conv(Conv::new(x, up, Geometry::Upsample));
+            }
+            width = d_out / 2;
+        }
+        x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
+        x = g.causal(x, "decoder.conv_out", [3, width, 3, 3], Residual::None)?;
+        store.finish(&["encoder.", "quant_conv."])?;
+        Ok(WanDecoder {
+            config,
+            name: String::from("Wan 2.1 VAE"),
+            graph: g.b.finish(x, None),
+            t_upscale,
+        })
+    }
+
+    /// Latent channels the decoder takes.
+    pub fn latent_channels(&self) -> usize {
+        self.config.z_dim
+    }
+
+    /// Output frames per latent frame after the first (which gives one).
+    pub fn t_upscale(&self) -> usize {
+        self.t_upscale
+    }
+
+    /// Output frames of `t` latent frames: `1 + t_upscale · (t − 1)`.
+    pub fn frames_out(&self, t: usize) -> usize {
+        if t == 0 {
+            0
+        } else {
+            1 + self.t_upscale * (t - 1)
+        }
+    }
+
+    /// Output pixels per latent pixel along each axis.
+    pub fn upscale(&self) -> usize {
+        1 << (self.config.dim_mult.len().saturating_sub(1))
+    }
+
+    /// Pipeline latents `[N, C, T, h, w]` → the raw z the decoder takes, in
+    /// place: `z = latents · latents_std + latents_mean` per channel.
+    pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
+        let [_, c, t, h, w] = match latents.shape[..] {
+            [n, c, t, h, w] => [n, c, t, h, w],
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "Wan latents are N×C×T×h×w, got shape {:?}",
+                    latents.shape
+                )))
+            }
+        };
+        if c != self.config.z_dim {
+            return Err(Error::InvalidInput(format!(
+                "latents have {c} channels; this Wan VAE takes {} (Wan latents are N×C×T×h×w)",
+                self.config.z_dim
+            )));
+        }
+        let plane = t * h * w;
+        if plane == 0 {
+            return Ok(());
+        }
+        for (i, chunk) in latents.data.chunks_mut(plane).enumerate() {
+            let ch = i % c;
+            let (Some(&s), Some(&m)) = (
+                self.config.latents_std.get(ch),
+                self.config.latents_mean.get(ch),
+            ) else {
+                continue;
+            };
+            chunk.iter_mut().for_each(|v| *v = *v * s + m);
+        }
+        Ok(())
+    }
+
+    /// The decoder's layers (one video, time as the batch dimension).
+    pub(crate) fn graph(&self) -> &Graph {
+        &self.graph
+    }
+}
+
+/// The tensor names in a `.safetensors` header (`None`: unreadable).
+fn header_keys(path: &Path) -> Option<Vec<String>> {
+    use std::io::Read;
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+    if len > 100_000_000 {
+        return None;
+    }
+    let mut bytes = vec![0u8; len];
+    f.read_exact(&mut bytes).ok()?;
+    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
+    Some(v.as_object()?.keys().cloned().collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn original_keys_map_like_the_conversion_script() {
+        let m = |k: &str| original_to_diffusers(k, 3);
+        assert_eq!(m("conv2.weight").as_deref(), Some("post_quant_conv.weight"));
+        assert_eq!(m("conv1.weight"), None);
+        assert_eq!(
+            m("decoder.conv1.bias").as_deref(),
+            Some("decoder.conv_in.bias")
+        );
+        assert_eq!(
+            m("decoder.middle.0.residual.0.gamma").as_deref(),
+            Some("decoder.mid_block.resnets.0.norm1.gamma")
+        );
+        assert_eq!(
+            m("decoder.middle.1.to_qkv.weight").as_deref(),
+            Some("decoder.mid_block.attentions.0.to_qkv.weight")
+        );
+        assert_eq!(
+            m("decoder.middle.2.residual.6.bias").as_deref(),
+            Some("decoder.mid_block.resnets.1.conv2.bias")
+        );
+        assert_eq!(
+            m("decoder.upsamples.5.residual.3.gamma").as_deref(),
+            Some("decoder.up_blocks.1.resnets.1.norm2.gamma")
+        );
+        assert_eq!(
+            m("decoder.upsamples.4.shortcut.weight").as_deref(),
+            Some("decoder.up_blocks.1.resnets.0.conv_shortcut.weight")
+        );
+        assert_eq!(
+            m("decoder.upsamples.7.time_conv.weight").as_deref(),
+            Some("decoder.up_blocks.1.upsamplers.0.time_conv.weight")
+        );
+        assert_eq!(
+            m("decoder.upsamples.11.resample.1.bias").as_deref(),
+            Some("decoder.up_blocks.2.upsamplers.0.resample.1.bias")
+        );
+        assert_eq!(
+            m("decoder.upsamples.14.residual.2.weight").as_deref(),
+            Some("decoder.up_blocks.3.resnets.2.conv1.weight")
+        );
+        assert_eq!(
+            m("decoder.head.0.gamma").as_deref(),
+            Some("decoder.norm_out.gamma")
+        );
+        assert_eq!(
+            m("decoder.head.2.weight").as_deref(),
+            Some("decoder.conv_out.weight")
+        );
+        assert_eq!(m("encoder.conv1.weight"), None);
+    }
+}
