@@ -506,16 +506,55 @@ impl<'a> VideoDecoder<'a> {
 /// `--chunk` default): one, the lowest latency and the smallest memory.
 pub const DEFAULT_CHUNK: usize = 1;
 
-/// Loads the video decoder at `spec` (a TAEHV `.safetensors` file) in
-/// the storage precision `load` asks for.
+/// A loaded video decoder, owned (see [`VideoModel`] for the borrowed view
+/// [`VideoDecoder`] and [`decode_video`] take).
+pub enum VideoVae {
+    /// A TAEHV decoder.
+    Taehv(TaehvDecoder),
+    /// A Wan 2.1 VAE decoder.
+    Wan(WanDecoder),
+}
+
+impl VideoVae {
+    /// The borrowed view the decoders run.
+    pub fn model(&self) -> VideoModel<'_> {
+        match self {
+            VideoVae::Taehv(d) => d.into(),
+            VideoVae::Wan(d) => d.into(),
+        }
+    }
+}
+
+/// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
+/// config is `AutoencoderKLWan`, or a file with Wan keys).
+pub fn is_wan(spec: &str) -> bool {
+    spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec))
+}
+
+/// True when `spec` names a video decoder (TAEHV file or Wan VAE), read from
+/// headers and configs only.
+pub fn is_video_vae(spec: &str) -> bool {
+    let path = std::path::Path::new(spec);
+    (path.is_file() && TaehvDecoder::is_taehv_file(path)) || is_wan(spec)
+}
+
+/// Loads the video decoder at `spec` (a TAEHV `.safetensors` file, a Wan
+/// diffusers folder or file, or `preset:wan21` with weights from
+/// `load.seed`) in the storage precision `load` asks for.
 pub fn load_video_decoder(
     ctx: &Context,
     spec: &str,
     load: &crate::models::LoadOptions,
-) -> Result<TaehvDecoder> {
+) -> Result<VideoVae> {
+    if is_wan(spec) {
+        let dtype = load.precision.resolve(false);
+        return Ok(VideoVae::Wan(WanDecoder::open(
+            ctx, spec, dtype, load.seed,
+        )?));
+    }
     let store = crate::models::WeightStore::from_safetensors(std::path::Path::new(spec))?;
     store.set_dtype(load.precision.resolve(true));
-    TaehvDecoder::load(ctx, &store)
+    Ok(VideoVae::Taehv(TaehvDecoder::load(ctx, &store)?))
 }
 
 /// The shape checks of one video's latents `[T, C, h, w]`.

@@ -5,7 +5,6 @@ use std::path::PathBuf;
 use serde_json::json;
 use wgvae::gpu::Context;
 use wgvae::memory::Policy;
-use wgvae::models::TaehvDecoder;
 use wgvae::tiling::TileMode;
 use wgvae::{DecodeOptions, LoadOptions, Vae};
 
@@ -130,8 +129,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
     let tiling = a.tiles.tiling()?;
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
-    let video = std::path::Path::new(&a.vae);
-    let is_video = (video.is_file() && TaehvDecoder::is_taehv_file(video)) || video::is_wan(&a.vae);
+    let is_video = wgvae::video::is_video_vae(&a.vae);
     if !is_video {
         // Video-only flags on an image VAE.
         let video_only = [

@@ -67,8 +67,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
         ..Default::default()
     };
     let (h, w) = parse_size(&a.size)?;
-    let path = std::path::Path::new(&a.vae);
-    let video = path.is_file() && wgvae::models::TaehvDecoder::is_taehv_file(path);
+    let video = wgvae::video::is_video_vae(&a.vae);
     if !video && (a.frames.is_some() || a.chunk.is_some()) {
         return Err(wgvae::Error::InvalidInput(format!(
             "--frames/--chunk predict a video decode; `{}` is not a video decoder",

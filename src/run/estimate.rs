@@ -228,20 +228,23 @@ impl Estimate<'_> {
             )));
         }
         let null = Context::null(self.caps.clone(), self.policy.new_pool());
-        let dec = crate::video::load_video_decoder(&null, self.vae, self.load)?;
+        let vae = crate::video::load_video_decoder(&null, self.vae, self.load)?;
+        let dec = vae.model();
         let up = dec.upscale();
         if h % up != 0 || w % up != 0 {
             return Err(Error::InvalidInput(format!(
                 "video frame size {h}x{w}: a {} decoder's frames are multiples of {up} pixels (one latent pixel each)",
-                dec.variant_name()
+                dec.name()
             )));
         }
-        let c = dec.latent_channels;
+        let c = dec.latent_channels();
         let latent = [c, h / up, w / up];
         let weights_bytes = null.pool().stats().allocated_bytes.current;
-        let mut stream = crate::VideoDecoder::new(&null, &dec);
-        // The first chunk (no caches yet) and one in the steady state.
-        let mut peaks = [0u64; 2];
+        let mut stream = crate::VideoDecoder::new(&null, dec);
+        // The first chunk (no caches yet), the second (caches filling: Wan's
+        // two-frame caches hold one frame after a one-frame first chunk) and
+        // one in the steady state.
+        let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
         for (i, peak) in peaks.iter_mut().enumerate() {
             let t = if i == 0 { chunk.min(frames) } else { chunk };
@@ -252,15 +255,20 @@ impl Estimate<'_> {
             *peak = stats.allocated_bytes.peak;
             reserved = reserved.max(stats.reserved_bytes.peak);
         }
-        let [first, steady] = peaks;
+        let first = peaks[0];
+        let steady = peaks[1].max(peaks[2]);
         let cache_bytes = stream.cache_bytes();
         let peak = first.max(steady);
         Ok(VideoMemoryEstimate {
             policy: self.policy.name(),
-            model: dec.variant_name().to_string(),
-            dtype: self.load.precision.resolve(true).name(),
+            model: dec.name().to_string(),
+            dtype: self
+                .load
+                .precision
+                .resolve(matches!(vae, crate::video::VideoVae::Taehv(_)))
+                .name(),
             frames,
-            output_frames: crate::VideoDecoder::frames_for(&dec, frames),
+            output_frames: crate::VideoDecoder::frames_for(dec, frames),
             chunk,
             latent_frame: latent.to_vec(),
             frame_shape: vec![3, h, w],

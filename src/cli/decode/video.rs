@@ -16,36 +16,16 @@ use wgvae::frames::LatencySummary;
 use wgvae::gpu::Context;
 use wgvae::io::{HostTensor, NpyStream};
 use wgvae::kernels::image::{cpu_to_rgba8, ImageRange};
-use wgvae::models::{Precision, TaehvDecoder, WanDecoder, WeightStore};
+use wgvae::models::Precision;
 use wgvae::tiling::TileMode;
+use wgvae::video::VideoVae;
 use wgvae::y4m::{FrameRate, Y4mWriter};
-use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout, VideoModel};
+use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
 
 use super::super::outputs::{check_file, write_atomically, Inputs, Staged};
 use super::super::progress::frame_bar;
 use super::super::{device, mib};
 use super::{write_memory_snapshot, DecodeArgs};
-
-/// True when `--vae` names a Wan VAE (preset:wan21, a diffusers folder
-/// whose config is `AutoencoderKLWan`, or a file with Wan keys).
-pub(crate) fn is_wan(vae: &str) -> bool {
-    vae == "preset:wan21" || WanDecoder::is_wan(Path::new(vae))
-}
-
-/// A loaded video decoder the CLI owns.
-enum Loaded {
-    Taehv(TaehvDecoder),
-    Wan(WanDecoder),
-}
-
-impl Loaded {
-    fn model(&self) -> VideoModel<'_> {
-        match self {
-            Loaded::Taehv(d) => d.into(),
-            Loaded::Wan(d) => d.into(),
-        }
-    }
-}
 
 fn bad(path: &Path, message: String) -> Error {
     Error::BadFile {
@@ -251,15 +231,16 @@ pub(crate) fn decode_video(
     if step == 0 {
         return Err(Error::InvalidInput("--chunk must be at least 1".into()));
     }
-    let wan = is_wan(&a.vae);
-    let dtype = precision.resolve(!wan);
-    let loaded = if wan {
-        Loaded::Wan(WanDecoder::open(ctx, &a.vae, dtype, a.seed)?)
-    } else {
-        let store = WeightStore::from_safetensors(Path::new(&a.vae))?;
-        store.set_dtype(dtype);
-        Loaded::Taehv(TaehvDecoder::load(ctx, &store)?)
-    };
+    let loaded = wgvae::video::load_video_decoder(
+        ctx,
+        &a.vae,
+        &wgvae::models::LoadOptions {
+            precision,
+            seed: a.seed,
+            ..Default::default()
+        },
+    )?;
+    let dtype = precision.resolve(matches!(loaded, VideoVae::Taehv(_)));
     let decoder = loaded.model();
     let layout = layout_flag.unwrap_or_else(|| decoder.latent_layout());
     let given = match a
@@ -291,7 +272,7 @@ pub(crate) fn decode_video(
         _ => return Err(Error::Internal("video latents are not 5-D".into())),
     };
     let mut latents = latents;
-    if let (Loaded::Wan(d), false) = (&loaded, a.raw_latents) {
+    if let (VideoVae::Wan(d), false) = (&loaded, a.raw_latents) {
         // N×T×C×h×w read as (N·T)×C×1×h×w: the same per-channel planes.
         latents.shape = vec![n * t, c, 1, h, w];
         d.unnormalize(&mut latents)?;
