@@ -259,6 +259,10 @@ pub struct NpyStream<W: std::io::Write> {
     out: W,
     /// Values still to come.
     left: u64,
+    /// Values the shape holds.
+    total: u64,
+    /// Bytes before the first value.
+    header_len: u64,
     path: PathBuf,
 }
 
@@ -301,9 +305,12 @@ impl<W: std::io::Write> NpyStream<W> {
         out.write_all(b"\x93NUMPY\x01\x00").map_err(io)?;
         out.write_all(&len.to_le_bytes()).map_err(io)?;
         out.write_all(header.as_bytes()).map_err(io)?;
+        let total = shape.iter().map(|&d| d as u64).product();
         Ok(NpyStream {
             out,
-            left: shape.iter().map(|&d| d as u64).product(),
+            left: total,
+            total,
+            header_len: 10 + u64::from(len),
             path: path.to_path_buf(),
         })
     }
@@ -343,6 +350,37 @@ impl<W: std::io::Write> NpyStream<W> {
             source,
         })?;
         Ok(self.out)
+    }
+}
+
+impl<W: std::io::Write + std::io::Seek> NpyStream<W> {
+    /// Writes `values` at flat index `at` of the array (C order), for
+    /// outputs whose values arrive in another order than the array's
+    /// (channels-first video written frame by frame). Not mixed with
+    /// [`NpyStream::write`], which appends where the last write ended.
+    pub fn write_at(&mut self, at: u64, values: &[f32]) -> Result<()> {
+        let n = values.len() as u64;
+        if at.checked_add(n).is_none_or(|end| end > self.total) || n > self.left {
+            return Err(Error::Internal(format!(
+                "{}: values {at}..{} are outside its {} values",
+                self.path.display(),
+                at.saturating_add(n),
+                self.total
+            )));
+        }
+        let io = |source| Error::Io {
+            path: self.path.clone(),
+            source,
+        };
+        self.out
+            .seek(std::io::SeekFrom::Start(self.header_len + at * 4))
+            .map_err(io)?;
+        self.left -= n;
+        let mut bytes = Vec::with_capacity(values.len() * 4);
+        for v in values {
+            bytes.extend_from_slice(&v.to_le_bytes());
+        }
+        self.out.write_all(&bytes).map_err(io)
     }
 }
 
@@ -656,6 +694,26 @@ mod tests {
         one.write(&[1.0, 2.0, 3.0]).unwrap();
         let bytes = one.finish().unwrap();
         assert_eq!(parse_npy(&bytes, &p).unwrap().shape, vec![3]);
+    }
+
+    #[test]
+    fn npy_stream_writes_values_out_of_order() {
+        // Frames [T, C] arrive in time order; the array is [C, T].
+        let p = tmp("stream_at.npy");
+        let (t, c) = (4, 3);
+        let mut s = NpyStream::create(&p, &[c, t]).unwrap();
+        for f in 0..t {
+            for ch in 0..c {
+                s.write_at((ch * t + f) as u64, &[(10 * ch + f) as f32]).unwrap();
+            }
+        }
+        assert!(s.write_at(11, &[0.0, 0.0]).is_err(), "past the end");
+        s.finish().unwrap();
+        let got = read_npy(&p).unwrap();
+        let want: Vec<f32> = (0..c)
+            .flat_map(|ch| (0..t).map(move |f| (10 * ch + f) as f32))
+            .collect();
+        assert_eq!((got.shape, got.data), (vec![c, t], want));
     }
 
     #[test]

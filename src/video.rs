@@ -255,6 +255,9 @@ pub struct VideoDecoder<'a> {
     /// Largest chunk output so far: what each staging slot grows to.
     largest_chunk_bytes: u64,
     pending: Option<Pending>,
+    /// Why an earlier chunk failed after the caches were touched: the
+    /// caches no longer hold the previous frames, so later chunks are refused.
+    broken: Option<String>,
 }
 
 impl<'a> VideoDecoder<'a> {
@@ -272,6 +275,7 @@ impl<'a> VideoDecoder<'a> {
             staging: [None, None],
             largest_chunk_bytes: 0,
             pending: None,
+            broken: None,
         }
     }
 
@@ -304,9 +308,12 @@ impl<'a> VideoDecoder<'a> {
     /// the frames of the chunk submitted before it (`None` for the first),
     /// waiting for them only after this chunk is on the device's queue.
     pub fn push(&mut self, chunk: &HostTensor) -> Result<Option<VideoFrames>> {
-        let next = self.submit(chunk)?;
+        self.check_usable()?;
+        // Bad input is refused before any state changes; the decoder stays usable.
+        self.check_chunk(chunk)?;
+        let next = self.submit(chunk).map_err(|e| self.poison(e))?;
         let done = match self.pending.replace(next) {
-            Some(p) => Some(self.take(p)?),
+            Some(p) => Some(self.take(p).map_err(|e| self.poison(e))?),
             None => None,
         };
         Ok(done)
@@ -314,14 +321,29 @@ impl<'a> VideoDecoder<'a> {
 
     /// The frames of the last pushed chunk (`None` when all were taken).
     pub fn finish(&mut self) -> Result<Option<VideoFrames>> {
+        self.check_usable()?;
         match self.pending.take() {
-            Some(p) => self.take(p).map(Some),
+            Some(p) => self.take(p).map(Some).map_err(|e| self.poison(e)),
             None => Ok(None),
         }
     }
 
-    /// Records and submits `chunk` with the copy of its output into a staging buffer.
-    fn submit(&mut self, chunk: &HostTensor) -> Result<Pending> {
+    fn check_usable(&self) -> Result<()> {
+        match &self.broken {
+            Some(why) => Err(Error::InvalidInput(format!(
+                "this VideoDecoder failed on an earlier chunk ({why}); its causal caches no longer hold the previous frames: start the video again with a new VideoDecoder"
+            ))),
+            None => Ok(()),
+        }
+    }
+
+    fn poison(&mut self, e: Error) -> Error {
+        self.broken = Some(e.to_string());
+        e
+    }
+
+    /// The checks of a chunk against the model and the video's earlier chunks.
+    fn check_chunk(&self, chunk: &HostTensor) -> Result<()> {
         let [t, c, h, w] = match chunk.shape[..] {
             [t, c, h, w] => [t, c, h, w],
             _ => {
@@ -343,6 +365,16 @@ impl<'a> VideoDecoder<'a> {
                 "latents hold {v} at flat index {i}: video latents must be finite"
             )));
         }
+        Ok(())
+    }
+
+    /// Records and submits `chunk` (checked by [`Self::check_chunk`]) with
+    /// the copy of its output into a staging buffer.
+    fn submit(&mut self, chunk: &HostTensor) -> Result<Pending> {
+        let [t, c, h, w] = match chunk.shape[..] {
+            [t, c, h, w] => [t, c, h, w],
+            _ => return Err(Error::Internal("an unchecked video chunk".into())),
+        };
         self.frame = Some([c, h, w]);
         let slot = self.submitted % 2;
         let null = self.ctx.is_null();
@@ -447,13 +479,14 @@ impl<'a> VideoDecoder<'a> {
                 let Some((buffer, _)) = self.staging.get(p.slot).and_then(Option::as_ref) else {
                     return Err(Error::Internal("video staging buffer missing".into()));
                 };
-                let view = buffer
+                // Unmapped on every path, so the slot stays usable for a copy.
+                let read = buffer
                     .slice(..p.bytes)
                     .get_mapped_range()
-                    .map_err(|e| Error::Readback(e.to_string()))?;
-                let mut v = crate::tensor::f32_from_bytes_of(p.dtype, &view)?;
-                drop(view);
+                    .map_err(|e| Error::Readback(e.to_string()))
+                    .and_then(|view| crate::tensor::f32_from_bytes_of(p.dtype, &view));
                 buffer.unmap();
+                let mut v = read?;
                 v.truncate(frames * channels * oh * ow);
                 v
             }
@@ -484,7 +517,7 @@ impl<'a> VideoDecoder<'a> {
     /// − frames_to_trim`; Wan: `1 + 4 (t − 1)`).
     pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
         match decoder.into() {
-            VideoModel::Taehv(d) => (d.t_upscale * t).saturating_sub(d.frames_to_trim()),
+            VideoModel::Taehv(d) => d.t_upscale.saturating_mul(t).saturating_sub(d.frames_to_trim()),
             VideoModel::Wan(d) => d.frames_out(t),
         }
     }

@@ -339,7 +339,8 @@ pub fn parse_y4m(bytes: &[u8]) -> Result<Y4mInfo> {
     }
     let (mut width, mut height, mut rate, mut chroma) = (0, 0, None, Chroma::C420Jpeg);
     for tag in tags {
-        let (k, v) = tag.split_at(tag.len().min(1));
+        // A tag's first character is its key (a non-ASCII one is no known key).
+        let (k, v) = tag.split_at_checked(1).unwrap_or(("", tag));
         match k {
             "W" => width = v.parse().map_err(|_| bad(format!("width `{v}`")))?,
             "H" => height = v.parse().map_err(|_| bad(format!("height `{v}`")))?,
@@ -351,9 +352,13 @@ pub fn parse_y4m(bytes: &[u8]) -> Result<Y4mInfo> {
         }
     }
     let rate = rate.ok_or_else(|| bad("no frame rate".into()))?;
+    let pixels: usize = width
+        .checked_mul(height)
+        .filter(|&p| p <= bytes.len())
+        .ok_or_else(|| bad(format!("a {width}×{height} frame is larger than the file")))?;
     let frame = match chroma {
-        Chroma::C444 => 3 * width * height,
-        Chroma::C420Jpeg => width * height + 2 * (width / 2) * (height / 2),
+        Chroma::C444 => 3 * pixels,
+        Chroma::C420Jpeg => pixels + 2 * (width / 2) * (height / 2),
     };
     let mut at = end + 1;
     let mut frames = 0;

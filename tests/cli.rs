@@ -1873,6 +1873,19 @@ fn video_latent_shapes_are_clear_errors() {
     let out = tmp("image.y4m");
     let (ok, err, _) = decode(&video, &taef2, &["--video-out", out.to_str().unwrap()]);
     assert!(!ok && err.contains("video decoders"), "{err}");
+    // Image-only flags on a video decoder are refused, not ignored.
+    for flag in [
+        &["--max-memory", "1G"][..],
+        &["--scaling-factor", "0.5"],
+        &["--shift-factor", "0.1"],
+        &["--profile"],
+    ] {
+        let (ok, err, _) = decode(&transposed, &vae, flag);
+        assert!(
+            !ok && err.contains(flag[0]) && err.contains("image VAEs"),
+            "{flag:?}: {err}"
+        );
+    }
     // The override decodes the transposed latents as the golden.
     let (ok, err, raw) = decode(&transposed, &vae, &["--layout", "ncthw"]);
     assert!(ok, "{err}");

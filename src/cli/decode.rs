@@ -155,6 +155,24 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
             ));
         }
     }
+    if is_video {
+        // Image-only flags on a video decoder: refused rather than ignored.
+        let image_only = [
+            ("--config", a.config.is_some()),
+            ("--scaling-factor", a.scaling_factor.is_some()),
+            ("--shift-factor", a.shift_factor.is_some()),
+            ("--profile", a.profile),
+            ("--max-memory", a.tiles.max_memory.is_some()),
+            ("--max-host-memory", a.tiles.max_host_memory.is_some()),
+            ("--tile-mid-block", a.tiles.tile_mid_block),
+        ];
+        if let Some((flag, _)) = image_only.iter().find(|(_, given)| *given) {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "{flag} applies to image VAEs; `{}` is a video decoder, which streams in constant memory (`wgvae memory --vae {} --size HxW --frames T` predicts it; Wan pipeline latents are un-normalised with the VAE's own config, --raw-latents skips that)",
+                a.vae, a.vae
+            )));
+        }
+    }
     let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
     if is_video {
         return decode_video(&ctx, a, &inputs, precision);

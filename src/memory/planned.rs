@@ -87,8 +87,8 @@ pub fn plan_greedy(trace: &AllocationTrace, align: u64, max_arena: u64) -> Resul
     let mut by_size: Vec<usize> = (0..sizes.len()).collect();
     by_size.sort_by(|&a, &b| sizes[b].cmp(&sizes[a]).then(a.cmp(&b)));
     let by_start: Vec<usize> = (0..sizes.len()).collect();
-    let (mut arenas, mut placements) = place_greedy(trace, &sizes, &by_size, max_arena);
-    let (arenas2, placements2) = place_greedy(trace, &sizes, &by_start, max_arena);
+    let (mut arenas, mut placements) = place_greedy(trace, &sizes, &by_size, max_arena)?;
+    let (arenas2, placements2) = place_greedy(trace, &sizes, &by_start, max_arena)?;
     // Ties keep largest-first, the order whose plans the figures were measured with.
     if arenas2.iter().sum::<u64>() < arenas.iter().sum::<u64>() {
         (arenas, placements) = (arenas2, placements2);
@@ -126,7 +126,7 @@ fn place_greedy(
     sizes: &[u64],
     order: &[usize],
     max_arena: u64,
-) -> (Vec<u64>, Vec<(usize, u64)>) {
+) -> Result<(Vec<u64>, Vec<(usize, u64)>)> {
     let mut placements: Vec<Option<(usize, u64)>> = vec![None; sizes.len()];
     let mut arena_ends: Vec<u64> = Vec::new();
     let alive_together = |a: &TraceEntry, b: &TraceEntry| a.start < b.end && b.start < a.end;
@@ -172,9 +172,12 @@ fn place_greedy(
         arena_ends[placed.0] = arena_ends[placed.0].max(placed.1 + size);
         placements[i] = Some(placed);
     }
-    // Every index is in `order` exactly once.
-    let placements = placements.into_iter().flatten().collect();
-    (arena_ends, placements)
+    // Every index is in `order` exactly once; a gap would misplace every later tensor.
+    let placements = placements
+        .into_iter()
+        .collect::<Option<Vec<_>>>()
+        .ok_or_else(|| Error::Internal("a traced tensor was left unplaced".into()))?;
+    Ok((arena_ends, placements))
 }
 
 #[derive(Default)]

@@ -152,21 +152,9 @@ impl TaehvDecoder {
     /// the video path before loading weights. Any unreadable file is `false`
     /// (the image loader then says what is wrong with it).
     pub fn is_taehv_file(path: &std::path::Path) -> bool {
-        use std::io::Read;
-        let header = || -> Option<serde_json::Value> {
-            let mut f = std::fs::File::open(path).ok()?;
-            let mut len = [0u8; 8];
-            f.read_exact(&mut len).ok()?;
-            let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
-            // safetensors caps headers at 100 MB.
-            if len > 100_000_000 {
-                return None;
-            }
-            let mut bytes = vec![0u8; len];
-            f.read_exact(&mut bytes).ok()?;
-            serde_json::from_slice(&bytes).ok()
+        let Some(header) = super::weights::safetensors_header(path) else {
+            return false;
         };
-        let Some(header) = header() else { return false };
         ["decoder.", ""].iter().any(|p| {
             let width = header
                 .get(format!("{p}1.weight"))

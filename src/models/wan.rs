@@ -524,8 +524,7 @@ impl WanDecoder {
     pub fn is_wan(path: &Path) -> bool {
         let dir_config = path.join("config.json");
         if path.is_dir() {
-            return std::fs::read_to_string(&dir_config)
-                .is_ok_and(|t| t.contains("\"AutoencoderKLWan\""));
+            return is_wan_config(&dir_config);
         }
         header_keys(path).is_some_and(|keys| {
             keys.iter().any(|k| {
@@ -571,7 +570,9 @@ impl WanDecoder {
         let has_post_quant = map.contains_key("post_quant_conv.weight");
         let store = WeightStore::from_map(map, Layout::Diffusers, &file.display().to_string());
         store.set_dtype(dtype);
-        let config = match config.filter(|c| c.exists()) {
+        // A config.json beside a single file may belong to another model
+        // (a ComfyUI `models/vae/` folder): only a Wan one is used.
+        let config = match config.filter(|c| is_wan_config(c)) {
             Some(c) => WanConfig::from_file(&c)?,
             None => WanConfig::infer(&store)?,
         };
@@ -711,7 +712,7 @@ impl WanDecoder {
         if t == 0 {
             0
         } else {
-            1 + self.t_upscale * (t - 1)
+            1usize.saturating_add(self.t_upscale.saturating_mul(t - 1))
         }
     }
 
@@ -761,20 +762,15 @@ impl WanDecoder {
     }
 }
 
+/// True when `path` is a diffusers config of an `AutoencoderKLWan`.
+fn is_wan_config(path: &Path) -> bool {
+    std::fs::read_to_string(path).is_ok_and(|t| t.contains("\"AutoencoderKLWan\""))
+}
+
 /// The tensor names in a `.safetensors` header (`None`: unreadable).
 fn header_keys(path: &Path) -> Option<Vec<String>> {
-    use std::io::Read;
-    let mut f = std::fs::File::open(path).ok()?;
-    let mut len = [0u8; 8];
-    f.read_exact(&mut len).ok()?;
-    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
-    if len > 100_000_000 {
-        return None;
-    }
-    let mut bytes = vec![0u8; len];
-    f.read_exact(&mut bytes).ok()?;
-    let v: serde_json::Value = serde_json::from_slice(&bytes).ok()?;
-    Some(v.as_object()?.keys().cloned().collect())
+    let header = super::weights::safetensors_header(path)?;
+    Some(header.as_object()?.keys().cloned().collect())
 }
 
 #[cfg(test)]

@@ -69,6 +69,28 @@ fn bad(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
+/// The JSON header of a `.safetensors` file, read without its tensors (a
+/// front end tells models apart before loading weights); `None` when the
+/// file is unreadable or no safetensors file (the loader then says why).
+pub(crate) fn safetensors_header(path: &Path) -> Option<serde_json::Value> {
+    use std::io::Read;
+    // A FIFO or device would block the read: regular files only.
+    if !path.is_file() {
+        return None;
+    }
+    let mut f = std::fs::File::open(path).ok()?;
+    let mut len = [0u8; 8];
+    f.read_exact(&mut len).ok()?;
+    let len = usize::try_from(u64::from_le_bytes(len)).ok()?;
+    // safetensors caps headers at 100 MB.
+    if len > 100_000_000 {
+        return None;
+    }
+    let mut bytes = vec![0u8; len];
+    f.read_exact(&mut bytes).ok()?;
+    serde_json::from_slice(&bytes).ok()
+}
+
 /// Maps an LDM key (prefix already stripped) to its diffusers name.
 /// `up_blocks` is the number of decoder up blocks (LDM numbers them in reverse).
 pub fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {

@@ -77,7 +77,7 @@ fn zeros(shape: [usize; 4]) -> Result<HostTensor> {
         Some(b) if b <= limit => {
             HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])
         }
-        _ => Err(Error::InvalidInput(format!(
+        _ => Err(Error::OverBudget(format!(
             "an input of shape {shape:?} ({}) does not fit this host's available memory ({:.1} GiB); a run of that size needs it in host memory, so no estimate is made",
             bytes.map_or("over 2^64 bytes".to_string(), |b| format!("{:.1} GiB of f32", b as f64 / (1u64 << 30) as f64)),
             limit as f64 / (1u64 << 30) as f64
@@ -201,15 +201,19 @@ pub struct VideoMemoryEstimate {
     pub peak_allocated_bytes: u64,
     /// Peak reserved of the whole decode, any T.
     pub peak_reserved_bytes: u64,
-    /// Always true: streaming holds only the caches between chunks.
+    /// Always true: streaming holds only the caches between chunks, so the
+    /// peak does not grow with T (videos of fewer than three chunks peak lower).
     pub independent_of_frames: bool,
 }
 
+/// Most latent frames a video estimate takes (frame counts stay far from overflow).
+pub const MAX_VIDEO_FRAMES: usize = 1 << 24;
+
 impl Estimate<'_> {
     /// Peaks of streaming a video of `frames` latent frames, `chunk` at a
-    /// time, into frames of `size` `(H, W)` pixels: the first chunk and one
-    /// steady-state chunk run on a null device (every later chunk repeats
-    /// the second's allocations). Untiled (video decodes are).
+    /// time, into frames of `size` `(H, W)` pixels: the first three chunks
+    /// (those the video has) run on a null device; every later chunk repeats
+    /// the steady state's allocations. Untiled (video decodes are).
     pub fn video(
         &self,
         size: (usize, usize),
@@ -217,9 +221,9 @@ impl Estimate<'_> {
         chunk: usize,
     ) -> Result<VideoMemoryEstimate> {
         let (h, w) = size;
-        if frames == 0 || chunk == 0 {
+        if frames == 0 || chunk == 0 || frames > MAX_VIDEO_FRAMES {
             return Err(Error::InvalidInput(format!(
-                "a video needs at least one latent frame and chunks of at least one (got {frames} frames, chunks of {chunk})"
+                "a video needs 1 to {MAX_VIDEO_FRAMES} latent frames and chunks of at least one (got {frames} frames, chunks of {chunk})"
             )));
         }
         if h == 0 || w == 0 {
@@ -241,13 +245,18 @@ impl Estimate<'_> {
         let latent = [c, h / up, w / up];
         let weights_bytes = null.pool().stats().allocated_bytes.current;
         let mut stream = crate::VideoDecoder::new(&null, dec);
-        // The first chunk (no caches yet), the second (caches filling: Wan's
-        // two-frame caches hold one frame after a one-frame first chunk) and
-        // one in the steady state.
+        // The first chunk (no caches yet, Wan's first frame skips its time
+        // convs) and up to two more, as long as the video has frames for
+        // them: the second may still differ from the steady state.
         let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
-        for (i, peak) in peaks.iter_mut().enumerate() {
-            let t = if i == 0 { chunk.min(frames) } else { chunk };
+        let mut left = frames;
+        for peak in peaks.iter_mut() {
+            if left == 0 {
+                break;
+            }
+            let t = chunk.min(left);
+            left -= t;
             let z = zeros([t, latent[0], latent[1], latent[2]])?;
             null.pool().reset_peak_stats();
             stream.decode(&z)?;

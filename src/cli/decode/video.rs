@@ -6,8 +6,8 @@
 //! `N×T'×3×H×W` before the clamp, as taehv.py; Wan: `N×3×T'×H×W` after its
 //! [−1, 1] clamp, as diffusers). Wan pipeline latents are un-normalised
 //! unless --raw-latents. Memory stays constant in the video's length on the
-//! host as on the device (except Wan's --save-raw, which holds one video's
-//! frames to write them channels-first).
+//! host as on the device (Wan's channels-first --save-raw writes each
+//! frame's planes at their offsets in the file).
 
 use std::path::{Path, PathBuf};
 
@@ -147,8 +147,18 @@ struct Sinks {
     latency_ms: Vec<f64>,
     bar: Option<indicatif::ProgressBar>,
     range: ImageRange,
-    /// `--save-raw` is channels-first (Wan): one video's frames wait here.
-    raw_video: Option<Vec<f32>>,
+    /// `--save-raw` is channels-first (Wan `[N, 3, T', H, W]`): where the
+    /// next frame's planes go.
+    channels_first: Option<PlaneCursor>,
+}
+
+/// The next frame of a channels-first raw output: each of its three planes
+/// is written where it belongs, so nothing waits on the host.
+struct PlaneCursor {
+    frames_per_video: usize,
+    plane: usize,
+    video: usize,
+    frame: usize,
 }
 
 impl Sinks {
@@ -171,8 +181,14 @@ impl Sinks {
             if let Some((_, y4m)) = &mut self.y4m {
                 y4m.write_frame(frame)?;
             }
-            match (&mut self.raw_video, &mut self.npy) {
-                (Some(held), Some(_)) => held.extend_from_slice(frame),
+            match (&mut self.channels_first, &mut self.npy) {
+                (Some(at), Some((_, npy))) => {
+                    for (ch, plane) in frame.chunks_exact(at.plane).enumerate() {
+                        let i = ((at.video * 3 + ch) * at.frames_per_video + at.frame) * at.plane;
+                        npy.write_at(i as u64, plane)?;
+                    }
+                    at.frame += 1;
+                }
                 (None, Some((_, npy))) => npy.write(frame)?,
                 _ => {}
             }
@@ -184,21 +200,12 @@ impl Sinks {
         Ok(())
     }
 
-    /// Ends one video: its held raw frames `[T', 3, H, W]` go to the
-    /// `.npy` as `[3, T', H, W]`.
-    fn end_video(&mut self, plane: usize) -> wgvae::Result<()> {
-        let (Some(held), Some((_, npy))) = (&mut self.raw_video, &mut self.npy) else {
-            return Ok(());
-        };
-        let frames = held.len() / (3 * plane).max(1);
-        for ch in 0..3 {
-            for f in 0..frames {
-                let at = (f * 3 + ch) * plane;
-                npy.write(held.get(at..at + plane).unwrap_or_default())?;
-            }
+    /// Ends one video: a channels-first raw output moves to the next one.
+    fn end_video(&mut self) {
+        if let Some(at) = &mut self.channels_first {
+            at.video += 1;
+            at.frame = 0;
         }
-        held.clear();
-        Ok(())
     }
 }
 
@@ -294,14 +301,19 @@ pub(crate) fn decode_video(
         latency_ms: Vec::with_capacity(n * per_video),
         bar: frame_bar(a.json, n * per_video),
         range: decoder.range(),
-        raw_video: None,
+        channels_first: None,
     };
     // The raw output: one file for the batch, N×T'×3×H×W as taehv.py returns
     // it, or N×3×T'×H×W as diffusers' Wan decode does.
     if let Some(p) = &a.save_raw {
         let staged = Staged::new(p);
         let shape = if decoder.channels_first() {
-            sinks.raw_video = Some(Vec::new());
+            sinks.channels_first = Some(PlaneCursor {
+                frames_per_video: per_video,
+                plane: height * width,
+                video: 0,
+                frame: 0,
+            });
             [n, 3, per_video, height, width]
         } else {
             [n, per_video, 3, height, width]
@@ -351,7 +363,7 @@ pub(crate) fn decode_video(
         if let Some(got) = stream.finish()? {
             sinks.take(&got, dir.as_deref())?;
         }
-        sinks.end_video(height * width)?;
+        sinks.end_video();
         if let Some((staged, y4m)) = sinks.y4m.take() {
             y4m.finish()?;
             staged.commit()?;

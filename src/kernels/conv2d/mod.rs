@@ -384,6 +384,10 @@ fn plan(call: &Conv2dCall, frames: Option<Frames>) -> Result<Plan> {
         if pro.affine.dtype() != DType::F32 {
             return shape_err(format!("prologue affine {:?} must be f32", pro.affine));
         }
+        // The shader reads the affine by input image, not by frame count.
+        if frames.is_some() {
+            return shape_err("a prologue with frame offsets is not supported".into());
+        }
     }
     if let Some(r) = residual {
         if r.overlaps(out) && r.dtype() != out.dtype() {
