@@ -704,7 +704,8 @@ mod tests {
         let mut s = NpyStream::create(&p, &[c, t]).unwrap();
         for f in 0..t {
             for ch in 0..c {
-                s.write_at((ch * t + f) as u64, &[(10 * ch + f) as f32]).unwrap();
+                s.write_at((ch * t + f) as u64, &[(10 * ch + f) as f32])
+                    .unwrap();
             }
         }
         assert!(s.write_at(11, &[0.0, 0.0]).is_err(), "past the end");

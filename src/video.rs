@@ -371,7 +371,7 @@ impl<'a> VideoDecoder<'a> {
     /// Records and submits `chunk` (checked by [`Self::check_chunk`]) with
     /// the copy of its output into a staging buffer.
     fn submit(&mut self, chunk: &HostTensor) -> Result<Pending> {
-        let [t, c, h, w] = match chunk.shape[..] {
+        let [_, c, h, w] = match chunk.shape[..] {
             [t, c, h, w] => [t, c, h, w],
             _ => return Err(Error::Internal("an unchecked video chunk".into())),
         };
@@ -517,7 +517,10 @@ impl<'a> VideoDecoder<'a> {
     /// − frames_to_trim`; Wan: `1 + 4 (t − 1)`).
     pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
         match decoder.into() {
-            VideoModel::Taehv(d) => d.t_upscale.saturating_mul(t).saturating_sub(d.frames_to_trim()),
+            VideoModel::Taehv(d) => d
+                .t_upscale
+                .saturating_mul(t)
+                .saturating_sub(d.frames_to_trim()),
             VideoModel::Wan(d) => d.frames_out(t),
         }
     }

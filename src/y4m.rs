@@ -337,7 +337,7 @@ pub fn parse_y4m(bytes: &[u8]) -> Result<Y4mInfo> {
     if tags.next() != Some("YUV4MPEG2") {
         return Err(bad("no YUV4MPEG2 signature".into()));
     }
-    let (mut width, mut height, mut rate, mut chroma) = (0, 0, None, Chroma::C420Jpeg);
+    let (mut width, mut height, mut rate, mut chroma) = (0usize, 0usize, None, Chroma::C420Jpeg);
     for tag in tags {
         // A tag's first character is its key (a non-ASCII one is no known key).
         let (k, v) = tag.split_at_checked(1).unwrap_or(("", tag));

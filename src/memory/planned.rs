@@ -119,6 +119,9 @@ pub fn plan_greedy(trace: &AllocationTrace, align: u64, max_arena: u64) -> Resul
     })
 }
 
+/// Arena sizes and each trace entry's `(arena, offset)`.
+type Placed = (Vec<u64>, Vec<(usize, u64)>);
+
 /// Places every tensor in `order`; returns the arena sizes and each entry's
 /// `(arena, offset)`. Every size is at most `max_arena` (checked by the caller).
 fn place_greedy(
@@ -126,7 +129,7 @@ fn place_greedy(
     sizes: &[u64],
     order: &[usize],
     max_arena: u64,
-) -> Result<(Vec<u64>, Vec<(usize, u64)>)> {
+) -> Result<Placed> {
     let mut placements: Vec<Option<(usize, u64)>> = vec![None; sizes.len()];
     let mut arena_ends: Vec<u64> = Vec::new();
     let alive_together = |a: &TraceEntry, b: &TraceEntry| a.start < b.end && b.start < a.end;
