@@ -89,6 +89,7 @@ impl WanConfig {
     /// A diffusers `config.json` of an `AutoencoderKLWan` (Wan 2.1 only:
     /// `is_residual` and `patch_size` models are Wan 2.2's and refused).
     pub fn from_file(path: &Path) -> Result<Self> {
+        crate::io::require_regular_file(path)?;
         let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
             path: path.to_path_buf(),
             source,
@@ -764,7 +765,9 @@ impl WanDecoder {
 
 /// True when `path` is a diffusers config of an `AutoencoderKLWan`.
 fn is_wan_config(path: &Path) -> bool {
-    std::fs::read_to_string(path).is_ok_and(|t| t.contains("\"AutoencoderKLWan\""))
+    // A FIFO would block the read (the loader then names it).
+    path.is_file()
+        && std::fs::read_to_string(path).is_ok_and(|t| t.contains("\"AutoencoderKLWan\""))
 }
 
 /// The tensor names in a `.safetensors` header (`None`: unreadable).
