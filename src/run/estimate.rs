@@ -223,7 +223,7 @@ impl Estimate<'_> {
         let (h, w) = size;
         if frames == 0 || chunk == 0 || frames > MAX_VIDEO_FRAMES {
             return Err(Error::InvalidInput(format!(
-                "a video needs 1 to {MAX_VIDEO_FRAMES} latent frames and chunks of at least one (got {frames} frames, chunks of {chunk})"
+                "a video needs at least one latent frame (at most {MAX_VIDEO_FRAMES}) and chunks of at least one (got {frames} frames, chunks of {chunk})"
             )));
         }
         if h == 0 || w == 0 {
