@@ -63,6 +63,15 @@ fn bad(path: &Path, message: impl Into<String>) -> Error {
     }
 }
 
+/// The text of the regular file at `path` (a config), with the path in errors.
+pub(crate) fn read_text_file(path: &Path) -> Result<String> {
+    require_regular_file(path)?;
+    std::fs::read_to_string(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
+}
+
 /// Fails unless `path` is a regular file: reading a FIFO or a device would
 /// block or never end.
 pub(crate) fn require_regular_file(path: &Path) -> Result<()> {

@@ -125,11 +125,7 @@ impl AutoencoderKlConfig {
 
     /// Reads a diffusers `config.json`.
     pub fn from_file(path: &Path) -> Result<Self> {
-        crate::io::require_regular_file(path)?;
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::io::read_text_file(path)?;
         Self::from_json(&text, path)
     }
 

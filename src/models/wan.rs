@@ -89,11 +89,7 @@ impl WanConfig {
     /// A diffusers `config.json` of an `AutoencoderKLWan` (Wan 2.1 only:
     /// `is_residual` and `patch_size` models are Wan 2.2's and refused).
     pub fn from_file(path: &Path) -> Result<Self> {
-        crate::io::require_regular_file(path)?;
-        let text = std::fs::read_to_string(path).map_err(|source| Error::Io {
-            path: path.to_path_buf(),
-            source,
-        })?;
+        let text = crate::io::read_text_file(path)?;
         let v: serde_json::Value = serde_json::from_str(&text)
             .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
         let class = v.get("_class_name").and_then(|c| c.as_str());
