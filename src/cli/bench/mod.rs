@@ -5,6 +5,7 @@ mod attention;
 mod cold_start;
 mod decode;
 mod frames;
+mod video;
 
 use clap::Subcommand;
 
@@ -42,6 +43,9 @@ pub(crate) enum BenchKind {
     /// Streamed frame decoding (batched chunks, double-buffered RGBA8 readback) against a
     /// one-frame-at-a-time loop: frames/s, per-frame latency mean / P99 / max, peak memory.
     Frames(frames::FramesBenchArgs),
+    /// A video VAE (TAEHV, Wan 2.1) streamed chunk by chunk: frames/s, latency per latent
+    /// chunk (mean / P50 / P99 / max) and peak memory against the video's length.
+    Video(video::VideoBenchArgs),
     /// Attention: a VGGT-shaped frame sweep and a LongLive-shaped streaming benchmark.
     Attention {
         #[command(subcommand)]
@@ -54,6 +58,7 @@ pub(crate) fn run(adapter: &Option<String>, which: &BenchKind) -> wgvae::Result<
         BenchKind::Decode(a) => decode::run(adapter, a),
         BenchKind::ColdStart(a) => cold_start::run(adapter, a),
         BenchKind::Frames(a) => frames::run(adapter, a),
+        BenchKind::Video(a) => video::run(adapter, a),
         BenchKind::Attention { which } => attention::run(adapter, which),
     }
 }

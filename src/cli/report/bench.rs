@@ -290,8 +290,7 @@ pub fn describe_tiling(t: &wgvae::tiling::TilingReport) -> String {
 
 /// The CSV columns of a [`BenchRow`]: one table, so the header and the
 /// values cannot drift apart.
-#[allow(clippy::type_complexity)]
-const CSV_COLUMNS: &[(&str, fn(&BenchRow) -> String)] = &[
+const CSV_COLUMNS: &[Column<BenchRow>] = &[
     ("size", |r| r.size.to_string()),
     ("dtype", |r| r.dtype.to_string()),
     ("tiling", |r| r.tiling.clone()),
@@ -313,13 +312,22 @@ const CSV_COLUMNS: &[(&str, fn(&BenchRow) -> String)] = &[
     ("status", |r| format!("\"{}\"", r.status.replace('"', "'"))),
 ];
 
-/// `decode.csv`: the metadata as `# ` lines, a header, one line per row.
-pub fn decode_csv(rows: &[BenchRow], meta: &Metadata) -> String {
-    let header: Vec<&str> = CSV_COLUMNS.iter().map(|c| c.0).collect();
+/// A CSV column: its header name and how a row's value is written.
+pub(crate) type Column<R> = (&'static str, fn(&R) -> String);
+
+/// A CSV file of `rows` under `columns` (each a header name and its value),
+/// the metadata first as `# ` lines: one table, so header and values agree.
+pub(crate) fn columns_csv<R>(meta: &Metadata, columns: &[Column<R>], rows: &[R]) -> String {
+    let header: Vec<&str> = columns.iter().map(|c| c.0).collect();
     meta.csv(&(header.join(",") + "\n"), rows, |r| {
-        let values: Vec<String> = CSV_COLUMNS.iter().map(|c| (c.1)(r)).collect();
+        let values: Vec<String> = columns.iter().map(|c| (c.1)(r)).collect();
         values.join(",") + "\n"
     })
+}
+
+/// `decode.csv`: the metadata as `# ` lines, a header, one line per row.
+pub fn decode_csv(rows: &[BenchRow], meta: &Metadata) -> String {
+    columns_csv(meta, CSV_COLUMNS, rows)
 }
 
 /// Writes `decode.csv`, `decode.md`, `decode_time.svg`, `decode_memory.svg` into `out`.

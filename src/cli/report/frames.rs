@@ -369,7 +369,7 @@ pub fn run_frames_bench(
 
 /// CPU time of this process's threads (Linux): the sum of
 /// `/proc/self/task/*/schedstat` run times (lavapipe's threads persist).
-fn process_cpu_seconds() -> Option<f64> {
+pub(crate) fn process_cpu_seconds() -> Option<f64> {
     let mut ns = 0u64;
     for task in std::fs::read_dir("/proc/self/task").ok()? {
         let path = task.ok()?.path().join("schedstat");
@@ -381,12 +381,12 @@ fn process_cpu_seconds() -> Option<f64> {
 }
 
 /// Process CPU milliseconds per frame since `start` (none off Linux).
-fn cpu_ms_since(start: Option<f64>, frames: usize) -> Option<f64> {
+pub(crate) fn cpu_ms_since(start: Option<f64>, frames: usize) -> Option<f64> {
     Some((process_cpu_seconds()? - start?) * 1e3 / frames as f64)
 }
 
 /// Median of `v` (NaN when empty); sorts `v`.
-fn median(v: &mut [f64]) -> f64 {
+pub(crate) fn median(v: &mut [f64]) -> f64 {
     v.sort_by(f64::total_cmp);
     match v.len() {
         0 => f64::NAN,

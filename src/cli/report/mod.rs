@@ -6,6 +6,7 @@ pub(crate) mod bench;
 mod chart;
 pub(crate) mod frames;
 pub(crate) mod memory;
+pub(crate) mod video;
 
 use std::path::{Path, PathBuf};
 
