@@ -1940,3 +1940,74 @@ fn memory_of_a_video_decoder_streams() {
         assert!(!ok && err.contains(says), "{args:?}: {err}");
     }
 }
+
+/// `bench video` on the tiny Wan VAE: a row per video length with the frame
+/// counts, consistent figures, peak memory that does not grow with the
+/// length, every chunk's latency, and both charts.
+#[test]
+fn bench_video_writes_a_row_per_length() {
+    let Some(shared) = shared_dir() else { return };
+    let wan = shared.join("golden/wan21-tiny");
+    let dir = tmp("bench-video");
+    let (ok, out, err) = wgvae(&[
+        "bench",
+        "video",
+        "--vae",
+        wan.to_str().unwrap(),
+        "--size",
+        "8",
+        "--latent-frames",
+        "2,3",
+        "--runs",
+        "1",
+        "--warmup",
+        "0",
+        "--out",
+        dir.to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let rows = csv_rows(&dir.join("video.csv"));
+    assert_eq!(rows.len(), 2, "{rows:?}");
+    for (r, (t, frames)) in rows.iter().zip([("2", "5"), ("3", "9")]) {
+        assert_eq!(
+            (
+                &*r["latent_frames"],
+                &*r["frames"],
+                &*r["width"],
+                &*r["chunk"],
+                &*r["status"]
+            ),
+            (t, frames, "8", "1", "\"ok\""),
+            "{r:?}"
+        );
+        let f = |k: &str| r[k].parse::<f64>().unwrap();
+        let fps = f("frames") * 1e3 / f("median_total_ms");
+        assert!((f("frames_per_s") / fps - 1.0).abs() < 0.01, "{r:?}");
+        assert!(
+            f("chunk_latency_p50_ms") <= f("chunk_latency_p99_ms")
+                && f("chunk_latency_p99_ms") <= f("chunk_latency_max_ms"),
+            "{r:?}"
+        );
+        assert!(
+            f("peak_allocated_mib") > 0.0 && f("cache_mib") > 0.0,
+            "{r:?}"
+        );
+    }
+    // Streaming: a longer video needs no more memory.
+    let peak = |i: usize| rows[i]["peak_allocated_mib"].parse::<f64>().unwrap();
+    assert!(peak(1) <= peak(0) * 1.01, "{rows:?}");
+    let latencies = std::fs::read_to_string(dir.join("video_latency.csv")).unwrap();
+    assert_eq!(
+        latencies.lines().filter(|l| !l.starts_with('#')).count(),
+        1 + 2 + 3
+    );
+    let md = std::fs::read_to_string(dir.join("video.md")).unwrap();
+    assert!(
+        md.contains("adapter: ") && md.contains("| P50 ms |"),
+        "{md}"
+    );
+    for svg in ["video_memory.svg", "video_throughput.svg"] {
+        assert!(dir.join(svg).exists(), "{svg}");
+    }
+    assert!(out.contains("frames/s"), "{out}");
+}
