@@ -11,7 +11,7 @@ use clap::Subcommand;
 
 use crate::cli::report::bench::Timing;
 
-/// Warm-up runs, timed runs and memory policy of the decode and frames benchmarks.
+/// Warm-up runs, timed runs and memory policy of the decode, frames and video benchmarks.
 #[derive(clap::Args)]
 pub(crate) struct TimingArgs {
     #[arg(long, default_value_t = 1)]
