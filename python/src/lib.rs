@@ -1,7 +1,8 @@
 //! `wgvae._wgvae`: the native half of the `wgvae` Python package.
 //!
 //! It wraps the library's front doors only (`Vae::load`, `decode`, `encode`,
-//! `decode::Estimate`, `Context::adapters`). Arrays cross as little-endian
+//! `decode::Estimate`, `Context::adapters`; video: `load_video_decoder`,
+//! `decode_video`, `VideoDecoder`). Arrays cross as little-endian
 //! f32 `bytes` plus a shape: the pure-Python layer (`python/wgvae/__init__.py`)
 //! turns numpy arrays, `__array__` objects and DLPack tensors into them, which
 //! keeps the extension free of numpy's C API (one abi3 wheel for every
@@ -24,11 +25,13 @@ use wgvae::models::Precision;
 use wgvae::tiling::{TileMode, Tiling};
 use wgvae::{DecodeOptions, Error, LoadOptions, Vae};
 
+mod video;
+
 /// The Python exception for a library error, carrying its message:
 /// ValueError for bad input, MemoryError for a budget or device memory that
 /// cannot hold the run, FileNotFoundError / OSError for the file system,
 /// RuntimeError for device failures and bugs.
-fn to_py_err(e: Error) -> PyErr {
+pub(crate) fn to_py_err(e: Error) -> PyErr {
     let msg = e.to_string();
     match e {
         Error::InvalidInput(_)
@@ -53,12 +56,12 @@ fn to_py_err(e: Error) -> PyErr {
     }
 }
 
-fn value_err(msg: impl Into<String>) -> PyErr {
+pub(crate) fn value_err(msg: impl Into<String>) -> PyErr {
     PyValueError::new_err(msg.into())
 }
 
 /// `None` | index | name substring → the adapter choice.
-fn adapter_choice(adapter: Option<&Bound<'_, PyAny>>) -> PyResult<AdapterChoice> {
+pub(crate) fn adapter_choice(adapter: Option<&Bound<'_, PyAny>>) -> PyResult<AdapterChoice> {
     let Some(a) = adapter else {
         return Ok(AdapterChoice::Auto);
     };
@@ -77,7 +80,7 @@ fn adapter_choice(adapter: Option<&Bound<'_, PyAny>>) -> PyResult<AdapterChoice>
 }
 
 /// f32 values from little-endian bytes, checked against `shape`.
-fn host_tensor(data: &[u8], shape: Vec<usize>) -> PyResult<HostTensor> {
+pub(crate) fn host_tensor(data: &[u8], shape: Vec<usize>) -> PyResult<HostTensor> {
     if !data.len().is_multiple_of(4) {
         return Err(value_err(format!(
             "{} bytes are not a whole number of float32 values",
@@ -97,7 +100,9 @@ fn tiling(tile: &str, tile_size: Option<usize>, max_memory: Option<u64>) -> PyRe
     })
 }
 
-/// Every adapter wgpu sees: index, name, backend, device type, driver, shader_f16.
+/// Every adapter wgpu sees: index, name, backend, device type, driver,
+/// shader_f16, PCI vendor and device ids and the PCI bus id (`""` where the
+/// backend does not report it; Vulkan's `VK_EXT_pci_bus_info`).
 #[pyfunction]
 fn adapters(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
     let found: Vec<_> = py.detach(|| {
@@ -116,6 +121,9 @@ fn adapters(py: Python<'_>) -> PyResult<Bound<'_, PyList>> {
         d.set_item("driver", info.driver)?;
         d.set_item("driver_info", info.driver_info)?;
         d.set_item("shader_f16", f16)?;
+        d.set_item("vendor_id", info.vendor)?;
+        d.set_item("device_id", info.device)?;
+        d.set_item("pci_bus_id", info.device_pci_bus_id)?;
         list.append(d)?;
     }
     Ok(list)
@@ -381,6 +389,9 @@ impl PrecisionName for Precision {
 fn _wgvae(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_function(wrap_pyfunction!(adapters, m)?)?;
     m.add_class::<Model>()?;
+    m.add_class::<video::VideoModelPy>()?;
+    m.add_class::<video::VideoStream>()?;
+    m.add_function(wrap_pyfunction!(video::is_video_vae, m)?)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

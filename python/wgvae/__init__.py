@@ -23,7 +23,7 @@ import numpy as np
 from . import _wgvae
 
 __version__: str = _wgvae.__version__
-__all__ = ["Vae", "adapters", "__version__"]
+__all__ = ["Vae", "VideoStream", "adapters", "__version__"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -36,7 +36,9 @@ _UNITS = {
 
 def adapters() -> List[Dict[str, Any]]:
     """Every adapter wgpu sees: index, name, backend, device_type, driver,
-    driver_info, shader_f16 (the order ``Vae(adapter=index)`` uses)."""
+    driver_info, shader_f16, vendor_id, device_id and pci_bus_id (e.g.
+    ``"0000:01:00.0"``; ``""`` where the backend does not report it), in the
+    order ``Vae(adapter=index)`` uses."""
     return list(_wgvae.adapters())
 
 
@@ -95,6 +97,12 @@ class Vae:
     ``max_memory``: the default peak device memory of a run (bytes or e.g.
     ``"2GiB"``), weights included. ``encoder``: the encoder's weights when they
     live elsewhere (TAE ``encoder.safetensors``); default ``path_or_preset``.
+
+    Video VAEs load through the same class (``is_video`` is then True): a
+    TAEHV ``.safetensors`` (taew2_1, taew2_2…), a Wan 2.1 VAE (diffusers
+    folder or file) or ``preset:wan21``. They decode with
+    :meth:`decode_video` (whole clips) and :meth:`stream` (chunk by chunk);
+    ``decode``, ``encode`` and ``memory`` are for image VAEs.
     """
 
     def __init__(
@@ -107,6 +115,14 @@ class Vae:
         encoder: Union[str, "os.PathLike[str]", None] = None,
     ) -> None:
         spec = _path(path_or_preset)
+        self._video = _wgvae.is_video_vae(spec)
+        if self._video:
+            if max_memory is not None or encoder is not None:
+                raise ValueError(
+                    f"{spec!r} is a video VAE: it decodes untiled and has no encoder (no max_memory / encoder)"
+                )
+            self._model = _wgvae.VideoModel(spec, dtype, policy, adapter)
+            return
         self._model = _wgvae.Model(
             spec,
             dtype,
@@ -122,12 +138,23 @@ class Vae:
         return self._model.name
 
     @property
+    def is_video(self) -> bool:
+        """True for a video VAE (TAEHV, Wan): use :meth:`decode_video` / :meth:`stream`."""
+        return self._video
+
+    @property
+    def layout(self) -> Optional[str]:
+        """The latent layout a video VAE takes: ``"ntchw"`` (TAEHV) or
+        ``"ncthw"`` (Wan, diffusers); None for an image VAE."""
+        return self._model.layout if self._video else None
+
+    @property
     def latent_channels(self) -> int:
         return self._model.latent_channels
 
     @property
     def upscale(self) -> int:
-        """Output pixels per latent along each axis (8)."""
+        """Output pixels per latent along each axis (8; 16 for taew2_2)."""
         return self._model.upscale
 
     @property
@@ -169,6 +196,7 @@ class Vae:
         output (diffusers' ``vae.decode(...).sample``). A C×h×w input gives
         one image without the batch axis.
         """
+        self._image_only("decode", "decode_video")
         if output not in ("uint8", "float"):
             raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
         a = _as_array(latents, "latents")
@@ -210,6 +238,7 @@ class Vae:
         N×3×H×W (or 3×H×W) in [-1, 1], as diffusers' image processor hands
         them to ``vae.encode``. H and W must be multiples of 8.
         """
+        self._image_only("encode", None)
         a = _as_array(images, "images")
         if a.dtype == np.uint8:
             single = a.ndim == 3
@@ -255,11 +284,159 @@ class Vae:
         """Predicted memory of decoding to (or, with ``encode``, encoding) a
         ``size`` = (H, W) image batch on this model's device: the dict
         ``wgvae memory --json`` prints (a dry run; nothing is allocated)."""
+        self._image_only("memory", None)
         h, w = size
         text = self._model.memory(
             int(h), int(w), int(batch), dtype, bool(encode), tile, tile_size, _bytes(max_memory, "max_memory")
         )
         return json.loads(text)
+
+
+    def _image_only(self, what: str, instead: Optional[str]) -> None:
+        if self._video:
+            hint = f": use {instead}() or stream()" if instead else ""
+            raise ValueError(f"{self.name} is a video VAE: {what}() is for image VAEs{hint}")
+
+    def _video_only(self, what: str) -> None:
+        if not self._video:
+            raise ValueError(f"{self.name} is an image VAE: {what}() is for video VAEs (TAEHV, Wan); use decode()")
+
+    def _video_layout(self, layout: Optional[str]) -> str:
+        if layout is None:
+            return self._model.layout
+        if not isinstance(layout, str) or layout.lower() not in ("ntchw", "ncthw"):
+            raise ValueError(
+                f"layout {layout!r}: expected 'ntchw' (N×T×C×h×w, TAEHV) or 'ncthw' (N×C×T×h×w, diffusers/Wan)"
+            )
+        return layout.lower()
+
+    def frames_for(self, latent_frames: int) -> int:
+        """Frames a video of ``latent_frames`` latent frames decodes to
+        (TAEHV: ``4 T - 3`` for taew2_1; Wan: ``1 + 4 (T - 1)``)."""
+        self._video_only("frames_for")
+        return self._model.frames_for(int(latent_frames))
+
+    def decode_video(
+        self,
+        latents: Any,
+        layout: Optional[str] = None,
+        output: str = "uint8",
+        raw_latents: bool = False,
+    ) -> np.ndarray:
+        """Decodes a batch of videos whole.
+
+        ``latents``: 5-D, N×T×C×h×w for TAEHV and N×C×T×h×w for Wan (the
+        model's :attr:`layout`; ``layout="ntchw"`` / ``"ncthw"`` overrides),
+        or 4-D for one video without the batch axis. Wan latents are pipeline
+        latents (``z = latents * latents_std + latents_mean``) unless
+        ``raw_latents`` (diffusers' ``AutoencoderKLWan.decode`` input).
+        ``output="float"``: float32 as the CLI's ``--save-raw`` writes it:
+        TAEHV N×T'×3×H×W before its [0, 1] clamp (taehv.py's
+        ``decode_video``), Wan N×3×T'×H×W clamped to [-1, 1] (diffusers);
+        ``output="uint8"``: N×T'×H×W×3 frames (the CLI's PNG frames).
+        A 4-D input gives one video without the batch axis.
+        """
+        self._video_only("decode_video")
+        if output not in ("uint8", "float"):
+            raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
+        layout = self._video_layout(layout)
+        a = _as_array(latents, "latents")
+        single = a.ndim == 4
+        if single:
+            a = a[None]
+        if a.ndim != 5:
+            raise ValueError(
+                f"latents: video latents are 5-D ({_DESCRIBE[layout]}) or 4-D for one video, "
+                f"got shape {tuple(a.shape)}"
+            )
+        if layout != self._model.layout:
+            a = a.transpose(0, 2, 1, 3, 4)
+        a = _f32(a, "latents")
+        data, shape = self._model.decode(a.tobytes(), list(a.shape), bool(raw_latents), output == "uint8")
+        dtype = np.uint8 if output == "uint8" else "<f4"
+        out = np.frombuffer(data, dtype=dtype).reshape(shape)
+        return out[0] if single else out
+
+    def stream(
+        self, layout: Optional[str] = None, output: str = "uint8", raw_latents: bool = False
+    ) -> "VideoStream":
+        """A streaming decode of one video: ``push(chunk)`` latent chunks in
+        order (each returns the frames ready so far), then ``finish()``. The
+        frames equal :meth:`decode_video`'s up to float rounding, with memory
+        that does not grow with the video's length. ``layout``, ``output``
+        and ``raw_latents`` as :meth:`decode_video`."""
+        self._video_only("stream")
+        if output not in ("uint8", "float"):
+            raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
+        layout = self._video_layout(layout)
+        native = self._model.stream(bool(raw_latents), output == "uint8")
+        return VideoStream(native, layout, self._model.layout, output, self.upscale)
+
+
+_DESCRIBE = {"ntchw": "N×T×C×h×w", "ncthw": "N×C×T×h×w"}
+
+
+class VideoStream:
+    """One video decoded chunk by chunk (from :meth:`Vae.stream`).
+
+    ``push(chunk)``: the next latent frames of the video, T×C×h×w (layout
+    ``ntchw``) or C×T×h×w (``ncthw``), or 5-D with N = 1. It submits the
+    chunk and returns the frames of the chunk before it (the device decodes
+    this one meanwhile), possibly none. ``finish()`` returns the rest. Each
+    returned array has the layout :meth:`Vae.decode_video` gives for one
+    video (float: T'×3×H×W for TAEHV, 3×T'×H×W for Wan; uint8 T'×H×W×3),
+    with a batch axis of 1 when the chunks had one; joining them along the
+    frame axis gives the whole clip. After an error the stream is unusable
+    (the causal caches no longer hold the previous frames).
+    """
+
+    def __init__(self, native: Any, layout: str, model_layout: str, output: str, upscale: int) -> None:
+        self._native = native
+        self._layout = layout
+        self._model_layout = model_layout
+        self._output = output
+        self._upscale = upscale
+        self._batched: Optional[bool] = None
+        self._size: Optional[Tuple[int, int]] = None
+        self.frames_out = 0
+        """Frames returned so far."""
+
+    def push(self, chunk: Any) -> np.ndarray:
+        a = _as_array(chunk, "chunk")
+        batched = a.ndim == 5
+        if batched:
+            if a.shape[0] != 1:
+                raise ValueError(f"chunk: a stream decodes one video: N must be 1, got shape {tuple(a.shape)}")
+            a = a[0]
+        if a.ndim != 4:
+            raise ValueError(
+                f"chunk: expected {_DESCRIBE[self._layout][2:]} latent frames of one video "
+                f"(or 5-D with N = 1), got shape {tuple(a.shape)}"
+            )
+        if self._layout == "ncthw":
+            a = a.transpose(1, 0, 2, 3)
+        a = _f32(a, "chunk")
+        got = self._native.push(a.tobytes(), list(a.shape))
+        if self._batched is None:
+            self._batched = batched
+            self._size = (a.shape[2] * self._upscale, a.shape[3] * self._upscale)
+        return self._frames(got)
+
+    def finish(self) -> np.ndarray:
+        return self._frames(self._native.finish())
+
+    def _frames(self, got: Any) -> np.ndarray:
+        if got is None:
+            h, w = self._size or (0, 0)
+            shape = [0, h, w, 3] if self._output == "uint8" else [0, 3, h, w]
+            out = np.zeros(shape, np.uint8 if self._output == "uint8" else np.float32)
+        else:
+            data, shape, _first = got
+            out = np.frombuffer(data, dtype=np.uint8 if self._output == "uint8" else "<f4").reshape(shape)
+        self.frames_out += out.shape[0]
+        if self._output == "float" and self._model_layout == "ncthw":
+            out = out.transpose(1, 0, 2, 3)  # Wan: 3×T'×H×W as diffusers
+        return out[None] if self._batched else out
 
 
 def _path(p: Any) -> str:

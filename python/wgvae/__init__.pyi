@@ -10,7 +10,8 @@ _Bytes = Union[int, str, None]
 _Path = Union[str, "os.PathLike[str]"]
 
 def adapters() -> List[Dict[str, Any]]:
-    """Every adapter wgpu sees: index, name, backend, device_type, driver, driver_info, shader_f16."""
+    """Every adapter wgpu sees: index, name, backend, device_type, driver, driver_info, shader_f16,
+    vendor_id, device_id, pci_bus_id ("0000:01:00.0"; "" where the backend does not report it)."""
 
 class Vae:
     def __init__(
@@ -34,6 +35,24 @@ class Vae:
     def device(self) -> str: ...
     @property
     def random_weights(self) -> bool: ...
+    @property
+    def is_video(self) -> bool:
+        """True for a video VAE (TAEHV file, Wan 2.1 VAE, preset:wan21)."""
+    @property
+    def layout(self) -> Optional[str]:
+        """"ntchw" (TAEHV) or "ncthw" (Wan) for a video VAE; None for an image VAE."""
+    def frames_for(self, latent_frames: int) -> int: ...
+    def decode_video(
+        self,
+        latents: Any,
+        layout: Optional[str] = None,
+        output: str = "uint8",
+        raw_latents: bool = False,
+    ) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """uint8 N×T'×H×W×3, or float32 TAEHV N×T'×3×H×W (raw) / Wan N×3×T'×H×W (clamped); 4-D in, no N out."""
+    def stream(
+        self, layout: Optional[str] = None, output: str = "uint8", raw_latents: bool = False
+    ) -> VideoStream: ...
     def decode(
         self,
         latents: Any,
@@ -65,3 +84,10 @@ class Vae:
         max_memory: _Bytes = None,
     ) -> Dict[str, Any]:
         """The dict `wgvae memory --json` prints for the same arguments."""
+
+class VideoStream:
+    frames_out: int
+    def push(self, chunk: Any) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The frames ready after this chunk (of the chunk before it; possibly none)."""
+    def finish(self) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
+        """The remaining frames."""
