@@ -586,6 +586,47 @@ mod tests {
     use crate::models::graph::Builder;
     use crate::testing::{dtype_contexts, rand_vec};
 
+    /// A ring's logical frames map to stored runs, wrapping once.
+    #[test]
+    fn ring_runs_wrap() {
+        assert_eq!(ring_runs(0, 2, 0, 2), [(0, 0, 2), (0, 2, 0)]);
+        assert_eq!(ring_runs(1, 2, 0, 2), [(1, 0, 1), (0, 1, 1)]);
+        assert_eq!(ring_runs(1, 2, 1, 1), [(0, 0, 1), (0, 1, 0)]);
+        assert_eq!(ring_runs(0, 2, 1, 0), [(1, 0, 0), (0, 0, 0)]);
+    }
+
+    /// After a time grow the graph runs frame by frame (taps off) with the
+    /// output of the whole chunk recorded at once (taps on), across chunks.
+    #[test]
+    fn frames_after_a_time_grow_match_the_whole_chunk() {
+        let (mut b, x) = Builder::new();
+        let grown = b.time_grow(x, 2);
+        let past = b.time_shift(grown, 0);
+        let g = b.finish(past, None);
+        let [c, h, w] = [2, 3, 5];
+        let frame = 2 * c * h * w;
+        for (ctx, dtype) in dtype_contexts() {
+            let all = rand_vec(4 * frame, 5, 1.0);
+            let mut outs = Vec::new();
+            for mut taps in [Taps::default(), Taps::enabled()] {
+                let mut state = VideoState::default();
+                let mut got = Vec::new();
+                for (t0, t1) in [(0, 3), (3, 4)] {
+                    let mut rec = Recorder::new(&ctx);
+                    let data = &all[t0 * frame..t1 * frame];
+                    let shape = [t1 - t0, 2 * c, h, w];
+                    let x = Tensor::from_f32_as(&ctx, &shape, data, dtype, "x").unwrap();
+                    let y = run_video(&g, &mut rec, x, &mut taps, &mut state).unwrap();
+                    assert_eq!(y.shape(), [2 * (t1 - t0), c, h, w]);
+                    rec.submit().unwrap();
+                    got.extend(y.to_f32(&ctx).unwrap());
+                }
+                outs.push(got);
+            }
+            assert_eq!(outs[0], outs[1], "{dtype:?}");
+        }
+    }
+
     /// Time shift over two chunks of odd frame sizes equals the CPU shift of
     /// the whole sequence (zeros before the first frame), in every dtype.
     #[test]
