@@ -632,13 +632,13 @@ fn wan_streaming_memory_is_flat_in_video_length() {
 }
 
 /// `preset:wan21` streaming 480×832 in bf16 on the reference GPU: the
-/// predicted peak (2.76 GiB: weights 146 MiB, causal caches 1.80 GiB,
-/// activations 0.88 GiB) is a quarter of PyTorch's 10.1 GB for 81 frames and
-/// does not grow from 81 to 161 frames (a dry run, no decode). Issue #16's
-/// target is 2.5 GiB: running the stages after the time up-sampling one
-/// frame at a time would cut the activations about 4x; not done yet.
+/// predicted peak (2.20 GiB: weights 146 MiB, causal caches 1.80 GiB,
+/// activations 0.30 GiB; the stages after each time up-sampling run one
+/// frame at a time) is under issue #16's 2.5 GiB, against PyTorch's 10.1 GB
+/// for 81 frames, and does not grow from 81 to 161 frames (a dry run, no
+/// decode).
 #[test]
-fn wan21_preset_480p_estimate_is_flat_and_under_2_8_gib() {
+fn wan21_preset_480p_estimate_is_flat_and_under_2_5_gib() {
     let caps = wgvae::gpu::Capabilities::reference_gpu();
     let load = LoadOptions {
         precision: wgvae::models::Precision::BF16,
@@ -665,7 +665,8 @@ fn wan21_preset_480p_estimate_is_flat_and_under_2_8_gib() {
             e.staging_bytes as f64 / 1048576.0,
         );
         assert_eq!(e.output_frames, 4 * frames - 3);
-        assert!(e.peak_reserved_bytes <= 2867 << 20, "{e:?}");
+        assert!(e.peak_reserved_bytes <= 2560 << 20, "{e:?}");
+        assert!(e.peak_allocated_bytes <= 2560 << 20, "{e:?}");
         peaks.push((e.peak_allocated_bytes, e.peak_reserved_bytes));
     }
     assert_eq!(peaks[0], peaks[1]);

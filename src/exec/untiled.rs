@@ -18,17 +18,25 @@ use crate::models::graph::{CausalWeights, Geometry, Graph, Mode, Op, Residual, T
 use crate::models::layers::{conv, conv_add, conv_as, dims4, identity_affine, Taps};
 use crate::tensor::{DType, Tensor};
 
-/// The cache slots of a video graph's [`Op::TimeShift`]s, kept between
-/// calls (chunks of one video): one frame `[1, C, H, W]` each, from the pool.
+/// The cache slots of a video graph's time ops, kept between calls
+/// (chunks of one video), from the pool.
 #[derive(Default)]
 pub(crate) struct VideoState {
-    caches: Vec<Option<Tensor>>,
+    caches: Vec<Option<Cache>>,
+}
+
+/// One cache slot: `[kt − 1, C, H, W]` frames used as a ring (the oldest
+/// at `start`), so a chunk shorter than the history overwrites the oldest
+/// frames in place instead of copying the cache into a new tensor.
+struct Cache {
+    frames: Tensor,
+    start: usize,
 }
 
 impl VideoState {
     /// Cache tensors held.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
-        self.caches.iter().flatten()
+        self.caches.iter().flatten().map(|c| &c.frames)
     }
 }
 
@@ -44,6 +52,14 @@ pub(crate) fn run(
 
 /// [`run`] with the time caches of `state` (a video graph's chunk: the
 /// batch dimension is time).
+///
+/// Every op is per frame except the time ops, which are causal, so the
+/// graph after an op that grows time ([`Op::TimeUpsample`],
+/// [`Op::TimeGrow`]) runs one of its frames at a time, each through the
+/// caches as the whole chunk would (same kernels, same sums: identical
+/// output) with the activations of one frame instead of all. A split
+/// needs the grown tensor to be the only one alive; taps (named whole
+/// tensors) record the chunk whole.
 pub(crate) fn run_video(
     graph: &Graph,
     rec: &mut Recorder,
@@ -54,185 +70,279 @@ pub(crate) fn run_video(
     let n = dims4(&input)?[0];
     let mut slots: Vec<Option<Tensor>> = (0..graph.tensors()).map(|_| None).collect();
     slots[graph.input().0] = Some(input);
-    for (i, op) in graph.ops().iter().enumerate() {
-        let out = match op {
-            Op::Identity { channels } => Some(identity_affine(rec, n, *channels)?),
-            Op::Map { x, f } => {
-                let x = take(&mut slots, *x)?;
-                unary(rec, *f, &x, &x)?;
-                Some(x)
-            }
-            Op::Stats { x, norm } => Some(graph.norm(*norm).affine(rec, get(&slots, *x)?)?),
-            Op::TimeShift { x, cache } => Some(time_shift(rec, get(&slots, *x)?, *cache, state)?),
-            Op::TimeGrow { x, stride } => {
-                let x = take(&mut slots, *x)?;
-                let [t, c, h, w] = dims4(&x)?;
-                if *stride == 0 || c % stride != 0 {
-                    return Err(Error::Internal(format!(
-                        "time stride {stride} does not divide {c} channels"
-                    )));
-                }
-                Some(x.reshape(&[t * stride, c / stride, h, w])?)
-            }
-            Op::Conv(c) => {
-                let w = graph.conv(c.w);
-                let opts = c.geometry.options(w.k());
-                let residual = match c.residual {
-                    Residual::None => None,
-                    Residual::InPlace(r) => Some(take(&mut slots, r)?),
-                    Residual::Shortcut(s, sc) => Some(conv(
-                        rec,
-                        get(&slots, s)?,
-                        graph.conv(sc),
-                        None,
-                        &Conv2dOptions::same(1),
-                    )?),
-                };
-                let prologue = match c.prologue {
-                    Some((a, act)) => Some(Prologue {
-                        affine: get(&slots, a)?,
-                        act,
-                    }),
-                    None => None,
-                };
-                let x = get(&slots, c.x)?;
-                let y = match residual {
-                    None => conv(rec, x, w, prologue, &opts)?,
-                    Some(r) => conv_add(rec, x, w, prologue, r, &opts)?,
-                };
-                if let Some(f) = c.epilogue {
-                    unary(rec, f, &y, &y)?;
-                }
-                Some(y)
-            }
-            Op::Attention {
-                x,
-                affine,
-                q,
-                k,
-                v,
-                out,
-            } => {
-                let x = take(&mut slots, *x)?;
-                let a = get(&slots, *affine)?;
-                let [n, c, h, w] = dims4(&x)?;
-                let same1 = Conv2dOptions::same(1);
-                let pro = || {
-                    Some(Prologue {
-                        affine: a,
-                        act: Activation::None,
-                    })
-                };
-                // The attention kernel reads f32 q, k, v (softmax inputs stay f32).
-                let f32 = DType::F32;
-                let q = conv_as(rec, &x, graph.conv(*q), pro(), &same1, f32)?;
-                let k = conv_as(rec, &x, graph.conv(*k), pro(), &same1, f32)?;
-                let v = conv_as(rec, &x, graph.conv(*v), pro(), &same1, f32)?;
-                let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
-                let tokens = [n, c, h * w];
-                attention(
-                    rec,
-                    &q.reshape(&tokens)?,
-                    &k.reshape(&tokens)?,
-                    &v.reshape(&tokens)?,
-                    1.0 / (c as f32).sqrt(),
-                    &o.reshape(&tokens)?,
-                )?;
-                drop((q, k, v));
-                Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
-            }
-            Op::RmsNorm { x, norm, silu } => {
-                let x = get(&slots, *x)?;
-                let out = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "rms norm")?;
-                rms_norm(rec, x, graph.rms(*norm), *silu, &out)?;
-                Some(out)
-            }
-            Op::CausalConv {
-                x,
-                w,
-                cache,
-                residual,
-            } => {
-                let residual = match residual {
-                    Residual::None => None,
-                    Residual::InPlace(r) => Some(take(&mut slots, *r)?),
-                    Residual::Shortcut(s, sc) => Some(conv(
-                        rec,
-                        get(&slots, *s)?,
-                        graph.conv(*sc),
-                        None,
-                        &Conv2dOptions::same(1),
-                    )?),
-                };
-                let x = get(&slots, *x)?;
-                let t = dims4(x)?[0];
-                let w = graph.causal(*w);
-                Some(causal_conv(rec, x, (0, t), w, residual, *cache, state)?)
-            }
-            Op::TimeUpsample { x, w, cache, up } => {
-                let x = get(&slots, *x)?;
-                Some(time_upsample(
-                    rec,
-                    x,
-                    graph.causal(*w),
-                    graph.conv(*up),
-                    *cache,
-                    state,
-                )?)
-            }
-            Op::FrameAttention {
-                x,
-                normed,
-                q,
-                k,
-                v,
-                out,
-            } => {
-                let x = take(&mut slots, *x)?;
-                let normed = get(&slots, *normed)?;
-                let [n, c, h, w] = dims4(&x)?;
-                let same1 = Conv2dOptions::same(1);
-                let f32 = DType::F32;
-                let q = conv_as(rec, normed, graph.conv(*q), None, &same1, f32)?;
-                let k = conv_as(rec, normed, graph.conv(*k), None, &same1, f32)?;
-                let v = conv_as(rec, normed, graph.conv(*v), None, &same1, f32)?;
-                let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
-                let tokens = [n, c, h * w];
-                attention(
-                    rec,
-                    &q.reshape(&tokens)?,
-                    &k.reshape(&tokens)?,
-                    &v.reshape(&tokens)?,
-                    1.0 / (c as f32).sqrt(),
-                    &o.reshape(&tokens)?,
-                )?;
-                drop((q, k, v));
-                Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
-            }
-            Op::Tap { x, name, activated } => {
-                let x = get(&slots, *x)?;
-                match activated {
-                    None => taps.tap(rec, name, x)?,
-                    Some((a, act)) if taps.is_enabled() => {
-                        // Never materialised in a normal run; built for the check.
-                        let t = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), name)?;
-                        let a = get(&slots, *a)?;
-                        crate::kernels::group_norm::group_norm_apply(rec, x, a, *act, &t)?;
-                        taps.tap(rec, name, &t)?;
-                    }
-                    Some(_) => {}
-                }
-                None
-            }
-        };
-        if let (Some(t), Some(id)) = (out, graph.out(i)) {
-            slots[id.0] = Some(t);
+    let split = !taps.is_enabled();
+    run_from(graph, rec, slots, (0, n), split, taps, state)
+}
+
+/// Runs ops `start..` on `slots` (`n` frames); see [`run_video`].
+fn run_from(
+    graph: &Graph,
+    rec: &mut Recorder,
+    mut slots: Vec<Option<Tensor>>,
+    (start, n): (usize, usize),
+    split: bool,
+    taps: &mut Taps,
+    state: &mut VideoState,
+) -> Result<Tensor> {
+    let ops = graph.ops();
+    for i in start..ops.len() {
+        step(graph, rec, &mut slots, i, n, taps, state)?;
+        let grows = matches!(ops[i], Op::TimeUpsample { .. } | Op::TimeGrow { .. });
+        let Some(id) = graph.out(i) else { continue };
+        if !split || !grows || i + 1 == ops.len() {
+            continue;
         }
-        for t in graph.frees(Mode::Untiled, i) {
-            slots[t.0] = None;
+        let alone = slots
+            .iter()
+            .enumerate()
+            .all(|(j, t)| j == id.0 || t.is_none());
+        let frames = dims4(get(&slots, id)?)?[0];
+        if !alone || frames < 2 {
+            continue;
         }
+        let grown = take(&mut slots, id)?;
+        let mut outs = Vec::with_capacity(frames);
+        let mut grown = Some(grown);
+        for f in 0..frames {
+            let Some(g) = grown.as_ref() else { break };
+            let frame = frame_of(rec, g, f)?;
+            if f + 1 == frames {
+                grown = None;
+            }
+            let mut one: Vec<Option<Tensor>> = (0..graph.tensors()).map(|_| None).collect();
+            one[id.0] = Some(frame);
+            outs.push(run_from(graph, rec, one, (i + 1, 1), split, taps, state)?);
+        }
+        return concat_frames(rec, outs);
     }
     take(&mut slots, graph.output())
+}
+
+/// Frame `f` of `x` [T, C, H, W] copied into its own `[1, C, H, W]`.
+fn frame_of(rec: &mut Recorder, x: &Tensor, f: usize) -> Result<Tensor> {
+    let [_, c, h, w] = dims4(x)?;
+    let one = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "one frame")?;
+    let ((rows, frame), (dst, _)) = (frame_rows(x)?, frame_rows(&one)?);
+    copy_window(rec, &rows, (f, 0), &dst, (0, 0), (1, frame))?;
+    Ok(one)
+}
+
+/// `parts` (each [Tᵢ, C, H, W]) one after another in time.
+fn concat_frames(rec: &mut Recorder, parts: Vec<Tensor>) -> Result<Tensor> {
+    let Some(first) = parts.first() else {
+        return Err(Error::Internal("no frames to join".into()));
+    };
+    let [_, c, h, w] = dims4(first)?;
+    let mut total = 0;
+    for p in &parts {
+        let [t, pc, ph, pw] = dims4(p)?;
+        if [pc, ph, pw] != [c, h, w] {
+            return Err(Error::Internal(format!(
+                "frames of {pc}×{ph}×{pw} joined to {c}×{h}×{w}"
+            )));
+        }
+        total += t;
+    }
+    let out = Tensor::empty(rec.ctx(), &[total, c, h, w], first.dtype(), "frames")?;
+    let (rows, frame) = frame_rows(&out)?;
+    let mut at = 0;
+    for p in parts {
+        let t = dims4(&p)?[0];
+        let (src, _) = frame_rows(&p)?;
+        copy_window(rec, &src, (0, 0), &rows, (at, 0), (t, frame))?;
+        at += t;
+    }
+    Ok(out)
+}
+
+/// Records op `i` of `graph` on `slots` (`n` frames), then its frees.
+fn step(
+    graph: &Graph,
+    rec: &mut Recorder,
+    slots: &mut [Option<Tensor>],
+    i: usize,
+    n: usize,
+    taps: &mut Taps,
+    state: &mut VideoState,
+) -> Result<()> {
+    let op = &graph.ops()[i];
+    let out = match op {
+        Op::Identity { channels } => Some(identity_affine(rec, n, *channels)?),
+        Op::Map { x, f } => {
+            let x = take(slots, *x)?;
+            unary(rec, *f, &x, &x)?;
+            Some(x)
+        }
+        Op::Stats { x, norm } => Some(graph.norm(*norm).affine(rec, get(slots, *x)?)?),
+        Op::TimeShift { x, cache } => Some(time_shift(rec, get(slots, *x)?, *cache, state)?),
+        Op::TimeGrow { x, stride } => {
+            let x = take(slots, *x)?;
+            let [t, c, h, w] = dims4(&x)?;
+            if *stride == 0 || c % stride != 0 {
+                return Err(Error::Internal(format!(
+                    "time stride {stride} does not divide {c} channels"
+                )));
+            }
+            Some(x.reshape(&[t * stride, c / stride, h, w])?)
+        }
+        Op::Conv(c) => {
+            let w = graph.conv(c.w);
+            let opts = c.geometry.options(w.k());
+            let residual = match c.residual {
+                Residual::None => None,
+                Residual::InPlace(r) => Some(take(slots, r)?),
+                Residual::Shortcut(s, sc) => Some(conv(
+                    rec,
+                    get(slots, s)?,
+                    graph.conv(sc),
+                    None,
+                    &Conv2dOptions::same(1),
+                )?),
+            };
+            let prologue = match c.prologue {
+                Some((a, act)) => Some(Prologue {
+                    affine: get(slots, a)?,
+                    act,
+                }),
+                None => None,
+            };
+            let x = get(slots, c.x)?;
+            let y = match residual {
+                None => conv(rec, x, w, prologue, &opts)?,
+                Some(r) => conv_add(rec, x, w, prologue, r, &opts)?,
+            };
+            if let Some(f) = c.epilogue {
+                unary(rec, f, &y, &y)?;
+            }
+            Some(y)
+        }
+        Op::Attention {
+            x,
+            affine,
+            q,
+            k,
+            v,
+            out,
+        } => {
+            let x = take(slots, *x)?;
+            let a = get(slots, *affine)?;
+            let [n, c, h, w] = dims4(&x)?;
+            let same1 = Conv2dOptions::same(1);
+            let pro = || {
+                Some(Prologue {
+                    affine: a,
+                    act: Activation::None,
+                })
+            };
+            // The attention kernel reads f32 q, k, v (softmax inputs stay f32).
+            let f32 = DType::F32;
+            let q = conv_as(rec, &x, graph.conv(*q), pro(), &same1, f32)?;
+            let k = conv_as(rec, &x, graph.conv(*k), pro(), &same1, f32)?;
+            let v = conv_as(rec, &x, graph.conv(*v), pro(), &same1, f32)?;
+            let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
+            let tokens = [n, c, h * w];
+            attention(
+                rec,
+                &q.reshape(&tokens)?,
+                &k.reshape(&tokens)?,
+                &v.reshape(&tokens)?,
+                1.0 / (c as f32).sqrt(),
+                &o.reshape(&tokens)?,
+            )?;
+            drop((q, k, v));
+            Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
+        }
+        Op::RmsNorm { x, norm, silu } => {
+            let x = get(slots, *x)?;
+            let out = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "rms norm")?;
+            rms_norm(rec, x, graph.rms(*norm), *silu, &out)?;
+            Some(out)
+        }
+        Op::CausalConv {
+            x,
+            w,
+            cache,
+            residual,
+        } => {
+            let residual = match residual {
+                Residual::None => None,
+                Residual::InPlace(r) => Some(take(slots, *r)?),
+                Residual::Shortcut(s, sc) => Some(conv(
+                    rec,
+                    get(slots, *s)?,
+                    graph.conv(*sc),
+                    None,
+                    &Conv2dOptions::same(1),
+                )?),
+            };
+            let x = get(slots, *x)?;
+            let t = dims4(x)?[0];
+            let w = graph.causal(*w);
+            Some(causal_conv(rec, x, (0, t), w, residual, *cache, state)?)
+        }
+        Op::TimeUpsample { x, w, cache, up } => {
+            let x = get(slots, *x)?;
+            Some(time_upsample(
+                rec,
+                x,
+                graph.causal(*w),
+                graph.conv(*up),
+                *cache,
+                state,
+            )?)
+        }
+        Op::FrameAttention {
+            x,
+            normed,
+            q,
+            k,
+            v,
+            out,
+        } => {
+            let x = take(slots, *x)?;
+            let normed = get(slots, *normed)?;
+            let [n, c, h, w] = dims4(&x)?;
+            let same1 = Conv2dOptions::same(1);
+            let f32 = DType::F32;
+            let q = conv_as(rec, normed, graph.conv(*q), None, &same1, f32)?;
+            let k = conv_as(rec, normed, graph.conv(*k), None, &same1, f32)?;
+            let v = conv_as(rec, normed, graph.conv(*v), None, &same1, f32)?;
+            let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
+            let tokens = [n, c, h * w];
+            attention(
+                rec,
+                &q.reshape(&tokens)?,
+                &k.reshape(&tokens)?,
+                &v.reshape(&tokens)?,
+                1.0 / (c as f32).sqrt(),
+                &o.reshape(&tokens)?,
+            )?;
+            drop((q, k, v));
+            Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
+        }
+        Op::Tap { x, name, activated } => {
+            let x = get(slots, *x)?;
+            match activated {
+                None => taps.tap(rec, name, x)?,
+                Some((a, act)) if taps.is_enabled() => {
+                    // Never materialised in a normal run; built for the check.
+                    let t = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), name)?;
+                    let a = get(slots, *a)?;
+                    crate::kernels::group_norm::group_norm_apply(rec, x, a, *act, &t)?;
+                    taps.tap(rec, name, &t)?;
+                }
+                Some(_) => {}
+            }
+            None
+        }
+    };
+    if let (Some(t), Some(id)) = (out, graph.out(i)) {
+        slots[id.0] = Some(t);
+    }
+    for t in graph.frees(Mode::Untiled, i) {
+        slots[t.0] = None;
+    }
+    Ok(())
 }
 
 /// `x` [T, C, H, W] one frame later: frame 0 from cache slot `slot`
@@ -246,27 +356,10 @@ fn time_shift(
 ) -> Result<Tensor> {
     let [t, c, h, w] = dims4(x)?;
     let frame = c * h * w;
-    if state.caches.len() <= slot {
-        state.caches.resize_with(slot + 1, || None);
-    }
-    let cache = match state.caches[slot].take() {
-        Some(k) if k.shape() == [1, c, h, w] && k.dtype() == x.dtype() => k,
-        Some(k) => {
-            return Err(Error::InvalidInput(format!(
-                "a video chunk's frames are {c}×{h}×{w} ({}) at a cached layer that held {:?} from the previous chunk; every chunk of one video must have the same latent size",
-                x.dtype().name(),
-                k
-            )))
-        }
-        None => {
-            let k = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "time cache")?;
-            rec.zero(&k, "clear::time_cache")?;
-            k
-        }
-    };
+    let cache = cache_frames(rec, state, slot, [1, c, h, w], x)?;
     let past = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "previous frames")?;
     let rows = |v: &Tensor, n: usize| v.reshape(&[1, n, frame]);
-    let (x3, past3, cache3) = (rows(x, t)?, rows(&past, t)?, rows(&cache, 1)?);
+    let (x3, past3, cache3) = (rows(x, t)?, rows(&past, t)?, rows(&cache.frames, 1)?);
     copy_window(rec, &cache3, (0, 0), &past3, (0, 0), (1, frame))?;
     copy_window(
         rec,
@@ -292,6 +385,14 @@ fn time_shift(
 fn frame_rows(x: &Tensor) -> Result<(Tensor, usize)> {
     let [t, c, h, w] = dims4(x)?;
     Ok((x.reshape(&[1, t, c * h * w])?, c * h * w))
+}
+
+/// Logical frames `l0..l0 + n` of a ring of `len` frames whose oldest is
+/// at `start`, as up to two runs `(stored at, offset in l0.., count)`.
+fn ring_runs(start: usize, len: usize, l0: usize, n: usize) -> [(usize, usize, usize); 2] {
+    let at = (start + l0) % len.max(1);
+    let first = n.min(len - at);
+    [(at, 0, first), (0, first, n - first)]
 }
 
 /// The causal conv of frames `x0..x0 + count` of `x` [T, C, H, W] with the
@@ -341,7 +442,7 @@ fn causal_conv(
     if hist == 0 {
         return Ok(y);
     }
-    let cache = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
+    let mut cache = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
     for (j, tap) in earlier.iter().enumerate() {
         let back = hist - j;
         if count > back {
@@ -356,50 +457,40 @@ fn causal_conv(
             )?;
         }
         let n = back.min(count);
-        if n > 0 {
-            conv2d_frames(
-                rec,
-                &cache,
-                tap,
-                Some(&y),
-                &y,
-                &opts,
-                frames(hist - back, 0, n),
-            )?;
+        for (at, out, n) in ring_runs(cache.start, hist, hist - back, n) {
+            if n > 0 {
+                conv2d_frames(
+                    rec,
+                    &cache.frames,
+                    tap,
+                    Some(&y),
+                    &y,
+                    &opts,
+                    frames(at, out, n),
+                )?;
+            }
         }
     }
-    // The cache becomes the stream's last `hist` frames.
-    let (x_rows, frame) = frame_rows(x)?;
-    let cache = if count >= hist {
-        let (rows, _) = frame_rows(&cache)?;
-        copy_window(
-            rec,
-            &x_rows,
-            (x0 + count - hist, 0),
-            &rows,
-            (0, 0),
-            (hist, frame),
-        )?;
-        cache
+    // The cache becomes the stream's last `hist` frames: the newest
+    // overwrite the oldest in place.
+    let ((x_rows, frame), (rows, _)) = (frame_rows(x)?, frame_rows(&cache.frames)?);
+    if count >= hist {
+        let from = x0 + count - hist;
+        copy_window(rec, &x_rows, (from, 0), &rows, (0, 0), (hist, frame))?;
+        cache.start = 0;
     } else {
-        let next = Tensor::empty(rec.ctx(), &[hist, c, h, wd], x.dtype(), "time cache")?;
-        let ((old, _), (new, _)) = (frame_rows(&cache)?, frame_rows(&next)?);
-        copy_window(rec, &old, (count, 0), &new, (0, 0), (hist - count, frame))?;
-        copy_window(
-            rec,
-            &x_rows,
-            (x0, 0),
-            &new,
-            (hist - count, 0),
-            (count, frame),
-        )?;
-        next
-    };
+        for (at, off, n) in ring_runs(cache.start, hist, 0, count) {
+            if n > 0 {
+                copy_window(rec, &x_rows, (x0 + off, 0), &rows, (at, 0), (n, frame))?;
+            }
+        }
+        cache.start = (cache.start + count) % hist;
+    }
     state.caches[slot] = Some(cache);
     Ok(y)
 }
 
-/// Cache slot `slot`'s tensor `shape` (taken out of the state; zeros when
+/// Cache slot `slot`'s frames `shape` (taken out of the state; zeros when
 /// the slot is empty); an error when a previous chunk left another shape.
 fn cache_frames(
     rec: &mut Recorder,
@@ -407,23 +498,27 @@ fn cache_frames(
     slot: usize,
     shape: [usize; 4],
     x: &Tensor,
-) -> Result<Tensor> {
+) -> Result<Cache> {
     if state.caches.len() <= slot {
         state.caches.resize_with(slot + 1, || None);
     }
     match state.caches[slot].take() {
-        Some(k) if k.shape() == shape && k.dtype() == x.dtype() => Ok(k),
+        Some(k) if k.frames.shape() == shape && k.frames.dtype() == x.dtype() => Ok(k),
         Some(k) => Err(Error::InvalidInput(format!(
-            "a video chunk's frames are {}×{}×{} ({}) at a cached layer that held {k:?} from the previous chunk; every chunk of one video must have the same latent size",
+            "a video chunk's frames are {}×{}×{} ({}) at a cached layer that held {:?} from the previous chunk; every chunk of one video must have the same latent size",
             shape[1],
             shape[2],
             shape[3],
             x.dtype().name(),
+            k.frames,
         ))),
         None => {
             let k = Tensor::empty(rec.ctx(), &shape, x.dtype(), "time cache")?;
             rec.zero(&k, "clear::time_cache")?;
-            Ok(k)
+            Ok(Cache {
+                frames: k,
+                start: 0,
+            })
         }
     }
 }
@@ -490,6 +585,47 @@ mod tests {
     use super::*;
     use crate::models::graph::Builder;
     use crate::testing::{dtype_contexts, rand_vec};
+
+    /// A ring's logical frames map to stored runs, wrapping once.
+    #[test]
+    fn ring_runs_wrap() {
+        assert_eq!(ring_runs(0, 2, 0, 2), [(0, 0, 2), (0, 2, 0)]);
+        assert_eq!(ring_runs(1, 2, 0, 2), [(1, 0, 1), (0, 1, 1)]);
+        assert_eq!(ring_runs(1, 2, 1, 1), [(0, 0, 1), (0, 1, 0)]);
+        assert_eq!(ring_runs(0, 2, 1, 0), [(1, 0, 0), (0, 0, 0)]);
+    }
+
+    /// After a time grow the graph runs frame by frame (taps off) with the
+    /// output of the whole chunk recorded at once (taps on), across chunks.
+    #[test]
+    fn frames_after_a_time_grow_match_the_whole_chunk() {
+        let (mut b, x) = Builder::new();
+        let grown = b.time_grow(x, 2);
+        let past = b.time_shift(grown, 0);
+        let g = b.finish(past, None);
+        let [c, h, w] = [2, 3, 5];
+        let frame = 2 * c * h * w;
+        for (ctx, dtype) in dtype_contexts() {
+            let all = rand_vec(4 * frame, 5, 1.0);
+            let mut outs = Vec::new();
+            for mut taps in [Taps::default(), Taps::enabled()] {
+                let mut state = VideoState::default();
+                let mut got = Vec::new();
+                for (t0, t1) in [(0, 3), (3, 4)] {
+                    let mut rec = Recorder::new(&ctx);
+                    let data = &all[t0 * frame..t1 * frame];
+                    let shape = [t1 - t0, 2 * c, h, w];
+                    let x = Tensor::from_f32_as(&ctx, &shape, data, dtype, "x").unwrap();
+                    let y = run_video(&g, &mut rec, x, &mut taps, &mut state).unwrap();
+                    assert_eq!(y.shape(), [2 * (t1 - t0), c, h, w]);
+                    rec.submit().unwrap();
+                    got.extend(y.to_f32(&ctx).unwrap());
+                }
+                outs.push(got);
+            }
+            assert_eq!(outs[0], outs[1], "{dtype:?}");
+        }
+    }
 
     /// Time shift over two chunks of odd frame sizes equals the CPU shift of
     /// the whole sequence (zeros before the first frame), in every dtype.
