@@ -91,9 +91,8 @@ impl<'a> VideoEncoder<'a> {
         let whole = frames - frames % self.encoder.t_downscale;
         let rest = self.held.split_off(whole * size);
         let ready = std::mem::replace(&mut self.held, rest);
-        self.run(ready, whole).map_err(|e| {
+        self.run(ready, whole).inspect_err(|e| {
             self.broken = Some(e.to_string());
-            e
         })
     }
 
@@ -181,7 +180,7 @@ fn latent_size(e: &TaehvEncoder, h: usize, w: usize) -> (usize, usize) {
     let down = |mut v: usize| {
         v /= e.patch_size;
         for _ in 0..3 {
-            v = (v + 1) / 2;
+            v = v.div_ceil(2);
         }
         v
     };

@@ -12,8 +12,8 @@ use wgvae::testing::{max_abs_diff, project_dir, shared_dir, test_context};
 use wgvae::video_encode::{encode_video, load_video_encoder, VideoEncoder};
 use wgvae::{Context, LoadOptions};
 
-/// 3× the measured error of the whole clip (README).
-const TOLERANCE: f32 = 1e-5;
+/// 3× the measured 1.25e-6 of the whole clip (README; the issue asks 2e-3).
+const TOLERANCE: f32 = 4e-6;
 
 const T: usize = 10;
 const H: usize = 64;
