@@ -85,6 +85,7 @@ pub mod tensor;
 pub mod testing;
 pub mod tiling;
 pub mod video;
+pub mod video_encode;
 pub mod y4m;
 
 pub use decode::{decode, DecodeOptions, Decoded};

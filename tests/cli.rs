@@ -2011,3 +2011,37 @@ fn bench_video_writes_a_row_per_length() {
     }
     assert!(out.contains("frames/s"), "{out}");
 }
+
+/// `encode FRAMES.npy --vae taew2_1.safetensors -o LATENTS.npy`: a TAEHV
+/// file takes the video path (5 frames pad to 8: 2 latent frames); flags of
+/// the image encoders are refused by name.
+#[test]
+fn encode_taehv_video_frames() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
+    let frames = tmp("taehv_frames_in.npy");
+    let values: Vec<f32> = (0..5 * 3 * 16 * 16).map(|i| (i % 7) as f32 / 7.0).collect();
+    wgvae::io::write_npy(&frames, &[1, 5, 3, 16, 16], &values).unwrap();
+    let out = tmp("taehv_latents.npy");
+    let (f, v, o) = (
+        frames.to_str().unwrap(),
+        vae.to_str().unwrap(),
+        out.to_str().unwrap(),
+    );
+    let (ok, stdout, err) = wgvae(&["encode", f, "--vae", v, "-o", o, "--json"]);
+    assert!(ok, "{err}");
+    assert_eq!(
+        json(&stdout)["latents_shape"],
+        serde_json::json!([1, 2, 16, 2, 2])
+    );
+    assert_eq!(
+        wgvae::io::read_npy(&out).unwrap().shape,
+        vec![1, 2, 16, 2, 2]
+    );
+    let o2 = tmp("taehv_latents2.npy");
+    let (ok, _, err) = wgvae(&["encode", f, "--vae", v, "-o", o2.to_str().unwrap(), "--pad"]);
+    assert!(
+        !ok && err.contains("--pad") && err.contains("video VAE"),
+        "{err}"
+    );
+}

@@ -12,8 +12,9 @@ use super::{context, mib};
 
 #[derive(clap::Args)]
 pub(crate) struct EncodeArgs {
+    /// An image, or with a TAEHV --vae a video: a .npy of frames N×T×3×H×W (f32 in [0, 1]).
     image: PathBuf,
-    /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL or a TAE *encoder*) or preset:NAME.
+    /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL, a TAE *encoder* or a TAEHV video VAE) or preset:NAME.
     #[arg(long)]
     vae: String,
     #[arg(short, long)]
@@ -46,6 +47,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
     inputs.add(&a.image);
     inputs.add_vae(&a.vae, a.config.as_deref());
     check_file(&a.output, "-o", &["npy", "safetensors"], &inputs)?;
+    if wgvae::video::is_video_vae(&a.vae) {
+        return run_video(cli_adapter, a);
+    }
     let tiling = a.tiles.tiling()?;
     let ctx = context(cli_adapter)?;
     let opts = LoadOptions {
@@ -101,6 +105,58 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
         if let Some(note) = &out.precision_note {
             println!("{note}");
         }
+    }
+    Ok(())
+}
+
+/// A TAEHV `--vae`: a `.npy` of frames `N×T×3×H×W` in [0, 1] to latents
+/// `N×T'×C×h×w` (`taehv.py`'s `encode_video`).
+fn run_video(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
+    let t = &a.tiles;
+    let image_only = [
+        ("--sample", a.sample.is_some()),
+        ("--raw-latents", a.raw_latents),
+        ("--pad", a.pad),
+        ("--config", a.config.is_some()),
+        ("--tile", !matches!(t.tile.as_str(), "auto" | "off")),
+        ("--tile-size", t.tile_size.is_some()),
+        ("--tile-overlap", t.tile_overlap.is_some()),
+        ("--max-memory", t.max_memory.is_some()),
+        ("--max-host-memory", t.max_host_memory.is_some()),
+        ("--tile-mid-block", t.tile_mid_block),
+    ];
+    if let Some((flag, _)) = image_only.iter().find(|(_, set)| *set) {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "{flag} applies to image encoders; {} is a video VAE (TAEHV latents are deterministic, unscaled and encoded untiled)",
+            a.vae
+        )));
+    }
+    let frames = wgvae::io::read_npy(&a.image)?;
+    let ctx = context(cli_adapter)?;
+    let opts = LoadOptions {
+        precision: a.dtype.parse()?,
+        ..Default::default()
+    };
+    let enc = wgvae::video_encode::load_video_encoder(&ctx, &a.vae, &opts)?;
+    let start = std::time::Instant::now();
+    let latents = wgvae::video_encode::encode_video(&ctx, &enc, &frames)?;
+    let ms = start.elapsed().as_secs_f64() * 1e3;
+    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &latents))?;
+    ctx.save_pipeline_cache();
+    if a.json {
+        println!(
+            "{}",
+            json!({"adapter": ctx.caps().adapter_name, "backend": format!("{:?}", ctx.caps().backend),
+                   "model": enc.variant_name(), "frames_shape": frames.shape,
+                   "latents_shape": latents.shape, "encode_ms": ms, "output": a.output})
+        );
+    } else {
+        println!(
+            "wrote {} ({:?}) — {} encoder in {ms:.1} ms",
+            a.output.display(),
+            latents.shape,
+            enc.variant_name(),
+        );
     }
     Ok(())
 }

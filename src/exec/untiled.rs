@@ -185,6 +185,16 @@ fn step(
             }
             Some(x.reshape(&[t * stride, c / stride, h, w])?)
         }
+        Op::TimePool { x, stride } => {
+            let x = take(slots, *x)?;
+            let [t, c, h, w] = dims4(&x)?;
+            if *stride == 0 || t % stride != 0 {
+                return Err(Error::InvalidInput(format!(
+                    "{t} frames at a time pool of stride {stride}: a video encoder's chunk must hold a multiple of its time downscale in frames"
+                )));
+            }
+            Some(x.reshape(&[t / stride, c * stride, h, w])?)
+        }
         Op::Conv(c) => {
             let w = graph.conv(c.w);
             let opts = c.geometry.options(w.k());

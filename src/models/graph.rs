@@ -152,6 +152,10 @@ pub(crate) enum Op {
     TimeShift { x: TensorId, cache: usize },
     /// `x` [T, s·C, H, W] viewed as [T·s, C, H, W] (consumes `x`).
     TimeGrow { x: TensorId, stride: usize },
+    /// `x` [T·s, C, H, W] viewed as [T, s·C, H, W] (consumes `x`): frames
+    /// `s·t … s·t + s − 1` side by side on channels, as TAEHV's TPool
+    /// reshapes them before its 1×1 conv (a free view, no copy).
+    TimePool { x: TensorId, stride: usize },
     /// RMS norm over channels per position (SiLU after when `silu`) into a
     /// new tensor.
     RmsNorm {
@@ -367,7 +371,7 @@ impl Builder {
             Op::Identity { .. } | Op::Tap { .. } => (vec![], None),
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
-            Op::TimeGrow { x, .. } => (vec![*x], Some(*x)),
+            Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
             Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } => (vec![*x], None),
             Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
             Op::CausalConv { x, residual, .. } => match residual {
@@ -440,6 +444,11 @@ impl Builder {
     /// `x` [T, s·C, H, W] as [T·s, C, H, W] (consumed).
     pub(crate) fn time_grow(&mut self, x: TensorId, stride: usize) -> TensorId {
         self.push(Op::TimeGrow { x, stride }, true)
+    }
+
+    /// `x` [T·s, C, H, W] as [T, s·C, H, W] (consumed).
+    pub(crate) fn time_pool(&mut self, x: TensorId, stride: usize) -> TensorId {
+        self.push(Op::TimePool { x, stride }, true)
     }
 
     /// GroupNorm statistics of `x`.

@@ -11,6 +11,7 @@ pub mod layers;
 #[doc(hidden)]
 pub mod tae;
 pub mod taehv;
+pub mod taehv_encoder;
 pub mod vae_encoder;
 pub mod wan;
 #[doc(hidden)]
@@ -30,6 +31,7 @@ pub use layers::Taps;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
+pub use taehv_encoder::TaehvEncoder;
 pub use wan::{WanConfig, WanDecoder};
 #[doc(hidden)]
 pub use weights::{Layout, TaePart, WeightStore};

@@ -42,7 +42,7 @@ const CONV_OUT: usize = 22;
 const IMAGE_CHANNELS: usize = 3;
 
 /// A MemBlock with its first conv split into the halves that read `x` and `past`.
-struct MemBlock {
+pub(crate) struct MemBlock {
     x_half: Conv2dWeights,
     past_half: Conv2dWeights,
     convs: [Conv2dWeights; 2],
@@ -58,7 +58,7 @@ fn bad(store: &WeightStore, message: String) -> Error {
 
 impl MemBlock {
     /// Loads Sequential index `i` (`{i}.conv.{0,2,4}`, optional `{i}.skip.0`) of width `c`.
-    fn load(ctx: &Context, store: &WeightStore, i: usize, c: usize) -> Result<MemBlock> {
+    pub(crate) fn load(ctx: &Context, store: &WeightStore, i: usize, c: usize) -> Result<MemBlock> {
         let key = format!("{i}.conv.0");
         let w = store.take(&format!("{key}.weight"), &[c, 2 * c, 3, 3])?;
         let bias = store.take(&format!("{key}.bias"), &[c])?;
@@ -98,7 +98,7 @@ impl MemBlock {
     }
 
     /// Adds the block on `x` (consumed) with time cache slot `slot`.
-    fn build(self, b: &mut Builder, x: TensorId, slot: usize) -> TensorId {
+    pub(crate) fn build(self, b: &mut Builder, x: TensorId, slot: usize) -> TensorId {
         let past = b.time_shift(x, slot);
         let (wx, wp) = (b.weights(self.x_half), b.weights(self.past_half));
         let [w2, w4] = self.convs.map(|w| b.weights(w));

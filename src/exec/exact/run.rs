@@ -52,6 +52,7 @@ impl Executor {
                 Op::Tap { .. } => (None, None),
                 Op::TimeShift { .. }
                 | Op::TimeGrow { .. }
+                | Op::TimePool { .. }
                 | Op::RmsNorm { .. }
                 | Op::CausalConv { .. }
                 | Op::TimeUpsample { .. }

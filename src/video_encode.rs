@@ -1,0 +1,279 @@
+//! Video encoding with the TAEHV encoders: frames `[T, 3, H, W]` in [0, 1]
+//! → latents `[T / t_downscale, C, H / 8p, W / 8p]`, as `taehv.py`'s
+//! `TAEHV.encode_video` (the frame count padded at the end with copies of
+//! the last frame to a multiple of `t_downscale`).
+//!
+//! [`VideoEncoder`] streams: chunks of any frame count, the MemBlocks'
+//! caches kept between calls, frames short of a whole latent frame held on
+//! the host until the next chunk (or padded by [`VideoEncoder::finish`]),
+//! so that any chunking gives the latents of the whole clip.
+
+// Input-facing: what a file or flag holds reaches this code (issue #15).
+#![warn(
+    clippy::unwrap_used,
+    clippy::expect_used,
+    clippy::panic,
+    clippy::indexing_slicing
+)]
+
+use crate::error::{Error, Result};
+use crate::exec::untiled::{run_video, VideoState};
+use crate::gpu::{Context, Recorder};
+use crate::io::HostTensor;
+use crate::models::taehv_encoder::TaehvEncoder;
+use crate::models::{TaePart, Taps, WeightStore};
+use crate::tensor::Tensor;
+
+/// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
+/// `encoder.N…` half) in the storage precision `load` asks for. A Wan VAE
+/// is refused (its encoder is not implemented).
+pub fn load_video_encoder(
+    ctx: &Context,
+    spec: &str,
+    load: &crate::models::LoadOptions,
+) -> Result<TaehvEncoder> {
+    if crate::video::is_wan(spec) {
+        return Err(Error::Unsupported(format!(
+            "{spec} is a Wan 2.1 VAE: only the TAEHV video encoders (taew2_1, taehv, taew2_2) are implemented; encode with a TAEHV .safetensors file"
+        )));
+    }
+    let store = WeightStore::from_safetensors_part(std::path::Path::new(spec), TaePart::Encoder)?;
+    store.set_dtype(load.precision.resolve(true));
+    TaehvEncoder::load(ctx, &store)
+}
+
+/// A TAEHV encoder streaming one video chunk by chunk.
+pub struct VideoEncoder<'a> {
+    ctx: Context,
+    encoder: &'a TaehvEncoder,
+    state: VideoState,
+    /// Frame shape `[3, H, W]` of the first chunk.
+    frame: Option<[usize; 3]>,
+    /// Frames not yet encoded (fewer than `t_downscale`), flat `[3, H, W]` each.
+    held: Vec<f32>,
+    /// The last frame seen (what [`VideoEncoder::finish`] pads with).
+    last: Vec<f32>,
+    /// Why an earlier chunk failed after the caches were touched.
+    broken: Option<String>,
+}
+
+impl<'a> VideoEncoder<'a> {
+    /// An encoder at the start of a video.
+    pub fn new(ctx: &Context, encoder: &'a TaehvEncoder) -> Self {
+        VideoEncoder {
+            ctx: ctx.clone(),
+            encoder,
+            state: VideoState::default(),
+            frame: None,
+            held: Vec::new(),
+            last: Vec::new(),
+            broken: None,
+        }
+    }
+
+    /// Encodes the next `chunk` of frames `[T, 3, H, W]` (values in [0, 1],
+    /// any T ≥ 1): the latents `[T', C, h, w]` of the whole latent frames
+    /// completed so far (`T'` may be 0; the remainder waits for the next
+    /// chunk or [`VideoEncoder::finish`]).
+    pub fn push(&mut self, chunk: &HostTensor) -> Result<HostTensor> {
+        if let Some(why) = &self.broken {
+            return Err(Error::InvalidInput(format!(
+                "this VideoEncoder failed on an earlier chunk ({why}); its caches no longer hold the previous frames: start the video again with a new VideoEncoder"
+            )));
+        }
+        let [t, c, h, w] = self.check_chunk(chunk)?;
+        let size = c * h * w;
+        self.frame = Some([c, h, w]);
+        self.held.extend_from_slice(&chunk.data);
+        let start = (t - 1) * size;
+        self.last = chunk.data.get(start..).unwrap_or_default().to_vec();
+        let frames = self.held.len() / size;
+        let whole = frames - frames % self.encoder.t_downscale;
+        let rest = self.held.split_off(whole * size);
+        let ready = std::mem::replace(&mut self.held, rest);
+        self.run(ready, whole).inspect_err(|e| {
+            self.broken = Some(e.to_string());
+        })
+    }
+
+    /// Pads the frames still held with copies of the last frame to a whole
+    /// latent frame and encodes them (`taehv.py`'s padding at the video's
+    /// end); empty latents when none are held.
+    pub fn finish(&mut self) -> Result<HostTensor> {
+        let Some([c, h, w]) = self.frame else {
+            return Err(Error::InvalidInput(
+                "a video needs at least one frame to encode".into(),
+            ));
+        };
+        let size = c * h * w;
+        let held = self.held.len() / size;
+        if held > 0 {
+            for _ in held..self.encoder.t_downscale {
+                self.held.extend_from_slice(&self.last);
+            }
+        }
+        let frames = std::mem::take(&mut self.held);
+        let n = frames.len() / size;
+        self.run(frames, n)
+    }
+
+    /// The checks of a chunk against the model and the video's first chunk.
+    fn check_chunk(&self, chunk: &HostTensor) -> Result<[usize; 4]> {
+        let [t, c, h, w] = match chunk.shape[..] {
+            [t, c, h, w] => [t, c, h, w],
+            _ => {
+                return Err(Error::InvalidInput(format!(
+                    "a video frame chunk is T×3×H×W (one video), got shape {:?}",
+                    chunk.shape
+                )))
+            }
+        };
+        check_frames(self.encoder, [t, c, h, w])?;
+        if let Some(f) = self.frame.filter(|f| *f != [c, h, w]) {
+            return Err(Error::InvalidInput(format!(
+                "chunk frames are {c}×{h}×{w}, the video's first chunk had {}×{}×{}: every chunk of one video has the same frame size",
+                f[0], f[1], f[2]
+            )));
+        }
+        if let Some((i, v)) = chunk.data.iter().enumerate().find(|(_, v)| !v.is_finite()) {
+            return Err(Error::InvalidInput(format!(
+                "frames hold {v} at flat index {i}: video frames must be finite"
+            )));
+        }
+        Ok([t, c, h, w])
+    }
+
+    /// Encodes `n` frames (a multiple of `t_downscale`) of `frames`.
+    fn run(&mut self, frames: Vec<f32>, n: usize) -> Result<HostTensor> {
+        let Some([c, h, w]) = self.frame else {
+            return Err(Error::Internal("an unchecked video chunk".into()));
+        };
+        let (p, e) = (self.encoder.patch_size, self.encoder);
+        let (lh, lw) = latent_size(e, h, w);
+        if n == 0 {
+            return HostTensor::new(vec![0, e.latent_channels, lh, lw], Vec::new());
+        }
+        let data = pixel_unshuffle(&frames, n, c, p, h, w);
+        let shape = [n, c * p * p, h / p, w / p];
+        let mut rec = Recorder::new(&self.ctx);
+        let input = Tensor::from_f32_in(&mut rec, &shape, &data, "video frames")?;
+        let y = run_video(
+            e.graph(),
+            &mut rec,
+            input,
+            &mut Taps::default(),
+            &mut self.state,
+        )?;
+        rec.submit()?;
+        let shape = y.shape().to_vec();
+        let values = if self.ctx.is_null() {
+            vec![0.0; shape.iter().product()]
+        } else {
+            y.to_f32(&self.ctx)?
+        };
+        HostTensor::new(shape, values)
+    }
+}
+
+/// Latent height and width of `h × w` frames (convs of stride 2, pad 1).
+fn latent_size(e: &TaehvEncoder, h: usize, w: usize) -> (usize, usize) {
+    let down = |mut v: usize| {
+        v /= e.patch_size;
+        for _ in 0..3 {
+            v = v.div_ceil(2);
+        }
+        v
+    };
+    (down(h), down(w))
+}
+
+/// The shape checks of one video's frames `[T, C, H, W]`.
+fn check_frames(e: &TaehvEncoder, [t, c, h, w]: [usize; 4]) -> Result<()> {
+    let name = e.variant_name();
+    if c != 3 {
+        return Err(Error::InvalidInput(format!(
+            "frames have {c} channels; the {name} encoder takes RGB frames (3 channels, N×T×3×H×W in [0, 1])"
+        )));
+    }
+    let p = e.patch_size;
+    if t == 0 || h == 0 || w == 0 || h % p != 0 || w % p != 0 {
+        return Err(Error::InvalidInput(format!(
+            "video frames need at least one frame of a size divisible by {p} (the {name} patch size): got T={t}, H={h}, W={w}"
+        )));
+    }
+    Ok(())
+}
+
+/// `[T, C, H, W]` → `[T, C·p², H/p, W/p]` (PyTorch `pixel_unshuffle`).
+fn pixel_unshuffle(x: &[f32], t: usize, c: usize, p: usize, h: usize, w: usize) -> Vec<f32> {
+    if p == 1 {
+        return x.to_vec();
+    }
+    let (oh, ow) = (h / p, w / p);
+    let mut out = vec![0.0; t * c * h * w];
+    for (o, v) in out.iter_mut().enumerate() {
+        let (xo, rest) = (o % ow, o / ow);
+        let (yo, rest) = (rest % oh, rest / oh);
+        let (oc, f) = (rest % (c * p * p), rest / (c * p * p));
+        let (ch, i, j) = (oc / (p * p), (oc / p) % p, oc % p);
+        let src = ((f * c + ch) * h + yo * p + i) * w + xo * p + j;
+        *v = x.get(src).copied().unwrap_or(0.0);
+    }
+    out
+}
+
+/// Encodes videos whole: frames `[N, T, 3, H, W]` in [0, 1] → latents
+/// `[N, ⌈T / t_downscale⌉, C, h, w]`, as `taehv.py`'s `encode_video`. Each
+/// video is one [`VideoEncoder`] chunk.
+pub fn encode_video(
+    ctx: &Context,
+    encoder: &TaehvEncoder,
+    frames: &HostTensor,
+) -> Result<HostTensor> {
+    let [n, t, c, h, w] = match frames.shape[..] {
+        [n, t, c, h, w] => [n, t, c, h, w],
+        _ => {
+            return Err(Error::InvalidInput(format!(
+                "video frames are N×T×3×H×W (TAEHV layout, values in [0, 1]), got shape {:?}",
+                frames.shape
+            )))
+        }
+    };
+    check_frames(encoder, [t, c, h, w])?;
+    if n == 0 {
+        return Err(Error::InvalidInput(
+            "video frames hold no video (N = 0)".into(),
+        ));
+    }
+    let per_video = t * c * h * w;
+    let mut shape = Vec::new();
+    let mut data = Vec::new();
+    for video in frames.data.chunks(per_video).take(n) {
+        let chunk = HostTensor::new(vec![t, c, h, w], video.to_vec())?;
+        let mut enc = VideoEncoder::new(ctx, encoder);
+        let a = enc.push(&chunk)?;
+        let b = enc.finish()?;
+        shape = a.shape.clone();
+        if let (Some(x), Some(y)) = (shape.first_mut(), b.shape.first()) {
+            *x += y;
+        }
+        data.extend(a.data);
+        data.extend(b.data);
+    }
+    shape.insert(0, n);
+    HostTensor::new(shape, data)
+}
+
+#[cfg(test)]
+#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn pixel_unshuffle_matches_pytorch_order() {
+        // One frame, one channel, 2×4, p = 2: out channel i·2 + j holds x[2y+i][2x+j].
+        let x: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let y = pixel_unshuffle(&x, 1, 1, 2, 2, 4);
+        assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
+    }
+}
