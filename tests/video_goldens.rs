@@ -695,3 +695,110 @@ fn wan21_tiny_f16() {
 
 /// 3× the measured f16 error (4.9e-3, native f16 on lavapipe).
 const WAN_F16_TOLERANCE: f32 = 1.5e-2;
+
+/// Exact tiles vs the untiled decode: float rounding only (the bound).
+const TILED_TOLERANCE: f32 = 1e-3;
+
+/// The frames of `chunks` streamed through an exact tiled [`VideoDecoder`]
+/// with tiles of `px` output pixels.
+fn tiled_frames<'a>(
+    ctx: &Context,
+    dec: impl Into<wgvae::VideoModel<'a>>,
+    chunks: &[HostTensor],
+    px: usize,
+) -> Vec<f32> {
+    let tiling = wgvae::tiling::Tiling::exact().with_tile_size(px);
+    let mut stream = VideoDecoder::new(ctx, dec).with_tiling(tiling).unwrap();
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend(stream.decode(c).unwrap().data);
+    }
+    assert!(stream.tile_size().is_some(), "the decode ran untiled");
+    out
+}
+
+/// Tiled `got` against the untiled decode and the golden (same layout).
+fn check_close(name: &str, what: &str, got: &[f32], untiled: &[f32], golden: &[f32]) {
+    assert_eq!(got.len(), untiled.len(), "{name}: {what}: values");
+    let (e, at) = max_abs_diff(got, untiled);
+    let (g, gat) = max_abs_diff(got, golden);
+    println!("{name}: exact tiles, {what}: {e:.3e} from untiled (at {at}), {g:.3e} from the golden (at {gat})");
+    assert!(
+        e <= TILED_TOLERANCE,
+        "{name}: {what}: {e} from untiled at {at}"
+    );
+    assert!(
+        g <= TILED_TOLERANCE,
+        "{name}: {what}: {g} from the golden at {gat}"
+    );
+}
+
+/// TAEHV in exact tiles of `px` output pixels (several per level, odd edge
+/// tiles): whole clip and streamed in chunks of 1.
+fn check_tiled(name: &str, file: &str, px: usize) {
+    let Some(dir) = golden(name) else { return };
+    let ctx = test_context();
+    let dec = load(&ctx, &dir, file);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let [1, t, ..] = latents.shape[..] else {
+        panic!("one video expected")
+    };
+    let clip = chunk(&latents, 0, 0, t);
+    let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
+    let whole = tiled_frames(&ctx, &dec, std::slice::from_ref(&clip), px);
+    check_close(name, "whole clip", &whole, &untiled, &want.data);
+    let ones: Vec<HostTensor> = (0..t).map(|t0| chunk(&latents, 0, t0, t0 + 1)).collect();
+    let streamed = tiled_frames(&ctx, &dec, &ones, px);
+    check_close(name, "chunks of 1", &streamed, &untiled, &want.data);
+}
+
+/// 64×80 frames (8×10 latents) in 40-pixel tiles: 2×2 tiles at every
+/// level, the last row 24 (latent 3) high, the last column 40.
+#[test]
+fn taew2_1_rand_exact_tiles() {
+    check_tiled("taew2_1-rand", "taew2_1.safetensors", 40);
+}
+
+/// Patch size 2: 40-pixel output tiles are 24-pixel graph tiles over its
+/// 32×48 output (latent 4×6: tiles of 3, the last row 1 high).
+#[test]
+fn taew2_2_rand_exact_tiles() {
+    check_tiled("taew2_2-rand", "taew2_2.safetensors", 40);
+}
+
+/// Wan 2.1 (RMS norms, causal 3-tap convs, time up-sampling, the
+/// mid-block's per-frame attention streamed over K/V tiles) in 40-pixel
+/// tiles (as taew2_1's): whole clip and streamed in chunks of 1.
+#[test]
+fn wan21_tiny_exact_tiles() {
+    let ctx = test_context();
+    let Some((dir, dec)) = wan(&ctx) else { return };
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let [_, _, t, ..] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let [_, oc, ot, oh, ow] = want.shape[..] else {
+        panic!("decoded is not 5-D")
+    };
+    // [T', 3, H, W] → [3, T', H, W] (the golden's layout).
+    let channels_first = |frames: &[f32]| -> Vec<f32> {
+        let plane = oh * ow;
+        let mut data = Vec::new();
+        for ch in 0..oc {
+            for f in 0..ot {
+                let at = (f * oc + ch) * plane;
+                data.extend_from_slice(&frames[at..at + plane]);
+            }
+        }
+        data
+    };
+    let clip = wan_chunk(&latents, 0, t);
+    let untiled = channels_first(&VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data);
+    let whole = channels_first(&tiled_frames(&ctx, &dec, std::slice::from_ref(&clip), 40));
+    check_close("wan21-tiny", "whole clip", &whole, &untiled, &want.data);
+    let ones: Vec<HostTensor> = (0..t).map(|t0| wan_chunk(&latents, t0, t0 + 1)).collect();
+    let streamed = channels_first(&tiled_frames(&ctx, &dec, &ones, 40));
+    check_close("wan21-tiny", "chunks of 1", &streamed, &untiled, &want.data);
+}
