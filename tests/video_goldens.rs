@@ -802,3 +802,96 @@ fn wan21_tiny_exact_tiles() {
     let streamed = channels_first(&tiled_frames(&ctx, &dec, &ones, 40));
     check_close("wan21-tiny", "chunks of 1", &streamed, &untiled, &want.data);
 }
+
+/// `decode VIDEO --vae taew2_1 --tile exact --tile-size 40 --save-raw`:
+/// the raw output equals the golden within the tiled bound and the JSON
+/// says exact tiles; `--tile fast` is refused.
+#[test]
+fn cli_exact_tiles() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "decode".to_string(),
+            dir.join("latents.npy").display().to_string(),
+            "--vae".into(),
+            dir.join("taew2_1.safetensors").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(&args)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let raw = std::env::temp_dir().join(format!("wgvae-vtile-raw-{}.npy", std::process::id()));
+    let raws = raw.to_str().unwrap();
+    let (ok, stdout, err) = run(&[
+        "--tile",
+        "exact",
+        "--tile-size",
+        "40",
+        "--save-raw",
+        raws,
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["tiling"], "exact", "{v}");
+    assert_eq!(v["tile_size"], 40, "{v}");
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let got = read_npy(&raw).unwrap();
+    std::fs::remove_file(&raw).ok();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = max_abs_diff(&got.data, &want.data);
+    println!("taew2_1-rand CLI --tile exact: max |diff| = {e:.3e} at {at}");
+    assert!(e <= TILED_TOLERANCE, "--tile exact differs by {e} at {at}");
+    let (ok, _, err) = run(&["--tile", "fast", "--save-raw", raws]);
+    assert!(!ok && err.contains("--tile exact"), "{err}");
+}
+
+/// The null-device estimate covers exact tiles: 512×512 frames in 128-pixel
+/// tiles within a 96 MiB budget (half of it for parked tiles, the rest
+/// parked in host memory) stay within it, where the untiled decode does
+/// not; the caches are the same bytes (whole frames, parked as tiles).
+#[test]
+fn exact_tiles_estimate_below_untiled() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let caps = test_context().caps().clone();
+    let vae = dir.join("taew2_1.safetensors");
+    let load = LoadOptions::default();
+    let est = || {
+        wgvae::decode::Estimate::new(
+            &caps,
+            wgvae::memory::Policy::Exact,
+            vae.to_str().unwrap(),
+            &load,
+        )
+    };
+    let untiled = est().video((512, 512), 3, 1).unwrap();
+    let budget = 96 << 20;
+    let tiling = wgvae::tiling::Tiling::exact()
+        .with_tile_size(128)
+        .with_max_memory(budget);
+    let tiled = est().video_tiled((512, 512), 3, 1, &tiling).unwrap();
+    println!(
+        "taew2_1 512×512, chunks of 1: peak allocated untiled {} B, exact 128-px tiles {} B",
+        untiled.peak_allocated_bytes, tiled.peak_allocated_bytes
+    );
+    assert_eq!(untiled.tile_size, None);
+    assert_eq!(tiled.tile_size, Some(128));
+    assert_eq!(tiled.cache_bytes, untiled.cache_bytes);
+    assert!(untiled.peak_allocated_bytes > budget);
+    assert!(tiled.peak_allocated_bytes <= budget);
+}

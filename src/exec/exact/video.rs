@@ -178,7 +178,7 @@ impl Executor {
 
     /// [`Op::TimeGrow`]: `[T, s·C, H, W]` as `[T·s, C, H, W]`, a view of each tile.
     pub(super) fn time_grow(&mut self, mut x: Act, stride: usize) -> Result<Act> {
-        if stride == 0 || x.c % stride != 0 {
+        if stride == 0 || !x.c.is_multiple_of(stride) {
             return Err(Error::Internal(format!(
                 "time stride {stride} does not divide {} channels",
                 x.c
