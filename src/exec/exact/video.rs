@@ -187,13 +187,14 @@ impl Executor {
         let (n, c) = (x.n * stride, x.c / stride);
         for i in 0..x.pieces.len() {
             let r = x.grid.rect(i);
-            if let Piece::Device(d) = std::mem::replace(&mut x.pieces[i], Piece::Empty) {
-                let t = d.into_tensor().reshape(&[n, c, r.h, r.w])?;
-                x.pieces[i] = Piece::Device(DevicePiece::new(t, &self.counters));
-            } else if let Piece::Host(h) = std::mem::replace(&mut x.pieces[i], Piece::Empty) {
-                // Same bytes, same order: only the shape changes.
-                x.pieces[i] = Piece::Host(h);
-            }
+            // Host tiles keep their bytes (same order): only the shape changes.
+            x.pieces[i] = match std::mem::replace(&mut x.pieces[i], Piece::Empty) {
+                Piece::Device(d) => {
+                    let t = d.into_tensor().reshape(&[n, c, r.h, r.w])?;
+                    Piece::Device(DevicePiece::new(t, &self.counters))
+                }
+                other => other,
+            };
         }
         x.n = n;
         x.c = c;
@@ -449,7 +450,7 @@ mod tests {
             level_tiles(24, 4, (5, 3)),
             vec![Some(3), Some(6), Some(12), Some(24)]
         );
-        // 3×3 latent: the latent level (tile 3) runs whole, 6 < 6? no: whole too.
+        // A 3×3 latent fits every level's tile: all run whole.
         assert_eq!(level_tiles(24, 4, (3, 3)), vec![None, None, None, None]);
         assert_eq!(
             level_tiles(16, 4, (3, 5)),
