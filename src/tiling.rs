@@ -27,6 +27,16 @@
 //! output tile (halo plus the whole-image padding where the tile touches a
 //! border, e.g. diffusers' asymmetric (0, 1, 0, 1) pad).
 //!
+//! # Video
+//! Causal video decoders (time as the batch dimension) run on the same
+//! executor ([`crate::VideoDecoder::set_tiling`]): their time caches are
+//! whole-frame activations parked tile by tile and kept between chunks, a
+//! causal conv's output tile reads its halo window from the chunk and from
+//! the cache, and a cache is replaced only after the layer's last tile, so
+//! the result is the untiled decode's up to float rounding. Video plans are
+//! not fitted by dry runs: parked device tiles get half the budget left
+//! after the weights, the rest parks in host memory.
+//!
 //! # Memory
 //! `max_memory` bounds the pool's peak *allocated* bytes of the whole decode,
 //! weights included. The plan is found with dry runs of the same code

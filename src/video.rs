@@ -20,6 +20,7 @@
 use std::sync::mpsc;
 
 use crate::error::{Error, Result};
+use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
 use crate::exec::untiled::{run_video, VideoState};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
@@ -28,6 +29,7 @@ use crate::models::taehv::TaehvDecoder;
 use crate::models::wan::WanDecoder;
 use crate::models::Taps;
 use crate::tensor::Tensor;
+use crate::tiling::{TileMode, Tiling};
 
 /// A causal video decoder [`VideoDecoder`] and [`decode_video`] run.
 #[derive(Clone, Copy)]
@@ -224,6 +226,21 @@ struct Pending {
     shape: [usize; 4],
     dtype: crate::tensor::DType,
     bytes: u64,
+    /// The output as f32, already on the host (a tiled chunk).
+    ready: Option<Vec<f32>>,
+}
+
+/// Default tile side of an exact tiled video decode, in output pixels.
+pub const VIDEO_DEFAULT_TILE: usize = 256;
+
+/// A [`VideoDecoder`] running exact tiles: its executor (kept for the whole
+/// video: the caches' parked tiles count against its device cap) and the
+/// time caches as whole-frame tiled activations.
+struct TiledVideo {
+    exec: Executor,
+    caches: VideoCaches,
+    /// Tile side in output pixels.
+    px: usize,
 }
 
 /// A streaming decode of one video: feed latent chunks in order, get the
@@ -258,6 +275,10 @@ pub struct VideoDecoder<'a> {
     /// Why an earlier chunk failed after the caches were touched: the
     /// caches no longer hold the previous frames, so later chunks are refused.
     broken: Option<String>,
+    /// How frames are tiled (`Off`: untiled, the default).
+    tiling: Tiling,
+    /// The exact tiled run, from the first chunk on when tiles were chosen.
+    tiled: Option<TiledVideo>,
 }
 
 impl<'a> VideoDecoder<'a> {
@@ -276,7 +297,110 @@ impl<'a> VideoDecoder<'a> {
             largest_chunk_bytes: 0,
             pending: None,
             broken: None,
+            tiling: Tiling::off(),
+            tiled: None,
         }
+    }
+
+    /// Tiles every frame spatially (set before the first chunk).
+    /// [`TileMode::Exact`]: each layer runs tile by tile over its output
+    /// with the time caches kept as whole frames parked tile by tile, so the
+    /// frames equal the untiled decode up to float rounding (no seams) while
+    /// no tensor holds a whole frame at the full resolution: frames larger
+    /// than the device's storage binding limit or the memory budget
+    /// decode. `tile_size` is in output pixels ([`VIDEO_DEFAULT_TILE`] when
+    /// `None`); the budget (`max_memory`) caps the tiles parked on the
+    /// device (half of what the weights leave), the rest go to host memory.
+    /// [`TileMode::Auto`]: exact tiles only when a null-device dry run of the
+    /// untiled first chunk exceeds the budget or a device limit.
+    /// [`TileMode::Off`] (the default): untiled. [`TileMode::Fast`] is refused
+    /// (its blended tiles would put seams in time as well as space).
+    pub fn set_tiling(&mut self, tiling: Tiling) -> Result<()> {
+        if self.submitted > 0 {
+            return Err(Error::InvalidInput(
+                "a VideoDecoder's tiling is set before its first chunk".into(),
+            ));
+        }
+        if tiling.mode == TileMode::Fast {
+            return Err(Error::Unsupported(
+                "fast (blended) tiles of a video decode: use exact tiles (`TileMode::Exact`), equal to the untiled decode".into(),
+            ));
+        }
+        if tiling.tile_size == Some(0) {
+            return Err(Error::InvalidInput("a tile size of 0 pixels".into()));
+        }
+        self.tiling = tiling;
+        Ok(())
+    }
+
+    /// [`VideoDecoder::set_tiling`] as a builder.
+    pub fn with_tiling(mut self, tiling: Tiling) -> Result<Self> {
+        self.set_tiling(tiling)?;
+        Ok(self)
+    }
+
+    /// The exact tile side in output pixels once a chunk ran tiled (`None`: untiled).
+    pub fn tile_size(&self) -> Option<usize> {
+        self.tiled.as_ref().map(|t| t.px)
+    }
+
+    /// Whether the first chunk `[T, C, h, w]` runs exact tiles: always for
+    /// [`TileMode::Exact`]; for [`TileMode::Auto`] when the untiled chunk
+    /// does not fit the budget or a device limit (a null-device dry run).
+    fn wants_tiles(&self, chunk: &HostTensor) -> Result<bool> {
+        match self.tiling.mode {
+            TileMode::Off | TileMode::Fast => Ok(false),
+            TileMode::Exact => Ok(true),
+            TileMode::Auto => {
+                let budget = self.tiling.budget(self.ctx.caps());
+                let base = self.ctx.pool().stats().allocated_bytes.current;
+                let graph = self.decoder.graph();
+                let fits = crate::run::strategy::fits_budget(&self.ctx, budget, base, |null| {
+                    let mut rec = Recorder::new(null);
+                    let input =
+                        Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
+                    let raw = run_video(
+                        graph,
+                        &mut rec,
+                        input,
+                        &mut Taps::default(),
+                        &mut VideoState::default(),
+                    )?;
+                    drop(raw);
+                    rec.finish();
+                    Ok(())
+                })?;
+                Ok(!fits)
+            }
+        }
+    }
+
+    /// The exact plan of a video whose latent frames are `h × w`.
+    fn exact_plan(&self, (h, w): (usize, usize)) -> Result<(ExactPlan, usize)> {
+        let graph = self.decoder.graph();
+        let levels = video_levels(graph);
+        let scale = 1usize << (levels - 1);
+        let patch = self.decoder.patch_size().max(1);
+        let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
+        // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
+        let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
+        let budget = self.tiling.budget(self.ctx.caps());
+        let base = self.ctx.pool().stats().allocated_bytes.current;
+        let avail = budget.checked_sub(base).ok_or_else(|| {
+            Error::OverBudget(format!(
+                "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
+            ))
+        })?;
+        let plan = ExactPlan {
+            px,
+            levels: level_tiles(px, levels, (h, w)),
+            latent: (h, w),
+            device_cap: avail / 2,
+            attention_state_budget: avail / 4,
+            total_steps: 0,
+            staging_limit: crate::run::strategy::staging_limit(avail),
+        };
+        Ok((plan, px * patch))
     }
 
     /// Decodes the next `chunk` of latents `[T, C, h, w]` (T ≥ 1, TAEHV
@@ -375,8 +499,33 @@ impl<'a> VideoDecoder<'a> {
             [t, c, h, w] => [t, c, h, w],
             _ => return Err(Error::Internal("an unchecked video chunk".into())),
         };
+        if self.submitted == 0 && self.wants_tiles(chunk)? {
+            let (plan, px) = self.exact_plan((h, w))?;
+            self.tiled = Some(TiledVideo {
+                exec: Executor::new(&self.ctx, plan, None),
+                caches: VideoCaches::default(),
+                px,
+            });
+        }
         self.frame = Some([c, h, w]);
         let slot = self.submitted % 2;
+        if let Some(t) = &mut self.tiled {
+            let submitted = std::time::Instant::now();
+            let (values, shape) =
+                t.exec
+                    .decode_video_chunk(self.decoder.graph(), chunk, &mut t.caches)?;
+            self.submitted += 1;
+            return Ok(Pending {
+                slot,
+                submitted,
+                submission: None,
+                mapped: None,
+                shape,
+                dtype: crate::tensor::DType::F32,
+                bytes: 0,
+                ready: Some(values),
+            });
+        }
         let null = self.ctx.is_null();
         let mut encoder =
             self.ctx
@@ -437,6 +586,7 @@ impl<'a> VideoDecoder<'a> {
             shape,
             dtype,
             bytes,
+            ready: None,
         })
     }
 
@@ -459,8 +609,9 @@ impl<'a> VideoDecoder<'a> {
     /// Waits for `p`'s submission (not later ones) and converts its frames.
     fn take(&mut self, p: Pending) -> Result<VideoFrames> {
         let [frames, channels, oh, ow] = p.shape;
-        let values = match (p.submission, p.mapped) {
-            (Some(submission), Some(mapped)) => {
+        let values = match (p.ready, p.submission, p.mapped) {
+            (Some(v), _, _) => v,
+            (None, Some(submission), Some(mapped)) => {
                 self.ctx
                     .device()
                     .poll(wgpu::PollType::Wait {
@@ -534,7 +685,8 @@ impl<'a> VideoDecoder<'a> {
 
     /// Pool bytes the time caches hold between chunks.
     pub fn cache_bytes(&self) -> u64 {
-        self.state.tensors().map(|t| t.byte_size()).sum()
+        let tiled = self.tiled.as_ref().map_or(0, |t| t.caches.bytes());
+        self.state.tensors().map(|t| t.byte_size()).sum::<u64>() + tiled
     }
 }
 
@@ -709,6 +861,14 @@ pub fn decode_video<'a>(
     shape.insert(0, n);
     HostTensor::new(shape, data)
 }
+
+// Hosts move a streaming decoder between threads (Python releases the GIL
+// while it decodes): keep it `Send`, tiled state included.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<VideoDecoder<'static>>();
+    send::<crate::video_encode::VideoEncoder<'static>>();
+};
 
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]

@@ -1873,9 +1873,10 @@ fn video_latent_shapes_are_clear_errors() {
     let out = tmp("image.y4m");
     let (ok, err, _) = decode(&video, &taef2, &["--video-out", out.to_str().unwrap()]);
     assert!(!ok && err.contains("video decoders"), "{err}");
-    // Image-only flags on a video decoder are refused, not ignored.
+    // Image-only flags on a video decoder are refused, not ignored
+    // (--max-memory applies: it budgets exact video tiles).
     for flag in [
-        &["--max-memory", "1G"][..],
+        &["--max-host-memory", "1G"][..],
         &["--scaling-factor", "0.5"],
         &["--shift-factor", "0.1"],
         &["--profile"],

@@ -696,3 +696,234 @@ fn wan21_tiny_f16() {
 
 /// 3× the measured f16 error (4.9e-3, native f16 on lavapipe).
 const WAN_F16_TOLERANCE: f32 = 1.5e-2;
+
+/// Exact tiles vs the untiled decode: float rounding only (the bound).
+const TILED_TOLERANCE: f32 = 1e-3;
+
+/// The frames of `chunks` streamed through an exact tiled [`VideoDecoder`]
+/// with tiles of `px` output pixels; `tight`: a budget of 2 MiB beyond
+/// what is allocated (the weights), so most tiles and caches park in host
+/// memory.
+fn tiled_frames<'a>(
+    ctx: &Context,
+    dec: impl Into<wgvae::VideoModel<'a>>,
+    chunks: &[HostTensor],
+    px: usize,
+    tight: bool,
+) -> Vec<f32> {
+    let mut tiling = wgvae::tiling::Tiling::exact().with_tile_size(px);
+    if tight {
+        tiling = tiling.with_max_memory(ctx.pool().stats().allocated_bytes.current + (2 << 20));
+    }
+    let mut stream = VideoDecoder::new(ctx, dec).with_tiling(tiling).unwrap();
+    let mut out = Vec::new();
+    for c in chunks {
+        out.extend(stream.decode(c).unwrap().data);
+    }
+    assert!(stream.tile_size().is_some(), "the decode ran untiled");
+    out
+}
+
+/// Tiled `got` against the untiled decode and the golden (same layout).
+fn check_close(name: &str, what: &str, got: &[f32], untiled: &[f32], golden: &[f32]) {
+    assert_eq!(got.len(), untiled.len(), "{name}: {what}: values");
+    let (e, at) = max_abs_diff(got, untiled);
+    let (g, gat) = max_abs_diff(got, golden);
+    println!("{name}: exact tiles, {what}: {e:.3e} from untiled (at {at}), {g:.3e} from the golden (at {gat})");
+    assert!(
+        e <= TILED_TOLERANCE,
+        "{name}: {what}: {e} from untiled at {at}"
+    );
+    assert!(
+        g <= TILED_TOLERANCE,
+        "{name}: {what}: {g} from the golden at {gat}"
+    );
+}
+
+/// TAEHV in exact tiles of `px` output pixels (several per level, odd edge
+/// tiles): whole clip, and streamed in chunks of 1 with tiles parked in host memory.
+fn check_tiled(name: &str, file: &str, px: usize) {
+    let Some(dir) = golden(name) else { return };
+    let ctx = test_context();
+    let dec = load(&ctx, &dir, file);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let [1, t, ..] = latents.shape[..] else {
+        panic!("one video expected")
+    };
+    let clip = chunk(&latents, 0, 0, t);
+    let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
+    let whole = tiled_frames(&ctx, &dec, std::slice::from_ref(&clip), px, false);
+    check_close(name, "whole clip", &whole, &untiled, &want.data);
+    let ones: Vec<HostTensor> = (0..t).map(|t0| chunk(&latents, 0, t0, t0 + 1)).collect();
+    let streamed = tiled_frames(&ctx, &dec, &ones, px, true);
+    check_close(
+        name,
+        "chunks of 1, parked on the host",
+        &streamed,
+        &untiled,
+        &want.data,
+    );
+}
+
+/// 64×80 frames (8×10 latents) in 40-pixel tiles: 2×2 tiles at every
+/// level, the last row 24 (latent 3) high, the last column 40.
+#[test]
+fn taew2_1_rand_exact_tiles() {
+    check_tiled("taew2_1-rand", "taew2_1.safetensors", 40);
+}
+
+/// Patch size 2: 40-pixel output tiles are 24-pixel graph tiles over its
+/// 32×48 output (latent 4×6: tiles of 3, the last row 1 high).
+#[test]
+fn taew2_2_rand_exact_tiles() {
+    check_tiled("taew2_2-rand", "taew2_2.safetensors", 40);
+}
+
+/// Wan 2.1 (RMS norms, causal 3-tap convs, time up-sampling, the
+/// mid-block's per-frame attention streamed over K/V tiles) in 40-pixel
+/// tiles (as taew2_1's): whole clip and streamed in chunks of 1.
+#[test]
+fn wan21_tiny_exact_tiles() {
+    let ctx = test_context();
+    let Some((dir, dec)) = wan(&ctx) else { return };
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let [_, _, t, ..] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let [_, oc, ot, oh, ow] = want.shape[..] else {
+        panic!("decoded is not 5-D")
+    };
+    // [T', 3, H, W] → [3, T', H, W] (the golden's layout).
+    let channels_first = |frames: &[f32]| -> Vec<f32> {
+        let plane = oh * ow;
+        let mut data = Vec::new();
+        for ch in 0..oc {
+            for f in 0..ot {
+                let at = (f * oc + ch) * plane;
+                data.extend_from_slice(&frames[at..at + plane]);
+            }
+        }
+        data
+    };
+    let clip = wan_chunk(&latents, 0, t);
+    let untiled = channels_first(&VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data);
+    let whole = channels_first(&tiled_frames(
+        &ctx,
+        &dec,
+        std::slice::from_ref(&clip),
+        40,
+        false,
+    ));
+    check_close("wan21-tiny", "whole clip", &whole, &untiled, &want.data);
+    let ones: Vec<HostTensor> = (0..t).map(|t0| wan_chunk(&latents, t0, t0 + 1)).collect();
+    let streamed = channels_first(&tiled_frames(&ctx, &dec, &ones, 40, true));
+    check_close(
+        "wan21-tiny",
+        "chunks of 1, parked on the host",
+        &streamed,
+        &untiled,
+        &want.data,
+    );
+}
+
+/// `decode VIDEO --vae taew2_1 --tile exact --tile-size 40 --save-raw`:
+/// the raw output equals the golden within the tiled bound and the JSON
+/// says exact tiles; `--tile fast` is refused.
+#[test]
+fn cli_exact_tiles() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let run = |extra: &[&str]| {
+        let mut args = vec![
+            "decode".to_string(),
+            dir.join("latents.npy").display().to_string(),
+            "--vae".into(),
+            dir.join("taew2_1.safetensors").display().to_string(),
+        ];
+        args.extend(extra.iter().map(|s| s.to_string()));
+        let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(&args)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .unwrap();
+        (
+            o.status.success(),
+            String::from_utf8_lossy(&o.stdout).into_owned(),
+            String::from_utf8_lossy(&o.stderr).into_owned(),
+        )
+    };
+    let raw = std::env::temp_dir().join(format!("wgvae-vtile-raw-{}.npy", std::process::id()));
+    let raws = raw.to_str().unwrap();
+    let (ok, stdout, err) = run(&[
+        "--tile",
+        "exact",
+        "--tile-size",
+        "40",
+        "--save-raw",
+        raws,
+        "--json",
+    ]);
+    assert!(ok, "{err}");
+    let v: serde_json::Value = serde_json::from_str(stdout.trim()).unwrap();
+    assert_eq!(v["tiling"], "exact", "{v}");
+    assert_eq!(v["tile_size"], 40, "{v}");
+    let want = read_npy(&dir.join("decoded_raw.npy")).unwrap();
+    let got = read_npy(&raw).unwrap();
+    std::fs::remove_file(&raw).ok();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = max_abs_diff(&got.data, &want.data);
+    println!("taew2_1-rand CLI --tile exact: max |diff| = {e:.3e} at {at}");
+    assert!(e <= TILED_TOLERANCE, "--tile exact differs by {e} at {at}");
+    let (ok, _, err) = run(&["--tile", "fast", "--save-raw", raws]);
+    assert!(!ok && err.contains("--tile exact"), "{err}");
+}
+
+/// The null-device estimate covers exact tiles: untiled, taew2_1's 512×512
+/// frames need a 256 MiB tensor (4 frames × 64 × 512²), over the device's
+/// storage binding limit (128 MiB on lavapipe); in 128-pixel tiles within a
+/// 96 MiB budget (half of it for parked tiles, the rest parked in host
+/// memory) they decode within the budget.
+#[test]
+fn exact_tiles_estimate_below_untiled() {
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
+    let caps = test_context().caps().clone();
+    let vae = dir.join("taew2_1.safetensors");
+    let load = LoadOptions::default();
+    let est = || {
+        wgvae::decode::Estimate::new(
+            &caps,
+            wgvae::memory::Policy::Exact,
+            vae.to_str().unwrap(),
+            &load,
+        )
+    };
+    let untiled = est().video((512, 512), 3, 1);
+    if caps.max_storage_buffer_binding_size < 256 << 20 {
+        let m = message(untiled);
+        assert!(m.contains("256") || m.contains("binding"), "{m}");
+    }
+    let budget = 96 << 20;
+    let tiling = wgvae::tiling::Tiling::exact()
+        .with_tile_size(128)
+        .with_max_memory(budget);
+    let tiled = est().video_tiled((512, 512), 3, 1, &tiling).unwrap();
+    println!(
+        "taew2_1 512×512, chunks of 1: exact 128-px tiles peak allocated {} B (caches {} B)",
+        tiled.peak_allocated_bytes, tiled.cache_bytes
+    );
+    assert_eq!(tiled.tile_size, Some(128));
+    // 3 blocks each of 256×64², 128×128², 64×256² f32 values: whole frames.
+    assert_eq!(
+        tiled.cache_bytes,
+        3 * 4 * (256 * 64 * 64 + 128 * 128 * 128 + 64 * 256 * 256)
+    );
+    assert!(tiled.peak_allocated_bytes <= budget);
+}

@@ -162,7 +162,6 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
             ("--scaling-factor", a.scaling_factor.is_some()),
             ("--shift-factor", a.shift_factor.is_some()),
             ("--profile", a.profile),
-            ("--max-memory", a.tiles.max_memory.is_some()),
             ("--max-host-memory", a.tiles.max_host_memory.is_some()),
             ("--tile-mid-block", a.tiles.tile_mid_block),
         ];

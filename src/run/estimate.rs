@@ -201,6 +201,8 @@ pub struct VideoMemoryEstimate {
     pub peak_allocated_bytes: u64,
     /// Peak reserved of the whole decode, any T.
     pub peak_reserved_bytes: u64,
+    /// Exact tile side in output pixels (`None`: untiled).
+    pub tile_size: Option<usize>,
     /// Always true: streaming holds only the caches between chunks, so the
     /// peak does not grow with T (videos of fewer than three chunks peak lower).
     pub independent_of_frames: bool,
@@ -213,12 +215,25 @@ impl Estimate<'_> {
     /// Peaks of streaming a video of `frames` latent frames, `chunk` at a
     /// time, into frames of `size` `(H, W)` pixels: the first three chunks
     /// (those the video has) run on a null device; every later chunk repeats
-    /// the steady state's allocations. Untiled (video decodes are).
+    /// the steady state's allocations. Untiled.
     pub fn video(
         &self,
         size: (usize, usize),
         frames: usize,
         chunk: usize,
+    ) -> Result<VideoMemoryEstimate> {
+        self.video_tiled(size, frames, chunk, &crate::tiling::Tiling::off())
+    }
+
+    /// [`Estimate::video`] with frames tiled as `tiling` asks
+    /// ([`crate::VideoDecoder::set_tiling`]): an exact tiled decode runs on
+    /// the null device too (its tiles parked on the host are outside the pool).
+    pub fn video_tiled(
+        &self,
+        size: (usize, usize),
+        frames: usize,
+        chunk: usize,
+        tiling: &crate::tiling::Tiling,
     ) -> Result<VideoMemoryEstimate> {
         let (h, w) = size;
         if frames == 0 || chunk == 0 || frames > MAX_VIDEO_FRAMES {
@@ -245,6 +260,7 @@ impl Estimate<'_> {
         let latent = [c, h / up, w / up];
         let weights_bytes = null.pool().stats().allocated_bytes.current;
         let mut stream = crate::VideoDecoder::new(&null, dec);
+        stream.set_tiling(tiling.clone())?;
         // The first chunk (no caches yet, Wan's first frame skips its time
         // convs) and up to two more, as long as the video has frames for
         // them: the second may still differ from the steady state.
@@ -289,6 +305,7 @@ impl Estimate<'_> {
             chunk_peak_allocated_bytes: steady,
             peak_allocated_bytes: peak,
             peak_reserved_bytes: reserved,
+            tile_size: stream.tile_size(),
             independent_of_frames: true,
         })
     }

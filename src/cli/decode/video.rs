@@ -223,9 +223,17 @@ pub(crate) fn decode_video(
         )));
     }
     let tiling = a.tiles.tiling()?;
-    if !matches!(tiling.mode, TileMode::Auto | TileMode::Off) || tiling.tile_size.is_some() {
+    // Exact tiles (or auto: exact when the untiled frame exceeds the budget
+    // or a binding limit); blended fast tiles are refused.
+    if tiling.mode == TileMode::Fast {
         return Err(Error::InvalidInput(
-            "a video decode runs untiled: it takes no --tile exact/fast or --tile-size".into(),
+            "a video decode takes --tile exact (equal to untiled), auto or off, not --tile fast"
+                .into(),
+        ));
+    }
+    if tiling.tile_size.is_some() && !matches!(tiling.mode, TileMode::Exact | TileMode::Auto) {
+        return Err(Error::InvalidInput(
+            "--tile-size applies to --tile exact or auto".into(),
         ));
     }
     let rate: FrameRate = a.fps.parse()?;
@@ -326,6 +334,8 @@ pub(crate) fn decode_video(
     ctx.pool().reset_peak_stats();
     let mut videos = Vec::new();
     let mut chroma = None;
+    // Exact tile side of the run (`None`: untiled).
+    let mut tile_px = None;
     for v in 0..n {
         let dir = match &sinks.pngs {
             Some(d) if n == 1 => Some(d.clone()),
@@ -347,6 +357,7 @@ pub(crate) fn decode_video(
             videos.push(path);
         }
         let mut stream = VideoDecoder::new(ctx, decoder);
+        stream.set_tiling(tiling.clone())?;
         for t0 in (0..t).step_by(step) {
             let t1 = (t0 + step).min(t);
             let at = (v * t + t0) * frame;
@@ -363,6 +374,7 @@ pub(crate) fn decode_video(
         if let Some(got) = stream.finish()? {
             sinks.take(&got, dir.as_deref())?;
         }
+        tile_px = tile_px.or(stream.tile_size());
         sinks.end_video();
         if let Some((staged, y4m)) = sinks.y4m.take() {
             y4m.finish()?;
@@ -401,6 +413,8 @@ pub(crate) fn decode_video(
                 "frames": frames,
                 "frame_shape": [3, height, width],
                 "chunk_latent_frames": step,
+                "tiling": if tile_px.is_some() { "exact" } else { "untiled" },
+                "tile_size": tile_px,
                 "decode_ms": ms,
                 "frames_per_s": fps,
                 "latency": latency,
@@ -430,8 +444,12 @@ pub(crate) fn decode_video(
             wrote.push(format!("{} (raw float32)", p.display()));
         }
         println!("wrote {}", wrote.join(", "));
+        let tiles = match tile_px {
+            Some(px) => format!(", exact tiles of {px} px"),
+            None => String::new(),
+        };
         println!(
-            "{} ({}): {frames} frames of {width}×{height} in {ms:.1} ms on {} (chunks of {step} latent frames): {fps:.2} frames/s; latency per frame mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; peak allocated {:.1} MiB",
+            "{} ({}): {frames} frames of {width}×{height} in {ms:.1} ms on {} (chunks of {step} latent frames{tiles}): {fps:.2} frames/s; latency per frame mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; peak allocated {:.1} MiB",
             decoder.name(),
             a.vae,
             device(ctx),

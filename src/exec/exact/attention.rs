@@ -20,8 +20,12 @@ pub(crate) struct AttentionSpec<'a> {
     pub k: &'a Conv2dWeights,
     pub v: &'a Conv2dWeights,
     pub out: &'a Conv2dWeights,
-    /// Global GroupNorm affine of the input `[N, C, 2]`.
-    pub affine: &'a Tensor,
+    /// Global GroupNorm affine of the input `[N, C, 2]` applied on load
+    /// (`None`: the projections read their input as it is).
+    pub affine: Option<&'a Tensor>,
+    /// What q/k/v project (Wan's per-frame attention: the RMS-normed
+    /// input); `None`: the input itself. The output is added into the input.
+    pub source: Option<&'a Act>,
     /// Statistics of this norm over the output.
     pub stats: Option<&'a Norm>,
 }
@@ -39,8 +43,8 @@ impl Executor {
         let (n, c) = (x.n, x.c);
         let scale = 1.0 / (c as f32).sqrt();
         let same1 = Conv2dOptions::same(1);
-        let pro = Some(Prologue {
-            affine: spec.affine,
+        let pro = spec.affine.map(|affine| Prologue {
+            affine,
             act: Activation::None,
         });
         let tiles = x.grid.len();
@@ -63,7 +67,7 @@ impl Executor {
         if tiles == 1 {
             // Whole: the plain flash-attention kernel, as the untiled decoder.
             let r = x.grid.rect(0);
-            let xw = self.read_window(&x, r)?;
+            let xw = self.read_window(spec.source.unwrap_or(&x), r)?;
             let q = proj(self, &xw, spec.q, &r)?;
             let k = proj(self, &xw, spec.k, &r)?;
             let v = proj(self, &xw, spec.v, &r)?;
@@ -87,7 +91,7 @@ impl Executor {
             let mut vs = self.empty_act(n, c, x.h, x.w, DType::F32);
             for i in 0..tiles {
                 let r = x.grid.rect(i);
-                let xw = self.read_window(&x, r)?;
+                let xw = self.read_window(spec.source.unwrap_or(&x), r)?;
                 let k = proj(self, &xw, spec.k, &r)?;
                 self.park(&mut ks, i, k)?;
                 let v = proj(self, &xw, spec.v, &r)?;
@@ -113,7 +117,7 @@ impl Executor {
                 let mut states = Vec::new();
                 for &i in &group {
                     let r = x.grid.rect(i);
-                    let xw = self.read_window(&x, r)?;
+                    let xw = self.read_window(spec.source.unwrap_or(&x), r)?;
                     let q = proj(self, &xw, spec.q, &r)?;
                     let t = r.area();
                     let acc = Tensor::empty(&self.ctx, &[n, c, t], DType::F32, "attention acc")?;

@@ -5,16 +5,16 @@
 //! - [`grid`]: tile grids per resolution level, conv input spans;
 //! - [`parking`]: parked activations ([`Act`]), windows, read-backs;
 //! - [`stats`]: GroupNorm statistics accumulated over tiles;
-//! - [`attention`]: the mid-block attention streamed over K/V tiles.
+//! - [`attention`]: the mid-block attention streamed over K/V tiles;
+//! - [`video`]: causal video ops (time caches as parked whole-frame activations).
 
 mod attention;
 mod grid;
 mod parking;
 mod run;
 mod stats;
+mod video;
 
-use std::cell::RefCell;
-use std::rc::Rc;
 
 use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder, SubmitStats};
@@ -29,7 +29,8 @@ use crate::tiling::{Progress, ProgressUpdate, TilingReport};
 pub(crate) use attention::AttentionSpec;
 use grid::{conv_span, upsample_span, Grid};
 pub(crate) use parking::Act;
-use parking::{Counters, HostPiece, Piece, Shared};
+use parking::{HostPiece, Piece, Shared};
+pub(crate) use video::{level_tiles, video_levels, VideoCaches};
 
 /// Everything a tiled run needs to allocate identically in dry and real runs.
 #[derive(Clone, Debug, PartialEq, Eq, Hash)]
@@ -68,6 +69,7 @@ pub(crate) mod stage {
     pub const ATTENTION: &str = "attention";
     pub const OUTPUT: &str = "output";
     pub const MAP: &str = "map";
+    pub const TIME: &str = "time cache";
 }
 
 // ---------------------------------------------------------------------------
@@ -179,7 +181,7 @@ impl Executor {
             ctx: ctx.clone(),
             rec: None,
             plan,
-            counters: Rc::new(RefCell::new(Counters::default())),
+            counters: Shared::default(),
             report: TilingReport::default(),
             progress,
             staging: 0,

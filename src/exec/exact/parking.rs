@@ -1,8 +1,7 @@
 //! Parked activations: tiles kept on the device within the plan's cap, or
 //! read back to host memory; windows gathered (and uploaded) from them.
 
-use std::cell::RefCell;
-use std::rc::Rc;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 use super::grid::Grid;
 use super::Executor;
@@ -19,7 +18,23 @@ pub(super) struct Counters {
     pub(super) host_peak: u64,
 }
 
-pub(super) type Shared = Rc<RefCell<Counters>>;
+/// Counters shared by an executor and its parked pieces. A mutex, not a
+/// `RefCell`, so an executor (kept by a streaming `VideoDecoder` between
+/// chunks) can move to another thread.
+#[derive(Clone, Default)]
+pub(super) struct Shared(Arc<Mutex<Counters>>);
+
+impl Shared {
+    /// The counters; a panic elsewhere cannot leave them half-updated (plain
+    /// integer updates), so a poisoned lock is taken as is.
+    pub(super) fn borrow_mut(&self) -> MutexGuard<'_, Counters> {
+        self.0.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(super) fn borrow(&self) -> MutexGuard<'_, Counters> {
+        self.borrow_mut()
+    }
+}
 
 /// A tile kept on the device; its bytes count against the parking cap.
 pub(super) struct DevicePiece {

@@ -3,7 +3,7 @@
 //! statistics while it produces the tiles ([`Graph::stats_of`]), so the
 //! [`Op::Stats`] itself has nothing left to do.
 
-use super::{Act, AttentionSpec, ConvSpec, Executor, Residual as ExResidual};
+use super::{Act, AttentionSpec, ConvSpec, Executor, Residual as ExResidual, VideoCaches};
 use crate::error::{Error, Result};
 use crate::models::graph::{Geometry, Graph, Mode, Op, Residual, TensorId};
 use crate::models::layers::identity_affine;
@@ -24,6 +24,18 @@ impl Executor {
         graph: &Graph,
         input: Act,
         keep_raw: bool,
+    ) -> Result<(Act, Option<Act>)> {
+        self.run_graph_with(graph, input, keep_raw, None)
+    }
+
+    /// [`Executor::run_graph`] with the time caches of a video graph's
+    /// chunk (`None`: the graph has no time ops).
+    pub(crate) fn run_graph_with(
+        &mut self,
+        graph: &Graph,
+        input: Act,
+        keep_raw: bool,
+        mut caches: Option<&mut VideoCaches>,
     ) -> Result<(Act, Option<Act>)> {
         let n = input.n;
         let mut slots: Vec<Option<Value>> = (0..graph.tensors()).map(|_| None).collect();
@@ -50,16 +62,74 @@ impl Executor {
                     (None, None)
                 }
                 Op::Tap { .. } => (None, None),
-                Op::TimeShift { .. }
-                | Op::TimeGrow { .. }
-                | Op::TimePool { .. }
-                | Op::RmsNorm { .. }
-                | Op::CausalConv { .. }
-                | Op::TimeUpsample { .. }
-                | Op::FrameAttention { .. } => {
+                Op::TimeShift { x, cache } => {
+                    let caches = video_caches(&mut caches)?;
+                    let y = self.time_shift(act(&slots, *x)?, *cache, caches)?;
+                    (Some(Value::Act(y)), None)
+                }
+                Op::TimeGrow { x, stride } => {
+                    let x = take_act(&mut slots, *x)?;
+                    (Some(Value::Act(self.time_grow(x, *stride)?)), None)
+                }
+                Op::RmsNorm { x, norm, silu } => {
+                    let y = self.rms_norm(act(&slots, *x)?, graph.rms(*norm), *silu)?;
+                    (Some(Value::Act(y)), None)
+                }
+                Op::CausalConv {
+                    x,
+                    w,
+                    cache,
+                    residual,
+                } => {
+                    let caches = video_caches(&mut caches)?;
+                    let taken = match residual {
+                        Residual::InPlace(r) => Some(take_act(&mut slots, *r)?),
+                        _ => None,
+                    };
+                    let res = match (*residual, taken) {
+                        (Residual::Shortcut(s, sc), _) => {
+                            ExResidual::Shortcut(act(&slots, s)?, graph.conv(sc))
+                        }
+                        (_, Some(r)) => ExResidual::Take(r),
+                        _ => ExResidual::None,
+                    };
+                    let x = act(&slots, *x)?;
+                    let t = x.n;
+                    let y = self.causal_conv(x, (0, t), graph.causal(*w), res, *cache, caches)?;
+                    (Some(Value::Act(y)), None)
+                }
+                Op::TimePool { .. } => {
                     return Err(Error::Unsupported(
-                        "exact tiles of a video decoder (its time caches run untiled only)".into(),
+                        "exact tiles of a video encoder (its time pooling runs untiled only)".into(),
                     ))
+                }
+                Op::TimeUpsample { x, w, cache, up } => {
+                    let caches = video_caches(&mut caches)?;
+                    let x = act(&slots, *x)?;
+                    let y =
+                        self.time_upsample(x, graph.causal(*w), graph.conv(*up), *cache, caches)?;
+                    (Some(Value::Act(y)), None)
+                }
+                Op::FrameAttention {
+                    x,
+                    normed,
+                    q,
+                    k,
+                    v,
+                    out: o,
+                } => {
+                    let x = take_act(&mut slots, *x)?;
+                    let spec = AttentionSpec {
+                        q: graph.conv(*q),
+                        k: graph.conv(*k),
+                        v: graph.conv(*v),
+                        out: graph.conv(*o),
+                        affine: None,
+                        source: Some(act(&slots, *normed)?),
+                        stats: lookahead.map(|l| l.0),
+                    };
+                    let (y, a) = self.attention(x, spec)?;
+                    (Some(Value::Act(y)), a)
                 }
                 Op::Attention {
                     x,
@@ -75,7 +145,8 @@ impl Executor {
                         k: graph.conv(*k),
                         v: graph.conv(*v),
                         out: graph.conv(*o),
-                        affine: whole(&slots, *affine)?,
+                        affine: Some(whole(&slots, *affine)?),
+                        source: None,
                         stats: lookahead.map(|l| l.0),
                     };
                     let (y, a) = self.attention(x, spec)?;
@@ -136,6 +207,13 @@ impl Executor {
             None => Ok((take_act(&mut slots, graph.output())?, None)),
         }
     }
+}
+
+/// The caches a video op needs (an error for a graph run without them).
+fn video_caches<'c>(caches: &'c mut Option<&mut VideoCaches>) -> Result<&'c mut VideoCaches> {
+    caches.as_deref_mut().ok_or_else(|| {
+        Error::Internal("a video graph's time op in a tiled run without time caches".into())
+    })
 }
 
 fn missing(t: TensorId) -> Error {
