@@ -15,7 +15,6 @@ mod run;
 mod stats;
 mod video;
 
-
 use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder, SubmitStats};
 use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};

@@ -100,7 +100,8 @@ impl Executor {
                 }
                 Op::TimePool { .. } => {
                     return Err(Error::Unsupported(
-                        "exact tiles of a video encoder (its time pooling runs untiled only)".into(),
+                        "exact tiles of a video encoder (its time pooling runs untiled only)"
+                            .into(),
                     ))
                 }
                 Op::TimeUpsample { x, w, cache, up } => {
