@@ -17,7 +17,7 @@
     clippy::indexing_slicing
 )]
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
 use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
@@ -52,8 +52,8 @@ impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
     }
 }
 
-impl VideoModel<'_> {
-    fn graph(&self) -> &Graph {
+impl<'a> VideoModel<'a> {
+    fn graph(self) -> &'a Graph {
         match self {
             VideoModel::Taehv(d) => d.graph(),
             VideoModel::Wan(d) => d.graph(),
@@ -243,6 +243,23 @@ struct TiledVideo {
     px: usize,
 }
 
+/// The model a [`VideoDecoder`] runs: borrowed, or shared through an `Arc`
+/// ([`VideoDecoder::shared`]: a `'static` decoder a host can keep beside
+/// anything, e.g. in a Python object).
+enum ModelRef<'a> {
+    Borrowed(VideoModel<'a>),
+    Shared(Arc<VideoVae>),
+}
+
+impl ModelRef<'_> {
+    fn get(&self) -> VideoModel<'_> {
+        match self {
+            ModelRef::Borrowed(m) => *m,
+            ModelRef::Shared(v) => v.model(),
+        }
+    }
+}
+
 /// A streaming decode of one video: feed latent chunks in order, get the
 /// frames each chunk completes. Between calls it holds only the decoder's
 /// time caches (one frame per MemBlock), so memory does not grow with the
@@ -257,7 +274,7 @@ struct TiledVideo {
 /// the overlap (submit, wait, return this chunk's frames).
 pub struct VideoDecoder<'a> {
     ctx: Context,
-    decoder: VideoModel<'a>,
+    decoder: ModelRef<'a>,
     state: VideoState,
     /// Latent frame shape `[C, h, w]` of the first chunk.
     frame: Option<[usize; 3]>,
@@ -281,16 +298,33 @@ pub struct VideoDecoder<'a> {
     tiled: Option<TiledVideo>,
 }
 
+impl VideoDecoder<'static> {
+    /// A decoder at the start of a video that shares ownership of `model`
+    /// (no borrow: it can live beside the `Arc` or outlive it).
+    pub fn shared(ctx: &Context, model: Arc<VideoVae>) -> Self {
+        Self::with_model(ctx, ModelRef::Shared(model))
+    }
+}
+
 impl<'a> VideoDecoder<'a> {
     /// A decoder at the start of a video.
     pub fn new(ctx: &Context, decoder: impl Into<VideoModel<'a>>) -> Self {
-        let decoder = decoder.into();
+        Self::with_model(ctx, ModelRef::Borrowed(decoder.into()))
+    }
+
+    /// The model it runs.
+    pub fn model(&self) -> VideoModel<'_> {
+        self.decoder.get()
+    }
+
+    fn with_model(ctx: &Context, decoder: ModelRef<'a>) -> Self {
+        let to_trim = decoder.get().frames_to_trim();
         VideoDecoder {
             ctx: ctx.clone(),
             decoder,
             state: VideoState::default(),
             frame: None,
-            to_trim: decoder.frames_to_trim(),
+            to_trim,
             delivered: 0,
             submitted: 0,
             staging: [None, None],
@@ -354,7 +388,7 @@ impl<'a> VideoDecoder<'a> {
             TileMode::Auto => {
                 let budget = self.tiling.budget(self.ctx.caps());
                 let base = self.ctx.pool().stats().allocated_bytes.current;
-                let graph = self.decoder.graph();
+                let graph = self.decoder.get().graph();
                 let fits = crate::run::strategy::fits_budget(&self.ctx, budget, base, |null| {
                     let mut rec = Recorder::new(null);
                     let input =
@@ -377,10 +411,10 @@ impl<'a> VideoDecoder<'a> {
 
     /// The exact plan of a video whose latent frames are `h × w`.
     fn exact_plan(&self, (h, w): (usize, usize)) -> Result<(ExactPlan, usize)> {
-        let graph = self.decoder.graph();
+        let graph = self.decoder.get().graph();
         let levels = video_levels(graph);
         let scale = 1usize << (levels - 1);
-        let patch = self.decoder.patch_size().max(1);
+        let patch = self.decoder.get().patch_size().max(1);
         let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
         // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
         let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
@@ -477,7 +511,7 @@ impl<'a> VideoDecoder<'a> {
                 )))
             }
         };
-        check_frame(self.decoder, [t, c, h, w])?;
+        check_frame(self.decoder.get(), [t, c, h, w])?;
         if let Some(f) = self.frame.filter(|f| *f != [c, h, w]) {
             return Err(Error::InvalidInput(format!(
                 "latent chunk frames are {c}×{h}×{w}, the video's first chunk had {}×{}×{}: every chunk of one video has the same latent size",
@@ -513,7 +547,7 @@ impl<'a> VideoDecoder<'a> {
             let submitted = std::time::Instant::now();
             let (values, shape) =
                 t.exec
-                    .decode_video_chunk(self.decoder.graph(), chunk, &mut t.caches)?;
+                    .decode_video_chunk(self.decoder.get().graph(), chunk, &mut t.caches)?;
             self.submitted += 1;
             return Ok(Pending {
                 slot,
@@ -536,7 +570,7 @@ impl<'a> VideoDecoder<'a> {
         let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
         let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
         let raw = run_video(
-            self.decoder.graph(),
+            self.decoder.get().graph(),
             &mut rec,
             input,
             &mut Taps::default(),
@@ -649,10 +683,10 @@ impl<'a> VideoDecoder<'a> {
         self.to_trim -= skip;
         let per_frame = channels * oh * ow;
         let kept = values.get(skip * per_frame..).unwrap_or_default();
-        let patch = self.decoder.patch_size();
+        let patch = self.decoder.get().patch_size();
         let out_c = channels / (patch * patch);
         let mut data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
-        if let VideoModel::Wan(_) = self.decoder {
+        if let VideoModel::Wan(_) = self.decoder.get() {
             data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
         }
         let first = self.delivered;
