@@ -27,6 +27,11 @@
 //! Latents come from host memory ([`HostTensor`]) or from one of your
 //! buffers ([`DeviceLatents`], e.g. written by your own diffusion model).
 //!
+//! Streamed video decodes record into your encoder too:
+//! [`crate::VideoDecoder::record_chunk_to_textures`] writes each frame of a
+//! chunk into one of your textures (same formats and values as here) and
+//! returns a [`crate::PendingFrames`] to keep until you submit.
+//!
 //! # Thread safety
 //!
 //! [`Engine`] and [`PendingDecode`] are `Send + Sync` (checked at compile

@@ -8,6 +8,15 @@
 //! (TAEHV: frames `[T', 3, H, W]` before its clamp to [0, 1]), with the
 //! first `frames_to_trim` frames of a video dropped and the pixel shuffle of
 //! patch-size-2 models applied on the host as the frames come back.
+//!
+//! A decoder borrows its model ([`VideoDecoder::new`]) or shares it
+//! ([`VideoDecoder::shared`], `'static`: for hosts that keep the decoder
+//! beside the model, e.g. in a Python object). Embedded in a wgpu app,
+//! [`VideoDecoder::record_chunk_to_textures`] records a chunk into the
+//! app's own `wgpu::CommandEncoder` and writes each frame into one of its
+//! textures (RGBA8 or RGBA16F, as [`crate::embed`]'s image path), with
+//! nothing submitted or read back; the returned [`PendingFrames`] is kept
+//! until the app submits.
 
 // Input-facing: latents and their shapes come from files.
 #![warn(
