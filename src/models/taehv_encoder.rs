@@ -6,7 +6,7 @@
 //! → ReLU → 3 × [TPool(s) → conv(stride 2, no bias) → 3 MemBlocks] →
 //! conv(64→latent). TPool(s) is a 1×1 conv of `s` consecutive frames side by
 //! side on channels: in the graph a free view `[T·s, C] → [T, s·C]`
-//! ([`crate::models::graph::Op::TimePool`], exactly `taehv.py`'s reshape)
+//! (the graph's `TimePool` op, exactly `taehv.py`'s reshape)
 //! and one ordinary 1×1 conv; no copy, no new kernel. The strides are read
 //! off the TPool weights (`[64, s·64, 1, 1]`).
 
