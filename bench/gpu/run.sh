@@ -3,13 +3,16 @@
 # torch + diffusers import) the PyTorch comparison, on one adapter, into one report
 # folder (summary.md / summary.csv on top, one subfolder per stage).
 #
-#   bench/gpu/run.sh [--quick] [--adapter NAME] [--bin DIR | --cargo-profile P]
+#   bench/gpu/run.sh [--quick | --smoke] [--adapter NAME] [--bin DIR | --cargo-profile P]
 #                    [--skip STAGES] [--skip-reason TEXT] [--shared DIR] --out DIR
 #
 #   --quick        small sizes (TAEF2 at 64 and 128 px, the SD1.5 preset at 64 px,
 #                  taew2_1 and the tiny Wan VAE at 32 px for 2 latent frames, f32,
 #                  one timed decode per cell) and a representative test subset;
 #                  minutes on lavapipe
+#   --smoke        --quick's smallest cells only, for CI: TAEF2 at 64 px (no
+#                  preset), its memory predictions without `wgvae report memory`,
+#                  the quick video cells; about a minute on lavapipe
 #   --adapter NAME the adapter (part of its name, as in `wgvae info`); exported as
 #                  WGPU_ADAPTER_NAME for tests and benches. The backend comes from
 #                  WGPU_BACKEND (vulkan, gl, metal, dx12), e.g. WGPU_BACKEND=vulkan
@@ -36,9 +39,10 @@
 # the script exits 1 when any stage failed.
 set -uo pipefail
 
-usage() { sed -n '2,36p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 
 quick=0
+smoke=0
 adapter=
 bin=
 skip=
@@ -49,6 +53,7 @@ out=
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --smoke) quick=1; smoke=1 ;;
     --adapter) adapter=${2:?--adapter needs a name}; shift ;;
     --bin) bin=${2:?--bin needs a folder}; shift ;;
     --skip) skip=${2:?--skip needs stages}; shift ;;
@@ -159,6 +164,11 @@ else
   video_dtypes=f32,f16,bf16
   quick_tests=()
   quick_filter=
+fi
+if [ "$smoke" = 1 ]; then
+  # CI's budget: each stage's smallest cell (a preset's seeded weights alone take a minute on lavapipe).
+  presets=()
+  taef2_sizes=64
 fi
 
 # ---------------------------------------------------------------- header
@@ -349,7 +359,7 @@ stage_decode() {
   if grep -v '"ok"' "$out/decode.csv" | grep -q '^[a-z0-9]*,[a-z]*,[0-9]'; then
     echo "cells not ok:"; grep -v '"ok"' "$out/decode.csv" | grep '^[a-z0-9]*,[a-z]*,[0-9]'
   fi
-  say_note decode "$n cell groups ($(($(wc -l <"$out/decode.csv") - 1)) rows): sizes TAEF2 $taef2_sizes, presets $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs"
+  say_note decode "$n cell groups ($(tail -n +2 "$out/decode.csv" | wc -l) rows): sizes TAEF2 $taef2_sizes, presets ${presets[*]:-none} at $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs"
   return "$rc"
 }
 
@@ -394,9 +404,14 @@ stage_memory() {
   local report_args=(--this-device --out "$dir/report")
   [ -n "$shared" ] && report_args+=(--reference "$shared/reference/pytorch_vae_memory_rtx4090.csv")
   [ "$quick" = 1 ] || report_args+=(--measure)
-  echo "--- wgvae report memory ${report_args[*]}"
-  "$wgvae" "${adapter_args[@]}" report memory "${report_args[@]}" || rc=1
-  say_note memory "$rows decoded cells predicted: $((rows - mismatches)) equal to the measured peak (MiB, 2 decimals); report memory ${report_args[*]:0:1}$([ "$quick" = 1 ] || echo ' --measure')"
+  local report_note="report memory ${report_args[*]:0:1}$([ "$quick" = 1 ] || echo ' --measure')"
+  if [ "$smoke" = 1 ]; then
+    report_note="no report memory (--smoke)"
+  else
+    echo "--- wgvae report memory ${report_args[*]}"
+    "$wgvae" "${adapter_args[@]}" report memory "${report_args[@]}" || rc=1
+  fi
+  say_note memory "$rows decoded cells predicted: $((rows - mismatches)) equal to the measured peak (MiB, 2 decimals); $report_note"
   [ "$mismatches" = 0 ] || rc=1
   return "$rc"
 }
@@ -554,7 +569,7 @@ md_table() { # CSV -> Markdown table (commas inside quoted fields kept; POSIX aw
 }
 
 {
-  echo "# wgvae GPU check$([ "$quick" = 1 ] && echo ' (quick)')"
+  echo "# wgvae GPU check$([ "$smoke" = 1 ] && echo ' (smoke)' || { [ "$quick" = 1 ] && echo ' (quick)'; })"
   echo
   echo "| | |"
   echo "|---|---|"
