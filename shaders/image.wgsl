@@ -50,9 +50,11 @@ fn to_unit(v: f32) -> f32 {
     return clamp(v, 0.0, 1.0);
 }
 
-// Written so NaN fails the comparison (a compiler may not fold `v != v` away).
+// On the bits: GLSL compilers may assume no NaN and fold float comparisons
+// (`abs(v) <= MAX` passed NaN on wgpu's GL backend); an all-ones exponent is
+// NaN or ±Inf whatever the float model.
 fn finite(v: f32) -> bool {
-    return abs(v) <= 3.40282347e38;
+    return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
 }
 
 fn alpha(r: f32, g: f32, b: f32) -> u32 {

@@ -27,6 +27,11 @@
 //! Latents come from host memory ([`HostTensor`]) or from one of your
 //! buffers ([`DeviceLatents`], e.g. written by your own diffusion model).
 //!
+//! Streamed video decodes record into your encoder too:
+//! [`crate::VideoDecoder::record_chunk_to_textures`] writes each frame of a
+//! chunk into one of your textures (same formats and values as here) and
+//! returns a [`crate::PendingFrames`] to keep until you submit.
+//!
 //! # Thread safety
 //!
 //! [`Engine`] and [`PendingDecode`] are `Send + Sync` (checked at compile
@@ -527,7 +532,7 @@ impl Engine {
             )));
         }
         let (width, height) = self.image_size(&shape)?;
-        let through = self.texture_route(target, width, height)?;
+        let through = texture_route(target, width, height)?;
         let _guard = self.lock();
         let intermediate = through.map(|format| {
             let device = self.ctx.device();
@@ -586,53 +591,52 @@ impl Engine {
             ctx: self.ctx.clone(),
         })
     }
+}
 
-    /// How to write `target`: `None` directly, `Some(format)` through an
-    /// intermediate storage texture of that format.
-    fn texture_route(
-        &self,
-        target: &wgpu::Texture,
-        width: u32,
-        height: u32,
-    ) -> Result<Option<wgpu::TextureFormat>> {
-        use wgpu::{TextureFormat as F, TextureUsages as U};
-        if target.dimension() != wgpu::TextureDimension::D2 || target.sample_count() != 1 {
-            return Err(Error::Unsupported(format!(
-                "the target texture must be 2-D and single-sampled (got {:?}, {} samples)",
-                target.dimension(),
-                target.sample_count()
-            )));
-        }
-        if target.width() < width || target.height() < height {
-            return Err(Error::InvalidInput(format!(
-                "a {width}×{height} image does not fit the {}×{} target texture",
-                target.width(),
-                target.height()
-            )));
-        }
-        let format = target.format();
-        let usage = target.usage();
-        let storage = format.remove_srgb_suffix();
-        if !matches!(format, F::Rgba8Unorm | F::Rgba8UnormSrgb | F::Rgba16Float)
-            || !STORAGE_TEXTURE_FORMATS.contains(&storage)
-        {
-            return Err(Error::Unsupported(format!(
-                "decoding into a {format:?} texture; use Rgba8Unorm, Rgba8UnormSrgb or Rgba16Float (copy or render from it into other formats)"
-            )));
-        }
-        if format == storage && usage.contains(U::STORAGE_BINDING) {
-            return Ok(None);
-        }
-        if usage.contains(U::COPY_DST) {
-            return Ok(Some(storage));
-        }
-        Err(Error::Unsupported(format!(
-            "the {format:?} target texture needs {} usage (it has {usage:?})",
-            if format == storage {
-                "STORAGE_BINDING or COPY_DST"
-            } else {
-                "COPY_DST"
-            }
-        )))
+/// How to write `target`: `None` directly, `Some(format)` through an
+/// intermediate storage texture of that format.
+pub(crate) fn texture_route(
+    target: &wgpu::Texture,
+    width: u32,
+    height: u32,
+) -> Result<Option<wgpu::TextureFormat>> {
+    use wgpu::{TextureFormat as F, TextureUsages as U};
+    if target.dimension() != wgpu::TextureDimension::D2 || target.sample_count() != 1 {
+        return Err(Error::Unsupported(format!(
+            "the target texture must be 2-D and single-sampled (got {:?}, {} samples)",
+            target.dimension(),
+            target.sample_count()
+        )));
     }
+    if target.width() < width || target.height() < height {
+        return Err(Error::InvalidInput(format!(
+            "a {width}×{height} image does not fit the {}×{} target texture",
+            target.width(),
+            target.height()
+        )));
+    }
+    let format = target.format();
+    let usage = target.usage();
+    let storage = format.remove_srgb_suffix();
+    if !matches!(format, F::Rgba8Unorm | F::Rgba8UnormSrgb | F::Rgba16Float)
+        || !STORAGE_TEXTURE_FORMATS.contains(&storage)
+    {
+        return Err(Error::Unsupported(format!(
+            "decoding into a {format:?} texture; use Rgba8Unorm, Rgba8UnormSrgb or Rgba16Float (copy or render from it into other formats)"
+        )));
+    }
+    if format == storage && usage.contains(U::STORAGE_BINDING) {
+        return Ok(None);
+    }
+    if usage.contains(U::COPY_DST) {
+        return Ok(Some(storage));
+    }
+    Err(Error::Unsupported(format!(
+        "the {format:?} target texture needs {} usage (it has {usage:?})",
+        if format == storage {
+            "STORAGE_BINDING or COPY_DST"
+        } else {
+            "COPY_DST"
+        }
+    )))
 }

@@ -99,4 +99,4 @@ pub use gpu::{Context, ContextOptions};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
-pub use video::{decode_video, VideoDecoder, VideoFrames, VideoLayout, VideoModel};
+pub use video::{decode_video, PendingFrames, VideoDecoder, VideoFrames, VideoLayout, VideoModel};

@@ -8,6 +8,15 @@
 //! (TAEHV: frames `[T', 3, H, W]` before its clamp to [0, 1]), with the
 //! first `frames_to_trim` frames of a video dropped and the pixel shuffle of
 //! patch-size-2 models applied on the host as the frames come back.
+//!
+//! A decoder borrows its model ([`VideoDecoder::new`]) or shares it
+//! ([`VideoDecoder::shared`], `'static`: for hosts that keep the decoder
+//! beside the model, e.g. in a Python object). Embedded in a wgpu app,
+//! [`VideoDecoder::record_chunk_to_textures`] records a chunk into the
+//! app's own `wgpu::CommandEncoder` and writes each frame into one of its
+//! textures (RGBA8 or RGBA16F, as [`crate::embed`]'s image path), with
+//! nothing submitted or read back; the returned [`PendingFrames`] is kept
+//! until the app submits.
 
 // Input-facing: latents and their shapes come from files.
 #![warn(
@@ -17,7 +26,7 @@
     clippy::indexing_slicing
 )]
 
-use std::sync::mpsc;
+use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
 use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
@@ -52,8 +61,8 @@ impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
     }
 }
 
-impl VideoModel<'_> {
-    fn graph(&self) -> &Graph {
+impl<'a> VideoModel<'a> {
+    fn graph(self) -> &'a Graph {
         match self {
             VideoModel::Taehv(d) => d.graph(),
             VideoModel::Wan(d) => d.graph(),
@@ -230,6 +239,53 @@ struct Pending {
     ready: Option<Vec<f32>>,
 }
 
+/// A video chunk recorded into the host's encoder by
+/// [`VideoDecoder::record_chunk_to_textures`].
+///
+/// **Keep it until you have submitted that encoder, then drop it.** It owns
+/// the chunk's output memory (from the decoder's pool) and any intermediate
+/// texture, so the pool does not hand them out again meanwhile (wgpu keeps
+/// what an unsubmitted encoder uses alive, so dropping it early is
+/// memory-safe; it only ends the accounting).
+#[must_use = "keep the PendingFrames until the encoder is submitted"]
+#[derive(Debug)]
+pub struct PendingFrames {
+    _tensors: Vec<Tensor>,
+    _intermediates: Vec<wgpu::Texture>,
+    frames: usize,
+    first: usize,
+    width: u32,
+    height: u32,
+    dispatches: usize,
+}
+
+impl PendingFrames {
+    /// Frames written: into the first `frames()` target textures.
+    pub fn frames(&self) -> usize {
+        self.frames
+    }
+
+    /// Index in the video of the first of them.
+    pub fn first(&self) -> usize {
+        self.first
+    }
+
+    /// Width of the frames in pixels (texels written: `0..width`).
+    pub fn width(&self) -> u32 {
+        self.width
+    }
+
+    /// Height of the frames in pixels.
+    pub fn height(&self) -> u32 {
+        self.height
+    }
+
+    /// Compute dispatches recorded.
+    pub fn dispatches(&self) -> usize {
+        self.dispatches
+    }
+}
+
 /// Default tile side of an exact tiled video decode, in output pixels.
 pub const VIDEO_DEFAULT_TILE: usize = 256;
 
@@ -241,6 +297,23 @@ struct TiledVideo {
     caches: VideoCaches,
     /// Tile side in output pixels.
     px: usize,
+}
+
+/// The model a [`VideoDecoder`] runs: borrowed, or shared through an `Arc`
+/// ([`VideoDecoder::shared`]: a `'static` decoder a host can keep beside
+/// anything, e.g. in a Python object).
+enum ModelRef<'a> {
+    Borrowed(VideoModel<'a>),
+    Shared(Arc<VideoVae>),
+}
+
+impl ModelRef<'_> {
+    fn get(&self) -> VideoModel<'_> {
+        match self {
+            ModelRef::Borrowed(m) => *m,
+            ModelRef::Shared(v) => v.model(),
+        }
+    }
 }
 
 /// A streaming decode of one video: feed latent chunks in order, get the
@@ -257,14 +330,16 @@ struct TiledVideo {
 /// the overlap (submit, wait, return this chunk's frames).
 pub struct VideoDecoder<'a> {
     ctx: Context,
-    decoder: VideoModel<'a>,
+    decoder: ModelRef<'a>,
     state: VideoState,
     /// Latent frame shape `[C, h, w]` of the first chunk.
     frame: Option<[usize; 3]>,
     /// Output frames still to drop at the video's start.
     to_trim: usize,
-    /// Frames handed over so far.
+    /// Frames handed over (or written to host textures) so far.
     delivered: usize,
+    /// Latent frames decoded so far.
+    latent_frames: usize,
     /// Chunks submitted so far (picks the staging slot).
     submitted: usize,
     /// Two `MAP_READ` buffers, alternating between chunks.
@@ -281,17 +356,35 @@ pub struct VideoDecoder<'a> {
     tiled: Option<TiledVideo>,
 }
 
+impl VideoDecoder<'static> {
+    /// A decoder at the start of a video that shares ownership of `model`
+    /// (no borrow: it can live beside the `Arc` or outlive it).
+    pub fn shared(ctx: &Context, model: Arc<VideoVae>) -> Self {
+        Self::with_model(ctx, ModelRef::Shared(model))
+    }
+}
+
 impl<'a> VideoDecoder<'a> {
     /// A decoder at the start of a video.
     pub fn new(ctx: &Context, decoder: impl Into<VideoModel<'a>>) -> Self {
-        let decoder = decoder.into();
+        Self::with_model(ctx, ModelRef::Borrowed(decoder.into()))
+    }
+
+    /// The model it runs.
+    pub fn model(&self) -> VideoModel<'_> {
+        self.decoder.get()
+    }
+
+    fn with_model(ctx: &Context, decoder: ModelRef<'a>) -> Self {
+        let to_trim = decoder.get().frames_to_trim();
         VideoDecoder {
             ctx: ctx.clone(),
             decoder,
             state: VideoState::default(),
             frame: None,
-            to_trim: decoder.frames_to_trim(),
+            to_trim,
             delivered: 0,
+            latent_frames: 0,
             submitted: 0,
             staging: [None, None],
             largest_chunk_bytes: 0,
@@ -354,7 +447,7 @@ impl<'a> VideoDecoder<'a> {
             TileMode::Auto => {
                 let budget = self.tiling.budget(self.ctx.caps());
                 let base = self.ctx.pool().stats().allocated_bytes.current;
-                let graph = self.decoder.graph();
+                let graph = self.decoder.get().graph();
                 let fits = crate::run::strategy::fits_budget(&self.ctx, budget, base, |null| {
                     let mut rec = Recorder::new(null);
                     let input =
@@ -377,10 +470,10 @@ impl<'a> VideoDecoder<'a> {
 
     /// The exact plan of a video whose latent frames are `h × w`.
     fn exact_plan(&self, (h, w): (usize, usize)) -> Result<(ExactPlan, usize)> {
-        let graph = self.decoder.graph();
+        let graph = self.decoder.get().graph();
         let levels = video_levels(graph);
         let scale = 1usize << (levels - 1);
-        let patch = self.decoder.patch_size().max(1);
+        let patch = self.decoder.get().patch_size().max(1);
         let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
         // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
         let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
@@ -477,7 +570,7 @@ impl<'a> VideoDecoder<'a> {
                 )))
             }
         };
-        check_frame(self.decoder, [t, c, h, w])?;
+        check_frame(self.decoder.get(), [t, c, h, w])?;
         if let Some(f) = self.frame.filter(|f| *f != [c, h, w]) {
             return Err(Error::InvalidInput(format!(
                 "latent chunk frames are {c}×{h}×{w}, the video's first chunk had {}×{}×{}: every chunk of one video has the same latent size",
@@ -508,12 +601,13 @@ impl<'a> VideoDecoder<'a> {
             });
         }
         self.frame = Some([c, h, w]);
+        self.latent_frames += chunk.shape.first().copied().unwrap_or(0);
         let slot = self.submitted % 2;
         if let Some(t) = &mut self.tiled {
             let submitted = std::time::Instant::now();
             let (values, shape) =
                 t.exec
-                    .decode_video_chunk(self.decoder.graph(), chunk, &mut t.caches)?;
+                    .decode_video_chunk(self.decoder.get().graph(), chunk, &mut t.caches)?;
             self.submitted += 1;
             return Ok(Pending {
                 slot,
@@ -536,7 +630,7 @@ impl<'a> VideoDecoder<'a> {
         let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
         let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
         let raw = run_video(
-            self.decoder.graph(),
+            self.decoder.get().graph(),
             &mut rec,
             input,
             &mut Taps::default(),
@@ -649,10 +743,10 @@ impl<'a> VideoDecoder<'a> {
         self.to_trim -= skip;
         let per_frame = channels * oh * ow;
         let kept = values.get(skip * per_frame..).unwrap_or_default();
-        let patch = self.decoder.patch_size();
+        let patch = self.decoder.get().patch_size();
         let out_c = channels / (patch * patch);
         let mut data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
-        if let VideoModel::Wan(_) = self.decoder {
+        if let VideoModel::Wan(_) = self.decoder.get() {
             data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
         }
         let first = self.delivered;
@@ -661,6 +755,208 @@ impl<'a> VideoDecoder<'a> {
             frames: HostTensor::new(vec![frames - skip, out_c, oh * patch, ow * patch], data)?,
             first,
             latency_ms,
+        })
+    }
+
+    /// Frames the next chunk of `t` latent frames gives (what
+    /// [`VideoDecoder::record_chunk_to_textures`] needs textures for): the
+    /// first chunk's trimmed count, then `t_upscale · t`.
+    pub fn frames_next(&self, t: usize) -> usize {
+        let model = self.decoder.get();
+        let done = self.latent_frames;
+        Self::frames_for(model, done.saturating_add(t)) - Self::frames_for(model, done)
+    }
+
+    /// Records the next `chunk` of latents `[T, C, h, w]` (as
+    /// [`VideoDecoder::decode`]) into the host's `encoder`, writing its
+    /// frames into the host's textures: frame `i` of the chunk into
+    /// `targets[i]` (texels `(0..W, 0..H)` of mip level 0, array layer 0;
+    /// `W × H` = latent size × [`VideoModel::upscale`]). Needs at least
+    /// [`VideoDecoder::frames_next`]`(T)` targets (later ones are left
+    /// alone); returns a [`PendingFrames`] saying how many were written.
+    /// One texture per frame, so that a host can keep a ring of them and
+    /// show or encode each when it likes; use views or copies for array
+    /// layers. Targets as [`crate::Engine::record_decode_to_texture`]'s
+    /// (`Rgba8Unorm`/`Rgba16Float` with `STORAGE_BINDING`, or
+    /// `Rgba8Unorm`/`Rgba8UnormSrgb`/`Rgba16Float` with `COPY_DST`), with
+    /// the same values: `Rgba8*` texels hold the bytes of the CLI's frame
+    /// PNGs (TAEHV clamped to [0, 1], Wan's [−1, 1] mapped to [0, 1]).
+    ///
+    /// Nothing is submitted or read back, and the causal caches advance as
+    /// for [`VideoDecoder::push`]: **submit `encoder` before anything
+    /// recorded later with this decoder's [`Context`]** (the next chunk may
+    /// go into the same encoder), and keep the [`PendingFrames`] until
+    /// then. Untiled decodes of patch-size-1 models only: tiled decoders,
+    /// patch-size-2 TAEHV models (their pixel shuffle runs on the host) and
+    /// a pushed chunk whose frames were not taken yet are refused. Every
+    /// check runs before the first command is recorded; an error after
+    /// that (out of memory) leaves a partial chunk in `encoder` (discard
+    /// it) and the decoder unusable, as for `push`.
+    pub fn record_chunk_to_textures(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        chunk: &HostTensor,
+        targets: &[&wgpu::Texture],
+    ) -> Result<PendingFrames> {
+        self.check_usable()?;
+        self.check_chunk(chunk)?;
+        let model = self.decoder.get();
+        if self.tiling.mode != TileMode::Off || self.tiled.is_some() {
+            return Err(Error::Unsupported(
+                "recording a video chunk into the host's encoder runs untiled: this VideoDecoder has tiling set (use push)".into(),
+            ));
+        }
+        if self.pending.is_some() {
+            return Err(Error::InvalidInput(
+                "a pushed chunk's frames were not taken yet: call finish before recording a chunk into the host's encoder".into(),
+            ));
+        }
+        let patch = model.patch_size();
+        if patch != 1 {
+            return Err(Error::Unsupported(format!(
+                "recording into host textures needs a patch-size-1 model; {} has patch size {patch} (its pixel shuffle runs on the host: use push)",
+                model.name()
+            )));
+        }
+        let [t, c, h, w] = match chunk.shape[..] {
+            [t, c, h, w] => [t, c, h, w],
+            _ => return Err(Error::Internal("an unchecked video chunk".into())),
+        };
+        let frames = self.frames_next(t);
+        if targets.len() < frames {
+            return Err(Error::InvalidInput(format!(
+                "this chunk of {t} latent frames gives {frames} frames but {} target textures were given",
+                targets.len()
+            )));
+        }
+        let up = model.upscale();
+        let size = |v: usize| {
+            u32::try_from(v.saturating_mul(up))
+                .map_err(|_| Error::InvalidInput(format!("latent frames {h}×{w} are too large")))
+        };
+        let (width, height) = (size(w)?, size(h)?);
+        let routes = targets
+            .iter()
+            .take(frames)
+            .enumerate()
+            .map(|(i, target)| {
+                crate::embed::texture_route(target, width, height).map_err(|e| match e {
+                    Error::Unsupported(m) => Error::Unsupported(format!("target texture {i}: {m}")),
+                    Error::InvalidInput(m) => {
+                        Error::InvalidInput(format!("target texture {i}: {m}"))
+                    }
+                    e => e,
+                })
+            })
+            .collect::<Result<Vec<_>>>()?;
+        self.frame = Some([c, h, w]);
+        self.latent_frames += t;
+        self.submitted += 1;
+        self.record_frames(encoder, chunk, targets, &routes, (width, height))
+            .map_err(|e| self.poison(e))
+    }
+
+    /// [`Self::record_chunk_to_textures`] once checked.
+    fn record_frames(
+        &mut self,
+        encoder: &mut wgpu::CommandEncoder,
+        chunk: &HostTensor,
+        targets: &[&wgpu::Texture],
+        routes: &[Option<wgpu::TextureFormat>],
+        (width, height): (u32, u32),
+    ) -> Result<PendingFrames> {
+        let mut rec = Recorder::with_encoder(&self.ctx, encoder);
+        let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
+        let model = self.decoder.get();
+        let raw = run_video(
+            model.graph(),
+            &mut rec,
+            input,
+            &mut Taps::default(),
+            &mut self.state,
+        )?;
+        let [n, channels, oh, ow] = match raw.shape() {
+            &[a, b, c, d] => [a, b, c, d],
+            s => return Err(Error::Internal(format!("video decoder output {s:?}"))),
+        };
+        let skip = self.to_trim.min(n);
+        self.to_trim -= skip;
+        let written = n - skip;
+        if written != routes.len() || (ow, oh) != (width as usize, height as usize) {
+            return Err(Error::Internal(format!(
+                "a chunk decoded to {n} frames of {ow}×{oh}, {written} kept; expected {} of {width}×{height}",
+                routes.len()
+            )));
+        }
+        // One frame at a time through a frame-sized tensor (the image
+        // kernel writes one image per texture).
+        let frame = Tensor::empty(
+            &self.ctx,
+            &[1, channels, oh, ow],
+            raw.dtype(),
+            "video frame",
+        )?;
+        let bytes = frame.byte_size();
+        // Frames lie back to back in `raw`: copies need whole 4-byte words.
+        let frame_bytes = (channels * oh * ow) as u64 * raw.dtype().size();
+        if !frame_bytes.is_multiple_of(wgpu::COPY_BUFFER_ALIGNMENT) || frame_bytes != bytes {
+            return Err(Error::Unsupported(format!(
+                "{ow}×{oh} frames in {} take {frame_bytes} bytes, not whole 4-byte words",
+                raw.dtype().name()
+            )));
+        }
+        let mut intermediates: Vec<wgpu::Texture> = Vec::new();
+        let range = model.range();
+        for (i, (target, route)) in targets.iter().zip(routes).enumerate() {
+            let src_offset = raw.block().offset + (skip + i) as u64 * frame_bytes;
+            let (src, dst) = (raw.buffer()?.clone(), frame.buffer()?.clone());
+            let dst_offset = frame.block().offset;
+            rec.encoder()
+                .copy_buffer_to_buffer(&src, src_offset, &dst, dst_offset, bytes);
+            let through = match route {
+                None => None,
+                Some(format) => {
+                    let found = intermediates.iter().position(|t| t.format() == *format);
+                    let at = match found {
+                        Some(at) => at,
+                        None => {
+                            intermediates.push(crate::kernels::image::storage_texture(
+                                self.ctx.device(),
+                                "wgvae intermediate video frame",
+                                width,
+                                height,
+                                *format,
+                            ));
+                            intermediates.len() - 1
+                        }
+                    };
+                    intermediates.get(at)
+                }
+            };
+            crate::kernels::image::to_texture(&mut rec, &frame, range, through.unwrap_or(*target))?;
+            if let Some(src) = through {
+                rec.encoder().copy_texture_to_texture(
+                    src.as_image_copy(),
+                    target.as_image_copy(),
+                    wgpu::Extent3d {
+                        width,
+                        height,
+                        depth_or_array_layers: 1,
+                    },
+                );
+            }
+        }
+        let dispatches = rec.finish().len();
+        let first = self.delivered;
+        self.delivered += written;
+        Ok(PendingFrames {
+            _tensors: vec![raw, frame],
+            _intermediates: intermediates,
+            frames: written,
+            first,
+            width,
+            height,
+            dispatches,
         })
     }
 
@@ -867,6 +1163,7 @@ pub fn decode_video<'a>(
 const _: fn() = || {
     fn send<T: Send>() {}
     send::<VideoDecoder<'static>>();
+    send::<PendingFrames>();
     send::<crate::video_encode::VideoEncoder<'static>>();
 };
 

@@ -16,6 +16,8 @@
     clippy::indexing_slicing
 )]
 
+use std::sync::Arc;
+
 use crate::error::{Error, Result};
 use crate::exec::untiled::{run_video, VideoState};
 use crate::gpu::{Context, Recorder};
@@ -42,10 +44,26 @@ pub fn load_video_encoder(
     TaehvEncoder::load(ctx, &store)
 }
 
+/// The encoder a [`VideoEncoder`] runs: borrowed or shared.
+enum EncoderRef<'a> {
+    Borrowed(&'a TaehvEncoder),
+    Shared(Arc<TaehvEncoder>),
+}
+
+impl std::ops::Deref for EncoderRef<'_> {
+    type Target = TaehvEncoder;
+    fn deref(&self) -> &TaehvEncoder {
+        match self {
+            EncoderRef::Borrowed(e) => e,
+            EncoderRef::Shared(e) => e,
+        }
+    }
+}
+
 /// A TAEHV encoder streaming one video chunk by chunk.
 pub struct VideoEncoder<'a> {
     ctx: Context,
-    encoder: &'a TaehvEncoder,
+    encoder: EncoderRef<'a>,
     state: VideoState,
     /// Frame shape `[3, H, W]` of the first chunk.
     frame: Option<[usize; 3]>,
@@ -57,9 +75,21 @@ pub struct VideoEncoder<'a> {
     broken: Option<String>,
 }
 
+impl VideoEncoder<'static> {
+    /// An encoder at the start of a video that shares ownership of
+    /// `encoder` (no borrow: it can live beside the `Arc`).
+    pub fn shared(ctx: &Context, encoder: Arc<TaehvEncoder>) -> Self {
+        Self::with_encoder(ctx, EncoderRef::Shared(encoder))
+    }
+}
+
 impl<'a> VideoEncoder<'a> {
     /// An encoder at the start of a video.
     pub fn new(ctx: &Context, encoder: &'a TaehvEncoder) -> Self {
+        Self::with_encoder(ctx, EncoderRef::Borrowed(encoder))
+    }
+
+    fn with_encoder(ctx: &Context, encoder: EncoderRef<'a>) -> Self {
         VideoEncoder {
             ctx: ctx.clone(),
             encoder,
@@ -128,7 +158,7 @@ impl<'a> VideoEncoder<'a> {
                 )))
             }
         };
-        check_frames(self.encoder, [t, c, h, w])?;
+        check_frames(&self.encoder, [t, c, h, w])?;
         if let Some(f) = self.frame.filter(|f| *f != [c, h, w]) {
             return Err(Error::InvalidInput(format!(
                 "chunk frames are {c}×{h}×{w}, the video's first chunk had {}×{}×{}: every chunk of one video has the same frame size",
@@ -148,7 +178,7 @@ impl<'a> VideoEncoder<'a> {
         let Some([c, h, w]) = self.frame else {
             return Err(Error::Internal("an unchecked video chunk".into()));
         };
-        let (p, e) = (self.encoder.patch_size, self.encoder);
+        let (p, e) = (self.encoder.patch_size, &*self.encoder);
         let (lh, lw) = latent_size(e, h, w);
         if n == 0 {
             return HostTensor::new(vec![0, e.latent_channels, lh, lw], Vec::new());

@@ -3,10 +3,12 @@
 # `wgvae`, the test executables (`cargo test --no-run`) and the criterion bench
 # executables (`cargo bench --no-run`), copied into OUT_DIR with a BUILD_INFO file.
 #
-#   bench/gpu/build_bins.sh [--link] [--no-tests] OUT_DIR
+#   bench/gpu/build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] OUT_DIR
 #
 # --link symlinks instead of copying (run.sh uses it on the build machine itself);
-# --no-tests skips the test executables. Layout of OUT_DIR:
+# --no-tests skips the test executables; --no-benches builds only `wgvae` (cargo
+# build); --profile builds with that cargo profile (default: release for `wgvae` and
+# the benches, test for the tests; `dev` reuses what `cargo test` built). Layout of OUT_DIR:
 #   wgvae                 the CLI (built by `cargo bench --no-run`, release profile)
 #   tests/lib             the library's unit tests
 #   tests/bin-wgvae       the CLI's unit tests
@@ -16,18 +18,24 @@
 set -euo pipefail
 link=0
 tests=1
+benches=1
+profile=
 out=
 while [ $# -gt 0 ]; do
   case "$1" in
     --link) link=1 ;;
     --no-tests) tests=0 ;;
-    -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    --no-benches) benches=0 ;;
+    --profile) profile=${2:?--profile needs a cargo profile}; shift ;;
+    -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build_bins.sh: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
   shift
 done
-[ -n "$out" ] || { echo "usage: build_bins.sh [--link] [--no-tests] OUT_DIR" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] OUT_DIR" >&2; exit 2; }
+profile_args=()
+[ -n "$profile" ] && profile_args=(--profile "$profile")
 root=$(cd "$(dirname "$0")/../.." && pwd)
 cd "$root"
 mkdir -p "$out/tests" "$out/benches"
@@ -47,7 +55,12 @@ place() { # SRC DEST
 # for benches and integration tests), so both come from one feature set.
 json=$(mktemp)
 trap 'rm -f "$json"' EXIT
-cargo bench --no-run --message-format=json >"$json"
+if [ "$benches" = 1 ]; then
+  cargo bench --no-run "${profile_args[@]}" --message-format=json >"$json"
+else
+  # Default: release, as `cargo bench` builds it.
+  cargo build --bin wgvae --profile "${profile:-release}" --message-format=json >"$json"
+fi
 found_bin=0
 while read -r kind name test exe; do
   case "$kind" in
@@ -55,10 +68,10 @@ while read -r kind name test exe; do
     bin) if [ "$name" = wgvae ] && [ "$test" = false ]; then place "$exe" "$out/wgvae"; found_bin=1; fi ;;
   esac
 done < <(artifacts <"$json")
-[ "$found_bin" = 1 ] || { echo "build_bins.sh: cargo bench --no-run produced no wgvae binary" >&2; exit 1; }
+[ "$found_bin" = 1 ] || { echo "build_bins.sh: cargo produced no wgvae binary" >&2; exit 1; }
 
 if [ "$tests" = 1 ]; then
-  cargo test --no-run --message-format=json >"$json"
+  cargo test --no-run "${profile_args[@]}" --message-format=json >"$json"
   while read -r kind name test exe; do
     [ "$test" = true ] || continue
     case "$kind" in

@@ -3,19 +3,28 @@
 # torch + diffusers import) the PyTorch comparison, on one adapter, into one report
 # folder (summary.md / summary.csv on top, one subfolder per stage).
 #
-#   bench/gpu/run.sh [--quick] [--adapter NAME] [--bin DIR] [--skip STAGES]
-#                    [--shared DIR] --out DIR
+#   bench/gpu/run.sh [--quick | --smoke] [--adapter NAME] [--bin DIR | --cargo-profile P]
+#                    [--skip STAGES] [--skip-reason TEXT] [--shared DIR] --out DIR
 #
 #   --quick        small sizes (TAEF2 at 64 and 128 px, the SD1.5 preset at 64 px,
-#                  f32, one timed decode per cell) and a representative test subset;
+#                  taew2_1 and the tiny Wan VAE at 32 px for 2 latent frames, f32,
+#                  one timed decode per cell) and a representative test subset;
 #                  minutes on lavapipe
+#   --smoke        --quick's smallest cells only, for CI: TAEF2 at 64 px (no
+#                  preset), its memory predictions without `wgvae report memory`,
+#                  the quick video cells; about a minute on lavapipe
 #   --adapter NAME the adapter (part of its name, as in `wgvae info`); exported as
 #                  WGPU_ADAPTER_NAME for tests and benches. The backend comes from
 #                  WGPU_BACKEND (vulkan, gl, metal, dx12), e.g. WGPU_BACKEND=vulkan
 #   --bin DIR      prebuilt executables from bench/gpu/build_bins.sh DIR (no cargo
 #                  needed); without it the script builds with cargo
+#   --cargo-profile P  build with that cargo profile (default release); `dev`
+#                  reuses what `cargo test` built (CI). With kernels skipped only
+#                  `wgvae` is built
 #   --skip STAGES  comma-separated stages not to run: tests, kernels, decode, memory,
 #                  video, diffusers
+#   --skip-reason TEXT  why they are skipped, for the report (e.g. CI: "cargo test
+#                  ran them in the step before")
 #   --shared DIR   the shared test data (default: $WGVAE_SHARED_DIR, else ../shared
 #                  beside the project)
 #   --out DIR      the report folder (created)
@@ -23,25 +32,33 @@
 # Stages: (a) tests  (b) kernels: criterion conv2d / GroupNorm / attention suites
 # (c) decode: `wgvae bench decode` untiled and exact-tiled (d) memory: the estimator's
 # prediction per decode cell against the peak the decode measured, and `wgvae report
-# memory` (with --measure unless --quick) (e) video: not implemented yet (f) diffusers:
-# bench/compare_diffusers.py per preset cell. A failing stage does not stop the others;
+# memory` (with --measure unless --quick) (e) video: `wgvae bench video` for taew2_1
+# (TAEHV) and the Wan 2.1 VAE, `wgvae memory --frames` beside each row's measured peak,
+# and bench/compare_video.py when torch imports (TAEHV_PY=path/to/taehv.py adds the
+# taehv.py peers) (f) diffusers: bench/compare_diffusers.py per preset cell. A failing stage does not stop the others;
 # the script exits 1 when any stage failed.
 set -uo pipefail
 
-usage() { sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; }
+usage() { sed -n '2,39p' "$0" | sed 's/^# \{0,1\}//'; }
 
 quick=0
+smoke=0
 adapter=
 bin=
 skip=
+skip_reason=
+cargo_profile=
 shared=${WGVAE_SHARED_DIR:-}
 out=
 while [ $# -gt 0 ]; do
   case "$1" in
     --quick) quick=1 ;;
+    --smoke) quick=1; smoke=1 ;;
     --adapter) adapter=${2:?--adapter needs a name}; shift ;;
     --bin) bin=${2:?--bin needs a folder}; shift ;;
     --skip) skip=${2:?--skip needs stages}; shift ;;
+    --skip-reason) skip_reason=${2:?--skip-reason needs a text}; shift ;;
+    --cargo-profile) cargo_profile=${2:?--cargo-profile needs a profile}; shift ;;
     --shared) shared=${2:?--shared needs a folder}; shift ;;
     --out) out=${2:?--out needs a folder}; shift ;;
     -h|--help) usage; exit 0 ;;
@@ -57,6 +74,7 @@ for s in ${skip//,/ }; do
 done
 
 root=$(cd "$(dirname "$0")/../.." && pwd)
+skipped() { case ",$skip," in *",$1,"*) return 0 ;; esac; return 1; }
 mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
 cd "$root"
@@ -86,14 +104,19 @@ else
   mode=cargo
   bin=$(mktemp -d)
   trap 'rm -rf "$bin"' EXIT
-  echo "run.sh: building (cargo bench --no-run) ..."
-  if ! "$root/bench/gpu/build_bins.sh" --link --no-tests "$bin" >"$out/logs/build.log" 2>&1; then
+  build_args=(--link --no-tests)
+  [ -n "$cargo_profile" ] && build_args+=(--profile "$cargo_profile")
+  skipped kernels && build_args+=(--no-benches)
+  echo "run.sh: building (build_bins.sh ${build_args[*]}) ..."
+  if ! "$root/bench/gpu/build_bins.sh" "${build_args[@]}" "$bin" >"$out/logs/build.log" 2>&1; then
     echo "run.sh: build failed, see $out/logs/build.log" >&2
     tail -20 "$out/logs/build.log" >&2
     exit 1
   fi
 fi
 wgvae=$bin/wgvae
+# Integration tests run this CLI (wgvae::testing::wgvae_bin) when given.
+[ "$mode" = prebuilt ] && export WGVAE_BIN=$wgvae
 
 # ---------------------------------------------------------------- settings
 taef2=${shared:+$shared/weights/taef2/decoder.safetensors}
@@ -112,6 +135,12 @@ if [ "$quick" = 1 ]; then
   attn_tokens=${WGVAE_ATTN_TOKENS:-256}
   bench_naive=${WGVAE_BENCH_NAIVE:-0}
   criterion_args=(--warm-up-time 0.1 --measurement-time 0.5)
+  # Video: the smallest sizes the decoders take, 2 latent frames (5 frames with Wan's
+  # causal first frame, 8 with TAEHV's).
+  video_size=32
+  video_frames=2
+  video_chunks=1
+  video_dtypes=f32
   # The AutoencoderKL goldens (diffusers) on the adapter: representative and quick.
   quick_tests=(decode_goldens)
   quick_filter=aekl_tiny
@@ -127,8 +156,19 @@ else
   attn_tokens=${WGVAE_ATTN_TOKENS:-1024,4096,16384}
   bench_naive=${WGVAE_BENCH_NAIVE:-}
   criterion_args=()
+  # Video: about 480×832's pixel count (square: the bench decodes square videos),
+  # 3 and 6 latent frames (Wan: 9 and 21 frames), streamed 1 latent frame a chunk.
+  video_size=640
+  video_frames=3,6
+  video_chunks=1
+  video_dtypes=f32,f16,bf16
   quick_tests=()
   quick_filter=
+fi
+if [ "$smoke" = 1 ]; then
+  # CI's budget: each stage's smallest cell (a preset's seeded weights alone take a minute on lavapipe).
+  presets=()
+  taef2_sizes=64
 fi
 
 # ---------------------------------------------------------------- header
@@ -165,7 +205,6 @@ load=$(cut -d' ' -f1-3 /proc/loadavg 2>/dev/null || true)
 # ---------------------------------------------------------------- stages
 declare -a st_name st_status st_secs st_note
 failed=0
-skipped() { case ",$skip," in *",$1,"*) return 0 ;; esac; return 1; }
 
 # run_stage NAME FUNCTION: runs it with output in logs/NAME.log; the function may set
 # `note` and return 0 (pass), 1 (fail) or 3 (skipped, `note` says why).
@@ -173,7 +212,7 @@ run_stage() {
   local name=$1 fn=$2 t0 t1 rc
   note=
   if skipped "$name"; then
-    st_name+=("$name"); st_status+=(skipped); st_secs+=(0); st_note+=("--skip $name")
+    st_name+=("$name"); st_status+=(skipped); st_secs+=(0); st_note+=("--skip $name${skip_reason:+: $skip_reason}")
     echo "== $name: skipped (--skip)"
     return
   fi
@@ -209,7 +248,7 @@ stage_tests() {
     for t in "${quick_tests[@]}"; do args+=(--test "$t"); done
     local t0 t1
     t0=$(date +%s)
-    cargo test "${args[@]}" ${quick_filter:+"$quick_filter"} 2>&1 | tee "$dir/cargo_test.log"
+    cargo test ${cargo_profile:+--profile "$cargo_profile"} "${args[@]}" ${quick_filter:+"$quick_filter"} 2>&1 | tee "$dir/cargo_test.log"
     rc=${PIPESTATUS[0]}
     t1=$(date +%s)
     echo "cargo test ${args[*]},$([ "$rc" = 0 ] && echo pass || echo fail),$((t1 - t0)),\"$(test_totals "$dir/cargo_test.log")\"" >>"$dir/tests.csv"
@@ -320,7 +359,7 @@ stage_decode() {
   if grep -v '"ok"' "$out/decode.csv" | grep -q '^[a-z0-9]*,[a-z]*,[0-9]'; then
     echo "cells not ok:"; grep -v '"ok"' "$out/decode.csv" | grep '^[a-z0-9]*,[a-z]*,[0-9]'
   fi
-  say_note decode "$n cell groups ($(($(wc -l <"$out/decode.csv") - 1)) rows): sizes TAEF2 $taef2_sizes, presets $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs"
+  say_note decode "$n cell groups ($(tail -n +2 "$out/decode.csv" | wc -l) rows): sizes TAEF2 $taef2_sizes, presets ${presets[*]:-none} at $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs"
   return "$rc"
 }
 
@@ -365,16 +404,102 @@ stage_memory() {
   local report_args=(--this-device --out "$dir/report")
   [ -n "$shared" ] && report_args+=(--reference "$shared/reference/pytorch_vae_memory_rtx4090.csv")
   [ "$quick" = 1 ] || report_args+=(--measure)
-  echo "--- wgvae report memory ${report_args[*]}"
-  "$wgvae" "${adapter_args[@]}" report memory "${report_args[@]}" || rc=1
-  say_note memory "$rows decoded cells predicted: $((rows - mismatches)) equal to the measured peak (MiB, 2 decimals); report memory ${report_args[*]:0:1}$([ "$quick" = 1 ] || echo ' --measure')"
+  local report_note="report memory ${report_args[*]:0:1}$([ "$quick" = 1 ] || echo ' --measure')"
+  if [ "$smoke" = 1 ]; then
+    report_note="no report memory (--smoke)"
+  else
+    echo "--- wgvae report memory ${report_args[*]}"
+    "$wgvae" "${adapter_args[@]}" report memory "${report_args[@]}" || rc=1
+  fi
+  say_note memory "$rows decoded cells predicted: $((rows - mismatches)) equal to the measured peak (MiB, 2 decimals); $report_note"
   [ "$mismatches" = 0 ] || rc=1
   return "$rc"
 }
 
+# Video cells: "label vae" per line (weights from ../shared; the full run's Wan is the
+# preset's seeded random weights at the real architecture).
+video_cells() {
+  [ -n "$shared" ] && echo "taew2_1 $shared/golden/taew2_1-rand/taew2_1.safetensors"
+  if [ "$quick" = 1 ]; then
+    [ -n "$shared" ] && echo "wan21-tiny $shared/golden/wan21-tiny"
+  else
+    echo "wan21 preset:wan21"
+  fi
+}
+
+# A CSV column's number (1-based) by name.
+csv_col() { echo "$1" | tr ',' '\n' | grep -n -x "$2" | cut -d: -f1; }
+
+# `wgvae bench video` per cell, `wgvae memory --frames` per row against the peak the
+# row measured, and bench/compare_video.py when torch imports.
 stage_video() {
-  say_note video "no video decoders exist yet (issue 18 (e)): nothing to run"
-  return 3
+  local dir=$out/video rc=0 n=0 rows=0 mismatches=0 not_ok=0
+  mkdir -p "$dir"
+  local cells
+  cells=$(video_cells)
+  if [ -z "$cells" ]; then
+    say_note video "no shared data: the quick video cells need ../shared's taew2_1 and wan21-tiny"
+    return 3
+  fi
+  local pvm=$dir/predicted_vs_measured.csv
+  echo "model,dtype,chunk,latent_frames,size,predicted_allocated_mib,predicted_reserved_mib,measured_allocated_mib,measured_reserved_mib,agree" >"$pvm"
+  local label vae
+  while read -r label vae; do
+    local cell=$dir/$label
+    echo "--- $label ${video_size}px latent frames $video_frames $video_dtypes"
+    if ! "$wgvae" "${adapter_args[@]}" bench video --vae "$vae" --size "$video_size" \
+        --latent-frames "$video_frames" --chunk "$video_chunks" --dtypes "$video_dtypes" \
+        --warmup "$warmup" --runs "$runs" --out "$cell"; then
+      rc=1; echo "FAILED: $label"; continue
+    fi
+    n=$((n + 1))
+    local header
+    header=$(grep -v '^# ' "$cell/video.csv" | head -1)
+    local c_dtype c_chunk c_frames c_alloc c_res c_status
+    c_dtype=$(csv_col "$header" dtype); c_chunk=$(csv_col "$header" chunk)
+    c_frames=$(csv_col "$header" latent_frames); c_status=$(csv_col "$header" status)
+    c_alloc=$(csv_col "$header" peak_allocated_mib); c_res=$(csv_col "$header" peak_reserved_mib)
+    local f
+    while IFS=, read -r -a f; do
+      local dtype=${f[$((c_dtype - 1))]} chunk=${f[$((c_chunk - 1))]} frames=${f[$((c_frames - 1))]}
+      local alloc=${f[$((c_alloc - 1))]} res=${f[$((c_res - 1))]}
+      # A row the device cannot run (e.g. over its binding limit) has a reason, not a failure.
+      [ "${f[$((c_status - 1))]}" = '"ok"' ] || { echo "row not ok: ${f[*]}"; not_ok=$((not_ok + 1)); continue; }
+      local pred pa pr agree=no
+      pred=$("$wgvae" "${adapter_args[@]}" memory --vae "$vae" --size "${video_size}x$video_size" \
+        --dtype "$dtype" --frames "$frames" --chunk "$chunk" --json 2>>"$dir/memory.log")
+      echo "$pred" >>"$dir/memory.log"
+      pa=$(echo "$pred" | grep -o '"peak_allocated_bytes":[0-9]*' | cut -d: -f2 | awk '{printf "%.2f", $1 / 1048576}')
+      pr=$(echo "$pred" | grep -o '"peak_reserved_bytes":[0-9]*' | cut -d: -f2 | awk '{printf "%.2f", $1 / 1048576}')
+      if [ -n "$pa" ] && awk -v a="$pa" -v b="$alloc" -v c="$pr" -v d="$res" 'BEGIN{exit !((a-b)^2 < 0.0001 && (c-d)^2 < 0.0001)}'; then agree=yes; else mismatches=$((mismatches + 1)); fi
+      [ -n "$pa" ] || rc=1
+      rows=$((rows + 1))
+      echo "$label,$dtype,$chunk,$frames,$video_size,$pa,$pr,$alloc,$res,$agree" >>"$pvm"
+    done < <(grep -v '^# ' "$cell/video.csv" | tail -n +2)
+  done <<<"$cells"
+  # One CSV of every cell's rows (their "# key: value" headers dropped).
+  local first=1 f
+  for f in "$dir"/*/video.csv; do
+    [ -f "$f" ] || continue
+    grep -v '^# ' "$f" | awk -v first="$first" 'NR == 1 {if (first) print; next} NF'
+    first=0
+  done >"$out/video.csv"
+  local peers="no PyTorch peers (torch does not import)"
+  if python3 -c "import torch" 2>"$dir/import.log"; then
+    local device
+    device=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
+    peers="PyTorch peers on torch $device (bench/compare_video.py, ${video_dtypes%%,*}${TAEHV_PY:+, taehv.py $TAEHV_PY})"
+    while read -r label vae; do
+      echo "--- compare_video.py $label on $device"
+      python3 "$root/bench/compare_video.py" --vae "$vae" --size "$video_size" \
+        --latent-frames "$video_frames" --chunk "${video_chunks%%,*}" --dtype "${video_dtypes%%,*}" \
+        --device "$device" --warmup "$warmup" --runs "$runs" --wgvae "$wgvae" \
+        ${TAEHV_PY:+--taehv-py "$TAEHV_PY"} --out "$dir/compare_$label" || rc=1
+    done <<<"$cells"
+  fi
+  say_note video "$n of $(echo "$cells" | wc -l) video cells ($(echo $cells | awk '{for (i=1;i<=NF;i+=2) printf "%s%s", (i>1?", ":""), $i}')) at ${video_size}x${video_size}, latent frames $video_frames, chunk $video_chunks, $video_dtypes; $not_ok rows not ok (reasons in video.csv); $rows rows predicted by wgvae memory --frames: $((rows - mismatches)) equal to the measured peak; $peers"
+  [ "$mismatches" = 0 ] || rc=1
+  return "$rc"
 }
 
 stage_diffusers() {
@@ -429,13 +554,23 @@ run_stage diffusers stage_diffusers
   done
 } >"$out/summary.csv"
 
-md_table() { # CSV -> Markdown table (quoted fields without commas inside)
-  awk -F, 'NR==1 {h="|"; s="|"; for (i=1;i<=NF;i++) {h=h " " $i " |"; s=s "---|"} print h; print s; next}
-           {gsub(/"/, ""); l="|"; for (i=1;i<=NF;i++) l=l " " $i " |"; print l}' "$1"
+md_table() { # CSV -> Markdown table (commas inside quoted fields kept; POSIX awk)
+  awk 'function row(line,   out, f, q, i, c) {
+         out = "|"; f = ""; q = 0
+         for (i = 1; i <= length(line); i++) {
+           c = substr(line, i, 1)
+           if (c == "\"") q = !q
+           else if (c == "," && !q) { out = out " " f " |"; f = "" }
+           else f = f c
+         }
+         return out " " f " |"
+       }
+       NR == 1 {print row($0); h = "|"; n = split($0, a, ","); for (i = 1; i <= n; i++) h = h "---|"; print h; next}
+       {print row($0)}' "$1"
 }
 
 {
-  echo "# wgvae GPU check$([ "$quick" = 1 ] && echo ' (quick)')"
+  echo "# wgvae GPU check$([ "$smoke" = 1 ] && echo ' (smoke)' || { [ "$quick" = 1 ] && echo ' (quick)'; })"
   echo
   echo "| | |"
   echo "|---|---|"
@@ -457,7 +592,7 @@ md_table() { # CSV -> Markdown table (quoted fields without commas inside)
   echo "## Stages"
   echo
   md_table "$out/summary.csv"
-  for t in decode.csv memory/predicted_vs_measured.csv kernels/kernels_results.csv kernels/attention.csv diffusers.csv tests/tests.csv; do
+  for t in decode.csv memory/predicted_vs_measured.csv video.csv video/predicted_vs_measured.csv kernels/kernels_results.csv kernels/attention.csv diffusers.csv tests/tests.csv; do
     [ -f "$out/$t" ] || continue
     echo
     echo "## $t"
@@ -470,7 +605,7 @@ md_table() { # CSV -> Markdown table (quoted fields without commas inside)
     fi
   done
   echo
-  echo "SVG plots: decode/*/decode_time.svg, decode_memory.svg; memory/report/*.svg. Logs: logs/, tests/."
+  echo "SVG plots: decode/*/decode_time.svg, decode_memory.svg; memory/report/*.svg; video/*/video_memory.svg, video_throughput.svg. Logs: logs/, tests/."
 } >"$out/summary.md"
 cp "$info_json" "$out/logs/" 2>/dev/null
 

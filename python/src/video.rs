@@ -25,7 +25,8 @@ use crate::{adapter_choice, host_tensor, to_py_err, value_err};
 /// The loaded decoder a model and its streams share.
 struct Loaded {
     ctx: Context,
-    vae: VideoVae,
+    /// Shared with the streams' decoders.
+    vae: Arc<VideoVae>,
     dtype: &'static str,
     random_weights: bool,
     /// One device run at a time per model (whole clips and stream chunks).
@@ -40,7 +41,7 @@ impl Loaded {
     /// Wan pipeline latents → the raw z the decoder takes, in place;
     /// `latents` are `[N, C, T, h, w]` (TAEHV has no latent scaling).
     fn unnormalize(&self, latents: &mut HostTensor) -> wgvae::Result<()> {
-        match &self.vae {
+        match &*self.vae {
             VideoVae::Wan(d) => d.unnormalize(latents),
             VideoVae::Taehv(_) => Ok(()),
         }
@@ -106,7 +107,7 @@ impl VideoModelPy {
                 let dtype = precision.resolve(matches!(vae, VideoVae::Taehv(_))).name();
                 Ok(Loaded {
                     ctx,
-                    vae,
+                    vae: Arc::new(vae),
                     dtype,
                     random_weights: spec.starts_with("preset:"),
                     run: Mutex::new(()),
@@ -211,14 +212,8 @@ impl VideoModelPy {
     #[pyo3(signature = (raw_latents=false, uint8=false))]
     fn stream(&self, raw_latents: bool, uint8: bool) -> VideoStream {
         let loaded = Arc::clone(&self.loaded);
-        // SAFETY: the decoder borrows the model inside `loaded`'s heap
-        // allocation, which `VideoStream::_loaded` keeps alive and unmoved
-        // (an `Arc` never moves its value) and nothing mutates; the decoder
-        // field is declared first, so it is dropped before that `Arc`.
-        let model: VideoModel<'static> =
-            unsafe { std::mem::transmute::<VideoModel<'_>, VideoModel<'static>>(loaded.model()) };
         VideoStream {
-            decoder: Mutex::new(VideoDecoder::new(&loaded.ctx, model)),
+            decoder: Mutex::new(VideoDecoder::shared(&loaded.ctx, Arc::clone(&loaded.vae))),
             raw_latents,
             uint8,
             _loaded: loaded,
@@ -260,7 +255,6 @@ fn video_rgb8(out: HostTensor, model: VideoModel) -> wgvae::Result<(Vec<u8>, Vec
 /// them); `finish` returns the last chunk's.
 #[pyclass(module = "wgvae._wgvae", frozen)]
 pub struct VideoStream {
-    // Declared before `_loaded`: dropped first (see `VideoModelPy::stream`).
     decoder: Mutex<VideoDecoder<'static>>,
     raw_latents: bool,
     uint8: bool,
