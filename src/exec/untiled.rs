@@ -9,7 +9,9 @@
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::kernels::attention::attention;
-use crate::kernels::conv2d::{conv2d_frames, output_size, Conv2dOptions, Frames, Prologue};
+use crate::kernels::conv2d::{
+    conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
+};
 use crate::kernels::elementwise::unary;
 use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
@@ -236,31 +238,8 @@ fn step(
         } => {
             let x = take(slots, *x)?;
             let a = get(slots, *affine)?;
-            let [n, c, h, w] = dims4(&x)?;
-            let same1 = Conv2dOptions::same(1);
-            let pro = || {
-                Some(Prologue {
-                    affine: a,
-                    act: Activation::None,
-                })
-            };
-            // The attention kernel reads f32 q, k, v (softmax inputs stay f32).
-            let f32 = DType::F32;
-            let q = conv_as(rec, &x, graph.conv(*q), pro(), &same1, f32)?;
-            let k = conv_as(rec, &x, graph.conv(*k), pro(), &same1, f32)?;
-            let v = conv_as(rec, &x, graph.conv(*v), pro(), &same1, f32)?;
-            let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
-            let tokens = [n, c, h * w];
-            attention(
-                rec,
-                &q.reshape(&tokens)?,
-                &k.reshape(&tokens)?,
-                &v.reshape(&tokens)?,
-                1.0 / (c as f32).sqrt(),
-                &o.reshape(&tokens)?,
-            )?;
-            drop((q, k, v));
-            Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
+            let convs = [*q, *k, *v, *out].map(|id| graph.conv(id));
+            Some(self_attention(rec, x, None, Some(a), convs)?)
         }
         Op::RmsNorm { x, norm, silu } => {
             let x = get(slots, *x)?;
@@ -311,24 +290,8 @@ fn step(
         } => {
             let x = take(slots, *x)?;
             let normed = get(slots, *normed)?;
-            let [n, c, h, w] = dims4(&x)?;
-            let same1 = Conv2dOptions::same(1);
-            let f32 = DType::F32;
-            let q = conv_as(rec, normed, graph.conv(*q), None, &same1, f32)?;
-            let k = conv_as(rec, normed, graph.conv(*k), None, &same1, f32)?;
-            let v = conv_as(rec, normed, graph.conv(*v), None, &same1, f32)?;
-            let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
-            let tokens = [n, c, h * w];
-            attention(
-                rec,
-                &q.reshape(&tokens)?,
-                &k.reshape(&tokens)?,
-                &v.reshape(&tokens)?,
-                1.0 / (c as f32).sqrt(),
-                &o.reshape(&tokens)?,
-            )?;
-            drop((q, k, v));
-            Some(conv_add(rec, &o, graph.conv(*out), None, x, &same1)?)
+            let convs = [*q, *k, *v, *out].map(|id| graph.conv(id));
+            Some(self_attention(rec, x, Some(normed), None, convs)?)
         }
         Op::Tap { x, name, activated } => {
             let x = get(slots, *x)?;
@@ -588,6 +551,45 @@ fn missing(t: TensorId) -> Error {
     Error::Internal(format!(
         "model graph read {t:?} before it was computed or after it was freed"
     ))
+}
+
+/// Single-head self-attention over each image's (frame's) `h·w` tokens: q, k,
+/// v are 1×1 convs of `normed` (or of `x` itself with `affine` as their
+/// prologue), read by the attention kernel in f32; the output projection is
+/// added onto `x` in place.
+fn self_attention(
+    rec: &mut Recorder,
+    x: Tensor,
+    normed: Option<&Tensor>,
+    affine: Option<&Tensor>,
+    [q, k, v, out]: [&Conv2dWeights; 4],
+) -> Result<Tensor> {
+    let [n, c, h, w] = dims4(&x)?;
+    let same1 = Conv2dOptions::same(1);
+    let pro = || {
+        affine.map(|affine| Prologue {
+            affine,
+            act: Activation::None,
+        })
+    };
+    // The attention kernel reads f32 q, k, v (softmax inputs stay f32).
+    let f32 = DType::F32;
+    let src = normed.unwrap_or(&x);
+    let q = conv_as(rec, src, q, pro(), &same1, f32)?;
+    let k = conv_as(rec, src, k, pro(), &same1, f32)?;
+    let v = conv_as(rec, src, v, pro(), &same1, f32)?;
+    let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
+    let tokens = [n, c, h * w];
+    attention(
+        rec,
+        &q.reshape(&tokens)?,
+        &k.reshape(&tokens)?,
+        &v.reshape(&tokens)?,
+        1.0 / (c as f32).sqrt(),
+        &o.reshape(&tokens)?,
+    )?;
+    drop((q, k, v));
+    conv_add(rec, &o, out, None, x, &same1)
 }
 
 #[cfg(test)]
