@@ -408,7 +408,7 @@ impl Vae {
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts);
-            let store = WeightStore::random(opts.seed);
+            let store = WeightStore::random_for(ctx, opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;

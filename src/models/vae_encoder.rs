@@ -68,7 +68,7 @@ impl VaeEncoder {
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
-            let store = crate::models::weights::WeightStore::random(opts.seed);
+            let store = crate::models::weights::WeightStore::random_for(ctx, opts.seed);
             store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
             let mut enc = Self::from_kl_config(ctx, &cfg, &store)?;
             enc.name = format!("{name} preset encoder (random weights, seed {})", opts.seed);

@@ -542,7 +542,7 @@ impl WanDecoder {
                     "unknown video preset `{name}` (video presets: wan21)"
                 )));
             }
-            let store = WeightStore::random(seed);
+            let store = WeightStore::random_for(ctx, seed);
             store.set_dtype(dtype);
             let mut dec = Self::load(ctx, &store, WanConfig::wan21(), true)?;
             dec.name = format!("wan21 preset (random weights, seed {seed})");

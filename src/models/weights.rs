@@ -43,8 +43,9 @@ pub struct HostWeight {
 
 enum Source {
     File(BTreeMap<String, HostWeight>),
-    /// Seeded random weights of whatever shape the model asks for.
-    Random(u64),
+    /// Seeded random weights of whatever shape the model asks for; without
+    /// `values` (a null device's estimate, which reads none), zeros of that shape.
+    Random { seed: u64, values: bool },
 }
 
 /// Named weights with bookkeeping: which keys the model used, which it asked
@@ -201,10 +202,22 @@ impl WeightStore {
     /// Seeded random weights (for presets used in benchmarks and memory studies).
     pub fn random(seed: u64) -> Self {
         Self::with_source(
-            Source::Random(seed),
+            Source::Random { seed, values: true },
             format!("random weights (seed {seed})"),
             Layout::Diffusers,
         )
+    }
+
+    /// [`WeightStore::random`] for a model loaded on `ctx`: on a null device
+    /// ([`Context::is_null`], memory estimates) no kernel reads a value, so
+    /// the values are zeros (untouched pages) instead of 49 M generated numbers.
+    pub fn random_for(ctx: &crate::gpu::Context, seed: u64) -> Self {
+        let mut store = Self::random(seed);
+        store.source = Source::Random {
+            seed,
+            values: !ctx.is_null(),
+        };
+        store
     }
 
     fn with_source(source: Source, origin: String, layout: Layout) -> Self {
@@ -390,14 +403,14 @@ impl WeightStore {
 
     /// True for seeded random weights.
     pub fn is_random(&self) -> bool {
-        matches!(self.source, Source::Random(_))
+        matches!(self.source, Source::Random { .. })
     }
 
     /// Shape of a stored key (`None` for random weights or absent keys).
     pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
         match &self.source {
             Source::File(m) => m.get(key).map(|w| w.shape.clone()),
-            Source::Random(_) => None,
+            Source::Random { .. } => None,
         }
     }
 
@@ -421,7 +434,7 @@ impl WeightStore {
     pub fn contains(&self, key: &str) -> bool {
         match &self.source {
             Source::File(m) => m.contains_key(key),
-            Source::Random(_) => false,
+            Source::Random { .. } => false,
         }
     }
 
@@ -429,7 +442,7 @@ impl WeightStore {
     pub fn keys(&self) -> Vec<String> {
         match &self.source {
             Source::File(m) => m.keys().cloned().collect(),
-            Source::Random(_) => Vec::new(),
+            Source::Random { .. } => Vec::new(),
         }
     }
 
@@ -441,7 +454,13 @@ impl WeightStore {
     /// absurd size exist.
     pub fn take(&self, key: &str, shape: &[usize]) -> Result<Vec<f32>> {
         let m = match &self.source {
-            Source::Random(seed) => return Ok(random_weight(*seed, key, shape)),
+            Source::Random { seed, values } => {
+                return Ok(if *values {
+                    random_weight(*seed, key, shape)
+                } else {
+                    vec![0.0; shape.iter().product()]
+                })
+            }
             Source::File(m) => m,
         };
         let n = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d));

@@ -239,13 +239,18 @@ impl Conv2dWeights {
         let kpad = ktot.div_ceil(tk) * tk;
         let mpad = cout.div_ceil(tiles.tm as usize) * tiles.tm as usize;
         // [Cout, K] -> [Kp, Mp]: K-major so a tile row is Cout-contiguous (vec4 loads).
-        let mut packed = vec![0.0f32; kpad * mpad];
-        for m in 0..cout {
-            for kg in 0..ktot {
-                packed[kg * mpad + m] = weight[m * ktot + kg];
+        // A null device (estimates) holds no values: only the allocation counts.
+        let weight = if ctx.is_null() {
+            Tensor::empty(ctx, &[kpad, mpad], dtype, label)?
+        } else {
+            let mut packed = vec![0.0f32; kpad * mpad];
+            for m in 0..cout {
+                for kg in 0..ktot {
+                    packed[kg * mpad + m] = weight[m * ktot + kg];
+                }
             }
-        }
-        let weight = Tensor::from_f32_as(ctx, &[kpad, mpad], &packed, dtype, label)?;
+            Tensor::from_f32_as(ctx, &[kpad, mpad], &packed, dtype, label)?
+        };
         let bias = match bias {
             Some(b) => {
                 let mut padded = b.to_vec();
