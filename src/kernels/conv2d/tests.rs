@@ -336,7 +336,7 @@ fn residual_and_in_place_match_cpu() {
 
 #[test]
 fn engine_default_tiles_match_cpu() {
-    // What the engine picks for the test device (lavapipe: direct, 16 x 16 blocks).
+    // What the engine picks for the test device (lavapipe: direct, 8 x 8 blocks).
     Case::new(2, 37, 19, 23, 67, 3).run(40);
     Case {
         bias: false,

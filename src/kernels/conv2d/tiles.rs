@@ -83,28 +83,33 @@ impl ConvTiles {
         if caps.is_cpu() {
             // CPU adapters (lavapipe): a workgroup runs on one CPU thread, invocations are
             // SIMD lanes, and every workgroup-memory access is a scalar loop over the lanes;
-            // large register blocks fed directly from the (cached) buffers do best.
-            // Measured on lavapipe (Mesa 22.3, LLVM 15, AVX-512 Xeon), 3x3, GFLOP per CPU
-            // second / cold pipeline compile: 16 x 16: ~13 / ~2.5 s; 16 x 32: ~14.7 / ~9 s;
-            // 8 x 64: ~15.6 / ~27 s. Compile time grows fast with the block: 16 x 16.
+            // register blocks fed directly from the (cached) buffers do best. LLVM's compile
+            // time grows fast with the block, and lavapipe compiles each variant at its first
+            // dispatch (seconds each: the cold cost of every test process and CLI run).
+            // Measured on lavapipe (Mesa 25.0.7, LLVM 15, 2-core AVX2 EPYC), criterion, f32,
+            // GFLOP/s plain / fused, cold compile of the pair:
+            //   512x32x32->512: 64x64 tile, 16x16 block: 32.4 / 28.7, ~15 s;
+            //                   32x32 tile,   8x8 block: 36.9 / 28.2, ~3 s (chosen);
+            //   128x128x128->3: 4x256, 4x32 block: 14.3 / 12.3, ~6 s;
+            //                   4x128, 4x16 block: 19.9 / 17.3, ~3 s (chosen).
             if small {
                 ConvTiles {
                     tm: 4,
-                    tn: 256,
+                    tn: 128,
                     tw: 32,
                     tk: 0,
                     rm: 4,
-                    rn: 32,
+                    rn: 16,
                     direct: true,
                 }
             } else {
                 ConvTiles {
-                    tm: 64,
-                    tn: 64,
+                    tm: 32,
+                    tn: 32,
                     tw: 32,
                     tk: 0,
-                    rm: 16,
-                    rn: 16,
+                    rm: 8,
+                    rn: 8,
                     direct: true,
                 }
             }
