@@ -125,14 +125,7 @@ fn aekl_tiny_sd_tiled_whole_decode_matches_diffusers() {
 
 #[test]
 fn taef2_matches_pytorch_on_photos() {
-    taef2_matches_pytorch(&[("astronaut", 31.2), ("chelsea", 32.7)]);
-}
-
-/// The third photo (400×592, about 2 minutes on lavapipe): `-- --ignored`.
-#[test]
-#[ignore = "slow on lavapipe (~2 min); astronaut and chelsea cover TAEF2 in CI"]
-fn taef2_matches_pytorch_on_coffee() {
-    taef2_matches_pytorch(&[("coffee", 29.6)]);
+    taef2_matches_pytorch(&[("astronaut", 31.2), ("chelsea", 32.7), ("coffee", 29.6)]);
 }
 
 /// Each photo's decode within 1.5e-5 of PyTorch's and its PSNR against the

@@ -43,9 +43,8 @@ fn every_storage_path_requests_only_validated_variants() {
 }
 
 /// Every storage path, decodes untiled and exact-tiled, and encodes, compiled
-/// for real (about 4 minutes on lavapipe: `cargo test --test pipeline_coverage -- --ignored`).
+/// for real (about a minute on lavapipe).
 #[test]
-#[ignore]
 fn every_compiled_pipeline_is_a_validated_variant() {
     // A context of its own: its pipeline cache holds only what this test ran.
     let ctx = Context::new(&ContextOptions::default()).expect("an adapter");

@@ -320,18 +320,12 @@ fn taef2_exact_matches_untiled_on_chelsea() {
     taef2_exact_matches_untiled("chelsea");
 }
 
-// The larger photos take about 3 minutes each on lavapipe; CI runs chelsea
-// (same code path, 12 tiles), `cargo test -- --ignored` runs these.
 #[test]
-#[ignore = "slow on lavapipe (~3 min); chelsea covers exact TAE tiles in CI"]
 fn taef2_exact_matches_untiled_on_coffee() {
     taef2_exact_matches_untiled("coffee");
 }
 
-// The larger photos take about 3 minutes each on lavapipe; CI runs chelsea
-// (same code path, 12 tiles), `cargo test -- --ignored` runs these.
 #[test]
-#[ignore = "slow on lavapipe (~3 min); chelsea covers exact TAE tiles in CI"]
 fn taef2_exact_matches_untiled_on_astronaut() {
     taef2_exact_matches_untiled("astronaut");
 }
