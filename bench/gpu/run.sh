@@ -9,10 +9,10 @@
 #   --quick        small sizes (TAEF2 at 64 and 128 px, the SD1.5 preset at 64 px,
 #                  taew2_1 and the tiny Wan VAE at 32 px for 2 latent frames, f32,
 #                  one timed decode per cell) and a representative test subset;
-#                  minutes on lavapipe
-#   --smoke        --quick's smallest cells only, for CI: TAEF2 at 64 px (no
-#                  preset), its memory predictions without `wgvae report memory`,
-#                  the quick video cells; about a minute on lavapipe
+#                  CI runs it on lavapipe (about a minute with the tests skipped)
+#   --smoke        --quick's smallest cells only: TAEF2 at 64 px (no preset), its
+#                  memory predictions without `wgvae report memory`, the quick
+#                  video cells; seconds
 #   --adapter NAME the adapter (part of its name, as in `wgvae info`); exported as
 #                  WGPU_ADAPTER_NAME for tests and benches. The backend comes from
 #                  WGPU_BACKEND (vulkan, gl, metal, dx12), e.g. WGPU_BACKEND=vulkan
@@ -166,7 +166,7 @@ else
   quick_filter=
 fi
 if [ "$smoke" = 1 ]; then
-  # CI's budget: each stage's smallest cell (a preset's seeded weights alone take a minute on lavapipe).
+  # Each stage's smallest cell: the quickest check that every stage still runs.
   presets=()
   taef2_sizes=64
 fi
