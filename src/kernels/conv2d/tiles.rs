@@ -87,11 +87,11 @@ impl ConvTiles {
             // time grows fast with the block, and lavapipe compiles each variant at its first
             // dispatch (seconds each: the cold cost of every test process and CLI run).
             // Measured on lavapipe (Mesa 25.0.7, LLVM 15, 2-core AVX2 EPYC), criterion, f32,
-            // GFLOP/s plain / fused, cold compile of the pair:
-            //   512x32x32->512: 64x64 tile, 16x16 block: 32.4 / 28.7, ~15 s;
-            //                   32x32 tile,   8x8 block: 36.9 / 28.2, ~3 s (chosen);
-            //   128x128x128->3: 4x256, 4x32 block: 14.3 / 12.3, ~6 s;
-            //                   4x128, 4x16 block: 19.9 / 17.3, ~3 s (chosen).
+            // GFLOP/s plain / fused, cold compile of the pair (bench wall time minus timing):
+            //   512x32x32->512: 64x64 tile, 16x16 block: 32.4 / 28.7, ~16 s;
+            //                   32x32 tile,   8x8 block: 36.9 / 28.2, ~4 s (chosen);
+            //   128x128x128->3: 4x256, 4x32 block: 14.3 / 12.3, ~4 s;
+            //                   4x128, 4x16 block: 19.9 / 17.3, < 1 s (chosen).
             if small {
                 ConvTiles {
                     tm: 4,
