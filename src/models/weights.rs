@@ -45,7 +45,10 @@ enum Source {
     File(BTreeMap<String, HostWeight>),
     /// Seeded random weights of whatever shape the model asks for; without
     /// `values` (a null device's estimate, which reads none), zeros of that shape.
-    Random { seed: u64, values: bool },
+    Random {
+        seed: u64,
+        values: bool,
+    },
 }
 
 /// Named weights with bookkeeping: which keys the model used, which it asked
