@@ -204,23 +204,22 @@ fn is_tae_key(k: &str) -> bool {
 impl WeightStore {
     /// Seeded random weights (for presets used in benchmarks and memory studies).
     pub fn random(seed: u64) -> Self {
-        Self::with_source(
-            Source::Random { seed, values: true },
-            format!("random weights (seed {seed})"),
-            Layout::Diffusers,
-        )
+        Self::seeded(seed, true)
     }
 
     /// [`WeightStore::random`] for a model loaded on `ctx`: on a null device
     /// ([`Context::is_null`], memory estimates) no kernel reads a value, so
     /// the values are zeros (untouched pages) instead of 49 M generated numbers.
     pub fn random_for(ctx: &crate::gpu::Context, seed: u64) -> Self {
-        let mut store = Self::random(seed);
-        store.source = Source::Random {
-            seed,
-            values: !ctx.is_null(),
-        };
-        store
+        Self::seeded(seed, !ctx.is_null())
+    }
+
+    fn seeded(seed: u64, values: bool) -> Self {
+        Self::with_source(
+            Source::Random { seed, values },
+            format!("random weights (seed {seed})"),
+            Layout::Diffusers,
+        )
     }
 
     fn with_source(source: Source, origin: String, layout: Layout) -> Self {
