@@ -124,6 +124,7 @@ fn tiles_override() -> Option<ConvTiles> {
         rm,
         rn,
         direct,
+        matrix: None,
     })
 }
 

@@ -51,7 +51,7 @@ use parking_lot::Mutex;
 
 use crate::decode::{decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
-use crate::gpu::{Capabilities, Context, Recorder};
+use crate::gpu::{Capabilities, Context, CooperativeMatrix, Recorder};
 use crate::io::{validate_latents, HostTensor};
 use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
 use crate::memory::Policy;
@@ -61,7 +61,8 @@ use crate::run::{precision, run_untiled};
 use crate::tensor::{DType, Tensor};
 
 pub use crate::gpu::requirements::{
-    check_device, optional_features, recommended_limits, required_features, required_limits,
+    check_device, cooperative_matrix_features, optional_features, recommended_limits,
+    required_features, required_limits,
 };
 pub use crate::run::input::DeviceLatents;
 
@@ -73,6 +74,10 @@ pub struct EngineOptions {
     /// Latents passed to the engine are decoder input already: skip the
     /// pipeline unscaling `latents / scaling_factor + shift_factor`.
     pub raw_latents: bool,
+    /// Cooperative matrices (tensor cores) with [`Engine::with_adapter`]: automatic, on
+    /// (an error where unusable) or off. Engines made without the adapter take the scalar
+    /// path.
+    pub cooperative_matrix: CooperativeMatrix,
 }
 
 impl Default for EngineOptions {
@@ -80,6 +85,7 @@ impl Default for EngineOptions {
         EngineOptions {
             policy: Policy::Planned,
             raw_latents: false,
+            cooperative_matrix: CooperativeMatrix::Auto,
         }
     }
 }
@@ -281,8 +287,35 @@ impl Engine {
         load: &LoadOptions,
         options: EngineOptions,
     ) -> Result<Engine> {
+        Self::build(device, queue, &[], vae, load, options)
+    }
+
+    /// [`Engine::with_options`] for a device of `adapter`, whose cooperative-matrix
+    /// configurations the engine may use (see [`cooperative_matrix_features`] for the device
+    /// request and [`EngineOptions::cooperative_matrix`]).
+    pub fn with_adapter(
+        adapter: &wgpu::Adapter,
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        vae: &str,
+        load: &LoadOptions,
+        options: EngineOptions,
+    ) -> Result<Engine> {
+        let configs = adapter.cooperative_matrix_properties();
+        Self::build(device, queue, &configs, vae, load, options)
+    }
+
+    fn build(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        matrix_configs: &[wgpu::CooperativeMatrixProperties],
+        vae: &str,
+        load: &LoadOptions,
+        options: EngineOptions,
+    ) -> Result<Engine> {
         check_device(&device)?;
-        let ctx = Context::from_device_with_pool(device, queue, options.policy.new_pool());
+        let ctx = Context::from_device_with_pool(device, queue, options.policy.new_pool())
+            .with_matrices(matrix_configs, options.cooperative_matrix)?;
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.
         let vae = Vae::load(&ctx, vae, load)?;

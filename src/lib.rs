@@ -90,12 +90,13 @@ pub mod y4m;
 
 pub use decode::{decode, DecodeOptions, Decoded};
 pub use embed::{
-    check_device, optional_features, recommended_limits, required_features, required_limits,
-    DeviceLatents, Engine, EngineOptions, Latents, PendingDecode,
+    check_device, cooperative_matrix_features, optional_features, recommended_limits,
+    required_features, required_limits, DeviceLatents, Engine, EngineOptions, Latents,
+    PendingDecode,
 };
 pub use error::{Error, Result};
 pub use frames::{decode_frames, FrameOut, FramesOptions, FramesReport};
-pub use gpu::{Context, ContextOptions};
+pub use gpu::{Context, ContextOptions, CooperativeMatrix, MatrixConfig};
 pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};

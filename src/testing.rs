@@ -10,11 +10,55 @@ use crate::gpu::{Context, ContextOptions};
 pub fn test_context() -> Context {
     static CTX: OnceLock<Context> = OnceLock::new();
     CTX.get_or_init(|| {
-        Context::new(&ContextOptions::default()).unwrap_or_else(|e| {
+        // WGVAE_COOPERATIVE_MATRIX=on|off|auto (ci/coopmat.sh forces on).
+        let cooperative_matrix = std::env::var("WGVAE_COOPERATIVE_MATRIX")
+            .ok()
+            .map(|v| {
+                v.parse()
+                    .expect("WGVAE_COOPERATIVE_MATRIX: auto, on or off")
+            })
+            .unwrap_or_default();
+        let options = ContextOptions {
+            cooperative_matrix,
+            ..Default::default()
+        };
+        Context::new(&options).unwrap_or_else(|e| {
             panic!("GPU tests need an adapter (install mesa-vulkan-drivers for lavapipe): {e}")
         })
     })
     .clone()
+}
+
+/// The test context when its device has a usable cooperative-matrix configuration
+/// (Mesa 26's lavapipe: 8×8×8 f16 → f32; `ci/coopmat.sh` runs the tests there), else
+/// `None` after saying why on stderr, or a panic under `WGVAE_REQUIRE_COOP=1`.
+pub fn matrix_test_context(test: &str) -> Option<Context> {
+    let ctx = test_context();
+    if ctx.caps().cooperative_matrix.is_some() {
+        return Some(ctx);
+    }
+    let why = format!(
+        "{test}: `{}` has no usable cooperative-matrix configuration (its list: {:?}); ci/coopmat.sh runs this on Mesa 26's lavapipe",
+        ctx.caps().adapter_name,
+        ctx.caps()
+            .matrix_configs
+            .iter()
+            .map(|c| c.to_string())
+            .collect::<Vec<_>>()
+    );
+    if std::env::var("WGVAE_REQUIRE_COOP").is_ok_and(|v| v == "1") {
+        panic!("{why} (WGVAE_REQUIRE_COOP=1)");
+    }
+    eprintln!("skipped: {why}");
+    None
+}
+
+/// `ctx` on the scalar path: the same device and pipelines with its cooperative-matrix
+/// configuration hidden, so models loaded on it lay their weights out for scalar tiles.
+pub fn scalar_context(ctx: &Context) -> Context {
+    let mut caps = ctx.caps().clone();
+    caps.cooperative_matrix = None;
+    ctx.with_caps(caps)
 }
 
 /// The test context once per storage path: (context, activation dtype) for

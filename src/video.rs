@@ -62,6 +62,12 @@ impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
 }
 
 impl<'a> VideoModel<'a> {
+    /// The cooperative-matrix configuration its convolutions run on (`8x8x8 f16->f32`),
+    /// `None` on the scalar path.
+    pub fn cooperative_matrix(self) -> Option<String> {
+        self.graph().matrix_config()
+    }
+
     fn graph(self) -> &'a Graph {
         match self {
             VideoModel::Taehv(d) => d.graph(),

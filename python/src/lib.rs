@@ -176,6 +176,7 @@ impl Model {
                     adapter: choice,
                     backends: None,
                     pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
+                    ..Default::default()
                 })?
                 .with_pool(policy.new_pool());
                 let vae = Vae::load(&ctx, &spec, &load)?;

@@ -100,6 +100,7 @@ impl VideoModelPy {
                     adapter: choice,
                     backends: None,
                     pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
+                    ..Default::default()
                 })?
                 .with_pool(policy.new_pool());
                 let vae = wgvae::video::load_video_decoder(&ctx, &spec, &load)?;

@@ -226,6 +226,8 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
                 json!({
                     "image_shape": [n, 3, out.height, out.width],
                     "dtype": out.dtype.name(),
+                    // A decode redone in bf16 after an f16 overflow ran the scalar twin.
+                    "cooperative_matrix": if out.dtype == vae.dtype { vae.cooperative_matrix() } else { None },
                     "f16_overflows": out.f16_overflows,
                     "precision_note": out.precision_note,
                     "decode_ms": out.decode_ms,
@@ -403,6 +405,7 @@ fn json_summary(
         "model": vae.name,
         "random_weights": vae.random_weights,
         "latents_shape": latents.shape,
+        "cooperative_matrix": vae.cooperative_matrix(),
     });
     if let (Some(all), serde_json::Value::Object(rest)) = (summary.as_object_mut(), rest) {
         all.extend(rest);

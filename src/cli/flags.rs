@@ -15,6 +15,10 @@ const FLAGS: &[(&str, &str)] = &[
     ("`LoadOptions::scaling_factor`", "--scaling-factor"),
     ("`LoadOptions::shift_factor`", "--shift-factor"),
     ("`ContextOptions::adapter`", "--adapter"),
+    (
+        "`ContextOptions::cooperative_matrix`",
+        "--cooperative-matrix",
+    ),
     ("the `key` argument", "--key NAME"),
     ("load it with `pad` set", "pass --pad"),
 ];

@@ -1,7 +1,7 @@
 //! `wgvae info`: adapters, the chosen one, its features and limits.
 
 use serde_json::json;
-use wgvae::gpu::Context;
+use wgvae::gpu::{Context, MatrixConfig};
 
 use super::context;
 
@@ -14,7 +14,9 @@ pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<
             json!({"index": i, "name": info.name, "backend": format!("{:?}", info.backend),
                    "type": format!("{:?}", info.device_type), "driver": info.driver,
                    "driver_info": info.driver_info,
-                   "shader_f16": a.features().contains(wgpu::Features::SHADER_F16)})
+                   "shader_f16": a.features().contains(wgpu::Features::SHADER_F16),
+                   "cooperative_matrix": a.cooperative_matrix_properties().iter()
+                       .map(|p| MatrixConfig::of(p).to_string()).collect::<Vec<_>>()})
         })
         .collect();
     let ctx = context(cli_adapter)?;
@@ -23,7 +25,15 @@ pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<
         "name": c.adapter_name, "backend": format!("{:?}", c.backend), "type": format!("{:?}", c.device_type),
         "driver": c.driver, "driver_info": c.driver_info,
         "features": {"shader_f16": c.shader_f16, "timestamp_query": c.timestamp_query,
-                     "timestamp_query_inside_passes": c.timestamp_inside_passes, "subgroup": c.subgroup},
+                     "timestamp_query_inside_passes": c.timestamp_inside_passes, "subgroup": c.subgroup,
+                     "subgroup_min_size": c.subgroup_min_size, "subgroup_max_size": c.subgroup_max_size},
+        "cooperative_matrix": {
+            "configurations": c.matrix_configs.iter().map(|m| json!({
+                "m": m.m, "n": m.n, "k": m.k, "ab": format!("{:?}", m.ab).to_lowercase(),
+                "cr": format!("{:?}", m.cr).to_lowercase(), "name": m.to_string(),
+                "usable": m.is_usable()})).collect::<Vec<_>>(),
+            "used": c.cooperative_matrix.map(|m| m.to_string()),
+        },
         "limits": {"max_storage_buffer_binding_size": c.max_storage_buffer_binding_size,
                    "max_buffer_size": c.max_buffer_size,
                    "max_compute_workgroup_storage_size": c.max_compute_workgroup_storage_size,
@@ -64,6 +74,26 @@ pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<
         "features: shader_f16={} timestamp_query={} timestamp_inside_passes={} subgroup={}",
         c.shader_f16, c.timestamp_query, c.timestamp_inside_passes, c.subgroup
     );
+    println!(
+        "subgroups: {}..{} lanes",
+        c.subgroup_min_size, c.subgroup_max_size
+    );
+    if c.matrix_configs.is_empty() {
+        println!("cooperative matrices: none");
+    } else {
+        println!("cooperative matrices:");
+        for m in &c.matrix_configs {
+            println!(
+                "  {m}{}{}",
+                if m.is_usable() { " (usable)" } else { "" },
+                if c.cooperative_matrix == Some(*m) {
+                    " <- used for f16 models"
+                } else {
+                    ""
+                }
+            );
+        }
+    }
     println!("limits:");
     for (k, v) in chosen["limits"].as_object().into_iter().flatten() {
         println!("  {k}: {v}");

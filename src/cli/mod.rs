@@ -29,6 +29,15 @@ pub(crate) struct Cli {
     /// (default: best GPU; also WGPU_ADAPTER_NAME / WGPU_BACKEND).
     #[arg(long, global = true)]
     pub(crate) adapter: Option<String>,
+    /// Cooperative matrices (tensor cores) for f16 models: auto (where the adapter has a
+    /// usable configuration), on (an error where it has none) or off.
+    #[arg(
+        long,
+        global = true,
+        value_name = "auto|on|off",
+        default_value = "auto"
+    )]
+    pub(crate) cooperative_matrix: wgvae::CooperativeMatrix,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -61,6 +70,7 @@ pub(crate) enum Command {
 /// Runs one parsed command line.
 pub(crate) fn run(cli: &Cli) -> wgvae::Result<()> {
     let adapter = &cli.adapter;
+    let _ = MATRICES.set(cli.cooperative_matrix);
     match &cli.command {
         Command::Info { json } => info::run(adapter, *json),
         Command::Decode(a) => decode::run(adapter, a),
@@ -81,7 +91,10 @@ pub(crate) fn device(ctx: &Context) -> String {
     format!("{} ({:?})", ctx.caps().adapter_name, ctx.caps().backend)
 }
 
-/// The device `--adapter` names (default: the best GPU).
+/// `--cooperative-matrix`, set once per process by [`run`] (every command's device takes it).
+static MATRICES: std::sync::OnceLock<wgvae::CooperativeMatrix> = std::sync::OnceLock::new();
+
+/// The device `--adapter` names (default: the best GPU), with `--cooperative-matrix`.
 pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
     let choice = match adapter {
         None => AdapterChoice::Auto,
@@ -94,6 +107,7 @@ pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
         adapter: choice,
         backends: None,
         pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
+        cooperative_matrix: MATRICES.get().copied().unwrap_or_default(),
     })?;
     // The CPU fallback (slow) is said on stderr whatever the log level (once:
     // the library already logs it as a warning when warnings are shown).

@@ -26,6 +26,17 @@ pub struct Capabilities {
     pub timestamp_inside_passes: bool,
     /// `SUBGROUP` is enabled on the device.
     pub subgroup: bool,
+    /// Smallest subgroup the device may run (lanes; 8 on lavapipe, 32 on NVIDIA).
+    pub subgroup_min_size: u32,
+    /// Largest subgroup the device may run (lanes).
+    pub subgroup_max_size: u32,
+    /// Every cooperative-matrix (tensor-core) configuration the adapter offers, as far as
+    /// the engine knows it (empty for a device wrapped without its adapter's list).
+    pub matrix_configs: Vec<MatrixConfig>,
+    /// The configuration the engine's kernels use (`None`: the scalar path). Set from
+    /// `matrix_configs` by [`CooperativeMatrix`] when the device has
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX`, `SHADER_F16` and `SUBGROUP`.
+    pub cooperative_matrix: Option<MatrixConfig>,
     /// Largest storage buffer binding in bytes (one tensor per binding).
     pub max_storage_buffer_binding_size: u64,
     /// Largest buffer in bytes.
@@ -62,6 +73,10 @@ impl Capabilities {
             timestamp_query: f.contains(wgpu::Features::TIMESTAMP_QUERY),
             timestamp_inside_passes: f.contains(wgpu::Features::TIMESTAMP_QUERY_INSIDE_PASSES),
             subgroup: f.contains(wgpu::Features::SUBGROUP),
+            subgroup_min_size: info.subgroup_min_size,
+            subgroup_max_size: info.subgroup_max_size,
+            matrix_configs: Vec::new(),
+            cooperative_matrix: None,
             max_storage_buffer_binding_size: l.max_storage_buffer_binding_size,
             max_buffer_size: l.max_buffer_size,
             max_compute_workgroup_storage_size: l.max_compute_workgroup_storage_size,
@@ -87,6 +102,10 @@ impl Capabilities {
             timestamp_query: true,
             timestamp_inside_passes: true,
             subgroup: true,
+            subgroup_min_size: 32,
+            subgroup_max_size: 32,
+            matrix_configs: vec![MatrixConfig::F16_F32_16],
+            cooperative_matrix: None,
             max_storage_buffer_binding_size: (4u64 << 30) - 4,
             max_buffer_size: 24u64 << 30,
             max_compute_workgroup_storage_size: 49152,
@@ -102,6 +121,186 @@ impl Capabilities {
     /// True for software adapters such as lavapipe / llvmpipe.
     pub fn is_cpu(&self) -> bool {
         self.device_type == wgpu::DeviceType::Cpu
+    }
+
+    /// These capabilities with the cooperative-matrix configuration `policy` picks from
+    /// `configs` (the adapter's list), or an error naming what is missing when `policy` is
+    /// [`CooperativeMatrix::On`] and none is usable. `device_has_feature`: the device was
+    /// created with `EXPERIMENTAL_COOPERATIVE_MATRIX`.
+    pub fn with_matrix_configs(
+        mut self,
+        configs: Vec<MatrixConfig>,
+        device_has_feature: bool,
+        policy: CooperativeMatrix,
+    ) -> Result<Self> {
+        self.matrix_configs = configs;
+        self.cooperative_matrix = None;
+        if policy == CooperativeMatrix::Off {
+            return Ok(self);
+        }
+        let usable = self.usable_matrix_config();
+        let why_not = if !device_has_feature {
+            Some(if self.matrix_configs.is_empty() {
+                "the adapter offers no cooperative matrices (wgpu's EXPERIMENTAL_COOPERATIVE_MATRIX; on Vulkan VK_KHR_cooperative_matrix with vulkanMemoryModelDeviceScope), or the device was wrapped without its adapter's list (Context::from_device_with_matrices, Engine::with_adapter)"
+            } else {
+                "the device was created without wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX (see wgvae::optional_features)"
+            })
+        } else if !self.shader_f16 || !self.subgroup {
+            Some("the device lacks SHADER_F16 or SUBGROUP, which the cooperative kernels need")
+        } else if usable.is_none() {
+            Some(
+                "none of the adapter's configurations is a square 8x8x8 or 16x16x16 f16 -> f32 one",
+            )
+        } else {
+            None
+        };
+        match (why_not, policy) {
+            (None, _) => self.cooperative_matrix = usable,
+            (Some(why), CooperativeMatrix::On) => {
+                return Err(Error::Unsupported(format!(
+                    "cooperative matrices were asked for on `{}` ({:?}), but {why}; set `ContextOptions::cooperative_matrix` to auto (the scalar path where none is usable) or off",
+                    self.adapter_name, self.backend
+                )))
+            }
+            (Some(why), _) => log::debug!("cooperative matrices not used: {why}"),
+        }
+        Ok(self)
+    }
+
+    /// The best configuration of `matrix_configs` the kernels can use: f16 operands with
+    /// f32 accumulation, square, the largest side first (16 on NVIDIA/AMD, 8 on lavapipe).
+    fn usable_matrix_config(&self) -> Option<MatrixConfig> {
+        self.matrix_configs
+            .iter()
+            .filter(|c| c.is_usable())
+            .max_by_key(|c| c.size)
+            .copied()
+    }
+}
+
+/// Whether kernels use cooperative matrices (tensor cores): a per-device choice like tile
+/// sizes. `Auto` uses them where the adapter has a usable configuration; `On` makes a
+/// missing one an error; `Off` keeps the scalar path.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum CooperativeMatrix {
+    /// Use them where the device has a usable configuration (the default).
+    #[default]
+    Auto,
+    /// Use them; creating the context fails where they are unavailable.
+    On,
+    /// Never use them.
+    Off,
+}
+
+impl std::str::FromStr for CooperativeMatrix {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "auto" => Ok(CooperativeMatrix::Auto),
+            "on" | "yes" | "true" => Ok(CooperativeMatrix::On),
+            "off" | "no" | "false" => Ok(CooperativeMatrix::Off),
+            _ => Err(Error::Unsupported(format!(
+                "cooperative-matrix mode `{s}`: expected auto, on or off"
+            ))),
+        }
+    }
+}
+
+/// Element type of a cooperative-matrix operand or accumulator.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MatrixScalar {
+    /// 32-bit float.
+    F32,
+    /// 16-bit float.
+    F16,
+    /// 32-bit signed integer.
+    I32,
+    /// 32-bit unsigned integer.
+    U32,
+}
+
+impl MatrixScalar {
+    fn name(self) -> &'static str {
+        match self {
+            MatrixScalar::F32 => "f32",
+            MatrixScalar::F16 => "f16",
+            MatrixScalar::I32 => "i32",
+            MatrixScalar::U32 => "u32",
+        }
+    }
+}
+
+/// One cooperative-matrix configuration: `C[m×n] += A[m×k] · B[k×n]` per subgroup, A and B
+/// of type `ab`, C of type `cr`. Displayed as `8x8x8 f16->f32`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct MatrixConfig {
+    /// Rows of A and C.
+    pub m: u32,
+    /// Columns of B and C.
+    pub n: u32,
+    /// Columns of A, rows of B.
+    pub k: u32,
+    /// Operand type.
+    pub ab: MatrixScalar,
+    /// Accumulator type.
+    pub cr: MatrixScalar,
+    /// The side of a square configuration (0 otherwise).
+    pub size: u32,
+}
+
+impl MatrixConfig {
+    /// 16×16×16 f16 → f32 (NVIDIA, AMD).
+    pub const F16_F32_16: MatrixConfig = MatrixConfig::square(16);
+    /// 8×8×8 f16 → f32 (lavapipe, Apple).
+    pub const F16_F32_8: MatrixConfig = MatrixConfig::square(8);
+
+    const fn square(size: u32) -> MatrixConfig {
+        MatrixConfig {
+            m: size,
+            n: size,
+            k: size,
+            ab: MatrixScalar::F16,
+            cr: MatrixScalar::F32,
+            size,
+        }
+    }
+
+    /// The engine's view of a wgpu configuration.
+    pub fn of(p: &wgpu::CooperativeMatrixProperties) -> MatrixConfig {
+        let scalar = |t: wgpu::CooperativeScalarType| match t {
+            wgpu::CooperativeScalarType::F32 => MatrixScalar::F32,
+            wgpu::CooperativeScalarType::F16 => MatrixScalar::F16,
+            wgpu::CooperativeScalarType::I32 => MatrixScalar::I32,
+            wgpu::CooperativeScalarType::U32 => MatrixScalar::U32,
+        };
+        let square = p.m_size == p.n_size && p.n_size == p.k_size;
+        MatrixConfig {
+            m: p.m_size,
+            n: p.n_size,
+            k: p.k_size,
+            ab: scalar(p.ab_type),
+            cr: scalar(p.cr_type),
+            size: if square { p.m_size } else { 0 },
+        }
+    }
+
+    /// The kernels use square 8 or 16 configurations with f16 operands and f32 accumulation.
+    pub fn is_usable(&self) -> bool {
+        matches!(self.size, 8 | 16) && self.ab == MatrixScalar::F16 && self.cr == MatrixScalar::F32
+    }
+}
+
+impl std::fmt::Display for MatrixConfig {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{}x{}x{} {}->{}",
+            self.m,
+            self.n,
+            self.k,
+            self.ab.name(),
+            self.cr.name()
+        )
     }
 }
 
@@ -128,6 +327,8 @@ pub struct ContextOptions {
     /// Where to persist the driver's pipeline cache (Vulkan) so later
     /// process starts skip shader compilation. `None`: no disk cache.
     pub pipeline_cache_dir: Option<std::path::PathBuf>,
+    /// Cooperative matrices (tensor cores): automatic, forced on, or off.
+    pub cooperative_matrix: CooperativeMatrix,
 }
 
 /// The default pipeline cache folder: `$WGVAE_CACHE_DIR`, else
@@ -200,7 +401,9 @@ impl std::fmt::Debug for Context {
     }
 }
 
-/// Features wgvae uses when the adapter offers them; none is required.
+/// Features wgvae uses when the adapter offers them; none is required. Cooperative matrices
+/// are opted into separately (`wgvae::cooperative_matrix_features`): they are experimental
+/// in wgpu and need `wgpu::ExperimentalFeatures::enabled()` in the device descriptor.
 pub fn optional_features() -> wgpu::Features {
     wgpu::Features::SHADER_F16
         | wgpu::Features::TIMESTAMP_QUERY
@@ -534,7 +737,7 @@ impl Context {
     /// with the adapter's full limits and every optional feature it offers.
     pub fn new(options: &ContextOptions) -> Result<Self> {
         let (adapter, notice) = Self::select_adapter(options)?;
-        let mut ctx = Self::from_adapter(&adapter)?;
+        let mut ctx = Self::from_adapter_with(&adapter, options.cooperative_matrix)?;
         if let Some(inner) = Arc::get_mut(&mut ctx.inner) {
             inner.notice = notice;
         }
@@ -551,14 +754,30 @@ impl Context {
         }
     }
 
-    /// Creates a device on a given adapter.
+    /// Creates a device on a given adapter (cooperative matrices automatic).
     pub fn from_adapter(adapter: &wgpu::Adapter) -> Result<Self> {
-        let features = adapter.features() & optional_features();
+        Self::from_adapter_with(adapter, CooperativeMatrix::Auto)
+    }
+
+    /// Creates a device on a given adapter with the cooperative-matrix choice `matrices`.
+    pub fn from_adapter_with(adapter: &wgpu::Adapter, matrices: CooperativeMatrix) -> Result<Self> {
+        let mut features = adapter.features() & optional_features();
+        let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
+        let want_coop = matrices != CooperativeMatrix::Off && adapter.features().contains(coop);
+        if want_coop {
+            features |= coop;
+        }
         let desc = wgpu::DeviceDescriptor {
             label: Some("wgvae"),
             required_features: features,
             required_limits: adapter.limits(),
-            experimental_features: wgpu::ExperimentalFeatures::disabled(),
+            experimental_features: if want_coop {
+                // SAFETY: wgpu's experimental features may have bugs; the only one enabled is
+                // cooperative matrices, whose kernels are checked against CPU references.
+                unsafe { wgpu::ExperimentalFeatures::enabled() }
+            } else {
+                wgpu::ExperimentalFeatures::disabled()
+            },
             memory_hints: wgpu::MemoryHints::Performance,
             trace: wgpu::Trace::Off,
         };
@@ -569,7 +788,51 @@ impl Context {
             }
         })?;
         // from_device installs the uncaptured-error handler.
-        Ok(Self::from_device(device, queue))
+        Self::from_device(device, queue)
+            .with_matrices(&adapter.cooperative_matrix_properties(), matrices)
+    }
+
+    /// Wraps a host's device as [`Context::from_device`] does, letting its kernels use
+    /// cooperative matrices: `configs` is the adapter's
+    /// `cooperative_matrix_properties()`, and the device must have been created with
+    /// `EXPERIMENTAL_COOPERATIVE_MATRIX` (and `SHADER_F16`, `SUBGROUP`) for any to be used.
+    pub fn from_device_with_matrices(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        configs: &[wgpu::CooperativeMatrixProperties],
+        matrices: CooperativeMatrix,
+    ) -> Result<Self> {
+        Self::from_device(device, queue).with_matrices(configs, matrices)
+    }
+
+    /// This (fresh) context with the cooperative-matrix configuration `matrices` picks from
+    /// the adapter's `configs` (see [`Capabilities::with_matrix_configs`]).
+    pub fn with_matrices(
+        self,
+        configs: &[wgpu::CooperativeMatrixProperties],
+        matrices: CooperativeMatrix,
+    ) -> Result<Self> {
+        let has = self
+            .device()
+            .features()
+            .contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX);
+        let caps = self.caps().clone().with_matrix_configs(
+            configs.iter().map(MatrixConfig::of).collect(),
+            has,
+            matrices,
+        )?;
+        Ok(self.replace_caps(caps))
+    }
+
+    /// This context with `caps` (a fresh context not yet shared).
+    fn replace_caps(mut self, caps: Capabilities) -> Self {
+        match Arc::get_mut(&mut self.inner) {
+            Some(inner) => {
+                inner.caps = caps;
+                self
+            }
+            None => self.with_caps(caps),
+        }
     }
 
     /// The wgpu device.

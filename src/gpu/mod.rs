@@ -15,7 +15,7 @@ pub mod storage;
 pub use context::rank_adapters;
 pub use context::{
     default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary,
-    Capabilities, Context, ContextOptions,
+    Capabilities, Context, ContextOptions, CooperativeMatrix, MatrixConfig, MatrixScalar,
 };
 pub(crate) use host::{read_back_host, HostBytes};
 #[doc(hidden)]

@@ -161,12 +161,16 @@ impl PipelineKey {
 }
 
 /// Expands a WGSL source for a key. `enable f16;` is emitted first when the
-/// `F16` flag is set (WGSL requires enables before any declaration).
+/// `F16` flag is set, `enable wgpu_cooperative_matrix;` when `COOP` is (WGSL
+/// requires enables before any declaration).
 pub fn preprocess(source: impl AsRef<str>, key: &PipelineKey) -> Result<String> {
     let source = source.as_ref();
     let mut out = String::with_capacity(source.len() + 256);
     if key.is_defined("F16") || key.storage_types().any(|t| t == StorageType::F16) {
         out.push_str("enable f16;\n");
+    }
+    if key.is_defined("COOP") {
+        out.push_str("enable wgpu_cooperative_matrix;\n");
     }
     if storage::needs_packed_helpers(key.storage_types()) {
         out.push_str(storage::packed_helpers());

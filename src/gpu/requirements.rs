@@ -15,6 +15,18 @@ pub fn optional_features() -> wgpu::Features {
     crate::gpu::optional_features()
 }
 
+/// What a host adds to its device request for the engine's cooperative-matrix (tensor-core)
+/// kernels: `EXPERIMENTAL_COOPERATIVE_MATRIX` with `SHADER_F16` and `SUBGROUP` (intersect
+/// with `adapter.features()`), requested with `wgpu::ExperimentalFeatures::enabled()` (an
+/// `unsafe` opt-in: wgpu marks the feature experimental). Then hand the adapter's
+/// `cooperative_matrix_properties()` to [`crate::Context::from_device_with_matrices`] (or use
+/// [`crate::Engine::with_adapter`]); without them the engine takes its scalar path.
+pub fn cooperative_matrix_features() -> wgpu::Features {
+    wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX
+        | wgpu::Features::SHADER_F16
+        | wgpu::Features::SUBGROUP
+}
+
 /// Largest `var<workgroup>` footprint of any kernel variant, in bytes: the
 /// attention kernel for head dimension 512 (AutoencoderKL's mid-block),
 /// above WebGPU's default 16384.

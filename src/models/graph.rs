@@ -243,6 +243,15 @@ impl Graph {
     pub(crate) fn conv(&self, w: ConvId) -> &Conv2dWeights {
         &self.convs[w.0]
     }
+    /// The cooperative-matrix configuration the convolutions run on (`8x8x8 f16->f32`),
+    /// `None` when they all take the scalar path.
+    pub(crate) fn matrix_config(&self) -> Option<String> {
+        let causal = self.causal.iter().flat_map(|c| c.taps.iter());
+        self.convs
+            .iter()
+            .chain(causal)
+            .find_map(|w| w.tiles().matrix_name())
+    }
     pub(crate) fn norm(&self, n: NormId) -> &Norm {
         &self.norms[n.0]
     }

@@ -500,6 +500,13 @@ impl Vae {
         ex.run_graph(self.graph(), z, keep_raw)
     }
 
+    /// The cooperative-matrix (tensor-core) configuration the decoder's convolutions run on,
+    /// as `8x8x8 f16->f32`; `None` on the scalar path (no usable configuration, cooperative
+    /// matrices off, or a model not in f16).
+    pub fn cooperative_matrix(&self) -> Option<String> {
+        self.graph().matrix_config()
+    }
+
     /// The decoder's layers.
     pub(crate) fn graph(&self) -> &graph::Graph {
         match &self.decoder {

@@ -16,13 +16,15 @@
 mod codegen;
 mod cpu;
 #[cfg(test)]
+mod matrix_tests;
+#[cfg(test)]
 mod tests;
 mod tiles;
 
 pub(crate) use codegen::variants;
 use codegen::Variant;
 pub use cpu::cpu_conv2d;
-pub use tiles::ConvTiles;
+pub use tiles::{ConvTiles, MatrixTiles};
 
 use bytemuck::{Pod, Zeroable};
 
@@ -95,6 +97,9 @@ const BINDINGS: &[BindingKind] = &[
 
 /// The tiled kernel; its source gets the unrolled register block appended (`Variant::spec`).
 const TILED: KernelSpec = spec::<Params>("conv2d", SOURCE, "conv2d", BINDINGS);
+
+/// The cooperative-matrix kernel; its entry point is generated (`Variant::spec`).
+const COOP: KernelSpec = spec::<Params>("conv2d", SOURCE, "conv2d_coop", BINDINGS);
 
 /// The naive kernel (one output per invocation), for benchmarks.
 const NAIVE: KernelSpec = spec::<Params>("conv2d", SOURCE, "naive", BINDINGS);
@@ -202,7 +207,15 @@ impl Conv2dWeights {
             k,
             bias,
         } = *w;
-        let tiles = tiles.unwrap_or_else(|| ConvTiles::for_layer(ctx.caps(), cout, k));
+        // Cooperative matrices take f16 operands: f16 models only (bf16 models exist because
+        // their activations overflow f16; f32 ones ask for f32 arithmetic).
+        let tiles = tiles
+            .or_else(|| {
+                (dtype == DType::F16)
+                    .then(|| ConvTiles::matrix_for_layer(ctx.caps(), cout, k))
+                    .flatten()
+            })
+            .unwrap_or_else(|| ConvTiles::for_layer(ctx.caps(), cout, k));
         let op = "Conv2dWeights::from_pytorch";
         if k != 1 && k != 3 {
             return Err(Error::shape(

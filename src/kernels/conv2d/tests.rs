@@ -13,6 +13,7 @@ const SMALL_DIRECT: ConvTiles = ConvTiles {
     rm: 4,
     rn: 4,
     direct: true,
+    matrix: None,
 };
 const SMALL_SHARED: ConvTiles = ConvTiles {
     tm: 8,
@@ -22,6 +23,7 @@ const SMALL_SHARED: ConvTiles = ConvTiles {
     rm: 4,
     rn: 4,
     direct: false,
+    matrix: None,
 };
 
 /// Stride `stride`, zero padding `pad` (top, left, bottom, right), no upsample.
@@ -434,8 +436,16 @@ fn output_size_and_macs() {
 #[test]
 fn bad_tiles_are_rejected() {
     let caps = typical_caps(false);
+    let matrix_caps = |s: u32| super::tiles::typical_matrix_caps(s == 8);
     for t in default_tile_sets() {
-        t.check(&caps).unwrap();
+        match t.matrix {
+            Some(m) => {
+                // On a device with the matrix configuration only.
+                t.check(&matrix_caps(m.size)).unwrap();
+                assert!(t.check(&caps).is_err());
+            }
+            None => t.check(&caps).unwrap(),
+        }
     }
     let ok = SMALL_SHARED;
     for bad in [

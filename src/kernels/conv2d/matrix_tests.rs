@@ -1,0 +1,403 @@
+//! The cooperative-matrix (tensor-core) kernel against the CPU reference, on odd shapes,
+//! where the test device has a usable configuration (Mesa 26's lavapipe: 8×8×8 f16 → f32;
+//! `ci/coopmat.sh` runs them there). Elsewhere they say why they did not run, and fail
+//! instead under `WGVAE_REQUIRE_COOP=1` (see [`crate::testing::matrix_test_context`]).
+
+use super::tiles::MatrixTiles;
+use super::*;
+use crate::gpu::storage::round_through;
+use crate::testing::{assert_close, rand_vec, test_context};
+
+fn matrix_context(test: &str) -> Option<Context> {
+    crate::testing::matrix_test_context(test)
+}
+
+/// Tile sets that put tile and subgroup edges everywhere, for the device's matrix side and
+/// subgroup sizes: one subgroup row of several; two subgroups per row with a 4-pixel-wide
+/// patch (a matrix spans patch rows); the engine's picks for a wide and a narrow layer.
+fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
+    let caps = ctx.caps();
+    let s = caps.cooperative_matrix.expect("matrix context").size;
+    let matrix = Some(MatrixTiles {
+        size: s,
+        lanes: caps.subgroup_max_size,
+        lanes_min: caps.subgroup_min_size,
+    });
+    let mut v = vec![
+        ConvTiles {
+            tm: s,
+            tn: 4 * s,
+            tw: s,
+            tk: s,
+            rm: s,
+            rn: s,
+            direct: false,
+            matrix,
+        },
+        ConvTiles {
+            tm: 2 * s,
+            tn: 2 * s,
+            tw: 4,
+            tk: 2 * s,
+            rm: s,
+            rn: 2 * s,
+            direct: false,
+            matrix,
+        },
+    ];
+    for cout in [512, 3] {
+        let t = ConvTiles::matrix_for_layer(caps, cout, 3).expect("matrix tiles for the device");
+        v.push(t);
+    }
+    for t in &v {
+        t.check(caps).unwrap();
+    }
+    v
+}
+
+/// One f16 comparison: inputs, weights and residual rounded to f16 for the CPU reference
+/// too, so the error is the kernel's f16 operands (the prologue's output rounded) and the
+/// f16 output. Bound: 3e-3 + 3e-3 |want| (the scalar f16 path's is 2e-3 + 2e-3 |want|).
+#[allow(clippy::too_many_arguments)]
+fn check(
+    ctx: &Context,
+    tiles: ConvTiles,
+    [n, cin, h, w]: [usize; 4],
+    cout: usize,
+    k: usize,
+    opts: Conv2dOptions,
+    act: Option<Activation>,
+    residual: bool,
+    seed: u64,
+) -> f32 {
+    let dt = DType::F16;
+    let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| round_through(x, dt)).collect() };
+    let x = round(rand_vec(n * cin * h * w, seed, 1.0));
+    let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
+    let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
+    let bv = rand_vec(cout, seed + 2, 0.5);
+    let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
+        .chunks(2)
+        .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
+        .collect();
+    let (ho, wo) = output_size(h, w, k, &opts);
+    let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
+    let want = cpu_conv2d(
+        &x,
+        [n, cin, h, w],
+        &wv,
+        cout,
+        k,
+        Some(&bv),
+        act.map(|a| (&aff[..], a)),
+        residual.then_some(&rv[..]),
+        &opts,
+    );
+    let host = PytorchConv {
+        weight: &wv,
+        cout,
+        cin,
+        k,
+        bias: Some(&bv),
+    };
+    let weights = Conv2dWeights::upload(ctx, &host, Some(tiles), dt, "w").unwrap();
+    let xt = Tensor::from_f32_as(ctx, &[n, cin, h, w], &x, dt, "x").unwrap();
+    let at = Tensor::from_f32(ctx, &[n, cin, 2], &aff, "affine").unwrap();
+    // A residual is added in place, as the engine's layers do.
+    let out = Tensor::from_f32_as(ctx, &[n, cout, ho, wo], &rv, dt, "out").unwrap();
+    let mut rec = Recorder::new(ctx);
+    conv2d(
+        &mut rec,
+        &xt,
+        &weights,
+        act.map(|act| Prologue { affine: &at, act }),
+        residual.then_some(&out),
+        &out,
+        &opts,
+    )
+    .unwrap();
+    let label = rec.labels()[0].clone();
+    rec.submit().unwrap();
+    assert!(
+        format!("{label:?}").contains("conv2d_coop"),
+        "the cooperative kernel ran: {label:?}"
+    );
+    let got = out.to_f32(ctx).unwrap();
+    let what =
+        format!("[{n},{cin},{h},{w}]->{cout} k{k} {opts:?} act {act:?} res {residual} {tiles:?}");
+    assert_close(&got, &want, 3e-3, 3e-3, &what);
+    got.iter()
+        .zip(&want)
+        .map(|(g, w)| (g - w).abs())
+        .fold(0.0, f32::max)
+}
+
+fn same(k: u32) -> Conv2dOptions {
+    Conv2dOptions::same(k)
+}
+
+#[test]
+fn matrix_conv_odd_shapes_match_cpu() {
+    let Some(ctx) = matrix_context("matrix_conv_odd_shapes_match_cpu") else {
+        return;
+    };
+    let mut worst = 0.0f32;
+    for (i, t) in tile_sets(&ctx).into_iter().enumerate() {
+        let seed = 100 + 10 * i as u64;
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [2, 37, 19, 23],
+            67,
+            3,
+            same(3),
+            None,
+            false,
+            seed,
+        ));
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 64, 9, 11],
+            67,
+            1,
+            same(1),
+            None,
+            false,
+            seed + 1,
+        ));
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 3, 7, 5],
+            4,
+            3,
+            same(3),
+            None,
+            false,
+            seed + 2,
+        ));
+        // conv_out: 3 channels of a 128-channel input.
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 128, 6, 10],
+            3,
+            3,
+            same(3),
+            None,
+            false,
+            seed + 3,
+        ));
+    }
+    eprintln!("matrix conv, plain: worst |error| {worst:.2e}");
+}
+
+#[test]
+fn matrix_conv_fused_paths_match_cpu() {
+    let Some(ctx) = matrix_context("matrix_conv_fused_paths_match_cpu") else {
+        return;
+    };
+    let up = |k: u32| Conv2dOptions {
+        upsample: true,
+        ..same(k)
+    };
+    let strided = |stride: u32, pad: [u32; 4]| Conv2dOptions {
+        stride,
+        pad,
+        upsample: false,
+    };
+    let silu = Some(Activation::Silu);
+    let mut worst = 0.0f32;
+    for (i, t) in tile_sets(&ctx).into_iter().enumerate() {
+        let seed = 200 + 10 * i as u64;
+        // The decoder's resnet conv: GroupNorm affine + SiLU prologue, residual in place.
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 40, 9, 21],
+            36,
+            3,
+            same(3),
+            silu,
+            true,
+            seed,
+        ));
+        // The up-sampler: nearest 2x fused into the load.
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [2, 37, 7, 9],
+            67,
+            3,
+            up(3),
+            None,
+            false,
+            seed + 1,
+        ));
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 8, 5, 6],
+            12,
+            3,
+            up(3),
+            silu,
+            false,
+            seed + 2,
+        ));
+        // The encoder's down-sampler (stride 2, pad bottom/right) and symmetric stride 2.
+        let enc = strided(2, [0, 0, 1, 1]);
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [2, 37, 19, 23],
+            67,
+            3,
+            enc,
+            None,
+            false,
+            seed + 3,
+        ));
+        let sym = strided(2, [1; 4]);
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 5, 9, 12],
+            7,
+            3,
+            sym,
+            None,
+            true,
+            seed + 4,
+        ));
+        let asym = strided(1, [0, 2, 1, 0]);
+        let relu = Some(Activation::Relu);
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 6, 8, 9],
+            5,
+            3,
+            asym,
+            relu,
+            false,
+            seed + 5,
+        ));
+        worst = worst.max(check(
+            &ctx,
+            t,
+            [1, 64, 9, 11],
+            67,
+            1,
+            same(1),
+            None,
+            true,
+            seed + 6,
+        ));
+    }
+    eprintln!("matrix conv, fused: worst |error| {worst:.2e}");
+}
+
+/// The causal video conv's time taps: frame offsets read earlier input images and add into
+/// later output images in place (Wan's 3x3x3 convs), through the cooperative kernel.
+#[test]
+fn matrix_conv_frame_offsets_match_cpu() {
+    let Some(ctx) = matrix_context("matrix_conv_frame_offsets_match_cpu") else {
+        return;
+    };
+    let dt = DType::F16;
+    let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| round_through(x, dt)).collect() };
+    let (cin, cout, h, w) = (13, 20, 7, 9);
+    let x = round(rand_vec(4 * cin * h * w, 41, 1.0));
+    let wt = round(rand_vec(cout * cin * 9, 42, 0.3));
+    let b = rand_vec(cout, 43, 0.1);
+    let r = round(rand_vec(5 * cout * h * w, 44, 1.0));
+    let opts = same(3);
+    let img = |v: &[f32], c: usize, i: usize| v[i * c * h * w..(i + 1) * c * h * w].to_vec();
+    let sliced: Vec<f32> = (1..3).flat_map(|i| img(&x, cin, i)).collect();
+    let res: Vec<f32> = (2..4).flat_map(|i| img(&r, cout, i)).collect();
+    let conv = cpu_conv2d(
+        &sliced,
+        [2, cin, h, w],
+        &wt,
+        cout,
+        3,
+        Some(&b),
+        None,
+        Some(&res),
+        &opts,
+    );
+    let mut want = r.clone();
+    want[2 * cout * h * w..4 * cout * h * w].copy_from_slice(&conv);
+    for tiles in tile_sets(&ctx) {
+        let host = PytorchConv {
+            weight: &wt,
+            cout,
+            cin,
+            k: 3,
+            bias: Some(&b),
+        };
+        let weights = Conv2dWeights::upload(&ctx, &host, Some(tiles), dt, "w").unwrap();
+        let input = Tensor::from_f32_as(&ctx, &[4, cin, h, w], &x, dt, "x").unwrap();
+        let out = Tensor::from_f32_as(&ctx, &[5, cout, h, w], &r, dt, "out").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let frames = Frames {
+            in_frame: 1,
+            out_frame: 2,
+            count: 2,
+        };
+        conv2d_frames(&mut rec, &input, &weights, Some(&out), &out, &opts, frames).unwrap();
+        rec.submit().unwrap();
+        assert_close(
+            &out.to_f32(&ctx).unwrap(),
+            &want,
+            3e-3,
+            3e-3,
+            "matrix frames",
+        );
+    }
+}
+
+/// The engine picks cooperative tiles for f16 weights (and only for them) on a device with
+/// a configuration, and never on one without.
+#[test]
+fn matrix_tiles_only_for_f16_on_matrix_devices() {
+    use super::tiles::{typical_caps, typical_matrix_caps};
+    for cpu in [false, true] {
+        let with = typical_matrix_caps(cpu);
+        let without = typical_caps(cpu);
+        for cout in [3, 64, 512] {
+            let t = ConvTiles::matrix_for_layer(&with, cout, 3).expect("matrix tiles");
+            t.check(&with).unwrap();
+            assert_eq!(t.matrix.unwrap().size, if cpu { 8 } else { 16 });
+            assert!(
+                t.shared_bytes()
+                    <= crate::gpu::requirements::required_limits()
+                        .max_compute_workgroup_storage_size
+            );
+            assert!(t.workgroup_size() <= 256, "{t:?}");
+            assert!(ConvTiles::matrix_for_layer(&without, cout, 3).is_none());
+            // A matrix tile set is refused where the device has no such configuration.
+            assert!(t.check(&without).is_err());
+        }
+    }
+    // On the test device: f16 weights get matrix tiles iff it has a configuration.
+    let ctx = test_context();
+    let host = PytorchConv {
+        weight: &[0.5; 16 * 8 * 9],
+        cout: 16,
+        cin: 8,
+        k: 3,
+        bias: None,
+    };
+    let has = ctx.caps().cooperative_matrix.is_some();
+    for (dt, want) in [
+        (DType::F16, has && ctx.caps().shader_f16),
+        (DType::F32, false),
+        (DType::BF16, false),
+    ] {
+        let w = Conv2dWeights::upload(&ctx, &host, None, dt, "w").unwrap();
+        assert_eq!(w.tiles().matrix.is_some(), want, "{dt:?}");
+    }
+}
