@@ -408,6 +408,7 @@ pub(crate) fn decode_video(
                 "backend": format!("{:?}", ctx.caps().backend),
                 "model": decoder.name(),
                 "dtype": dtype.name(),
+                "cooperative_matrix": decoder.cooperative_matrix(),
                 "latents_shape": given_shape,
                 "layout": layout,
                 "frames": frames,
