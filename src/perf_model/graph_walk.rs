@@ -144,8 +144,9 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 work,
             })
         };
-        let pass = |[n, c, h, w]: [usize; 4], reads: u32, writes: u32| {
+        let pass = |name, [n, c, h, w]: [usize; 4], reads: u32, writes: u32| {
             Work::Pass(Pass {
+                name,
                 elements: (n * c * h * w) as u64,
                 reads,
                 writes,
@@ -155,16 +156,21 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
             Op::Identity { .. } | Op::Tap { .. } => None,
             Op::Map { x, .. } | Op::TimeShift { x, .. } => {
                 let s = shape(*x)?;
-                push(LayerKind::Pass, pass(s, 1, 1));
+                let name = if matches!(op, Op::Map { .. }) {
+                    "map"
+                } else {
+                    "time_shift"
+                };
+                push(LayerKind::Pass, pass(name, s, 1, 1));
                 Some(s)
             }
             Op::Stats { x, .. } => {
-                push(LayerKind::Pass, pass(shape(*x)?, 1, 0));
+                push(LayerKind::Pass, pass("gn_stats", shape(*x)?, 1, 0));
                 None
             }
             Op::RmsNorm { x, .. } => {
                 let s = shape(*x)?;
-                push(LayerKind::Pass, pass(s, 1, 1));
+                push(LayerKind::Pass, pass("rms_norm", s, 1, 1));
                 Some(s)
             }
             Op::TimeGrow { x, stride } => {

@@ -603,6 +603,8 @@ impl Gemm {
 /// written `writes` times.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
 pub struct Pass {
+    /// What it is (`gn_stats`, `rms_norm`, `map`, `time_shift`).
+    pub name: &'static str,
     /// Elements of the tensor.
     pub elements: u64,
     /// Reads of it.
@@ -640,10 +642,10 @@ impl Layer {
             Work::Gemm(g) => {
                 let mut s = match self.kind {
                     LayerKind::AttnQk => {
-                        format!("QKᵀ {}×{} tokens, C {}", g.n(), g.m(), g.cin)
+                        format!("QKᵀ {} queries × {} keys × C {}", g.n(), g.m(), g.cin)
                     }
                     LayerKind::AttnPv => {
-                        format!("PV {} tokens, C {}", g.n(), g.m())
+                        format!("PV {} queries × {} keys × C {}", g.n(), g.cin, g.m())
                     }
                     _ => format!(
                         "{} {}x{} {}→{} {}x{}",
@@ -673,7 +675,10 @@ impl Layer {
                 }
                 s
             }
-            Work::Pass(p) => format!("pass {} elements ({}r/{}w)", p.elements, p.reads, p.writes),
+            Work::Pass(p) => format!(
+                "{} {} elements ({} read {} written)",
+                p.name, p.elements, p.reads, p.writes
+            ),
         }
     }
 }
