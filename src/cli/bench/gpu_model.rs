@@ -211,9 +211,13 @@ pub(crate) fn run(a: &GpuModelArgs) -> wgvae::Result<()> {
             }
         }
     }
+    let mut models: Vec<String> = workloads
+        .iter()
+        .map(|w| format!("{} {}", w.model, w.size()))
+        .collect();
+    models.dedup();
     let settings = format!(
-        "paper GPU model (no device), models {:?}, GPUs {:?}, tiles {}",
-        workloads.iter().map(|w| w.model).collect::<Vec<_>>(),
+        "paper GPU model (no device), decodes {models:?}, GPUs {:?}, tiles {}",
         gpus.iter().map(|g| g.name).collect::<Vec<_>>(),
         serde_json::to_string(&tiles).unwrap_or_default()
     );
