@@ -79,6 +79,7 @@ pub mod kernels;
 pub mod memory;
 pub mod models;
 pub mod named;
+pub mod perf_model;
 pub(crate) mod run;
 pub mod seeded;
 pub mod tensor;

@@ -2046,3 +2046,94 @@ fn encode_taehv_video_frames() {
         "{err}"
     );
 }
+
+/// `bench gpu-model`: the paper GPU model's per-decode totals for every model ×
+/// size × GPU × path, positive and ordered (perfect reuse ≤ roofline ≤ no
+/// overlap; matrix units faster than none), with no GPU involved; `--json
+/// --layers` gives the per-layer rows.
+#[test]
+fn bench_gpu_model_writes_positive_totals() {
+    let dir = tmp("gpu-model");
+    let (ok, out, err) = wgvae(&["bench", "gpu-model", "--out", dir.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    assert!(out.contains("MODEL, not a measurement"), "{out}");
+    let rows = csv_rows(&dir.join("gpu_model.csv"));
+    assert_eq!(rows.len(), 7 * 2 * 2, "{rows:?}");
+    let num = |r: &std::collections::HashMap<String, String>, c: &str| -> f64 {
+        r[c].parse()
+            .unwrap_or_else(|_| panic!("{c} of {r:?} is not a number"))
+    };
+    for (model, size) in [
+        ("SD1.5", "512x512"),
+        ("SD1.5", "1024x1024"),
+        ("SDXL", "512x512"),
+        ("SDXL", "1024x1024"),
+        ("FLUX.1", "512x512"),
+        ("FLUX.1", "1024x1024"),
+        ("Wan 2.1", "480x832x81f"),
+    ] {
+        for gpu in ["H100 SXM", "RTX 4090"] {
+            let row = |path: &str| {
+                rows.iter()
+                    .find(|r| {
+                        r["model"] == model
+                            && r["size"] == size
+                            && r["gpu"] == gpu
+                            && r["path"] == path
+                    })
+                    .unwrap_or_else(|| panic!("no {model} {size} {gpu} {path} row: {rows:?}"))
+            };
+            for path in ["matrix", "scalar"] {
+                let r = row(path);
+                for c in [
+                    "ms",
+                    "ms_perfect_reuse",
+                    "ms_no_overlap",
+                    "tflop",
+                    "gb_moved",
+                    "gb_unique",
+                ] {
+                    assert!(num(r, c) > 0.0, "{c}: {r:?}");
+                }
+                assert!(num(r, "ms_perfect_reuse") <= num(r, "ms"), "{r:?}");
+                assert!(num(r, "ms") <= num(r, "ms_no_overlap"), "{r:?}");
+                assert!((0.0..=100.0).contains(&num(r, "pct_time_bandwidth_bound")));
+            }
+            assert!(
+                num(row("matrix"), "ms") < num(row("scalar"), "ms"),
+                "{model} {size} {gpu}"
+            );
+        }
+    }
+    // The 1024² decodes do four times the work of the 512² ones (within the attention's growth).
+    let tflop = |size: &str| {
+        num(
+            rows.iter()
+                .find(|r| r["model"] == "SD1.5" && r["size"] == size)
+                .unwrap(),
+            "tflop",
+        )
+    };
+    let ratio = tflop("1024x1024") / tflop("512x512");
+    assert!((4.0..4.3).contains(&ratio), "{ratio}");
+    let (ok, out, err) = wgvae(&[
+        "bench",
+        "gpu-model",
+        "--json",
+        "--layers",
+        "--models",
+        "sd1.5",
+        "--gpus",
+        "4090",
+        "--out",
+        tmp("gpu-model-json").to_str().unwrap(),
+    ]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["totals"].as_array().unwrap().len(), 2 * 2);
+    let layers = v["layers"].as_array().unwrap();
+    assert!(layers.len() > 100, "{}", layers.len());
+    assert!(layers
+        .iter()
+        .all(|l| l["prediction"]["time_s"].as_f64().unwrap() > 0.0));
+}

@@ -5,6 +5,7 @@ mod attention;
 mod cold_start;
 mod decode;
 mod frames;
+mod gpu_model;
 mod video;
 
 use clap::Subcommand;
@@ -51,6 +52,10 @@ pub(crate) enum BenchKind {
         #[command(subcommand)]
         which: attention::AttentionBenchKind,
     },
+    /// A paper GPU model (roofline, not a measurement) of every conv layer of the SD1.5,
+    /// SDXL, FLUX.1 and Wan 2.1 decoders on an H100 SXM and an RTX 4090, with and without
+    /// matrix units: per-decode totals (and per layer with --layers). Needs no GPU.
+    GpuModel(gpu_model::GpuModelArgs),
 }
 
 pub(crate) fn run(adapter: &Option<String>, which: &BenchKind) -> wgvae::Result<()> {
@@ -60,6 +65,7 @@ pub(crate) fn run(adapter: &Option<String>, which: &BenchKind) -> wgvae::Result<
         BenchKind::Frames(a) => frames::run(adapter, a),
         BenchKind::Video(a) => video::run(adapter, a),
         BenchKind::Attention { which } => attention::run(adapter, which),
+        BenchKind::GpuModel(a) => gpu_model::run(a),
     }
 }
 
