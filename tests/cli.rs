@@ -53,6 +53,66 @@ fn info_lists_the_adapter() {
     assert_eq!(text.contains("notice: no GPU adapter found"), cpu, "{text}");
 }
 
+/// `--cooperative-matrix`: `info --json` lists the adapter's configurations and the one used;
+/// `on` is a clear error where none is usable (bookworm's lavapipe, GL) and otherwise names
+/// it in `decode --json`; `off` always runs the scalar path; a bad value is refused.
+#[test]
+fn cooperative_matrix_flag() {
+    let (ok, out, err) = wgvae(&["info", "--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    let m = &v["chosen"]["cooperative_matrix"];
+    assert!(m["configurations"].is_array(), "{v}");
+    let used = m["used"].as_str().map(str::to_string);
+    let (ok, out, err) = wgvae(&["--cooperative-matrix", "on", "info", "--json"]);
+    match &used {
+        None => {
+            assert!(
+                !ok,
+                "--cooperative-matrix on must fail without a configuration: {out}"
+            );
+            assert!(
+                err.contains("cooperative matrices were asked for")
+                    && err.contains("--cooperative-matrix"),
+                "{err}"
+            );
+        }
+        Some(u) => {
+            assert!(ok, "{err}");
+            assert_eq!(json(&out)["chosen"]["cooperative_matrix"]["used"], *u);
+        }
+    }
+    let (ok, _, err) = wgvae(&["--cooperative-matrix", "sometimes", "info"]);
+    assert!(!ok && err.contains("expected auto, on or off"), "{err}");
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let latents = dir.join("latents.npy");
+    for (mode, want) in [("auto", used.clone()), ("off", None)] {
+        let png = tmp(&format!("coop-{mode}.png"));
+        let (ok, out, err) = wgvae(&[
+            "--cooperative-matrix",
+            mode,
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            dir.to_str().unwrap(),
+            "--dtype",
+            "f16",
+            "--json",
+            "-o",
+            png.to_str().unwrap(),
+        ]);
+        assert!(ok, "{mode}: {err}");
+        assert_eq!(
+            json(&out)["cooperative_matrix"]
+                .as_str()
+                .map(str::to_string),
+            want,
+            "{mode}"
+        );
+    }
+}
+
 /// A successful run on a machine without a display prints no "error" (the
 /// driver's window-system probe is kept quiet).
 #[test]

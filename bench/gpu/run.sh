@@ -189,6 +189,11 @@ driver=$(chosen driver)
 driver_info=$(chosen driver_info)
 device_type=$(chosen type)
 features=$(chosen features)
+# The cooperative-matrix configuration f16 models run on (empty: the scalar path only).
+matrix_used=
+if command -v python3 >/dev/null; then
+  matrix_used=$(python3 -c 'import json,sys; c=json.load(open(sys.argv[1])).get("chosen") or {}; print((c.get("cooperative_matrix") or {}).get("used") or "")' "$info_json" 2>/dev/null)
+fi
 commit=$(git -C "$root" rev-parse HEAD 2>/dev/null || true)
 if [ -n "$commit" ] && ! git -C "$root" diff --quiet HEAD 2>/dev/null; then commit="$commit (uncommitted changes)"; fi
 if [ -z "$commit" ] && [ -f "$bin/BUILD_INFO" ]; then commit=$(sed -n 's/^commit: //p' "$bin/BUILD_INFO"); fi
@@ -353,13 +358,24 @@ stage_decode() {
     r=$?
     n=$((n + 1))
     if [ "$r" != 0 ]; then rc=1; echo "FAILED: $label tile $tile (exit $r)"; fi
+    # Where f16 runs on cooperative matrices, its cells again on the scalar path
+    # (rows labelled MODEL+scalar; decode.csv's matrix column names each path).
+    if [ -n "$matrix_used" ] && [[ ",$dtypes," == *,f16,* ]]; then
+      echo "--- $label $sizes f16 tile $tile, cooperative matrices off"
+      "$wgvae" "${adapter_args[@]}" --cooperative-matrix off bench decode --vae "$vae" --sizes "$sizes" \
+        --dtypes f16 --warmup "$warmup" --runs "$runs" "${args[@]}" --out "$dir/${label}+scalar_$tile"
+      r=$?
+      if [ "$r" != 0 ]; then rc=1; echo "FAILED: $label+scalar tile $tile (exit $r)"; fi
+    fi
   done < <(decode_cells)
   merge_decode_csv >"$out/decode.csv"
   # A cell the device cannot run is a row with a reason, not a failure; an error is.
   if grep -v '"ok"' "$out/decode.csv" | grep -q '^[a-z0-9]*,[a-z]*,[0-9]'; then
     echo "cells not ok:"; grep -v '"ok"' "$out/decode.csv" | grep '^[a-z0-9]*,[a-z]*,[0-9]'
   fi
-  say_note decode "$n cell groups ($(tail -n +2 "$out/decode.csv" | wc -l) rows): sizes TAEF2 $taef2_sizes, presets ${presets[*]:-none} at $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs"
+  local paths="cooperative matrices: none on this adapter (scalar path)"
+  [ -n "$matrix_used" ] && paths="f16 on cooperative matrices ($matrix_used) and again on the scalar path (MODEL+scalar rows)"
+  say_note decode "$n cell groups ($(tail -n +2 "$out/decode.csv" | wc -l) rows): sizes TAEF2 $taef2_sizes, presets ${presets[*]:-none} at $preset_sizes; $dtypes; untiled and exact ${tile_px}-px tiles; warm-up $warmup, runs $runs; $paths"
   return "$rc"
 }
 
@@ -382,11 +398,14 @@ stage_memory() {
       local model=${f[0]} tile=${f[1]} size=${f[$((c_size - 1))]} dtype=${f[$((c_dtype - 1))]}
       local tiling=${f[$((c_tiling - 1))]} alloc=${f[$((c_alloc - 1))]} res=${f[$((c_res - 1))]}
       [ "${f[$((c_status - 1))]}" = '"ok"' ] || continue
+      local mm=()
+      # MODEL+scalar rows ran with cooperative matrices off: predicted the same way.
+      if [[ "$model" == *+scalar ]]; then model=${model%+scalar}; mm=(--cooperative-matrix off); fi
       local vae=preset:$model args=(--tile off)
       [ "$model" = taef2 ] && vae=$taef2
       [ "$tile" = exact ] && args=(--tile exact --tile-size "$tile_px")
       local pred
-      pred=$("$wgvae" "${adapter_args[@]}" memory --vae "$vae" --size "${size}x$size" --dtype "$dtype" "${args[@]}" --json 2>>"$dir/memory.log")
+      pred=$("$wgvae" "${adapter_args[@]}" "${mm[@]}" memory --vae "$vae" --size "${size}x$size" --dtype "$dtype" "${args[@]}" --json 2>>"$dir/memory.log")
       echo "$pred" >>"$dir/memory.log"
       # Bytes to MiB with 2 decimals, as decode.csv has them.
       local pa pr
@@ -396,7 +415,7 @@ stage_memory() {
       if [ -n "$pa" ] && awk -v a="$pa" -v b="$alloc" -v c="$pr" -v d="$res" 'BEGIN{exit !((a-b)^2 < 0.0001 && (c-d)^2 < 0.0001)}'; then agree=yes; else mismatches=$((mismatches + 1)); fi
       [ -n "$pa" ] || rc=1
       rows=$((rows + 1))
-      echo "$model,$tile,$size,$dtype,\"$tiling\",$pa,$pr,$alloc,$res,$agree" >>"$csv"
+      echo "${f[0]},$tile,$size,$dtype,\"$tiling\",$pa,$pr,$alloc,$res,$agree" >>"$csv"
     done < <(tail -n +2 "$out/decode.csv")
   else
     echo "no decode.csv (decode stage skipped or failed): no per-cell comparison"

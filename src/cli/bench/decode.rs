@@ -63,8 +63,8 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::R
     rb::write_decode_report(&rows, &meta, &a.out)?;
     for r in &rows {
         println!(
-            "{}² {} ({}): first {:.1} ms, median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
-            r.size, r.dtype, r.tiling, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
+            "{}² {} {} ({}): first {:.1} ms, median {:.1} ms (min {:.1}, max {:.1}), {:.3} images/s, {:.2} GFLOP/s, peak allocated {:.1} MiB, reserved {:.1} MiB [{}]",
+            r.size, r.dtype, r.matrix, r.tiling, r.first_ms, r.median_ms, r.min_ms, r.max_ms, r.images_per_s, r.gflops, r.peak_allocated_mib, r.peak_reserved_mib, r.status
         );
     }
     println!(
