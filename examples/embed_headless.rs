@@ -84,6 +84,33 @@ pub fn default_host_device() -> Result<(wgpu::Device, wgpu::Queue), Box<dyn Erro
     host_device(features, limits)
 }
 
+/// A host device that lets wgvae use the adapter's cooperative matrices (tensor cores):
+/// wgvae's optional features plus [`wgvae::cooperative_matrix_features`] where the adapter has
+/// them, requested with wgpu's experimental-features opt-in. Returns the adapter too: build
+/// the engine with `Engine::with_adapter` so it can read the adapter's configurations.
+pub fn matrix_host_device() -> Result<(wgpu::Adapter, wgpu::Device, wgpu::Queue), Box<dyn Error>> {
+    let adapter = host_adapter()?;
+    let wanted = wgvae::optional_features() | wgvae::cooperative_matrix_features();
+    let features = wgvae::required_features() | (adapter.features() & wanted);
+    let limits =
+        wgpu::Limits::default().or_better_values_from(&wgvae::recommended_limits(&adapter));
+    let experimental = if features.contains(wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX) {
+        // SAFETY: wgpu marks cooperative matrices experimental (possible implementation bugs);
+        // wgvae checks its cooperative kernels against CPU references.
+        unsafe { wgpu::ExperimentalFeatures::enabled() }
+    } else {
+        wgpu::ExperimentalFeatures::disabled()
+    };
+    let (device, queue) = pollster::block_on(adapter.request_device(&wgpu::DeviceDescriptor {
+        label: Some("host device with cooperative matrices"),
+        required_features: features,
+        required_limits: limits,
+        experimental_features: experimental,
+        ..Default::default()
+    }))?;
+    Ok((adapter, device, queue))
+}
+
 /// Usage a host gives a texture of `format` that wgvae writes and the host
 /// samples and copies from. `Rgba8UnormSrgb` cannot be a storage texture: the
 /// engine writes it through an intermediate, so it needs `COPY_DST`.

@@ -16,7 +16,9 @@ use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::OnceLock;
 
-use embed_headless::{decode_into_host_texture, default_host_device, host_device, run};
+use embed_headless::{
+    decode_into_host_texture, default_host_device, host_device, matrix_host_device, run,
+};
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::testing::shared_dir;
 use wgvae::{DeviceLatents, Engine, EngineOptions, Error, LoadOptions};
@@ -907,4 +909,71 @@ fn video_chunks_recorded_into_host_textures_match_push() {
     let tex = target(device, size, F::Rgba8Unorm, U::STORAGE_BINDING);
     let e = tiled.record_chunk_to_textures(&mut enc, &chunks[0], &[&tex]);
     assert!(matches!(e, Err(Error::Unsupported(_))), "{e:?}");
+}
+
+/// A host device requested with `cooperative_matrix_features()` and the engine built with
+/// `Engine::with_adapter`: f16 models run on the adapter's matrices where it has a usable
+/// configuration, the scalar path otherwise; `On` fails clearly where none is usable, and an
+/// engine made from the device alone (no adapter list) never uses them.
+#[test]
+fn engine_with_adapter_uses_cooperative_matrices_where_offered() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let (adapter, device, queue) = matrix_host_device().expect("a host device");
+    let offered = adapter
+        .cooperative_matrix_properties()
+        .iter()
+        .any(|p| wgvae::MatrixConfig::of(p).is_usable())
+        && device
+            .features()
+            .contains(wgvae::cooperative_matrix_features());
+    let load = LoadOptions {
+        precision: wgvae::models::Precision::F16,
+        ..Default::default()
+    };
+    let spec = dir.to_str().unwrap();
+    let with = |mode| {
+        let options = EngineOptions {
+            cooperative_matrix: mode,
+            ..Default::default()
+        };
+        Engine::with_adapter(
+            &adapter,
+            device.clone(),
+            queue.clone(),
+            spec,
+            &load,
+            options,
+        )
+    };
+    let auto = with(wgvae::CooperativeMatrix::Auto).unwrap();
+    assert_eq!(auto.vae().cooperative_matrix().is_some(), offered);
+    // The decoded image equals the engine's own scalar decode within f16 rounding.
+    let z = read_npy(&dir.join("latents.npy")).unwrap();
+    let off = with(wgvae::CooperativeMatrix::Off).unwrap();
+    assert!(off.vae().cooperative_matrix().is_none());
+    let a = auto.decode_to_image(&z).unwrap();
+    let b = off.decode_to_image(&z).unwrap();
+    let (worst, _) = compare(a.as_raw(), b.as_raw());
+    assert!(worst <= 2, "matrices vs scalar f16: {worst} levels");
+    match with(wgvae::CooperativeMatrix::On) {
+        Ok(e) => assert!(offered && e.vae().cooperative_matrix().is_some()),
+        Err(e) => {
+            assert!(!offered);
+            assert!(
+                e.to_string()
+                    .contains("cooperative matrices were asked for"),
+                "{e}"
+            );
+        }
+    }
+    let plain = Engine::with_options(
+        device.clone(),
+        queue.clone(),
+        spec,
+        &load,
+        EngineOptions::default(),
+    )
+    .unwrap();
+    assert!(plain.vae().cooperative_matrix().is_none());
 }
