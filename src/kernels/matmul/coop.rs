@@ -80,10 +80,10 @@ impl CoopTiles {
                 return Err(format!("{name} must be a positive multiple of {s}"));
             }
         }
-        if self.tm % self.rm != 0 || self.tn % self.rn != 0 {
+        if !self.tm.is_multiple_of(self.rm) || !self.tn.is_multiple_of(self.rn) {
             return Err("tm must be a multiple of rm and tn of rn".into());
         }
-        if self.lanes_min == 0 || self.lanes % self.lanes_min != 0 {
+        if self.lanes_min == 0 || !self.lanes.is_multiple_of(self.lanes_min) {
             return Err(
                 "subgroup sizes must be positive, the largest a multiple of the smallest".into(),
             );
