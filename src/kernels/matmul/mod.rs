@@ -1,5 +1,13 @@
 //! `shaders/matmul.wgsl`: batched tiled GEMM with workgroup-shared tiles,
-//! 4x4 register blocking (vec4 shared loads) and f32 accumulation.
+//! 4x4 register blocking (vec4 shared loads) and f32 accumulation; or, as an explicit
+//! option ([`MatmulPrecision`]), f16 operands on cooperative matrices (tensor cores) with
+//! f32 accumulation (`coop.rs`: `matmul_coop`).
+
+mod coop;
+#[cfg(test)]
+mod coop_tests;
+
+pub use coop::CoopTiles;
 
 use bytemuck::{Pod, Zeroable};
 
@@ -9,7 +17,7 @@ use crate::gpu::{KernelSpec, PipelineKey, Recorder};
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
-const SOURCE: &str = include_str!("../../shaders/matmul.wgsl");
+const SOURCE: &str = include_str!("../../../shaders/matmul.wgsl");
 
 /// Output tile rows / columns per workgroup, K depth per shared-memory stage.
 pub const BM: u32 = 64;
@@ -49,6 +57,24 @@ pub const MATMUL: KernelSpec = spec::<Params>("matmul", SOURCE, "matmul", &[Read
 pub const MATMUL_BIAS: KernelSpec =
     spec::<Params>("matmul", SOURCE, "matmul", &[Read, Read, Read, ReadWrite]);
 
+/// The arithmetic of a matmul. f16 operands change an f32 GEMM's result (each input is
+/// rounded to f16: about 3 significant decimal digits, magnitudes above 65504 become
+/// infinite), so they are only used when asked for.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum MatmulPrecision {
+    /// f32 operands and accumulation (the scalar kernel): the default.
+    #[default]
+    F32,
+    /// Operands rounded to f16 while staged, products accumulated in f32, on cooperative
+    /// matrices (tensor cores: `matmul_coop`). A device without a usable
+    /// cooperative-matrix configuration ([`crate::gpu::Capabilities::cooperative_matrix`])
+    /// makes the call an [`Error::Unsupported`] naming the reason.
+    F16Operands,
+    /// [`MatmulPrecision::F16Operands`] where the device has a usable configuration, the
+    /// f32 kernel elsewhere (for models that accept f16 operands).
+    F16OperandsOrF32,
+}
+
 /// How the operands are read.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct MatmulOptions {
@@ -58,6 +84,8 @@ pub struct MatmulOptions {
     pub trans_b: bool,
     /// Scale applied to the product (before the bias).
     pub alpha: f32,
+    /// f32, or f16 operands on cooperative matrices.
+    pub precision: MatmulPrecision,
 }
 
 impl Default for MatmulOptions {
@@ -66,6 +94,7 @@ impl Default for MatmulOptions {
             trans_a: false,
             trans_b: false,
             alpha: 1.0,
+            precision: MatmulPrecision::F32,
         }
     }
 }
@@ -104,6 +133,8 @@ fn dims3(what: &str, t: &Tensor) -> Result<(usize, usize, usize)> {
 /// (or `[B, N, K]` when `trans_b`), bias `[N]`, out `[B, M, N]`. Rank-2
 /// operands are batch 1, and an operand with batch 1 is broadcast over the
 /// batch of `out`. All tensors f32; `out` must not alias `a` or `bm`.
+/// `opts.precision` picks the f32 kernel or f16 operands on cooperative matrices (the
+/// device's [`CoopTiles::for_device`]).
 pub fn matmul(
     rec: &mut Recorder,
     a: &Tensor,
@@ -112,6 +143,28 @@ pub fn matmul(
     out: &Tensor,
     opts: &MatmulOptions,
 ) -> Result<()> {
+    let coop = match opts.precision {
+        MatmulPrecision::F32 => None,
+        MatmulPrecision::F16Operands => Some(CoopTiles::for_device(rec.ctx().caps())?),
+        MatmulPrecision::F16OperandsOrF32 => CoopTiles::for_device(rec.ctx().caps()).ok(),
+    };
+    matmul_with(rec, a, b, bias, out, opts, coop)
+}
+
+/// [`matmul`] with the cooperative tiles given (`None`: the f32 kernel; `opts.precision`
+/// is not consulted): tests and tuning.
+pub fn matmul_with(
+    rec: &mut Recorder,
+    a: &Tensor,
+    b: &Tensor,
+    bias: Option<&Tensor>,
+    out: &Tensor,
+    opts: &MatmulOptions,
+    coop: Option<CoopTiles>,
+) -> Result<()> {
+    if let Some(t) = &coop {
+        t.check(rec.ctx().caps())?;
+    }
     let (ab, ar, ac) = dims3("a", a)?;
     let (bb, br, bc) = dims3("bm", b)?;
     let (ob, m, n) = dims3("out", out)?;
@@ -153,8 +206,21 @@ pub fn matmul(
         out_batch_stride: (m * n) as u32,
         alpha: opts.alpha,
     };
-    let groups = [(n as u32).div_ceil(BN), (m as u32).div_ceil(BM), ob as u32];
     let macs = (ob * m * n * k) as u64;
+    if let Some(t) = coop {
+        let groups = [
+            (n as u32).div_ceil(t.tn),
+            (m as u32).div_ceil(t.tm),
+            ob as u32,
+        ];
+        let spec = t.spec(bias.is_some());
+        let key = t.key(opts, bias.is_some());
+        return match bias {
+            Some(bias) => rec.dispatch(&spec, &key, &params, &[a, b, bias, out], groups, macs),
+            None => rec.dispatch(&spec, &key, &params, &[a, b, out], groups, macs),
+        };
+    }
+    let groups = [(n as u32).div_ceil(BN), (m as u32).div_ceil(BM), ob as u32];
     match bias {
         Some(bias) => rec.dispatch(
             &MATMUL_BIAS,
@@ -230,12 +296,13 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                 let opts = MatmulOptions {
                     trans_a,
                     trans_b,
-                    alpha: 1.0,
+                    ..Default::default()
                 };
                 v.push((spec, key(&opts, bias)));
             }
         }
     }
+    v.extend(coop::variants());
     v
 }
 
@@ -266,6 +333,7 @@ mod tests {
                             trans_a,
                             trans_b,
                             alpha: 0.75,
+                            ..Default::default()
                         };
                         let a_batch = if broadcast_a { 1 } else { batch };
                         let a_data = rand_vec(a_batch * m * k, seed, 1.0);
