@@ -64,8 +64,19 @@ fn cooperative_matrix_flag() {
     let m = &v["chosen"]["cooperative_matrix"];
     assert!(m["configurations"].is_array(), "{v}");
     let used = m["used"].as_str().map(str::to_string);
+    // A usable configuration (on a CPU adapter, `auto` leaves it unused: it is emulated).
+    let usable = m["configurations"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|c| c["usable"] == true)
+        .map(|c| c["name"].as_str().unwrap().to_string());
+    assert!(used.is_none() || used == usable, "{m}");
+    if v["chosen"]["type"] == "Cpu" {
+        assert!(used.is_none(), "auto on a CPU adapter: {m}");
+    }
     let (ok, out, err) = wgvae(&["--cooperative-matrix", "on", "info", "--json"]);
-    match &used {
+    match &usable {
         None => {
             assert!(
                 !ok,
@@ -87,7 +98,14 @@ fn cooperative_matrix_flag() {
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let latents = dir.join("latents.npy");
-    for (mode, want) in [("auto", used.clone()), ("off", None)] {
+    for (mode, want) in [
+        ("auto", used.clone()),
+        ("on", usable.clone()),
+        ("off", None),
+    ] {
+        if mode == "on" && usable.is_none() {
+            continue;
+        }
         let png = tmp(&format!("coop-{mode}.png"));
         let (ok, out, err) = wgvae(&[
             "--cooperative-matrix",
