@@ -95,6 +95,7 @@ assert m["used"] == "8x8x8 f16->f32", m
 '
 say "conv2d kernel tests (cooperative variants against the CPU reference)"
 in_chroot "$lib_tests kernels::conv2d --test-threads=2 2>&1" | grep -E 'worst|test result|FAILED|panicked'
+in_chroot "$lib_tests kernels::attention::matrix --test-threads=2 2>&1" | grep -E 'worst|test result|FAILED|panicked'
 say "golden decodes in f16 on the matrices, beside the scalar path"
 in_chroot "$goldens --test-threads=1 --nocapture 2>&1" | grep -E 'error|PSNR|test result|FAILED|panicked'
 say "wgvae decode --dtype f16 --cooperative-matrix on --json"

@@ -4,7 +4,10 @@
 // Sections (exactly one is compiled per variant):
 //   ATTENTION          entry `attention`: multi-head flash attention over
 //                      strided q / k / v / out, optional causal and
-//                      frame-window masks, f32 or (KV_INT8) int8 K/V.
+//                      frame-window masks, f32 or (KV_INT8) int8 K/V;
+//                      with COOP, entry `attention_coop` instead (generated
+//                      by kernels/attention/matrix.rs): unmasked f32 K/V on
+//                      cooperative matrices (see "The cooperative variant").
 //   KV_APPEND          entry `kv_append`: copies new keys or values into a KV
 //                      cache, or (KV_INT8) quantises them to int8 on the way.
 //
@@ -108,7 +111,7 @@ struct Params {
 
 #ifdef COOP
 // ---------------------------------------------------------------------------
-// The cooperative-matrix (tensor-core) variant, entry `attention_coop`, for
+// The cooperative variant: the cooperative-matrix (tensor-core) entry `attention_coop`, for
 // unmasked attention with f32 K/V in f16 models (kernels/attention/matrix.rs
 // picks it; the entry is generated there: accumulators must be named
 // variables). f16 operands staged in workgroup memory, f32 accumulation in

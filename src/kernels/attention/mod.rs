@@ -18,6 +18,10 @@
 //! walks the (at most two) key ranges its queries can see, and masks element
 //! by element only in tiles that straddle a window or causal edge.
 //!
+//! In f16 models ([`AttentionProblem::f16_operands`]) on devices with
+//! cooperative matrices, unmasked attention with f32 K/V runs QKᵀ and PV on
+//! them instead ([`MatrixAttention`], entry `attention_coop`).
+//!
 //! int8 K/V are dequantised inside the kernel, tile by tile, as the tiles are
 //! staged (never expanded in memory); [`kv_append`] writes (and for int8
 //! quantises) new keys / values into a cache.
