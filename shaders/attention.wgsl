@@ -4,7 +4,10 @@
 // Sections (exactly one is compiled per variant):
 //   ATTENTION          entry `attention`: multi-head flash attention over
 //                      strided q / k / v / out, optional causal and
-//                      frame-window masks, f32 or (KV_INT8) int8 K/V.
+//                      frame-window masks, f32 or (KV_INT8) int8 K/V;
+//                      with COOP, entry `attention_coop` instead (generated
+//                      by kernels/attention/matrix.rs): unmasked f32 K/V on
+//                      cooperative matrices (see "The cooperative variant").
 //   KV_APPEND          entry `kv_append`: copies new keys or values into a KV
 //                      cache, or (KV_INT8) quantises them to int8 on the way.
 //
@@ -106,6 +109,217 @@ struct Params {
 @group(0) @binding(5) var<storage, read_write> out: array<f32>;
 #endif
 
+#ifdef COOP
+// ---------------------------------------------------------------------------
+// The cooperative variant: the cooperative-matrix (tensor-core) entry `attention_coop`, for
+// unmasked attention with f32 K/V in f16 models (kernels/attention/matrix.rs
+// picks it; the entry is generated there: accumulators must be named
+// variables). f16 operands staged in workgroup memory, f32 accumulation in
+// S x S matrices. A workgroup owns BR queries of one (batch, head) and runs
+// NSUB = (BR / S) * (BC / S) subgroups; subgroup sg owns query row block
+// rb = sg / CS (rows r0 = rb * S ..) and column block cj = sg % CS (CS = BC / S).
+// Per tile of BC keys:
+//   1. S = Q K^T: each subgroup accumulates its S x S block of the BR x BC
+//      scores over the (zero-padded) head dimension DM in chunks of DC
+//      channels (Q chunk [c][i] and K chunk [c][j] staged as f16), then stores
+//      it to `sc` (f32, row-major [i][j]);
+//   2. one invocation per query row: scale, mask keys past the range, running
+//      max m, P = exp(s - m) as f16 into `p_sh`, running sum l (of the f16 P),
+//      the rescale factor alpha = exp(m_old - m) into `al_sh`;
+//   3. O = alpha O: the output block (BR x DM, f32) lives in the subgroups'
+//      accumulators, NT = DM / BC per subgroup (columns (cj + t CS) S ..);
+//      matrices cannot be scaled per row, so each goes through the
+//      subgroup's S x S scratch in `sc` (lanes scale the rows, the matrix is
+//      loaded back); skipped when no row's max moved;
+//   4. O += P V: V staged per DC-channel chunk ([c][j], f16) like K.
+// The end (or a later share of split key ranges, see above) goes through the
+// scratch too: lanes normalise by l and store with bounds checks (or keep
+// the unnormalised O in `out` and (m, l) in `stats`). Coop ops and barriers
+// stay in workgroup-uniform control flow: a device running smaller subgroups
+// than planned gets extra subgroups (sgid >= NSUB) that repeat subgroup
+// sgid % NSUB's work and store the same values; each has its own scratch.
+const SS = S * S;
+const NSUB = (BR / S) * (BC / S);
+const CS = BC / S;
+const WG = NSUB * LANES;
+const BIG = 3.0e38;
+const FLOOR = -1.0e30;
+
+var<workgroup> q_sh: array<f16, BR * DC>;   // [c][i]
+var<workgroup> kv_sh: array<f16, DC * BC>;  // [c][j]
+var<workgroup> sc: array<f32, SCR>;         // scores [i][j]; then the subgroups' scratch
+var<workgroup> p_sh: array<f16, BR * BC>;   // [i][j]
+var<workgroup> m_sh: array<f32, BR>;
+var<workgroup> l_sh: array<f32, BR>;
+var<workgroup> al_sh: array<f32, BR>;
+var<workgroup> moved: u32;
+
+fn q_at(base: u32, i: u32, c: u32) -> f16 {
+    if i < p.n_q && c < p.d {
+        return f16(q[base + i * p.q_st + c * p.q_sc]);
+    }
+    return f16(0.0);
+}
+
+// Key (which = 0) or value (1) j, channel c; zero past `end` or d.
+fn kv_at(which: u32, base: u32, j: u32, end: u32, c: u32) -> f16 {
+    if j < end && c < p.d {
+        let g = base + j * p.kv_st + c * p.kv_sc;
+        if which == 0u {
+            return f16(k[g]);
+        }
+        return f16(v[g]);
+    }
+    return f16(0.0);
+}
+
+// Queries i0 .. i0 + BR, channels c0 .. c0 + DC into q_sh[c][i], four
+// elements per iteration along the contiguous axis.
+fn coop_stage_q(li: u32, base: u32, i0: u32, c0: u32) {
+    for (var e = li; e < BR * DC / 4u; e += WG) {
+        if p.q_sc != 1u {
+            let i = (e % (BR / 4u)) * 4u;
+            let c = e / (BR / 4u);
+            let o = c * BR + i;
+            q_sh[o] = q_at(base, i0 + i, c0 + c);
+            q_sh[o + 1u] = q_at(base, i0 + i + 1u, c0 + c);
+            q_sh[o + 2u] = q_at(base, i0 + i + 2u, c0 + c);
+            q_sh[o + 3u] = q_at(base, i0 + i + 3u, c0 + c);
+        } else {
+            let c = (e % (DC / 4u)) * 4u;
+            let i = e / (DC / 4u);
+            q_sh[c * BR + i] = q_at(base, i0 + i, c0 + c);
+            q_sh[(c + 1u) * BR + i] = q_at(base, i0 + i, c0 + c + 1u);
+            q_sh[(c + 2u) * BR + i] = q_at(base, i0 + i, c0 + c + 2u);
+            q_sh[(c + 3u) * BR + i] = q_at(base, i0 + i, c0 + c + 3u);
+        }
+    }
+}
+
+// Keys / values j0 .. j0 + BC, channels c0 .. c0 + DC into kv_sh[c][j].
+fn coop_stage_kv(li: u32, which: u32, base: u32, j0: u32, end: u32, c0: u32) {
+    for (var e = li; e < BC * DC / 4u; e += WG) {
+        if p.kv_sc != 1u {
+            let j = (e % (BC / 4u)) * 4u;
+            let c = e / (BC / 4u);
+            let o = c * BC + j;
+            kv_sh[o] = kv_at(which, base, j0 + j, end, c0 + c);
+            kv_sh[o + 1u] = kv_at(which, base, j0 + j + 1u, end, c0 + c);
+            kv_sh[o + 2u] = kv_at(which, base, j0 + j + 2u, end, c0 + c);
+            kv_sh[o + 3u] = kv_at(which, base, j0 + j + 3u, end, c0 + c);
+        } else {
+            let c = (e % (DC / 4u)) * 4u;
+            let j = e / (DC / 4u);
+            kv_sh[c * BC + j] = kv_at(which, base, j0 + j, end, c0 + c);
+            kv_sh[(c + 1u) * BC + j] = kv_at(which, base, j0 + j, end, c0 + c + 1u);
+            kv_sh[(c + 2u) * BC + j] = kv_at(which, base, j0 + j, end, c0 + c + 2u);
+            kv_sh[(c + 3u) * BC + j] = kv_at(which, base, j0 + j, end, c0 + c + 3u);
+        }
+    }
+}
+
+// Scores of row i, keys j .. j + 4 of the tile at j0: scaled, -BIG past end.
+fn coop_score4(i: u32, j: u32, j0: u32, end: u32) -> vec4<f32> {
+    let o = i * BC + j;
+    let s = vec4<f32>(sc[o], sc[o + 1u], sc[o + 2u], sc[o + 3u]) * p.scale;
+    let keys = vec4<u32>(j0 + j) + vec4<u32>(0u, 1u, 2u, 3u);
+    return select(vec4<f32>(-BIG), s, keys < vec4<u32>(end));
+}
+
+// Step 2: the online softmax of each row (one invocation per row).
+fn coop_softmax(li: u32, j0: u32, end: u32) {
+    for (var i = li; i < BR; i += WG) {
+        let m_old = m_sh[i];
+        var mx = m_old;
+        for (var j = 0u; j < BC; j += 4u) {
+            let s = coop_score4(i, j, j0, end);
+            mx = max(mx, max(max(s.x, s.y), max(s.z, s.w)));
+        }
+        var sum = 0.0;
+        for (var j = 0u; j < BC; j += 4u) {
+            let e = vec4<f16>(exp(coop_score4(i, j, j0, end) - vec4<f32>(mx)));
+            let o = i * BC + j;
+            p_sh[o] = e.x;
+            p_sh[o + 1u] = e.y;
+            p_sh[o + 2u] = e.z;
+            p_sh[o + 3u] = e.w;
+            sum += dot(vec4<f32>(e), vec4<f32>(1.0));
+        }
+        let alpha = exp(m_old - mx);
+        m_sh[i] = mx;
+        l_sh[i] = l_sh[i] * alpha + sum;
+        al_sh[i] = alpha;
+        if alpha != 1.0 {
+            moved = 1u;
+        }
+    }
+}
+
+// Step 3 for one matrix in the subgroup's scratch at cb: rows r0 .. r0 + S.
+fn coop_scale_rows(cb: u32, lane: u32, lanes: u32, r0: u32) {
+    for (var e = lane; e < SS; e += lanes) {
+        sc[cb + e] *= al_sh[r0 + e / S];
+    }
+}
+
+// The running state at the start: empty, or (a later share) the previous
+// share's (m, l) for rows li ..
+fn coop_init_stats(li: u32, head: u32, i0: u32, resume: bool) {
+    for (var i = li; i < BR; i += WG) {
+        var m = FLOOR;
+        var l = 0.0;
+        if resume && i0 + i < p.n_q {
+            let st = 2u * (head * p.n_q + i0 + i);
+            m = stats[st];
+            l = stats[st + 1u];
+        }
+        m_sh[i] = m;
+        l_sh[i] = l;
+    }
+}
+
+fn coop_save_stats(li: u32, head: u32, i0: u32) {
+    for (var i = li; i < BR; i += WG) {
+        if i0 + i < p.n_q {
+            let st = 2u * (head * p.n_q + i0 + i);
+            stats[st] = m_sh[i];
+            stats[st + 1u] = l_sh[i];
+        }
+    }
+}
+
+// A later share: the unnormalised output of queries i1 .., channels c1 ..
+// into the scratch (zeros outside).
+fn coop_read_out(cb: u32, lane: u32, lanes: u32, base: u32, i1: u32, c1: u32) {
+    for (var e = lane; e < SS; e += lanes) {
+        let i = i1 + e / S;
+        let c = c1 + e % S;
+        var x = 0.0;
+        if i < p.n_q && c < p.d {
+            x = out[base + i * p.q_st + c * p.q_sc];
+        }
+        sc[cb + e] = x;
+    }
+}
+
+// The scratch matrix of rows r0 .. (queries i0 + r0 ..), channels c1 .. to
+// `out`: divided by l on the last share.
+fn coop_write_out(cb: u32, lane: u32, lanes: u32, base: u32, i0: u32, r0: u32, c1: u32, last: bool) {
+    for (var e = lane; e < SS; e += lanes) {
+        let r = r0 + e / S;
+        let i = i0 + r;
+        let c = c1 + e % S;
+        if i < p.n_q && c < p.d {
+            var x = sc[cb + e];
+            if last {
+                let l = l_sh[r];
+                x = select(0.0, x / max(l, 1.0e-30), l > 0.0);
+            }
+            out[base + i * p.q_st + c * p.q_sc] = x;
+        }
+    }
+}
+#else
 const WG = QG * DS;
 const BQ = 2u * QG;
 const BKV = 8u;
@@ -452,6 +666,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         }
     }
 }
+#endif // COOP
 #endif
 
 // ---------------------------------------------------------------------------

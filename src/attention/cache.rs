@@ -355,6 +355,7 @@ impl RingKvCache {
             mask: Mask::NONE,
             q_pos0: 0,
             config: None,
+            f16_operands: false,
         };
         let kv = match (&self.k, &self.v) {
             (Store::F32(k), Store::F32(v)) => KvInput::F32 { k, v },
@@ -584,6 +585,7 @@ impl ConcatKvCache {
             mask: Mask::NONE,
             q_pos0: 0,
             config: None,
+            f16_operands: false,
         };
         let kv = KvInput::F32 {
             k: &copies[0],

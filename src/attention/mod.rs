@@ -113,6 +113,7 @@ fn problem(
         mask: opts.mask,
         q_pos0: opts.query_offset,
         config: None,
+        f16_operands: false,
     })
 }
 

@@ -8,7 +8,7 @@
 
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
-use crate::kernels::attention::attention;
+use crate::kernels::attention::attention_with;
 use crate::kernels::conv2d::{
     conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
 };
@@ -580,13 +580,16 @@ fn self_attention(
     let v = conv_as(rec, src, v, pro(), &same1, f32)?;
     let o = Tensor::empty(rec.ctx(), &[n, c, h, w], DType::F32, "attention out")?;
     let tokens = [n, c, h * w];
-    attention(
+    // An f16 model's attention may round q, k, v to f16 (cooperative matrices).
+    let f16_operands = out.dtype() == DType::F16;
+    attention_with(
         rec,
         &q.reshape(&tokens)?,
         &k.reshape(&tokens)?,
         &v.reshape(&tokens)?,
         1.0 / (c as f32).sqrt(),
         &o.reshape(&tokens)?,
+        f16_operands,
     )?;
     drop((q, k, v));
     conv_add(rec, &o, out, None, x, &same1)

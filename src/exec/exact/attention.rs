@@ -6,7 +6,7 @@ use super::{stage, Executor};
 use crate::attention::Mask;
 use crate::error::Result;
 use crate::kernels::attention::{
-    attention, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
+    attention_with, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
 };
 use crate::kernels::conv2d::{conv2d, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::tensor_ops::Window;
@@ -42,6 +42,8 @@ impl Executor {
     ) -> Result<(Act, Option<Tensor>)> {
         let (n, c) = (x.n, x.c);
         let scale = 1.0 / (c as f32).sqrt();
+        // An f16 model's attention may round q, k, v to f16 (cooperative matrices).
+        let f16_operands = spec.q.dtype() == DType::F16;
         let same1 = Conv2dOptions::same(1);
         let pro = spec.affine.map(|affine| Prologue {
             affine,
@@ -74,13 +76,14 @@ impl Executor {
             drop(xw);
             let o = Tensor::empty(&self.ctx, &[n, c, r.h, r.w], DType::F32, "attention out")?;
             let tok = [n, c, r.h * r.w];
-            attention(
+            attention_with(
                 self.rec(),
                 &q.reshape(&tok)?,
                 &k.reshape(&tok)?,
                 &v.reshape(&tok)?,
                 scale,
                 &o.reshape(&tok)?,
+                f16_operands,
             )?;
             drop((q, k, v));
             let res = self.take_piece(&mut x, 0)?;
@@ -146,6 +149,7 @@ impl Executor {
                             mask: Mask::NONE,
                             q_pos0: 0,
                             config: None,
+                            f16_operands,
                         };
                         let kv = KvInput::F32 { k: &kb, v: &vb };
                         flash_attention_block(self.rec(), &prob, q, kv, acc, Some(ml), role)?;

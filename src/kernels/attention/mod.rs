@@ -18,6 +18,10 @@
 //! walks the (at most two) key ranges its queries can see, and masks element
 //! by element only in tiles that straddle a window or causal edge.
 //!
+//! In f16 models ([`AttentionProblem::f16_operands`]) on devices with
+//! cooperative matrices, unmasked attention with f32 K/V runs QKᵀ and PV on
+//! them instead ([`MatrixAttention`], entry `attention_coop`).
+//!
 //! int8 K/V are dequantised inside the kernel, tile by tile, as the tiles are
 //! staged (never expanded in memory); [`kv_append`] writes (and for int8
 //! quantises) new keys / values into a cache.
@@ -417,6 +421,11 @@ pub struct AttentionProblem {
     /// Forces a kernel configuration (tests, tuning); `None`: the device's
     /// choice ([`config_for_device`]).
     pub config: Option<AttentionConfig>,
+    /// The model runs in f16, so q, k and v may be rounded to f16: unmasked
+    /// attention with f32 K/V then runs on cooperative matrices where the
+    /// device has them ([`MatrixAttention::for_problem`]). `false` keeps f32
+    /// operands (f32 and bf16 models).
+    pub f16_operands: bool,
 }
 
 impl AttentionProblem {
@@ -442,6 +451,7 @@ impl AttentionProblem {
             mask: Mask::NONE,
             q_pos0: 0,
             config: None,
+            f16_operands: false,
         }
     }
 }
@@ -520,10 +530,14 @@ pub fn keys_per_dispatch(
 /// (`batch · heads · q_len · 2` when its keys are split over several
 /// dispatches, else 0).
 pub fn stats_len(prob: &AttentionProblem, int8: bool, caps: &Capabilities) -> usize {
-    let config = prob
-        .config
-        .or_else(|| config_for_device(prob.head_dim, prob.q_len, caps));
-    match config.and_then(|c| keys_per_dispatch(&c, prob.head_dim, int8, caps)) {
+    let keys = match MatrixAttention::for_problem(prob, int8, caps) {
+        Some(m) => m.keys_per_dispatch(caps),
+        None => prob
+            .config
+            .or_else(|| config_for_device(prob.head_dim, prob.q_len, caps))
+            .and_then(|c| keys_per_dispatch(&c, prob.head_dim, int8, caps)),
+    };
+    match keys {
         Some(keys) if prob.kv_len > keys => prob.batch * prob.heads * prob.q_len * 2,
         _ => 0,
     }
@@ -621,6 +635,8 @@ pub fn flash_attention_block(
     if d == 0 || heads == 0 || batch == 0 {
         return Err(Error::shape(OP, format!("empty problem {prob:?}")));
     }
+    let int8 = matches!(kv, KvInput::Int8 { .. });
+    let matrix = MatrixAttention::for_problem(prob, int8, rec.ctx().caps());
     let config = match prob.config {
         Some(c) if d <= c.max_d() => c,
         Some(c) => {
@@ -688,23 +704,30 @@ pub fn flash_attention_block(
     };
     // Positions must stay in u32 inside the shader.
     to_u32(OP, "q_pos0 + q_len", prob.q_pos0 + q_len)?;
+    let block = match &matrix {
+        Some(m) => m.br,
+        None => config.queries(),
+    };
     let groups = [
-        to_u32(
-            OP,
-            "query blocks",
-            q_len.div_ceil(config.queries() as usize),
-        )?,
+        to_u32(OP, "query blocks", q_len.div_ceil(block as usize))?,
         to_u32(OP, "batch * heads", batch * heads)?,
         1,
     ];
     // QK^T and PV: 2 d multiply-adds per visible (query, key) pair.
     let pairs = prob.mask.visible_pairs(prob.q_pos0, q_len, kv_len);
     let macs = 2 * pairs * (batch * heads * d) as u64;
-    let int8 = matches!(kv, KvInput::Int8 { .. });
-    let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
-    let share = keys_per_dispatch(&config, d, int8, rec.ctx().caps())
-        .filter(|&keys| kv_len > keys)
-        .unwrap_or(kv_len.max(1));
+    let (spec, key) = match &matrix {
+        Some(m) => (m.spec(), m.key()),
+        None => (
+            if int8 { ATTENTION_INT8 } else { ATTENTION },
+            key(&config, int8),
+        ),
+    };
+    let keys = match &matrix {
+        Some(m) => m.keys_per_dispatch(rec.ctx().caps()),
+        None => keys_per_dispatch(&config, d, int8, rec.ctx().caps()),
+    };
+    let share = keys.filter(|&keys| kv_len > keys).unwrap_or(kv_len.max(1));
     let shares = kv_len.div_ceil(share).max(1);
     // Unused in a single dispatch over all keys: `out` stands in for the binding.
     let stats = match stats {
@@ -743,7 +766,7 @@ pub fn flash_attention_block(
         };
         // The work (MACs) is counted once, on the first share.
         let m = if i == 0 { macs } else { 0 };
-        rec.dispatch(spec, &key(&config, int8), &params, &tensors, groups, m)?;
+        rec.dispatch(&spec, &key, &params, &tensors, groups, m)?;
     }
     Ok(())
 }
@@ -759,6 +782,21 @@ pub fn attention(
     v: &Tensor,
     scale: f32,
     out: &Tensor,
+) -> Result<()> {
+    attention_with(rec, q, k, v, scale, out, false)
+}
+
+/// [`attention`] for a model running in `f16_operands` (see
+/// [`AttentionProblem::f16_operands`]): then on cooperative matrices where the
+/// device has them.
+pub fn attention_with(
+    rec: &mut Recorder,
+    q: &Tensor,
+    k: &Tensor,
+    v: &Tensor,
+    scale: f32,
+    out: &Tensor,
+    f16_operands: bool,
 ) -> Result<()> {
     const OP: &str = "attention";
     let [n, d, t] = match *q.shape() {
@@ -781,7 +819,10 @@ pub fn attention(
             "attention head dimension {d} (at most {MAX_HEAD_DIM})"
         )));
     }
-    let prob = AttentionProblem::self_attention(n, 1, t, d, Strides::channel_major(d, t), scale);
+    let prob = AttentionProblem {
+        f16_operands,
+        ..AttentionProblem::self_attention(n, 1, t, d, Strides::channel_major(d, t), scale)
+    };
     flash_attention(rec, &prob, q, KvInput::F32 { k, v }, out)
 }
 
@@ -793,6 +834,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
         .chain(&small)
         .flat_map(|c| [(ATTENTION, key(c, false)), (ATTENTION_INT8, key(c, true))])
         .collect();
+    v.extend(matrix::variants());
     v.push((KV_APPEND, append_key(false)));
     v.push((KV_APPEND_INT8, append_key(true)));
     v
@@ -800,9 +842,13 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
 
 mod append;
 mod cpu;
+mod matrix;
 
 pub use append::{kv_append, KvOutput};
 pub use cpu::cpu_attention;
+pub use matrix::MatrixAttention;
 
+#[cfg(test)]
+mod matrix_tests;
 #[cfg(test)]
 mod tests;

@@ -99,6 +99,7 @@ fn every_configuration_matches_cpu() {
             let prob = AttentionProblem {
                 mask,
                 config: Some(c),
+                f16_operands: false,
                 ..AttentionProblem::self_attention(1, h, t, d, strides, scale)
             };
             let mut rec = Recorder::new(&ctx);
@@ -223,6 +224,7 @@ fn key_blocks_combine_to_full_attention() {
                 mask: Mask::NONE,
                 q_pos0: 0,
                 config: None,
+                f16_operands: false,
             };
             let role = BlockRole {
                 first: b == 0,
@@ -263,6 +265,7 @@ fn key_blocks_combine_to_full_attention() {
         mask: Mask::NONE,
         q_pos0: 0,
         config: None,
+        f16_operands: false,
     };
     let role = BlockRole {
         first: true,
@@ -391,6 +394,7 @@ fn multihead_throughput() {
                 mask,
                 q_pos0: 0,
                 config: Some(config),
+                f16_operands: false,
             };
             let kv = if int8 {
                 KvInput::Int8 {
