@@ -148,16 +148,16 @@ impl ConvTiles {
                 return bad(format!("{name} must be a positive multiple of {s}"));
             }
         }
-        if self.tm % self.rm != 0 || self.tn % self.rn != 0 {
+        if !self.tm.is_multiple_of(self.rm) || !self.tn.is_multiple_of(self.rn) {
             return bad("tm must be a multiple of rm and tn of rn".into());
         }
-        if !self.tw.is_power_of_two() || self.tn % self.tw != 0 || self.tw < 4 {
+        if !self.tw.is_power_of_two() || !self.tn.is_multiple_of(self.tw) || self.tw < 4 {
             return bad("tw must be a power of two >= 4 dividing tn".into());
         }
         if !self.tm.is_power_of_two() || !self.tn.is_power_of_two() || self.tm < 4 {
             return bad("tm and tn must be powers of two (tm >= 4)".into());
         }
-        if mt.lanes_min == 0 || mt.lanes % mt.lanes_min != 0 || mt.planned(self) == 0 {
+        if mt.lanes_min == 0 || !mt.lanes.is_multiple_of(mt.lanes_min) || mt.planned(self) == 0 {
             return bad(
                 "subgroup sizes must be positive, the largest a multiple of the smallest".into(),
             );
