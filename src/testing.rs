@@ -34,7 +34,7 @@ pub fn test_context() -> Context {
 /// `None` after saying why on stderr, or a panic under `WGVAE_REQUIRE_COOP=1`.
 pub fn matrix_test_context(test: &str) -> Option<Context> {
     let ctx = test_context();
-    if ctx.caps().cooperative_matrix.is_some() {
+    if ctx.caps().matrix().is_some() {
         return Some(ctx);
     }
     let why = format!(

@@ -172,6 +172,14 @@ impl Capabilities {
         Ok(self)
     }
 
+    /// The cooperative-matrix configuration kernels may use: [`Capabilities::cooperative_matrix`]
+    /// while the capabilities still have shader-f16 and subgroups (a context that hides them,
+    /// e.g. to test the packed-f16 path, hides the matrices too). Kernels ask this, not the field.
+    pub fn matrix(&self) -> Option<MatrixConfig> {
+        self.cooperative_matrix
+            .filter(|_| self.shader_f16 && self.subgroup)
+    }
+
     /// The best configuration of `matrix_configs` the kernels can use: f16 operands with
     /// f32 accumulation, square, the largest side first (16 on NVIDIA/AMD, 8 on lavapipe).
     fn usable_matrix_config(&self) -> Option<MatrixConfig> {

@@ -59,7 +59,7 @@ impl MatrixAttention {
     /// - 8 (lavapipe, Apple): 16 x 32, chunks of 128 channels, 15 KiB (lavapipe emulates
     ///   the matrices: sized for correctness runs).
     pub fn for_head_dim(d: usize, caps: &Capabilities) -> Option<MatrixAttention> {
-        let cfg = caps.cooperative_matrix?;
+        let cfg = caps.matrix()?;
         let (br, bc, dc) = match cfg.size {
             8 => (16, 32, 128),
             16 => (32, 64, 64),
@@ -103,7 +103,7 @@ impl MatrixAttention {
         int8: bool,
         caps: &Capabilities,
     ) -> Option<MatrixAttention> {
-        let s = caps.cooperative_matrix?.size as usize;
+        let s = caps.matrix()?.size as usize;
         let plain = !prob.mask.causal && prob.mask.frames.is_none();
         if !prob.f16_operands || int8 || !plain || prob.config.is_some() {
             return None;
@@ -155,7 +155,7 @@ impl MatrixAttention {
     pub fn check(&self, caps: &Capabilities, d: usize) -> Result<()> {
         let bad = |why: String| Err(Error::Unsupported(format!("attention {self:?}: {why}")));
         let s = self.size;
-        let Some(cfg) = caps.cooperative_matrix else {
+        let Some(cfg) = caps.matrix() else {
             return bad("the device has no usable cooperative-matrix configuration".into());
         };
         if cfg.size != s {

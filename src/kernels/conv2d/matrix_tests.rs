@@ -17,7 +17,7 @@ fn matrix_context(test: &str) -> Option<Context> {
 /// patch (a matrix spans patch rows); the engine's picks for a wide and a narrow layer.
 fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
     let caps = ctx.caps();
-    let s = caps.cooperative_matrix.expect("matrix context").size;
+    let s = caps.matrix().expect("matrix context").size;
     let matrix = Some(MatrixTiles {
         size: s,
         lanes: caps.subgroup_max_size,
@@ -391,7 +391,7 @@ fn matrix_tiles_only_for_f16_on_matrix_devices() {
         k: 3,
         bias: None,
     };
-    let has = ctx.caps().cooperative_matrix.is_some();
+    let has = ctx.caps().matrix().is_some();
     for (dt, want) in [
         (DType::F16, has && ctx.caps().shader_f16),
         (DType::F32, false),
@@ -400,4 +400,11 @@ fn matrix_tiles_only_for_f16_on_matrix_devices() {
         let w = Conv2dWeights::upload(&ctx, &host, None, dt, "w").unwrap();
         assert_eq!(w.tiles().matrix.is_some(), want, "{dt:?}");
     }
+    // Hiding shader-f16 (the packed-f16 path) hides the matrices too.
+    let mut caps = ctx.caps().clone();
+    caps.shader_f16 = false;
+    assert!(caps.matrix().is_none());
+    let packed = ctx.with_caps(caps);
+    let w = Conv2dWeights::upload(&packed, &host, None, DType::F16, "w").unwrap();
+    assert!(w.tiles().matrix.is_none());
 }

@@ -131,7 +131,7 @@ impl ConvTiles {
     fn check_matrix(&self, caps: &Capabilities, mt: MatrixTiles) -> Result<()> {
         let bad = |why: String| Err(Error::Unsupported(format!("conv2d tiles {self:?}: {why}")));
         let s = mt.size;
-        let Some(cfg) = caps.cooperative_matrix else {
+        let Some(cfg) = caps.matrix() else {
             return bad("the device has no usable cooperative-matrix configuration".into());
         };
         if cfg.size != s {
@@ -179,7 +179,7 @@ impl ConvTiles {
     /// - 8 (lavapipe, Apple): 32 x 32 tiles, 16 x 16 per subgroup, K steps of 16; lavapipe
     ///   emulates the matrices, so these are sized for compile time and correctness runs.
     pub fn matrix_for_layer(caps: &Capabilities, cout: usize, _k: usize) -> Option<ConvTiles> {
-        let cfg = caps.cooperative_matrix?;
+        let cfg = caps.matrix()?;
         let lanes = caps.subgroup_max_size.max(1);
         let lanes_min = caps.subgroup_min_size.clamp(1, lanes);
         let matrix = Some(MatrixTiles {

@@ -106,7 +106,7 @@ impl CoopTiles {
     /// Checks the tiles against the shader's rules and the device.
     pub fn check(&self, caps: &Capabilities) -> Result<()> {
         let bad = |why: String| Err(Error::Unsupported(format!("matmul tiles {self:?}: {why}")));
-        let Some(cfg) = caps.cooperative_matrix else {
+        let Some(cfg) = caps.matrix() else {
             return bad(no_matrices(caps));
         };
         if cfg.size != self.size {
@@ -167,7 +167,7 @@ impl CoopTiles {
     /// The device's tiles, or [`Error::Unsupported`] naming why it has none (no usable
     /// cooperative-matrix configuration, or none within its limits).
     pub fn for_device(caps: &Capabilities) -> Result<CoopTiles> {
-        let Some(cfg) = caps.cooperative_matrix else {
+        let Some(cfg) = caps.matrix() else {
             return Err(Error::Unsupported(format!(
                 "matmul with f16 operands (MatmulPrecision::F16Operands): {}; use MatmulPrecision::F16OperandsOrF32 to fall back to the f32 kernel",
                 no_matrices(caps)
