@@ -6,6 +6,7 @@
 
 pub mod attention;
 pub mod conv2d;
+mod coop;
 pub mod elementwise;
 pub mod group_norm;
 pub mod image;
