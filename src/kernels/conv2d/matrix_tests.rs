@@ -306,57 +306,8 @@ fn matrix_conv_frame_offsets_match_cpu() {
     let Some(ctx) = matrix_context("matrix_conv_frame_offsets_match_cpu") else {
         return;
     };
-    let dt = DType::F16;
-    let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| round_through(x, dt)).collect() };
-    let (cin, cout, h, w) = (13, 20, 7, 9);
-    let x = round(rand_vec(4 * cin * h * w, 41, 1.0));
-    let wt = round(rand_vec(cout * cin * 9, 42, 0.3));
-    let b = rand_vec(cout, 43, 0.1);
-    let r = round(rand_vec(5 * cout * h * w, 44, 1.0));
-    let opts = same(3);
-    let img = |v: &[f32], c: usize, i: usize| v[i * c * h * w..(i + 1) * c * h * w].to_vec();
-    let sliced: Vec<f32> = (1..3).flat_map(|i| img(&x, cin, i)).collect();
-    let res: Vec<f32> = (2..4).flat_map(|i| img(&r, cout, i)).collect();
-    let conv = cpu_conv2d(
-        &sliced,
-        [2, cin, h, w],
-        &wt,
-        cout,
-        3,
-        Some(&b),
-        None,
-        Some(&res),
-        &opts,
-    );
-    let mut want = r.clone();
-    want[2 * cout * h * w..4 * cout * h * w].copy_from_slice(&conv);
-    for tiles in tile_sets(&ctx) {
-        let host = PytorchConv {
-            weight: &wt,
-            cout,
-            cin,
-            k: 3,
-            bias: Some(&b),
-        };
-        let weights = Conv2dWeights::upload(&ctx, &host, Some(tiles), dt, "w").unwrap();
-        let input = Tensor::from_f32_as(&ctx, &[4, cin, h, w], &x, dt, "x").unwrap();
-        let out = Tensor::from_f32_as(&ctx, &[5, cout, h, w], &r, dt, "out").unwrap();
-        let mut rec = Recorder::new(&ctx);
-        let frames = Frames {
-            in_frame: 1,
-            out_frame: 2,
-            count: 2,
-        };
-        conv2d_frames(&mut rec, &input, &weights, Some(&out), &out, &opts, frames).unwrap();
-        rec.submit().unwrap();
-        assert_close(
-            &out.to_f32(&ctx).unwrap(),
-            &want,
-            3e-3,
-            3e-3,
-            "matrix frames",
-        );
-    }
+    let tiles: Vec<_> = tile_sets(&ctx).into_iter().map(Some).collect();
+    super::tests::frame_offsets_case(&ctx, DType::F16, (13, 20), &tiles, (3e-3, 3e-3));
 }
 
 /// The engine picks cooperative tiles for f16 weights (and only for them) on a device with

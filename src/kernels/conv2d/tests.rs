@@ -541,12 +541,30 @@ fn bad_shapes_are_errors() {
 /// tile kinds and the device's default tiles.
 #[test]
 fn frame_offsets_read_and_write_the_chosen_images() {
-    let ctx = test_context();
-    let (cin, cout, h, w) = (5, 6, 7, 9);
-    let x = rand_vec(4 * cin * h * w, 41, 1.0);
-    let wt = rand_vec(cout * cin * 9, 42, 0.3);
+    let tiles = [None, Some(SMALL_DIRECT), Some(SMALL_SHARED)];
+    frame_offsets_case(&test_context(), DType::F32, (5, 6), &tiles, (1e-5, 1e-4));
+}
+
+/// The frame-offset check of [`frame_offsets_read_and_write_the_chosen_images`] with
+/// `(cin, cout)` channels, values stored in `dt` (rounded for the reference too), each of
+/// `tiles`, within `(atol, rtol)`; an out-of-range frame set is an error.
+pub(super) fn frame_offsets_case(
+    ctx: &Context,
+    dt: DType,
+    (cin, cout): (usize, usize),
+    tiles: &[Option<ConvTiles>],
+    (atol, rtol): (f32, f32),
+) {
+    let (h, w) = (7, 9);
+    let round = |v: Vec<f32>| -> Vec<f32> {
+        v.into_iter()
+            .map(|x| crate::gpu::storage::round_through(x, dt))
+            .collect()
+    };
+    let x = round(rand_vec(4 * cin * h * w, 41, 1.0));
+    let wt = round(rand_vec(cout * cin * 9, 42, 0.3));
     let b = rand_vec(cout, 43, 0.1);
-    let r = rand_vec(5 * cout * h * w, 44, 1.0);
+    let r = round(rand_vec(5 * cout * h * w, 44, 1.0));
     let opts = Conv2dOptions::same(3);
     let img = |v: &[f32], c: usize, i: usize| v[i * c * h * w..(i + 1) * c * h * w].to_vec();
     let sliced: Vec<f32> = (1..3).flat_map(|i| img(&x, cin, i)).collect();
@@ -564,7 +582,7 @@ fn frame_offsets_read_and_write_the_chosen_images() {
     );
     let mut want = r.clone();
     want[2 * cout * h * w..4 * cout * h * w].copy_from_slice(&conv);
-    for tiles in [None, Some(SMALL_DIRECT), Some(SMALL_SHARED)] {
+    for &tiles in tiles {
         let host = PytorchConv {
             weight: &wt,
             cout,
@@ -572,10 +590,10 @@ fn frame_offsets_read_and_write_the_chosen_images() {
             k: 3,
             bias: Some(&b),
         };
-        let weights = Conv2dWeights::upload(&ctx, &host, tiles, DType::F32, "w").unwrap();
-        let input = Tensor::from_f32(&ctx, &[4, cin, h, w], &x, "x").unwrap();
-        let out = Tensor::from_f32(&ctx, &[5, cout, h, w], &r, "out").unwrap();
-        let mut rec = Recorder::new(&ctx);
+        let weights = Conv2dWeights::upload(ctx, &host, tiles, dt, "w").unwrap();
+        let input = Tensor::from_f32_as(ctx, &[4, cin, h, w], &x, dt, "x").unwrap();
+        let out = Tensor::from_f32_as(ctx, &[5, cout, h, w], &r, dt, "out").unwrap();
+        let mut rec = Recorder::new(ctx);
         let frames = Frames {
             in_frame: 1,
             out_frame: 2,
@@ -583,13 +601,14 @@ fn frame_offsets_read_and_write_the_chosen_images() {
         };
         conv2d_frames(&mut rec, &input, &weights, Some(&out), &out, &opts, frames).unwrap();
         rec.submit().unwrap();
-        assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-4, "frames");
+        let what = format!("frames, {dt:?}, {tiles:?}");
+        assert_close(&out.to_f32(ctx).unwrap(), &want, atol, rtol, &what);
         let bad = Frames {
             in_frame: 3,
             out_frame: 0,
             count: 2,
         };
-        let mut rec = Recorder::new(&ctx);
+        let mut rec = Recorder::new(ctx);
         let e = conv2d_frames(&mut rec, &input, &weights, None, &out, &opts, bad);
         assert!(e.is_err());
     }
