@@ -58,9 +58,22 @@ fn aekl_goldens_in_f16_on_matrices() {
         let mut errs = Vec::new();
         for ctx in [&coop, &scalar] {
             let vae = load_f16(ctx, dir.to_str().unwrap());
+            // Profiled where the device times dispatches: the kernels that ran are named.
+            let opts = DecodeOptions {
+                profile: ctx.caps().timestamp_inside_passes,
+                ..opts.clone()
+            };
             let out = decode(ctx, &vae, &z, &opts).unwrap();
             assert_eq!(out.dtype, DType::F16, "{name}");
             assert_eq!(out.f16_overflows, 0, "{name}");
+            assert_eq!(out.profile.is_some(), opts.profile, "{name}: profiled");
+            if let Some(p) = &out.profile {
+                let ran = |k: &str| p.kernels.iter().any(|t| t.kernel.contains(k));
+                let on = std::ptr::eq(ctx, &coop);
+                for k in ["conv2d_coop", "attention_coop"] {
+                    assert_eq!(ran(k), on, "{name}: {k} ran: {:?}", p.kernels);
+                }
+            }
             errs.push((
                 vae.cooperative_matrix(),
                 max_abs_diff(&out.raw.unwrap().data, &want.data).0,
