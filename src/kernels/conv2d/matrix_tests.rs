@@ -136,60 +136,42 @@ fn same(k: u32) -> Conv2dOptions {
     Conv2dOptions::same(k)
 }
 
+/// One case: input `[n, cin, h, w]`, output channels, kernel size, geometry, prologue,
+/// in-place residual.
+type CaseSpec = (
+    [usize; 4],
+    usize,
+    usize,
+    Conv2dOptions,
+    Option<Activation>,
+    bool,
+);
+
+/// Every case with every tile set; returns the worst error.
+fn check_all(ctx: &Context, cases: &[CaseSpec], seed: u64) -> f32 {
+    let mut worst = 0.0f32;
+    for (i, t) in tile_sets(ctx).into_iter().enumerate() {
+        for (c, &(shape, cout, k, opts, act, residual)) in cases.iter().enumerate() {
+            let seed = seed + 10 * i as u64 + c as u64;
+            worst = worst.max(check(ctx, t, shape, cout, k, opts, act, residual, seed));
+        }
+    }
+    worst
+}
+
 #[test]
 fn matrix_conv_odd_shapes_match_cpu() {
     let Some(ctx) = matrix_context("matrix_conv_odd_shapes_match_cpu") else {
         return;
     };
-    let mut worst = 0.0f32;
-    for (i, t) in tile_sets(&ctx).into_iter().enumerate() {
-        let seed = 100 + 10 * i as u64;
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [2, 37, 19, 23],
-            67,
-            3,
-            same(3),
-            None,
-            false,
-            seed,
-        ));
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 64, 9, 11],
-            67,
-            1,
-            same(1),
-            None,
-            false,
-            seed + 1,
-        ));
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 3, 7, 5],
-            4,
-            3,
-            same(3),
-            None,
-            false,
-            seed + 2,
-        ));
+    let cases: &[CaseSpec] = &[
+        ([2, 37, 19, 23], 67, 3, same(3), None, false),
+        ([1, 64, 9, 11], 67, 1, same(1), None, false),
+        ([1, 3, 7, 5], 4, 3, same(3), None, false),
         // conv_out: 3 channels of a 128-channel input.
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 128, 6, 10],
-            3,
-            3,
-            same(3),
-            None,
-            false,
-            seed + 3,
-        ));
-    }
+        ([1, 128, 6, 10], 3, 3, same(3), None, false),
+    ];
+    let worst = check_all(&ctx, cases, 100);
     eprintln!("matrix conv, plain: worst |error| {worst:.2e}");
 }
 
@@ -207,95 +189,27 @@ fn matrix_conv_fused_paths_match_cpu() {
         pad,
         upsample: false,
     };
-    let silu = Some(Activation::Silu);
-    let mut worst = 0.0f32;
-    for (i, t) in tile_sets(&ctx).into_iter().enumerate() {
-        let seed = 200 + 10 * i as u64;
+    let (silu, relu) = (Some(Activation::Silu), Some(Activation::Relu));
+    let cases: &[CaseSpec] = &[
         // The decoder's resnet conv: GroupNorm affine + SiLU prologue, residual in place.
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 40, 9, 21],
-            36,
-            3,
-            same(3),
-            silu,
-            true,
-            seed,
-        ));
+        ([1, 40, 9, 21], 36, 3, same(3), silu, true),
         // The up-sampler: nearest 2x fused into the load.
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [2, 37, 7, 9],
-            67,
-            3,
-            up(3),
-            None,
-            false,
-            seed + 1,
-        ));
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 8, 5, 6],
-            12,
-            3,
-            up(3),
-            silu,
-            false,
-            seed + 2,
-        ));
+        ([2, 37, 7, 9], 67, 3, up(3), None, false),
+        ([1, 8, 5, 6], 12, 3, up(3), silu, false),
         // The encoder's down-sampler (stride 2, pad bottom/right) and symmetric stride 2.
-        let enc = strided(2, [0, 0, 1, 1]);
-        worst = worst.max(check(
-            &ctx,
-            t,
+        (
             [2, 37, 19, 23],
             67,
             3,
-            enc,
+            strided(2, [0, 0, 1, 1]),
             None,
             false,
-            seed + 3,
-        ));
-        let sym = strided(2, [1; 4]);
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 5, 9, 12],
-            7,
-            3,
-            sym,
-            None,
-            true,
-            seed + 4,
-        ));
-        let asym = strided(1, [0, 2, 1, 0]);
-        let relu = Some(Activation::Relu);
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 6, 8, 9],
-            5,
-            3,
-            asym,
-            relu,
-            false,
-            seed + 5,
-        ));
-        worst = worst.max(check(
-            &ctx,
-            t,
-            [1, 64, 9, 11],
-            67,
-            1,
-            same(1),
-            None,
-            true,
-            seed + 6,
-        ));
-    }
+        ),
+        ([1, 5, 9, 12], 7, 3, strided(2, [1; 4]), None, true),
+        ([1, 6, 8, 9], 5, 3, strided(1, [0, 2, 1, 0]), relu, false),
+        ([1, 64, 9, 11], 67, 1, same(1), None, true),
+    ];
+    let worst = check_all(&ctx, cases, 200);
     eprintln!("matrix conv, fused: worst |error| {worst:.2e}");
 }
 
