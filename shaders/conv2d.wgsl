@@ -247,6 +247,23 @@ fn im2col4(nbi: u32, kg: u32, pn: u32, oy0: u32, ox0: u32) -> vec4<f32> {
                      xrow(row.x, ix + 2 * s, rok, ss), xrow(row.x, ix + 3 * s, rok, ss));
 }
 
+// The output tile workgroup (tile, z) computes: image nb of the dispatch (input image nbi,
+// output image nbo), output channels m0.., pixels from (oy0, ox0).
+struct TileAt {
+    nbi: u32,
+    nbo: u32,
+    m0: u32,
+    oy0: u32,
+    ox0: u32,
+}
+
+fn tile_at(tile: u32, z: u32) -> TileAt {
+    let nb = div_small(z, p.mtiles);
+    let ty = div_small(tile, p.tiles_x);
+    return TileAt(nb + p.in_frame, nb + p.out_frame, (z - nb * p.mtiles) * TM, ty * TH,
+                  (tile - ty * p.tiles_x) * TW);
+}
+
 #ifdef COOP
 // Cooperative matrices (tensor cores): the workgroup's TM x TN output tile is computed by
 // subgroups that each own an RM x RN block of S x S f32 accumulators; each TK step stages
@@ -321,31 +338,25 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) li: u32) {
     let tile = wg.x + wg.y * nwg.x;
     if tile >= p.ntiles { return; }   // uniform over the workgroup
-    let nb = div_small(wg.z, p.mtiles);
-    let m0 = (wg.z - nb * p.mtiles) * TM;
-    let nbi = nb + p.in_frame;
-    let nbo = nb + p.out_frame;
-    let ty = div_small(tile, p.tiles_x);
-    let oy0 = ty * TH;
-    let ox0 = (tile - ty * p.tiles_x) * TW;
+    let t = tile_at(tile, wg.z);
     let mpad4 = p.mpad >> 2u;
     // This invocation's block: channels m..m + RM, RN / 4 groups of 4 pixels of a row.
-    let m = m0 + (li / WGN) * RM;
+    let m = t.m0 + (li / WGN) * RM;
 
     var acc: Acc;
 #ifdef DIRECT
     // Pixels (oy, ox..ox + RN): one row segment, so the taps share input values.
     let n0 = (li % WGN) * RN;
     let nstep = 4u;
-    let oy = oy0 + (n0 >> TW_SHIFT);
-    let ox = ox0 + (n0 & (TW - 1u));
+    let oy = t.oy0 + (n0 >> TW_SHIFT);
+    let ox = t.ox0 + (n0 & (TW - 1u));
     let iy0 = i32(oy * STRIDE) - i32(p.pad_top);
     let ix0 = i32(ox * STRIDE) - i32(p.pad_left);
     // Rows past the bottom edge read nothing; columns past the right edge are computed but
     // never stored.
     let rows_ok = oy < p.ho;
     for (var ci = 0u; ci < p.cin; ci++) {
-        let plane = nbi * p.cin + ci;
+        let plane = t.nbi * p.cin + ci;
         let ss = plane_affine(plane, true);
         for (var ky = 0u; ky < KS; ky++) {
             let row = xrow_base(plane, iy0 + i32(ky), rows_ok);
@@ -359,11 +370,11 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
         // Weight tile: vec4 rows of the padded weights.
         for (var idx = li; idx < TK * TM4; idx += WG) {
-            a_tile[idx] = wt_ld4((k0 + (idx >> TM4_SHIFT)) * mpad4 + (m0 >> 2u) + (idx & (TM4 - 1u)));
+            a_tile[idx] = wt_ld4((k0 + (idx >> TM4_SHIFT)) * mpad4 + (t.m0 >> 2u) + (idx & (TM4 - 1u)));
         }
         // Input tile, im2col on the fly: 4 pixels of one output row per element.
         for (var idx = li; idx < TK * TN4; idx += WG) {
-            b_tile[idx] = im2col4(nbi, k0 + (idx >> TN4_SHIFT), (idx & (TN4 - 1u)) * 4u, oy0, ox0);
+            b_tile[idx] = im2col4(t.nbi, k0 + (idx >> TN4_SHIFT), (idx & (TN4 - 1u)) * 4u, t.oy0, t.ox0);
         }
         workgroupBarrier();
         let am = (li / WGN) * RM4;
@@ -375,7 +386,7 @@ fn conv2d(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
         workgroupBarrier();
     }
 #endif
-    store_block(&acc, nbo, m, oy0, ox0, n0, nstep);
+    store_block(&acc, t.nbo, m, t.oy0, t.ox0, n0, nstep);
 }
 #endif // COOP
 #endif

@@ -128,13 +128,7 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
                @builtin(subgroup_invocation_id) lane: u32, @builtin(subgroup_size) lanes: u32) {
     let tile = wg.x + wg.y * nwg.x;
     if tile >= p.ntiles { return; }   // uniform over the workgroup
-    let nb = div_small(wg.z, p.mtiles);
-    let m0 = (wg.z - nb * p.mtiles) * TM;
-    let nbi = nb + p.in_frame;
-    let nbo = nb + p.out_frame;
-    let ty = div_small(tile, p.tiles_x);
-    let oy0 = ty * TH;
-    let ox0 = (tile - ty * p.tiles_x) * TW;
+    let t = tile_at(tile, wg.z);
     // This subgroup's block of the tile (extra subgroups repeat one: see conv2d.wgsl).
     let sg = sgid % NSUB;
     let sm = (sg / WGN) * RM;
@@ -145,7 +139,7 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     block.accumulators(&mut s);
     s.push_str(
         "    for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
-        coop_stage(li, k0, m0, nbi, oy0, ox0);
+        coop_stage(li, k0, t.m0, t.nbi, t.oy0, t.ox0);
         workgroupBarrier();
 ",
     );
@@ -173,7 +167,7 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
     s.push_str("        workgroupBarrier();\n    }\n");
     block.epilogue(&mut s, |i, j| {
         format!(
-            "coop_store(cb, lane, lanes, nbo, m0 + sm + {}u, sn + {}u, oy0, ox0)",
+            "coop_store(cb, lane, lanes, t.nbo, t.m0 + sm + {}u, sn + {}u, t.oy0, t.ox0)",
             i * sz,
             j * sz
         )
