@@ -122,7 +122,7 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
     Ok(inputs)
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae::Result<()> {
     let inputs = check_outputs(a)?;
     // Flags before any work: a typo should not cost a model load.
     let policy: Policy = a.policy.parse()?;
@@ -172,7 +172,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeArgs) -> wgvae::Result
             )));
         }
     }
-    let ctx = context(cli_adapter)?.with_pool(policy.new_pool());
+    let ctx = context(device_args)?.with_pool(policy.new_pool());
     if is_video {
         return decode_video(&ctx, a, &inputs, precision);
     }

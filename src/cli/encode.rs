@@ -40,7 +40,7 @@ pub(crate) struct EncodeArgs {
     json: bool,
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Result<()> {
     // Before any work: a wrong output name should not cost an encode.
     wgvae::io::latent_format(&a.output)?;
     let mut inputs = Inputs::default();
@@ -48,10 +48,10 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
     inputs.add_vae(&a.vae, a.config.as_deref());
     check_file(&a.output, "-o", &["npy", "safetensors"], &inputs)?;
     if wgvae::video::is_video_vae(&a.vae) {
-        return run_video(cli_adapter, a);
+        return run_video(device_args, a);
     }
     let tiling = a.tiles.tiling()?;
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let opts = LoadOptions {
         config: a.config.clone(),
         precision: a.dtype.parse()?,
@@ -111,7 +111,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result
 
 /// A TAEHV `--vae`: a `.npy` of frames `N×T×3×H×W` in [0, 1] to latents
 /// `N×T'×C×h×w` (`taehv.py`'s `encode_video`).
-fn run_video(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> {
+fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Result<()> {
     let t = &a.tiles;
     let image_only = [
         ("--sample", a.sample.is_some()),
@@ -132,7 +132,7 @@ fn run_video(cli_adapter: &Option<String>, a: &EncodeArgs) -> wgvae::Result<()> 
         )));
     }
     let frames = wgvae::io::read_npy(&a.image)?;
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let opts = LoadOptions {
         precision: a.dtype.parse()?,
         ..Default::default()

@@ -5,7 +5,7 @@ use wgvae::gpu::{Context, MatrixConfig};
 
 use super::context;
 
-pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, as_json: bool) -> wgvae::Result<()> {
     let adapters: Vec<_> = Context::adapters(None)
         .iter()
         .enumerate()
@@ -19,7 +19,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, as_json: bool) -> wgvae::Result<
                        .map(|p| MatrixConfig::of(p).to_string()).collect::<Vec<_>>()})
         })
         .collect();
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let c = ctx.caps();
     let chosen = json!({
         "name": c.adapter_name, "backend": format!("{:?}", c.backend), "type": format!("{:?}", c.device_type),

@@ -60,7 +60,7 @@ fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
     Ok((h, w))
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae::Result<()> {
     let policy: Policy = a.policy.parse()?;
     let load = LoadOptions {
         precision: a.dtype.parse()?,
@@ -75,12 +75,12 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
         )));
     }
     if video {
-        return run_video(cli_adapter, a, policy, &load, (h, w));
+        return run_video(device_args, a, policy, &load, (h, w));
     }
     let caps = if a.reference_gpu {
         wgvae::gpu::Capabilities::reference_gpu()
     } else {
-        context(cli_adapter)?.caps().clone()
+        context(device_args)?.caps().clone()
     };
     let tiling = a.tiles.tiling()?;
     let (e, dtype) = if a.encode {
@@ -131,7 +131,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &MemoryArgs) -> wgvae::Result
 
 /// `wgvae memory` of a streaming video decode (see [`wgvae::decode::Estimate::video`]).
 fn run_video(
-    cli_adapter: &Option<String>,
+    device_args: &crate::cli::DeviceArgs,
     a: &MemoryArgs,
     policy: Policy,
     load: &LoadOptions,
@@ -166,7 +166,7 @@ fn run_video(
     let caps = if a.reference_gpu {
         wgvae::gpu::Capabilities::reference_gpu()
     } else {
-        context(cli_adapter)?.caps().clone()
+        context(device_args)?.caps().clone()
     };
     let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, load).video(size, frames, chunk)?;
     if a.json {

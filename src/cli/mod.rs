@@ -25,19 +25,8 @@ use wgvae::gpu::{AdapterChoice, Context, ContextOptions};
     about = "Decode diffusion-model latents into images on any GPU wgpu runs on"
 )]
 pub(crate) struct Cli {
-    /// Adapter to use: an index from `wgvae info` or part of its name
-    /// (default: best GPU; also WGPU_ADAPTER_NAME / WGPU_BACKEND).
-    #[arg(long, global = true)]
-    pub(crate) adapter: Option<String>,
-    /// Cooperative matrices (tensor cores) for f16 models: auto (where the adapter has a
-    /// usable configuration), on (an error where it has none) or off.
-    #[arg(
-        long,
-        global = true,
-        value_name = "auto|on|off",
-        default_value = "auto"
-    )]
-    pub(crate) cooperative_matrix: wgvae::CooperativeMatrix,
+    #[command(flatten)]
+    pub(crate) device: DeviceArgs,
     #[command(subcommand)]
     pub(crate) command: Command,
 }
@@ -67,10 +56,27 @@ pub(crate) enum Command {
     },
 }
 
+/// The device flags every command takes.
+#[derive(clap::Args, Clone, Debug, Default)]
+pub(crate) struct DeviceArgs {
+    /// Adapter to use: an index from `wgvae info` or part of its name
+    /// (default: best GPU; also WGPU_ADAPTER_NAME / WGPU_BACKEND).
+    #[arg(long, global = true)]
+    pub(crate) adapter: Option<String>,
+    /// Cooperative matrices (tensor cores) for f16 models: auto (a GPU adapter's usable
+    /// configuration), on (any usable configuration; an error where there is none) or off.
+    #[arg(
+        long,
+        global = true,
+        value_name = "auto|on|off",
+        default_value = "auto"
+    )]
+    pub(crate) cooperative_matrix: wgvae::CooperativeMatrix,
+}
+
 /// Runs one parsed command line.
 pub(crate) fn run(cli: &Cli) -> wgvae::Result<()> {
-    let adapter = &cli.adapter;
-    let _ = MATRICES.set(cli.cooperative_matrix);
+    let adapter = &cli.device;
     match &cli.command {
         Command::Info { json } => info::run(adapter, *json),
         Command::Decode(a) => decode::run(adapter, a),
@@ -91,12 +97,9 @@ pub(crate) fn device(ctx: &Context) -> String {
     format!("{} ({:?})", ctx.caps().adapter_name, ctx.caps().backend)
 }
 
-/// `--cooperative-matrix`, set once per process by [`run`] (every command's device takes it).
-static MATRICES: std::sync::OnceLock<wgvae::CooperativeMatrix> = std::sync::OnceLock::new();
-
 /// The device `--adapter` names (default: the best GPU), with `--cooperative-matrix`.
-pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
-    let choice = match adapter {
+pub(crate) fn context(device: &DeviceArgs) -> wgvae::Result<Context> {
+    let choice = match &device.adapter {
         None => AdapterChoice::Auto,
         Some(s) => match s.parse::<usize>() {
             Ok(i) => AdapterChoice::Index(i),
@@ -107,7 +110,7 @@ pub(crate) fn context(adapter: &Option<String>) -> wgvae::Result<Context> {
         adapter: choice,
         backends: None,
         pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
-        cooperative_matrix: MATRICES.get().copied().unwrap_or_default(),
+        cooperative_matrix: device.cooperative_matrix,
     })?;
     // The CPU fallback (slow) is said on stderr whatever the log level (once:
     // the library already logs it as a warning when warnings are shown).

@@ -98,8 +98,11 @@ fn by_name<T: Copy>(
     found.ok_or_else(|| wgvae::Error::InvalidInput(unknown()))
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, which: &AttentionBenchKind) -> wgvae::Result<()> {
-    let ctx = context(cli_adapter)?;
+pub(crate) fn run(
+    device_args: &crate::cli::DeviceArgs,
+    which: &AttentionBenchKind,
+) -> wgvae::Result<()> {
+    let ctx = context(device_args)?;
     match which {
         AttentionBenchKind::Sweep {
             out,

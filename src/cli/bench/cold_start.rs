@@ -65,14 +65,14 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wgvae::Result<()> {
     use rb::ColdStartRow;
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| wgvae::Error::Io { path, source }
     };
     std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let load = LoadOptions {
         precision: a.dtype.parse()?,
         ..Default::default()
@@ -126,9 +126,11 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &ColdStartArgs) -> wgvae::Res
         }
         eprintln!("{case}: a fresh `wgvae decode` process");
         let mut cmd = std::process::Command::new(&exe);
-        if let Some(ad) = cli_adapter {
+        if let Some(ad) = &device_args.adapter {
             cmd.args(["--adapter", ad]);
         }
+        let matrices = format!("{:?}", device_args.cooperative_matrix).to_lowercase();
+        cmd.args(["--cooperative-matrix", &matrices]);
         cmd.arg("decode")
             .arg(&latents)
             .args(["--vae", &a.vae, "--dtype", &a.dtype, "--raw-latents"])

@@ -28,13 +28,13 @@ pub(crate) struct DecodeBenchArgs {
     out: PathBuf,
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &DecodeBenchArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeBenchArgs) -> wgvae::Result<()> {
     let precisions = a
         .dtypes
         .iter()
         .map(|d| d.parse())
         .collect::<wgvae::Result<Vec<wgvae::models::Precision>>>()?;
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let b = rb::DecodeBench {
         vae: a.vae.clone(),
         sizes: a.sizes.clone(),

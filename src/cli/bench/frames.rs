@@ -31,7 +31,7 @@ pub(crate) struct FramesBenchArgs {
     out: PathBuf,
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &FramesBenchArgs) -> wgvae::Result<()> {
     let chunks = a
         .chunk
         .iter()
@@ -54,7 +54,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &FramesBenchArgs) -> wgvae::R
         baseline: !a.no_baseline,
         timing: a.timing.timing()?,
     };
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let load = load_average();
     let source = match &b.latents {
         Some(p) => format!("latents {}", p.display()),

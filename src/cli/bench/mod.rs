@@ -58,7 +58,7 @@ pub(crate) enum BenchKind {
     GpuModel(gpu_model::GpuModelArgs),
 }
 
-pub(crate) fn run(adapter: &Option<String>, which: &BenchKind) -> wgvae::Result<()> {
+pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &BenchKind) -> wgvae::Result<()> {
     match which {
         BenchKind::Decode(a) => decode::run(adapter, a),
         BenchKind::ColdStart(a) => cold_start::run(adapter, a),

@@ -39,7 +39,7 @@ pub(crate) struct VideoBenchArgs {
     out: PathBuf,
 }
 
-pub(crate) fn run(cli_adapter: &Option<String>, a: &VideoBenchArgs) -> wgvae::Result<()> {
+pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &VideoBenchArgs) -> wgvae::Result<()> {
     let dtypes = a
         .dtypes
         .iter()
@@ -54,7 +54,7 @@ pub(crate) fn run(cli_adapter: &Option<String>, a: &VideoBenchArgs) -> wgvae::Re
         dtypes,
         timing: a.timing.timing()?,
     };
-    let ctx = context(cli_adapter)?;
+    let ctx = context(device_args)?;
     let settings = format!(
         "vae {}, seed {}, random latents {}², latent frames {:?}, chunks {:?}, dtypes {:?}, warm-up {}, runs {}, policy {}{}",
         a.vae,

@@ -74,7 +74,7 @@ pub(crate) enum ReportKind {
     },
 }
 
-pub(crate) fn run(adapter: &Option<String>, which: &ReportKind) -> Result<()> {
+pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &ReportKind) -> Result<()> {
     match which {
         ReportKind::Memory {
             out,
@@ -92,7 +92,7 @@ pub(crate) fn run(adapter: &Option<String>, which: &ReportKind) -> Result<()> {
 }
 
 fn report_memory(
-    cli_adapter: &Option<String>,
+    device_args: &crate::cli::DeviceArgs,
     out: &Path,
     reference: &Path,
     this_device: bool,
@@ -100,7 +100,7 @@ fn report_memory(
     only: &memory::Selection,
 ) -> wgvae::Result<()> {
     let device = if measure || this_device {
-        Some(context(cli_adapter)?)
+        Some(context(device_args)?)
     } else {
         None
     };
