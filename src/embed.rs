@@ -314,7 +314,7 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Engine> {
         check_device(&device)?;
-        let ctx = Context::from_device_with_pool(device, queue, options.policy.new_pool())
+        let ctx = Context::from_host_device(device, queue, options.policy.new_pool())
             .with_matrices(matrix_configs, options.cooperative_matrix)?;
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.

@@ -89,6 +89,10 @@ pub mod video;
 pub mod video_encode;
 pub mod y4m;
 
+/// The wgpu this wgvae links (wgvae 0.1 needs wgpu 30): a host embedding the engine builds its
+/// device with `wgvae::wgpu` (or the same wgpu major) so the types match.
+pub use wgpu;
+
 pub use decode::{decode, DecodeOptions, Decoded};
 pub use embed::{
     check_device, cooperative_matrix_features, optional_features, recommended_limits,

@@ -117,3 +117,30 @@ fn a_buffer_beyond_max_buffer_size_is_named() {
     );
     assert!(msg.contains("tiling"), "{msg}");
 }
+
+/// A host's uncaptured-error handler survives `Context::from_host_device` (the path
+/// `Engine` takes): the host's handler sees the error and wgvae records nothing.
+#[test]
+fn from_host_device_keeps_the_hosts_error_handler() {
+    let adapter = Context::choose_adapter(&ContextOptions::default()).expect("an adapter");
+    let (device, queue) =
+        pollster::block_on(adapter.request_device(&Default::default())).expect("a device");
+    let seen = Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let s = seen.clone();
+    device.on_uncaptured_error(Arc::new(move |_| {
+        s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    }));
+    let ctx = Context::from_host_device(
+        device,
+        queue,
+        Arc::new(wgvae::memory::ExactPool::new()),
+    );
+    let _bad = ctx.device().create_buffer(&wgvae::wgpu::BufferDescriptor {
+        label: Some("host's invalid buffer"),
+        size: 16,
+        usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE,
+        mapped_at_creation: false,
+    });
+    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1, "the host's handler ran");
+    assert!(ctx.take_uncaptured_errors().is_empty());
+}

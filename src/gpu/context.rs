@@ -566,8 +566,8 @@ impl Context {
     /// them ([`Context::take_uncaptured_errors`]) instead of wgpu's default, which
     /// panics. wgpu offers no way to read a device's current handler, so this
     /// replaces one the host installed before: a host with its own handler
-    /// should install it again after creating the context (wgvae's errors are
-    /// still returned through its error scopes).
+    /// uses [`Context::from_host_device`], which leaves it alone (wgvae's errors
+    /// still come back through its error scopes).
     pub fn from_device(device: wgpu::Device, queue: wgpu::Queue) -> Self {
         Self::from_device_with_pool(device, queue, Arc::new(ExactPool::new()))
     }
@@ -578,8 +578,28 @@ impl Context {
         queue: wgpu::Queue,
         pool: Arc<dyn MemoryPool>,
     ) -> Self {
-        let caps = Capabilities::of_device(&device);
         let uncaptured = install_uncaptured_handler(&device);
+        Self::wrap_device(device, queue, pool, uncaptured)
+    }
+
+    /// Like [`Context::from_device_with_pool`], but the device's uncaptured-error handler is
+    /// left as the host set it ([`Engine`](crate::Engine) uses this: the host owns the device
+    /// and its error policy); [`Context::take_uncaptured_errors`] then stays empty.
+    pub fn from_host_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        pool: Arc<dyn MemoryPool>,
+    ) -> Self {
+        Self::wrap_device(device, queue, pool, Default::default())
+    }
+
+    fn wrap_device(
+        device: wgpu::Device,
+        queue: wgpu::Queue,
+        pool: Arc<dyn MemoryPool>,
+        uncaptured: UncapturedErrors,
+    ) -> Self {
+        let caps = Capabilities::of_device(&device);
         Context {
             inner: Arc::new(Inner {
                 pipelines: PipelineCache::new(),
