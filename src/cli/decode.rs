@@ -205,14 +205,17 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         keep_f16_overflow: false,
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    super::interrupt::check()?;
     ctx.save_pipeline_cache();
     for (p, img) in paths.iter().zip(&out.rgba) {
-        write_atomically(p, |t| {
-            wgvae::io::write_png_rgb(t, out.width, out.height, img)
+        write_atomically(p, "-o", |w| {
+            wgvae::io::write_png_rgb_to(w, p, out.width, out.height, img)
         })?;
     }
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
-        write_atomically(p, |t| wgvae::io::write_npy(t, &raw.shape, &raw.data))?;
+        write_atomically(p, "--save-raw", |w| {
+            wgvae::io::write_npy_to(w, p, &raw.shape, &raw.data)
+        })?;
     }
     write_memory_snapshot(&ctx, a)?;
     let n = out.rgba.len();
@@ -306,9 +309,10 @@ fn decode_frames(
     };
     let mut paths = Vec::with_capacity(latents.shape[0]);
     let on_frame = |f: wgvae::FrameOut<'_>| {
+        super::interrupt::check()?;
         let path = dir.join(format!("frame_{:05}.png", f.index));
-        write_atomically(&path, |t| {
-            wgvae::io::write_png_rgb(t, f.width, f.height, f.rgba)
+        write_atomically(&path, "--frames-out", |w| {
+            wgvae::io::write_png_rgb_to(w, &path, f.width, f.height, f.rgba)
         })?;
         paths.push(path);
         Ok(())
@@ -382,11 +386,13 @@ fn decode_frames(
 
 fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
     if let Some(p) = &a.memory_snapshot {
-        write_atomically(p, |t| {
-            std::fs::write(t, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
-                path: p.clone(),
-                source,
-            })
+        write_atomically(p, "--memory-snapshot", |w| {
+            std::io::Write::write_all(w, ctx.pool().snapshot().to_json().as_bytes()).map_err(
+                |source| wgvae::Error::Io {
+                    path: p.clone(),
+                    source,
+                },
+            )
         })?;
     }
     Ok(())

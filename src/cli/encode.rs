@@ -77,7 +77,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
         },
     )?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &out.latents))?;
+    write_atomically(&a.output, "-o", |w| {
+        wgvae::io::write_latents_to(w, &a.output, &out.latents)
+    })?;
     ctx.save_pipeline_cache();
     if a.json {
         println!(
@@ -141,7 +143,9 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
     let start = std::time::Instant::now();
     let latents = wgvae::video_encode::encode_video(&ctx, &enc, &frames)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &latents))?;
+    write_atomically(&a.output, "-o", |w| {
+        wgvae::io::write_latents_to(w, &a.output, &latents)
+    })?;
     ctx.save_pipeline_cache();
     if a.json {
         println!(

@@ -7,6 +7,7 @@ mod decode;
 mod encode;
 mod flags;
 mod info;
+pub(crate) mod interrupt;
 mod memory;
 mod outputs;
 mod progress;

@@ -147,12 +147,18 @@ pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Resul
     Ok(())
 }
 
-/// The folder `path` goes in exists and takes new files.
-fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
-    let parent = match path.parent() {
+/// The folder `path` goes in (`.` for a bare name).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
-    };
+    }
+}
+
+/// The folder `path` goes in exists and takes new files: a temporary file
+/// is created there (as the real write will) and removed.
+fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
+    let parent = folder_of(path);
     if !parent.is_dir() {
         return Err(bad(
             path,
@@ -162,90 +168,108 @@ fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
             ),
         ));
     }
-    let probe = parent.join(format!(".wgvae-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|source| {
-        bad(
-            path,
-            format!(
-                "{what}: cannot write in the folder `{}`: {source}",
-                parent.display()
-            ),
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    Staged::new(path, what).map(drop)
 }
 
-/// An output written over time (a stream) into a temporary file beside
-/// `path`, renamed into place by [`Staged::commit`]; dropped uncommitted (an
-/// error on the way) it removes the temporary file and leaves `path` as it was.
+/// An output written into a temporary file beside `path`, renamed into place
+/// by [`Staged::commit`]; dropped uncommitted (an error, an interruption) it
+/// removes the temporary file and leaves `path` as it was. The temporary file
+/// has a random name and is created exclusively (`O_CREAT | O_EXCL`, which
+/// follows no link), so nothing planted in the folder is written through; its
+/// short name (`.wgvae-XXXXXXXXXX`) fits wherever `path`'s does.
 pub(crate) struct Staged {
     path: PathBuf,
-    tmp: PathBuf,
-    done: bool,
+    tmp: Option<tempfile::NamedTempFile>,
 }
 
 impl Staged {
-    pub(crate) fn new(path: &Path) -> Staged {
-        Staged {
+    /// Creates the temporary file for `path` (`what` names the flag in errors).
+    pub(crate) fn new(path: &Path, what: &str) -> wgvae::Result<Staged> {
+        let dir = folder_of(path);
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(".wgvae-").rand_bytes(10);
+        // The mode a plain create would give (0666 less the umask), not 0600.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let mut live = super::interrupt::Live::lock();
+        let tmp = builder.tempfile_in(dir).map_err(|source| {
+            bad(
+                path,
+                format!(
+                    "{what}: cannot write in the folder `{}`: {source}",
+                    dir.display()
+                ),
+            )
+        })?;
+        live.add(tmp.path());
+        Ok(Staged {
             path: path.to_path_buf(),
-            tmp: temp_beside(path),
-            done: false,
-        }
+            tmp: Some(tmp),
+        })
     }
 
-    /// Where to write meanwhile.
-    pub(crate) fn tmp(&self) -> &Path {
-        &self.tmp
-    }
-
-    /// Renames the written file into place.
-    pub(crate) fn commit(mut self) -> wgvae::Result<()> {
-        self.done = true;
-        std::fs::rename(&self.tmp, &self.path).map_err(|source| {
-            let _ = std::fs::remove_file(&self.tmp);
-            Error::Io {
+    /// A buffered writer on the temporary file (its open handle: no path is
+    /// looked up again).
+    pub(crate) fn writer(&self) -> wgvae::Result<std::io::BufWriter<std::fs::File>> {
+        let file = self
+            .tmp
+            .as_ref()
+            .ok_or_else(|| Error::Internal("staged output already committed".into()))?
+            .as_file()
+            .try_clone()
+            .map_err(|source| Error::Io {
                 path: self.path.clone(),
                 source,
-            }
+            })?;
+        Ok(std::io::BufWriter::new(file))
+    }
+
+    /// Renames the written file into place (a link at `path` is replaced,
+    /// not followed).
+    pub(crate) fn commit(mut self) -> wgvae::Result<()> {
+        let Some(tmp) = self.tmp.take() else {
+            return Ok(());
+        };
+        let at = tmp.path().to_path_buf();
+        let done = tmp.persist(&self.path);
+        super::interrupt::forget(&at);
+        // A failed persist hands the file back; dropping it removes it.
+        done.map(drop).map_err(|e| Error::Io {
+            path: self.path.clone(),
+            source: e.error,
         })
     }
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
+        if let Some(tmp) = self.tmp.take() {
+            let at = tmp.path().to_path_buf();
+            drop(tmp);
+            super::interrupt::forget(&at);
         }
     }
 }
 
-/// The temporary name of `path` while it is written.
-fn temp_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    // Writers pick the format by extension: keep it last.
-    path.with_file_name(format!(".wgvae-{}-{name}", std::process::id()))
-}
-
-/// Writes `path` through `write` into a temporary file beside it, then
-/// renames it into place: readers never see a partial file, and a failure
-/// leaves what was there before.
+/// Writes `path` (`what`: its flag) through `write` into a temporary file
+/// beside it, then renames it into place: readers never see a partial file,
+/// and a failure leaves what was there before. `write` gets the file's
+/// writer and must name `path` in its errors.
 pub(crate) fn write_atomically(
     path: &Path,
-    write: impl FnOnce(&Path) -> wgvae::Result<()>,
+    what: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> wgvae::Result<()>,
 ) -> wgvae::Result<()> {
-    let tmp = temp_beside(path);
-    if let Err(e) = write(&tmp) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
+    let staged = Staged::new(path, what)?;
+    let mut out = staged.writer()?;
+    write(&mut out)?;
+    use std::io::Write;
+    out.flush().map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    drop(out);
+    staged.commit()
 }
 
 #[cfg(test)]
@@ -319,15 +343,15 @@ mod tests {
         let d = dir();
         let out = d.join("keep.png");
         std::fs::write(&out, b"good").unwrap();
-        let r = write_atomically(&out, |tmp| {
-            std::fs::write(tmp, b"half").unwrap();
+        let r = write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"half").unwrap();
             Err(Error::InvalidInput("disk full".into()))
         });
         assert!(r.is_err());
         assert_eq!(std::fs::read(&out).unwrap(), b"good");
-        write_atomically(&out, |tmp| {
-            std::fs::write(tmp, b"new").map_err(|source| Error::Io {
-                path: tmp.to_path_buf(),
+        write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"new").map_err(|source| Error::Io {
+                path: out.clone(),
                 source,
             })
         })
@@ -344,5 +368,27 @@ mod tests {
             })
             .count();
         assert_eq!(leftovers, 0);
+    }
+
+    /// A link planted at the output's name is replaced, not written through.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_output_is_replaced_not_followed() {
+        let d = dir();
+        let victim = d.join("victim.txt");
+        std::fs::write(&victim, b"victim").unwrap();
+        let out = d.join("linked.png");
+        let _ = std::fs::remove_file(&out);
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"new").map_err(|source| Error::Io {
+                path: out.clone(),
+                source,
+            })
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"victim");
+        assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
     }
 }
