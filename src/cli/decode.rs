@@ -12,7 +12,7 @@ mod video;
 
 use video::decode_video;
 
-use super::outputs::{check_dir, check_file, write_atomically, Inputs};
+use super::outputs::{check_dir, check_file, remove_old_frames, write_atomically, Inputs};
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
@@ -69,6 +69,11 @@ pub(crate) struct DecodeArgs {
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
     #[arg(long, value_name = "DIR")]
     frames_out: Option<PathBuf>,
+    /// With --frames-out DIR holding files: remove its frame_*.png (and video_*/frame_*.png)
+    /// from an earlier run before writing (other files stay). Without it, a non-empty DIR is
+    /// an error, so frames of two runs are never mixed.
+    #[arg(long)]
+    overwrite: bool,
     /// Frames per batched forward with --frames-out (default: the largest of at most
     /// ceil(N/4) that fits --max-memory and the device's limits); with a video
     /// decoder (TAEHV or Wan), latent frames per streamed chunk (default 1).
@@ -97,7 +102,7 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
     inputs.add(&a.latents);
     inputs.add_vae(&a.vae, a.config.as_deref());
     match &a.frames_out {
-        Some(dir) => check_dir(dir, "--frames-out", &inputs)?,
+        Some(dir) => check_dir(dir, "--frames-out", &inputs, a.overwrite)?,
         // `-o NAME` without an extension writes NAME.png; `-o DIR/` is no name.
         None if a.output.is_dir() || a.output.to_string_lossy().ends_with(['/', '\\']) => {
             return Err(wgvae::Error::BadFile {
@@ -125,6 +130,11 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae::Result<()> {
     let inputs = check_outputs(a)?;
     // Flags before any work: a typo should not cost a model load.
+    if a.overwrite && a.frames_out.is_none() {
+        return Err(wgvae::Error::InvalidInput(
+            "--overwrite applies to --frames-out DIR (other outputs are always replaced whole): add --frames-out or drop --overwrite".into(),
+        ));
+    }
     let policy: Policy = a.policy.parse()?;
     let tiling = a.tiles.tiling()?;
     let precision = a.dtype.parse()?;
@@ -301,6 +311,9 @@ fn decode_frames(
         path: dir.to_path_buf(),
         source,
     })?;
+    if a.overwrite {
+        remove_old_frames(dir)?;
+    }
     let opts = wgvae::FramesOptions {
         raw_latents: a.raw_latents,
         chunk: a.chunk,

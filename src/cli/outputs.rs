@@ -128,8 +128,15 @@ pub(crate) fn check_file(
 }
 
 /// Checks an output folder `dir` (created if missing): not a file, its
-/// parent exists, and it is no input.
-pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Result<()> {
+/// parent exists, and it is no input. An existing folder must be empty, or
+/// with `overwrite` its old frames are removed later ([`remove_old_frames`]):
+/// a run never mixes its frames with another run's.
+pub(crate) fn check_dir(
+    dir: &Path,
+    what: &str,
+    inputs: &Inputs,
+    overwrite: bool,
+) -> wgvae::Result<()> {
     if dir.exists() && !dir.is_dir() {
         return Err(bad(
             dir,
@@ -137,14 +144,75 @@ pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Resul
         ));
     }
     if !dir.exists() {
-        check_folder(dir, what)?;
-    } else if let Some(input) = inputs.same_as(dir) {
+        return check_folder(dir, what);
+    }
+    if let Some(input) = inputs.same_as(dir) {
         return Err(bad(
             dir,
             format!("{what} is the input `{}`", input.display()),
         ));
     }
-    Ok(())
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    if names.is_empty() || overwrite {
+        return check_folder(&dir.join("frame_00000.png"), what);
+    }
+    names.sort();
+    let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+    let more = match names.len() - shown.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Err(bad(
+        dir,
+        format!(
+            "{what}: the folder already holds {} entries ({}{more}); this run's frames would be mixed with them (an earlier, longer run's last frames would stay). Choose a new or empty folder, or pass --overwrite to remove its old frame_*.png first",
+            names.len(),
+            shown.join(", ")
+        ),
+    ))
+}
+
+/// `frame_<digits>.png`, as the frame writers name them.
+fn is_frame(name: &str) -> bool {
+    name.strip_prefix("frame_")
+        .and_then(|n| n.strip_suffix(".png"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `--overwrite`: removes the frames of an earlier run from `dir` (and from
+/// its `video_<v>/` folders, a batch's) before new ones are written; other
+/// files stay. Links are removed, never followed. Returns how many went.
+pub(crate) fn remove_old_frames(dir: &Path) -> wgvae::Result<usize> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut removed = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let kind = e.file_type().map_err(io(&path))?;
+        if is_frame(&name) && !kind.is_dir() {
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            removed += 1;
+        } else if kind.is_dir()
+            && name
+                .strip_prefix("video_")
+                .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        {
+            removed += remove_old_frames(&path)?;
+        }
+    }
+    Ok(removed)
 }
 
 /// The folder `path` goes in (`.` for a bare name).
@@ -331,11 +399,11 @@ mod tests {
         }
         let file = d.join("frames");
         std::fs::write(&file, b"").unwrap();
-        let err = check_dir(&file, "--frames-out", &inputs)
+        let err = check_dir(&file, "--frames-out", &inputs, false)
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a folder"), "{err}");
-        assert!(check_dir(&d.join("new_frames"), "--frames-out", &inputs).is_ok());
+        assert!(check_dir(&d.join("new_frames"), "--frames-out", &inputs, false).is_ok());
     }
 
     #[test]
@@ -368,6 +436,40 @@ mod tests {
             })
             .count();
         assert_eq!(leftovers, 0);
+    }
+
+    /// A folder holding another run's frames is refused, naming them; with
+    /// `--overwrite` its frames (and a batch's `video_N/` frames) go, other
+    /// files stay.
+    #[test]
+    fn old_frames_are_refused_or_removed() {
+        let d = dir().join("old_frames");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("video_1")).unwrap();
+        for i in 0..20 {
+            std::fs::write(d.join(format!("frame_{i:05}.png")), b"old").unwrap();
+        }
+        std::fs::write(d.join("video_1/frame_00003.png"), b"old").unwrap();
+        std::fs::write(d.join("notes.txt"), b"keep").unwrap();
+        let inputs = Inputs::default();
+        let err = check_dir(&d, "--frames-out", &inputs, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("22 entries")
+                && err.contains("frame_00000.png")
+                && err.contains("--overwrite"),
+            "{err}"
+        );
+        check_dir(&d, "--frames-out", &inputs, true).unwrap();
+        assert_eq!(remove_old_frames(&d).unwrap(), 21);
+        let mut left: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["notes.txt", "video_1"]);
+        assert!(is_frame("frame_00012.png") && !is_frame("frame_.png") && !is_frame("frame_1.jpg"));
     }
 
     /// A link planted at the output's name is replaced, not written through.

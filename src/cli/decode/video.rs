@@ -22,8 +22,8 @@ use wgvae::video::VideoVae;
 use wgvae::y4m::{FrameRate, Y4mWriter};
 use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
 
-use super::super::outputs::{check_file, write_atomically, Inputs, Staged};
 use super::super::interrupt;
+use super::super::outputs::{check_file, remove_old_frames, write_atomically, Inputs, Staged};
 use super::super::progress::frame_bar;
 use super::super::{device, mib};
 use super::{write_memory_snapshot, DecodeArgs};
@@ -331,6 +331,9 @@ pub(crate) fn decode_video(
         };
         let npy = NpyStream::new(staged.writer()?, p, &shape)?;
         sinks.npy = Some((staged, npy));
+    }
+    if let (Some(d), true) = (&a.frames_out, a.overwrite) {
+        remove_old_frames(d)?;
     }
     let frame = c * h * w;
     let start = std::time::Instant::now();
