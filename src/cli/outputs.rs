@@ -26,10 +26,20 @@ fn bad(path: &Path, message: String) -> Error {
 pub(crate) struct Inputs(Vec<(PathBuf, (u64, u64))>);
 
 impl Inputs {
-    /// Adds `path` (a file, or every file directly in a folder) if it exists.
+    /// Adds `path` (a file, or the files a model folder's loader reads:
+    /// configs and weights directly in it) if it exists. Other files in a
+    /// `--vae` folder (an earlier run's `--save-raw`) are outputs like any.
     pub(crate) fn add(&mut self, path: &Path) {
+        const READ: &[&str] = &["json", "safetensors", "bin", "ckpt", "pt", "pth"];
         let files = match std::fs::read_dir(path) {
-            Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Ok(dir) => dir
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| READ.contains(&e.to_ascii_lowercase().as_str()))
+                })
+                .collect(),
             Err(_) => vec![path.to_path_buf()],
         };
         for f in files {
@@ -386,6 +396,21 @@ mod tests {
             &["json"],
             &beside,
         );
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("same file as the input"));
+        // A new (or earlier output) file in a --vae folder is no input; its weights are.
+        let folder = d.join("vae_folder");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("diffusion_pytorch_model.safetensors"), b"w").unwrap();
+        std::fs::write(folder.join("old_raw.npy"), b"r").unwrap();
+        let mut vae = Inputs::default();
+        vae.add_vae(folder.to_str().unwrap(), None);
+        assert!(check_file(&folder.join("old_raw.npy"), "--save-raw", &["npy"], &vae).is_ok());
+        assert!(check_file(&folder.join("new.npy"), "--save-raw", &["npy"], &vae).is_ok());
+        let weights = folder.join("diffusion_pytorch_model.safetensors");
+        let err = check_file(&weights, "-o", &["safetensors"], &vae);
         assert!(err
             .unwrap_err()
             .to_string()
