@@ -140,19 +140,18 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
     let is_video = wgvae::video::is_video_vae(&a.vae);
+    // Video-only flags on what is not a video decoder: refused once the
+    // model has loaded as an image VAE (a damaged or unknown file gets its
+    // own error first).
+    let video_only = [
+        ("--video-out", a.video_out.is_some()),
+        ("--layout", a.layout.is_some()),
+        ("--fps", a.fps != "16"),
+    ]
+    .into_iter()
+    .find(|(_, given)| *given)
+    .map(|(flag, _)| flag);
     if !is_video {
-        // Video-only flags on an image VAE.
-        let video_only = [
-            ("--video-out", a.video_out.is_some()),
-            ("--layout", a.layout.is_some()),
-            ("--fps", a.fps != "16"),
-        ];
-        if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
-            return Err(wgvae::Error::InvalidInput(format!(
-                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE: write its frames with --frames-out DIR",
-                a.vae
-            )));
-        }
         if a.chunk.is_some() && a.frames_out.is_none() {
             return Err(wgvae::Error::InvalidInput(
                 "--chunk sets the frames per batched forward of --frames-out DIR: add --frames-out"
@@ -194,6 +193,12 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         precision,
     };
     let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if let Some(flag) = video_only {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE ({}): write its frames with --frames-out DIR",
+            a.vae, vae.name
+        )));
+    }
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
