@@ -84,7 +84,8 @@ pub(crate) struct DecodeArgs {
     /// writes OUT_0.y4m, OUT_1.y4m, ….
     #[arg(long, value_name = "OUT.y4m")]
     video_out: Option<PathBuf>,
-    /// Frame rate in the --video-out header: 16 (Wan's), 24, 23.976 or 30000/1001.
+    /// Frame rate in the --video-out header, 0.001 to 10000 fps: 16 (Wan's), 24, 12.5, a ratio
+    /// (24000/1001), or an NTSC rate as a decimal (23.976, 29.97, 59.94 → N·1000/1001).
     #[arg(long, default_value = "16", value_name = "RATE")]
     fps: String,
     /// Axis order of 5-D video latents: ntchw (N×T×C×h×w) or ncthw (N×C×T×h×w).
