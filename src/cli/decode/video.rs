@@ -441,6 +441,10 @@ pub(crate) fn decode_video(
                 "video_fps": rate.fps(),
                 "video_chroma": chroma_name,
                 "raw": a.save_raw,
+                "latents_stats_note": match &loaded {
+                    VideoVae::Wan(d) => d.latents_stats_note.clone(),
+                    VideoVae::Taehv(_) => None,
+                },
             })
         );
     } else {
