@@ -1,7 +1,7 @@
 //! What the `wgvae` binary writes, and where (issue #32): links planted at
 //! every name it could use are never written through, an interrupted run
-//! leaves no temporary file and exits 130 / 143, and `--frames-out` never
-//! mixes two runs' frames.
+//! leaves no temporary file and exits 130 / 143, `--frames-out` never
+//! mixes two runs' frames; and its messages blame the right thing.
 
 #![cfg(unix)]
 
@@ -134,6 +134,8 @@ fn planted_links_are_never_written_through() {
             s(&vframes).into(),
             "--chunk".into(),
             "3".into(),
+            "--fps".into(),
+            "23.976".into(),
         ],
         vec![
             "encode".into(),
@@ -190,7 +192,14 @@ fn planted_links_are_never_written_through() {
         assert!(m.file_type().is_file() && m.len() > 0, "{n}: {m:?}");
     }
     assert_eq!(wgvae::io::read_npy(&o("lat.npy")).unwrap().shape.len(), 4);
-    assert!(wgvae::y4m::parse_y4m(&std::fs::read(o("v.y4m")).unwrap()).is_ok());
+    let y4m = wgvae::y4m::parse_y4m(&std::fs::read(o("v.y4m")).unwrap()).unwrap();
+    assert_eq!(
+        y4m.rate,
+        wgvae::y4m::FrameRate {
+            num: 24000,
+            den: 1001
+        }
+    );
     for d in [&frames, &vframes] {
         assert!(d.join("frame_00001.png").is_file(), "{}", d.display());
         assert!(temporaries(d).is_empty(), "{:?}", temporaries(d));
@@ -377,4 +386,120 @@ fn frames_out_into_an_earlier_runs_folder() {
     let (code, _, err) = wgvae(&[&image[..4], &["--overwrite"]].concat());
     assert_eq!(code, Some(1), "{err}");
     assert!(err.contains("--overwrite applies to --frames-out"), "{err}");
+}
+
+/// Damaged models with video-only flags, bad Wan configs, bad rates, and
+/// inputs given to the wrong encoder: each error names the real problem.
+#[test]
+fn messages_blame_the_right_thing() {
+    let Some(shared) = shared_dir() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let taehv = shared.join("golden/taew2_1-rand");
+    let latents = taehv.join("latents.npy");
+    let y4m = root.path().join("v.y4m");
+    let truncated = root.path().join("truncated.safetensors");
+    let bytes = std::fs::read(taehv.join("taew2_1.safetensors")).unwrap();
+    std::fs::write(&truncated, &bytes[..100]).unwrap();
+    let huge = root.path().join("huge.safetensors");
+    std::fs::write(&huge, [&(1u64 << 63).to_le_bytes()[..], b"{}"].concat()).unwrap();
+    for (vae, want) in [
+        (s(&truncated), "safetensors"),
+        (s(&huge), "safetensors"),
+        ("/dev/zero", "not a regular file"),
+    ] {
+        let (code, _, err) = wgvae(&["decode", s(&latents), "--vae", vae, "--video-out", s(&y4m)]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(want) && !err.contains("image VAE"),
+            "{vae}: {err}"
+        );
+    }
+    // A Wan folder whose config.json is wrong: named, field by field.
+    let wan = root.path().join("wan");
+    std::fs::create_dir_all(&wan).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    std::os::unix::fs::symlink(
+        shared.join("golden/wan21-tiny").join(weights),
+        wan.join(weights),
+    )
+    .unwrap();
+    let wan_latents = shared.join("golden/wan21-tiny/latents.npy");
+    for (config, want) in [
+        (
+            r#"{"_class_name": "AutoencoderKLWan", "z_dim": -16}"#,
+            "`z_dim` is -16",
+        ),
+        (
+            r#"{"_class_name": "AutoencoderKLWan", "z_dim": 0}"#,
+            "`z_dim` is 0",
+        ),
+        (
+            r#"{"_class_name": "AutoencoderKLWan", "base_dim": 0}"#,
+            "`base_dim` is 0",
+        ),
+        (
+            r#"{"_class_name": "AutoencoderKLWan", "dim_mult": [1, 0, 4, 4]}"#,
+            "`dim_mult[1]` is 0",
+        ),
+        (
+            r#"{"z_dim": 16, "base_dim": 16, "num_res_blocks": 99}"#,
+            "`num_res_blocks` is 99",
+        ),
+    ] {
+        std::fs::write(wan.join("config.json"), config).unwrap();
+        let (code, _, err) = wgvae(&[
+            "decode",
+            s(&wan_latents),
+            "--vae",
+            s(&wan),
+            "--video-out",
+            s(&y4m),
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(
+            err.contains(want) && err.contains("config.json"),
+            "{config}: {err}"
+        );
+    }
+    let vae = taehv.join("taew2_1.safetensors");
+    for fps in ["1e30", "4294967296", "2.5e-10"] {
+        let (code, _, err) = wgvae(&[
+            "decode",
+            s(&latents),
+            "--vae",
+            s(&vae),
+            "--video-out",
+            s(&y4m),
+            "--fps",
+            fps,
+        ]);
+        assert_eq!(code, Some(1), "{err}");
+        assert!(err.contains("from 0.001 to 10000"), "{fps}: {err}");
+    }
+    // Inputs given to the wrong encoder.
+    let out = root.path().join("lat.npy");
+    let png = shared.join("golden/aekl-tiny-sd/encode_input.png");
+    let (code, _, err) = wgvae(&["encode", s(&png), "--vae", s(&vae), "-o", s(&out)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("TAEHV video VAE") && err.contains(".npy"),
+        "{err}"
+    );
+    let sd = shared.join("golden/aekl-tiny-sd");
+    let (code, _, err) = wgvae(&["encode", s(&latents), "--vae", s(&sd), "-o", s(&out)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("image encoder") && err.contains("PNG"),
+        "{err}"
+    );
+    // Video frames in 0–255: the range found and the fix.
+    let frames = root.path().join("frames255.npy");
+    let values: Vec<f32> = (0..4 * 3 * 16 * 16).map(|i| (i % 256) as f32).collect();
+    wgvae::io::write_npy(&frames, &[1, 4, 3, 16, 16], &values).unwrap();
+    let (code, _, err) = wgvae(&["encode", s(&frames), "--vae", s(&vae), "-o", s(&out)]);
+    assert_eq!(code, Some(1), "{err}");
+    assert!(
+        err.contains("from 0 to 255") && err.contains("divide them by 255"),
+        "{err}"
+    );
 }

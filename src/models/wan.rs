@@ -99,7 +99,16 @@ impl WanConfig {
     /// file's, a note saying which are used.
     fn from_file_noting(path: &Path) -> Result<(Self, Option<String>)> {
         let text = crate::io::read_text_file(path)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
+        Self::from_json_noting(&text, path)
+    }
+
+    /// [`WanConfig::from_file`] of the text `text` (`path` names it in errors).
+    pub fn from_json(text: &str, path: &Path) -> Result<Self> {
+        Self::from_json_noting(text, path).map(|(c, _)| c)
+    }
+
+    pub(crate) fn from_json_noting(text: &str, path: &Path) -> Result<(Self, Option<String>)> {
+        let v: serde_json::Value = serde_json::from_str(text)
             .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
         if !v.is_object() {
             return Err(bad(
