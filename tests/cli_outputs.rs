@@ -191,7 +191,9 @@ fn planted_links_are_never_written_through() {
         let m = std::fs::symlink_metadata(o(n)).unwrap();
         assert!(m.file_type().is_file() && m.len() > 0, "{n}: {m:?}");
     }
-    assert_eq!(wgvae::io::read_npy(&o("lat.npy")).unwrap().shape.len(), 4);
+    let npy = wgvae::io::read_npy(&o("lat.npy")).unwrap();
+    let st = wgvae::io::read_safetensors_tensor(&o("lat.safetensors"), Some("latents")).unwrap();
+    assert_eq!((npy.shape.len(), &st.shape), (4, &npy.shape));
     let y4m = wgvae::y4m::parse_y4m(&std::fs::read(o("v.y4m")).unwrap()).unwrap();
     assert_eq!(
         y4m.rate,
