@@ -505,3 +505,80 @@ fn messages_blame_the_right_thing() {
         "{err}"
     );
 }
+
+/// `Context::with_cancel`: a set flag stops exact and fast tiled decodes at
+/// their first tile, with an error; unset, the same context decodes.
+#[test]
+fn a_cancel_flag_stops_tiled_decodes() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd-tiled");
+    let flag = Arc::new(AtomicBool::new(false));
+    let ctx = wgvae::testing::test_context().with_cancel(flag.clone());
+    let vae = wgvae::Vae::load(&ctx, s(&dir), &wgvae::LoadOptions::default()).unwrap();
+    let z = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
+    let decode = |tiling: wgvae::tiling::Tiling| {
+        let opts = wgvae::DecodeOptions {
+            tiling,
+            ..Default::default()
+        };
+        wgvae::decode(&ctx, &vae, &z, &opts).map(|_| ())
+    };
+    let tilings = || {
+        [
+            wgvae::tiling::Tiling::exact().with_tile_size(128),
+            wgvae::tiling::Tiling::fast().with_tile_size(128),
+        ]
+    };
+    flag.store(true, Ordering::SeqCst);
+    for t in tilings() {
+        let e = decode(t.clone()).unwrap_err().to_string();
+        assert!(e.contains("with_cancel"), "{t:?}: {e}");
+    }
+    flag.store(false, Ordering::SeqCst);
+    decode(tilings()[0].clone()).unwrap();
+}
+
+/// SIGINT during an exact tiled image decode (no chunks: the library's
+/// cancel flag, checked per tile step): exit 130, no output, no temporary file.
+#[test]
+fn sigint_mid_tiled_decode_exits_130() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/aekl-tiny-sd-tiled");
+    let root = tempfile::tempdir().unwrap();
+    let out = root.path().join("t.png");
+    let mut child = command(&[
+        "decode",
+        s(&dir.join("latents.npy")),
+        "--vae",
+        s(&dir),
+        "--tile",
+        "exact",
+        "--tile-size",
+        "64",
+        "-o",
+        s(&out),
+    ])
+    .stdout(Stdio::null())
+    .stderr(Stdio::piped())
+    .spawn()
+    .unwrap();
+    std::thread::sleep(Duration::from_millis(1500));
+    if child.try_wait().unwrap().is_some() {
+        eprintln!("the decode ended before it could be interrupted");
+        return;
+    }
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok);
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{err}");
+    assert!(temporaries(root.path()).is_empty(), "{err}");
+    // Signalled a third of the way into a lavapipe decode: nothing written.
+    assert!(!out.exists(), "{err}");
+}

@@ -4,10 +4,20 @@
 //! after removing the temporary files still registered here ([`Live`]).
 
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicI32, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
+use std::sync::Arc;
 
 /// The first signal received (0: none).
 static SIGNAL: AtomicI32 = AtomicI32::new(0);
+
+/// Set with [`SIGNAL`]: the library's tiled runs stop at their next tile
+/// (`Context::with_cancel`).
+static STOP: std::sync::OnceLock<Arc<AtomicBool>> = std::sync::OnceLock::new();
+
+/// The flag a signal sets, for `Context::with_cancel`.
+pub(crate) fn flag() -> Arc<AtomicBool> {
+    STOP.get_or_init(Arc::default).clone()
+}
 
 /// Temporary files that exist now. A process-wide list because the signal
 /// thread must find them whatever the run is doing.
@@ -39,8 +49,9 @@ pub(crate) fn install() {
                     }
                     std::process::exit(128 + sig);
                 }
+                flag().store(true, Ordering::SeqCst);
                 eprintln!(
-                    "wgvae: {} received: stopping after the current chunk (send it again to stop now)",
+                    "wgvae: {} received: stopping after the current chunk or tile (send it again to stop now)",
                     name(sig)
                 );
             }
