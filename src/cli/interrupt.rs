@@ -1,7 +1,8 @@
-//! SIGINT / SIGTERM. The first asks the run to stop at its next chunk or
-//! frame ([`check`]); unwinding drops the staged outputs, which remove their
-//! temporary files, and `main` exits 130 / 143. A second signal exits at once
-//! after removing the temporary files still registered here ([`Live`]).
+//! SIGINT / SIGTERM. The first asks the run to stop at its next chunk,
+//! frame ([`check`]) or tile ([`flag`], `Context::with_cancel`); unwinding
+//! drops the staged outputs, which remove their temporary files, and `main`
+//! exits 130 / 143. A second signal exits at once after removing the
+//! temporary files still registered here ([`Live`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
