@@ -463,6 +463,23 @@ fn messages_blame_the_right_thing() {
             "{config}: {err}"
         );
     }
+    // A new --save-raw inside the --vae folder is an output, not an input:
+    // written, then replaced by a second run.
+    let config = std::fs::read(shared.join("golden/wan21-tiny/config.json")).unwrap();
+    std::fs::write(wan.join("config.json"), config).unwrap();
+    for run in 0..2 {
+        let raw = wan.join("raw.npy");
+        let (code, _, err) = wgvae(&[
+            "decode",
+            s(&wan_latents),
+            "--vae",
+            s(&wan),
+            "--save-raw",
+            s(&raw),
+        ]);
+        assert_eq!(code, Some(0), "run {run}: {err}");
+        assert_eq!(wgvae::io::read_npy(&raw).unwrap().shape.len(), 5);
+    }
     let vae = taehv.join("taew2_1.safetensors");
     for fps in ["1e30", "4294967296", "2.5e-10"] {
         let (code, _, err) = wgvae(&[
