@@ -10,7 +10,7 @@ cd "$(dirname "$0")"
 RUNS=${RUNS:-1000000}
 FLAGS="-O -s none --debug-assertions"
 mkdir -p logs
-for t in ${TARGETS:-fuzz_npy fuzz_config fuzz_safetensors fuzz_layout fuzz_png}; do
+for t in ${TARGETS:-fuzz_npy fuzz_config fuzz_safetensors fuzz_layout fuzz_png fuzz_wan_config}; do
     start=$(date +%s)
     cargo +nightly fuzz run $t $FLAGS -- -runs=$RUNS -rss_limit_mb=2048 -timeout=10 -print_final_stats=1 > logs/$t.log 2>&1
     echo "$t: $RUNS runs in $(( $(date +%s) - start )) s" | tee -a logs/$t.log

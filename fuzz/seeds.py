@@ -129,6 +129,16 @@ out("fuzz_config", "bad-groups", b'{"block_out_channels": [32, 48], "norm_num_gr
 out("fuzz_config", "huge", b'{"block_out_channels": [1e30], "layers_per_block": 18446744073709551615}')
 out("fuzz_config", "not-object", b'[1, 2, 3]')
 
+wan = {"_class_name": "AutoencoderKLWan", "base_dim": 96, "z_dim": 16, "dim_mult": [1, 2, 4, 4],
+       "num_res_blocks": 2, "temperal_downsample": [False, True, True],
+       "latents_mean": [0.0] * 16, "latents_std": [1.0] * 16}
+out("fuzz_wan_config", "wan21", json.dumps(wan, indent=2).encode())
+out("fuzz_wan_config", "no-stats", json.dumps({k: v for k, v in wan.items() if not k.startswith("latents")}).encode())
+out("fuzz_wan_config", "z8-no-class", b'{"z_dim": 8, "base_dim": 16, "dim_mult": [1, 2], "temperal_downsample": [true]}')
+out("fuzz_wan_config", "bad-fields", b'{"z_dim": -16, "base_dim": 0, "dim_mult": [1, 0], "num_res_blocks": 1e12}')
+out("fuzz_wan_config", "wan22", b'{"_class_name": "AutoencoderKLWan", "is_residual": true, "patch_size": 2}')
+out("fuzz_wan_config", "empty", b'{}')
+
 def png(w, h, color, depth, rows, plte=None, interlace=0):
     def chunk(k, d):
         return struct.pack(">I", len(d)) + k + d + struct.pack(">I", zlib.crc32(k + d))

@@ -409,6 +409,7 @@ fn decode_fast(
         log::warn!("profiling needs TIMESTAMP_QUERY_INSIDE_PASSES, which this adapter lacks");
     }
     let mut image = run_fast(z, &grid, opts.progress.as_ref(), |zt| {
+        ctx.check_cancel()?;
         let replay = decode_replay(ctx, vae, &zt.shape)?;
         let run = run_untiled(
             ctx,

@@ -265,6 +265,7 @@ fn encode_fast(
     ctx.pool().reset_peak_stats();
     let mut overflows = 0;
     let image = run_fast(x, &grid, progress, |xt| {
+        ctx.check_cancel()?;
         let replay = job.replay(ctx, xt)?;
         let run = run_untiled(
             ctx,

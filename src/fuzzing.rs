@@ -75,6 +75,7 @@ pub const TARGETS: &[(&str, Harness)] = &[
     ("fuzz_config", config),
     ("fuzz_layout", layout),
     ("fuzz_png", png),
+    ("fuzz_wan_config", wan_config),
 ];
 
 /// A loader's error must name the file (`origin`), whatever went wrong.
@@ -137,6 +138,37 @@ pub fn config(data: &[u8]) {
     ) {
         // Validated: these must not overflow.
         let _ = (c.upscale(), c.shift(), c.is_f16_safe());
+    }
+}
+
+/// A Wan `config.json`: every error names the file; an accepted config is
+/// one a decoder can be built from (stages and flags agree, widths bounded,
+/// latent statistics one per channel or none).
+pub fn wan_config(data: &[u8]) {
+    let Ok(text) = std::str::from_utf8(data) else {
+        return;
+    };
+    let origin = "fuzz/wan/config.json";
+    match crate::models::WanConfig::from_json_noting(text, Path::new(origin)) {
+        Ok((c, note)) => {
+            let stages = c.dim_mult.len();
+            assert!((1..=8).contains(&stages) && c.temperal_downsample.len() + 1 == stages);
+            assert!((1..=1024).contains(&c.z_dim) && c.num_res_blocks >= 1);
+            let widest = c.dim_mult.iter().max().copied().unwrap_or(0) * c.base_dim;
+            assert!((1..=16384).contains(&widest), "{c:?}");
+            for stats in [&c.latents_mean, &c.latents_std] {
+                assert!(stats.is_empty() || stats.len() == c.z_dim, "{c:?}");
+            }
+            // Statistics not given are said so.
+            assert_eq!(
+                c.latents_mean.is_empty(),
+                note.as_ref().is_some_and(|n| n.contains("only raw"))
+            );
+        }
+        Err(e) => {
+            let m = e.to_string();
+            assert!(m.contains(origin), "error does not name {origin}: {m}");
+        }
     }
 }
 

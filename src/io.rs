@@ -245,16 +245,30 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
 
 /// Writes f32 values as a `.npy` array.
 pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
+    let file = std::fs::File::create(path).map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    write_npy_to(std::io::BufWriter::new(file), path, shape, data)
+}
+
+/// Writes f32 values as a `.npy` array into `out` (`path` names it in
+/// errors: a caller writing a temporary file names the file it stands for).
+pub fn write_npy_to(
+    out: impl std::io::Write,
+    path: &Path,
+    shape: &[usize],
+    data: &[f32],
+) -> Result<()> {
     let io_err = |source| Error::Io {
         path: path.to_path_buf(),
         source,
     };
-    let file = std::fs::File::create(path).map_err(io_err)?;
     use npyz::WriterBuilder;
     let mut w = npyz::WriteOptions::<f32>::new()
         .default_dtype()
         .shape(&shape.iter().map(|&d| d as u64).collect::<Vec<_>>())
-        .writer(std::io::BufWriter::new(file))
+        .writer(out)
         .begin_nd()
         .map_err(io_err)?;
     w.extend(data.iter().copied()).map_err(io_err)?;
@@ -438,6 +452,31 @@ pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
     }
 }
 
+/// Writes latents into `out` in the format `path`'s extension names (see
+/// [`write_latents`]; `path` names `out` in errors).
+pub fn write_latents_to(mut out: impl std::io::Write, path: &Path, t: &HostTensor) -> Result<()> {
+    match latent_format(path)? {
+        LatentFormat::Npy => write_npy_to(out, path, &t.shape, &t.data),
+        LatentFormat::Safetensors => {
+            let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+            let view = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                t.shape.clone(),
+                bytes,
+            )
+            .map_err(|e| bad(path, e.to_string()))?;
+            let all = safetensors::serialize(vec![("latents", view)], None)
+                .map_err(|e| bad(path, e.to_string()))?;
+            out.write_all(&all)
+                .and_then(|()| out.flush())
+                .map_err(|source| Error::Io {
+                    path: path.to_path_buf(),
+                    source,
+                })
+        }
+    }
+}
+
 /// Converts one safetensors tensor view to f32.
 pub fn view_to_f32(
     view: &safetensors::tensor::TensorView<'_>,
@@ -602,6 +641,33 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
         image::ExtendedColorType::Rgb8,
     )
     .map_err(|e| bad(path, format!("could not write PNG: {e}")))
+}
+
+/// [`write_png_rgb`] into `out` (`path` names it in errors).
+pub fn write_png_rgb_to(
+    mut out: impl std::io::Write,
+    path: &Path,
+    width: usize,
+    height: usize,
+    rgba: &[u8],
+) -> Result<()> {
+    use image::ImageEncoder;
+    let rgb: Vec<u8> = rgba
+        .chunks_exact(4)
+        .flat_map(|p| p.iter().take(3).copied())
+        .collect();
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(
+            &rgb,
+            width as u32,
+            height as u32,
+            image::ExtendedColorType::Rgb8,
+        )
+        .map_err(|e| bad(path, format!("could not write PNG: {e}")))?;
+    out.flush().map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })
 }
 
 /// Reads an image as [1, 3, H, W] pixel values 0–255 (alpha dropped).

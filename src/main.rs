@@ -9,7 +9,16 @@ use clap::Parser;
 fn main() -> ExitCode {
     quiet_headless_vulkan();
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).init();
-    match cli::run(&cli::Cli::parse()) {
+    let args = cli::Cli::parse();
+    cli::interrupt::install();
+    let result = cli::run(&args);
+    // An interrupted run exits 128 + signal whatever it returned; its
+    // temporary files are gone (dropped on the way out).
+    if let Some((code, name)) = cli::interrupt::exit_code() {
+        eprintln!("wgvae: stopped by {name}; no temporary file left");
+        return ExitCode::from(code);
+    }
+    match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("error: {}", cli::in_cli_terms(&e.to_string()));

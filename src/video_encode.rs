@@ -170,6 +170,7 @@ impl<'a> VideoEncoder<'a> {
                 "frames hold {v} at flat index {i}: video frames must be finite"
             )));
         }
+        check_range(&chunk.data)?;
         Ok([t, c, h, w])
     }
 
@@ -294,10 +295,53 @@ pub fn encode_video(
     HostTensor::new(shape, data)
 }
 
+/// Float error tolerated outside [0, 1] (a frame converted from 8-bit).
+const RANGE_SLACK: f32 = 1e-5;
+
+/// Finite frame values must lie in [0, 1]: values in 0–255 or [−1, 1]
+/// would encode without a word into latents of another picture.
+fn check_range(values: &[f32]) -> Result<()> {
+    let (lo, hi) = values
+        .iter()
+        .fold((f32::INFINITY, f32::NEG_INFINITY), |(lo, hi), &v| {
+            (lo.min(v), hi.max(v))
+        });
+    if values.is_empty() || (lo >= -RANGE_SLACK && hi <= 1.0 + RANGE_SLACK) {
+        return Ok(());
+    }
+    let fix = if lo >= 0.0 && hi <= 255.0 {
+        "they look like 8-bit pixel values (0–255): divide them by 255"
+    } else if lo >= -1.0 - RANGE_SLACK && hi <= 1.0 + RANGE_SLACK {
+        "they look like [−1, 1] (a diffusion pipeline's range): map them with (x + 1) / 2"
+    } else {
+        "rescale or clip them to [0, 1]"
+    };
+    Err(Error::InvalidInput(format!(
+        "video frames must hold values in [0, 1]; these range from {lo} to {hi}: {fix}"
+    )))
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn frame_values_outside_0_1_are_named_with_the_fix() {
+        assert!(check_range(&[0.0, 0.5, 1.0]).is_ok());
+        let e = check_range(&[0.0, 12.0, 255.0]).unwrap_err().to_string();
+        assert!(
+            e.contains("from 0 to 255") && e.contains("divide them by 255"),
+            "{e}"
+        );
+        let e = check_range(&[-1.0, 0.0, 0.9]).unwrap_err().to_string();
+        assert!(
+            e.contains("from -1 to 0.9") && e.contains("(x + 1) / 2"),
+            "{e}"
+        );
+        let e = check_range(&[-3.0, 400.0]).unwrap_err().to_string();
+        assert!(e.contains("rescale or clip"), "{e}");
+    }
 
     #[test]
     fn pixel_unshuffle_matches_pytorch_order() {

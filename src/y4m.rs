@@ -65,48 +65,63 @@ impl FrameRate {
     }
 }
 
+/// The frame rates a `.y4m` header may carry, in frames per second.
+pub const FPS_RANGE: (f64, f64) = (0.001, 10_000.0);
+
 impl std::str::FromStr for FrameRate {
     type Err = Error;
-    /// `16`, `23.976` (to 1/1000) or `30000/1001`.
+    /// `16`, `12.5` (to 1/1000), `30000/1001`, or the NTSC rates written as
+    /// decimals (`23.976`, `29.97`, `59.94`: N·1000/1001 to 0.005 fps).
     fn from_str(s: &str) -> Result<Self> {
-        let bad = || {
+        let (lo, hi) = FPS_RANGE;
+        let bad = |why: &str| {
             Error::InvalidInput(format!(
-                "frame rate `{s}`: give a positive number of frames per second (16, 23.976 or 30000/1001)"
+                "frame rate `{s}`: {why}; give frames per second from {lo} to {hi} as a number (16, 12.5, 23.976, 29.97) or a ratio (24000/1001)"
             ))
         };
-        let (num, den) = match s.split_once('/') {
-            Some((n, d)) => (
-                n.trim().parse::<u32>().map_err(|_| bad())?,
-                d.trim().parse::<u32>().map_err(|_| bad())?,
-            ),
+        let (num, den): (u64, u64) = match s.split_once('/') {
+            Some((n, d)) => {
+                let int = |x: &str| {
+                    x.trim()
+                        .parse::<u64>()
+                        .map_err(|_| bad(&format!("`{}` is not a whole number", x.trim())))
+                };
+                (int(n)?, int(d)?)
+            }
             None => {
-                let f: f64 = s.trim().parse().map_err(|_| bad())?;
-                if !(f.is_finite() && f > 0.0 && f <= 1e6) {
-                    return Err(bad());
+                let f: f64 = s.trim().parse().map_err(|_| bad("not a number"))?;
+                if !(f.is_finite() && (lo..=hi).contains(&f)) {
+                    return Err(bad("out of range"));
                 }
-                let milli = (f * 1000.0).round();
-                if milli < 1.0 {
-                    return Err(bad());
+                let ntsc = (f * 1.001).round();
+                if ntsc >= 1.0 && f.fract() != 0.0 && (f - ntsc / 1.001).abs() < 0.005 {
+                    (ntsc as u64 * 1000, 1001)
+                } else {
+                    ((f * 1000.0).round() as u64, 1000)
                 }
-                (milli as u32, 1000)
             }
         };
-        if num == 0 || den == 0 {
-            return Err(bad());
+        if den == 0 {
+            return Err(bad("the denominator is 0"));
         }
-        let g = gcd(num, den);
-        Ok(FrameRate {
-            num: num / g,
-            den: den / g,
-        })
+        let fps = num as f64 / den as f64;
+        if !(lo..=hi).contains(&fps) {
+            return Err(bad("out of range"));
+        }
+        let g = gcd64(num, den);
+        let (num, den) = (num / g, den / g);
+        match (u32::try_from(num), u32::try_from(den)) {
+            (Ok(num), Ok(den)) => Ok(FrameRate { num, den }),
+            _ => Err(bad("its numerator or denominator exceeds 4294967295")),
+        }
     }
 }
 
-fn gcd(a: u32, b: u32) -> u32 {
+fn gcd64(a: u64, b: u64) -> u64 {
     if b == 0 {
         a
     } else {
-        gcd(b, a % b)
+        gcd64(b, a % b)
     }
 }
 
@@ -459,13 +474,31 @@ mod tests {
         assert_eq!(&bytes[start + 9..start + 15], &[128; 6]);
         let r = |s: &str| s.parse::<FrameRate>();
         assert_eq!(r("16").unwrap(), FrameRate { num: 16, den: 1 });
-        assert_eq!(
-            r("23.976").unwrap(),
-            FrameRate {
-                num: 2997,
-                den: 125
-            }
-        );
+        let rate = |num, den| FrameRate { num, den };
+        for (given, want) in [
+            ("23.976", rate(24000, 1001)),
+            ("29.97", rate(30000, 1001)),
+            ("59.94", rate(60000, 1001)),
+            ("24000/1001", rate(24000, 1001)),
+            ("12.5", rate(25, 2)),
+            ("24", rate(24, 1)),
+            ("48/2", rate(24, 1)),
+            ("0.001", rate(1, 1000)),
+            ("10000", rate(10000, 1)),
+        ] {
+            assert_eq!(r(given).unwrap(), want, "{given}");
+        }
+        for out in [
+            "1e30",
+            "4294967296",
+            "2.5e-10",
+            "10001",
+            "1/1001",
+            "4294967296/1",
+        ] {
+            let e = r(out).unwrap_err().to_string();
+            assert!(e.contains(out) && e.contains("from 0.001 to 10000"), "{e}");
+        }
         assert_eq!(
             r("30000/1001").unwrap(),
             FrameRate {
@@ -473,7 +506,7 @@ mod tests {
                 den: 1001
             }
         );
-        for bad in ["0", "-3", "x", "1/0", "nan", "inf"] {
+        for bad in ["0", "-3", "x", "1/0", "nan", "inf", "-1/2", "1.5/2"] {
             assert!(r(bad).is_err(), "{bad}");
         }
         let mut w = Y4mWriter::new(

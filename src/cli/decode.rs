@@ -12,7 +12,7 @@ mod video;
 
 use video::decode_video;
 
-use super::outputs::{check_dir, check_file, write_atomically, Inputs};
+use super::outputs::{check_dir, check_file, remove_old_frames, write_atomically, Inputs};
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
@@ -69,6 +69,11 @@ pub(crate) struct DecodeArgs {
     /// double-buffered readback and write DIR/frame_00000.png, … (DIR is created).
     #[arg(long, value_name = "DIR")]
     frames_out: Option<PathBuf>,
+    /// With --frames-out DIR holding files: remove its frame_*.png (and video_*/frame_*.png)
+    /// from an earlier run before writing (other files stay). Without it, a non-empty DIR is
+    /// an error, so frames of two runs are never mixed.
+    #[arg(long)]
+    overwrite: bool,
     /// Frames per batched forward with --frames-out (default: the largest of at most
     /// ceil(N/4) that fits --max-memory and the device's limits); with a video
     /// decoder (TAEHV or Wan), latent frames per streamed chunk (default 1).
@@ -79,7 +84,8 @@ pub(crate) struct DecodeArgs {
     /// writes OUT_0.y4m, OUT_1.y4m, ….
     #[arg(long, value_name = "OUT.y4m")]
     video_out: Option<PathBuf>,
-    /// Frame rate in the --video-out header: 16 (Wan's), 24, 23.976 or 30000/1001.
+    /// Frame rate in the --video-out header, 0.001 to 10000 fps: 16 (Wan's), 24, 12.5, a ratio
+    /// (24000/1001), or an NTSC rate as a decimal (23.976, 29.97, 59.94 → N·1000/1001).
     #[arg(long, default_value = "16", value_name = "RATE")]
     fps: String,
     /// Axis order of 5-D video latents: ntchw (N×T×C×h×w) or ncthw (N×C×T×h×w).
@@ -97,7 +103,7 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
     inputs.add(&a.latents);
     inputs.add_vae(&a.vae, a.config.as_deref());
     match &a.frames_out {
-        Some(dir) => check_dir(dir, "--frames-out", &inputs)?,
+        Some(dir) => check_dir(dir, "--frames-out", &inputs, a.overwrite)?,
         // `-o NAME` without an extension writes NAME.png; `-o DIR/` is no name.
         None if a.output.is_dir() || a.output.to_string_lossy().ends_with(['/', '\\']) => {
             return Err(wgvae::Error::BadFile {
@@ -125,24 +131,28 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae::Result<()> {
     let inputs = check_outputs(a)?;
     // Flags before any work: a typo should not cost a model load.
+    if a.overwrite && a.frames_out.is_none() {
+        return Err(wgvae::Error::InvalidInput(
+            "--overwrite applies to --frames-out DIR (other outputs are always replaced whole): add --frames-out or drop --overwrite".into(),
+        ));
+    }
     let policy: Policy = a.policy.parse()?;
     let tiling = a.tiles.tiling()?;
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
     let is_video = wgvae::video::is_video_vae(&a.vae);
+    // Video-only flags on what is not a video decoder: refused once the
+    // model has loaded as an image VAE (a damaged or unknown file gets its
+    // own error first).
+    let video_only = [
+        ("--video-out", a.video_out.is_some()),
+        ("--layout", a.layout.is_some()),
+        ("--fps", a.fps != "16"),
+    ]
+    .into_iter()
+    .find(|(_, given)| *given)
+    .map(|(flag, _)| flag);
     if !is_video {
-        // Video-only flags on an image VAE.
-        let video_only = [
-            ("--video-out", a.video_out.is_some()),
-            ("--layout", a.layout.is_some()),
-            ("--fps", a.fps != "16"),
-        ];
-        if let Some((flag, _)) = video_only.iter().find(|(_, given)| *given) {
-            return Err(wgvae::Error::InvalidInput(format!(
-                "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE: write its frames with --frames-out DIR",
-                a.vae
-            )));
-        }
         if a.chunk.is_some() && a.frames_out.is_none() {
             return Err(wgvae::Error::InvalidInput(
                 "--chunk sets the frames per batched forward of --frames-out DIR: add --frames-out"
@@ -184,6 +194,12 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         precision,
     };
     let vae = Vae::load(&ctx, &a.vae, &load)?;
+    if let Some(flag) = video_only {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE ({}): write its frames with --frames-out DIR",
+            a.vae, vae.name
+        )));
+    }
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
@@ -205,14 +221,17 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         keep_f16_overflow: false,
     };
     let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    super::interrupt::check()?;
     ctx.save_pipeline_cache();
     for (p, img) in paths.iter().zip(&out.rgba) {
-        write_atomically(p, |t| {
-            wgvae::io::write_png_rgb(t, out.width, out.height, img)
+        write_atomically(p, "-o", |w| {
+            wgvae::io::write_png_rgb_to(w, p, out.width, out.height, img)
         })?;
     }
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
-        write_atomically(p, |t| wgvae::io::write_npy(t, &raw.shape, &raw.data))?;
+        write_atomically(p, "--save-raw", |w| {
+            wgvae::io::write_npy_to(w, p, &raw.shape, &raw.data)
+        })?;
     }
     write_memory_snapshot(&ctx, a)?;
     let n = out.rgba.len();
@@ -298,6 +317,9 @@ fn decode_frames(
         path: dir.to_path_buf(),
         source,
     })?;
+    if a.overwrite {
+        remove_old_frames(dir)?;
+    }
     let opts = wgvae::FramesOptions {
         raw_latents: a.raw_latents,
         chunk: a.chunk,
@@ -306,9 +328,10 @@ fn decode_frames(
     };
     let mut paths = Vec::with_capacity(latents.shape[0]);
     let on_frame = |f: wgvae::FrameOut<'_>| {
+        super::interrupt::check()?;
         let path = dir.join(format!("frame_{:05}.png", f.index));
-        write_atomically(&path, |t| {
-            wgvae::io::write_png_rgb(t, f.width, f.height, f.rgba)
+        write_atomically(&path, "--frames-out", |w| {
+            wgvae::io::write_png_rgb_to(w, &path, f.width, f.height, f.rgba)
         })?;
         paths.push(path);
         Ok(())
@@ -382,11 +405,13 @@ fn decode_frames(
 
 fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
     if let Some(p) = &a.memory_snapshot {
-        write_atomically(p, |t| {
-            std::fs::write(t, ctx.pool().snapshot().to_json()).map_err(|source| wgvae::Error::Io {
-                path: p.clone(),
-                source,
-            })
+        write_atomically(p, "--memory-snapshot", |w| {
+            std::io::Write::write_all(w, ctx.pool().snapshot().to_json().as_bytes()).map_err(
+                |source| wgvae::Error::Io {
+                    path: p.clone(),
+                    source,
+                },
+            )
         })?;
     }
     Ok(())

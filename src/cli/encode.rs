@@ -63,6 +63,15 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
             "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
         ));
     }
+    if has_ext(&a.image, "npy") {
+        return Err(wgvae::Error::BadFile {
+            path: a.image.clone(),
+            message: format!(
+                "`{}` is an image encoder: it takes a PNG image, not a .npy array (video frames N×T×3×H×W encode with a TAEHV video VAE, e.g. taew2_1.safetensors)",
+                a.vae
+            ),
+        });
+    }
     let pixels = wgvae::encode::load_image(&a.image, a.pad)?;
     let start = std::time::Instant::now();
     let out = wgvae::encode::encode(
@@ -77,7 +86,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
         },
     )?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &out.latents))?;
+    write_atomically(&a.output, "-o", |w| {
+        wgvae::io::write_latents_to(w, &a.output, &out.latents)
+    })?;
     ctx.save_pipeline_cache();
     if a.json {
         println!(
@@ -131,6 +142,15 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
             a.vae
         )));
     }
+    if !has_ext(&a.image, "npy") {
+        return Err(wgvae::Error::BadFile {
+            path: a.image.clone(),
+            message: format!(
+                "{} is a TAEHV video VAE: it encodes frames given as a .npy of N×T×3×H×W float32 values in [0, 1], not an image file; encode an image with an image VAE (an AutoencoderKL or TAE encoder)",
+                a.vae
+            ),
+        });
+    }
     let frames = wgvae::io::read_npy(&a.image)?;
     let ctx = context(device_args)?;
     let opts = LoadOptions {
@@ -141,7 +161,9 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
     let start = std::time::Instant::now();
     let latents = wgvae::video_encode::encode_video(&ctx, &enc, &frames)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    write_atomically(&a.output, |t| wgvae::io::write_latents(t, &latents))?;
+    write_atomically(&a.output, "-o", |w| {
+        wgvae::io::write_latents_to(w, &a.output, &latents)
+    })?;
     ctx.save_pipeline_cache();
     if a.json {
         println!(
@@ -159,4 +181,11 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
         );
     }
     Ok(())
+}
+
+/// `path` ends in `.ext` (any case).
+fn has_ext(path: &std::path::Path, ext: &str) -> bool {
+    path.extension()
+        .and_then(|e| e.to_str())
+        .is_some_and(|e| e.eq_ignore_ascii_case(ext))
 }

@@ -11,6 +11,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("`TileMode::Exact`", "--tile exact"),
     ("`TileMode::Auto`", "--tile auto"),
     ("`EncodeOptions::sample`", "--sample"),
+    ("`DecodeOptions::raw_latents`", "--raw-latents"),
     ("`LoadOptions::config`", "--config"),
     ("`LoadOptions::scaling_factor`", "--scaling-factor"),
     ("`LoadOptions::shift_factor`", "--shift-factor"),

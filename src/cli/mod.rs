@@ -7,6 +7,7 @@ mod decode;
 mod encode;
 mod flags;
 mod info;
+pub(crate) mod interrupt;
 mod memory;
 mod outputs;
 mod progress;
@@ -112,6 +113,8 @@ pub(crate) fn context(device: &DeviceArgs) -> wgvae::Result<Context> {
         pipeline_cache_dir: wgvae::gpu::default_cache_dir(),
         cooperative_matrix: device.cooperative_matrix,
     })?;
+    // Ctrl-C stops tiled runs between tiles.
+    let ctx = ctx.with_cancel(interrupt::flag());
     // The CPU fallback (slow) is said on stderr whatever the log level (once:
     // the library already logs it as a warning when warnings are shown).
     if let Some(n) = ctx.notice() {

@@ -26,10 +26,20 @@ fn bad(path: &Path, message: String) -> Error {
 pub(crate) struct Inputs(Vec<(PathBuf, (u64, u64))>);
 
 impl Inputs {
-    /// Adds `path` (a file, or every file directly in a folder) if it exists.
+    /// Adds `path` (a file, or the files a model folder's loader reads:
+    /// configs and weights directly in it) if it exists. Other files in a
+    /// `--vae` folder (an earlier run's `--save-raw`) are outputs like any.
     pub(crate) fn add(&mut self, path: &Path) {
+        const READ: &[&str] = &["json", "safetensors", "bin", "ckpt", "pt", "pth"];
         let files = match std::fs::read_dir(path) {
-            Ok(dir) => dir.filter_map(|e| e.ok().map(|e| e.path())).collect(),
+            Ok(dir) => dir
+                .filter_map(|e| e.ok().map(|e| e.path()))
+                .filter(|p| {
+                    p.extension()
+                        .and_then(|e| e.to_str())
+                        .is_some_and(|e| READ.contains(&e.to_ascii_lowercase().as_str()))
+                })
+                .collect(),
             Err(_) => vec![path.to_path_buf()],
         };
         for f in files {
@@ -128,8 +138,15 @@ pub(crate) fn check_file(
 }
 
 /// Checks an output folder `dir` (created if missing): not a file, its
-/// parent exists, and it is no input.
-pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Result<()> {
+/// parent exists, and it is no input. An existing folder must be empty, or
+/// with `overwrite` its old frames are removed later ([`remove_old_frames`]):
+/// a run never mixes its frames with another run's.
+pub(crate) fn check_dir(
+    dir: &Path,
+    what: &str,
+    inputs: &Inputs,
+    overwrite: bool,
+) -> wgvae::Result<()> {
     if dir.exists() && !dir.is_dir() {
         return Err(bad(
             dir,
@@ -137,22 +154,89 @@ pub(crate) fn check_dir(dir: &Path, what: &str, inputs: &Inputs) -> wgvae::Resul
         ));
     }
     if !dir.exists() {
-        check_folder(dir, what)?;
-    } else if let Some(input) = inputs.same_as(dir) {
+        return check_folder(dir, what);
+    }
+    if let Some(input) = inputs.same_as(dir) {
         return Err(bad(
             dir,
             format!("{what} is the input `{}`", input.display()),
         ));
     }
-    Ok(())
+    let mut names: Vec<String> = std::fs::read_dir(dir)
+        .map_err(|source| Error::Io {
+            path: dir.to_path_buf(),
+            source,
+        })?
+        .filter_map(|e| e.ok().map(|e| e.file_name().to_string_lossy().into_owned()))
+        .collect();
+    if names.is_empty() || overwrite {
+        return check_folder(&dir.join("frame_00000.png"), what);
+    }
+    names.sort();
+    let shown: Vec<&str> = names.iter().take(4).map(String::as_str).collect();
+    let more = match names.len() - shown.len() {
+        0 => String::new(),
+        n => format!(" and {n} more"),
+    };
+    Err(bad(
+        dir,
+        format!(
+            "{what}: the folder already holds {} entries ({}{more}); this run's frames would be mixed with them (an earlier, longer run's last frames would stay). Choose a new or empty folder, or pass --overwrite to remove its old frame_*.png first",
+            names.len(),
+            shown.join(", ")
+        ),
+    ))
 }
 
-/// The folder `path` goes in exists and takes new files.
-fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
-    let parent = match path.parent() {
+/// `frame_<digits>.png`, as the frame writers name them.
+fn is_frame(name: &str) -> bool {
+    name.strip_prefix("frame_")
+        .and_then(|n| n.strip_suffix(".png"))
+        .is_some_and(|n| !n.is_empty() && n.bytes().all(|b| b.is_ascii_digit()))
+}
+
+/// `--overwrite`: removes the frames of an earlier run from `dir` (and from
+/// its `video_<v>/` folders, a batch's) before new ones are written; other
+/// files stay. Links are removed, never followed. Returns how many went.
+pub(crate) fn remove_old_frames(dir: &Path) -> wgvae::Result<usize> {
+    let io = |path: &Path| {
+        let path = path.to_path_buf();
+        move |source| Error::Io { path, source }
+    };
+    let mut removed = 0;
+    let Ok(entries) = std::fs::read_dir(dir) else {
+        return Ok(0);
+    };
+    for e in entries.flatten() {
+        let name = e.file_name().to_string_lossy().into_owned();
+        let path = e.path();
+        let kind = e.file_type().map_err(io(&path))?;
+        if is_frame(&name) && !kind.is_dir() {
+            std::fs::remove_file(&path).map_err(io(&path))?;
+            removed += 1;
+        } else if kind.is_dir()
+            && name
+                .strip_prefix("video_")
+                .is_some_and(|v| !v.is_empty() && v.bytes().all(|b| b.is_ascii_digit()))
+        {
+            removed += remove_old_frames(&path)?;
+        }
+    }
+    Ok(removed)
+}
+
+/// The folder `path` goes in (`.` for a bare name).
+fn folder_of(path: &Path) -> &Path {
+    match path.parent() {
         Some(p) if !p.as_os_str().is_empty() => p,
         _ => Path::new("."),
-    };
+    }
+}
+
+/// The folder `path` goes in exists and takes new files: a temporary file
+/// is created there (as the real write will) and removed.
+fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
+    let parent = folder_of(path);
     if !parent.is_dir() {
         return Err(bad(
             path,
@@ -162,90 +246,108 @@ fn check_folder(path: &Path, what: &str) -> wgvae::Result<()> {
             ),
         ));
     }
-    let probe = parent.join(format!(".wgvae-write-check-{}", std::process::id()));
-    std::fs::write(&probe, b"").map_err(|source| {
-        bad(
-            path,
-            format!(
-                "{what}: cannot write in the folder `{}`: {source}",
-                parent.display()
-            ),
-        )
-    })?;
-    let _ = std::fs::remove_file(&probe);
-    Ok(())
+    Staged::new(path, what).map(drop)
 }
 
-/// An output written over time (a stream) into a temporary file beside
-/// `path`, renamed into place by [`Staged::commit`]; dropped uncommitted (an
-/// error on the way) it removes the temporary file and leaves `path` as it was.
+/// An output written into a temporary file beside `path`, renamed into place
+/// by [`Staged::commit`]; dropped uncommitted (an error, an interruption) it
+/// removes the temporary file and leaves `path` as it was. The temporary file
+/// has a random name and is created exclusively (`O_CREAT | O_EXCL`, which
+/// follows no link), so nothing planted in the folder is written through; its
+/// short name (`.wgvae-XXXXXXXXXX`) fits wherever `path`'s does.
 pub(crate) struct Staged {
     path: PathBuf,
-    tmp: PathBuf,
-    done: bool,
+    tmp: Option<tempfile::NamedTempFile>,
 }
 
 impl Staged {
-    pub(crate) fn new(path: &Path) -> Staged {
-        Staged {
+    /// Creates the temporary file for `path` (`what` names the flag in errors).
+    pub(crate) fn new(path: &Path, what: &str) -> wgvae::Result<Staged> {
+        let dir = folder_of(path);
+        let mut builder = tempfile::Builder::new();
+        builder.prefix(".wgvae-").rand_bytes(10);
+        // The mode a plain create would give (0666 less the umask), not 0600.
+        #[cfg(unix)]
+        builder.permissions(std::os::unix::fs::PermissionsExt::from_mode(0o666));
+        let mut live = super::interrupt::Live::lock();
+        let tmp = builder.tempfile_in(dir).map_err(|source| {
+            bad(
+                path,
+                format!(
+                    "{what}: cannot write in the folder `{}`: {source}",
+                    dir.display()
+                ),
+            )
+        })?;
+        live.add(tmp.path());
+        Ok(Staged {
             path: path.to_path_buf(),
-            tmp: temp_beside(path),
-            done: false,
-        }
+            tmp: Some(tmp),
+        })
     }
 
-    /// Where to write meanwhile.
-    pub(crate) fn tmp(&self) -> &Path {
-        &self.tmp
-    }
-
-    /// Renames the written file into place.
-    pub(crate) fn commit(mut self) -> wgvae::Result<()> {
-        self.done = true;
-        std::fs::rename(&self.tmp, &self.path).map_err(|source| {
-            let _ = std::fs::remove_file(&self.tmp);
-            Error::Io {
+    /// A buffered writer on the temporary file (its open handle: no path is
+    /// looked up again).
+    pub(crate) fn writer(&self) -> wgvae::Result<std::io::BufWriter<std::fs::File>> {
+        let file = self
+            .tmp
+            .as_ref()
+            .ok_or_else(|| Error::Internal("staged output already committed".into()))?
+            .as_file()
+            .try_clone()
+            .map_err(|source| Error::Io {
                 path: self.path.clone(),
                 source,
-            }
+            })?;
+        Ok(std::io::BufWriter::new(file))
+    }
+
+    /// Renames the written file into place (a link at `path` is replaced,
+    /// not followed).
+    pub(crate) fn commit(mut self) -> wgvae::Result<()> {
+        let Some(tmp) = self.tmp.take() else {
+            return Ok(());
+        };
+        let at = tmp.path().to_path_buf();
+        let done = tmp.persist(&self.path);
+        super::interrupt::forget(&at);
+        // A failed persist hands the file back; dropping it removes it.
+        done.map(drop).map_err(|e| Error::Io {
+            path: self.path.clone(),
+            source: e.error,
         })
     }
 }
 
 impl Drop for Staged {
     fn drop(&mut self) {
-        if !self.done {
-            let _ = std::fs::remove_file(&self.tmp);
+        if let Some(tmp) = self.tmp.take() {
+            let at = tmp.path().to_path_buf();
+            drop(tmp);
+            super::interrupt::forget(&at);
         }
     }
 }
 
-/// The temporary name of `path` while it is written.
-fn temp_beside(path: &Path) -> PathBuf {
-    let name = path.file_name().and_then(|n| n.to_str()).unwrap_or("out");
-    // Writers pick the format by extension: keep it last.
-    path.with_file_name(format!(".wgvae-{}-{name}", std::process::id()))
-}
-
-/// Writes `path` through `write` into a temporary file beside it, then
-/// renames it into place: readers never see a partial file, and a failure
-/// leaves what was there before.
+/// Writes `path` (`what`: its flag) through `write` into a temporary file
+/// beside it, then renames it into place: readers never see a partial file,
+/// and a failure leaves what was there before. `write` gets the file's
+/// writer and must name `path` in its errors.
 pub(crate) fn write_atomically(
     path: &Path,
-    write: impl FnOnce(&Path) -> wgvae::Result<()>,
+    what: &str,
+    write: impl FnOnce(&mut std::io::BufWriter<std::fs::File>) -> wgvae::Result<()>,
 ) -> wgvae::Result<()> {
-    let tmp = temp_beside(path);
-    if let Err(e) = write(&tmp) {
-        let _ = std::fs::remove_file(&tmp);
-        return Err(e);
-    }
-    std::fs::rename(&tmp, path).map_err(|source| {
-        let _ = std::fs::remove_file(&tmp);
-        Error::Io {
-            path: path.to_path_buf(),
-            source,
-        }
-    })
+    let staged = Staged::new(path, what)?;
+    let mut out = staged.writer()?;
+    write(&mut out)?;
+    use std::io::Write;
+    out.flush().map_err(|source| Error::Io {
+        path: path.to_path_buf(),
+        source,
+    })?;
+    drop(out);
+    staged.commit()
 }
 
 #[cfg(test)]
@@ -298,6 +400,21 @@ mod tests {
             .unwrap_err()
             .to_string()
             .contains("same file as the input"));
+        // A new (or earlier output) file in a --vae folder is no input; its weights are.
+        let folder = d.join("vae_folder");
+        std::fs::create_dir_all(&folder).unwrap();
+        std::fs::write(folder.join("diffusion_pytorch_model.safetensors"), b"w").unwrap();
+        std::fs::write(folder.join("old_raw.npy"), b"r").unwrap();
+        let mut vae = Inputs::default();
+        vae.add_vae(folder.to_str().unwrap(), None);
+        assert!(check_file(&folder.join("old_raw.npy"), "--save-raw", &["npy"], &vae).is_ok());
+        assert!(check_file(&folder.join("new.npy"), "--save-raw", &["npy"], &vae).is_ok());
+        let weights = folder.join("diffusion_pytorch_model.safetensors");
+        let err = check_file(&weights, "-o", &["safetensors"], &vae);
+        assert!(err
+            .unwrap_err()
+            .to_string()
+            .contains("same file as the input"));
         #[cfg(unix)]
         {
             let link = d.join("link.npy");
@@ -307,11 +424,11 @@ mod tests {
         }
         let file = d.join("frames");
         std::fs::write(&file, b"").unwrap();
-        let err = check_dir(&file, "--frames-out", &inputs)
+        let err = check_dir(&file, "--frames-out", &inputs, false)
             .unwrap_err()
             .to_string();
         assert!(err.contains("not a folder"), "{err}");
-        assert!(check_dir(&d.join("new_frames"), "--frames-out", &inputs).is_ok());
+        assert!(check_dir(&d.join("new_frames"), "--frames-out", &inputs, false).is_ok());
     }
 
     #[test]
@@ -319,15 +436,15 @@ mod tests {
         let d = dir();
         let out = d.join("keep.png");
         std::fs::write(&out, b"good").unwrap();
-        let r = write_atomically(&out, |tmp| {
-            std::fs::write(tmp, b"half").unwrap();
+        let r = write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"half").unwrap();
             Err(Error::InvalidInput("disk full".into()))
         });
         assert!(r.is_err());
         assert_eq!(std::fs::read(&out).unwrap(), b"good");
-        write_atomically(&out, |tmp| {
-            std::fs::write(tmp, b"new").map_err(|source| Error::Io {
-                path: tmp.to_path_buf(),
+        write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"new").map_err(|source| Error::Io {
+                path: out.clone(),
                 source,
             })
         })
@@ -344,5 +461,61 @@ mod tests {
             })
             .count();
         assert_eq!(leftovers, 0);
+    }
+
+    /// A folder holding another run's frames is refused, naming them; with
+    /// `--overwrite` its frames (and a batch's `video_N/` frames) go, other
+    /// files stay.
+    #[test]
+    fn old_frames_are_refused_or_removed() {
+        let d = dir().join("old_frames");
+        let _ = std::fs::remove_dir_all(&d);
+        std::fs::create_dir_all(d.join("video_1")).unwrap();
+        for i in 0..20 {
+            std::fs::write(d.join(format!("frame_{i:05}.png")), b"old").unwrap();
+        }
+        std::fs::write(d.join("video_1/frame_00003.png"), b"old").unwrap();
+        std::fs::write(d.join("notes.txt"), b"keep").unwrap();
+        let inputs = Inputs::default();
+        let err = check_dir(&d, "--frames-out", &inputs, false)
+            .unwrap_err()
+            .to_string();
+        assert!(
+            err.contains("22 entries")
+                && err.contains("frame_00000.png")
+                && err.contains("--overwrite"),
+            "{err}"
+        );
+        check_dir(&d, "--frames-out", &inputs, true).unwrap();
+        assert_eq!(remove_old_frames(&d).unwrap(), 21);
+        let mut left: Vec<String> = std::fs::read_dir(&d)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
+        left.sort();
+        assert_eq!(left, ["notes.txt", "video_1"]);
+        assert!(is_frame("frame_00012.png") && !is_frame("frame_.png") && !is_frame("frame_1.jpg"));
+    }
+
+    /// A link planted at the output's name is replaced, not written through.
+    #[cfg(unix)]
+    #[test]
+    fn a_link_at_the_output_is_replaced_not_followed() {
+        let d = dir();
+        let victim = d.join("victim.txt");
+        std::fs::write(&victim, b"victim").unwrap();
+        let out = d.join("linked.png");
+        let _ = std::fs::remove_file(&out);
+        std::os::unix::fs::symlink(&victim, &out).unwrap();
+        write_atomically(&out, "-o", |w| {
+            std::io::Write::write_all(w, b"new").map_err(|source| Error::Io {
+                path: out.clone(),
+                source,
+            })
+        })
+        .unwrap();
+        assert_eq!(std::fs::read(&victim).unwrap(), b"victim");
+        assert!(!std::fs::symlink_metadata(&out).unwrap().is_symlink());
+        assert_eq!(std::fs::read(&out).unwrap(), b"new");
     }
 }

@@ -381,6 +381,8 @@ struct Inner {
     uncaptured: UncapturedErrors,
     /// Something the user should see about the adapter choice (CPU fallback).
     notice: Option<String>,
+    /// Set by the host to stop tiled runs between tiles ([`Context::with_cancel`]).
+    cancel: Option<Arc<std::sync::atomic::AtomicBool>>,
 }
 
 /// wgpu errors raised outside any error scope, recorded by the handler
@@ -610,6 +612,7 @@ impl Context {
                 null: false,
                 uncaptured,
                 notice: None,
+                cancel: None,
             }),
         }
     }
@@ -639,7 +642,38 @@ impl Context {
                 null: self.inner.null,
                 uncaptured: self.inner.uncaptured.clone(),
                 notice: self.inner.notice.clone(),
+                cancel: self.inner.cancel.clone(),
             }),
+        }
+    }
+
+    /// A context sharing everything with this one whose tiled decodes and
+    /// encodes stop with an error at the next tile once `flag` is set (a
+    /// host's Ctrl-C); untiled work is one submission and runs to its end.
+    pub fn with_cancel(&self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
+        Context {
+            inner: Arc::new(Inner {
+                device: self.inner.device.clone(),
+                queue: self.inner.queue.clone(),
+                caps: self.inner.caps.clone(),
+                pipelines: self.inner.pipelines.clone(),
+                pool: self.inner.pool.clone(),
+                null: self.inner.null,
+                uncaptured: self.inner.uncaptured.clone(),
+                notice: self.inner.notice.clone(),
+                cancel: Some(flag),
+            }),
+        }
+    }
+
+    /// An error once the flag of [`Context::with_cancel`] is set (checked
+    /// between tiles).
+    pub(crate) fn check_cancel(&self) -> Result<()> {
+        match &self.inner.cancel {
+            Some(f) if f.load(std::sync::atomic::Ordering::SeqCst) => Err(Error::InvalidInput(
+                "stopped: the cancel flag of `Context::with_cancel` was set".into(),
+            )),
+            _ => Ok(()),
         }
     }
 
@@ -658,6 +692,7 @@ impl Context {
                 null: self.inner.null,
                 uncaptured: self.inner.uncaptured.clone(),
                 notice: self.inner.notice.clone(),
+                cancel: self.inner.cancel.clone(),
             }),
         }
     }
@@ -680,6 +715,7 @@ impl Context {
                 null: true,
                 uncaptured: Default::default(),
                 notice: None,
+                cancel: None,
             }),
         }
     }

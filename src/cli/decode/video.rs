@@ -22,7 +22,8 @@ use wgvae::video::VideoVae;
 use wgvae::y4m::{FrameRate, Y4mWriter};
 use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
 
-use super::super::outputs::{check_file, write_atomically, Inputs, Staged};
+use super::super::interrupt;
+use super::super::outputs::{check_file, remove_old_frames, write_atomically, Inputs, Staged};
 use super::super::progress::frame_bar;
 use super::super::{device, mib};
 use super::{write_memory_snapshot, DecodeArgs};
@@ -173,7 +174,9 @@ impl Sinks {
             let rgba = cpu_to_rgba8(&got.frames.data, f, h, w, self.range);
             for (i, img) in rgba.chunks_exact(h * w * 4).enumerate() {
                 let path = dir.join(format!("frame_{:05}.png", got.first + i));
-                write_atomically(&path, |p| wgvae::io::write_png_rgb(p, w, h, img))?;
+                write_atomically(&path, "--frames-out", |out| {
+                    wgvae::io::write_png_rgb_to(out, &path, w, h, img)
+                })?;
                 self.written.push(path);
             }
         }
@@ -314,7 +317,7 @@ pub(crate) fn decode_video(
     // The raw output: one file for the batch, N×T'×3×H×W as taehv.py returns
     // it, or N×3×T'×H×W as diffusers' Wan decode does.
     if let Some(p) = &a.save_raw {
-        let staged = Staged::new(p);
+        let staged = Staged::new(p, "--save-raw")?;
         let shape = if decoder.channels_first() {
             sinks.channels_first = Some(PlaneCursor {
                 frames_per_video: per_video,
@@ -326,8 +329,11 @@ pub(crate) fn decode_video(
         } else {
             [n, per_video, 3, height, width]
         };
-        let npy = NpyStream::create(staged.tmp(), &shape)?;
+        let npy = NpyStream::new(staged.writer()?, p, &shape)?;
         sinks.npy = Some((staged, npy));
+    }
+    if let (Some(d), true) = (&a.frames_out, a.overwrite) {
+        remove_old_frames(d)?;
     }
     let frame = c * h * w;
     let start = std::time::Instant::now();
@@ -350,8 +356,15 @@ pub(crate) fn decode_video(
         }
         if let Some(out) = &a.video_out {
             let path = video_path(out, v, n);
-            let staged = Staged::new(&path);
-            let y4m = Y4mWriter::create(staged.tmp(), width, height, rate, decoder.range())?;
+            let staged = Staged::new(&path, "--video-out")?;
+            let y4m = Y4mWriter::new(
+                staged.writer()?,
+                &path,
+                width,
+                height,
+                rate,
+                decoder.range(),
+            )?;
             chroma = Some(y4m.chroma());
             sinks.y4m = Some((staged, y4m));
             videos.push(path);
@@ -365,6 +378,8 @@ pub(crate) fn decode_video(
                 .data
                 .get(at..at + (t1 - t0) * frame)
                 .unwrap_or_default();
+            // A signal stops the run here; the staged outputs remove their files.
+            interrupt::check()?;
             let chunk = HostTensor::new(vec![t1 - t0, c, h, w], data.to_vec())?;
             // Chunk k is on the device's queue; the host takes chunk k − 1.
             if let Some(got) = stream.push(&chunk)? {
@@ -426,6 +441,10 @@ pub(crate) fn decode_video(
                 "video_fps": rate.fps(),
                 "video_chroma": chroma_name,
                 "raw": a.save_raw,
+                "latents_stats_note": match &loaded {
+                    VideoVae::Wan(d) => d.latents_stats_note.clone(),
+                    VideoVae::Taehv(_) => None,
+                },
             })
         );
     } else {

@@ -271,6 +271,7 @@ impl Executor {
     }
 
     pub(super) fn step_done(&mut self, stage: &'static str) -> Result<()> {
+        self.ctx.check_cancel()?;
         self.report.steps += 1;
         self.steps_since_submit += 1;
         if let Some(p) = &self.progress {
