@@ -669,3 +669,181 @@ fn diffusers_autoencoder_tiny_folder_matches_taesd_files() {
         "AutoencoderTiny encoder vs TAESD encoder file"
     );
 }
+
+/// FLUX.2 (`AutoencoderKLFlux2`, the small decoder too): the golden decodes
+/// from raw z, from the pipeline's BatchNorm-normalised patchified maps and
+/// from its packed tokens (unpacked with the image size), whole and in exact
+/// tiles; f16 and bf16 errors printed and bounded.
+#[test]
+fn flux2_decodes_z_latents_and_tokens_like_diffusers() {
+    for name in ["flux2-tiny", "flux2-small-decoder-tiny"] {
+        let Some(dir) = golden(name) else { return };
+        let ctx = test_context();
+        let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        assert!(vae.flux2().is_some(), "{name}: {}", vae.name);
+        assert_eq!(vae.latent_channels(), 32);
+        let z = read_npy(&dir.join("z.npy")).unwrap();
+        let latents = read_npy(&dir.join("latents.npy")).unwrap();
+        let tokens = read_npy(&dir.join("latents_packed.npy")).unwrap();
+        let want = read_npy(&dir.join("decoded.npy")).unwrap();
+        let (h, w) = (want.shape[2], want.shape[3]);
+        // The host un-normalisation + unpatchify gives z.npy (diffusers' own f32 ops).
+        let from_latents = vae.decoder_input(&latents, false, None).unwrap();
+        let (zerr, _) = max_abs_diff(&from_latents.data, &z.data);
+        println!("{name}: latents → z max abs error {zerr:.3e}");
+        assert!(zerr <= 1e-6, "{name}: latents → z {zerr}");
+        let maps = vae.unpack_tokens(&tokens, Some((h, w))).unwrap();
+        assert_eq!(maps, latents, "{name}: tokens unpack to latents.npy exactly");
+        let e = vae.unpack_tokens(&tokens, None).unwrap_err().to_string();
+        assert!(e.contains("unpack_tokens"), "{name}: {e}");
+        let raw_opts = DecodeOptions {
+            raw_latents: true,
+            ..keep_raw()
+        };
+        let whole = decode(&ctx, &vae, &z, &raw_opts).unwrap();
+        let raw = whole.raw.unwrap();
+        assert_eq!(raw.shape, want.shape, "{name}");
+        let (err, at) = max_abs_diff(&raw.data, &want.data);
+        println!("{name}: f32 from z: raw max abs error {err:.3e} at {at}");
+        assert!(err <= 2e-4, "{name}: {err} > 2e-4");
+        let want_png = png_rgb(&dir.join("decoded_0.png"));
+        let worst = rgb_of(&whole.rgba[0])
+            .iter()
+            .zip(&want_png)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        assert!(worst <= 1, "{name}: PNG differs by {worst}");
+        for (what, input) in [("latents.npy", &latents), ("latents_packed.npy", &maps)] {
+            let out = decode(&ctx, &vae, input, &keep_raw()).unwrap().raw.unwrap();
+            let (err, _) = max_abs_diff(&out.data, &want.data);
+            println!("{name}: f32 from {what}: raw max abs error {err:.3e}");
+            assert!(err <= 2e-4, "{name} from {what}: {err} > 2e-4");
+        }
+        // Exact tiles (a 32-pixel tile: several tiles, the mid-block tiled too).
+        let tiled = DecodeOptions {
+            tiling: wgvae::Tiling::exact().with_tile_size(32),
+            ..keep_raw()
+        };
+        let out = decode(&ctx, &vae, &latents, &tiled).unwrap();
+        assert_eq!(out.tiling.mode, "exact", "{name}");
+        let (terr, _) = max_abs_diff(&out.raw.unwrap().data, &raw.data);
+        println!("{name}: exact tiles vs untiled {terr:.3e}");
+        assert!(terr <= 1e-3, "{name}: tiled {terr}");
+        for (precision, bound) in [
+            (wgvae::models::Precision::F16, 1.6e-2),
+            (wgvae::models::Precision::BF16, 1.5e-1),
+        ] {
+            let opts = LoadOptions {
+                precision,
+                ..Default::default()
+            };
+            let half = Vae::load(&ctx, dir.to_str().unwrap(), &opts).unwrap();
+            let out = decode(&ctx, &half, &latents, &keep_raw()).unwrap();
+            let (err, _) = max_abs_diff(&out.raw.unwrap().data, &want.data);
+            println!("{name}: {precision:?}: raw max abs error {err:.3e}");
+            assert!(err <= bound, "{name} {precision:?}: {err} > {bound}");
+            let out = decode(&ctx, &half, &latents, &tiled).unwrap();
+            let (err, _) = max_abs_diff(&out.raw.unwrap().data, &want.data);
+            println!("{name}: {precision:?} exact tiles: raw max abs error {err:.3e}");
+            assert!(err <= bound, "{name} {precision:?} tiled: {err} > {bound}");
+        }
+    }
+}
+
+/// Wrong latent forms and incomplete FLUX.2 files are errors naming the
+/// model, the channels it expects and the fix.
+#[test]
+fn flux2_bad_latents_and_files_are_clear_errors() {
+    let (Some(f2), Some(f1)) = (golden("flux2-tiny"), golden("aekl-tiny-flux")) else {
+        return;
+    };
+    let ctx = test_context();
+    let flux2 = Vae::load(&ctx, f2.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let flux1 = Vae::load(&ctx, f1.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let flux1_latents = read_npy(&f1.join("latents.npy")).unwrap();
+    let flux2_latents = read_npy(&f2.join("latents.npy")).unwrap();
+    let z = read_npy(&f2.join("z.npy")).unwrap();
+    let err = |vae: &Vae, t: &HostTensor, raw: bool| {
+        let opts = DecodeOptions {
+            raw_latents: raw,
+            ..Default::default()
+        };
+        decode(&ctx, vae, t, &opts).err().expect("must fail").to_string()
+    };
+    let e = err(&flux2, &flux1_latents, false);
+    assert!(e.contains("FLUX.2") && e.contains("expects 128") && e.contains("16 channels"), "{e}");
+    let e = err(&flux2, &z, false);
+    assert!(e.contains("32 channels") && e.contains("raw_latents"), "{e}");
+    let e = err(&flux2, &flux2_latents, true);
+    assert!(e.contains("expects 32") && e.contains("128 channels"), "{e}");
+    let e = err(&flux1, &flux2_latents, false);
+    assert!(e.contains("expects 16") && e.contains("FLUX.2 pipeline latents"), "{e}");
+    // A file without the BatchNorm statistics decodes raw z only.
+    let tmp = tmp_dir("flux2-no-bn");
+    let file = tmp.join("diffusion_pytorch_model.safetensors");
+    rewrite_safetensors(&f2.join("diffusion_pytorch_model.safetensors"), &file, |t| {
+        (!t.0.starts_with("bn.")).then_some(t)
+    });
+    std::fs::copy(f2.join("config.json"), tmp.join("config.json")).unwrap();
+    let no_bn = Vae::load(&ctx, tmp.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let e = err(&no_bn, &flux2_latents, false);
+    assert!(e.contains("bn.running_mean") && e.contains("raw_latents"), "{e}");
+    let a = decode(&ctx, &no_bn, &z, &DecodeOptions { raw_latents: true, ..keep_raw() }).unwrap();
+    let b = decode(&ctx, &flux2, &flux2_latents, &keep_raw()).unwrap();
+    let (d, _) = max_abs_diff(&a.raw.unwrap().data, &b.raw.unwrap().data);
+    assert!(d <= 1e-5, "{d}");
+    // Half the statistics is a load error naming the missing key.
+    let file2 = tmp.join("half.safetensors");
+    rewrite_safetensors(&f2.join("diffusion_pytorch_model.safetensors"), &file2, |t| {
+        (t.0 != "bn.running_var").then_some(t)
+    });
+    let opts = LoadOptions {
+        config: Some(f2.join("config.json")),
+        ..Default::default()
+    };
+    let e = Vae::load(&ctx, file2.to_str().unwrap(), &opts).err().expect("must fail").to_string();
+    assert!(e.contains("bn.running_var") && e.contains("missing"), "{e}");
+}
+
+/// ComfyUI's / BFL's single file: LDM names, the quant convs inside the
+/// encoder and decoder (`decoder.post_quant_conv`, `encoder.quant_conv`), the
+/// BatchNorm at `bn.*`: decodes bit-identically to the diffusers folder.
+#[test]
+fn flux2_ldm_single_file_decodes_identically() {
+    let Some(dir) = golden("flux2-small-decoder-tiny") else {
+        return;
+    };
+    let ctx = test_context();
+    let tmp = tmp_dir("flux2-ldm");
+    let file = tmp.join("flux2-vae.safetensors");
+    rewrite_safetensors(&dir.join("diffusion_pytorch_model.safetensors"), &file, |t| {
+        let (name, d, mut shape, b) = t;
+        let name = match name.as_str() {
+            n if n.starts_with("post_quant_conv.") => format!("decoder.{n}"),
+            n if n.starts_with("quant_conv.") => format!("encoder.{n}"),
+            n if n.starts_with("bn.") || n.starts_with("encoder.") => n.to_string(),
+            n => {
+                if n.contains("attentions") && shape.len() == 2 {
+                    shape.extend([1, 1]);
+                }
+                diffusers_to_ldm(n, 4)
+                    .trim_start_matches("first_stage_model.")
+                    .to_string()
+            }
+        };
+        Some((name, d, shape, b))
+    });
+    // norm_num_groups cannot be read off the weights: the config gives it.
+    let opts = LoadOptions {
+        config: Some(dir.join("config.json")),
+        ..Default::default()
+    };
+    let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
+    assert!(ldm.name.contains("Ldm") && ldm.flux2().is_some(), "{}", ldm.name);
+    let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let a = decode(&ctx, &ldm, &latents, &keep_raw()).unwrap().raw.unwrap();
+    let b = decode(&ctx, &diffusers, &latents, &keep_raw()).unwrap().raw.unwrap();
+    assert_eq!(a, b, "LDM and diffusers layouts must decode bit-identically");
+}

@@ -20,6 +20,8 @@ const FLAGS: &[(&str, &str)] = &[
         "--cooperative-matrix",
     ),
     ("the `key` argument", "--key NAME"),
+    ("`Vae::unpack_tokens`'s size", "--size HxW"),
+    ("`DecodeOptions::raw_latents`", "--raw-latents"),
     ("load it with `pad` set", "pass --pad"),
 ];
 

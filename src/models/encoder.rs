@@ -60,7 +60,7 @@ impl AutoencoderKlEncoder {
         } else {
             None
         };
-        store.finish(&["decoder.", "post_quant_conv."])?;
+        store.finish(&["decoder.", "post_quant_conv.", "bn."])?;
         let levels = down.len();
         let (mut b, image) = Builder::new();
         let w = b.weights(conv_in);

@@ -103,6 +103,11 @@ pub(crate) fn record_decoder_from_buffer(
     raw_latents: bool,
 ) -> Result<Tensor> {
     latents.validate(vae)?;
+    if !raw_latents && vae.flux2().is_some() {
+        return Err(crate::Error::Unsupported(
+            "FLUX.2 pipeline latents in a device buffer: their BatchNorm un-normalisation and 2×2 unpatchify run on the host; pass host latents, or un-normalise them yourself and decode raw z (N×32×h×w) with `EngineOptions::raw_latents`".into(),
+        ));
+    }
     crate::decode::track_f16(rec, vae)?;
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
     rec.copy_from_buffer(latents.buffer, latents.offset, &input)?;
