@@ -847,3 +847,102 @@ fn flux2_ldm_single_file_decodes_identically() {
     let b = decode(&ctx, &diffusers, &latents, &keep_raw()).unwrap().raw.unwrap();
     assert_eq!(a, b, "LDM and diffusers layouts must decode bit-identically");
 }
+
+fn wgvae_cli(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .args(args)
+        .output()
+        .expect("run wgvae");
+    let text = String::from_utf8_lossy(&out.stdout).into_owned()
+        + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// Writes `t` as ComfyUI's SaveLatent does: `latent_tensor` plus the empty
+/// float32 `latent_format_version_0` marker, the prompt in the metadata.
+fn write_comfyui_latent(path: &Path, t: &HostTensor) {
+    let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+    let latent =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.shape.clone(), bytes)
+            .unwrap();
+    let marker =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![0], &[]).unwrap();
+    let metadata = std::collections::HashMap::from([("prompt".to_string(), "{}".to_string())]);
+    let views = vec![
+        ("latent_tensor", latent),
+        ("latent_format_version_0", marker),
+    ];
+    safetensors::serialize_to_file(views, Some(metadata), path).unwrap();
+}
+
+/// The CLI decodes FLUX.2 pipeline maps, packed tokens with `--size`, ComfyUI
+/// `.latent` files (FLUX.2's normalised maps; FLUX.1's raw z) to the same
+/// output as the tensors they hold, and names `--size` and the channels in
+/// its errors.
+#[test]
+fn flux2_latent_forms_through_the_cli() {
+    let (Some(f2), Some(f1)) = (golden("flux2-tiny"), golden("aekl-tiny-flux")) else {
+        return;
+    };
+    let tmp = tmp_dir("flux2-cli");
+    let want = read_npy(&f2.join("decoded.npy")).unwrap();
+    let vae = f2.to_str().unwrap();
+    let run = |latents: &Path, vae: &str, extra: &[&str], name: &str| -> HostTensor {
+        let raw = tmp.join(format!("{name}.npy"));
+        let png = tmp.join(format!("{name}.png"));
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae,
+            "-o",
+            png.to_str().unwrap(),
+            "--save-raw",
+            raw.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let (ok, text) = wgvae_cli(&args);
+        assert!(ok, "{name}: {text}");
+        read_npy(&raw).unwrap()
+    };
+    let maps = run(&f2.join("latents.npy"), vae, &[], "maps");
+    let (err, _) = max_abs_diff(&maps.data, &want.data);
+    println!("CLI flux2-tiny from latents.npy: {err:.3e}");
+    assert!(err <= 2e-4, "{err}");
+    let packed = f2.join("latents_packed.npy");
+    let tokens = run(&packed, vae, &["--size", "128x160"], "tokens");
+    assert_eq!(tokens, maps, "tokens decode as their maps");
+    let tiled = run(&packed, vae, &["--size", "128x160", "--tile", "exact", "--tile-size", "32"], "tiled");
+    let (terr, _) = max_abs_diff(&tiled.data, &maps.data);
+    assert!(terr <= 1e-3, "CLI exact tiles: {terr}");
+    let z = run(&f2.join("z.npy"), vae, &["--raw-latents"], "z");
+    let (zerr, _) = max_abs_diff(&z.data, &want.data);
+    assert!(zerr <= 2e-4, "{zerr}");
+    // ComfyUI's FLUX.2 latent: the 128-channel normalised maps.
+    let file = tmp.join("flux2.latent");
+    write_comfyui_latent(&file, &read_npy(&f2.join("latents.npy")).unwrap());
+    assert_eq!(run(&file, vae, &[], "comfy2"), maps, "FLUX.2 .latent");
+    // ComfyUI's FLUX.1 latent: raw z (ComfyUI scales inside the diffusion model).
+    let f1_latents = read_npy(&f1.join("latents.npy")).unwrap();
+    let z1 = HostTensor::new(
+        f1_latents.shape.clone(),
+        f1_latents.data.iter().map(|v| v / 0.3611 + 0.1159).collect(),
+    )
+    .unwrap();
+    let file = tmp.join("flux1.latent");
+    write_comfyui_latent(&file, &z1);
+    let vae1 = f1.to_str().unwrap();
+    let from_file = run(&file, vae1, &[], "comfy1");
+    let pipeline = run(&f1.join("latents.npy"), vae1, &[], "pipeline1");
+    assert_eq!(from_file, pipeline, "FLUX.1 .latent decodes as the z it holds");
+    // Errors name the flag and the channels.
+    let (ok, text) = wgvae_cli(&["decode", packed.to_str().unwrap(), "--vae", vae, "-o", tmp.join("x.png").to_str().unwrap()]);
+    assert!(!ok && text.contains("--size HxW"), "{text}");
+    let (ok, text) = wgvae_cli(&["decode", packed.to_str().unwrap(), "--vae", vae, "--size", "128x128", "-o", tmp.join("x.png").to_str().unwrap()]);
+    assert!(!ok && text.contains("80 tokens") && text.contains("64 tokens"), "{text}");
+    let f1_path = f1.join("latents.npy");
+    let (ok, text) = wgvae_cli(&["decode", f1_path.to_str().unwrap(), "--vae", vae, "-o", tmp.join("x.png").to_str().unwrap()]);
+    assert!(!ok && text.contains("FLUX.2") && text.contains("expects 128"), "{text}");
+    let (ok, text) = wgvae_cli(&["decode", f2.join("latents.npy").to_str().unwrap(), "--vae", vae1, "-o", tmp.join("x.png").to_str().unwrap()]);
+    assert!(!ok && text.contains("expects 16") && text.contains("FLUX.2"), "{text}");
+}

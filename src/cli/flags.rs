@@ -22,6 +22,7 @@ const FLAGS: &[(&str, &str)] = &[
     ("the `key` argument", "--key NAME"),
     ("`Vae::unpack_tokens`'s size", "--size HxW"),
     ("`DecodeOptions::raw_latents`", "--raw-latents"),
+    ("`EncodeOptions::raw_latents`", "--raw-latents"),
     ("load it with `pad` set", "pass --pad"),
 ];
 
