@@ -946,3 +946,40 @@ fn flux2_latent_forms_through_the_cli() {
     let (ok, text) = wgvae_cli(&["decode", f2.join("latents.npy").to_str().unwrap(), "--vae", vae1, "-o", tmp.join("x.png").to_str().unwrap()]);
     assert!(!ok && text.contains("expects 16") && text.contains("FLUX.2"), "{text}");
 }
+
+/// FLUX.1's packed tokens (2×2 patches, feature c·4 + dy·2 + dx, N×L×64)
+/// decode as the maps they pack: with the image size, and on a square grid
+/// without it.
+#[test]
+fn flux1_tokens_decode_as_their_maps() {
+    use wgvae::latents::TokenPacking;
+    let Some(dir) = golden("aekl-tiny-flux") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert_eq!(
+        vae.latent_form().tokens,
+        Some(TokenPacking::Patch2x2 { channels: 16 })
+    );
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let [_, _, h, w] = latents.shape[..] else { panic!() };
+    let tokens = TokenPacking::Patch2x2 { channels: 16 }.pack(&latents).unwrap();
+    assert_eq!(tokens.shape[2], 64);
+    let maps = vae.unpack_tokens(&tokens, Some((8 * h, 8 * w))).unwrap();
+    assert_eq!(maps, latents);
+    let a = decode(&ctx, &vae, &maps, &keep_raw()).unwrap().raw.unwrap();
+    let b = decode(&ctx, &vae, &latents, &keep_raw()).unwrap().raw.unwrap();
+    assert_eq!(a, b);
+    // A square crop's tokens decode straight through `decode`.
+    let side = h.min(w);
+    let crop = latents.crop(0, side, 0, side);
+    let square = TokenPacking::Patch2x2 { channels: 16 }.pack(&crop).unwrap();
+    let a = decode(&ctx, &vae, &square, &keep_raw()).unwrap().raw.unwrap();
+    let b = decode(&ctx, &vae, &crop, &keep_raw()).unwrap().raw.unwrap();
+    assert_eq!(a, b, "square-grid tokens decode as their maps");
+    // FLUX.2 tokens (128 features) are not this model's.
+    let wrong = HostTensor::new(vec![1, 4, 128], vec![0.0; 512]).unwrap();
+    let e = decode(&ctx, &vae, &wrong, &keep_raw()).err().expect("must fail").to_string();
+    assert!(e.contains("16"), "{e}");
+}
