@@ -983,3 +983,26 @@ fn flux1_tokens_decode_as_their_maps() {
     let e = decode(&ctx, &vae, &wrong, &keep_raw()).err().expect("must fail").to_string();
     assert!(e.contains("16"), "{e}");
 }
+
+/// FLUX.2 pipeline latents streamed as frames (`decode_frames`) give the
+/// pixels of `decode`.
+#[test]
+fn flux2_frames_take_pipeline_latents() {
+    let Some(dir) = golden("flux2-tiny") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let one = read_npy(&dir.join("latents.npy")).unwrap();
+    let mut two = one.clone();
+    two.shape[0] = 2;
+    two.data.extend(one.data.iter().map(|v| -v));
+    let whole = decode(&ctx, &vae, &two, &DecodeOptions::default()).unwrap();
+    let mut frames = Vec::new();
+    wgvae::decode_frames(&ctx, &vae, &two, &wgvae::FramesOptions::default(), |f| {
+        frames.push(f.rgba.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(frames, whole.rgba, "frames equal decode");
+}
