@@ -466,10 +466,13 @@ pub fn decode_frames(
     // FLUX.2 pipeline latents are un-normalised and unpatchified on the host first.
     let converted;
     let (latents, opts) = if vae.flux2().is_some() && !opts.raw_latents {
-        converted = (vae.decoder_input(latents, false, None)?, FramesOptions {
-            raw_latents: true,
-            ..opts.clone()
-        });
+        converted = (
+            vae.decoder_input(latents, false, None)?,
+            FramesOptions {
+                raw_latents: true,
+                ..opts.clone()
+            },
+        );
         (&converted.0, &converted.1)
     } else {
         (latents, opts)

@@ -324,7 +324,7 @@ impl<W: std::io::Write> NpyStream<W> {
         };
         let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
         // Magic (6) + version (2) + length (2) + header + '\n': a multiple of 64.
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');
@@ -571,7 +571,10 @@ pub fn read_latent_file(path: &Path, key: Option<&str>) -> Result<LatentFile> {
         "latent" => {
             let bytes = read(path)?;
             let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
-                bad(path, format!("not a ComfyUI .latent file (a safetensors file): {e}"))
+                bad(
+                    path,
+                    format!("not a ComfyUI .latent file (a safetensors file): {e}"),
+                )
             })?;
             let names = st.names();
             if !names.contains(&COMFYUI_LATENT_KEY) {
@@ -771,7 +774,7 @@ mod tests {
     fn fortran_order_npy_reads_in_c_order() {
         let mut header =
             "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3, 4), }".to_string();
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');
@@ -808,9 +811,8 @@ mod tests {
                 bytes,
             )
             .unwrap();
-            let empty =
-                safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![0], &[])
-                    .unwrap();
+            let empty = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![0], &[])
+                .unwrap();
             let mut views = vec![(COMFYUI_LATENT_KEY, t)];
             if marker {
                 views.push((COMFYUI_VERSION_KEY, empty));
@@ -820,7 +822,10 @@ mod tests {
         };
         let new = read_latent_file(&write("new.latent", true), None).unwrap();
         assert!(new.comfyui);
-        assert_eq!((new.tensor.shape.as_slice(), &new.tensor.data), (&[1, 4, 2, 2][..], &data));
+        assert_eq!(
+            (new.tensor.shape.as_slice(), &new.tensor.data),
+            (&[1, 4, 2, 2][..], &data)
+        );
         let old = read_latent_file(&write("old.latent", false), None).unwrap();
         let want: Vec<f32> = data.iter().map(|v| v * (1.0 / 0.18215)).collect();
         assert_eq!(old.tensor.data, want);

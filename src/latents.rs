@@ -104,7 +104,9 @@ impl TokenPacking {
                 let token = &tokens.data[(b * l + t) * f..(b * l + t + 1) * f];
                 for (feature, &v) in token.iter().enumerate() {
                     let (ch, dy, dx) = match self {
-                        TokenPacking::Patch2x2 { .. } => (feature / 4, (feature / 2) % 2, feature % 2),
+                        TokenPacking::Patch2x2 { .. } => {
+                            (feature / 4, (feature / 2) % 2, feature % 2)
+                        }
                         TokenPacking::Flat { .. } => (feature, 0, 0),
                     };
                     let (y, x) = (r * s + dy, q * s + dx);
@@ -283,9 +285,11 @@ impl LatentBatchNorm {
         let mean = store.take(BN_MEAN, &[channels])?;
         let var = store.take(BN_VAR, &[channels])?;
         let std: Vec<f32> = var.iter().map(|v| (v + eps).sqrt()).collect();
-        if let Some((i, v)) = var.iter().enumerate().find(|(i, _)| {
-            !std.get(*i).is_some_and(|s| s.is_finite() && *s > 0.0)
-        }) {
+        if let Some((i, v)) = var
+            .iter()
+            .enumerate()
+            .find(|(i, _)| !std.get(*i).is_some_and(|s| s.is_finite() && *s > 0.0))
+        {
             return Err(Error::BadFile {
                 path: store.origin().into(),
                 message: format!(
@@ -400,7 +404,10 @@ mod tests {
         let flat = TokenPacking::Flat { channels: 3 };
         let t = flat.pack(&maps).unwrap();
         assert_eq!(t.shape, [2, 24, 3]);
-        assert_eq!(t.data[(24 + 7) * 3 + 1], maps.data[((3 + 1) * 4 + 1) * 6 + 1]);
+        assert_eq!(
+            t.data[(24 + 7) * 3 + 1],
+            maps.data[((3 + 1) * 4 + 1) * 6 + 1]
+        );
         assert_eq!(flat.unpack(&t, (4, 6)).unwrap(), maps);
     }
 
@@ -412,16 +419,28 @@ mod tests {
             tokens: Some(TokenPacking::Patch2x2 { channels: 16 }),
         };
         let tokens = ramp(&[1, 6, 64]);
-        let e = form.unpack_tokens(&tokens, None, "FLUX.1").unwrap_err().to_string();
+        let e = form
+            .unpack_tokens(&tokens, None, "FLUX.1")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("unpack_tokens"), "{e}");
         let maps = form.unpack_tokens(&tokens, Some((32, 48)), "m").unwrap();
         assert_eq!(maps.shape, [1, 16, 4, 6]);
-        let e = form.unpack_tokens(&tokens, Some((48, 48)), "m").unwrap_err().to_string();
+        let e = form
+            .unpack_tokens(&tokens, Some((48, 48)), "m")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("6 tokens") && e.contains("9 tokens"), "{e}");
-        let e = form.unpack_tokens(&tokens, Some((30, 48)), "m").unwrap_err().to_string();
+        let e = form
+            .unpack_tokens(&tokens, Some((30, 48)), "m")
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("multiple of 16"), "{e}");
         let square = ramp(&[1, 9, 64]);
-        assert_eq!(form.unpack_tokens(&square, None, "m").unwrap().shape, [1, 16, 6, 6]);
+        assert_eq!(
+            form.unpack_tokens(&square, None, "m").unwrap().shape,
+            [1, 16, 6, 6]
+        );
         assert!(form.is_tokens(&[1, 9, 64], None));
         assert!(!form.is_tokens(&[16, 9, 64], None), "C×h×w with w = 64");
         assert!(form.is_tokens(&[16, 9, 64], Some((48, 48))));

@@ -72,11 +72,11 @@ pub mod frames;
 pub mod fuzzing;
 pub mod gpu;
 pub mod io;
-pub mod latents;
 /// Kernel wrappers, tile tables and CPU references: crate internals, public
 /// only for the crate's benches and integration tests.
 #[doc(hidden)]
 pub mod kernels;
+pub mod latents;
 pub mod memory;
 pub mod models;
 pub mod named;

@@ -693,7 +693,10 @@ fn flux2_decodes_z_latents_and_tokens_like_diffusers() {
         println!("{name}: latents → z max abs error {zerr:.3e}");
         assert!(zerr <= 1e-6, "{name}: latents → z {zerr}");
         let maps = vae.unpack_tokens(&tokens, Some((h, w))).unwrap();
-        assert_eq!(maps, latents, "{name}: tokens unpack to latents.npy exactly");
+        assert_eq!(
+            maps, latents,
+            "{name}: tokens unpack to latents.npy exactly"
+        );
         let e = vae.unpack_tokens(&tokens, None).unwrap_err().to_string();
         assert!(e.contains("unpack_tokens"), "{name}: {e}");
         let raw_opts = DecodeOptions {
@@ -769,40 +772,74 @@ fn flux2_bad_latents_and_files_are_clear_errors() {
             raw_latents: raw,
             ..Default::default()
         };
-        decode(&ctx, vae, t, &opts).err().expect("must fail").to_string()
+        decode(&ctx, vae, t, &opts)
+            .err()
+            .expect("must fail")
+            .to_string()
     };
     let e = err(&flux2, &flux1_latents, false);
-    assert!(e.contains("FLUX.2") && e.contains("expects 128") && e.contains("16 channels"), "{e}");
+    assert!(
+        e.contains("FLUX.2") && e.contains("expects 128") && e.contains("16 channels"),
+        "{e}"
+    );
     let e = err(&flux2, &z, false);
-    assert!(e.contains("32 channels") && e.contains("raw_latents"), "{e}");
+    assert!(
+        e.contains("32 channels") && e.contains("raw_latents"),
+        "{e}"
+    );
     let e = err(&flux2, &flux2_latents, true);
-    assert!(e.contains("expects 32") && e.contains("128 channels"), "{e}");
+    assert!(
+        e.contains("expects 32") && e.contains("128 channels"),
+        "{e}"
+    );
     let e = err(&flux1, &flux2_latents, false);
-    assert!(e.contains("expects 16") && e.contains("FLUX.2 pipeline latents"), "{e}");
+    assert!(
+        e.contains("expects 16") && e.contains("FLUX.2 pipeline latents"),
+        "{e}"
+    );
     // A file without the BatchNorm statistics decodes raw z only.
     let tmp = tmp_dir("flux2-no-bn");
     let file = tmp.join("diffusion_pytorch_model.safetensors");
-    rewrite_safetensors(&f2.join("diffusion_pytorch_model.safetensors"), &file, |t| {
-        (!t.0.starts_with("bn.")).then_some(t)
-    });
+    rewrite_safetensors(
+        &f2.join("diffusion_pytorch_model.safetensors"),
+        &file,
+        |t| (!t.0.starts_with("bn.")).then_some(t),
+    );
     std::fs::copy(f2.join("config.json"), tmp.join("config.json")).unwrap();
     let no_bn = Vae::load(&ctx, tmp.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let e = err(&no_bn, &flux2_latents, false);
-    assert!(e.contains("bn.running_mean") && e.contains("raw_latents"), "{e}");
-    let a = decode(&ctx, &no_bn, &z, &DecodeOptions { raw_latents: true, ..keep_raw() }).unwrap();
+    assert!(
+        e.contains("bn.running_mean") && e.contains("raw_latents"),
+        "{e}"
+    );
+    let a = decode(
+        &ctx,
+        &no_bn,
+        &z,
+        &DecodeOptions {
+            raw_latents: true,
+            ..keep_raw()
+        },
+    )
+    .unwrap();
     let b = decode(&ctx, &flux2, &flux2_latents, &keep_raw()).unwrap();
     let (d, _) = max_abs_diff(&a.raw.unwrap().data, &b.raw.unwrap().data);
     assert!(d <= 1e-5, "{d}");
     // Half the statistics is a load error naming the missing key.
     let file2 = tmp.join("half.safetensors");
-    rewrite_safetensors(&f2.join("diffusion_pytorch_model.safetensors"), &file2, |t| {
-        (t.0 != "bn.running_var").then_some(t)
-    });
+    rewrite_safetensors(
+        &f2.join("diffusion_pytorch_model.safetensors"),
+        &file2,
+        |t| (t.0 != "bn.running_var").then_some(t),
+    );
     let opts = LoadOptions {
         config: Some(f2.join("config.json")),
         ..Default::default()
     };
-    let e = Vae::load(&ctx, file2.to_str().unwrap(), &opts).err().expect("must fail").to_string();
+    let e = Vae::load(&ctx, file2.to_str().unwrap(), &opts)
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(e.contains("bn.running_var") && e.contains("missing"), "{e}");
 }
 
@@ -817,35 +854,52 @@ fn flux2_ldm_single_file_decodes_identically() {
     let ctx = test_context();
     let tmp = tmp_dir("flux2-ldm");
     let file = tmp.join("flux2-vae.safetensors");
-    rewrite_safetensors(&dir.join("diffusion_pytorch_model.safetensors"), &file, |t| {
-        let (name, d, mut shape, b) = t;
-        let name = match name.as_str() {
-            n if n.starts_with("post_quant_conv.") => format!("decoder.{n}"),
-            n if n.starts_with("quant_conv.") => format!("encoder.{n}"),
-            n if n.starts_with("bn.") || n.starts_with("encoder.") => n.to_string(),
-            n => {
-                if n.contains("attentions") && shape.len() == 2 {
-                    shape.extend([1, 1]);
+    rewrite_safetensors(
+        &dir.join("diffusion_pytorch_model.safetensors"),
+        &file,
+        |t| {
+            let (name, d, mut shape, b) = t;
+            let name = match name.as_str() {
+                n if n.starts_with("post_quant_conv.") => format!("decoder.{n}"),
+                n if n.starts_with("quant_conv.") => format!("encoder.{n}"),
+                n if n.starts_with("bn.") || n.starts_with("encoder.") => n.to_string(),
+                n => {
+                    if n.contains("attentions") && shape.len() == 2 {
+                        shape.extend([1, 1]);
+                    }
+                    diffusers_to_ldm(n, 4)
+                        .trim_start_matches("first_stage_model.")
+                        .to_string()
                 }
-                diffusers_to_ldm(n, 4)
-                    .trim_start_matches("first_stage_model.")
-                    .to_string()
-            }
-        };
-        Some((name, d, shape, b))
-    });
+            };
+            Some((name, d, shape, b))
+        },
+    );
     // norm_num_groups cannot be read off the weights: the config gives it.
     let opts = LoadOptions {
         config: Some(dir.join("config.json")),
         ..Default::default()
     };
     let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
-    assert!(ldm.name.contains("Ldm") && ldm.flux2().is_some(), "{}", ldm.name);
+    assert!(
+        ldm.name.contains("Ldm") && ldm.flux2().is_some(),
+        "{}",
+        ldm.name
+    );
     let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
-    let a = decode(&ctx, &ldm, &latents, &keep_raw()).unwrap().raw.unwrap();
-    let b = decode(&ctx, &diffusers, &latents, &keep_raw()).unwrap().raw.unwrap();
-    assert_eq!(a, b, "LDM and diffusers layouts must decode bit-identically");
+    let a = decode(&ctx, &ldm, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    let b = decode(&ctx, &diffusers, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    assert_eq!(
+        a, b,
+        "LDM and diffusers layouts must decode bit-identically"
+    );
 }
 
 fn wgvae_cli(args: &[&str]) -> (bool, String) {
@@ -853,8 +907,8 @@ fn wgvae_cli(args: &[&str]) -> (bool, String) {
         .args(args)
         .output()
         .expect("run wgvae");
-    let text = String::from_utf8_lossy(&out.stdout).into_owned()
-        + &String::from_utf8_lossy(&out.stderr);
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
     (out.status.success(), text)
 }
 
@@ -912,7 +966,12 @@ fn flux2_latent_forms_through_the_cli() {
     let packed = f2.join("latents_packed.npy");
     let tokens = run(&packed, vae, &["--size", "128x160"], "tokens");
     assert_eq!(tokens, maps, "tokens decode as their maps");
-    let tiled = run(&packed, vae, &["--size", "128x160", "--tile", "exact", "--tile-size", "32"], "tiled");
+    let tiled = run(
+        &packed,
+        vae,
+        &["--size", "128x160", "--tile", "exact", "--tile-size", "32"],
+        "tiled",
+    );
     let (terr, _) = max_abs_diff(&tiled.data, &maps.data);
     assert!(terr <= 1e-3, "CLI exact tiles: {terr}");
     let z = run(&f2.join("z.npy"), vae, &["--raw-latents"], "z");
@@ -926,7 +985,11 @@ fn flux2_latent_forms_through_the_cli() {
     let f1_latents = read_npy(&f1.join("latents.npy")).unwrap();
     let z1 = HostTensor::new(
         f1_latents.shape.clone(),
-        f1_latents.data.iter().map(|v| v / 0.3611 + 0.1159).collect(),
+        f1_latents
+            .data
+            .iter()
+            .map(|v| v / 0.3611 + 0.1159)
+            .collect(),
     )
     .unwrap();
     let file = tmp.join("flux1.latent");
@@ -934,17 +997,59 @@ fn flux2_latent_forms_through_the_cli() {
     let vae1 = f1.to_str().unwrap();
     let from_file = run(&file, vae1, &[], "comfy1");
     let pipeline = run(&f1.join("latents.npy"), vae1, &[], "pipeline1");
-    assert_eq!(from_file, pipeline, "FLUX.1 .latent decodes as the z it holds");
+    assert_eq!(
+        from_file, pipeline,
+        "FLUX.1 .latent decodes as the z it holds"
+    );
     // Errors name the flag and the channels.
-    let (ok, text) = wgvae_cli(&["decode", packed.to_str().unwrap(), "--vae", vae, "-o", tmp.join("x.png").to_str().unwrap()]);
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        packed.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
     assert!(!ok && text.contains("--size HxW"), "{text}");
-    let (ok, text) = wgvae_cli(&["decode", packed.to_str().unwrap(), "--vae", vae, "--size", "128x128", "-o", tmp.join("x.png").to_str().unwrap()]);
-    assert!(!ok && text.contains("80 tokens") && text.contains("64 tokens"), "{text}");
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        packed.to_str().unwrap(),
+        "--vae",
+        vae,
+        "--size",
+        "128x128",
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("80 tokens") && text.contains("64 tokens"),
+        "{text}"
+    );
     let f1_path = f1.join("latents.npy");
-    let (ok, text) = wgvae_cli(&["decode", f1_path.to_str().unwrap(), "--vae", vae, "-o", tmp.join("x.png").to_str().unwrap()]);
-    assert!(!ok && text.contains("FLUX.2") && text.contains("expects 128"), "{text}");
-    let (ok, text) = wgvae_cli(&["decode", f2.join("latents.npy").to_str().unwrap(), "--vae", vae1, "-o", tmp.join("x.png").to_str().unwrap()]);
-    assert!(!ok && text.contains("expects 16") && text.contains("FLUX.2"), "{text}");
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        f1_path.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("FLUX.2") && text.contains("expects 128"),
+        "{text}"
+    );
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        f2.join("latents.npy").to_str().unwrap(),
+        "--vae",
+        vae1,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("expects 16") && text.contains("FLUX.2"),
+        "{text}"
+    );
 }
 
 /// FLUX.1's packed tokens (2×2 patches, feature c·4 + dy·2 + dx, N×L×64)
@@ -963,24 +1068,37 @@ fn flux1_tokens_decode_as_their_maps() {
         Some(TokenPacking::Patch2x2 { channels: 16 })
     );
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
-    let [_, _, h, w] = latents.shape[..] else { panic!() };
-    let tokens = TokenPacking::Patch2x2 { channels: 16 }.pack(&latents).unwrap();
+    let [_, _, h, w] = latents.shape[..] else {
+        panic!()
+    };
+    let tokens = TokenPacking::Patch2x2 { channels: 16 }
+        .pack(&latents)
+        .unwrap();
     assert_eq!(tokens.shape[2], 64);
     let maps = vae.unpack_tokens(&tokens, Some((8 * h, 8 * w))).unwrap();
     assert_eq!(maps, latents);
     let a = decode(&ctx, &vae, &maps, &keep_raw()).unwrap().raw.unwrap();
-    let b = decode(&ctx, &vae, &latents, &keep_raw()).unwrap().raw.unwrap();
+    let b = decode(&ctx, &vae, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
     assert_eq!(a, b);
     // A square crop's tokens decode straight through `decode`.
     let side = h.min(w);
     let crop = latents.crop(0, side, 0, side);
     let square = TokenPacking::Patch2x2 { channels: 16 }.pack(&crop).unwrap();
-    let a = decode(&ctx, &vae, &square, &keep_raw()).unwrap().raw.unwrap();
+    let a = decode(&ctx, &vae, &square, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
     let b = decode(&ctx, &vae, &crop, &keep_raw()).unwrap().raw.unwrap();
     assert_eq!(a, b, "square-grid tokens decode as their maps");
     // FLUX.2 tokens (128 features) are not this model's.
     let wrong = HostTensor::new(vec![1, 4, 128], vec![0.0; 512]).unwrap();
-    let e = decode(&ctx, &vae, &wrong, &keep_raw()).err().expect("must fail").to_string();
+    let e = decode(&ctx, &vae, &wrong, &keep_raw())
+        .err()
+        .expect("must fail")
+        .to_string();
     assert!(e.contains("16"), "{e}");
 }
 

@@ -226,7 +226,10 @@ fn flux2_encoders_match_diffusers() {
         let (es, _) = max_abs_diff(&std.data, &want_std.data);
         let (el, _) = max_abs_diff(&out.latents.data, &want_latents.data);
         println!("{name}: mean {em:.3e}, std {es:.3e}, pipeline latents {el:.3e}");
-        assert!(em <= 2e-4 && es <= 2e-4 && el <= 2e-4, "{name}: {em} {es} {el}");
+        assert!(
+            em <= 2e-4 && es <= 2e-4 && el <= 2e-4,
+            "{name}: {em} {es} {el}"
+        );
         let raw = EncodeOptions {
             raw_latents: true,
             ..Default::default()
@@ -247,7 +250,10 @@ fn flux2_encoders_match_diffusers() {
             keep_raw: true,
             ..Default::default()
         };
-        let a = decode(&ctx, &vae, &out.latents, &keep).unwrap().raw.unwrap();
+        let a = decode(&ctx, &vae, &out.latents, &keep)
+            .unwrap()
+            .raw
+            .unwrap();
         let b = decode(
             &ctx,
             &vae,
@@ -261,6 +267,9 @@ fn flux2_encoders_match_diffusers() {
         .raw
         .unwrap();
         let (ed, _) = max_abs_diff(&a.data, &b.data);
-        assert!(ed <= 1e-4, "{name}: pipeline form decodes like the mean: {ed}");
+        assert!(
+            ed <= 1e-4,
+            "{name}: pipeline form decodes like the mean: {ed}"
+        );
     }
 }

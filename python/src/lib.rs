@@ -256,10 +256,7 @@ impl Model {
         let (rgb, raw, h, w) = py.detach(|| -> PyResult<_> {
             let mut latents = host_tensor(data, shape)?;
             if size.is_some() {
-                latents = self
-                    .vae
-                    .unpack_tokens(&latents, size)
-                    .map_err(to_py_err)?;
+                latents = self.vae.unpack_tokens(&latents, size).map_err(to_py_err)?;
             }
             let _one_at_a_time = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let out = wgvae::decode(&self.ctx, &self.vae, &latents, &opts).map_err(to_py_err)?;

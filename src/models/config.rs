@@ -213,12 +213,14 @@ impl AutoencoderKlConfig {
     /// FLUX.2's normalisation, patch size (2, 2), and no scaling factor
     /// (its config has none: 1 and 0 unless the file gives them).
     fn apply_flux2_fields(&mut self, f: &Flux2Fields) -> std::result::Result<(), String> {
-        let is_flux2 = f.class_name.as_deref() == Some("AutoencoderKLFlux2")
-            || f.batch_norm_eps.is_some();
+        let is_flux2 =
+            f.class_name.as_deref() == Some("AutoencoderKLFlux2") || f.batch_norm_eps.is_some();
         if !is_flux2 {
             return Ok(());
         }
-        let eps = f.batch_norm_eps.unwrap_or(Flux2Latents::PUBLIC.batch_norm_eps);
+        let eps = f
+            .batch_norm_eps
+            .unwrap_or(Flux2Latents::PUBLIC.batch_norm_eps);
         if !(eps.is_finite() && eps >= 0.0) {
             return Err(format!(
                 "batch_norm_eps {eps} must be finite and non-negative (FLUX.2 uses 1e-4)"
@@ -302,7 +304,9 @@ impl AutoencoderKlConfig {
                     self.block_out_channels
                 ));
             }
-            if d.iter().any(|&c| c == 0 || c > MAX_CHANNELS || c % self.norm_num_groups != 0) {
+            if d.iter()
+                .any(|&c| c == 0 || c > MAX_CHANNELS || c % self.norm_num_groups != 0)
+            {
                 return Err(format!(
                     "decoder_block_out_channels {d:?} must be positive multiples of norm_num_groups {} (at most {MAX_CHANNELS})",
                     self.norm_num_groups
@@ -448,19 +452,27 @@ mod tests {
         assert_eq!(c.shift(), 0.0);
         assert_eq!(c.norm_num_groups, 16);
         assert_eq!(c.flux2, None);
-        let c = AutoencoderKlConfig::from_file(&shared.join("golden/flux2-tiny/config.json"))
-            .unwrap();
+        let c =
+            AutoencoderKlConfig::from_file(&shared.join("golden/flux2-tiny/config.json")).unwrap();
         assert_eq!(c.flux2, Some(Flux2Latents::PUBLIC));
-        assert_eq!((c.latent_channels, c.scaling_factor, c.shift()), (32, 1.0, 0.0));
+        assert_eq!(
+            (c.latent_channels, c.scaling_factor, c.shift()),
+            (32, 1.0, 0.0)
+        );
         assert_eq!(c.decoder_channels(), [16, 32, 48, 48]);
         let path = shared.join("golden/flux2-small-decoder-tiny/config.json");
         let c = AutoencoderKlConfig::from_file(&path).unwrap();
         assert_eq!(c.decoder_channels(), [12, 24, 36, 36]);
         assert_eq!(c.block_out_channels, [16, 32, 48, 48]);
         let text = std::fs::read_to_string(&path).unwrap();
-        let bad = text.replace("\"patch_size\": [\n    2,\n    2\n  ]", "\"patch_size\": [4, 4]");
+        let bad = text.replace(
+            "\"patch_size\": [\n    2,\n    2\n  ]",
+            "\"patch_size\": [4, 4]",
+        );
         assert_ne!(bad, text);
-        let e = AutoencoderKlConfig::from_json(&bad, &path).unwrap_err().to_string();
+        let e = AutoencoderKlConfig::from_json(&bad, &path)
+            .unwrap_err()
+            .to_string();
         assert!(e.contains("patch_size"), "{e}");
     }
 }

@@ -257,12 +257,11 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
         (0.18215, None)
     };
     let dec: Vec<usize> = rev.into_iter().rev().collect();
-    let (block_out_channels, decoder_block_out_channels) =
-        if enc.len() == dec.len() && enc != dec {
-            (enc, Some(dec))
-        } else {
-            (dec, None)
-        };
+    let (block_out_channels, decoder_block_out_channels) = if enc.len() == dec.len() && enc != dec {
+        (enc, Some(dec))
+    } else {
+        (dec, None)
+    };
     let cfg = AutoencoderKlConfig {
         block_out_channels,
         layers_per_block: layers,
@@ -459,7 +458,11 @@ impl Vae {
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
         let name = format!(
             "{} ({:?} layout, {})",
-            if cfg.flux2.is_some() { "FLUX.2 AutoencoderKL" } else { "AutoencoderKL" },
+            if cfg.flux2.is_some() {
+                "FLUX.2 AutoencoderKL"
+            } else {
+                "AutoencoderKL"
+            },
             store.layout(),
             weights.display()
         );
@@ -630,7 +633,10 @@ impl Vae {
             }
             t = form.unpack_tokens(&t, size, &self.family())?;
         } else if size.is_some() && t.shape.len() == 4 {
-            log::info!("the image size applies to token sequences only; these latents are maps {:?}", t.shape);
+            log::info!(
+                "the image size applies to token sequences only; these latents are maps {:?}",
+                t.shape
+            );
         }
         let (want, what) = match (self.flux2(), raw) {
             (Some(_), false) => (form.map_channels, "pipeline latents: 2×2-patchified, BatchNorm-normalised maps N×128×h/2×w/2 (raw z has 32: pass `DecodeOptions::raw_latents`)"),
