@@ -88,7 +88,11 @@ impl TokenPacking {
                 tokens.shape
             ))
         })?;
-        if f != self.features() || l != rows * cols || tokens.data.len() != n * l * f {
+        let values = n.checked_mul(l).and_then(|v| v.checked_mul(f));
+        if f != self.features()
+            || rows.checked_mul(cols) != Some(l)
+            || values != Some(tokens.data.len())
+        {
             return Err(Error::InvalidInput(format!(
                 "tokens of shape {:?} do not fill a {rows}×{cols} grid of {} features",
                 tokens.shape,
