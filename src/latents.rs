@@ -343,7 +343,7 @@ impl LatentBatchNorm {
         })?;
         if 4 * c != self.mean.len() || h2 % 2 != 0 || w2 % 2 != 0 {
             return Err(Error::InvalidInput(format!(
-                "FLUX.2 latents z are N×{}×h×w with h and w even; got shape {:?}",
+                "FLUX.2's pipeline form patchifies z N×{}×h×w in 2×2 patches: h and w must be even (images: multiples of 16 pixels, or `EncodeOptions::raw_latents`); got shape {:?}",
                 self.mean.len() / 4,
                 z.shape
             )));
