@@ -381,6 +381,10 @@ impl Engine {
                 Ok(Prepared::Host(z))
             }
             Latents::Device(d) => {
+                crate::run::input::refuse_device_pipeline_latents(
+                    &self.vae,
+                    self.options.raw_latents,
+                )?;
                 d.validate(&self.vae)?;
                 Ok(Prepared::Device(d))
             }
