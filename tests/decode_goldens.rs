@@ -1001,6 +1001,31 @@ fn flux2_latent_forms_through_the_cli() {
         from_file, pipeline,
         "FLUX.1 .latent decodes as the z it holds"
     );
+    // `wgvae encode` writes the pipeline form (patchified, normalised), `--raw-latents` the mean.
+    let png = f2.join("encode_input.png");
+    for (flag, want_file) in [
+        (None, "encoded_latents.npy"),
+        (Some("--raw-latents"), "encoded_mean.npy"),
+    ] {
+        let out = tmp.join(format!("encoded-{}.npy", flag.is_some()));
+        let mut args = vec![
+            "encode",
+            png.to_str().unwrap(),
+            "--vae",
+            vae,
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(flag);
+        let (ok, text) = wgvae_cli(&args);
+        assert!(ok, "{text}");
+        let got = read_npy(&out).unwrap();
+        let want = read_npy(&f2.join(want_file)).unwrap();
+        assert_eq!(got.shape, want.shape, "{want_file}");
+        let (err, _) = max_abs_diff(&got.data, &want.data);
+        println!("CLI encode vs {want_file}: {err:.3e}");
+        assert!(err <= 2e-4, "{want_file}: {err}");
+    }
     // Errors name the flag and the channels.
     let (ok, text) = wgvae_cli(&[
         "decode",
