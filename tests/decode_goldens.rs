@@ -797,6 +797,16 @@ fn flux2_bad_latents_and_files_are_clear_errors() {
         e.contains("expects 16") && e.contains("FLUX.2 pipeline latents"),
         "{e}"
     );
+    // Scaling and shift factors do not apply to FLUX.2.
+    let scaled = LoadOptions {
+        scaling_factor: Some(0.5),
+        ..Default::default()
+    };
+    let e = Vae::load(&ctx, f2.to_str().unwrap(), &scaled)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("FLUX.2") && e.contains("scaling_factor"), "{e}");
     // A file without the BatchNorm statistics decodes raw z only.
     let tmp = tmp_dir("flux2-no-bn");
     let file = tmp.join("diffusion_pytorch_model.safetensors");

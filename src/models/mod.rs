@@ -297,13 +297,19 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
     clippy::panic,
     clippy::indexing_slicing
 )]
-fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
+fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<()> {
+    if cfg.flux2.is_some() && (opts.scaling_factor.is_some() || opts.shift_factor.is_some()) {
+        return Err(Error::InvalidInput(
+            "FLUX.2 latents have no scaling or shift factor: its pipeline normalises them with the VAE's BatchNorm statistics (`bn.running_mean` / `bn.running_var`); drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`".into(),
+        ));
+    }
     if let Some(s) = opts.scaling_factor {
         cfg.scaling_factor = s;
     }
     if let Some(s) = opts.shift_factor {
         cfg.shift_factor = Some(s);
     }
+    Ok(())
 }
 
 /// The weight file and config.json (if any) behind a `--vae` path: a file
@@ -349,7 +355,7 @@ pub fn resolve_config(
         Some(c) => AutoencoderKlConfig::from_file(c)?,
         None => infer_config(store, opts)?,
     };
-    apply_overrides(&mut cfg, opts);
+    apply_overrides(&mut cfg, opts)?;
     Ok(cfg)
 }
 
@@ -429,7 +435,7 @@ impl Vae {
         }
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
-            apply_overrides(&mut cfg, opts);
+            apply_overrides(&mut cfg, opts)?;
             let store = WeightStore::random_for(ctx, opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
