@@ -171,7 +171,10 @@ impl DecodeJob<'_> {
     }
 }
 
-/// Decodes `latents` [N, C, h, w] with `vae`. Untiled: one recorded forward,
+/// Decodes `latents` with `vae`: pipeline latents [N, C, h, w] (FLUX.2's
+/// 128-channel maps included), a token sequence [N, L, F] on a square grid
+/// (others: [`Vae::unpack_tokens`] with the image size first), or raw z with
+/// `opts.raw_latents` (see [`Vae::decoder_input`]). Untiled: one recorded forward,
 /// one submit; tiled as `opts.tiling` says. On a null device
 /// ([`Context::null`]) nothing runs and only the memory figures are real.
 pub fn decode(
@@ -180,11 +183,8 @@ pub fn decode(
     latents: &HostTensor,
     opts: &DecodeOptions,
 ) -> Result<Decoded> {
-    let mut z = latents.clone();
-    crate::io::validate_latents(&mut z, vae.latent_channels()).map_err(Error::InvalidInput)?;
-    if !opts.raw_latents {
-        vae.unscale_latents(&mut z)?;
-    }
+    // Token sequences, pipeline maps or raw z, as the model's latent form says.
+    let z = vae.decoder_input(latents, opts.raw_latents, None)?;
     let job = DecodeJob {
         vae,
         z: &z,

@@ -52,7 +52,7 @@ use parking_lot::Mutex;
 use crate::decode::{decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, CooperativeMatrix, Recorder};
-use crate::io::{validate_latents, HostTensor};
+use crate::io::HostTensor;
 use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
 use crate::memory::Policy;
 use crate::models::{layers::dims4, LoadOptions, Vae};
@@ -377,15 +377,14 @@ impl Engine {
     fn prepare<'a>(&self, latents: &'a Latents<'a>) -> Result<Prepared<'a>> {
         match latents {
             Latents::Host(t) => {
-                let mut z = (*t).clone();
-                validate_latents(&mut z, self.vae.latent_channels())
-                    .map_err(Error::InvalidInput)?;
-                if !self.options.raw_latents {
-                    self.vae.unscale_latents(&mut z)?;
-                }
+                let z = self.vae.decoder_input(t, self.options.raw_latents, None)?;
                 Ok(Prepared::Host(z))
             }
             Latents::Device(d) => {
+                crate::run::input::refuse_device_pipeline_latents(
+                    &self.vae,
+                    self.options.raw_latents,
+                )?;
                 d.validate(&self.vae)?;
                 Ok(Prepared::Device(d))
             }

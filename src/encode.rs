@@ -42,7 +42,8 @@ pub struct EncodeOptions {
 pub struct Encoded {
     /// Pool statistics, peaks over this encode (weights included).
     pub memory: crate::memory::MemoryStats,
-    /// Latents [N, C, H/8, W/8]: pipeline latents unless `raw_latents`.
+    /// Latents [N, C, H/8, W/8]: pipeline latents unless `raw_latents`
+    /// (FLUX.2's pipeline form: 2×2-patchified, BatchNorm-normalised, [N, 128, H/16, W/16]).
     pub latents: HostTensor,
     /// The distribution's raw mean (AutoencoderKL only).
     pub mean: Option<HostTensor>,
@@ -338,14 +339,29 @@ fn finish(
                 .collect()
         }
     };
-    if !opts.raw_latents {
-        let (sf, shift) = (k.config.scaling_factor, k.config.shift());
-        z.iter_mut().for_each(|v| *v = (*v - shift) * sf);
-    }
     let lshape = vec![n, l, lh, lw];
+    let latents = match (opts.raw_latents, k.config.flux2) {
+        (true, _) => HostTensor::new(lshape.clone(), z)?,
+        // FLUX.2's pipeline form (`Flux2Pipeline._encode_vae_image`): 2×2
+        // patchify, then the latent BatchNorm: N×4C×h/2×w/2.
+        (false, Some(_)) => {
+            let bn = k.latent_bn.as_ref().ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "{}: the weights hold no `bn.running_mean` / `bn.running_var`, which FLUX.2's pipeline latents need; ask for raw latents (`EncodeOptions::raw_latents`) or load the full VAE file",
+                    enc.name
+                ))
+            })?;
+            bn.from_z(&HostTensor::new(lshape.clone(), z)?)?
+        }
+        (false, None) => {
+            let (sf, shift) = (k.config.scaling_factor, k.config.shift());
+            z.iter_mut().for_each(|v| *v = (*v - shift) * sf);
+            HostTensor::new(lshape.clone(), z)?
+        }
+    };
     Ok(Encoded {
         memory,
-        latents: HostTensor::new(lshape.clone(), z)?,
+        latents,
         mean: Some(HostTensor::new(lshape.clone(), mean)?),
         std: Some(HostTensor::new(lshape, std)?),
         tiling,

@@ -463,6 +463,20 @@ pub fn decode_frames(
     mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
 ) -> Result<FramesReport> {
     let start = Instant::now();
+    // FLUX.2 pipeline latents are un-normalised and unpatchified on the host first.
+    let converted;
+    let (latents, opts) = if vae.flux2().is_some() && !opts.raw_latents {
+        converted = (
+            vae.decoder_input(latents, false, None)?,
+            FramesOptions {
+                raw_latents: true,
+                ..opts.clone()
+            },
+        );
+        (&converted.0, &converted.1)
+    } else {
+        (latents, opts)
+    };
     let profile = opts.profile;
     let shape = frames_shape(latents, vae.latent_channels())?;
     let [n, c, h, w] = shape;

@@ -225,11 +225,9 @@ fn kl_host_load(store: &WeightStore, origin: &str) {
     if cfg.validate().is_err() {
         return; // `AutoencoderKl::load` stops here with that message
     }
-    let (l, top) = (
-        cfg.latent_channels,
-        cfg.block_out_channels[cfg.block_out_channels.len() - 1],
-    );
-    let first = cfg.block_out_channels[0];
+    let dec = cfg.decoder_channels();
+    let (l, top) = (cfg.latent_channels, dec[dec.len() - 1]);
+    let first = dec[0];
     let takes: [(&str, Vec<usize>); 5] = [
         ("post_quant_conv.weight", vec![l, l, 1, 1]),
         ("decoder.conv_in.weight", vec![top, l, 3, 3]),

@@ -170,12 +170,9 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
     }
     let npy =
         npyz::NpyFile::new(bytes).map_err(|e| bad(path, format!("not a valid .npy file: {e}")))?;
-    if npy.order() != npyz::Order::C {
-        return Err(bad(
-            path,
-            "Fortran-ordered arrays are not supported; save with C order (np.ascontiguousarray)",
-        ));
-    }
+    // numpy saves a transposed (F-contiguous) array in Fortran order, e.g.
+    // FLUX.2's packed tokens from `_pack_latents` (a permute): reordered below.
+    let fortran = npy.order() == npyz::Order::Fortran;
     let shape: Vec<usize> = npy.shape().iter().map(|&d| d as usize).collect();
     let type_str = npy.dtype().descr().trim_matches('\'').to_string();
     let kind = type_str.trim_start_matches(['<', '>', '|', '=']);
@@ -240,7 +237,37 @@ pub fn parse_npy(bytes: &[u8], path: &Path) -> Result<HostTensor> {
             wide.into_iter().map(|v| v as f32).collect()
         }
     };
+    let data = if fortran {
+        fortran_to_c(&shape, &data)
+    } else {
+        data
+    };
     HostTensor::new(shape, data).map_err(|e| bad(path, e.to_string()))
+}
+
+/// Column-major values of `shape` (the first index fastest) in row-major order.
+// `data.len()` is the product of `shape` (checked against the payload above).
+#[allow(clippy::indexing_slicing)]
+fn fortran_to_c(shape: &[usize], data: &[f32]) -> Vec<f32> {
+    let mut out = Vec::with_capacity(data.len());
+    let mut index = vec![0usize; shape.len()];
+    for _ in 0..data.len() {
+        let (mut at, mut stride) = (0, 1);
+        for (i, &d) in index.iter().zip(shape) {
+            at += i * stride;
+            stride *= d;
+        }
+        out.push(data[at]);
+        // Next C-order index: the last axis fastest.
+        for axis in (0..shape.len()).rev() {
+            index[axis] += 1;
+            if index[axis] < shape[axis] {
+                break;
+            }
+            index[axis] = 0;
+        }
+    }
+    out
 }
 
 /// Writes f32 values as a `.npy` array.
@@ -311,7 +338,7 @@ impl<W: std::io::Write> NpyStream<W> {
         };
         let mut header = format!("{{'descr': '<f4', 'fortran_order': False, 'shape': {tuple}, }}");
         // Magic (6) + version (2) + length (2) + header + '\n': a multiple of 64.
-        while (10 + header.len() + 1) % 64 != 0 {
+        while !(10 + header.len() + 1).is_multiple_of(64) {
             header.push(' ');
         }
         header.push('\n');
@@ -548,6 +575,80 @@ pub fn parse_safetensors_tensor(
     HostTensor::new(view.shape().to_vec(), data).map_err(|e| bad(path, e.to_string()))
 }
 
+/// The key of ComfyUI's `.latent` files (SaveLatent) holding the latents.
+pub const COMFYUI_LATENT_KEY: &str = "latent_tensor";
+/// The marker key of ComfyUI's current `.latent` format: without it, LoadLatent
+/// multiplies the tensor by 1 / 0.18215 (files of the first format held SD
+/// latents times the SD scaling factor).
+pub const COMFYUI_VERSION_KEY: &str = "latent_format_version_0";
+
+/// Latents as read from a file, with what the file says about their form.
+#[derive(Clone, Debug, PartialEq)]
+pub struct LatentFile {
+    /// The tensor (no shape or channel check yet: the model decides the form).
+    pub tensor: HostTensor,
+    /// True for a ComfyUI `.latent` file: it holds the VAE's own latents as
+    /// ComfyUI's VAEEncode / samplers hand them to VAEDecode — raw z for the
+    /// SD/SDXL/SD3/FLUX.1 VAEs (ComfyUI scales them inside the diffusion model),
+    /// FLUX.2's 128-channel BatchNorm-normalised 2×2-patchified maps.
+    pub comfyui: bool,
+}
+
+/// Reads latents from `.npy`, `.safetensors` (`key`, or the only tensor) or a
+/// ComfyUI `.latent` file (LoadLatent's rule: `latent_tensor`, times
+/// 1 / 0.18215 unless the `latent_format_version_0` marker is present).
+/// Shapes and channels are left to [`crate::Vae::decoder_input`].
+pub fn read_latent_file(path: &Path, key: Option<&str>) -> Result<LatentFile> {
+    let ext = path
+        .extension()
+        .and_then(|e| e.to_str())
+        .unwrap_or("")
+        .to_lowercase();
+    let tensor = match ext.as_str() {
+        "npy" => read_npy(path)?,
+        "safetensors" => read_safetensors_tensor(path, key)?,
+        "latent" => {
+            let bytes = read(path)?;
+            let st = safetensors::SafeTensors::deserialize(&bytes).map_err(|e| {
+                bad(
+                    path,
+                    format!("not a ComfyUI .latent file (a safetensors file): {e}"),
+                )
+            })?;
+            let names = st.names();
+            if !names.contains(&COMFYUI_LATENT_KEY) {
+                return Err(bad(
+                    path,
+                    format!(
+                        "a ComfyUI .latent file holds `{COMFYUI_LATENT_KEY}`; this one has {}",
+                        names.join(", ")
+                    ),
+                ));
+            }
+            let mut t = parse_safetensors_tensor(&bytes, path, Some(COMFYUI_LATENT_KEY))?;
+            if !names.contains(&COMFYUI_VERSION_KEY) {
+                for v in &mut t.data {
+                    *v *= 1.0 / 0.18215;
+                }
+            }
+            return Ok(LatentFile {
+                tensor: t,
+                comfyui: true,
+            });
+        }
+        _ => {
+            return Err(bad(
+                path,
+                "unknown latent file type; expected .npy, .safetensors or ComfyUI's .latent",
+            ))
+        }
+    };
+    Ok(LatentFile {
+        tensor,
+        comfyui: false,
+    })
+}
+
 /// Reads latents from `.npy` or `.safetensors` and checks them: rank 3 or 4
 /// (C×h×w becomes 1×C×h×w), the expected channel count, finite values.
 pub fn load_latents(path: &Path, key: Option<&str>, channels: usize) -> Result<HostTensor> {
@@ -731,6 +832,73 @@ mod tests {
         let d = std::env::temp_dir().join(format!("wgvae-io-{}", std::process::id()));
         std::fs::create_dir_all(&d).unwrap();
         d.join(name)
+    }
+
+    /// numpy's Fortran-ordered files (a transposed array saved as is) read
+    /// back in C order.
+    #[test]
+    fn fortran_order_npy_reads_in_c_order() {
+        let mut header =
+            "{'descr': '<f4', 'fortran_order': True, 'shape': (2, 3, 4), }".to_string();
+        while !(10 + header.len() + 1).is_multiple_of(64) {
+            header.push(' ');
+        }
+        header.push('\n');
+        let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+        bytes.extend((header.len() as u16).to_le_bytes());
+        bytes.extend(header.as_bytes());
+        // Column-major: value at (i, j, k) = 100i + 10j + k stored with i fastest.
+        for k in 0..4 {
+            for j in 0..3 {
+                for i in 0..2 {
+                    bytes.extend(((100 * i + 10 * j + k) as f32).to_le_bytes());
+                }
+            }
+        }
+        let t = parse_npy(&bytes, Path::new("f.npy")).unwrap();
+        assert_eq!(t.shape, [2, 3, 4]);
+        let want: Vec<f32> = (0..24)
+            .map(|n| (100 * (n / 12) + 10 * ((n / 4) % 3) + n % 4) as f32)
+            .collect();
+        assert_eq!(t.data, want);
+    }
+
+    /// ComfyUI's `.latent`: `latent_tensor` as is with the version marker,
+    /// times 1 / 0.18215 without it (LoadLatent's rule for old files).
+    #[test]
+    fn comfyui_latent_files_follow_load_latent() {
+        let data: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
+        let write = |name: &str, marker: bool| {
+            let p = tmp(name);
+            let bytes: &[u8] = bytemuck::cast_slice(&data);
+            let t = safetensors::tensor::TensorView::new(
+                safetensors::Dtype::F32,
+                vec![1, 4, 2, 2],
+                bytes,
+            )
+            .unwrap();
+            let empty = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![0], &[])
+                .unwrap();
+            let mut views = vec![(COMFYUI_LATENT_KEY, t)];
+            if marker {
+                views.push((COMFYUI_VERSION_KEY, empty));
+            }
+            safetensors::serialize_to_file(views, None, &p).unwrap();
+            p
+        };
+        let new = read_latent_file(&write("new.latent", true), None).unwrap();
+        assert!(new.comfyui);
+        assert_eq!(
+            (new.tensor.shape.as_slice(), &new.tensor.data),
+            (&[1, 4, 2, 2][..], &data)
+        );
+        let old = read_latent_file(&write("old.latent", false), None).unwrap();
+        let want: Vec<f32> = data.iter().map(|v| v * (1.0 / 0.18215)).collect();
+        assert_eq!(old.tensor.data, want);
+        let p = tmp("plain.latent");
+        write_safetensors(&p, "latents", &[1, 4, 2, 2], &data).unwrap();
+        let e = read_latent_file(&p, None).unwrap_err().to_string();
+        assert!(e.contains("latent_tensor"), "{e}");
     }
 
     #[test]

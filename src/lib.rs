@@ -76,6 +76,7 @@ pub mod io;
 /// only for the crate's benches and integration tests.
 #[doc(hidden)]
 pub mod kernels;
+pub mod latents;
 pub mod memory;
 pub mod models;
 pub mod named;

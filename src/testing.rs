@@ -238,6 +238,8 @@ pub fn tiny_kl_config() -> crate::models::AutoencoderKlConfig {
         use_post_quant_conv: true,
         use_quant_conv: true,
         mid_block_add_attention: true,
+        decoder_block_out_channels: None,
+        flux2: None,
     }
 }
 

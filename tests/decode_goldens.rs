@@ -669,3 +669,493 @@ fn diffusers_autoencoder_tiny_folder_matches_taesd_files() {
         "AutoencoderTiny encoder vs TAESD encoder file"
     );
 }
+
+/// FLUX.2 (`AutoencoderKLFlux2`, the small decoder too): the golden decodes
+/// from raw z, from the pipeline's BatchNorm-normalised patchified maps and
+/// from its packed tokens (unpacked with the image size), whole and in exact
+/// tiles; f16 and bf16 errors printed and bounded.
+#[test]
+fn flux2_decodes_z_latents_and_tokens_like_diffusers() {
+    for name in ["flux2-tiny", "flux2-small-decoder-tiny"] {
+        let Some(dir) = golden(name) else { return };
+        let ctx = test_context();
+        let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        assert!(vae.flux2().is_some(), "{name}: {}", vae.name);
+        assert_eq!(vae.latent_channels(), 32);
+        let z = read_npy(&dir.join("z.npy")).unwrap();
+        let latents = read_npy(&dir.join("latents.npy")).unwrap();
+        let tokens = read_npy(&dir.join("latents_packed.npy")).unwrap();
+        let want = read_npy(&dir.join("decoded.npy")).unwrap();
+        let (h, w) = (want.shape[2], want.shape[3]);
+        // The host un-normalisation + unpatchify gives z.npy (diffusers' own f32 ops).
+        let from_latents = vae.decoder_input(&latents, false, None).unwrap();
+        let (zerr, _) = max_abs_diff(&from_latents.data, &z.data);
+        println!("{name}: latents → z max abs error {zerr:.3e}");
+        assert!(zerr <= 1e-6, "{name}: latents → z {zerr}");
+        let maps = vae.unpack_tokens(&tokens, Some((h, w))).unwrap();
+        assert_eq!(
+            maps, latents,
+            "{name}: tokens unpack to latents.npy exactly"
+        );
+        let e = vae.unpack_tokens(&tokens, None).unwrap_err().to_string();
+        assert!(e.contains("unpack_tokens"), "{name}: {e}");
+        let raw_opts = DecodeOptions {
+            raw_latents: true,
+            ..keep_raw()
+        };
+        let whole = decode(&ctx, &vae, &z, &raw_opts).unwrap();
+        let raw = whole.raw.unwrap();
+        assert_eq!(raw.shape, want.shape, "{name}");
+        let (err, at) = max_abs_diff(&raw.data, &want.data);
+        println!("{name}: f32 from z: raw max abs error {err:.3e} at {at}");
+        assert!(err <= 2e-4, "{name}: {err} > 2e-4");
+        let want_png = png_rgb(&dir.join("decoded_0.png"));
+        let worst = rgb_of(&whole.rgba[0])
+            .iter()
+            .zip(&want_png)
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap();
+        assert!(worst <= 1, "{name}: PNG differs by {worst}");
+        for (what, input) in [("latents.npy", &latents), ("latents_packed.npy", &maps)] {
+            let out = decode(&ctx, &vae, input, &keep_raw()).unwrap().raw.unwrap();
+            let (err, _) = max_abs_diff(&out.data, &want.data);
+            println!("{name}: f32 from {what}: raw max abs error {err:.3e}");
+            assert!(err <= 2e-4, "{name} from {what}: {err} > 2e-4");
+        }
+        // Exact tiles (a 32-pixel tile: several tiles, the mid-block tiled too).
+        let tiled = DecodeOptions {
+            tiling: wgvae::Tiling::exact().with_tile_size(32),
+            ..keep_raw()
+        };
+        let out = decode(&ctx, &vae, &latents, &tiled).unwrap();
+        assert_eq!(out.tiling.mode, "exact", "{name}");
+        let (terr, _) = max_abs_diff(&out.raw.unwrap().data, &raw.data);
+        println!("{name}: exact tiles vs untiled {terr:.3e}");
+        assert!(terr <= 1e-3, "{name}: tiled {terr}");
+        for (precision, bound) in [
+            (wgvae::models::Precision::F16, 1.6e-2),
+            (wgvae::models::Precision::BF16, 1.5e-1),
+        ] {
+            let opts = LoadOptions {
+                precision,
+                ..Default::default()
+            };
+            let half = Vae::load(&ctx, dir.to_str().unwrap(), &opts).unwrap();
+            let out = decode(&ctx, &half, &latents, &keep_raw()).unwrap();
+            let (err, _) = max_abs_diff(&out.raw.unwrap().data, &want.data);
+            println!("{name}: {precision:?}: raw max abs error {err:.3e}");
+            assert!(err <= bound, "{name} {precision:?}: {err} > {bound}");
+            let out = decode(&ctx, &half, &latents, &tiled).unwrap();
+            let (err, _) = max_abs_diff(&out.raw.unwrap().data, &want.data);
+            println!("{name}: {precision:?} exact tiles: raw max abs error {err:.3e}");
+            assert!(err <= bound, "{name} {precision:?} tiled: {err} > {bound}");
+        }
+    }
+}
+
+/// Wrong latent forms and incomplete FLUX.2 files are errors naming the
+/// model, the channels it expects and the fix.
+#[test]
+fn flux2_bad_latents_and_files_are_clear_errors() {
+    let (Some(f2), Some(f1)) = (golden("flux2-tiny"), golden("aekl-tiny-flux")) else {
+        return;
+    };
+    let ctx = test_context();
+    let flux2 = Vae::load(&ctx, f2.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let flux1 = Vae::load(&ctx, f1.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let flux1_latents = read_npy(&f1.join("latents.npy")).unwrap();
+    let flux2_latents = read_npy(&f2.join("latents.npy")).unwrap();
+    let z = read_npy(&f2.join("z.npy")).unwrap();
+    let err = |vae: &Vae, t: &HostTensor, raw: bool| {
+        let opts = DecodeOptions {
+            raw_latents: raw,
+            ..Default::default()
+        };
+        decode(&ctx, vae, t, &opts)
+            .err()
+            .expect("must fail")
+            .to_string()
+    };
+    let e = err(&flux2, &flux1_latents, false);
+    assert!(
+        e.contains("FLUX.2") && e.contains("expects 128") && e.contains("16 channels"),
+        "{e}"
+    );
+    let e = err(&flux2, &z, false);
+    assert!(
+        e.contains("32 channels") && e.contains("raw_latents"),
+        "{e}"
+    );
+    let e = err(&flux2, &flux2_latents, true);
+    assert!(
+        e.contains("expects 32") && e.contains("128 channels"),
+        "{e}"
+    );
+    let e = err(&flux1, &flux2_latents, false);
+    assert!(
+        e.contains("expects 16") && e.contains("FLUX.2 pipeline latents"),
+        "{e}"
+    );
+    // Scaling and shift factors do not apply to FLUX.2.
+    let scaled = LoadOptions {
+        scaling_factor: Some(0.5),
+        ..Default::default()
+    };
+    let e = Vae::load(&ctx, f2.to_str().unwrap(), &scaled)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("FLUX.2") && e.contains("scaling_factor"), "{e}");
+    // A file without the BatchNorm statistics decodes raw z only.
+    let tmp = tmp_dir("flux2-no-bn");
+    let file = tmp.join("diffusion_pytorch_model.safetensors");
+    rewrite_safetensors(
+        &f2.join("diffusion_pytorch_model.safetensors"),
+        &file,
+        |t| (!t.0.starts_with("bn.")).then_some(t),
+    );
+    std::fs::copy(f2.join("config.json"), tmp.join("config.json")).unwrap();
+    let no_bn = Vae::load(&ctx, tmp.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let e = err(&no_bn, &flux2_latents, false);
+    assert!(
+        e.contains("bn.running_mean") && e.contains("raw_latents"),
+        "{e}"
+    );
+    let a = decode(
+        &ctx,
+        &no_bn,
+        &z,
+        &DecodeOptions {
+            raw_latents: true,
+            ..keep_raw()
+        },
+    )
+    .unwrap();
+    let b = decode(&ctx, &flux2, &flux2_latents, &keep_raw()).unwrap();
+    let (d, _) = max_abs_diff(&a.raw.unwrap().data, &b.raw.unwrap().data);
+    assert!(d <= 1e-5, "{d}");
+    // Half the statistics is a load error naming the missing key.
+    let file2 = tmp.join("half.safetensors");
+    rewrite_safetensors(
+        &f2.join("diffusion_pytorch_model.safetensors"),
+        &file2,
+        |t| (t.0 != "bn.running_var").then_some(t),
+    );
+    let opts = LoadOptions {
+        config: Some(f2.join("config.json")),
+        ..Default::default()
+    };
+    let e = Vae::load(&ctx, file2.to_str().unwrap(), &opts)
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("bn.running_var") && e.contains("missing"), "{e}");
+}
+
+/// ComfyUI's / BFL's single file: LDM names, the quant convs inside the
+/// encoder and decoder (`decoder.post_quant_conv`, `encoder.quant_conv`), the
+/// BatchNorm at `bn.*`: decodes bit-identically to the diffusers folder.
+#[test]
+fn flux2_ldm_single_file_decodes_identically() {
+    let Some(dir) = golden("flux2-small-decoder-tiny") else {
+        return;
+    };
+    let ctx = test_context();
+    let tmp = tmp_dir("flux2-ldm");
+    let file = tmp.join("flux2-vae.safetensors");
+    rewrite_safetensors(
+        &dir.join("diffusion_pytorch_model.safetensors"),
+        &file,
+        |t| {
+            let (name, d, mut shape, b) = t;
+            let name = match name.as_str() {
+                n if n.starts_with("post_quant_conv.") => format!("decoder.{n}"),
+                n if n.starts_with("quant_conv.") => format!("encoder.{n}"),
+                n if n.starts_with("bn.") || n.starts_with("encoder.") => n.to_string(),
+                n => {
+                    if n.contains("attentions") && shape.len() == 2 {
+                        shape.extend([1, 1]);
+                    }
+                    diffusers_to_ldm(n, 4)
+                        .trim_start_matches("first_stage_model.")
+                        .to_string()
+                }
+            };
+            Some((name, d, shape, b))
+        },
+    );
+    // norm_num_groups cannot be read off the weights: the config gives it.
+    let opts = LoadOptions {
+        config: Some(dir.join("config.json")),
+        ..Default::default()
+    };
+    let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
+    assert!(
+        ldm.name.contains("Ldm") && ldm.flux2().is_some(),
+        "{}",
+        ldm.name
+    );
+    let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let a = decode(&ctx, &ldm, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    let b = decode(&ctx, &diffusers, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    assert_eq!(
+        a, b,
+        "LDM and diffusers layouts must decode bit-identically"
+    );
+}
+
+fn wgvae_cli(args: &[&str]) -> (bool, String) {
+    let out = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .args(args)
+        .output()
+        .expect("run wgvae");
+    let text =
+        String::from_utf8_lossy(&out.stdout).into_owned() + &String::from_utf8_lossy(&out.stderr);
+    (out.status.success(), text)
+}
+
+/// Writes `t` as ComfyUI's SaveLatent does: `latent_tensor` plus the empty
+/// float32 `latent_format_version_0` marker, the prompt in the metadata.
+fn write_comfyui_latent(path: &Path, t: &HostTensor) {
+    let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+    let latent =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, t.shape.clone(), bytes)
+            .unwrap();
+    let marker =
+        safetensors::tensor::TensorView::new(safetensors::Dtype::F32, vec![0], &[]).unwrap();
+    let metadata = std::collections::HashMap::from([("prompt".to_string(), "{}".to_string())]);
+    let views = vec![
+        ("latent_tensor", latent),
+        ("latent_format_version_0", marker),
+    ];
+    safetensors::serialize_to_file(views, Some(metadata), path).unwrap();
+}
+
+/// The CLI decodes FLUX.2 pipeline maps, packed tokens with `--size`, ComfyUI
+/// `.latent` files (FLUX.2's normalised maps; FLUX.1's raw z) to the same
+/// output as the tensors they hold, and names `--size` and the channels in
+/// its errors.
+#[test]
+fn flux2_latent_forms_through_the_cli() {
+    let (Some(f2), Some(f1)) = (golden("flux2-tiny"), golden("aekl-tiny-flux")) else {
+        return;
+    };
+    let tmp = tmp_dir("flux2-cli");
+    let want = read_npy(&f2.join("decoded.npy")).unwrap();
+    let vae = f2.to_str().unwrap();
+    let run = |latents: &Path, vae: &str, extra: &[&str], name: &str| -> HostTensor {
+        let raw = tmp.join(format!("{name}.npy"));
+        let png = tmp.join(format!("{name}.png"));
+        let mut args = vec![
+            "decode",
+            latents.to_str().unwrap(),
+            "--vae",
+            vae,
+            "-o",
+            png.to_str().unwrap(),
+            "--save-raw",
+            raw.to_str().unwrap(),
+        ];
+        args.extend(extra);
+        let (ok, text) = wgvae_cli(&args);
+        assert!(ok, "{name}: {text}");
+        read_npy(&raw).unwrap()
+    };
+    let maps = run(&f2.join("latents.npy"), vae, &[], "maps");
+    let (err, _) = max_abs_diff(&maps.data, &want.data);
+    println!("CLI flux2-tiny from latents.npy: {err:.3e}");
+    assert!(err <= 2e-4, "{err}");
+    let packed = f2.join("latents_packed.npy");
+    let tokens = run(&packed, vae, &["--size", "128x160"], "tokens");
+    assert_eq!(tokens, maps, "tokens decode as their maps");
+    let tiled = run(
+        &packed,
+        vae,
+        &["--size", "128x160", "--tile", "exact", "--tile-size", "32"],
+        "tiled",
+    );
+    let (terr, _) = max_abs_diff(&tiled.data, &maps.data);
+    assert!(terr <= 1e-3, "CLI exact tiles: {terr}");
+    let z = run(&f2.join("z.npy"), vae, &["--raw-latents"], "z");
+    let (zerr, _) = max_abs_diff(&z.data, &want.data);
+    assert!(zerr <= 2e-4, "{zerr}");
+    // ComfyUI's FLUX.2 latent: the 128-channel normalised maps.
+    let file = tmp.join("flux2.latent");
+    write_comfyui_latent(&file, &read_npy(&f2.join("latents.npy")).unwrap());
+    assert_eq!(run(&file, vae, &[], "comfy2"), maps, "FLUX.2 .latent");
+    // ComfyUI's FLUX.1 latent: raw z (ComfyUI scales inside the diffusion model).
+    let f1_latents = read_npy(&f1.join("latents.npy")).unwrap();
+    let z1 = HostTensor::new(
+        f1_latents.shape.clone(),
+        f1_latents
+            .data
+            .iter()
+            .map(|v| v / 0.3611 + 0.1159)
+            .collect(),
+    )
+    .unwrap();
+    let file = tmp.join("flux1.latent");
+    write_comfyui_latent(&file, &z1);
+    let vae1 = f1.to_str().unwrap();
+    let from_file = run(&file, vae1, &[], "comfy1");
+    let pipeline = run(&f1.join("latents.npy"), vae1, &[], "pipeline1");
+    assert_eq!(
+        from_file, pipeline,
+        "FLUX.1 .latent decodes as the z it holds"
+    );
+    // `wgvae encode` writes the pipeline form (patchified, normalised), `--raw-latents` the mean.
+    let png = f2.join("encode_input.png");
+    for (flag, want_file) in [
+        (None, "encoded_latents.npy"),
+        (Some("--raw-latents"), "encoded_mean.npy"),
+    ] {
+        let out = tmp.join(format!("encoded-{}.npy", flag.is_some()));
+        let mut args = vec![
+            "encode",
+            png.to_str().unwrap(),
+            "--vae",
+            vae,
+            "-o",
+            out.to_str().unwrap(),
+        ];
+        args.extend(flag);
+        let (ok, text) = wgvae_cli(&args);
+        assert!(ok, "{text}");
+        let got = read_npy(&out).unwrap();
+        let want = read_npy(&f2.join(want_file)).unwrap();
+        assert_eq!(got.shape, want.shape, "{want_file}");
+        let (err, _) = max_abs_diff(&got.data, &want.data);
+        println!("CLI encode vs {want_file}: {err:.3e}");
+        assert!(err <= 2e-4, "{want_file}: {err}");
+    }
+    // Errors name the flag and the channels.
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        packed.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(!ok && text.contains("--size HxW"), "{text}");
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        packed.to_str().unwrap(),
+        "--vae",
+        vae,
+        "--size",
+        "128x128",
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("80 tokens") && text.contains("64 tokens"),
+        "{text}"
+    );
+    let f1_path = f1.join("latents.npy");
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        f1_path.to_str().unwrap(),
+        "--vae",
+        vae,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("FLUX.2") && text.contains("expects 128"),
+        "{text}"
+    );
+    let (ok, text) = wgvae_cli(&[
+        "decode",
+        f2.join("latents.npy").to_str().unwrap(),
+        "--vae",
+        vae1,
+        "-o",
+        tmp.join("x.png").to_str().unwrap(),
+    ]);
+    assert!(
+        !ok && text.contains("expects 16") && text.contains("FLUX.2"),
+        "{text}"
+    );
+}
+
+/// FLUX.1's packed tokens (2×2 patches, feature c·4 + dy·2 + dx, N×L×64)
+/// decode as the maps they pack: with the image size, and on a square grid
+/// without it.
+#[test]
+fn flux1_tokens_decode_as_their_maps() {
+    use wgvae::latents::TokenPacking;
+    let Some(dir) = golden("aekl-tiny-flux") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert_eq!(
+        vae.latent_form().tokens,
+        Some(TokenPacking::Patch2x2 { channels: 16 })
+    );
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let [_, _, h, w] = latents.shape[..] else {
+        panic!()
+    };
+    let tokens = TokenPacking::Patch2x2 { channels: 16 }
+        .pack(&latents)
+        .unwrap();
+    assert_eq!(tokens.shape[2], 64);
+    let maps = vae.unpack_tokens(&tokens, Some((8 * h, 8 * w))).unwrap();
+    assert_eq!(maps, latents);
+    let a = decode(&ctx, &vae, &maps, &keep_raw()).unwrap().raw.unwrap();
+    let b = decode(&ctx, &vae, &latents, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    assert_eq!(a, b);
+    // A square crop's tokens decode straight through `decode`.
+    let side = h.min(w);
+    let crop = latents.crop(0, side, 0, side);
+    let square = TokenPacking::Patch2x2 { channels: 16 }.pack(&crop).unwrap();
+    let a = decode(&ctx, &vae, &square, &keep_raw())
+        .unwrap()
+        .raw
+        .unwrap();
+    let b = decode(&ctx, &vae, &crop, &keep_raw()).unwrap().raw.unwrap();
+    assert_eq!(a, b, "square-grid tokens decode as their maps");
+    // FLUX.2 tokens (128 features) are not this model's.
+    let wrong = HostTensor::new(vec![1, 4, 128], vec![0.0; 512]).unwrap();
+    let e = decode(&ctx, &vae, &wrong, &keep_raw())
+        .err()
+        .expect("must fail")
+        .to_string();
+    assert!(e.contains("16"), "{e}");
+}
+
+/// FLUX.2 pipeline latents streamed as frames (`decode_frames`) give the
+/// pixels of `decode`.
+#[test]
+fn flux2_frames_take_pipeline_latents() {
+    let Some(dir) = golden("flux2-tiny") else {
+        return;
+    };
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let one = read_npy(&dir.join("latents.npy")).unwrap();
+    let mut two = one.clone();
+    two.shape[0] = 2;
+    two.data.extend(one.data.iter().map(|v| -v));
+    let whole = decode(&ctx, &vae, &two, &DecodeOptions::default()).unwrap();
+    let mut frames = Vec::new();
+    wgvae::decode_frames(&ctx, &vae, &two, &wgvae::FramesOptions::default(), |f| {
+        frames.push(f.rgba.to_vec());
+        Ok(())
+    })
+    .unwrap();
+    assert_eq!(frames, whole.rgba, "frames equal decode");
+}

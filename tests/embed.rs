@@ -984,3 +984,48 @@ fn engine_with_adapter_uses_cooperative_matrices_where_offered() {
     .unwrap();
     assert!(plain.vae().cooperative_matrix().is_none());
 }
+
+/// A FLUX.2 engine: host pipeline latents (128-channel maps) take the path of
+/// `decode` (un-normalised on the host); pipeline latents in a device buffer
+/// are refused with the fix, raw z from the buffer decodes alike.
+#[test]
+fn flux2_engine_host_latents_and_device_z() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/flux2-tiny");
+    let (device, queue) = host();
+    let engine = engine(&dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let reference = engine.decode_to_image(&latents).unwrap();
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let bytes: &[u8] = bytemuck::cast_slice(&z.data);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("flux2 z"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&buffer, 0, bytes);
+    let on_device = DeviceLatents {
+        buffer: &buffer,
+        offset: 0,
+        shape: z.shape.clone().try_into().unwrap(),
+    };
+    let e = engine.decode_to_image(on_device).unwrap_err().to_string();
+    assert!(e.contains("FLUX.2") && e.contains("raw_latents"), "{e}");
+    let raw_engine = Engine::with_options(
+        device.clone(),
+        queue.clone(),
+        dir.to_str().unwrap(),
+        &LoadOptions::default(),
+        EngineOptions {
+            raw_latents: true,
+            ..Default::default()
+        },
+    )
+    .unwrap();
+    let from_z = raw_engine.decode_to_image(on_device).unwrap();
+    let (worst, _) = compare(from_z.as_raw(), reference.as_raw());
+    assert!(worst <= 1, "z from a buffer: {worst}");
+}

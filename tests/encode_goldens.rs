@@ -202,3 +202,74 @@ fn tae_encoders_refuse_sample_and_ignore_raw_latents() {
         plain.latents
     );
 }
+
+/// FLUX.2 (both goldens): the raw mean and std, the pipeline form
+/// (patchified, BatchNorm-normalised N×128×H/16×W/16) within 2e-4 of
+/// diffusers, exact tiles within 1e-3 of untiled; the pipeline form decodes
+/// like the raw mean.
+#[test]
+fn flux2_encoders_match_diffusers() {
+    let Some(shared) = shared_dir() else { return };
+    let ctx = test_context();
+    for name in ["flux2-tiny", "flux2-small-decoder-tiny"] {
+        let dir = shared.join("golden").join(name);
+        let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        let img = load_image(&dir.join("encode_input.png"), false).unwrap();
+        let out = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
+        let (mean, std) = (out.mean.unwrap(), out.std.unwrap());
+        let want_mean = read_npy(&dir.join("encoded_mean.npy")).unwrap();
+        let want_std = read_npy(&dir.join("encoded_std.npy")).unwrap();
+        let want_latents = read_npy(&dir.join("encoded_latents.npy")).unwrap();
+        assert_eq!(mean.shape, want_mean.shape, "{name}");
+        assert_eq!(out.latents.shape, want_latents.shape, "{name}");
+        let (em, _) = max_abs_diff(&mean.data, &want_mean.data);
+        let (es, _) = max_abs_diff(&std.data, &want_std.data);
+        let (el, _) = max_abs_diff(&out.latents.data, &want_latents.data);
+        println!("{name}: mean {em:.3e}, std {es:.3e}, pipeline latents {el:.3e}");
+        assert!(
+            em <= 2e-4 && es <= 2e-4 && el <= 2e-4,
+            "{name}: {em} {es} {el}"
+        );
+        let raw = EncodeOptions {
+            raw_latents: true,
+            ..Default::default()
+        };
+        let r = encode(&ctx, &enc, &img, &raw).unwrap();
+        assert_eq!(r.latents, mean, "{name}: raw latents are the mean");
+        let tiled = EncodeOptions {
+            tiling: wgvae::Tiling::exact().with_tile_size(48),
+            ..Default::default()
+        };
+        let t = encode(&ctx, &enc, &img, &tiled).unwrap();
+        assert_eq!(t.tiling.mode, "exact", "{name}");
+        let (et, _) = max_abs_diff(&t.latents.data, &out.latents.data);
+        println!("{name}: exact tiles vs untiled {et:.3e}");
+        assert!(et <= 1e-3, "{name}: tiled {et}");
+        let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        let keep = DecodeOptions {
+            keep_raw: true,
+            ..Default::default()
+        };
+        let a = decode(&ctx, &vae, &out.latents, &keep)
+            .unwrap()
+            .raw
+            .unwrap();
+        let b = decode(
+            &ctx,
+            &vae,
+            &mean,
+            &DecodeOptions {
+                raw_latents: true,
+                ..keep
+            },
+        )
+        .unwrap()
+        .raw
+        .unwrap();
+        let (ed, _) = max_abs_diff(&a.data, &b.data);
+        assert!(
+            ed <= 1e-4,
+            "{name}: pipeline form decodes like the mean: {ed}"
+        );
+    }
+}

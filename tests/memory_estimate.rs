@@ -52,6 +52,14 @@ fn cases() -> Vec<Case> {
             load: LoadOptions::default(),
         });
         v.push(in_precision(v.last().unwrap(), Precision::BF16));
+        // FLUX.2's small decoder (decoder narrower than the encoder), from raw z.
+        let f2 = s.join("golden/flux2-small-decoder-tiny");
+        v.push(Case {
+            spec: f2.to_str().unwrap().into(),
+            latents: read_npy(&f2.join("z.npy")).unwrap(),
+            load: LoadOptions::default(),
+        });
+        v.push(in_precision(v.last().unwrap(), Precision::F16));
         let t = s.join("golden/taef2/chelsea.latents.npy");
         let mut lat = read_npy(&t).unwrap();
         // A crop keeps the test fast: 1×32×12×10.

@@ -99,6 +99,8 @@ fn kl_config() -> impl Strategy<Value = AutoencoderKlConfig> {
                     use_post_quant_conv: pq,
                     use_quant_conv: pq,
                     mid_block_add_attention: attn,
+                    decoder_block_out_channels: None,
+                    flux2: None,
                 }
             },
         )

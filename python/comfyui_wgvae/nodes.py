@@ -60,7 +60,10 @@ class WgvaeDecode:
     def decode(self, samples, wgvae, tile="auto", max_memory_mib=0):
         latents = samples["samples"]
         max_memory = int(max_memory_mib) << 20 if max_memory_mib else None
-        rgb = wgvae.decode(latents, tile=tile, raw_latents=True, max_memory=max_memory)
+        # ComfyUI's LATENT is the VAE's own latent: raw z, except FLUX.2's 128-channel
+        # BatchNorm-normalised maps (4 × its 32 z channels), which the library un-normalises.
+        raw = not (len(latents.shape) == 4 and latents.shape[1] == 4 * wgvae.latent_channels)
+        rgb = wgvae.decode(latents, tile=tile, raw_latents=raw, max_memory=max_memory)
         image = rgb.astype(np.float32) / 255.0  # B×H×W×3 in [0, 1]
         torch = _torch()
         return (torch.from_numpy(image) if torch is not None else image,)

@@ -231,7 +231,9 @@ impl Model {
 
     /// Decodes f32 latents `data` of `shape` [N, C, h, w]. Returns
     /// (RGB bytes N×H×W×3, raw f32 bytes N×3×H×W or None, H, W).
-    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, keep_raw=false, max_memory=None))]
+    /// `size` (H, W): `data` is a packed token sequence [N, L, F], unpacked
+    /// by the model's rule on that image's token grid.
+    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, keep_raw=false, max_memory=None, size=None))]
     #[allow(clippy::too_many_arguments)]
     fn decode<'py>(
         &self,
@@ -243,6 +245,7 @@ impl Model {
         raw_latents: bool,
         keep_raw: bool,
         max_memory: Option<u64>,
+        size: Option<(usize, usize)>,
     ) -> PyResult<DecodedBytes<'py>> {
         let opts = DecodeOptions {
             raw_latents,
@@ -251,7 +254,10 @@ impl Model {
             ..Default::default()
         };
         let (rgb, raw, h, w) = py.detach(|| -> PyResult<_> {
-            let latents = host_tensor(data, shape)?;
+            let mut latents = host_tensor(data, shape)?;
+            if size.is_some() {
+                latents = self.vae.unpack_tokens(&latents, size).map_err(to_py_err)?;
+            }
             let _one_at_a_time = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let out = wgvae::decode(&self.ctx, &self.vae, &latents, &opts).map_err(to_py_err)?;
             let mut rgb = Vec::with_capacity(out.rgba.iter().map(|i| i.len() / 4 * 3).sum());

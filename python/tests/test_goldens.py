@@ -92,3 +92,19 @@ def test_dtypes_convert_and_layouts(shared):
     assert float(np.abs(tiled - ref).max()) <= 1e-4
     out = vae.decode(latents, output="float")
     out += 1  # writable
+
+
+@pytest.mark.parametrize("name", ["flux2-tiny", "flux2-small-decoder-tiny"])
+def test_flux2_maps_tokens_and_z_match_diffusers(shared, name):
+    d = shared / "golden" / name
+    vae = wgvae.Vae(d, dtype="f32")
+    want = np.load(d / "decoded.npy")
+    h, w = want.shape[2], want.shape[3]
+    maps = vae.decode(np.load(d / "latents.npy"), output="float")
+    tokens = vae.decode(np.load(d / "latents_packed.npy"), output="float", size=(h, w))
+    z = vae.decode(np.load(d / "z.npy"), output="float", raw_latents=True)
+    for what, raw in [("maps", maps), ("tokens", tokens), ("z", z)]:
+        err = float(np.abs(raw - want).max())
+        assert err <= 2e-4, f"{name} from {what}: {err}"
+    with pytest.raises(Exception, match="size"):
+        vae.decode(np.load(d / "latents_packed.npy"), output="float", size=(16, 16))

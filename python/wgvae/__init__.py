@@ -183,8 +183,16 @@ class Vae:
         output: str = "uint8",
         tile_size: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
+        size: Optional[Tuple[int, int]] = None,
     ) -> np.ndarray:
         """Decodes latents N×C×h×w (or C×h×w) to images.
+
+        ``size=(H, W)`` (image pixels) marks ``latents`` as a transformer's
+        packed token sequence N×L×F, unpacked by the model's own rule: FLUX.1
+        N×L×64 (2×2 patches of 16 channels), FLUX.2 N×L×128 (its normalised
+        128-channel maps, one token per position). FLUX.2 pipeline latents
+        N×128×h/2×w/2 are un-normalised with the VAE's BatchNorm statistics and
+        unpatchified; ``raw_latents`` takes its z N×32×h×w.
 
         ``latents`` are pipeline latents (as ``pipe(..., output_type="latent")``
         returns them) unless ``raw_latents``: the decoder input is
@@ -200,11 +208,21 @@ class Vae:
         if output not in ("uint8", "float"):
             raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
         a = _as_array(latents, "latents")
-        single = a.ndim == 3
-        if single:
-            a = a[None]
-        if a.ndim != 4:
-            raise ValueError(f"latents: expected N×C×h×w or C×h×w, got shape {tuple(a.shape)}")
+        if size is not None:
+            if a.ndim != 3:
+                raise ValueError(
+                    f"latents: size=(H, W) is for packed tokens N×L×F, got shape {tuple(a.shape)}"
+                )
+            size = (int(size[0]), int(size[1]))
+            single = False
+        else:
+            single = a.ndim == 3
+            if single:
+                a = a[None]
+            if a.ndim != 4:
+                raise ValueError(
+                    f"latents: expected N×C×h×w or C×h×w (or tokens N×L×F with size=(H, W)), got shape {tuple(a.shape)}"
+                )
         a = _f32(a, "latents")
         rgb, raw, h, w = self._model.decode(
             a.tobytes(),
@@ -214,6 +232,7 @@ class Vae:
             bool(raw_latents),
             output == "float",
             _bytes(max_memory, "max_memory"),
+            size,
         )
         n = a.shape[0]
         if output == "float":

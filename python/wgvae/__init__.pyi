@@ -61,6 +61,7 @@ class Vae:
         output: str = "uint8",
         tile_size: Optional[int] = None,
         max_memory: _Bytes = None,
+        size: Optional[Tuple[int, int]] = None,
     ) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
         """uint8 N×H×W×3 (output="uint8") or float32 N×3×H×W (output="float")."""
     def encode(

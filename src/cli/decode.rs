@@ -19,10 +19,15 @@ use super::{context, device, mib};
 
 #[derive(clap::Args)]
 pub(crate) struct DecodeArgs {
-    /// Latents: .npy (f32/f16) or .safetensors, N×C×h×w or C×h×w.
+    /// Latents: .npy (f32/f16), .safetensors or a ComfyUI .latent; N×C×h×w or C×h×w maps
+    /// (FLUX.2: its 128-channel pipeline maps), or a packed token sequence N×L×F (FLUX.1: F = 64,
+    /// FLUX.2: F = 128; give --size unless the token grid is square).
     latents: PathBuf,
+    /// Image size in pixels, HxW, for packed token latents (N×L×F) whose grid is not square.
+    #[arg(long, value_name = "HxW")]
+    size: Option<String>,
     /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
-    /// (sd15, sdxl, sd3, flux1 with seeded random weights). A video decoder (TAEHV: taew2_1,
+    /// (sd15, sdxl, sd3, flux1, flux2, flux2-small with seeded random weights). A video decoder (TAEHV: taew2_1,
     /// taew2_2, N×T×C×h×w latents; the Wan 2.1 VAE: a diffusers folder, its single file or
     /// preset:wan21, N×C×T×h×w) writes --frames-out, --video-out and/or --save-raw.
     #[arg(long)]
@@ -182,6 +187,12 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
             )));
         }
     }
+    let size = a.size.as_deref().map(parse_size).transpose()?;
+    if is_video && size.is_some() {
+        return Err(wgvae::Error::InvalidInput(
+            "--size gives the image size of packed token latents (N×L×F) for image VAEs; video latents are N×C×T×h×w or N×T×C×h×w".into(),
+        ));
+    }
     let ctx = context(device_args)?.with_pool(policy.new_pool());
     if is_video {
         return decode_video(&ctx, a, &inputs, precision);
@@ -203,7 +214,19 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
-    let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
+    let file = wgvae::io::read_latent_file(&a.latents, a.key.as_deref())?;
+    // A ComfyUI .latent holds the VAE's own latents: raw z, except FLUX.2's
+    // BatchNorm-normalised 128-channel maps (ComfyUI's FLUX.2 VAE normalises inside).
+    let raw = a.raw_latents || (file.comfyui && vae.flux2().is_none());
+    let latents = vae
+        .decoder_input(&file.tensor, raw, size)
+        .map_err(|e| match e {
+            wgvae::Error::InvalidInput(message) => wgvae::Error::BadFile {
+                path: a.latents.clone(),
+                message,
+            },
+            e => e,
+        })?;
     if let Some(dir) = &a.frames_out {
         return decode_frames(&ctx, &vae, &latents, a, tiling, dir);
     }
@@ -213,7 +236,8 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         check_file(p, "-o", &["png"], &inputs)?;
     }
     let opts = DecodeOptions {
-        raw_latents: a.raw_latents,
+        // Un-normalised (and unpacked) above.
+        raw_latents: true,
         keep_raw: a.save_raw.is_some(),
         profile: a.profile,
         tiling,
@@ -241,7 +265,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
             json_summary(
                 &ctx,
                 &vae,
-                &latents,
+                &file.tensor,
                 json!({
                     "image_shape": [n, 3, out.height, out.width],
                     "dtype": out.dtype.name(),
@@ -321,7 +345,8 @@ fn decode_frames(
         remove_old_frames(dir)?;
     }
     let opts = wgvae::FramesOptions {
-        raw_latents: a.raw_latents,
+        // Un-normalised (and unpacked) by `run`.
+        raw_latents: true,
         chunk: a.chunk,
         max_memory: tiling.max_memory,
         profile: a.profile,
@@ -418,6 +443,22 @@ fn write_memory_snapshot(ctx: &Context, a: &DecodeArgs) -> wgvae::Result<()> {
 }
 
 /// The `--json` summary: the fields both decode paths share, then `rest`.
+/// `--size HxW` (or `N`: square), in image pixels.
+fn parse_size(s: &str) -> wgvae::Result<(usize, usize)> {
+    let bad = || {
+        wgvae::Error::InvalidInput(format!(
+            "--size `{s}`: expected HxW in image pixels (e.g. 1024x768)"
+        ))
+    };
+    let (h, w) = s.split_once(['x', 'X']).unwrap_or((s, s));
+    let h: usize = h.trim().parse().map_err(|_| bad())?;
+    let w: usize = w.trim().parse().map_err(|_| bad())?;
+    if h == 0 || w == 0 {
+        return Err(bad());
+    }
+    Ok((h, w))
+}
+
 fn json_summary(
     ctx: &Context,
     vae: &Vae,

@@ -21,6 +21,9 @@ const FLAGS: &[(&str, &str)] = &[
         "--cooperative-matrix",
     ),
     ("the `key` argument", "--key NAME"),
+    ("`Vae::unpack_tokens`'s size", "--size HxW"),
+    ("`DecodeOptions::raw_latents`", "--raw-latents"),
+    ("`EncodeOptions::raw_latents`", "--raw-latents"),
     ("load it with `pad` set", "pass --pad"),
 ];
 

@@ -10,7 +10,7 @@ use super::tiles::{print_tiling, TileArgs};
 
 #[derive(clap::Args)]
 pub(crate) struct MemoryArgs {
-    /// VAE: folder, .safetensors file or preset:NAME.
+    /// VAE: folder, .safetensors file or preset:NAME (sd15, sdxl, sd3, flux1, flux2, flux2-small).
     #[arg(long)]
     vae: String,
     /// Output image size in pixels, HxW (latent = pixels / 8).

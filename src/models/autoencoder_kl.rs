@@ -1,6 +1,8 @@
 //! The AutoencoderKL decoder exactly as diffusers computes it
 //! (`autoencoders/vae.py` Decoder, `resnet.py` ResnetBlock2D, the mid-block
-//! `Attention` with one head), for SD 1.x, SDXL, SD3 and FLUX.1.
+//! `Attention` with one head), for SD 1.x, SDXL, SD3, FLUX.1 and FLUX.2
+//! (`AutoencoderKLFlux2`: 32 latent channels, the same decoder, possibly
+//! narrower than its encoder — `decoder_block_out_channels`).
 //!
 //! The weights load into blocks, which then move into the model's
 //! `Graph` (built once, see `models::graph`); the executors in `exec` run it.
@@ -195,6 +197,9 @@ struct UpBlock {
 pub struct AutoencoderKl {
     /// The model's configuration.
     pub config: AutoencoderKlConfig,
+    /// FLUX.2's latent BatchNorm statistics (host f32; `None` for the other
+    /// AutoencoderKLs, or a FLUX.2 file without `bn.*`, which then decodes raw z only).
+    pub latent_bn: Option<crate::latents::LatentBatchNorm>,
     levels: usize,
     graph: Graph,
 }
@@ -205,7 +210,11 @@ impl AutoencoderKl {
         config.validate().map_err(crate::Error::InvalidInput)?;
         let g = config.norm_num_groups;
         let lc = config.latent_channels;
-        let rev: Vec<usize> = config.block_out_channels.iter().rev().copied().collect();
+        let latent_bn = match config.flux2 {
+            Some(f) => crate::latents::LatentBatchNorm::load(store, 4 * lc, f.batch_norm_eps)?,
+            None => None,
+        };
+        let rev: Vec<usize> = config.decoder_channels().iter().rev().copied().collect();
         let top = rev[0];
         let post_quant_conv = if config.use_post_quant_conv {
             Some(load_conv(ctx, store, "post_quant_conv", lc, lc, 1, true)?)
@@ -247,7 +256,7 @@ impl AutoencoderKl {
             3,
             true,
         )?;
-        store.finish(&["encoder.", "quant_conv."])?;
+        store.finish(&["encoder.", "quant_conv.", "bn."])?;
         let levels = up_blocks.len();
         let graph = build(
             post_quant_conv,
@@ -258,6 +267,7 @@ impl AutoencoderKl {
         );
         Ok(AutoencoderKl {
             config: config.clone(),
+            latent_bn,
             levels,
             graph,
         })

@@ -46,6 +46,46 @@ pub struct AutoencoderKlConfig {
     #[serde(default = "yes")]
     /// Self-attention in the mid-blocks.
     pub mid_block_add_attention: bool,
+    /// The decoder's widths where they differ from the encoder's
+    /// (`block_out_channels`): FLUX.2's small decoder, `[96, 192, 384, 384]`.
+    #[serde(default)]
+    pub decoder_block_out_channels: Option<Vec<usize>>,
+    /// The latent normalisation of FLUX.2 (`AutoencoderKLFlux2`): pipeline
+    /// latents are 2×2-patchified z normalised by a BatchNorm's running
+    /// statistics (`bn.running_mean` / `bn.running_var` in the weights).
+    /// `None` for the other AutoencoderKLs (scaling and shift factors).
+    #[serde(default, skip_deserializing)]
+    pub flux2: Option<Flux2Latents>,
+}
+
+/// FLUX.2's latent normalisation: `batch_norm_eps` and `patch_size` of its
+/// `config.json` (only (2, 2) exists).
+#[derive(Clone, Copy, Debug, PartialEq, Deserialize, serde::Serialize)]
+pub struct Flux2Latents {
+    /// The BatchNorm's eps: `z = unpatchify(latents · sqrt(var + eps) + mean)`.
+    pub batch_norm_eps: f32,
+}
+
+impl Flux2Latents {
+    /// The public FLUX.2 VAE's value.
+    pub const PUBLIC: Flux2Latents = Flux2Latents {
+        batch_norm_eps: 1e-4,
+    };
+}
+
+/// The `config.json` fields that make an AutoencoderKL a FLUX.2 VAE.
+#[derive(Deserialize)]
+struct Flux2Fields {
+    #[serde(default, rename = "_class_name")]
+    class_name: Option<String>,
+    #[serde(default)]
+    batch_norm_eps: Option<f32>,
+    #[serde(default)]
+    patch_size: Option<serde_json::Value>,
+    #[serde(default)]
+    scaling_factor: Option<f32>,
+    #[serde(default)]
+    shift_factor: Option<f32>,
 }
 
 fn default_layers() -> usize {
@@ -68,7 +108,7 @@ fn yes() -> bool {
 }
 
 /// Names accepted by [`AutoencoderKlConfig::preset`].
-pub const PRESETS: &[&str] = &["sd15", "sdxl", "sd3", "flux1"];
+pub const PRESETS: &[&str] = &["sd15", "sdxl", "sd3", "flux1", "flux2", "flux2-small"];
 
 impl AutoencoderKlConfig {
     /// True for the SD 1.x VAE (scaling factor 0.18215, 4 latent channels),
@@ -91,6 +131,8 @@ impl AutoencoderKlConfig {
             use_post_quant_conv: true,
             use_quant_conv: true,
             mid_block_add_attention: true,
+            decoder_block_out_channels: None,
+            flux2: None,
         };
         Ok(match name.to_lowercase().as_str() {
             "sd15" | "sd1" | "sd1.5" | "sd" => base,
@@ -114,6 +156,22 @@ impl AutoencoderKlConfig {
                 use_quant_conv: false,
                 ..base
             },
+            // The public FLUX.2 VAE (black-forest-labs/FLUX.2-dev `vae/config.json`):
+            // 32 latent channels, BatchNorm-normalised 2×2-patchified pipeline latents.
+            "flux2" => AutoencoderKlConfig {
+                latent_channels: 32,
+                scaling_factor: 1.0,
+                flux2: Some(Flux2Latents::PUBLIC),
+                ..base
+            },
+            // BFL's small decoder: 0.75× the decoder widths, the same encoder.
+            "flux2-small" => AutoencoderKlConfig {
+                latent_channels: 32,
+                scaling_factor: 1.0,
+                flux2: Some(Flux2Latents::PUBLIC),
+                decoder_block_out_channels: Some(vec![96, 192, 384, 384]),
+                ..base
+            },
             other => {
                 return Err(Error::InvalidInput(format!(
                     "unknown preset `{other}`; known presets: {}",
@@ -132,15 +190,64 @@ impl AutoencoderKlConfig {
     /// [`AutoencoderKlConfig::from_file`] on the file's text; `path` names it in errors.
     #[doc(hidden)]
     pub fn from_json(text: &str, path: &Path) -> Result<Self> {
-        let cfg: Self = serde_json::from_str(text).map_err(|e| Error::BadFile {
+        let mut cfg: Self = serde_json::from_str(text).map_err(|e| Error::BadFile {
             path: path.to_path_buf(),
             message: format!("not a diffusers AutoencoderKL config: {e}"),
+        })?;
+        let extra: Flux2Fields = serde_json::from_str(text).map_err(|e| Error::BadFile {
+            path: path.to_path_buf(),
+            message: format!("not a diffusers AutoencoderKL config: {e}"),
+        })?;
+        cfg.apply_flux2_fields(&extra).map_err(|m| Error::BadFile {
+            path: path.to_path_buf(),
+            message: m,
         })?;
         cfg.validate().map_err(|m| Error::BadFile {
             path: path.to_path_buf(),
             message: m,
         })?;
         Ok(cfg)
+    }
+
+    /// `_class_name: AutoencoderKLFlux2` (or a `batch_norm_eps` field):
+    /// FLUX.2's normalisation, patch size (2, 2), and no scaling factor
+    /// (its config has none: 1 and 0 unless the file gives them).
+    fn apply_flux2_fields(&mut self, f: &Flux2Fields) -> std::result::Result<(), String> {
+        let is_flux2 =
+            f.class_name.as_deref() == Some("AutoencoderKLFlux2") || f.batch_norm_eps.is_some();
+        if !is_flux2 {
+            return Ok(());
+        }
+        let eps = f
+            .batch_norm_eps
+            .unwrap_or(Flux2Latents::PUBLIC.batch_norm_eps);
+        if !(eps.is_finite() && eps >= 0.0) {
+            return Err(format!(
+                "batch_norm_eps {eps} must be finite and non-negative (FLUX.2 uses 1e-4)"
+            ));
+        }
+        if let Some(p) = &f.patch_size {
+            let two = serde_json::json!([2, 2]);
+            if *p != two && *p != serde_json::json!(2) {
+                return Err(format!(
+                    "patch_size {p} is not supported: FLUX.2 latents are 2×2 patches (patch_size [2, 2])"
+                ));
+            }
+        }
+        self.flux2 = Some(Flux2Latents {
+            batch_norm_eps: eps,
+        });
+        self.scaling_factor = f.scaling_factor.unwrap_or(1.0);
+        self.shift_factor = f.shift_factor;
+        Ok(())
+    }
+
+    /// The decoder's widths, highest resolution first
+    /// (`decoder_block_out_channels`, else `block_out_channels`).
+    pub fn decoder_channels(&self) -> &[usize] {
+        self.decoder_block_out_channels
+            .as_deref()
+            .unwrap_or(&self.block_out_channels)
     }
 
     /// The shift factor (0 when there is none).
@@ -187,6 +294,22 @@ impl AutoencoderKlConfig {
                 return Err(format!(
                     "block_out_channels {:?} must be positive multiples of norm_num_groups {}",
                     self.block_out_channels, self.norm_num_groups
+                ));
+            }
+        }
+        if let Some(d) = &self.decoder_block_out_channels {
+            if d.len() != self.block_out_channels.len() {
+                return Err(format!(
+                    "decoder_block_out_channels {d:?} must list as many widths as block_out_channels {:?}",
+                    self.block_out_channels
+                ));
+            }
+            if d.iter()
+                .any(|&c| c == 0 || c > MAX_CHANNELS || c % self.norm_num_groups != 0)
+            {
+                return Err(format!(
+                    "decoder_block_out_channels {d:?} must be positive multiples of norm_num_groups {} (at most {MAX_CHANNELS})",
+                    self.norm_num_groups
                 ));
             }
         }
@@ -277,6 +400,8 @@ mod tests {
             ("sdxl", 4, 0.13025, None, true),
             ("sd3", 16, 1.5305, Some(0.0609), false),
             ("flux1", 16, 0.3611, Some(0.1159), false),
+            ("flux2", 32, 1.0, None, true),
+            ("flux2-small", 32, 1.0, None, true),
         ];
         assert_eq!(published.len(), PRESETS.len());
         let mut seen: Vec<AutoencoderKlConfig> = Vec::new();
@@ -326,5 +451,28 @@ mod tests {
             .unwrap();
         assert_eq!(c.shift(), 0.0);
         assert_eq!(c.norm_num_groups, 16);
+        assert_eq!(c.flux2, None);
+        let c =
+            AutoencoderKlConfig::from_file(&shared.join("golden/flux2-tiny/config.json")).unwrap();
+        assert_eq!(c.flux2, Some(Flux2Latents::PUBLIC));
+        assert_eq!(
+            (c.latent_channels, c.scaling_factor, c.shift()),
+            (32, 1.0, 0.0)
+        );
+        assert_eq!(c.decoder_channels(), [16, 32, 48, 48]);
+        let path = shared.join("golden/flux2-small-decoder-tiny/config.json");
+        let c = AutoencoderKlConfig::from_file(&path).unwrap();
+        assert_eq!(c.decoder_channels(), [12, 24, 36, 36]);
+        assert_eq!(c.block_out_channels, [16, 32, 48, 48]);
+        let text = std::fs::read_to_string(&path).unwrap();
+        let bad = text.replace(
+            "\"patch_size\": [\n    2,\n    2\n  ]",
+            "\"patch_size\": [4, 4]",
+        );
+        assert_ne!(bad, text);
+        let e = AutoencoderKlConfig::from_json(&bad, &path)
+            .unwrap_err()
+            .to_string();
+        assert!(e.contains("patch_size"), "{e}");
     }
 }

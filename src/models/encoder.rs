@@ -24,6 +24,8 @@ const TAE_DOWN_PAD: [u32; 4] = [1; 4];
 pub struct AutoencoderKlEncoder {
     /// The model's configuration.
     pub config: AutoencoderKlConfig,
+    /// FLUX.2's latent BatchNorm (normalises the pipeline form of an encode).
+    pub latent_bn: Option<crate::latents::LatentBatchNorm>,
     pub(crate) levels: usize,
     pub(crate) graph: Graph,
 }
@@ -33,6 +35,13 @@ impl AutoencoderKlEncoder {
     pub fn load(ctx: &Context, config: &AutoencoderKlConfig, store: &WeightStore) -> Result<Self> {
         config.validate().map_err(Error::InvalidInput)?;
         let g = config.norm_num_groups;
+        let latent_bn = match config.flux2 {
+            Some(f) => {
+                let c = 4 * config.latent_channels;
+                crate::latents::LatentBatchNorm::load(store, c, f.batch_norm_eps)?
+            }
+            None => None,
+        };
         let ch = &config.block_out_channels;
         let conv_in = load_conv(ctx, store, "encoder.conv_in", ch[0], 3, 3, true)?;
         let mut down = Vec::new();
@@ -60,7 +69,7 @@ impl AutoencoderKlEncoder {
         } else {
             None
         };
-        store.finish(&["decoder.", "post_quant_conv."])?;
+        store.finish(&["decoder.", "post_quant_conv.", "bn."])?;
         let levels = down.len();
         let (mut b, image) = Builder::new();
         let w = b.weights(conv_in);
@@ -90,6 +99,7 @@ impl AutoencoderKlEncoder {
         b.hold(image, &[Mode::Untiled]);
         Ok(AutoencoderKlEncoder {
             config: config.clone(),
+            latent_bn,
             levels,
             graph: b.finish(out, None),
         })

@@ -23,6 +23,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::ImageRange;
+use crate::latents::{LatentForm, TokenPacking};
 use crate::tensor::{DType, Tensor};
 #[doc(hidden)]
 pub use autoencoder_kl::AutoencoderKl;
@@ -233,17 +234,36 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
         layers += 1;
     }
     let latent_channels = conv_in[1];
+    // FLUX.2 (ComfyUI's / BFL's single file has no config): 32 latent
+    // channels and the latent BatchNorm; a small decoder has its own widths.
+    let flux2 = store.contains(weights::BN_MEAN) || store.contains(weights::BN_VAR);
+    let mut enc = Vec::new();
+    loop {
+        let key = format!("encoder.down_blocks.{}.resnets.0.conv2.weight", enc.len());
+        if !store.contains(&key) {
+            break;
+        }
+        enc.push(store.conv_shape(&key, "")?[0]);
+    }
     let has_pq = store.contains("post_quant_conv.weight");
     // Public SD/SDXL VAEs have 4 latent channels, FLUX.1/SD3 16; the scaling
     // factor cannot be read off the weights: the SD 1.x / FLUX.1 values are
     // the defaults, overridable (--scaling-factor, --shift-factor, --config).
-    let (scaling, shift) = if latent_channels == 16 {
+    let (scaling, shift) = if flux2 {
+        (1.0, None)
+    } else if latent_channels == 16 {
         (0.3611, Some(0.1159))
     } else {
         (0.18215, None)
     };
+    let dec: Vec<usize> = rev.into_iter().rev().collect();
+    let (block_out_channels, decoder_block_out_channels) = if enc.len() == dec.len() && enc != dec {
+        (enc, Some(dec))
+    } else {
+        (dec, None)
+    };
     let cfg = AutoencoderKlConfig {
-        block_out_channels: rev.into_iter().rev().collect(),
+        block_out_channels,
         layers_per_block: layers,
         norm_num_groups: 32,
         latent_channels,
@@ -256,6 +276,8 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
         use_post_quant_conv: has_pq,
         use_quant_conv: store.contains("quant_conv.weight"),
         mid_block_add_attention: store.contains("decoder.mid_block.attentions.0.to_q.weight"),
+        decoder_block_out_channels,
+        flux2: flux2.then_some(config::Flux2Latents::PUBLIC),
     };
     log::info!(
         "no config.json: inferred {:?} ×{} layers, {} latent channels, scaling {} shift {:?} (override with `LoadOptions::config` / `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`)",
@@ -275,13 +297,19 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
     clippy::panic,
     clippy::indexing_slicing
 )]
-fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) {
+fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<()> {
+    if cfg.flux2.is_some() && (opts.scaling_factor.is_some() || opts.shift_factor.is_some()) {
+        return Err(Error::InvalidInput(
+            "FLUX.2 latents have no scaling or shift factor: its pipeline normalises them with the VAE's BatchNorm statistics (`bn.running_mean` / `bn.running_var`); drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`".into(),
+        ));
+    }
     if let Some(s) = opts.scaling_factor {
         cfg.scaling_factor = s;
     }
     if let Some(s) = opts.shift_factor {
         cfg.shift_factor = Some(s);
     }
+    Ok(())
 }
 
 /// The weight file and config.json (if any) behind a `--vae` path: a file
@@ -327,7 +355,7 @@ pub fn resolve_config(
         Some(c) => AutoencoderKlConfig::from_file(c)?,
         None => infer_config(store, opts)?,
     };
-    apply_overrides(&mut cfg, opts);
+    apply_overrides(&mut cfg, opts)?;
     Ok(cfg)
 }
 
@@ -407,7 +435,7 @@ impl Vae {
         }
         if let Some(name) = spec.strip_prefix("preset:") {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
-            apply_overrides(&mut cfg, opts);
+            apply_overrides(&mut cfg, opts)?;
             let store = WeightStore::random_for(ctx, opts.seed);
             let dtype = opts.precision.resolve(cfg.is_f16_safe());
             store.set_dtype(dtype);
@@ -435,7 +463,12 @@ impl Vae {
         store.set_dtype(dtype);
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
         let name = format!(
-            "AutoencoderKL ({:?} layout, {})",
+            "{} ({:?} layout, {})",
+            if cfg.flux2.is_some() {
+                "FLUX.2 AutoencoderKL"
+            } else {
+                "AutoencoderKL"
+            },
             store.layout(),
             weights.display()
         );
@@ -529,6 +562,129 @@ impl Vae {
             Decoder::Kl(k) => (k.config.scaling_factor, k.config.shift()),
             Decoder::Tae(_) => (1.0, 0.0),
         }
+    }
+
+    /// The form of this model's pipeline latents (see [`crate::latents`]):
+    /// FLUX.2 128-channel maps at 16 pixels packed one token per position;
+    /// 16-channel AutoencoderKLs (FLUX.1) and TAEF1 2×2-patch tokens of 64
+    /// features; the others maps only.
+    pub fn latent_form(&self) -> LatentForm {
+        let c = self.latent_channels();
+        if self.flux2().is_some() {
+            return LatentForm {
+                map_channels: 4 * c,
+                pixels_per_position: 2 * self.upscale(),
+                tokens: Some(TokenPacking::Flat { channels: 4 * c }),
+            };
+        }
+        LatentForm {
+            map_channels: c,
+            pixels_per_position: self.upscale(),
+            tokens: (c == 16).then_some(TokenPacking::Patch2x2 { channels: 16 }),
+        }
+    }
+
+    /// FLUX.2's latent normalisation (`Some` for an `AutoencoderKLFlux2`).
+    pub fn flux2(&self) -> Option<crate::models::config::Flux2Latents> {
+        match &self.decoder {
+            Decoder::Kl(k) => k.config.flux2,
+            Decoder::Tae(_) => None,
+        }
+    }
+
+    /// A short name of the model family for messages.
+    fn family(&self) -> String {
+        match (&self.decoder, self.flux2()) {
+            (Decoder::Kl(_), Some(_)) => "the FLUX.2 VAE".into(),
+            (Decoder::Kl(k), None) => format!(
+                "this AutoencoderKL ({} latent channels)",
+                k.config.latent_channels
+            ),
+            (Decoder::Tae(t), _) => format!("this TAE ({} latent channels)", t.latent_channels),
+        }
+    }
+
+    /// Token sequences `N × L × F` → this model's pipeline maps, on the grid
+    /// of an image of `size` = (H, W) pixels (`None`: a square grid). FLUX.1:
+    /// N×L×64 → N×16×H/8×W/8; FLUX.2: N×L×128 → N×128×H/16×W/16.
+    pub fn unpack_tokens(
+        &self,
+        tokens: &HostTensor,
+        size: Option<(usize, usize)>,
+    ) -> Result<HostTensor> {
+        self.latent_form()
+            .unpack_tokens(tokens, size, &self.family())
+    }
+
+    /// Any accepted latent form → the decoder's input z `[N, C, h, w]`:
+    /// token sequences (3-D, see [`LatentForm::is_tokens`]) are unpacked on
+    /// the grid of `size`; pipeline latents un-normalised unless `raw`
+    /// (FLUX.2: `unpatchify(x · sqrt(var + eps) + mean)`; the others
+    /// `x / scaling_factor + shift_factor`). Shapes, channels and values are
+    /// checked here, with errors naming the model and the expected form.
+    pub fn decoder_input(
+        &self,
+        latents: &HostTensor,
+        raw: bool,
+        size: Option<(usize, usize)>,
+    ) -> Result<HostTensor> {
+        let form = self.latent_form();
+        let mut t = latents.clone();
+        if form.is_tokens(&t.shape, size) {
+            if raw && self.flux2().is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "latents of shape {:?} are FLUX.2 tokens (the pipeline's normalised form), not raw z; drop `DecodeOptions::raw_latents`",
+                    t.shape
+                )));
+            }
+            t = form.unpack_tokens(&t, size, &self.family())?;
+        } else if size.is_some() && t.shape.len() == 4 {
+            log::info!(
+                "the image size applies to token sequences only; these latents are maps {:?}",
+                t.shape
+            );
+        }
+        let (want, what) = match (self.flux2(), raw) {
+            (Some(_), false) => (form.map_channels, "pipeline latents: 2×2-patchified, BatchNorm-normalised maps N×128×h/2×w/2 (raw z has 32: pass `DecodeOptions::raw_latents`)"),
+            (Some(_), true) => (self.latent_channels(), "raw latents z N×32×h×w"),
+            (None, _) => (self.latent_channels(), "N×C×h×w or C×h×w"),
+        };
+        let c = match t.shape.len() {
+            3 => t.shape.first().copied(),
+            4 => t.shape.get(1).copied(),
+            _ => None,
+        };
+        if let Some(c) = c.filter(|&c| c != want) {
+            let tokens = match form.token_features() {
+                Some(f) => format!(", or tokens N×L×{f}"),
+                None => String::new(),
+            };
+            return Err(Error::InvalidInput(format!(
+                "latents of shape {:?} have {c} channels{}, but {} expects {want} ({what}{tokens})",
+                t.shape,
+                crate::latents::channels_hint(c),
+                self.family(),
+            )));
+        }
+        crate::io::validate_latents(&mut t, want).map_err(Error::InvalidInput)?;
+        if raw {
+            return Ok(t);
+        }
+        if self.flux2().is_some() {
+            let bn = match &self.decoder {
+                Decoder::Kl(k) => k.latent_bn.as_ref(),
+                Decoder::Tae(_) => None,
+            };
+            let bn = bn.ok_or_else(|| {
+                Error::InvalidInput(format!(
+                    "{}: the weights hold no `bn.running_mean` / `bn.running_var`, which FLUX.2 pipeline latents need to be un-normalised; decode raw latents z (N×32×h×w) with `DecodeOptions::raw_latents`, or load the full VAE file",
+                    self.name
+                ))
+            })?;
+            return bn.to_z(&t);
+        }
+        self.unscale_latents(&mut t)?;
+        Ok(t)
     }
 
     /// Pipeline latents → decoder input, as diffusers pipelines do:

@@ -140,6 +140,10 @@ pub fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {
                 resnet_tail(rest(5))
             )
         }
+        // BFL's FLUX.2 file (ComfyUI's `flux2-vae.safetensors`) keeps the quant
+        // convs inside the encoder and decoder.
+        ["decoder", "post_quant_conv", ..] => format!("post_quant_conv.{}", rest(2)),
+        ["encoder", "quant_conv", ..] => format!("quant_conv.{}", rest(2)),
         ["encoder", "down", i, "downsample", ..] => {
             format!("encoder.down_blocks.{i}.downsamplers.0.{}", rest(4))
         }
@@ -152,7 +156,15 @@ fn is_vae_key(k: &str) -> bool {
     ["encoder.", "decoder.", "quant_conv.", "post_quant_conv."]
         .iter()
         .any(|p| k.starts_with(p))
+        // FLUX.2's latent BatchNorm statistics (not `bn.num_batches_tracked`, an int64).
+        || k == BN_MEAN
+        || k == BN_VAR
 }
+
+/// FLUX.2's latent BatchNorm running mean (`AutoencoderKLFlux2.bn`).
+pub const BN_MEAN: &str = "bn.running_mean";
+/// FLUX.2's latent BatchNorm running variance.
+pub const BN_VAR: &str = "bn.running_var";
 
 /// Which half of a diffusers `AutoencoderTiny` file to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -600,6 +612,10 @@ pub(crate) const ZERO_FILL_LIMIT: usize = 1 << 26;
 /// for conv/linear weights and biases, GroupNorm weight 1 and bias 0.
 fn random_weight(seed: u64, key: &str, shape: &[usize]) -> Vec<f32> {
     let n: usize = shape.iter().product();
+    // A BatchNorm's statistics: the identity (mean 0, variance 1).
+    if key == BN_MEAN || key == BN_VAR {
+        return vec![if key == BN_VAR { 1.0 } else { 0.0 }; n];
+    }
     let is_norm = key.contains("norm");
     if is_norm && shape.len() == 1 {
         let v = if key.ends_with(".weight") { 1.0 } else { 0.0 };

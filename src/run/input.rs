@@ -102,6 +102,7 @@ pub(crate) fn record_decoder_from_buffer(
     latents: &DeviceLatents,
     raw_latents: bool,
 ) -> Result<Tensor> {
+    refuse_device_pipeline_latents(vae, raw_latents)?;
     latents.validate(vae)?;
     crate::decode::track_f16(rec, vae)?;
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
@@ -115,4 +116,15 @@ pub(crate) fn record_decoder_from_buffer(
         crate::kernels::elementwise::unary(rec, f, &input, &input)?;
     }
     vae.forward(rec, input, &mut Taps::default())
+}
+
+/// FLUX.2 pipeline latents in a device buffer are an error: their BatchNorm
+/// un-normalisation and 2×2 unpatchify run on the host.
+pub(crate) fn refuse_device_pipeline_latents(vae: &Vae, raw_latents: bool) -> Result<()> {
+    if !raw_latents && vae.flux2().is_some() {
+        return Err(Error::Unsupported(
+            "FLUX.2 pipeline latents in a device buffer: their BatchNorm un-normalisation and 2×2 unpatchify run on the host; pass host latents, or decode raw z (N×32×h×w) from the buffer with `EngineOptions::raw_latents`".into(),
+        ));
+    }
+    Ok(())
 }

@@ -9,6 +9,7 @@ use crate::cli::tiles::BenchTileArgs;
 
 #[derive(clap::Args)]
 pub(crate) struct DecodeBenchArgs {
+    /// VAE: folder, .safetensors file or preset:NAME (sd15, sdxl, sd3, flux1, flux2, flux2-small).
     #[arg(long)]
     vae: String,
     /// Output sizes in pixels (square), comma-separated.
