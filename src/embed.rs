@@ -52,7 +52,7 @@ use parking_lot::Mutex;
 use crate::decode::{decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, CooperativeMatrix, Recorder};
-use crate::io::{validate_latents, HostTensor};
+use crate::io::HostTensor;
 use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
 use crate::memory::Policy;
 use crate::models::{layers::dims4, LoadOptions, Vae};
@@ -378,7 +378,8 @@ impl Engine {
         match latents {
             Latents::Host(t) => {
                 let mut z = (*t).clone();
-                validate_latents(&mut z, self.vae.latent_channels())
+                self.vae
+                    .check_latents(&mut z)
                     .map_err(Error::InvalidInput)?;
                 if !self.options.raw_latents {
                     self.vae.unscale_latents(&mut z)?;

@@ -129,7 +129,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     let tiling = a.tiles.tiling()?;
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
-    let is_video = wgvae::video::is_video_vae(&a.vae);
+    // (A Wan-keyed file with a Qwen-Image --config decodes images.)
+    let is_video = wgvae::video::is_video_vae(&a.vae)
+        && !wgvae::models::qwen_image::is_qwen_image(&a.vae, a.config.as_deref());
     if !is_video {
         // Video-only flags on an image VAE.
         let video_only = [
@@ -187,7 +189,12 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     if vae.random_weights && !a.json {
         eprintln!("note: {} — the image shows noise, not a picture", vae.name);
     }
-    let latents = wgvae::io::load_latents(&a.latents, a.key.as_deref(), vae.latent_channels())?;
+    let mut latents = wgvae::io::read_latents(&a.latents, a.key.as_deref())?;
+    vae.check_latents(&mut latents)
+        .map_err(|message| wgvae::Error::BadFile {
+            path: a.latents.clone(),
+            message,
+        })?;
     if let Some(dir) = &a.frames_out {
         return decode_frames(&ctx, &vae, &latents, a, tiling, dir);
     }
