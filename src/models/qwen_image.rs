@@ -6,7 +6,7 @@
 //! decoder on a single latent frame (its time caches all zeros, so each
 //! causal 3×3×3 conv is the 2-D conv of its current-frame tap and
 //! `upsample3d` skips its time conv), clamp to [−1, 1]. The graph is
-//! [`WanDecoder::load_frame`]'s: an image graph whose batch is a batch of
+//! `WanDecoder::load_frame`'s: an image graph whose batch is a batch of
 //! images, run by every image executor (untiled, exact tiles, estimates).
 //!
 //! Latents: N×16×h×w, or N×16×1×h×w as the pipeline hands them to
