@@ -356,6 +356,16 @@ fn bad_latents_are_clear_errors() {
         .unwrap()
         .to_string();
     assert!(m.contains("latents_mean"), "{m}");
+    for spec in [dir.to_str().unwrap(), "preset:qwenimage"] {
+        let m = wgvae::encode::VaeEncoder::load(&ctx, spec, &LoadOptions::default())
+            .err()
+            .unwrap()
+            .to_string();
+        assert!(
+            m.contains("encoder") && m.contains("not implemented"),
+            "{m}"
+        );
+    }
 }
 
 /// The CLI decodes pipeline latents (default) and raw z (--raw-latents),
