@@ -581,7 +581,8 @@ impl Vae {
     }
 
     /// Pipeline latents → decoder input, as diffusers pipelines do:
-    /// `latents / scaling_factor + shift_factor` (f32, same operation order).
+    /// `latents / scaling_factor + shift_factor` (f32, same operation order);
+    /// Qwen-Image per channel, `latents / (1 / latents_std) + latents_mean`.
     /// Finite latents can overflow f32 here (huge values, a tiny scaling
     /// factor): that is an error naming the cause, not an all-NaN image.
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
