@@ -202,6 +202,10 @@ pub fn decode(
         Strategy::Fast { px, overlap } => decode_fast(ctx, &job, px, overlap, opts),
     }?;
     out.tiling.max_memory = budget;
+    if let (true, Some(raw)) = (vae.clamps_output(), out.raw.as_mut()) {
+        // As diffusers returns it (the pixels are clamped for every model).
+        raw.data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
+    }
     if out.f16_overflows > 0 && !opts.keep_f16_overflow {
         let twin = vae.bf16_twin(ctx)?;
         let (mut again, note) =

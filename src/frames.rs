@@ -511,6 +511,8 @@ pub fn decode_frames(
 
     let (scale, shift) = vae.latent_scaling();
     let unscale = !opts.raw_latents && (scale != 1.0 || shift != 0.0);
+    // Qwen-Image: per channel, as `Vae::unscale_latents`.
+    let normalize = !opts.raw_latents && vae.latent_normalization().is_some();
     let mut unscaled = Vec::new();
     ctx.pool().reset_peak_stats();
     let mut delivery = Delivery {
@@ -551,6 +553,12 @@ pub fn decode_frames(
             unscaled.clear();
             unscaled.extend(data.iter().map(|v| *v / scale + shift));
             crate::models::check_unscaled(&unscaled, scale, shift)?;
+            data = &unscaled;
+        }
+        if normalize {
+            let mut t = HostTensor::new(chunk_shape.to_vec(), data.to_vec())?;
+            vae.unscale_latents(&mut t)?;
+            unscaled = t.data;
             data = &unscaled;
         }
         let key = || crate::decode::plan_key(vae, &chunk_shape);

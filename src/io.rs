@@ -652,23 +652,27 @@ pub fn read_latent_file(path: &Path, key: Option<&str>) -> Result<LatentFile> {
 /// Reads latents from `.npy` or `.safetensors` and checks them: rank 3 or 4
 /// (C×h×w becomes 1×C×h×w), the expected channel count, finite values.
 pub fn load_latents(path: &Path, key: Option<&str>, channels: usize) -> Result<HostTensor> {
+    let mut t = read_latents(path, key)?;
+    validate_latents(&mut t, channels).map_err(|m| bad(path, m))?;
+    Ok(t)
+}
+
+/// Reads latents from `.npy` or `.safetensors` as they are (no checks:
+/// [`crate::Vae::check_latents`] or [`validate_latents`] next).
+pub fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
         .unwrap_or("")
         .to_lowercase();
-    let mut t = match ext.as_str() {
-        "npy" => read_npy(path)?,
-        "safetensors" => read_safetensors_tensor(path, key)?,
-        _ => {
-            return Err(bad(
-                path,
-                "unknown latent file type; expected .npy or .safetensors",
-            ))
-        }
-    };
-    validate_latents(&mut t, channels).map_err(|m| bad(path, m))?;
-    Ok(t)
+    match ext.as_str() {
+        "npy" => read_npy(path),
+        "safetensors" => read_safetensors_tensor(path, key),
+        _ => Err(bad(
+            path,
+            "unknown latent file type; expected .npy or .safetensors",
+        )),
+    }
 }
 
 /// Shape and value checks for latents (N×C×h×w after this).

@@ -1018,7 +1018,9 @@ impl VideoVae {
 /// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
 /// config is `AutoencoderKLWan`, or a file with Wan keys).
 pub fn is_wan(spec: &str) -> bool {
-    spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec))
+    // A Qwen-Image VAE file has Wan's keys but decodes images.
+    (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
+        && !crate::models::qwen_image::is_qwen_image(spec, None)
 }
 
 /// True when `spec` names a video decoder (TAEHV file or Wan VAE), read from

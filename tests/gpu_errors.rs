@@ -130,17 +130,17 @@ fn from_host_device_keeps_the_hosts_error_handler() {
     device.on_uncaptured_error(Arc::new(move |_| {
         s.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
     }));
-    let ctx = Context::from_host_device(
-        device,
-        queue,
-        Arc::new(wgvae::memory::ExactPool::new()),
-    );
+    let ctx = Context::from_host_device(device, queue, Arc::new(wgvae::memory::ExactPool::new()));
     let _bad = ctx.device().create_buffer(&wgvae::wgpu::BufferDescriptor {
         label: Some("host's invalid buffer"),
         size: 16,
         usage: wgpu::BufferUsages::MAP_READ | wgpu::BufferUsages::MAP_WRITE,
         mapped_at_creation: false,
     });
-    assert_eq!(seen.load(std::sync::atomic::Ordering::SeqCst), 1, "the host's handler ran");
+    assert_eq!(
+        seen.load(std::sync::atomic::Ordering::SeqCst),
+        1,
+        "the host's handler ran"
+    );
     assert!(ctx.take_uncaptured_errors().is_empty());
 }

@@ -108,3 +108,24 @@ def test_flux2_maps_tokens_and_z_match_diffusers(shared, name):
         assert err <= 2e-4, f"{name} from {what}: {err}"
     with pytest.raises(Exception, match="size"):
         vae.decode(np.load(d / "latents_packed.npy"), output="float", size=(16, 16))
+
+
+def test_qwen_image_matches_diffusers(shared):
+    """Qwen-Image (tests/qwen_image.rs): one-frame 5-D pipeline latents and 4-D raw z."""
+    d = shared / "golden" / "qwenimage-tiny"
+    if not d.is_dir():
+        pytest.skip(f"{d} is absent")
+    vae = wgvae.Vae(d, dtype="f32")
+    want = np.load(d / "decoded.npy")[:, :, 0]
+    latents = np.load(d / "latents.npy")
+    assert latents.ndim == 5
+    raw = vae.decode(latents, output="float")
+    assert raw.shape == want.shape
+    err = float(np.abs(raw - want).max())
+    print(f"qwenimage-tiny: raw max abs error {err:.3e}")
+    assert err <= 2e-4
+    z = np.load(d / "z.npy")[:, :, 0]
+    raw = vae.decode(z, raw_latents=True, output="float")
+    assert float(np.abs(raw - want).max()) <= 2e-4
+    with pytest.raises(ValueError, match="frames"):
+        vae.decode(np.concatenate([latents, latents], axis=2))

@@ -202,7 +202,9 @@ class Vae:
         blended tiles). ``output="uint8"``: N×H×W×3 uint8 (diffusers'
         postprocessing); ``output="float"``: float32 N×3×H×W, the raw decoder
         output (diffusers' ``vae.decode(...).sample``). A C×h×w input gives
-        one image without the batch axis.
+        one image without the batch axis. The Qwen-Image VAE also takes one
+        frame N×16×1×h×w (the pipeline's latents) and un-normalises pipeline
+        latents per channel with the config's latents_mean / latents_std.
         """
         self._image_only("decode", "decode_video")
         if output not in ("uint8", "float"):
@@ -219,10 +221,11 @@ class Vae:
             single = a.ndim == 3
             if single:
                 a = a[None]
-            if a.ndim != 4:
+            if a.ndim not in (4, 5):
                 raise ValueError(
-                    f"latents: expected N×C×h×w or C×h×w (or tokens N×L×F with size=(H, W)), got shape {tuple(a.shape)}"
+                    f"latents: expected N×C×h×w or C×h×w, one frame N×C×1×h×w (Qwen-Image), or tokens N×L×F with size=(H, W); got shape {tuple(a.shape)}"
                 )
+            # 5-D: one frame N×C×1×h×w (Qwen-Image); the library checks it.
         a = _f32(a, "latents")
         rgb, raw, h, w = self._model.decode(
             a.tobytes(),

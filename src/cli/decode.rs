@@ -145,7 +145,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     let tiling = a.tiles.tiling()?;
     let precision = a.dtype.parse()?;
     // A video decoder is told by its file's header alone, before the device starts.
-    let is_video = wgvae::video::is_video_vae(&a.vae);
+    // (A Wan-keyed file with a Qwen-Image --config decodes images.)
+    let is_video = wgvae::video::is_video_vae(&a.vae)
+        && !wgvae::models::qwen_image::is_qwen_image(&a.vae, a.config.as_deref());
     // Video-only flags on what is not a video decoder: refused once the
     // model has loaded as an image VAE (a damaged or unknown file gets its
     // own error first).

@@ -8,6 +8,7 @@ pub mod encoder;
 pub(crate) mod graph;
 #[doc(hidden)]
 pub mod layers;
+pub mod qwen_image;
 #[doc(hidden)]
 pub mod tae;
 pub mod taehv;
@@ -29,6 +30,7 @@ use crate::tensor::{DType, Tensor};
 pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
+pub use qwen_image::QwenImageDecoder;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
@@ -119,6 +121,8 @@ pub enum Decoder {
     Kl(AutoencoderKl),
     /// A TAE decoder.
     Tae(TaeDecoder),
+    /// The Qwen-Image VAE (the Wan 2.1 VAE on one frame).
+    QwenImage(QwenImageDecoder),
 }
 
 /// A loaded VAE decoder, weights on the device.
@@ -428,9 +432,23 @@ impl Vae {
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        if qwen_image::is_qwen_image(spec, opts.config.as_deref()) {
+            if opts.scaling_factor.is_some() || opts.shift_factor.is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "`{spec}` is a Qwen-Image VAE: its pipeline latents are un-normalised per channel with latents_mean / latents_std (from config.json, `LoadOptions::config`), not a scaling or shift factor; drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`"
+                )));
+            }
+            let dtype = opts.precision.resolve(false);
+            let config = opts.config.as_deref();
+            let dec = QwenImageDecoder::open(ctx, spec, config, dtype, opts.seed)?;
+            let random = spec.starts_with("preset:");
+            let name = format!("{} [{}]", dec.name, dec.latent_stats);
+            return Ok(Vae::new(Decoder::QwenImage(dec), name, dtype, random));
+        }
         if spec == "preset:wan21" || WanDecoder::is_wan(Path::new(spec)) {
             return Err(Error::InvalidInput(format!(
-                "`{spec}` is a Wan 2.1 video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images"
+                "`{spec}` is a Wan 2.1 video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images. A Qwen-Image VAE file has the same keys: name it qwen_image_vae.safetensors or give its config.json (`{}`, `LoadOptions::config`) to decode images with it",
+                qwen_image::CLASS_NAME
             )));
         }
         if let Some(name) = spec.strip_prefix("preset:") {
@@ -503,6 +521,7 @@ impl Vae {
         match &self.decoder {
             Decoder::Kl(k) => k.config.latent_channels,
             Decoder::Tae(t) => t.latent_channels,
+            Decoder::QwenImage(q) => q.latent_channels(),
         }
     }
 
@@ -511,6 +530,7 @@ impl Vae {
         match &self.decoder {
             Decoder::Kl(k) => k.config.upscale(),
             Decoder::Tae(_) => 8,
+            Decoder::QwenImage(q) => q.upscale(),
         }
     }
 
@@ -519,6 +539,7 @@ impl Vae {
         match &self.decoder {
             Decoder::Kl(k) => k.levels(),
             Decoder::Tae(_) => 4,
+            Decoder::QwenImage(q) => q.levels(),
         }
     }
 
@@ -545,22 +566,50 @@ impl Vae {
         match &self.decoder {
             Decoder::Kl(k) => k.graph(),
             Decoder::Tae(t) => t.graph(),
+            Decoder::QwenImage(q) => q.graph(),
         }
     }
 
     /// How the raw output maps to pixels.
     pub fn output_range(&self) -> ImageRange {
         match &self.decoder {
-            Decoder::Kl(_) => ImageRange::MinusOneToOne,
+            Decoder::Kl(_) | Decoder::QwenImage(_) => ImageRange::MinusOneToOne,
             Decoder::Tae(_) => ImageRange::ZeroToOne,
         }
     }
 
-    /// `(scaling_factor, shift_factor)` of pipeline latents (TAE: 1, 0).
+    /// `(scaling_factor, shift_factor)` of pipeline latents (TAE: 1, 0;
+    /// Qwen-Image: 1, 0 — its latents are normalised per channel, see
+    /// [`Vae::latent_normalization`]).
     pub fn latent_scaling(&self) -> (f32, f32) {
         match &self.decoder {
             Decoder::Kl(k) => (k.config.scaling_factor, k.config.shift()),
-            Decoder::Tae(_) => (1.0, 0.0),
+            Decoder::Tae(_) | Decoder::QwenImage(_) => (1.0, 0.0),
+        }
+    }
+
+    /// Per-channel `(latents_mean, latents_std)` of pipeline latents
+    /// (Qwen-Image: `z = latents / (1 / std) + mean`); `None`: a scalar
+    /// [`Vae::latent_scaling`].
+    pub fn latent_normalization(&self) -> Option<(&[f32], &[f32])> {
+        match &self.decoder {
+            Decoder::QwenImage(q) => Some((&q.config.latents_mean, &q.config.latents_std)),
+            _ => None,
+        }
+    }
+
+    /// True when the raw output is clamped to [−1, 1] as diffusers returns
+    /// it (Qwen-Image); the pixels are clamped for every model.
+    pub fn clamps_output(&self) -> bool {
+        matches!(self.decoder, Decoder::QwenImage(_))
+    }
+
+    /// Checks latents for this decoder (N×C×h×w after this; C×h×w becomes
+    /// 1×C×h×w; Qwen-Image also takes one frame N×C×1×h×w).
+    pub fn check_latents(&self, t: &mut HostTensor) -> std::result::Result<(), String> {
+        match &self.decoder {
+            Decoder::QwenImage(q) => q.check_latents(t),
+            _ => crate::io::validate_latents(t, self.latent_channels()),
         }
     }
 
@@ -588,7 +637,7 @@ impl Vae {
     pub fn flux2(&self) -> Option<crate::models::config::Flux2Latents> {
         match &self.decoder {
             Decoder::Kl(k) => k.config.flux2,
-            Decoder::Tae(_) => None,
+            Decoder::Tae(_) | Decoder::QwenImage(_) => None,
         }
     }
 
@@ -601,6 +650,7 @@ impl Vae {
                 k.config.latent_channels
             ),
             (Decoder::Tae(t), _) => format!("this TAE ({} latent channels)", t.latent_channels),
+            (Decoder::QwenImage(_), _) => "the Qwen-Image VAE (16 latent channels)".into(),
         }
     }
 
@@ -666,14 +716,19 @@ impl Vae {
                 self.family(),
             )));
         }
-        crate::io::validate_latents(&mut t, want).map_err(Error::InvalidInput)?;
+        match &self.decoder {
+            // One frame N×16×1×h×w or N×16×h×w (its own checks and messages).
+            Decoder::QwenImage(q) => q.check_latents(&mut t),
+            _ => crate::io::validate_latents(&mut t, want),
+        }
+        .map_err(Error::InvalidInput)?;
         if raw {
             return Ok(t);
         }
         if self.flux2().is_some() {
             let bn = match &self.decoder {
                 Decoder::Kl(k) => k.latent_bn.as_ref(),
-                Decoder::Tae(_) => None,
+                Decoder::Tae(_) | Decoder::QwenImage(_) => None,
             };
             let bn = bn.ok_or_else(|| {
                 Error::InvalidInput(format!(
@@ -688,10 +743,14 @@ impl Vae {
     }
 
     /// Pipeline latents → decoder input, as diffusers pipelines do:
-    /// `latents / scaling_factor + shift_factor` (f32, same operation order).
+    /// `latents / scaling_factor + shift_factor` (f32, same operation order);
+    /// Qwen-Image per channel, `latents / (1 / latents_std) + latents_mean`.
     /// Finite latents can overflow f32 here (huge values, a tiny scaling
     /// factor): that is an error naming the cause, not an all-NaN image.
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
+        if let Decoder::QwenImage(q) = &self.decoder {
+            return q.unnormalize(latents);
+        }
         let (scale, shift) = self.latent_scaling();
         if scale == 1.0 && shift == 0.0 {
             return Ok(());

@@ -66,6 +66,11 @@ impl VaeEncoder {
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<VaeEncoder> {
+        if crate::models::qwen_image::is_qwen_image(spec, opts.config.as_deref()) {
+            return Err(Error::Unsupported(format!(
+                "`{spec}` is a Qwen-Image VAE: its encoder (the Wan 2.1 encoder on one frame) is not implemented; wgvae decodes Qwen-Image latents only"
+            )));
+        }
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
             let store = crate::models::weights::WeightStore::random_for(ctx, opts.seed);

@@ -29,6 +29,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
+use crate::kernels::image::ImageRange;
 use crate::models::graph::{Builder, CausalWeights, Conv, Geometry, Graph, Op, Residual, TensorId};
 use crate::models::taehv::TaehvDecoder;
 use crate::models::weights::{HostWeight, Layout, WeightStore};
@@ -258,7 +259,7 @@ impl WanConfig {
     /// The config of a file without `config.json`, read off its shapes
     /// (the Wan 2.1 latents' statistics assumed for z_dim 16), and the note
     /// saying so.
-    fn infer(store: &WeightStore, why: &str) -> Result<(Self, Option<String>)> {
+    pub(crate) fn infer(store: &WeightStore, why: &str) -> Result<(Self, Option<String>)> {
         let origin = PathBuf::from(store.origin());
         let shape = |k: &str| {
             store
@@ -403,7 +404,7 @@ pub struct WanDecoder {
 }
 
 /// Keys of a Wan file, diffusers-named, from `path` (a `.safetensors`).
-fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeight>> {
+pub(crate) fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeight>> {
     if TaehvDecoder::is_taehv_file(path) {
         return Err(bad(
             path,
@@ -531,6 +532,8 @@ struct GraphBuilder<'a> {
     store: &'a WeightStore,
     b: Builder,
     slot: usize,
+    /// One frame alone (an image decoder): see [`WanDecoder::load_frame`].
+    image: bool,
 }
 
 impl GraphBuilder<'_> {
@@ -563,6 +566,32 @@ impl GraphBuilder<'_> {
         dims: [usize; 4],
         residual: Residual,
     ) -> Result<TensorId> {
+        if self.image {
+            // One frame after two zero frames: only the current frame's tap.
+            let [cout, cin, kt, k] = dims;
+            let w = self
+                .store
+                .take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
+            let b = self.store.take(&format!("{prefix}.bias"), &[cout])?;
+            let tap: Vec<f32> = w
+                .chunks(k * k)
+                .skip(kt.saturating_sub(1))
+                .step_by(kt.max(1))
+                .flatten()
+                .copied()
+                .collect();
+            let host = PytorchConv {
+                weight: &tap,
+                cout,
+                cin,
+                k,
+                bias: Some(b.as_slice()),
+            };
+            let w = Conv2dWeights::upload(self.ctx, &host, None, self.store.dtype(), prefix)?;
+            let w = self.b.weights(w);
+            let conv = Conv::new(x, w, Geometry::Same).residual(residual);
+            return Ok(self.b.conv(conv));
+        }
         let w = load_causal(self.ctx, self.store, prefix, dims)?;
         let w = self.b.causal_weights(w);
         let slot = self.next_slot();
@@ -715,6 +744,32 @@ impl WanDecoder {
         config: WanConfig,
         post_quant_conv: bool,
     ) -> Result<Self> {
+        Self::load_graph(ctx, store, config, post_quant_conv, false)
+    }
+
+    /// The decoder of one frame alone (Qwen-Image): what the video graph
+    /// computes on a video's first frame, as an image graph. Each causal
+    /// conv is the 2-D conv of its current-frame tap (the frames before
+    /// are the cache's zeros; the other taps are read and dropped),
+    /// `upsample3d` skips its time conv, and the output maps to pixels in
+    /// [−1, 1]: the batch is a batch of images, every image executor runs
+    /// it, and the weights are a third of the video graph's.
+    pub(crate) fn load_frame(
+        ctx: &Context,
+        store: &WeightStore,
+        config: WanConfig,
+        post_quant_conv: bool,
+    ) -> Result<Self> {
+        Self::load_graph(ctx, store, config, post_quant_conv, true)
+    }
+
+    fn load_graph(
+        ctx: &Context,
+        store: &WeightStore,
+        config: WanConfig,
+        post_quant_conv: bool,
+        image: bool,
+    ) -> Result<Self> {
         let cfg = &config;
         let origin = PathBuf::from(store.origin());
         let stages = cfg.dim_mult.len();
@@ -756,6 +811,7 @@ impl WanDecoder {
             store,
             b,
             slot: 0,
+            image,
         };
         let zc = cfg.z_dim;
         let mut x = z;
@@ -799,7 +855,14 @@ impl WanDecoder {
                 true,
             )?;
             let up = g.b.weights(up);
-            if up_time.get(i).copied().unwrap_or(false) {
+            let time = up_time.get(i).copied().unwrap_or(false);
+            if time && image {
+                // A first frame skips the time conv (diffusers' "Rep").
+                let c = 2 * d_out;
+                store.take(&format!("{p}.time_conv.weight"), &[c, d_out, 3, 1, 1])?;
+                store.take(&format!("{p}.time_conv.bias"), &[c])?;
+                x = g.b.conv(Conv::new(x, up, Geometry::Upsample));
+            } else if time {
                 let w = load_causal(
                     ctx,
                     store,
@@ -822,7 +885,7 @@ impl WanDecoder {
             config,
             name: String::from("Wan 2.1 VAE"),
             latents_stats_note: None,
-            graph: g.b.finish(x, None),
+            graph: g.b.finish(x, image.then_some(ImageRange::MinusOneToOne)),
             t_upscale,
         })
     }
@@ -895,6 +958,11 @@ impl WanDecoder {
     /// The decoder's layers (one video, time as the batch dimension).
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
+    }
+
+    /// The graph, taken (a single-frame decoder's owner keeps only it).
+    pub(crate) fn into_graph(self) -> Graph {
+        self.graph
     }
 }
 

@@ -104,6 +104,12 @@ pub(crate) fn record_decoder_from_buffer(
 ) -> Result<Tensor> {
     refuse_device_pipeline_latents(vae, raw_latents)?;
     latents.validate(vae)?;
+    if !raw_latents && vae.latent_normalization().is_some() {
+        return Err(crate::error::Error::Unsupported(format!(
+            "{}: pipeline latents in a device buffer are un-normalised per channel (latents_mean / latents_std) only on the host: pass host latents, or un-normalise them yourself and decode raw (`raw_latents`)",
+            vae.name
+        )));
+    }
     crate::decode::track_f16(rec, vae)?;
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
     rec.copy_from_buffer(latents.buffer, latents.offset, &input)?;
