@@ -65,6 +65,13 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+impl ColdStartArgs {
+    /// The report folder (`--out`).
+    pub(crate) fn out(&self) -> &std::path::Path {
+        &self.out
+    }
+}
+
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wgvae::Result<()> {
     use rb::ColdStartRow;
     let io_err = |path: &Path| {
