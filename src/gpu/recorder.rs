@@ -67,6 +67,9 @@ pub struct Recorder<'a> {
     profiler: Option<crate::gpu::Profiler>,
     /// Counter that f16 conv stores increment for values f16 cannot hold.
     range_flag: Option<Tensor>,
+    /// The pipeline key last noted on a null device (dry runs of tiled
+    /// attention dispatch the same kernel millions of times in a row).
+    noted: Option<PipelineKey>,
 }
 
 impl<'a> Recorder<'a> {
@@ -85,6 +88,7 @@ impl<'a> Recorder<'a> {
             labels: Vec::new(),
             profiler: None,
             range_flag: None,
+            noted: None,
         }
     }
 
@@ -99,6 +103,7 @@ impl<'a> Recorder<'a> {
             labels: Vec::new(),
             profiler: None,
             range_flag: None,
+            noted: None,
         }
     }
 
@@ -281,7 +286,10 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         if self.ctx.is_null() {
-            self.ctx.pipelines().note_requested(key);
+            if self.noted.as_ref() != Some(key) {
+                self.ctx.pipelines().note_requested(key);
+                self.noted = Some(key.clone());
+            }
             self.labels.push(DispatchLabel {
                 family: spec.family,
                 entry: spec.entry,

@@ -246,6 +246,24 @@ pub fn config_for_device(d: usize, n_q: usize, caps: &Capabilities) -> Option<At
 }
 
 fn key(c: &AttentionConfig, int8: bool) -> PipelineKey {
+    // Built once per configuration and thread: a tiled dry run asks for
+    // the key of every (query tile, K/V block) pair.
+    thread_local! {
+        static KEYS: std::cell::RefCell<Vec<(AttentionConfig, bool, PipelineKey)>> =
+            const { std::cell::RefCell::new(Vec::new()) };
+    }
+    KEYS.with(|keys| {
+        let mut keys = keys.borrow_mut();
+        if let Some((.., k)) = keys.iter().find(|(kc, ki, _)| kc == c && *ki == int8) {
+            return k.clone();
+        }
+        let k = build_key(c, int8);
+        keys.push((*c, int8, k.clone()));
+        k
+    })
+}
+
+fn build_key(c: &AttentionConfig, int8: bool) -> PipelineKey {
     let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
     PipelineKey::new(spec)
         .flag("ATTENTION")
@@ -330,7 +348,14 @@ impl Strides {
             ("channel", self.channel),
         ];
         for (o, (name, x)) in out.iter_mut().zip(named) {
-            *o = to_u32(op, &format!("{what} {name} stride"), x)?;
+            // The message is built only on failure: dry runs of tiled
+            // attention record millions of these.
+            *o = u32::try_from(x).map_err(|_| {
+                Error::shape(
+                    op,
+                    format!("{what} {name} stride = {x} exceeds u32 indexing"),
+                )
+            })?;
         }
         Ok(out)
     }
