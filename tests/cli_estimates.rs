@@ -90,7 +90,10 @@ fn video_estimate_at_each_length_equals_the_measured_peak() {
         }
         // Shorter videos peak at most as high as longer ones.
         assert!(peaks[0] <= peaks[1] && peaks[1] <= peaks[2], "{peaks:?}");
-        assert!(peaks[0] < peaks[2], "Wan's first chunk is lighter: {peaks:?}");
+        assert!(
+            peaks[0] < peaks[2],
+            "Wan's first chunk is lighter: {peaks:?}"
+        );
     }
 }
 
@@ -130,7 +133,10 @@ fn memory_of_a_video_states_its_length_and_adds_up() {
     let (ok, text, err) = run(&[]);
     assert!(ok, "{err}");
     assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
-    assert!(text.contains("3 latent frames") && text.contains("--frames not given"), "{text}");
+    assert!(
+        text.contains("3 latent frames") && text.contains("--frames not given"),
+        "{text}"
+    );
     let value = |label: &str| -> f64 {
         let line = text
             .lines()
@@ -141,7 +147,15 @@ fn memory_of_a_video_states_its_length_and_adds_up() {
     let sum = value("weights") + value("time caches") + value("chunk working memory");
     assert!((sum - value("= peak allocated")).abs() <= 0.15, "{text}");
 
-    let (ok, out, err) = run(&["--tile", "exact", "--tile-size", "16", "--frames", "2", "--json"]);
+    let (ok, out, err) = run(&[
+        "--tile",
+        "exact",
+        "--tile-size",
+        "16",
+        "--frames",
+        "2",
+        "--json",
+    ]);
     assert!(ok, "--tile exact: {err}");
     assert_eq!(json(&out)["tile_size"], 16);
     let (ok, _, err) = run(&["--tile", "fast"]);
@@ -154,10 +168,16 @@ fn memory_of_a_video_states_its_length_and_adds_up() {
     let device = peak + v["staging_bytes"].as_u64().unwrap();
     let budget = (device - 1).to_string();
     let (ok, _, err) = run(&["--tile", "off", "--max-memory", &budget]);
-    assert!(!ok && err.contains("cannot be kept") && err.contains(&device.to_string()), "{err}");
+    assert!(
+        !ok && err.contains("cannot be kept") && err.contains(&device.to_string()),
+        "{err}"
+    );
     let budget = device.to_string();
     let (ok, _, err) = run(&["--tile", "off", "--max-memory", &budget]);
-    assert!(ok, "a budget of exactly the predicted device memory is kept: {err}");
+    assert!(
+        ok,
+        "a budget of exactly the predicted device memory is kept: {err}"
+    );
 }
 
 /// An image estimate in exact tiles prints its per-level tile sides as
@@ -169,15 +189,34 @@ fn memory_of_an_image_is_readable_and_keeps_its_budget() {
     let vae = shared.join("golden/aekl-tiny-sd");
     let vae = vae.to_str().unwrap();
     let (ok, out, err) = wgvae(&[
-        "memory", "--vae", vae, "--size", "256x256", "--tile", "exact", "--tile-size", "64",
+        "memory",
+        "--vae",
+        vae,
+        "--size",
+        "256x256",
+        "--tile",
+        "exact",
+        "--tile-size",
+        "64",
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("tile side per level: latent"), "{out}");
     assert!(!out.contains("Some(") && !out.contains("None"), "{out}");
     let (ok, _, err) = wgvae(&[
-        "memory", "--vae", vae, "--size", "256x256", "--tile", "off", "--max-memory", "1MiB",
+        "memory",
+        "--vae",
+        vae,
+        "--size",
+        "256x256",
+        "--tile",
+        "off",
+        "--max-memory",
+        "1MiB",
     ]);
-    assert!(!ok && err.contains("--max-memory") && err.contains("cannot be kept"), "{err}");
+    assert!(
+        !ok && err.contains("--max-memory") && err.contains("cannot be kept"),
+        "{err}"
+    );
 }
 
 /// `bench` and `report` refuse bad arguments before any work: no timed
@@ -197,30 +236,100 @@ fn bench_and_report_check_arguments_first() {
     let out = tmp("never-written");
     let out = out.to_str().unwrap();
     let cases: &[(&[&str], &str)] = &[
-        (&["bench", "video", "--vae", wan, "--runs", "0", "--out", out], "--runs 0"),
-        (&["bench", "frames", "--vae", sd, "--runs", "0", "--out", out], "--runs 0"),
-        (&["bench", "decode", "--vae", sd, "--runs", "0", "--out", out], "--runs 0"),
+        (
+            &["bench", "video", "--vae", wan, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
+        (
+            &["bench", "frames", "--vae", sd, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
+        (
+            &["bench", "decode", "--vae", sd, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
         (&["bench", "video", "--vae", wan, "--out", file], "--out"),
         (&["bench", "frames", "--vae", sd, "--out", file], "--out"),
         (&["bench", "decode", "--vae", sd, "--out", file], "--out"),
-        (&["report", "memory", "--sizes", "512", "--out", file], "--out"),
         (
-            &["bench", "video", "--vae", wan, "--chunk", "5", "--latent-frames", "3", "--out", out],
+            &["report", "memory", "--sizes", "512", "--out", file],
+            "--out",
+        ),
+        (
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--chunk",
+                "5",
+                "--latent-frames",
+                "3",
+                "--out",
+                out,
+            ],
             "--chunk 5",
         ),
-        (&["bench", "video", "--vae", wan, "--size", "1000000", "--out", out], "host memory"),
         (
-            &["bench", "video", "--vae", wan, "--latent-frames", "1000000000", "--out", out],
+            &[
+                "bench", "video", "--vae", wan, "--size", "1000000", "--out", out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--latent-frames",
+                "1000000000",
+                "--out",
+                out,
+            ],
             "--latent-frames",
         ),
         (
-            &["bench", "video", "--vae", wan, "--latent-frames", "16777217", "--out", out],
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--latent-frames",
+                "16777217",
+                "--out",
+                out,
+            ],
             "--latent-frames",
         ),
-        (&["bench", "frames", "--vae", sd, "--size", "1000000", "--out", out], "host memory"),
-        (&["bench", "decode", "--vae", sd, "--sizes", "64,1000000", "--out", out], "host memory"),
         (
-            &["report", "memory", "--reference", "/nonexistent.csv", "--out", out],
+            &[
+                "bench", "frames", "--vae", sd, "--size", "1000000", "--out", out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "bench",
+                "decode",
+                "--vae",
+                sd,
+                "--sizes",
+                "64,1000000",
+                "--out",
+                out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "report",
+                "memory",
+                "--reference",
+                "/nonexistent.csv",
+                "--out",
+                out,
+            ],
             "--reference",
         ),
     ];
@@ -233,8 +342,18 @@ fn bench_and_report_check_arguments_first() {
         let err = String::from_utf8_lossy(&o.stderr);
         assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
         assert!(err.contains(says), "{args:?}: {err}");
-        assert!(!err.contains("panicked") && !err.contains("backtrace"), "{args:?}: {err}");
-        println!("{args:?}: {:.1} s: {}", started.elapsed().as_secs_f64(), err.trim());
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+        println!(
+            "{args:?}: {:.1} s: {}",
+            started.elapsed().as_secs_f64(),
+            err.trim()
+        );
     }
-    assert!(!std::path::Path::new(out).exists(), "nothing written to {out}");
+    assert!(
+        !std::path::Path::new(out).exists(),
+        "nothing written to {out}"
+    );
 }

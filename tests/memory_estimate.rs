@@ -278,7 +278,11 @@ fn estimate_equals_measured_with_interior_tiles() {
             raw_latents: true,
             ..Default::default()
         };
-        decode(&ctx, &vae, &latents, &opts).unwrap().memory.allocated_bytes.peak
+        decode(&ctx, &vae, &latents, &opts)
+            .unwrap()
+            .memory
+            .allocated_bytes
+            .peak
     };
     let mut parked_on_host = false;
     for budget in [None, Some(untiled_peak / 2)] {

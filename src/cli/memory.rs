@@ -231,9 +231,21 @@ fn run_video(
         println!("  {:<28} {:>10.1}", "weights", mib(b.weights));
         println!("  {:<28} {:>10.1}", "time caches", mib(b.caches));
         println!("  {:<28} {:>10.1}", "chunk working memory", mib(b.working));
-        println!("  {:<28} {:>10.1}", "= peak allocated (pool)", mib(e.peak_allocated_bytes));
-        println!("  {:<28} {:>10.1}", "peak reserved (pool)", mib(e.peak_reserved_bytes));
-        println!("  {:<28} {:>10.1}", "+ read-back staging", mib(e.staging_bytes));
+        println!(
+            "  {:<28} {:>10.1}",
+            "= peak allocated (pool)",
+            mib(e.peak_allocated_bytes)
+        );
+        println!(
+            "  {:<28} {:>10.1}",
+            "peak reserved (pool)",
+            mib(e.peak_reserved_bytes)
+        );
+        println!(
+            "  {:<28} {:>10.1}",
+            "+ read-back staging",
+            mib(e.staging_bytes)
+        );
         println!(
             "  {:<28} {:>10.1}",
             "= device memory at the peak",

@@ -150,14 +150,27 @@ pub(crate) fn print_tiling(t: &TilingReport) {
                 "tiling: exact, {}-pixel tiles ({} tiles, {}), budget {:.0} MiB",
                 t.tile_size.unwrap_or(0),
                 t.tiles,
-                if t.mid_block_tiled { "mid-block tiled" } else { "mid-block whole" },
+                if t.mid_block_tiled {
+                    "mid-block tiled"
+                } else {
+                    "mid-block whole"
+                },
                 mib(t.max_memory),
             );
             println!("  tile side per level: {}", level_sides(&t.level_tiles));
             for (what, v) in [
-                ("device parking peak", format!("{:.1} MiB", mib(t.device_parked_peak_bytes))),
-                ("host parking peak", format!("{:.1} MiB", mib(t.host_parked_peak_bytes))),
-                ("staging peak", format!("{:.1} MiB", mib(t.staging_peak_bytes))),
+                (
+                    "device parking peak",
+                    format!("{:.1} MiB", mib(t.device_parked_peak_bytes)),
+                ),
+                (
+                    "host parking peak",
+                    format!("{:.1} MiB", mib(t.host_parked_peak_bytes)),
+                ),
+                (
+                    "staging peak",
+                    format!("{:.1} MiB", mib(t.staging_peak_bytes)),
+                ),
                 ("uploaded", format!("{:.1} MiB", mib(t.uploaded_bytes))),
                 ("syncs", t.syncs.to_string()),
                 ("tile steps", t.steps.to_string()),
@@ -172,7 +185,10 @@ pub(crate) fn print_tiling(t: &TilingReport) {
             t.tiles,
             mib(t.max_memory)
         ),
-        _ => println!("tiling: none (fits the budget of {:.0} MiB)", mib(t.max_memory)),
+        _ => println!(
+            "tiling: none (fits the budget of {:.0} MiB)",
+            mib(t.max_memory)
+        ),
     }
 }
 

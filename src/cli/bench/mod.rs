@@ -79,11 +79,7 @@ pub(crate) fn check_out_dir(out: &std::path::Path) -> wgvae::Result<()> {
 /// `what` (`flag` says which argument sets it) of `elements` f32 values
 /// built on the host: refused before allocating when the count overflows
 /// or the bytes exceed the host's available memory.
-pub(crate) fn check_host_f32(
-    flag: &str,
-    what: &str,
-    elements: Option<usize>,
-) -> wgvae::Result<()> {
+pub(crate) fn check_host_f32(flag: &str, what: &str, elements: Option<usize>) -> wgvae::Result<()> {
     let bytes = elements.and_then(|e| e.checked_mul(4)).map(|b| b as u64);
     let limit = wgvae::tiling::host_memory_available().unwrap_or(u64::MAX);
     match bytes {

@@ -256,7 +256,9 @@ pub fn run_frames_bench(
     mut progress: impl FnMut(&str),
 ) -> Result<(Vec<FramesRow>, Vec<LatencySample>)> {
     if b.timing.runs == 0 {
-        return Err(Error::InvalidInput("--runs 0: expected at least 1 timed run".into()));
+        return Err(Error::InvalidInput(
+            "--runs 0: expected at least 1 timed run".into(),
+        ));
     }
     let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;

@@ -217,7 +217,9 @@ pub fn run_video_bench(
         )));
     }
     if b.timing.runs == 0 {
-        return Err(Error::InvalidInput("--runs 0: expected at least 1 timed run".into()));
+        return Err(Error::InvalidInput(
+            "--runs 0: expected at least 1 timed run".into(),
+        ));
     }
     let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let (mut rows, mut samples) = (Vec::new(), Vec::new());
@@ -241,10 +243,9 @@ pub fn run_video_bench(
         // Host memory of the random video and of every configuration's
         // chunks, checked before building any of it.
         let frame = c.checked_mul(l).and_then(|v| v.checked_mul(l));
-        let copies = b
-            .latent_frames
-            .iter()
-            .try_fold(longest, |acc, &t| acc.checked_add(t.checked_mul(b.chunks.len())?));
+        let copies = b.latent_frames.iter().try_fold(longest, |acc, &t| {
+            acc.checked_add(t.checked_mul(b.chunks.len())?)
+        });
         crate::cli::bench::check_host_f32(
             "--size/--latent-frames",
             "the random latents",
