@@ -158,6 +158,11 @@ fn memory_of_a_video_states_its_length_and_adds_up() {
     ]);
     assert!(ok, "--tile exact: {err}");
     assert_eq!(json(&out)["tile_size"], 16);
+    let (ok, _, err) = run(&["--chunk", "100000000"]);
+    assert!(
+        !ok && err.contains("--chunk 100000000") && err.contains("--frames"),
+        "{err}"
+    );
     let (ok, _, err) = run(&["--tile", "fast"]);
     assert!(!ok && err.contains("--tile exact"), "{err}");
 

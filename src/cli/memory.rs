@@ -166,6 +166,13 @@ fn run_video(
     // Three chunks: the first (no caches), the second and a steady one;
     // every later chunk repeats the steady state.
     let bound = chunk.saturating_mul(3);
+    let max_frames = wgvae::decode::MAX_VIDEO_FRAMES;
+    if a.frames.is_none() && bound > max_frames {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--chunk {chunk}: without --frames the estimate is for three chunks ({bound} latent frames), more than the {max_frames} an estimate takes; give --frames or a --chunk of at most {}",
+            max_frames / 3
+        )));
+    }
     let frames = a.frames.unwrap_or(bound);
     if frames == 0 {
         return Err(wgvae::Error::InvalidInput(
@@ -261,7 +268,7 @@ fn run_video(
             );
         } else {
             println!(
-                "  a video of {} latent frames (fewer than 3 chunks): longer ones may peak higher, up to the peak at --frames {bound}",
+                "  a video of {} latent frames (fewer than 3 full chunks): longer ones may peak higher, up to the peak at --frames {bound}",
                 e.frames
             );
         }
