@@ -648,6 +648,126 @@ pub fn flash_attention_block(
     stats: Option<&Tensor>,
     role: BlockRole,
 ) -> Result<()> {
+    // A dry run (null device) records nothing: a call whose checks already
+    // passed with the same signature in this recorder only repeats its
+    // dispatch labels (tiled attention makes millions of identical calls).
+    let sig = rec
+        .is_dry_run()
+        .then(|| dry_signature(prob, q, &kv, out, stats, role));
+    if let Some(sig) = &sig {
+        if rec.repeat_dry(sig) {
+            return Ok(());
+        }
+    }
+    let mark = rec.dry_mark();
+    flash_attention_block_checked(rec, prob, q, kv, out, stats, role)?;
+    if let Some(sig) = sig {
+        rec.remember_dry(sig, mark);
+    }
+    Ok(())
+}
+
+/// Everything [`flash_attention_block`]'s checks and dispatches depend on
+/// besides the recorder's device: the problem, each operand's dtype, length
+/// and bytes, which operands overlap, and the block's role.
+fn dry_signature(
+    prob: &AttentionProblem,
+    q: &Tensor,
+    kv: &KvInput,
+    out: &Tensor,
+    stats: Option<&Tensor>,
+    role: BlockRole,
+) -> Vec<u64> {
+    let AttentionProblem {
+        batch,
+        heads,
+        q_len,
+        kv_len,
+        head_dim,
+        q_strides,
+        kv_strides,
+        scale,
+        mask,
+        q_pos0,
+        config,
+        f16_operands,
+    } = *prob;
+    let mut v = Vec::with_capacity(80);
+    v.extend([
+        batch as u64,
+        heads as u64,
+        q_len as u64,
+        kv_len as u64,
+        head_dim as u64,
+        scale.to_bits() as u64,
+        q_pos0 as u64,
+        f16_operands as u64,
+        role.first as u64,
+        role.last as u64,
+        mask.causal as u64,
+    ]);
+    for s in [q_strides, kv_strides] {
+        v.extend([s.batch, s.head, s.token, s.channel].map(|x| x as u64));
+    }
+    match mask.frames {
+        Some(f) => v.extend([
+            1,
+            f.tokens_per_frame as u64,
+            f.sink_frames as u64,
+            f.window_frames.map_or(u64::MAX, |w| w as u64),
+        ]),
+        None => v.push(0),
+    }
+    match config {
+        Some(c) => v.extend([1, c.ds as u64, c.qg as u64, c.dpt as u64]),
+        None => v.push(0),
+    }
+    let mut operands: [Option<&Tensor>; 7] = [Some(q), Some(out), None, None, None, None, stats];
+    let kv_count = match *kv {
+        KvInput::F32 { k, v } => {
+            operands[2..4].copy_from_slice(&[Some(k), Some(v)]);
+            2
+        }
+        KvInput::Int8 {
+            k_codes,
+            k_scales,
+            v_codes,
+            v_scales,
+        } => {
+            operands[2..6].copy_from_slice(&[
+                Some(k_codes),
+                Some(k_scales),
+                Some(v_codes),
+                Some(v_scales),
+            ]);
+            4
+        }
+    };
+    let operands: Vec<&Tensor> = operands.into_iter().flatten().collect();
+    v.push(kv_count);
+    v.push(stats.is_some() as u64);
+    for t in &operands {
+        v.extend([t.dtype() as u64, t.numel() as u64, t.byte_size()]);
+    }
+    // Every pair's overlap (the checks refuse some).
+    for (i, a) in operands.iter().enumerate() {
+        for b in &operands[i + 1..] {
+            v.push(a.overlaps(b) as u64);
+        }
+    }
+    v
+}
+
+#[allow(clippy::too_many_arguments)]
+fn flash_attention_block_checked(
+    rec: &mut Recorder,
+    prob: &AttentionProblem,
+    q: &Tensor,
+    kv: KvInput,
+    out: &Tensor,
+    stats: Option<&Tensor>,
+    role: BlockRole,
+) -> Result<()> {
     const OP: &str = "flash_attention";
     let AttentionProblem {
         batch,
