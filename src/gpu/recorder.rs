@@ -144,10 +144,10 @@ impl<'a> Recorder<'a> {
     }
 
     /// Dry runs: remembers the labels the call with `signature` pushed since `mark`.
-    pub(crate) fn remember_dry(&mut self, signature: Vec<u64>, mark: usize) {
+    pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
         if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {
             let labels = self.labels.get(mark..).unwrap_or_default().to_vec();
-            self.dry.push((signature, labels));
+            self.dry.push((signature.to_vec(), labels));
         }
     }
 

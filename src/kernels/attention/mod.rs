@@ -655,21 +655,37 @@ pub fn flash_attention_block(
         .is_dry_run()
         .then(|| dry_signature(prob, q, &kv, out, stats, role));
     if let Some(sig) = &sig {
-        if rec.repeat_dry(sig) {
+        if rec.repeat_dry(sig.as_slice()) {
             return Ok(());
         }
     }
     let mark = rec.dry_mark();
     flash_attention_block_checked(rec, prob, q, kv, out, stats, role)?;
     if let Some(sig) = sig {
-        rec.remember_dry(sig, mark);
+        rec.remember_dry(sig.as_slice(), mark);
     }
     Ok(())
 }
 
 /// Everything [`flash_attention_block`]'s checks and dispatches depend on
 /// besides the recorder's device: the problem, each operand's dtype, length
-/// and bytes, which operands overlap, and the block's role.
+/// and bytes, which operands overlap, and the block's role (on the stack:
+/// built for every call of a dry run).
+struct DrySignature {
+    words: [u64; 96],
+    len: usize,
+}
+
+impl DrySignature {
+    fn push(&mut self, w: u64) {
+        self.words[self.len] = w;
+        self.len += 1;
+    }
+    fn as_slice(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
+}
+
 fn dry_signature(
     prob: &AttentionProblem,
     q: &Tensor,
@@ -677,7 +693,7 @@ fn dry_signature(
     out: &Tensor,
     stats: Option<&Tensor>,
     role: BlockRole,
-) -> Vec<u64> {
+) -> DrySignature {
     let AttentionProblem {
         batch,
         heads,
@@ -692,8 +708,12 @@ fn dry_signature(
         config,
         f16_operands,
     } = *prob;
-    let mut v = Vec::with_capacity(80);
-    v.extend([
+    // At most 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 71 words.
+    let mut v = DrySignature {
+        words: [0; 96],
+        len: 0,
+    };
+    for w in [
         batch as u64,
         heads as u64,
         q_len as u64,
@@ -705,21 +725,33 @@ fn dry_signature(
         role.first as u64,
         role.last as u64,
         mask.causal as u64,
-    ]);
+    ] {
+        v.push(w);
+    }
     for s in [q_strides, kv_strides] {
-        v.extend([s.batch, s.head, s.token, s.channel].map(|x| x as u64));
+        for w in [s.batch, s.head, s.token, s.channel] {
+            v.push(w as u64);
+        }
     }
     match mask.frames {
-        Some(f) => v.extend([
-            1,
-            f.tokens_per_frame as u64,
-            f.sink_frames as u64,
-            f.window_frames.map_or(u64::MAX, |w| w as u64),
-        ]),
+        Some(f) => {
+            for w in [
+                1,
+                f.tokens_per_frame as u64,
+                f.sink_frames as u64,
+                f.window_frames.map_or(u64::MAX, |w| w as u64),
+            ] {
+                v.push(w);
+            }
+        }
         None => v.push(0),
     }
     match config {
-        Some(c) => v.extend([1, c.ds as u64, c.qg as u64, c.dpt as u64]),
+        Some(c) => {
+            for w in [1, c.ds as u64, c.qg as u64, c.dpt as u64] {
+                v.push(w);
+            }
+        }
         None => v.push(0),
     }
     let mut operands: [Option<&Tensor>; 7] = [Some(q), Some(out), None, None, None, None, stats];
@@ -743,15 +775,17 @@ fn dry_signature(
             4
         }
     };
-    let operands: Vec<&Tensor> = operands.into_iter().flatten().collect();
     v.push(kv_count);
     v.push(stats.is_some() as u64);
-    for t in &operands {
-        v.extend([t.dtype() as u64, t.numel() as u64, t.byte_size()]);
+    for t in operands.iter().flatten() {
+        v.push(t.dtype() as u64);
+        v.push(t.numel() as u64);
+        v.push(t.byte_size());
     }
     // Every pair's overlap (the checks refuse some).
     for (i, a) in operands.iter().enumerate() {
-        for b in &operands[i + 1..] {
+        let Some(a) = a else { continue };
+        for b in operands[i + 1..].iter().flatten() {
             v.push(a.overlaps(b) as u64);
         }
     }
