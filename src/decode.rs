@@ -25,7 +25,9 @@ use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::embed::DeviceLatents;
-pub use crate::run::estimate::{Estimate, MemoryEstimate, VideoMemoryEstimate};
+pub use crate::run::estimate::{
+    Estimate, MemoryEstimate, VideoMemoryEstimate, VideoPeakBreakdown, MAX_VIDEO_FRAMES,
+};
 
 /// Options for [`decode`].
 #[derive(Clone, Debug, Default)]

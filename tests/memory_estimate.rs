@@ -260,3 +260,86 @@ fn encode_estimate_equals_measured_for_every_policy() {
         "policies must not change the latents"
     );
 }
+
+/// Exact tiles with several interior tiles (a 6×6 grid of 48-px tiles at
+/// 288², mid-block tiled too, so its attention streams 36 K/V blocks per
+/// query group): the estimate equals the measured decode under every
+/// policy — peaks and the whole tiling report — with the default budget
+/// and with one tight enough to park tiles in host memory.
+#[test]
+fn estimate_equals_measured_with_interior_tiles() {
+    let Some(shared) = shared_dir() else { return };
+    let base = test_context();
+    let dir = shared.join("golden/aekl-tiny-sd");
+    let spec = dir.to_str().unwrap();
+    let load = LoadOptions::default();
+    let shape = [1usize, 4, 36, 36];
+    let latents = HostTensor::new(
+        shape.to_vec(),
+        wgvae::testing::rand_vec(shape.iter().product(), 32, 1.0),
+    )
+    .unwrap();
+    let untiled_peak = {
+        let ctx = base.with_pool(Policy::Exact.new_pool());
+        let vae = Vae::load(&ctx, spec, &load).unwrap();
+        let opts = DecodeOptions {
+            raw_latents: true,
+            ..Default::default()
+        };
+        decode(&ctx, &vae, &latents, &opts)
+            .unwrap()
+            .memory
+            .allocated_bytes
+            .peak
+    };
+    let mut parked_on_host = false;
+    for budget in [None, Some(untiled_peak / 2)] {
+        let mut tiling = wgvae::tiling::Tiling::exact().with_tile_size(48);
+        tiling.tile_mid_block = true;
+        if let Some(b) = budget {
+            tiling = tiling.with_max_memory(b);
+        }
+        for policy in Policy::ALL {
+            let ctx = base.with_pool(policy.new_pool());
+            let vae = Vae::load(&ctx, spec, &load).unwrap();
+            let opts = DecodeOptions {
+                raw_latents: true,
+                tiling: tiling.clone(),
+                ..Default::default()
+            };
+            let real = decode(&ctx, &vae, &latents, &opts).unwrap();
+            let est = Estimate::new(ctx.caps(), policy, spec, &load)
+                .tiled(&tiling)
+                .decode(shape)
+                .unwrap();
+            println!(
+                "288² in 48-px tiles, budget {budget:?}, {}: peak allocated {} B (predicted {}), reserved {} B (predicted {}), {} tiles, {} steps, host parking {} B",
+                policy.name(),
+                real.memory.allocated_bytes.peak,
+                est.peak_allocated_bytes,
+                real.memory.reserved_bytes.peak,
+                est.peak_reserved_bytes,
+                real.tiling.tiles,
+                real.tiling.steps,
+                real.tiling.host_parked_peak_bytes
+            );
+            assert_eq!(real.tiling.tiles, 36);
+            assert!(real.tiling.mid_block_tiled);
+            assert_eq!(est.tiling, real.tiling, "{}: tiling report", policy.name());
+            assert_eq!(
+                est.peak_allocated_bytes,
+                real.memory.allocated_bytes.peak,
+                "{} {budget:?}: peak allocated",
+                policy.name()
+            );
+            assert_eq!(
+                est.peak_reserved_bytes,
+                real.memory.reserved_bytes.peak,
+                "{} {budget:?}: peak reserved",
+                policy.name()
+            );
+            parked_on_host |= real.tiling.host_parked_peak_bytes > 0;
+        }
+    }
+    assert!(parked_on_host, "the tight budget parks tiles on the host");
+}

@@ -29,8 +29,9 @@ pub(crate) struct MemoryArgs {
     /// Predict encoding an HxW image instead of decoding to one.
     #[arg(long)]
     encode: bool,
-    /// Latent frames of a video (video decoders; the estimate streams and
-    /// does not depend on it; default 1).
+    /// Latent frames of a video (video decoders): the estimate is for a video of
+    /// this length. Default: three chunks (3 × --chunk), long enough that the peak
+    /// is the one every longer video has; shorter videos peak at most as high.
     #[arg(long)]
     frames: Option<usize>,
     /// Latent frames per streamed chunk of a video (as `decode --chunk`).
@@ -101,6 +102,11 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
         (e, dtype)
     };
     let op = if a.encode { "encode" } else { "decode" };
+    check_budget(
+        tiling.max_memory,
+        e.peak_allocated_bytes + e.tiling.staging_peak_bytes,
+        "peak allocated + staging",
+    )?;
     if a.json {
         let mut v = serde_json::to_value(&e).unwrap_or_default();
         v["device"] = json!(caps.adapter_name);
@@ -122,14 +128,28 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
         println!(
             "  peak reserved  {:10.1} MiB (reserved/allocated {:.3})",
             mib(e.peak_reserved_bytes),
-            e.peak_reserved_bytes as f64 / e.peak_allocated_bytes as f64
+            e.peak_reserved_bytes as f64 / e.peak_allocated_bytes.max(1) as f64
         );
         print_tiling(&e.tiling);
     }
     Ok(())
 }
 
-/// `wgvae memory` of a streaming video decode (see [`wgvae::decode::Estimate::video`]).
+/// `--max-memory B` that the predicted `peak` (device bytes: `what`) exceeds
+/// is an error: `memory` answers whether the budget can be kept.
+fn check_budget(max_memory: Option<u64>, peak: u64, what: &str) -> wgvae::Result<()> {
+    match max_memory {
+        Some(budget) if peak > budget => Err(wgvae::Error::OverBudget(format!(
+            "--max-memory {budget} bytes ({:.1} MiB) cannot be kept: the predicted {what} is {peak} bytes ({:.1} MiB); raise --max-memory to at least {peak}, decode a smaller size, or use --tile exact with a smaller --tile-size",
+            budget as f64 / 1048576.0,
+            peak as f64 / 1048576.0
+        ))),
+        _ => Ok(()),
+    }
+}
+
+/// `wgvae memory` of a streaming video decode (see
+/// [`wgvae::decode::Estimate::video_tiled`]), tiled as `decode` would tile it.
 fn run_video(
     device_args: &crate::cli::DeviceArgs,
     a: &MemoryArgs,
@@ -137,16 +157,26 @@ fn run_video(
     load: &LoadOptions,
     size: (usize, usize),
 ) -> wgvae::Result<()> {
-    let frames = a.frames.unwrap_or(1);
     let chunk = a.chunk.unwrap_or(wgvae::video::DEFAULT_CHUNK);
+    if chunk == 0 {
+        return Err(wgvae::Error::InvalidInput(
+            "--chunk 0: expected at least 1 latent frame per chunk".into(),
+        ));
+    }
+    // Three chunks: the first (no caches), the second and a steady one;
+    // every later chunk repeats the steady state.
+    let bound = chunk.saturating_mul(3);
+    let max_frames = wgvae::decode::MAX_VIDEO_FRAMES;
+    if a.frames.is_none() && bound > max_frames {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--chunk {chunk}: without --frames the estimate is for three chunks ({bound} latent frames), more than the {max_frames} an estimate takes; give --frames or a --chunk of at most {}",
+            max_frames / 3
+        )));
+    }
+    let frames = a.frames.unwrap_or(bound);
     if frames == 0 {
         return Err(wgvae::Error::InvalidInput(
             "--frames must be at least 1 (latent frames of the video)".into(),
-        ));
-    }
-    if chunk == 0 {
-        return Err(wgvae::Error::InvalidInput(
-            "--chunk must be at least 1".into(),
         ));
     }
     if a.encode || a.batch != 1 {
@@ -156,11 +186,18 @@ fn run_video(
         )));
     }
     let tiling = a.tiles.tiling()?;
-    if !matches!(tiling.mode, wgvae::TileMode::Auto | wgvae::TileMode::Off)
-        || tiling.tile_size.is_some()
+    // As `wgvae decode` of a video: exact, auto or off; no blended tiles.
+    if tiling.mode == wgvae::TileMode::Fast {
+        return Err(wgvae::Error::InvalidInput(
+            "a video decode takes --tile exact (equal to untiled), auto or off, not --tile fast"
+                .into(),
+        ));
+    }
+    if tiling.tile_size.is_some()
+        && !matches!(tiling.mode, wgvae::TileMode::Exact | wgvae::TileMode::Auto)
     {
         return Err(wgvae::Error::InvalidInput(
-            "a video decode runs untiled: no --tile exact/fast or --tile-size".into(),
+            "--tile-size applies to --tile exact or auto".into(),
         ));
     }
     let caps = if a.reference_gpu {
@@ -168,30 +205,73 @@ fn run_video(
     } else {
         context(device_args)?.caps().clone()
     };
-    let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, load).video(size, frames, chunk)?;
+    let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, load)
+        .video_tiled(size, frames, chunk, &tiling)?;
+    let b = e.breakdown();
+    check_budget(
+        tiling.max_memory,
+        e.peak_allocated_bytes + e.staging_bytes,
+        "peak allocated + read-back staging",
+    )?;
     if a.json {
         let mut v = serde_json::to_value(&e).unwrap_or_default();
         v["device"] = json!(caps.adapter_name);
         v["op"] = json!("decode_video");
+        v["frames_defaulted"] = json!(a.frames.is_none());
+        v["breakdown"] = json!({
+            "weights_bytes": b.weights,
+            "cache_bytes": b.caches,
+            "working_bytes": b.working,
+        });
         println!("{v}");
     } else {
         let mib = |b: u64| b as f64 / 1048576.0;
+        let tiles = match e.tile_size {
+            Some(px) => format!(", exact tiles of {px} px"),
+            None => ", untiled".to_string(),
+        };
         println!(
-            "{} streaming video decode {}x{}, {} latent frames -> {} frames, chunks of {} ({}, {} policy) on {}:",
+            "{} streaming video decode {}x{}, {} latent frames -> {} frames, chunks of {}{tiles} ({}, {} policy) on {}:",
             e.model, size.0, size.1, e.frames, e.output_frames, e.chunk, e.dtype, e.policy, caps.adapter_name
         );
-        println!("  weights        {:10.1} MiB", mib(e.weights_bytes));
-        println!("  caches         {:10.1} MiB", mib(e.cache_bytes));
-        println!("  activations    {:10.1} MiB", mib(e.activation_bytes));
+        println!("  {:<28} {:>10}", "", "MiB");
+        println!("  {:<28} {:>10.1}", "weights", mib(b.weights));
+        println!("  {:<28} {:>10.1}", "time caches", mib(b.caches));
+        println!("  {:<28} {:>10.1}", "chunk working memory", mib(b.working));
         println!(
-            "  staging        {:10.1} MiB (read-back double buffers, outside the pool)",
+            "  {:<28} {:>10.1}",
+            "= peak allocated (pool)",
+            mib(e.peak_allocated_bytes)
+        );
+        println!(
+            "  {:<28} {:>10.1}",
+            "peak reserved (pool)",
+            mib(e.peak_reserved_bytes)
+        );
+        println!(
+            "  {:<28} {:>10.1}",
+            "+ read-back staging",
             mib(e.staging_bytes)
         );
-        println!("  peak allocated {:10.1} MiB", mib(e.peak_allocated_bytes));
-        println!("  peak reserved  {:10.1} MiB", mib(e.peak_reserved_bytes));
         println!(
-            "  independent of the video's length (streamed: only the caches stay between chunks)"
+            "  {:<28} {:>10.1}",
+            "= device memory at the peak",
+            mib(e.peak_allocated_bytes + e.staging_bytes)
         );
+        println!("  time caches: what the caches hold at the peak; chunk working memory: the rest of the peak (activations of the chunk that peaks)");
+        if e.independent_of_frames {
+            println!(
+                "  every video of {} or more latent frames in chunks of {} has this peak; shorter ones peak at most this{}",
+                bound,
+                e.chunk,
+                if a.frames.is_none() { " (--frames not given: 3 chunks)" } else { "" }
+            );
+        } else {
+            println!(
+                "  a video of {} latent frames (fewer than 3 full chunks): longer ones may peak higher, up to the peak at --frames {bound}",
+                e.frames
+            );
+        }
     }
     Ok(())
 }

@@ -145,19 +145,39 @@ pub(crate) fn parse_bytes(option: &str, s: &str) -> wgvae::Result<u64> {
 pub(crate) fn print_tiling(t: &TilingReport) {
     let mib = |b: u64| b as f64 / 1048576.0;
     match t.mode.as_str() {
-        "exact" => println!(
-            "tiling: exact, {}-pixel tiles ({} tiles; per level {:?}{}), budget {:.0} MiB, device parking {:.1} MiB peak, host parking {:.1} MiB peak, {:.1} MiB uploaded, {} syncs, {} steps",
-            t.tile_size.unwrap_or(0),
-            t.tiles,
-            t.level_tiles,
-            if t.mid_block_tiled { ", mid-block tiled" } else { ", mid-block whole" },
-            mib(t.max_memory),
-            mib(t.device_parked_peak_bytes),
-            mib(t.host_parked_peak_bytes),
-            mib(t.uploaded_bytes),
-            t.syncs,
-            t.steps
-        ),
+        "exact" => {
+            println!(
+                "tiling: exact, {}-pixel tiles ({} tiles, {}), budget {:.0} MiB",
+                t.tile_size.unwrap_or(0),
+                t.tiles,
+                if t.mid_block_tiled {
+                    "mid-block tiled"
+                } else {
+                    "mid-block whole"
+                },
+                mib(t.max_memory),
+            );
+            println!("  tile side per level: {}", level_sides(&t.level_tiles));
+            for (what, v) in [
+                (
+                    "device parking peak",
+                    format!("{:.1} MiB", mib(t.device_parked_peak_bytes)),
+                ),
+                (
+                    "host parking peak",
+                    format!("{:.1} MiB", mib(t.host_parked_peak_bytes)),
+                ),
+                (
+                    "staging peak",
+                    format!("{:.1} MiB", mib(t.staging_peak_bytes)),
+                ),
+                ("uploaded", format!("{:.1} MiB", mib(t.uploaded_bytes))),
+                ("syncs", t.syncs.to_string()),
+                ("tile steps", t.steps.to_string()),
+            ] {
+                println!("  {what:<22} {v:>14}");
+            }
+        }
         "fast" => println!(
             "tiling: fast, {}-pixel tiles, overlap {} ({} tiles), budget {:.0} MiB",
             t.tile_size.unwrap_or(0),
@@ -165,13 +185,43 @@ pub(crate) fn print_tiling(t: &TilingReport) {
             t.tiles,
             mib(t.max_memory)
         ),
-        _ => println!("tiling: none (fits the budget of {:.0} MiB)", mib(t.max_memory)),
+        _ => println!(
+            "tiling: none (fits the budget of {:.0} MiB)",
+            mib(t.max_memory)
+        ),
     }
+}
+
+/// `latent whole, 128 px, 256 px` for per-level tile sides (latent level
+/// first; each in that level's pixels; `None`: the level runs whole).
+pub(crate) fn level_sides(levels: &[Option<usize>]) -> String {
+    levels
+        .iter()
+        .enumerate()
+        .map(|(i, l)| {
+            let side = l.map_or("whole".to_string(), |px| format!("{px} px"));
+            if i == 0 {
+                format!("latent {side}")
+            } else {
+                side
+            }
+        })
+        .collect::<Vec<_>>()
+        .join(", ")
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// Per-level tile sides read as words, not Rust `Debug` text.
+    #[test]
+    fn level_sides_are_readable() {
+        let s = level_sides(&[None, Some(128), Some(256)]);
+        assert_eq!(s, "latent whole, 128 px, 256 px");
+        assert!(!s.contains("Some") && !s.contains("None"));
+        assert_eq!(level_sides(&[Some(64)]), "latent 64 px");
+    }
 
     #[test]
     fn parse_bytes_reads_plain_and_suffixed_sizes() {

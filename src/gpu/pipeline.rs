@@ -269,7 +269,11 @@ impl PipelineCache {
     /// Notes `key` as requested by a dispatch on a null device, which
     /// compiles nothing: dry runs show which pipelines a run would compile.
     pub(crate) fn note_requested(&self, key: &PipelineKey) {
-        self.requested.lock().insert(key.clone());
+        let mut requested = self.requested.lock();
+        // Cloned only when new: dry runs request the same keys millions of times.
+        if !requested.contains(key) {
+            requested.insert(key.clone());
+        }
     }
 
     /// The keys dispatches on a null device ([`crate::gpu::Context::null`])

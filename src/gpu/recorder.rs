@@ -15,6 +15,9 @@ use crate::tensor::Tensor;
 
 const UNIFORM_CHUNK: u64 = 64 * 1024;
 
+/// Most call signatures a dry-run recorder remembers ([`Recorder::repeat_dry`]).
+const DRY_SIGNATURES: usize = 32;
+
 /// What a dispatch was, for profiles and error messages.
 #[derive(Clone, Debug)]
 pub struct DispatchLabel {
@@ -67,6 +70,12 @@ pub struct Recorder<'a> {
     profiler: Option<crate::gpu::Profiler>,
     /// Counter that f16 conv stores increment for values f16 cannot hold.
     range_flag: Option<Tensor>,
+    /// The pipeline key last noted on a null device (dry runs of tiled
+    /// attention dispatch the same kernel millions of times in a row).
+    noted: Option<PipelineKey>,
+    /// Null device: the dispatch labels of calls already checked, with
+    /// their signatures ([`Recorder::repeat_dry`]; a few, scanned in order).
+    dry: Vec<(Vec<u64>, Vec<DispatchLabel>)>,
 }
 
 impl<'a> Recorder<'a> {
@@ -85,6 +94,8 @@ impl<'a> Recorder<'a> {
             labels: Vec::new(),
             profiler: None,
             range_flag: None,
+            noted: None,
+            dry: Vec::new(),
         }
     }
 
@@ -99,6 +110,44 @@ impl<'a> Recorder<'a> {
             labels: Vec::new(),
             profiler: None,
             range_flag: None,
+            noted: None,
+            dry: Vec::new(),
+        }
+    }
+
+    /// Whether this recorder records for a null device (a dry run).
+    pub(crate) fn is_dry_run(&self) -> bool {
+        self.ctx.is_null()
+    }
+
+    /// Dry runs: when a call with `signature` already passed its checks in
+    /// this recorder, repeats its dispatch labels and returns true (a
+    /// kernel's checks and dispatches depend only on what its signature
+    /// holds, and a null device records nothing else). Always false on a
+    /// real device.
+    pub(crate) fn repeat_dry(&mut self, signature: &[u64]) -> bool {
+        if !self.ctx.is_null() {
+            return false;
+        }
+        match self.dry.iter().find(|(s, _)| s.as_slice() == signature) {
+            Some((_, labels)) => {
+                self.labels.extend(labels.iter().cloned());
+                true
+            }
+            None => false,
+        }
+    }
+
+    /// Where the labels stand before a call ([`Recorder::remember_dry`]).
+    pub(crate) fn dry_mark(&self) -> usize {
+        self.labels.len()
+    }
+
+    /// Dry runs: remembers the labels the call with `signature` pushed since `mark`.
+    pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
+        if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {
+            let labels = self.labels.get(mark..).unwrap_or_default().to_vec();
+            self.dry.push((signature.to_vec(), labels));
         }
     }
 
@@ -281,7 +330,10 @@ impl<'a> Recorder<'a> {
             return Ok(());
         }
         if self.ctx.is_null() {
-            self.ctx.pipelines().note_requested(key);
+            if self.noted.as_ref() != Some(key) {
+                self.ctx.pipelines().note_requested(key);
+                self.noted = Some(key.clone());
+            }
             self.labels.push(DispatchLabel {
                 family: spec.family,
                 entry: spec.entry,

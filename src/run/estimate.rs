@@ -163,10 +163,12 @@ impl<'a> Estimate<'a> {
     }
 }
 
-/// Predicted memory of a streaming video decode ([`crate::VideoDecoder`]):
-/// constant in the video's length, so `frames` only sets how many frames
-/// come out. Peaks are the pool's (weights included); the staging buffers
-/// are host-visible read-back memory outside the pool.
+/// Predicted memory of a streaming video decode ([`crate::VideoDecoder`])
+/// of `frames` latent frames. From three chunks on the peak no longer grows
+/// with the length (every later chunk repeats the steady state); shorter
+/// videos may peak lower (Wan's first chunk skips its time convs).
+/// Peaks are the pool's (weights included); the staging buffers are
+/// host-visible read-back memory outside the pool.
 #[derive(Clone, Debug, Serialize)]
 pub struct VideoMemoryEstimate {
     /// Memory policy the estimate is for.
@@ -189,23 +191,53 @@ pub struct VideoMemoryEstimate {
     pub weights_bytes: u64,
     /// Bytes of the time caches held between chunks.
     pub cache_bytes: u64,
-    /// Peak working bytes of a chunk (peak allocated − weights − caches).
+    /// Peak working bytes of a steady-state chunk (its peak allocated −
+    /// weights − caches; the first chunk's for a one-chunk video).
     pub activation_bytes: u64,
     /// Read-back double buffers (outside the pool).
     pub staging_bytes: u64,
     /// Peak allocated over the first chunk.
     pub first_chunk_peak_allocated_bytes: u64,
-    /// Peak allocated over a steady-state chunk (the same for every later one).
+    /// Peak allocated over a steady-state chunk (the same for every later
+    /// one; the first chunk's when the video has only one).
     pub chunk_peak_allocated_bytes: u64,
-    /// Peak allocated of the whole decode, any T.
+    /// Peak allocated of the whole decode of `frames` latent frames.
     pub peak_allocated_bytes: u64,
-    /// Peak reserved of the whole decode, any T.
+    /// Peak reserved of the whole decode of `frames` latent frames.
     pub peak_reserved_bytes: u64,
     /// Exact tile side in output pixels (`None`: untiled).
     pub tile_size: Option<usize>,
-    /// Always true: streaming holds only the caches between chunks, so the
-    /// peak does not grow with T (videos of fewer than three chunks peak lower).
+    /// True when the video has at least three full chunks: every longer
+    /// video then has the same peaks (streaming holds only the caches
+    /// between chunks). False: a longer video may peak higher.
     pub independent_of_frames: bool,
+}
+
+/// [`VideoMemoryEstimate::breakdown`]: the peak allocated bytes in parts
+/// that add up to it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Serialize)]
+pub struct VideoPeakBreakdown {
+    /// The weights.
+    pub weights: u64,
+    /// The time caches (at most what the peak holds beside the weights).
+    pub caches: u64,
+    /// The rest of the peak: the activations of the chunk that peaks.
+    pub working: u64,
+}
+
+impl VideoMemoryEstimate {
+    /// `peak_allocated_bytes` = weights + caches + working, each part at
+    /// most what the peak leaves for it (so the parts always add up).
+    pub fn breakdown(&self) -> VideoPeakBreakdown {
+        let peak = self.peak_allocated_bytes;
+        let weights = self.weights_bytes.min(peak);
+        let caches = self.cache_bytes.min(peak - weights);
+        VideoPeakBreakdown {
+            weights,
+            caches,
+            working: peak - weights - caches,
+        }
+    }
 }
 
 /// Most latent frames a video estimate takes (frame counts stay far from overflow).
@@ -281,7 +313,12 @@ impl Estimate<'_> {
             reserved = reserved.max(stats.reserved_bytes.peak);
         }
         let first = peaks[0];
-        let steady = peaks[1].max(peaks[2]);
+        // A one-chunk video has no steady state: its only chunk is it.
+        let steady = if frames > chunk {
+            peaks[1].max(peaks[2])
+        } else {
+            first
+        };
         let cache_bytes = stream.cache_bytes();
         let peak = first.max(steady);
         Ok(VideoMemoryEstimate {
@@ -306,7 +343,7 @@ impl Estimate<'_> {
             peak_allocated_bytes: peak,
             peak_reserved_bytes: reserved,
             tile_size: stream.tile_size(),
-            independent_of_frames: true,
+            independent_of_frames: frames / chunk >= 3,
         })
     }
 }

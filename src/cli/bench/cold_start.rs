@@ -65,29 +65,46 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+impl ColdStartArgs {
+    /// The report folder (`--out`).
+    pub(crate) fn out(&self) -> &std::path::Path {
+        &self.out
+    }
+}
+
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wgvae::Result<()> {
     use rb::ColdStartRow;
     let io_err = |path: &Path| {
         let path = path.to_path_buf();
         move |source| wgvae::Error::Io { path, source }
     };
-    std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
+    if a.runs == 0 {
+        return Err(wgvae::Error::InvalidInput(
+            "--runs 0: expected at least 1 timed run".into(),
+        ));
+    }
     let ctx = context(device_args)?;
     let load = LoadOptions {
         precision: a.dtype.parse()?,
         ..Default::default()
     };
     let vae = Vae::load(&ctx, &a.vae, &load)?;
-    if !a.size.is_multiple_of(vae.upscale()) {
+    if a.size == 0 || !a.size.is_multiple_of(vae.upscale()) {
         return Err(wgvae::Error::InvalidInput(format!(
-            "--size {}: not a multiple of {}",
+            "--size {}: expected a positive multiple of {}",
             a.size,
             vae.upscale()
         )));
     }
     let l = a.size / vae.upscale();
     let shape = [1, vae.latent_channels(), l, l];
+    super::check_host_f32(
+        "--size",
+        "the random latents",
+        shape.iter().try_fold(1usize, |acc, &d| acc.checked_mul(d)),
+    )?;
     let n: usize = shape.iter().product();
+    std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
     // Latents, images and caches of the children: scratch, not report files.
     let scratch = std::env::temp_dir().join(format!("wgvae-cold-start-{}", std::process::id()));
     std::fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;

@@ -29,6 +29,13 @@ pub(crate) struct DecodeBenchArgs {
     out: PathBuf,
 }
 
+impl DecodeBenchArgs {
+    /// The report folder (`--out`).
+    pub(crate) fn out(&self) -> &std::path::Path {
+        &self.out
+    }
+}
+
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeBenchArgs) -> wgvae::Result<()> {
     let precisions = a
         .dtypes

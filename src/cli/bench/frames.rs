@@ -31,6 +31,13 @@ pub(crate) struct FramesBenchArgs {
     out: PathBuf,
 }
 
+impl FramesBenchArgs {
+    /// The report folder (`--out`).
+    pub(crate) fn out(&self) -> &std::path::Path {
+        &self.out
+    }
+}
+
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &FramesBenchArgs) -> wgvae::Result<()> {
     let chunks = a
         .chunk

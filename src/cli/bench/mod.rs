@@ -24,8 +24,14 @@ pub(crate) struct TimingArgs {
 }
 
 impl TimingArgs {
-    /// The benchmark's [`Timing`] (the policy parsed).
+    /// The benchmark's [`Timing`] (the policy parsed; at least one timed run).
     pub(crate) fn timing(&self) -> wgvae::Result<Timing> {
+        if self.runs == 0 {
+            return Err(wgvae::Error::InvalidInput(
+                "--runs 0: expected at least 1 timed run (a report of no runs has no figures)"
+                    .into(),
+            ));
+        }
         Ok(Timing {
             warmup: self.warmup,
             runs: self.runs,
@@ -58,7 +64,46 @@ pub(crate) enum BenchKind {
     GpuModel(gpu_model::GpuModelArgs),
 }
 
+/// `--out DIR` checked before any work: it must be a folder or not exist
+/// yet (it is created when the report is written).
+pub(crate) fn check_out_dir(out: &std::path::Path) -> wgvae::Result<()> {
+    if out.exists() && !out.is_dir() {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--out {}: expected a folder for the report files (or a path that does not exist yet), found an existing file; name a folder or remove the file",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// `what` (`flag` says which argument sets it) of `elements` f32 values
+/// built on the host: refused before allocating when the count overflows
+/// or the bytes exceed the host's available memory.
+pub(crate) fn check_host_f32(flag: &str, what: &str, elements: Option<usize>) -> wgvae::Result<()> {
+    let bytes = elements.and_then(|e| e.checked_mul(4)).map(|b| b as u64);
+    let limit = wgvae::tiling::host_memory_available().unwrap_or(u64::MAX);
+    match bytes {
+        Some(b) if b <= limit => Ok(()),
+        _ => Err(wgvae::Error::InvalidInput(format!(
+            "{flag}: {what} would take {} of host memory, more than this host has available ({:.1} GiB); use a smaller {flag}",
+            bytes.map_or("over 2^64 bytes".into(), |b| format!("{:.1} GiB", b as f64 / (1u64 << 30) as f64)),
+            limit as f64 / (1u64 << 30) as f64
+        ))),
+    }
+}
+
 pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &BenchKind) -> wgvae::Result<()> {
+    let out = match which {
+        BenchKind::Decode(a) => Some(a.out()),
+        BenchKind::ColdStart(a) => Some(a.out()),
+        BenchKind::Frames(a) => Some(a.out()),
+        BenchKind::Video(a) => Some(a.out()),
+        BenchKind::Attention { .. } | BenchKind::GpuModel(_) => None,
+    };
+    // Before any work: a report that cannot be written should not cost the benchmark.
+    if let Some(out) = out {
+        check_out_dir(out)?;
+    }
     match which {
         BenchKind::Decode(a) => decode::run(adapter, a),
         BenchKind::ColdStart(a) => cold_start::run(adapter, a),

@@ -39,6 +39,13 @@ pub(crate) struct VideoBenchArgs {
     out: PathBuf,
 }
 
+impl VideoBenchArgs {
+    /// The report folder (`--out`).
+    pub(crate) fn out(&self) -> &std::path::Path {
+        &self.out
+    }
+}
+
 pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &VideoBenchArgs) -> wgvae::Result<()> {
     let dtypes = a
         .dtypes

@@ -194,6 +194,17 @@ pub fn run_decode_bench(
             ..Default::default()
         };
         let vae = Vae::load(&ctx, &b.vae, &load)?;
+        // Every size before any decode: random latents of each fit the host.
+        for &size in &b.sizes {
+            let l = size / vae.upscale();
+            crate::cli::bench::check_host_f32(
+                "--sizes/--batch",
+                "the random latents",
+                [b.batch, vae.latent_channels(), l, l]
+                    .iter()
+                    .try_fold(1usize, |a, &d| a.checked_mul(d)),
+            )?;
+        }
         for &size in &b.sizes {
             if size % vae.upscale() != 0 {
                 return Err(Error::InvalidInput(format!(

@@ -137,12 +137,22 @@ fn bench_latents(vae: &Vae, b: &FramesBench) -> Result<(HostTensor, bool)> {
             )));
         }
         let l = b.size / up;
+        // The frames and their one-frame copies for the loop, checked before building them.
+        let elements = [b.frames, c, l, l, 2]
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d));
+        crate::cli::bench::check_host_f32("--size/--frames", "the random latents", elements)?;
         let n = b.frames * c * l * l;
         let data = wgvae::seeded::uniform(n, b.size as u64, 1.0);
         return Ok((HostTensor::new(vec![b.frames, c, l, l], data)?, true));
     };
     let file = wgvae::io::load_latents(path, None, c)?;
     let per: usize = file.shape[1..].iter().product();
+    crate::cli::bench::check_host_f32(
+        "--frames",
+        "the latents cycled to --frames",
+        b.frames.checked_mul(per).and_then(|v| v.checked_mul(2)),
+    )?;
     let have = file.shape[0];
     let mut data = Vec::with_capacity(b.frames * per);
     for i in 0..b.frames {
@@ -245,6 +255,11 @@ pub fn run_frames_bench(
     b: &FramesBench,
     mut progress: impl FnMut(&str),
 ) -> Result<(Vec<FramesRow>, Vec<LatencySample>)> {
+    if b.timing.runs == 0 {
+        return Err(Error::InvalidInput(
+            "--runs 0: expected at least 1 timed run".into(),
+        ));
+    }
     let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
     let (z, pipeline_latents) = bench_latents(&vae, b)?;
@@ -362,6 +377,22 @@ pub fn run_frames_bench(
         for r in &mut rows {
             r.vs_loop = r.frames_per_s / base.frames_per_s;
             r.vs_loop_cpu = base.cpu_ms_per_frame / r.cpu_ms_per_frame;
+        }
+    }
+    // A row marked "ok" must hold measured figures: NaN there is a bug, not a report.
+    for r in rows.iter().filter(|r| r.status == "ok") {
+        let figures = [
+            r.median_total_ms,
+            r.frames_per_s,
+            r.latency.mean_ms,
+            r.peak_allocated_mib,
+            r.peak_reserved_mib,
+        ];
+        if r.runs == 0 || figures.iter().any(|f| !f.is_finite()) {
+            return Err(Error::Internal(format!(
+                "bench frames: {} chunk {} ran {} timed runs and has non-finite figures; no report written",
+                r.mode, r.chunk_setting, r.runs
+            )));
         }
     }
     Ok((rows, samples))

@@ -46,18 +46,20 @@ pub(crate) fn table<R>(
     s
 }
 
+/// Where `report memory` looks for PyTorch's measurements unless told.
+const DEFAULT_REFERENCE: &str = "../shared/reference/pytorch_vae_memory_rtx4090.csv";
+
 #[derive(Subcommand)]
 pub(crate) enum ReportKind {
     /// Decode memory of the FLUX.1 / SD1.5 / SDXL presets under every pool policy, beside PyTorch's.
     Memory {
         #[arg(long, default_value = "report")]
         out: PathBuf,
-        /// The published PyTorch measurements (read, never copied).
-        #[arg(
-            long,
-            default_value = "../shared/reference/pytorch_vae_memory_rtx4090.csv"
-        )]
-        reference: PathBuf,
+        /// The published PyTorch measurements (read, never copied). Default:
+        /// ../shared/reference/pytorch_vae_memory_rtx4090.csv, whose PyTorch columns stay
+        /// empty when it is absent; a file named here must exist.
+        #[arg(long)]
+        reference: Option<PathBuf>,
         /// Predict for this machine's adapter instead of a 24 GB reference GPU.
         #[arg(long)]
         this_device: bool,
@@ -86,7 +88,19 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &ReportKind) -> Resul
         } => {
             // Checked before any work: a typo should not cost the full report's minutes.
             let only = memory::Selection::new(sizes, models)?;
-            report_memory(adapter, out, reference, *this_device, *measure, &only)
+            crate::cli::bench::check_out_dir(out)?;
+            let reference = match reference {
+                Some(r) if !r.is_file() => {
+                    return Err(Error::InvalidInput(format!(
+                        "--reference {}: expected the PyTorch reference CSV, found {}; name an existing file or leave --reference out (the default {DEFAULT_REFERENCE} is optional)",
+                        r.display(),
+                        if r.exists() { "something that is not a file" } else { "no such file" }
+                    )))
+                }
+                Some(r) => r.clone(),
+                None => PathBuf::from(DEFAULT_REFERENCE),
+            };
+            report_memory(adapter, out, &reference, *this_device, *measure, &only)
         }
     }
 }

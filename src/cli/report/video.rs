@@ -204,6 +204,23 @@ pub fn run_video_bench(
             "--chunk: give one or more positive latent frame counts".into(),
         ));
     }
+    let longest = b.latent_frames.iter().copied().max().unwrap_or(1);
+    let max_frames = wgvae::decode::MAX_VIDEO_FRAMES;
+    if longest > max_frames {
+        return Err(Error::InvalidInput(format!(
+            "--latent-frames {longest}: expected at most {max_frames} latent frames"
+        )));
+    }
+    if let Some(&c) = b.chunks.iter().find(|&&c| c > longest) {
+        return Err(Error::InvalidInput(format!(
+            "--chunk {c}: more latent frames per chunk than the longest video (--latent-frames {longest}); expected a chunk of at most {longest}"
+        )));
+    }
+    if b.timing.runs == 0 {
+        return Err(Error::InvalidInput(
+            "--runs 0: expected at least 1 timed run".into(),
+        ));
+    }
     let ctx = ctx.with_pool(b.timing.policy.new_pool());
     let (mut rows, mut samples) = (Vec::new(), Vec::new());
     for &precision in &b.dtypes {
@@ -223,8 +240,25 @@ pub fn run_video_bench(
             )));
         }
         let (c, l) = (model.latent_channels(), b.size / up);
+        // Host memory of the random video and of every configuration's
+        // chunks, checked before building any of it.
+        let frame = c.checked_mul(l).and_then(|v| v.checked_mul(l));
+        let copies = b.latent_frames.iter().try_fold(longest, |acc, &t| {
+            acc.checked_add(t.checked_mul(b.chunks.len())?)
+        });
+        crate::cli::bench::check_host_f32(
+            "--size/--latent-frames",
+            "the random latents",
+            frame.zip(copies).and_then(|(f, n)| f.checked_mul(n)),
+        )?;
         let frame = c * l * l;
-        let longest = b.latent_frames.iter().copied().max().unwrap_or(1);
+        if (frame as u64) * 4 > ctx.caps().max_buffer_size {
+            return Err(Error::InvalidInput(format!(
+                "--size {}: one latent frame ({frame} values) exceeds this device's largest buffer ({} bytes); use a smaller --size",
+                b.size,
+                ctx.caps().max_buffer_size
+            )));
+        }
         // Raw decoder input (TAEHV latents, Wan's raw z), the same video for all rows.
         let video = wgvae::seeded::uniform(longest * frame, b.size as u64, 1.0);
         let chunked = |t: usize, step: usize| -> Result<Vec<HostTensor>> {
@@ -336,7 +370,28 @@ pub fn run_video_bench(
             });
         }
     }
+    check_finite(&rows)?;
     Ok((rows, samples))
+}
+
+/// A row marked "ok" must hold measured figures: NaN there is a bug, not a report.
+fn check_finite(rows: &[VideoRow]) -> Result<()> {
+    for r in rows.iter().filter(|r| r.status == "ok") {
+        let figures = [
+            r.median_total_ms,
+            r.frames_per_s,
+            r.latency.mean_ms,
+            r.peak_allocated_mib,
+            r.peak_reserved_mib,
+        ];
+        if r.runs == 0 || figures.iter().any(|f| !f.is_finite()) {
+            return Err(Error::Internal(format!(
+                "bench video: chunk {} × {} latent frames ran {} timed runs and has non-finite figures; no report written",
+                r.chunk, r.latent_frames, r.runs
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// The columns of `video.csv`.

@@ -424,3 +424,64 @@ fn multihead_throughput() {
         );
     }
 }
+
+/// Dry runs: a call whose signature already passed its checks repeats its
+/// dispatch labels without redoing them; a call of the same shapes that
+/// aliases its output, or a too-short operand, is still refused.
+#[test]
+fn dry_runs_repeat_checked_calls_and_still_refuse_bad_ones() {
+    let ctx = Context::null(
+        Capabilities::reference_gpu(),
+        crate::memory::Policy::Exact.new_pool(),
+    );
+    let (n, c, t) = (1, 8, 16);
+    let f32s = |shape: &[usize]| Tensor::empty(&ctx, shape, DType::F32, "dry").unwrap();
+    let (q, k, v, acc) = (
+        f32s(&[n, c, t]),
+        f32s(&[n, c, t]),
+        f32s(&[n, c, t]),
+        f32s(&[n, c, t]),
+    );
+    let ml = f32s(&[n, t, 2]);
+    let prob = AttentionProblem {
+        batch: n,
+        heads: 1,
+        q_len: t,
+        kv_len: t,
+        head_dim: c,
+        q_strides: Strides::channel_major(c, t),
+        kv_strides: Strides::channel_major(c, t),
+        scale: 0.5,
+        mask: Mask::NONE,
+        q_pos0: 0,
+        config: None,
+        f16_operands: false,
+    };
+    let role = BlockRole {
+        first: true,
+        last: false,
+    };
+    let mut rec = Recorder::new(&ctx);
+    let kv = || KvInput::F32 { k: &k, v: &v };
+    flash_attention_block(&mut rec, &prob, &q, kv(), &acc, Some(&ml), role).unwrap();
+    let once = rec.dry_mark();
+    assert!(once > 0);
+    for _ in 0..3 {
+        flash_attention_block(&mut rec, &prob, &q, kv(), &acc, Some(&ml), role).unwrap();
+    }
+    assert_eq!(
+        rec.dry_mark(),
+        4 * once,
+        "each repeat records the same labels"
+    );
+    let e = flash_attention_block(&mut rec, &prob, &q, kv(), &q, Some(&ml), role).unwrap_err();
+    assert!(e.to_string().contains("overlap"), "{e}");
+    let short = f32s(&[n, c, t - 1]);
+    let kv_short = KvInput::F32 { k: &short, v: &v };
+    let e =
+        flash_attention_block(&mut rec, &prob, &q, kv_short, &acc, Some(&ml), role).unwrap_err();
+    assert!(e.to_string().contains("k must be"), "{e}");
+    assert_eq!(rec.dry_mark(), 4 * once, "refused calls record nothing");
+    let labels = rec.submit().unwrap();
+    assert_eq!(labels.len(), 4 * once);
+}

@@ -1,0 +1,394 @@
+//! Issue #32 items 4 and 5: `wgvae memory` for videos (length, breakdown,
+//! tiles, budget), readable output, and `bench` / `report` arguments
+//! checked before any work.
+
+use std::path::PathBuf;
+use std::process::Command;
+
+use wgvae::io::HostTensor;
+use wgvae::testing::shared_dir;
+use wgvae::{LoadOptions, VideoDecoder};
+
+fn wgvae(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .args(args)
+        .env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        )
+        .output()
+        .expect("run wgvae");
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn tmp(name: &str) -> PathBuf {
+    let d = std::env::temp_dir().join(format!("wgvae-cli-estimates-{}", std::process::id()));
+    std::fs::create_dir_all(&d).unwrap();
+    d.join(name)
+}
+
+fn json(stdout: &str) -> serde_json::Value {
+    serde_json::from_str(stdout.trim())
+        .unwrap_or_else(|e| panic!("not one JSON object ({e}): {stdout}"))
+}
+
+/// Wan 2.1 (tiny) streamed for real, one latent frame per chunk, untiled
+/// and in exact tiles: the estimate of a video of T latent frames is the
+/// measured peak of that video (Wan's first chunk skips its time convs, so
+/// 1 frame peaks lower than 4), and its breakdown adds up to that peak.
+#[test]
+fn video_estimate_at_each_length_equals_the_measured_peak() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/wan21-tiny");
+    let ctx = wgvae::testing::test_context();
+    let load = LoadOptions::default();
+    let (h, w) = (4, 6);
+    let size = (8 * h, 8 * w);
+    let tilings = [
+        wgvae::tiling::Tiling::off(),
+        wgvae::tiling::Tiling::exact().with_tile_size(16),
+    ];
+    for tiling in &tilings {
+        let mut peaks = Vec::new();
+        for frames in [1usize, 2, 4] {
+            let ctx = ctx.with_pool(wgvae::memory::Policy::Exact.new_pool());
+            let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
+            let mut stream = VideoDecoder::new(&ctx, vae.model());
+            stream.set_tiling(tiling.clone()).unwrap();
+            for t in 0..frames {
+                let z = HostTensor::new(
+                    vec![1, 16, h, w],
+                    wgvae::testing::rand_vec(16 * h * w, t as u64, 1.0),
+                )
+                .unwrap();
+                stream.decode(&z).unwrap();
+            }
+            let measured = ctx.pool().stats().allocated_bytes.peak;
+            let e = wgvae::decode::Estimate::new(
+                ctx.caps(),
+                wgvae::memory::Policy::Exact,
+                dir.to_str().unwrap(),
+                &load,
+            )
+            .video_tiled(size, frames, 1, tiling)
+            .unwrap();
+            println!(
+                "wan21-tiny {size:?} {:?} tiles {:?}, {frames} latent frames: measured {measured} B, predicted {} B",
+                tiling.mode, e.tile_size, e.peak_allocated_bytes
+            );
+            assert_eq!(e.peak_allocated_bytes, measured, "{frames} frames: {e:?}");
+            let b = e.breakdown();
+            assert_eq!(b.weights + b.caches + b.working, e.peak_allocated_bytes);
+            assert_eq!(b.weights, e.weights_bytes);
+            assert_eq!(e.independent_of_frames, frames >= 3);
+            assert!(e.activation_bytes > 0, "{e:?}");
+            peaks.push(measured);
+        }
+        // Shorter videos peak at most as high as longer ones.
+        assert!(peaks[0] <= peaks[1] && peaks[1] <= peaks[2], "{peaks:?}");
+        assert!(
+            peaks[0] < peaks[2],
+            "Wan's first chunk is lighter: {peaks:?}"
+        );
+    }
+}
+
+/// `wgvae memory` of a video: without --frames it estimates three chunks
+/// (a bound on every length) and says so; the text is a table whose lines
+/// add up to the peak; --tile exact is taken (as `decode` takes it), --tile
+/// fast refused; a --max-memory it cannot keep is a non-zero exit.
+#[test]
+fn memory_of_a_video_states_its_length_and_adds_up() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("golden/wan21-tiny");
+    let vae = vae.to_str().unwrap();
+    let run = |extra: &[&str]| {
+        let mut args = vec!["memory", "--vae", vae, "--size", "32x48"];
+        args.extend(extra);
+        wgvae(&args)
+    };
+    let (ok, out, err) = run(&["--json"]);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["frames"], 3, "default: three chunks of 1");
+    assert_eq!(v["frames_defaulted"], true);
+    assert_eq!(v["independent_of_frames"], true);
+    let parts = ["weights_bytes", "cache_bytes", "working_bytes"]
+        .map(|k| v["breakdown"][k].as_u64().unwrap());
+    let peak = v["peak_allocated_bytes"].as_u64().unwrap();
+    assert_eq!(parts.iter().sum::<u64>(), peak);
+    let (ok, out1, err) = run(&["--frames", "1", "--json"]);
+    assert!(ok, "{err}");
+    let one = json(&out1);
+    assert_eq!(one["independent_of_frames"], false);
+    assert!(one["peak_allocated_bytes"].as_u64().unwrap() < peak);
+    assert!(one["activation_bytes"].as_u64().unwrap() > 0);
+
+    // The text: one number per line, the parts summing to the peak (to the
+    // printed 0.1 MiB), no Rust debug text.
+    let (ok, text, err) = run(&[]);
+    assert!(ok, "{err}");
+    assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
+    assert!(
+        text.contains("3 latent frames") && text.contains("--frames not given"),
+        "{text}"
+    );
+    let value = |label: &str| -> f64 {
+        let line = text
+            .lines()
+            .find(|l| l.trim_start().starts_with(label))
+            .unwrap_or_else(|| panic!("no `{label}` line: {text}"));
+        line.split_whitespace().last().unwrap().parse().unwrap()
+    };
+    let sum = value("weights") + value("time caches") + value("chunk working memory");
+    assert!((sum - value("= peak allocated")).abs() <= 0.15, "{text}");
+
+    let (ok, out, err) = run(&[
+        "--tile",
+        "exact",
+        "--tile-size",
+        "16",
+        "--frames",
+        "2",
+        "--json",
+    ]);
+    assert!(ok, "--tile exact: {err}");
+    assert_eq!(json(&out)["tile_size"], 16);
+    let (ok, _, err) = run(&["--chunk", "100000000"]);
+    assert!(
+        !ok && err.contains("--chunk 100000000") && err.contains("--frames"),
+        "{err}"
+    );
+    let (ok, _, err) = run(&["--tile", "fast"]);
+    assert!(!ok && err.contains("--tile exact"), "{err}");
+
+    let (ok, out, err) = run(&["--max-memory", "1"]);
+    assert!(!ok && out.is_empty(), "{out}");
+    assert!(err.contains("--max-memory"), "{err}");
+    // The budget covers the pool's peak and the read-back staging beside it.
+    let device = peak + v["staging_bytes"].as_u64().unwrap();
+    let budget = (device - 1).to_string();
+    let (ok, _, err) = run(&["--tile", "off", "--max-memory", &budget]);
+    assert!(
+        !ok && err.contains("cannot be kept") && err.contains(&device.to_string()),
+        "{err}"
+    );
+    let budget = device.to_string();
+    let (ok, _, err) = run(&["--tile", "off", "--max-memory", &budget]);
+    assert!(
+        ok,
+        "a budget of exactly the predicted device memory is kept: {err}"
+    );
+}
+
+/// An image estimate in exact tiles prints its per-level tile sides as
+/// words; an unmet --max-memory under --tile off is an error, not a
+/// prediction with exit 0.
+#[test]
+fn memory_of_an_image_is_readable_and_keeps_its_budget() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("golden/aekl-tiny-sd");
+    let vae = vae.to_str().unwrap();
+    let (ok, out, err) = wgvae(&[
+        "memory",
+        "--vae",
+        vae,
+        "--size",
+        "256x256",
+        "--tile",
+        "exact",
+        "--tile-size",
+        "64",
+    ]);
+    assert!(ok, "{err}");
+    assert!(out.contains("tile side per level: latent"), "{out}");
+    assert!(!out.contains("Some(") && !out.contains("None"), "{out}");
+    let (ok, _, err) = wgvae(&[
+        "memory",
+        "--vae",
+        vae,
+        "--size",
+        "256x256",
+        "--tile",
+        "off",
+        "--max-memory",
+        "1MiB",
+    ]);
+    assert!(
+        !ok && err.contains("--max-memory") && err.contains("cannot be kept"),
+        "{err}"
+    );
+}
+
+/// `bench` and `report` refuse bad arguments before any work: no timed
+/// runs, an --out that is a file, a chunk longer than the video, latents
+/// larger than the host (exit 1 with a message, not an abort), a missing
+/// --reference.
+#[test]
+fn bench_and_report_check_arguments_first() {
+    let Some(shared) = shared_dir() else { return };
+    let wan = shared.join("golden/wan21-tiny");
+    let wan = wan.to_str().unwrap();
+    let sd = shared.join("golden/aekl-tiny-sd");
+    let sd = sd.to_str().unwrap();
+    let file = tmp("a-file");
+    std::fs::write(&file, b"x").unwrap();
+    let file = file.to_str().unwrap();
+    let out = tmp("never-written");
+    let out = out.to_str().unwrap();
+    let cases: &[(&[&str], &str)] = &[
+        (
+            &["bench", "video", "--vae", wan, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
+        (
+            &["bench", "frames", "--vae", sd, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
+        (
+            &["bench", "decode", "--vae", sd, "--runs", "0", "--out", out],
+            "--runs 0",
+        ),
+        (
+            &[
+                "bench",
+                "cold-start",
+                "--vae",
+                sd,
+                "--runs",
+                "0",
+                "--out",
+                out,
+            ],
+            "--runs 0",
+        ),
+        (
+            &[
+                "bench",
+                "cold-start",
+                "--vae",
+                sd,
+                "--size",
+                "1000000",
+                "--out",
+                out,
+            ],
+            "host memory",
+        ),
+        (
+            &["bench", "cold-start", "--vae", sd, "--out", file],
+            "--out",
+        ),
+        (&["bench", "video", "--vae", wan, "--out", file], "--out"),
+        (&["bench", "frames", "--vae", sd, "--out", file], "--out"),
+        (&["bench", "decode", "--vae", sd, "--out", file], "--out"),
+        (
+            &["report", "memory", "--sizes", "512", "--out", file],
+            "--out",
+        ),
+        (
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--chunk",
+                "5",
+                "--latent-frames",
+                "3",
+                "--out",
+                out,
+            ],
+            "--chunk 5",
+        ),
+        (
+            &[
+                "bench", "video", "--vae", wan, "--size", "1000000", "--out", out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--latent-frames",
+                "1000000000",
+                "--out",
+                out,
+            ],
+            "--latent-frames",
+        ),
+        (
+            &[
+                "bench",
+                "video",
+                "--vae",
+                wan,
+                "--latent-frames",
+                "16777217",
+                "--out",
+                out,
+            ],
+            "--latent-frames",
+        ),
+        (
+            &[
+                "bench", "frames", "--vae", sd, "--size", "1000000", "--out", out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "bench",
+                "decode",
+                "--vae",
+                sd,
+                "--sizes",
+                "64,1000000",
+                "--out",
+                out,
+            ],
+            "host memory",
+        ),
+        (
+            &[
+                "report",
+                "memory",
+                "--reference",
+                "/nonexistent.csv",
+                "--out",
+                out,
+            ],
+            "--reference",
+        ),
+    ];
+    for (args, says) in cases {
+        let started = std::time::Instant::now();
+        let o = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(*args)
+            .output()
+            .expect("run wgvae");
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{args:?}: {err}");
+        assert!(err.contains(says), "{args:?}: {err}");
+        assert!(
+            !err.contains("panicked") && !err.contains("backtrace"),
+            "{args:?}: {err}"
+        );
+        println!(
+            "{args:?}: {:.1} s: {}",
+            started.elapsed().as_secs_f64(),
+            err.trim()
+        );
+    }
+    assert!(
+        !std::path::Path::new(out).exists(),
+        "nothing written to {out}"
+    );
+}
