@@ -411,6 +411,7 @@ fn cli_frames_out_writes_numbered_pngs() {
         &vae,
         "--frames-out",
         dir.to_str().unwrap(),
+        "--overwrite",
     ]);
     assert!(ok, "{err}");
     assert!(out.contains("frames/s") && out.contains("P99"), "{out}");
@@ -424,6 +425,7 @@ fn cli_frames_out_writes_numbered_pngs() {
         &vae,
         "--frames-out",
         dir.to_str().unwrap(),
+        "--overwrite",
         "--dtype",
         "f16",
         "--json",

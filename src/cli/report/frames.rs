@@ -379,21 +379,18 @@ pub fn run_frames_bench(
             r.vs_loop_cpu = base.cpu_ms_per_frame / r.cpu_ms_per_frame;
         }
     }
-    // A row marked "ok" must hold measured figures: NaN there is a bug, not a report.
     for r in rows.iter().filter(|r| r.status == "ok") {
-        let figures = [
-            r.median_total_ms,
-            r.frames_per_s,
-            r.latency.mean_ms,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-        ];
-        if r.runs == 0 || figures.iter().any(|f| !f.is_finite()) {
-            return Err(Error::Internal(format!(
-                "bench frames: {} chunk {} ran {} timed runs and has non-finite figures; no report written",
-                r.mode, r.chunk_setting, r.runs
-            )));
-        }
+        super::check_measured(
+            &format!("bench frames: {} chunk {}", r.mode, r.chunk_setting),
+            r.runs,
+            &[
+                r.median_total_ms,
+                r.frames_per_s,
+                r.latency.mean_ms,
+                r.peak_allocated_mib,
+                r.peak_reserved_mib,
+            ],
+        )?;
     }
     Ok((rows, samples))
 }

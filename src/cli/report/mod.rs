@@ -36,6 +36,17 @@ pub(crate) fn create_dir(out: &Path) -> Result<()> {
 pub(crate) const MIB: f64 = 1024.0 * 1024.0;
 
 /// A CSV or Markdown table: `head` (header lines), then each row's `line`.
+/// A row marked "ok" must hold measured figures: NaN there is a bug, not a report.
+/// `row` names the row in the error (`bench video: chunk 2 × 8 latent frames`).
+pub(crate) fn check_measured(row: &str, runs: usize, figures: &[f64]) -> Result<()> {
+    if runs == 0 || figures.iter().any(|f| !f.is_finite()) {
+        return Err(Error::Internal(format!(
+            "{row} ran {runs} timed runs and has non-finite figures; no report written"
+        )));
+    }
+    Ok(())
+}
+
 pub(crate) fn table<R>(
     head: &str,
     rows: impl IntoIterator<Item = R>,

@@ -374,22 +374,23 @@ pub fn run_video_bench(
     Ok((rows, samples))
 }
 
-/// A row marked "ok" must hold measured figures: NaN there is a bug, not a report.
+/// A row marked "ok" must hold measured figures (see `report::check_measured`).
 fn check_finite(rows: &[VideoRow]) -> Result<()> {
     for r in rows.iter().filter(|r| r.status == "ok") {
-        let figures = [
-            r.median_total_ms,
-            r.frames_per_s,
-            r.latency.mean_ms,
-            r.peak_allocated_mib,
-            r.peak_reserved_mib,
-        ];
-        if r.runs == 0 || figures.iter().any(|f| !f.is_finite()) {
-            return Err(Error::Internal(format!(
-                "bench video: chunk {} × {} latent frames ran {} timed runs and has non-finite figures; no report written",
-                r.chunk, r.latent_frames, r.runs
-            )));
-        }
+        super::check_measured(
+            &format!(
+                "bench video: chunk {} × {} latent frames",
+                r.chunk, r.latent_frames
+            ),
+            r.runs,
+            &[
+                r.median_total_ms,
+                r.frames_per_s,
+                r.latency.mean_ms,
+                r.peak_allocated_mib,
+                r.peak_reserved_mib,
+            ],
+        )?;
     }
     Ok(())
 }
