@@ -186,7 +186,7 @@ pub fn decode(
     opts: &DecodeOptions,
 ) -> Result<Decoded> {
     // Token sequences, pipeline maps or raw z, as the model's latent form says.
-    let z = vae.decoder_input(latents, opts.raw_latents, None)?;
+    let z = vae.decoder_input_cow(latents, opts.raw_latents, None)?;
     let job = DecodeJob {
         vae,
         z: &z,
