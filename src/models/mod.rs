@@ -679,16 +679,19 @@ impl Vae {
         raw: bool,
         size: Option<(usize, usize)>,
     ) -> Result<HostTensor> {
-        self.decoder_input_cow(latents, raw, size).map(Cow::into_owned)
+        self.decoder_input_cow(latents, raw, size, true).map(Cow::into_owned)
     }
 
     /// [`Vae::decoder_input`], borrowing `latents` when they already are z
-    /// (raw N×C×h×w maps of an image decoder): no copy of large inputs.
+    /// (raw N×C×h×w maps of an image decoder): no copy of large inputs;
+    /// `check_values` false: such latents are known to be finite (an
+    /// estimate's zeros) and are not scanned.
     pub(crate) fn decoder_input_cow<'t>(
         &self,
         latents: &'t HostTensor,
         raw: bool,
         size: Option<(usize, usize)>,
+        check_values: bool,
     ) -> Result<Cow<'t, HostTensor>> {
         let plain = raw
             && latents.shape.len() == 4
@@ -702,8 +705,14 @@ impl Vae {
                     latents.shape
                 );
             }
-            crate::io::check_latent_values(latents, self.latent_channels())
-                .map_err(Error::InvalidInput)?;
+            if check_values {
+                crate::io::check_latent_values(latents, self.latent_channels())
+                    .map_err(Error::InvalidInput)?;
+            } else if latents.data.is_empty() {
+                // The one check of the values' scan a shape can fail.
+                crate::io::check_latent_values(latents, self.latent_channels())
+                    .map_err(Error::InvalidInput)?;
+            }
             return Ok(Cow::Borrowed(latents));
         }
         self.decoder_input_owned(latents, raw, size).map(Cow::Owned)
