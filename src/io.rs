@@ -698,7 +698,10 @@ pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Res
 
 /// [`validate_latents`]' checks of latents already N×C×h×w (nothing to
 /// change, so a borrowed tensor will do).
-pub(crate) fn check_latent_values(t: &HostTensor, channels: usize) -> std::result::Result<(), String> {
+pub(crate) fn check_latent_values(
+    t: &HostTensor,
+    channels: usize,
+) -> std::result::Result<(), String> {
     if t.data.is_empty() {
         return Err(format!("latents are empty (shape {:?})", t.shape));
     }

@@ -417,17 +417,44 @@ fn corner_probe_keeps_plans_peaks_and_errors() {
         let out = cmd.output().expect("run wgvae");
         let err = String::from_utf8_lossy(&out.stderr);
         let err: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
-        (out.status.success(), String::from_utf8_lossy(&out.stdout).into_owned(), err.join("\n"))
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err.join("\n"),
+        )
     };
     let cases: &[&[&str]] = &[
         &["--size", "8192x8192"],
         &["--size", "8192x8192", "--policy", "caching"],
         &["--size", "6144x4096", "--policy", "exact"],
-        &["--size", "4096x4096", "--reference-gpu", "--max-memory", "256MiB"],
-        &["--size", "4096x4096", "--reference-gpu", "--max-memory", "64MiB", "--policy", "caching"],
+        &[
+            "--size",
+            "4096x4096",
+            "--reference-gpu",
+            "--max-memory",
+            "256MiB",
+        ],
+        &[
+            "--size",
+            "4096x4096",
+            "--reference-gpu",
+            "--max-memory",
+            "64MiB",
+            "--policy",
+            "caching",
+        ],
         &["--size", "3072x2048", "--max-memory", "96MiB"],
         &["--size", "2048x2048", "--encode", "--max-memory", "64MiB"],
-        &["--size", "2048x2048", "--encode", "--reference-gpu", "--max-memory", "48MiB", "--policy", "exact"],
+        &[
+            "--size",
+            "2048x2048",
+            "--encode",
+            "--reference-gpu",
+            "--max-memory",
+            "48MiB",
+            "--policy",
+            "exact",
+        ],
         &["--size", "100000x100000"],
         &["--size", "40000x40000", "--reference-gpu"],
     ];
@@ -440,7 +467,14 @@ fn corner_probe_keeps_plans_peaks_and_errors() {
             let v = json(&with.1);
             tiled += (v["tiling"]["mode"] == "exact") as usize;
         }
-        eprintln!("{args:?}: {}", if with.0 { with.1.len().to_string() + " bytes of JSON" } else { with.2.clone() });
+        eprintln!(
+            "{args:?}: {}",
+            if with.0 {
+                with.1.len().to_string() + " bytes of JSON"
+            } else {
+                with.2.clone()
+            }
+        );
     }
     assert!(tiled >= 4, "only {tiled} cases tiled");
 }

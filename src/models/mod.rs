@@ -679,7 +679,8 @@ impl Vae {
         raw: bool,
         size: Option<(usize, usize)>,
     ) -> Result<HostTensor> {
-        self.decoder_input_cow(latents, raw, size, true).map(Cow::into_owned)
+        self.decoder_input_cow(latents, raw, size, true)
+            .map(Cow::into_owned)
     }
 
     /// [`Vae::decoder_input`], borrowing `latents` when they already are z
@@ -705,11 +706,8 @@ impl Vae {
                     latents.shape
                 );
             }
-            if check_values {
-                crate::io::check_latent_values(latents, self.latent_channels())
-                    .map_err(Error::InvalidInput)?;
-            } else if latents.data.is_empty() {
-                // The one check of the values' scan a shape can fail.
+            // Unscanned, empty latents are still an error.
+            if check_values || latents.data.is_empty() {
                 crate::io::check_latent_values(latents, self.latent_channels())
                     .map_err(Error::InvalidInput)?;
             }

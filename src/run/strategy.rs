@@ -474,7 +474,13 @@ fn no_crop_probe() -> bool {
 /// False when the corner is the whole image. Checked: the plans and errors
 /// chosen with and without it are the same (`WGVAE_NO_CROP_PROBE`,
 /// tests/cli_estimates.rs).
-fn corner_over(ctx: &Context, plan: &ExactPlan, up: usize, avail: u64, run: &TiledRun) -> Result<bool> {
+fn corner_over(
+    ctx: &Context,
+    plan: &ExactPlan,
+    up: usize,
+    avail: u64,
+    run: &TiledRun,
+) -> Result<bool> {
     let (h, w) = plan.latent;
     let side = CORNER_TILES * (plan.px / up).max(1);
     let corner = (h.min(side), w.min(side));
@@ -496,7 +502,11 @@ fn corner_over(ctx: &Context, plan: &ExactPlan, up: usize, avail: u64, run: &Til
 /// The input of a run of `plan`: `x` itself, or zeros of the plan's corner
 /// ([`corner_over`]'s probes, on null devices only) when the plan covers a
 /// smaller latent; `per_latent` input pixels per latent pixel.
-pub(crate) fn input_of<'x>(x: &'x HostTensor, plan: &ExactPlan, per_latent: usize) -> std::borrow::Cow<'x, HostTensor> {
+pub(crate) fn input_of<'x>(
+    x: &'x HostTensor,
+    plan: &ExactPlan,
+    per_latent: usize,
+) -> std::borrow::Cow<'x, HostTensor> {
     let (h, w) = (plan.latent.0 * per_latent, plan.latent.1 * per_latent);
     if (x.shape[2], x.shape[3]) == (h, w) {
         return std::borrow::Cow::Borrowed(x);
