@@ -19,7 +19,7 @@ use crate::kernels::image::to_rgba8;
 use crate::memory::MemoryStats;
 use crate::models::{Taps, Vae};
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
-use crate::run::strategy::{choose, Geometry, Strategy};
+use crate::run::strategy::{choose, input_of, Geometry, Strategy};
 use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, untiled_report, Replay};
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
@@ -185,8 +185,21 @@ pub fn decode(
     latents: &HostTensor,
     opts: &DecodeOptions,
 ) -> Result<Decoded> {
+    decode_checked(ctx, vae, latents, opts, true)
+}
+
+/// [`decode`]; `check_values` false: latents known to be finite (the zeros
+/// of an estimate, whose scan of gigabytes would cost seconds) are not
+/// scanned for non-finite values.
+pub(crate) fn decode_checked(
+    ctx: &Context,
+    vae: &Vae,
+    latents: &HostTensor,
+    opts: &DecodeOptions,
+    check_values: bool,
+) -> Result<Decoded> {
     // Token sequences, pipeline maps or raw z, as the model's latent form says.
-    let z = vae.decoder_input(latents, opts.raw_latents, None)?;
+    let z = vae.decoder_input_cow(latents, opts.raw_latents, None, check_values)?;
     let job = DecodeJob {
         vae,
         z: &z,
@@ -194,6 +207,8 @@ pub fn decode(
     };
     let record = |rec: &mut Recorder, z: &HostTensor| record_decode(rec, vae, z).map(|_| ());
     let exact = |null: &Context, plan: &ExactPlan| {
+        let z = input_of(&z, plan, 1);
+        let job = DecodeJob { z: &z, ..job };
         job.exact(null, plan.clone(), false, None).map(|r| r.report)
     };
     let geometry = Geometry::decode(&z, vae.levels(), vae.upscale());

@@ -13,7 +13,7 @@ use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::memory::MemoryStats;
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
-use crate::run::strategy::{choose, Geometry, Strategy};
+use crate::run::strategy::{choose, input_of, Geometry, Strategy};
 use crate::run::{precision, run_exact, run_untiled, tiles_of, untiled_report, ExactRun, Replay};
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
@@ -143,8 +143,12 @@ pub fn encode(
     };
     let job = EncodeJob { enc, x: &x };
     let geometry = Geometry::encode(&x, enc.levels(), enc.downscale());
-    let exact =
-        |null: &Context, plan: &ExactPlan| job.exact(null, plan.clone(), None).map(|r| r.report);
+    let down = enc.downscale();
+    let exact = |null: &Context, plan: &ExactPlan| {
+        let x = input_of(&x, plan, down);
+        let job = EncodeJob { x: &x, ..job };
+        job.exact(null, plan.clone(), None).map(|r| r.report)
+    };
     let record = |rec: &mut Recorder, x: &HostTensor| record_encode(rec, enc, x).map(|_| ());
     let (strategy, budget) = choose(ctx, &geometry, &opts.tiling, &record, &exact)?;
     let (moments, memory, mut tiling, overflows) = match strategy {

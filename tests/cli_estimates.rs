@@ -392,3 +392,89 @@ fn bench_and_report_check_arguments_first() {
         "nothing written to {out}"
     );
 }
+
+/// The planner's corner probe (`corner_over` in src/run/strategy.rs) skips
+/// the dry runs of tile candidates whose top-left tiles already pass the
+/// budget or a device limit: the plans, peaks and errors it gives are those
+/// of full dry runs of every candidate (`WGVAE_NO_CROP_PROBE`), here on
+/// images of many tiles (interior tiles, tiled mid-block, host parking),
+/// under every policy, for this adapter's limits and the reference GPU's,
+/// decodes and encodes.
+#[test]
+fn corner_probe_keeps_plans_peaks_and_errors() {
+    let Some(shared) = shared_dir() else { return };
+    let vae = shared.join("golden/aekl-tiny-sd");
+    let vae = vae.to_str().unwrap();
+    let run = |args: &[&str], probe: bool| {
+        let mut cmd = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")));
+        cmd.args(["memory", "--vae", vae, "--json"]).args(args).env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        );
+        if !probe {
+            cmd.env("WGVAE_NO_CROP_PROBE", "1");
+        }
+        let out = cmd.output().expect("run wgvae");
+        let err = String::from_utf8_lossy(&out.stderr);
+        let err: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+            err.join("\n"),
+        )
+    };
+    let cases: &[&[&str]] = &[
+        &["--size", "8192x8192"],
+        &["--size", "8192x8192", "--policy", "caching"],
+        &["--size", "6144x4096", "--policy", "exact"],
+        &[
+            "--size",
+            "4096x4096",
+            "--reference-gpu",
+            "--max-memory",
+            "256MiB",
+        ],
+        &[
+            "--size",
+            "4096x4096",
+            "--reference-gpu",
+            "--max-memory",
+            "64MiB",
+            "--policy",
+            "caching",
+        ],
+        &["--size", "3072x2048", "--max-memory", "96MiB"],
+        &["--size", "2048x2048", "--encode", "--max-memory", "64MiB"],
+        &[
+            "--size",
+            "2048x2048",
+            "--encode",
+            "--reference-gpu",
+            "--max-memory",
+            "48MiB",
+            "--policy",
+            "exact",
+        ],
+        &["--size", "100000x100000"],
+        &["--size", "40000x40000", "--reference-gpu"],
+    ];
+    let mut tiled = 0;
+    for args in cases {
+        let with = run(args, true);
+        let without = run(args, false);
+        assert_eq!(with, without, "{args:?}");
+        if with.0 {
+            let v = json(&with.1);
+            tiled += (v["tiling"]["mode"] == "exact") as usize;
+        }
+        eprintln!(
+            "{args:?}: {}",
+            if with.0 {
+                with.1.len().to_string() + " bytes of JSON"
+            } else {
+                with.2.clone()
+            }
+        );
+    }
+    assert!(tiled >= 4, "only {tiled} cases tiled");
+}

@@ -18,6 +18,7 @@ pub mod wan;
 #[doc(hidden)]
 pub mod weights;
 
+use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -673,6 +674,49 @@ impl Vae {
     /// `x / scaling_factor + shift_factor`). Shapes, channels and values are
     /// checked here, with errors naming the model and the expected form.
     pub fn decoder_input(
+        &self,
+        latents: &HostTensor,
+        raw: bool,
+        size: Option<(usize, usize)>,
+    ) -> Result<HostTensor> {
+        self.decoder_input_cow(latents, raw, size, true)
+            .map(Cow::into_owned)
+    }
+
+    /// [`Vae::decoder_input`], borrowing `latents` when they already are z
+    /// (raw N×C×h×w maps of an image decoder): no copy of large inputs;
+    /// `check_values` false: such latents are known to be finite (an
+    /// estimate's zeros) and are not scanned.
+    pub(crate) fn decoder_input_cow<'t>(
+        &self,
+        latents: &'t HostTensor,
+        raw: bool,
+        size: Option<(usize, usize)>,
+        check_values: bool,
+    ) -> Result<Cow<'t, HostTensor>> {
+        let plain = raw
+            && latents.shape.len() == 4
+            && latents.shape[1] == self.latent_channels()
+            && !matches!(self.decoder, Decoder::QwenImage(_))
+            && !self.latent_form().is_tokens(&latents.shape, size);
+        if plain {
+            if size.is_some() {
+                log::info!(
+                    "the image size applies to token sequences only; these latents are maps {:?}",
+                    latents.shape
+                );
+            }
+            // Unscanned, empty latents are still an error.
+            if check_values || latents.data.is_empty() {
+                crate::io::check_latent_values(latents, self.latent_channels())
+                    .map_err(Error::InvalidInput)?;
+            }
+            return Ok(Cow::Borrowed(latents));
+        }
+        self.decoder_input_owned(latents, raw, size).map(Cow::Owned)
+    }
+
+    fn decoder_input_owned(
         &self,
         latents: &HostTensor,
         raw: bool,

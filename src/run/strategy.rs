@@ -368,6 +368,16 @@ pub(crate) fn choose_exact(
                 total_steps: 0,
                 staging_limit: staging_limit(avail),
             };
+            // A candidate whose top-left corner alone allocates a tensor
+            // over the budget cannot fit: skip its dry run over every tile.
+            // (Only where the full dry run would walk many more tiles.)
+            if tiling.tile_size.is_none()
+                && tiles >= 16 * CORNER_TILES * CORNER_TILES
+                && !no_crop_probe()
+                && corner_over(ctx, &plan, up, avail, run)?
+            {
+                continue;
+            }
             match fit_plan(ctx, plan, avail, run) {
                 Ok(Some((plan, report))) => {
                     if report.host_parked_peak_bytes == 0 {
@@ -438,6 +448,73 @@ pub(crate) fn choose_exact(
             human_bytes(base),
             if tiling.tile_size.is_some() { " or lower `Tiling::tile_size`" } else { "" }
         )),
+    })
+}
+
+/// Tiles a side of the corner [`corner_over`] runs.
+const CORNER_TILES: usize = 3;
+
+/// `WGVAE_NO_CROP_PROBE` set: every candidate gets its full dry run (tests
+/// compare the plans chosen with and without the probe).
+fn no_crop_probe() -> bool {
+    std::env::var_os("WGVAE_NO_CROP_PROBE").is_some()
+}
+
+/// True when `plan` run on only its top-left corner (`CORNER_TILES`²
+/// tiles, or fewer where the image is narrower) on a null device allocates
+/// one tensor of more than `avail` bytes or passes a device limit (binding,
+/// buffer, dispatch). Every tensor of the corner has a counterpart at least
+/// as large in the whole run (the same tiles, halos only clipped at the
+/// corner's edges; whole tensors and attention state over fewer tiles), so
+/// the whole run's pool would pass `avail` there or its device limit stop
+/// it (if nothing stops it before): the candidate is dropped either way
+/// (without a given tile size a limit error only drops it), and its dry run
+/// over every tile — for a tiled mid-block, every K/V tile past every query
+/// tile before the first over-limit tensor of a larger level — is skipped.
+/// False when the corner is the whole image. Checked: the plans and errors
+/// chosen with and without it are the same (`WGVAE_NO_CROP_PROBE`,
+/// tests/cli_estimates.rs).
+fn corner_over(
+    ctx: &Context,
+    plan: &ExactPlan,
+    up: usize,
+    avail: u64,
+    run: &TiledRun,
+) -> Result<bool> {
+    let (h, w) = plan.latent;
+    let side = CORNER_TILES * (plan.px / up).max(1);
+    let corner = (h.min(side), w.min(side));
+    if corner == (h, w) {
+        return Ok(false);
+    }
+    let tracer = Arc::new(TracingPool::new());
+    let null = Context::null(ctx.caps().clone(), tracer.clone());
+    let mut probe = plan.clone();
+    probe.latent = corner;
+    probe.device_cap = 0;
+    match run(&null, &probe) {
+        Err(e) if is_limit_error(&e) => Ok(true),
+        // Another error ends the corner early: what it allocated counts.
+        _ => Ok(tracer.trace().entries.iter().any(|e| e.bytes > avail)),
+    }
+}
+
+/// The input of a run of `plan`: `x` itself, or zeros of the plan's corner
+/// ([`corner_over`]'s probes, on null devices only) when the plan covers a
+/// smaller latent; `per_latent` input pixels per latent pixel.
+pub(crate) fn input_of<'x>(
+    x: &'x HostTensor,
+    plan: &ExactPlan,
+    per_latent: usize,
+) -> std::borrow::Cow<'x, HostTensor> {
+    let (h, w) = (plan.latent.0 * per_latent, plan.latent.1 * per_latent);
+    if (x.shape[2], x.shape[3]) == (h, w) {
+        return std::borrow::Cow::Borrowed(x);
+    }
+    let (n, c) = (x.shape[0], x.shape[1]);
+    std::borrow::Cow::Owned(HostTensor {
+        shape: vec![n, c, h, w],
+        data: vec![0.0; n * c * h * w],
     })
 }
 
