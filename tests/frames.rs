@@ -442,6 +442,7 @@ fn cli_frames_out_writes_numbered_pngs() {
         &vae,
         "--frames-out",
         dir.to_str().unwrap(),
+        "--overwrite",
         "--chunk",
         "0",
     ]);
@@ -453,6 +454,7 @@ fn cli_frames_out_writes_numbered_pngs() {
         &vae,
         "--frames-out",
         dir.to_str().unwrap(),
+        "--overwrite",
         "--tile",
         "exact",
     ]);
