@@ -4,7 +4,7 @@
 //! A model declares its form once, as data ([`LatentForm`]): the channels of
 //! the pipeline's latent maps, the image pixels per map position, and how a
 //! transformer's token sequence packs those maps ([`TokenPacking`]). The
-//! front doors ([`crate::decode`], the CLI, Python) accept
+//! front doors ([`crate::decode()`], the CLI, Python) accept
 //! - token sequences N×L×F (3-D), unpacked by the model's rule given the image
 //!   size ([`crate::Vae::unpack_tokens`], `--size HxW`) or a square token grid;
 //! - pipeline maps N×C×h×w, un-normalised by the model (scaling/shift factors,

@@ -90,7 +90,7 @@ fn zeros(shape: [usize; 4]) -> Result<HostTensor> {
 /// and [`Estimate::encode`] run the front end on a null device
 /// ([`Context::null`]) whose pool replays the allocation sequence, without
 /// running a kernel or allocating device memory; the choices are the ones
-/// [`decode`] / [`encode`] make with these options on such a device.
+/// [`crate::decode()`] / [`crate::encode::encode()`] make with these options on such a device.
 #[derive(Clone, Debug)]
 pub struct Estimate<'a> {
     /// The device the run is predicted for.
