@@ -29,8 +29,8 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::io::HostTensor;
 use crate::models::graph::Graph;
-use crate::models::wan::{read_wan_weights, WanConfig, WanDecoder};
-use crate::models::weights::{Layout, WeightStore};
+use crate::models::wan::{wan_store, WanConfig, WanDecoder};
+use crate::models::weights::WeightStore;
 use crate::tensor::DType;
 
 /// The diffusers class name of the Qwen-Image VAE.
@@ -210,17 +210,13 @@ impl QwenImageDecoder {
         } else {
             (path.to_path_buf(), Some(path.with_file_name("config.json")))
         };
-        crate::io::require_regular_file(&file)?;
         // An explicit config first; one beside a single file only when it is
         // Qwen-Image's (a ComfyUI `models/vae/` folder holds other models').
         let config = match config {
             Some(c) => Some(c.to_path_buf()),
             None => beside.filter(|c| path.is_dir() || is_qwen_image_config(c)),
         };
-        let map = read_wan_weights(&file)?;
-        let has_post_quant = map.contains_key("post_quant_conv.weight");
-        let store = WeightStore::from_map(map, Layout::Diffusers, &file.display().to_string());
-        store.set_dtype(dtype);
+        let (store, has_post_quant) = wan_store(&file, dtype)?;
         let (cfg, stats) = match &config {
             Some(c) => (
                 config_from_file(c)?,

@@ -404,6 +404,17 @@ pub struct WanDecoder {
 }
 
 /// Keys of a Wan file, diffusers-named, from `path` (a `.safetensors`).
+/// A Wan-architecture weight file (diffusers or original keys) as a store of
+/// `dtype`, and whether it has a `post_quant_conv` (Wan 2.1, Qwen-Image).
+pub(crate) fn wan_store(file: &Path, dtype: DType) -> Result<(WeightStore, bool)> {
+    crate::io::require_regular_file(file)?;
+    let map = read_wan_weights(file)?;
+    let has_post_quant = map.contains_key("post_quant_conv.weight");
+    let store = WeightStore::from_map(map, Layout::Diffusers, &file.display().to_string());
+    store.set_dtype(dtype);
+    Ok((store, has_post_quant))
+}
+
 pub(crate) fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeight>> {
     if TaehvDecoder::is_taehv_file(path) {
         return Err(bad(
@@ -710,11 +721,7 @@ impl WanDecoder {
             let beside = path.with_file_name("config.json");
             (path.to_path_buf(), beside.exists().then_some(beside))
         };
-        crate::io::require_regular_file(&file)?;
-        let map = read_wan_weights(&file)?;
-        let has_post_quant = map.contains_key("post_quant_conv.weight");
-        let store = WeightStore::from_map(map, Layout::Diffusers, &file.display().to_string());
-        store.set_dtype(dtype);
+        let (store, has_post_quant) = wan_store(&file, dtype)?;
         // A config.json beside a single file may belong to another model
         // (a ComfyUI `models/vae/` folder): only a Wan one is used.
         let (config, note) = match config {
