@@ -6,7 +6,8 @@
 # forced on (WGVAE_COOPERATIVE_MATRIX=on: a device without it fails the tests instead of
 # skipping them):
 #   1. `wgvae info --json` lists the 8x8x8 configurations and names the one used;
-#   2. every conv2d and matmul kernel test and the attention's cooperative tests (against the
+#   2. the cooperative-matrix probes (each load/store/accumulator pattern the kernels use,
+#      exact), every conv2d and matmul kernel test and the attention's cooperative tests (against the
 #      CPU reference on odd shapes: convs plain and with fused prologue/upsample/stride/
 #      residual, frame offsets; GEMMs with transposes, batch strides, bias; flash attention
 #      with odd token counts, d 64..512, key blocks split across dispatches);
@@ -96,7 +97,7 @@ assert "8x8x8 f16->f32" in names, names
 assert m["used"] == "8x8x8 f16->f32", m
 '
 say "conv2d, matmul and attention kernel tests (cooperative variants against the CPU reference)"
-in_chroot "$lib_tests kernels::conv2d kernels::matmul kernels::attention::matrix --test-threads=2 2>&1" | grep -E 'worst|test result|FAILED|panicked'
+in_chroot "$lib_tests kernels::coop_probe kernels::conv2d kernels::matmul kernels::attention::matrix --test-threads=2 2>&1" | grep -E 'worst|probe|test result|FAILED|panicked'
 say "golden decodes in f16 on the matrices, beside the scalar path"
 in_chroot "$goldens --test-threads=1 --nocapture 2>&1" | grep -E 'error|PSNR|test result|FAILED|panicked'
 say "wgvae decode --dtype f16 --cooperative-matrix on --json"

@@ -152,7 +152,10 @@ var<workgroup> p_sh: array<f16, BR * BC>;   // [i][j]
 var<workgroup> m_sh: array<f32, BR>;
 var<workgroup> l_sh: array<f32, BR>;
 var<workgroup> al_sh: array<f32, BR>;
-var<workgroup> moved: u32;
+// 16 bytes like every workgroup variable here: drivers place them by natural alignment,
+// and cooperative loads and stores need 16-byte-aligned addresses (a 4-byte flag shifted
+// every matrix by one element on NVIDIA).
+var<workgroup> moved: vec4<u32>;
 
 fn q_at(base: u32, i: u32, c: u32) -> f16 {
     if i < p.n_q && c < p.d {
@@ -250,7 +253,7 @@ fn coop_softmax(li: u32, j0: u32, end: u32) {
         l_sh[i] = l_sh[i] * alpha + sum;
         al_sh[i] = alpha;
         if alpha != 1.0 {
-            moved = 1u;
+            moved.x = 1u;
         }
     }
 }

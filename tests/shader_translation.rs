@@ -202,6 +202,35 @@ fn to_glsl(module: &Module, info: &ModuleInfo, entry: &str) -> Result<(), String
         .map_err(|e| e.to_string())
 }
 
+/// Cooperative loads and stores need 16-byte-aligned addresses, and drivers place
+/// workgroup variables by their natural alignment in an order of their choosing: one 4-byte
+/// flag shifted every matrix of the attention kernel by one element on NVIDIA (H100, driver
+/// 580). So in a cooperative shader every workgroup variable's size is a multiple of 16
+/// bytes.
+fn workgroup_sizes_keep_16_byte_alignment(module: &Module) -> Result<(), String> {
+    let mut layouter = naga::proc::Layouter::default();
+    layouter
+        .update(module.to_ctx())
+        .map_err(|e| format!("layout: {e}"))?;
+    let odd: Vec<String> = module
+        .global_variables
+        .iter()
+        .filter(|(_, v)| v.space == AddressSpace::WorkGroup)
+        .filter_map(|(_, v)| {
+            let size = layouter[v.ty].size;
+            (size % 16 != 0).then(|| format!("{} ({size} bytes)", v.name.as_deref().unwrap_or("?")))
+        })
+        .collect();
+    if odd.is_empty() {
+        Ok(())
+    } else {
+        Err(format!(
+            "workgroup variables whose size is not a multiple of 16 bytes (they can misalign the cooperative matrices' staging): {}",
+            odd.join(", ")
+        ))
+    }
+}
+
 /// Translates one variant to every target; the errors name variant and target.
 fn translate(spec: &KernelSpec, key: &PipelineKey, errors: &mut Vec<String>) -> Counts {
     let name = format!("{}::{} {:?}", spec.family, spec.entry, key.defines);
@@ -243,6 +272,9 @@ fn translate(spec: &KernelSpec, key: &PipelineKey, errors: &mut Vec<String>) -> 
     let coop = src.contains("enable wgpu_cooperative_matrix;");
     c.coop = coop as usize;
     if coop {
+        if let Err(e) = workgroup_sizes_keep_16_byte_alignment(&module) {
+            errors.push(format!("{name}: {e}"));
+        }
         return c;
     }
     check(

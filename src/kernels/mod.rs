@@ -7,6 +7,8 @@
 pub mod attention;
 pub mod conv2d;
 mod coop;
+#[cfg(test)]
+mod coop_probe_tests;
 pub mod elementwise;
 pub mod group_norm;
 pub mod image;

@@ -328,14 +328,14 @@ fn attention_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocatio
         "            workgroupBarrier();
         }
         if li == 0u {
-            moved = 0u;
+            moved.x = 0u;
         }
         coopStoreT(s_acc, &sc[r0 * BC + cj * S], BC);
         workgroupBarrier();
         // 2. Online softmax, P as f16.
         coop_softmax(li, j0, p.kv_end);
         // 3. O = alpha O through the scratch, when some row's max moved.
-        if workgroupUniformLoad(&moved) != 0u {
+        if workgroupUniformLoad(&moved).x != 0u {
 ",
     );
     for t in 0..nt {

@@ -201,9 +201,10 @@ fn matrix_key_blocks_combine_to_full_attention() {
     let caps = ctx.caps().clone();
     let n = 2;
     let d = 512;
-    let share = MatrixAttention::for_head_dim(d, &caps)
-        .and_then(|m| m.keys_per_dispatch(&caps))
-        .unwrap_or(40);
+    // CPU adapters split long key ranges over dispatches; GPUs run each block in one.
+    let per_dispatch =
+        MatrixAttention::for_head_dim(d, &caps).and_then(|m| m.keys_per_dispatch(&caps));
+    let share = per_dispatch.unwrap_or(40);
     let long = share + 13;
     for (tq, k_splits) in [
         (37usize, vec![0, 5, 60, 100]),
@@ -254,7 +255,7 @@ fn matrix_key_blocks_combine_to_full_attention() {
         }
         let what = format!("coop d={d} queries {tq} key blocks {k_splits:?}");
         assert_coop(&rec, &what);
-        if tk > share {
+        if per_dispatch.is_some() && tk > share {
             assert!(
                 rec.labels().len() > blocks,
                 "{what}: keys split over dispatches"
