@@ -1,6 +1,6 @@
 //! The main job: latents in host memory → decoded images, a thin front end
 //! over the runner (`run`), which also predicts its memory (the same
-//! decode on a null device, see [`Estimate`]).
+//! decode on a null device, see [`crate::estimate::Estimate`]).
 //!
 //! A decode runs untiled (one recorded forward, one submit) or tiled (see
 //! [`crate::tiling`]): `exact` tiles equal the untiled output up to float
@@ -24,10 +24,7 @@ use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, untiled_
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
-pub use crate::embed::DeviceLatents;
-pub use crate::run::estimate::{
-    Estimate, MemoryEstimate, VideoMemoryEstimate, VideoPeakBreakdown, MAX_VIDEO_FRAMES,
-};
+pub use crate::run::input::DeviceLatents;
 
 /// Options for [`decode`].
 #[derive(Clone, Debug, Default)]
@@ -99,23 +96,13 @@ pub struct Decoded {
 /// f16 models count overflowing stores into the recorder's range flag
 /// ([`Recorder::range_flag`]); read it after the submit.
 pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
-    track_f16(rec, vae)?;
+    crate::run::input::track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     let raw = vae.forward(rec, input, &mut Taps::default())?;
     let [n, _, h, w] = crate::models::layers::dims4(&raw)?;
     let pixels = Tensor::empty(rec.ctx(), &[n, h, w], DType::Rgba8, "rgba8 image")?;
     to_rgba8(rec, &raw, vae.output_range(), &pixels)?;
     Ok((raw, pixels))
-}
-
-/// f16 models count overflowing conv stores (see [`Recorder::track_f16_range`]).
-/// Every decode recording starts with it, so all of them allocate alike and
-/// share memory plans.
-pub(crate) fn track_f16(rec: &mut Recorder, vae: &Vae) -> Result<()> {
-    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
-        rec.track_f16_range()?;
-    }
-    Ok(())
 }
 
 pub(crate) fn plan_key(vae: &Vae, shape: &[usize]) -> String {

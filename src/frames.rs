@@ -232,7 +232,7 @@ fn record_chunk(
     shape: [usize; 4],
     latents: Option<&[f32]>,
 ) -> Result<Tensor> {
-    crate::decode::track_f16(rec, vae)?;
+    crate::run::input::track_f16(rec, vae)?;
     let input = match latents {
         Some(data) => Tensor::from_f32_in(rec, &shape, data, "latents")?,
         None => Tensor::empty(rec.ctx(), &shape, DType::F32, "latents")?,
@@ -453,7 +453,7 @@ impl Delivery {
 /// Untiled only: a frame that does not decode untiled on the device is an
 /// error (decode it with [`crate::decode()`], which tiles). An error from
 /// `on_frame` stops the decode and is returned. Not available on a null device
-/// (predict a chunk's memory with [`crate::decode::Estimate`] at
+/// (predict a chunk's memory with [`crate::estimate::Estimate`] at
 /// `[B, C, h, w]`).
 pub fn decode_frames(
     ctx: &Context,

@@ -33,7 +33,6 @@
 
 use crate::error::{Error, Result};
 use crate::io::HostTensor;
-use crate::models::weights::{WeightStore, BN_MEAN, BN_VAR};
 
 /// How a transformer's token sequence `N × L × F` packs a latent map
 /// `N × C × h × w` (token = row · cols + col, row-major over the token grid).
@@ -261,49 +260,6 @@ pub struct LatentBatchNorm {
 
 #[allow(clippy::indexing_slicing)]
 impl LatentBatchNorm {
-    /// Reads `bn.running_mean` / `bn.running_var` (`channels` each) from
-    /// `store`; `None` when the file has neither (it then decodes raw z only).
-    pub fn load(store: &WeightStore, channels: usize, eps: f32) -> Result<Option<Self>> {
-        let (has_mean, has_var) = (store.contains(BN_MEAN), store.contains(BN_VAR));
-        if !store.is_random() {
-            match (has_mean, has_var) {
-                (false, false) => {
-                    log::warn!(
-                        "{}: a FLUX.2 VAE without `{BN_MEAN}` / `{BN_VAR}`: only raw latents (z) can be decoded",
-                        store.origin()
-                    );
-                    return Ok(None);
-                }
-                (true, false) | (false, true) => {
-                    let missing = if has_mean { BN_VAR } else { BN_MEAN };
-                    return Err(Error::BadFile {
-                        path: store.origin().into(),
-                        message: format!(
-                            "a FLUX.2 VAE needs both `{BN_MEAN}` and `{BN_VAR}` (its latent BatchNorm statistics, {channels} values each); `{missing}` is missing: the file is incomplete, use the full VAE file"
-                        ),
-                    });
-                }
-                _ => {}
-            }
-        }
-        let mean = store.take(BN_MEAN, &[channels])?;
-        let var = store.take(BN_VAR, &[channels])?;
-        let std: Vec<f32> = var.iter().map(|v| (v + eps).sqrt()).collect();
-        if let Some((i, v)) = var
-            .iter()
-            .enumerate()
-            .find(|(i, _)| !std.get(*i).is_some_and(|s| s.is_finite() && *s > 0.0))
-        {
-            return Err(Error::BadFile {
-                path: store.origin().into(),
-                message: format!(
-                    "`{BN_VAR}` holds {v} at index {i}: a variance must be non-negative (with batch_norm_eps {eps}, positive)"
-                ),
-            });
-        }
-        Ok(Some(LatentBatchNorm { mean, std }))
-    }
-
     /// Pipeline maps N×4C×h×w → z N×C×2h×2w: `x · std + mean`, then the 2×2
     /// unpatchify (patchified channel = 4c + 2·dy + dx), in f32 as diffusers.
     pub fn to_z(&self, maps: &HostTensor) -> Result<HostTensor> {
@@ -375,6 +331,92 @@ pub(crate) fn channels_hint(c: usize) -> &'static str {
         128 => " (128 channels: FLUX.2 pipeline latents, 2×2-patchified and BatchNorm-normalised)",
         48 => " (48 channels: Wan 2.2 latents)",
         _ => "",
+    }
+}
+
+/// How the axes of 5-D video latents are ordered. Each video model
+/// declares its own (TAEHV: [`VideoLayout::Ntchw`]; diffusers' video VAEs
+/// such as Wan's: [`VideoLayout::Ncthw`]); a front end may override it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
+#[serde(rename_all = "lowercase")]
+pub enum VideoLayout {
+    /// `N×T×C×h×w`: frames outermost (TAEHV's `decode_video`).
+    Ntchw,
+    /// `N×C×T×h×w`: channels before time (diffusers / PyTorch Conv3d).
+    Ncthw,
+}
+
+impl VideoLayout {
+    /// The flag spelling (`ntchw`, `ncthw`).
+    pub fn name(self) -> &'static str {
+        match self {
+            VideoLayout::Ntchw => "ntchw",
+            VideoLayout::Ncthw => "ncthw",
+        }
+    }
+
+    /// `[N, T, C, h, w]` of a 5-D `shape` in this layout.
+    pub fn dims(self, shape: [usize; 5]) -> [usize; 5] {
+        let [n, a, b, h, w] = shape;
+        match self {
+            VideoLayout::Ntchw => [n, a, b, h, w],
+            VideoLayout::Ncthw => [n, b, a, h, w],
+        }
+    }
+
+    /// 5-D latents in this layout, reordered to `N×T×C×h×w` (a copy only
+    /// for [`VideoLayout::Ncthw`]).
+    pub fn to_ntchw(self, latents: HostTensor) -> Result<HostTensor> {
+        let shape: [usize; 5] = latents.shape.as_slice().try_into().map_err(|_| {
+            Error::InvalidInput(format!(
+                "video latents are 5-D ({}), got shape {:?}",
+                self.describe(),
+                latents.shape
+            ))
+        })?;
+        let [n, t, c, h, w] = self.dims(shape);
+        if self == VideoLayout::Ntchw {
+            return Ok(latents);
+        }
+        let plane = h * w;
+        let mut data = Vec::with_capacity(latents.data.len());
+        for v in 0..n {
+            for f in 0..t {
+                for ch in 0..c {
+                    let at = ((v * c + ch) * t + f) * plane;
+                    let src = latents.data.get(at..at + plane).ok_or_else(|| {
+                        Error::InvalidInput(format!(
+                            "{} values do not fill video latents of shape {:?}",
+                            latents.data.len(),
+                            latents.shape
+                        ))
+                    })?;
+                    data.extend_from_slice(src);
+                }
+            }
+        }
+        HostTensor::new(vec![n, t, c, h, w], data)
+    }
+
+    /// `N×T×C×h×w` or `N×C×T×h×w`.
+    pub fn describe(self) -> &'static str {
+        match self {
+            VideoLayout::Ntchw => "N×T×C×h×w",
+            VideoLayout::Ncthw => "N×C×T×h×w",
+        }
+    }
+}
+
+impl std::str::FromStr for VideoLayout {
+    type Err = Error;
+    fn from_str(s: &str) -> Result<Self> {
+        match s.to_ascii_lowercase().as_str() {
+            "ntchw" => Ok(VideoLayout::Ntchw),
+            "ncthw" => Ok(VideoLayout::Ncthw),
+            _ => Err(Error::InvalidInput(format!(
+                "unknown video latent layout `{s}`: use ntchw (N×T×C×h×w, TAEHV) or ncthw (N×C×T×h×w, diffusers/Wan)"
+            ))),
+        }
     }
 }
 

@@ -66,6 +66,7 @@ pub mod decode;
 pub mod embed;
 pub mod encode;
 pub mod error;
+pub mod estimate;
 pub(crate) mod exec;
 pub mod frames;
 #[doc(hidden)]
@@ -83,7 +84,10 @@ pub mod named;
 pub mod perf_model;
 pub(crate) mod run;
 pub mod seeded;
-pub mod tensor;
+/// Tensors: [`gpu::tensor`] (a device buffer with shape and storage type).
+pub mod tensor {
+    pub use crate::gpu::tensor::*;
+}
 pub mod testing;
 pub mod tiling;
 pub mod video;

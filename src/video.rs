@@ -132,91 +132,7 @@ impl<'a> VideoModel<'a> {
     }
 }
 
-/// How the axes of 5-D video latents are ordered. Each video model
-/// declares its own (TAEHV: [`VideoLayout::Ntchw`]; diffusers' video VAEs
-/// such as Wan's: [`VideoLayout::Ncthw`]); a front end may override it.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, serde::Serialize)]
-#[serde(rename_all = "lowercase")]
-pub enum VideoLayout {
-    /// `N×T×C×h×w`: frames outermost (TAEHV's `decode_video`).
-    Ntchw,
-    /// `N×C×T×h×w`: channels before time (diffusers / PyTorch Conv3d).
-    Ncthw,
-}
-
-impl VideoLayout {
-    /// The flag spelling (`ntchw`, `ncthw`).
-    pub fn name(self) -> &'static str {
-        match self {
-            VideoLayout::Ntchw => "ntchw",
-            VideoLayout::Ncthw => "ncthw",
-        }
-    }
-
-    /// `[N, T, C, h, w]` of a 5-D `shape` in this layout.
-    pub fn dims(self, shape: [usize; 5]) -> [usize; 5] {
-        let [n, a, b, h, w] = shape;
-        match self {
-            VideoLayout::Ntchw => [n, a, b, h, w],
-            VideoLayout::Ncthw => [n, b, a, h, w],
-        }
-    }
-
-    /// 5-D latents in this layout, reordered to `N×T×C×h×w` (a copy only
-    /// for [`VideoLayout::Ncthw`]).
-    pub fn to_ntchw(self, latents: HostTensor) -> Result<HostTensor> {
-        let shape: [usize; 5] = latents.shape.as_slice().try_into().map_err(|_| {
-            Error::InvalidInput(format!(
-                "video latents are 5-D ({}), got shape {:?}",
-                self.describe(),
-                latents.shape
-            ))
-        })?;
-        let [n, t, c, h, w] = self.dims(shape);
-        if self == VideoLayout::Ntchw {
-            return Ok(latents);
-        }
-        let plane = h * w;
-        let mut data = Vec::with_capacity(latents.data.len());
-        for v in 0..n {
-            for f in 0..t {
-                for ch in 0..c {
-                    let at = ((v * c + ch) * t + f) * plane;
-                    let src = latents.data.get(at..at + plane).ok_or_else(|| {
-                        Error::InvalidInput(format!(
-                            "{} values do not fill video latents of shape {:?}",
-                            latents.data.len(),
-                            latents.shape
-                        ))
-                    })?;
-                    data.extend_from_slice(src);
-                }
-            }
-        }
-        HostTensor::new(vec![n, t, c, h, w], data)
-    }
-
-    /// `N×T×C×h×w` or `N×C×T×h×w`.
-    pub fn describe(self) -> &'static str {
-        match self {
-            VideoLayout::Ntchw => "N×T×C×h×w",
-            VideoLayout::Ncthw => "N×C×T×h×w",
-        }
-    }
-}
-
-impl std::str::FromStr for VideoLayout {
-    type Err = Error;
-    fn from_str(s: &str) -> Result<Self> {
-        match s.to_ascii_lowercase().as_str() {
-            "ntchw" => Ok(VideoLayout::Ntchw),
-            "ncthw" => Ok(VideoLayout::Ncthw),
-            _ => Err(Error::InvalidInput(format!(
-                "unknown video latent layout `{s}`: use ntchw (N×T×C×h×w, TAEHV) or ncthw (N×C×T×h×w, diffusers/Wan)"
-            ))),
-        }
-    }
-}
+pub use crate::latents::VideoLayout;
 
 /// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
 #[derive(Debug)]
@@ -1015,13 +931,7 @@ impl VideoVae {
     }
 }
 
-/// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
-/// config is `AutoencoderKLWan`, or a file with Wan keys).
-pub fn is_wan(spec: &str) -> bool {
-    // A Qwen-Image VAE file has Wan's keys but decodes images.
-    (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
-        && !crate::models::qwen_image::is_qwen_image(spec, None)
-}
+pub use crate::models::wan::is_wan_video as is_wan;
 
 /// True when `spec` names a video decoder (TAEHV file or Wan VAE), read from
 /// headers and configs only.
@@ -1172,7 +1082,6 @@ const _: fn() = || {
     fn send<T: Send>() {}
     send::<VideoDecoder<'static>>();
     send::<PendingFrames>();
-    send::<crate::video_encode::VideoEncoder<'static>>();
 };
 
 #[cfg(test)]

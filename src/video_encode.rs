@@ -34,7 +34,7 @@ pub fn load_video_encoder(
     spec: &str,
     load: &crate::models::LoadOptions,
 ) -> Result<TaehvEncoder> {
-    if crate::video::is_wan(spec) {
+    if crate::models::wan::is_wan_video(spec) {
         return Err(Error::Unsupported(format!(
             "{spec} is a Wan 2.1 VAE: only the TAEHV video encoders (taew2_1, taehv, taew2_2) are implemented; encode with a TAEHV .safetensors file"
         )));
@@ -351,3 +351,9 @@ mod tests {
         assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
     }
 }
+
+// Hosts move a streaming encoder between threads: keep it `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<VideoEncoder<'static>>();
+};

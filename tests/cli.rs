@@ -1416,7 +1416,7 @@ fn memory_batch_and_reference_gpu() {
     assert_eq!(reference["device"], caps.adapter_name.as_str());
     assert_ne!(one["device"], reference["device"]);
     let load = wgvae::LoadOptions::default();
-    let want = wgvae::decode::Estimate::new(&caps, wgvae::memory::Policy::Planned, vae, &load)
+    let want = wgvae::estimate::Estimate::new(&caps, wgvae::memory::Policy::Planned, vae, &load)
         .tiled(&wgvae::Tiling::default())
         .decode([2, 4, 12, 16])
         .unwrap();
@@ -1708,7 +1708,7 @@ fn report_memory_partial_grid_matches_readme_and_estimates() {
                 precision,
                 ..Default::default()
             };
-            let e = wgvae::decode::Estimate::new(&caps, policy, "preset:flux1", &load)
+            let e = wgvae::estimate::Estimate::new(&caps, policy, "preset:flux1", &load)
                 .decode([1, 16, 64, 64])
                 .unwrap();
             let r = row("decode", dtype, policy.name());

@@ -68,7 +68,7 @@ fn video_estimate_at_each_length_equals_the_measured_peak() {
                 stream.decode(&z).unwrap();
             }
             let measured = ctx.pool().stats().allocated_bytes.peak;
-            let e = wgvae::decode::Estimate::new(
+            let e = wgvae::estimate::Estimate::new(
                 ctx.caps(),
                 wgvae::memory::Policy::Exact,
                 dir.to_str().unwrap(),

@@ -7,7 +7,7 @@
 
 use std::path::Path;
 
-use wgvae::decode::Estimate;
+use wgvae::estimate::Estimate;
 use wgvae::gpu::Capabilities;
 use wgvae::io::read_npy;
 use wgvae::memory::Policy;

@@ -2,7 +2,7 @@
 //! policy; the planned policy reuses memory without changing a single output
 //! value and keeps reserved within 2 % of allocated.
 
-use wgvae::decode::Estimate;
+use wgvae::estimate::Estimate;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::{PlannedPool, Policy};
 use wgvae::models::Precision;

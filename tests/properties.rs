@@ -25,7 +25,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngSeed, TestCaseError};
-use wgvae::decode::Estimate;
+use wgvae::estimate::Estimate;
 use wgvae::io::HostTensor;
 use wgvae::memory::{PlannedPool, Policy};
 use wgvae::models::weights::HostWeight;

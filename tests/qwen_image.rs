@@ -6,7 +6,7 @@
 
 use std::path::{Path, PathBuf};
 
-use wgvae::decode::Estimate;
+use wgvae::estimate::Estimate;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
 use wgvae::models::Precision;

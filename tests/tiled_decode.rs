@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use wgvae::decode::Estimate;
+use wgvae::estimate::Estimate;
 use wgvae::gpu::Context;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;

@@ -8,8 +8,8 @@
 
 use std::path::PathBuf;
 
-use wgvae::decode::Estimate;
 use wgvae::encode::{encode, load_image, EncodeOptions, Encoded, VaeEncoder};
+use wgvae::estimate::Estimate;
 use wgvae::gpu::Context;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;

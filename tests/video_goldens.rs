@@ -222,7 +222,7 @@ fn streaming_memory_is_flat_in_video_length() {
     let caps = ctx.caps().clone();
     let vae = dir.join("taew2_1.safetensors");
     let load = LoadOptions::default();
-    let e = wgvae::decode::Estimate::new(
+    let e = wgvae::estimate::Estimate::new(
         &caps,
         wgvae::memory::Policy::Exact,
         vae.to_str().unwrap(),
@@ -239,7 +239,7 @@ fn streaming_memory_is_flat_in_video_length() {
     // Two read-back buffers of one chunk's 4 f32 frames of 3×16×24.
     assert_eq!(e.staging_bytes, 2 * 4 * 4 * 3 * 16 * 24);
     let m = message(
-        wgvae::decode::Estimate::new(
+        wgvae::estimate::Estimate::new(
             &caps,
             wgvae::memory::Policy::Exact,
             vae.to_str().unwrap(),
@@ -249,7 +249,7 @@ fn streaming_memory_is_flat_in_video_length() {
     );
     assert!(m.contains("multiples of 8"), "{m}");
     let m = message(
-        wgvae::decode::Estimate::new(
+        wgvae::estimate::Estimate::new(
             &caps,
             wgvae::memory::Policy::Exact,
             vae.to_str().unwrap(),
@@ -618,7 +618,7 @@ fn wan_streaming_memory_is_flat_in_video_length() {
     assert_eq!(peaks[0], peaks[1]);
     assert_eq!(caches[0], caches[1]);
     // The null-device estimate is that peak, caches included.
-    let e = wgvae::decode::Estimate::new(
+    let e = wgvae::estimate::Estimate::new(
         ctx.caps(),
         wgvae::memory::Policy::Exact,
         dir.to_str().unwrap(),
@@ -646,7 +646,7 @@ fn wan21_preset_480p_estimate_is_flat_and_under_2_5_gib() {
     };
     let mut peaks = Vec::new();
     for frames in [21, 41] {
-        let e = wgvae::decode::Estimate::new(
+        let e = wgvae::estimate::Estimate::new(
             &caps,
             wgvae::memory::Policy::Planned,
             "preset:wan21",
@@ -900,7 +900,7 @@ fn exact_tiles_estimate_below_untiled() {
     let vae = dir.join("taew2_1.safetensors");
     let load = LoadOptions::default();
     let est = || {
-        wgvae::decode::Estimate::new(
+        wgvae::estimate::Estimate::new(
             &caps,
             wgvae::memory::Policy::Exact,
             vae.to_str().unwrap(),

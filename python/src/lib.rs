@@ -1,7 +1,7 @@
 //! `wgvae._wgvae`: the native half of the `wgvae` Python package.
 //!
 //! It wraps the library's front doors only (`Vae::load`, `decode`, `encode`,
-//! `decode::Estimate`, `Context::adapters`; video: `load_video_decoder`,
+//! `estimate::Estimate`, `Context::adapters`; video: `load_video_decoder`,
 //! `decode_video`, `VideoDecoder`). Arrays cross as little-endian
 //! f32 `bytes` plus a shape: the pure-Python layer (`python/wgvae/__init__.py`)
 //! turns numpy arrays, `__array__` objects and DLPack tensors into them, which
@@ -16,8 +16,8 @@ use pyo3::types::{PyByteArray, PyDict, PyList};
 
 use std::sync::Mutex;
 
-use wgvae::decode::Estimate;
 use wgvae::encode::{EncodeOptions, VaeEncoder};
+use wgvae::estimate::Estimate;
 use wgvae::gpu::{AdapterChoice, AdapterSummary, Context, ContextOptions};
 use wgvae::io::HostTensor;
 use wgvae::memory::Policy;

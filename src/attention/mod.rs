@@ -19,11 +19,11 @@
 pub mod cache;
 #[doc(hidden)]
 pub mod cpu;
-pub mod mask;
+
 pub mod quant;
 
+pub use crate::kernels::attention::{FrameWindow, Mask};
 pub use cache::{ConcatKvCache, KvCacheConfig, KvDtype, RingKvCache};
-pub use mask::{FrameWindow, Mask};
 pub use quant::QuantizedKv;
 
 use crate::error::{Error, Result};

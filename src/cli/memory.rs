@@ -86,7 +86,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
     let tiling = a.tiles.tiling()?;
     let (e, dtype) = if a.encode {
         let shape = [a.batch, 3, h, w];
-        let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, &load)
+        let e = wgvae::estimate::Estimate::new(&caps, policy, &a.vae, &load)
             .tiled(&tiling)
             .encode(shape)?;
         (e, a.dtype.clone())
@@ -96,7 +96,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
         let probe = Vae::load(&probe, &a.vae, &load)?;
         let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
         let shape = [a.batch, channels, h / 8, w / 8];
-        let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, &load)
+        let e = wgvae::estimate::Estimate::new(&caps, policy, &a.vae, &load)
             .tiled(&tiling)
             .decode(shape)?;
         (e, dtype)
@@ -149,7 +149,7 @@ fn check_budget(max_memory: Option<u64>, peak: u64, what: &str) -> wgvae::Result
 }
 
 /// `wgvae memory` of a streaming video decode (see
-/// [`wgvae::decode::Estimate::video_tiled`]), tiled as `decode` would tile it.
+/// [`wgvae::estimate::Estimate::video_tiled`]), tiled as `decode` would tile it.
 fn run_video(
     device_args: &crate::cli::DeviceArgs,
     a: &MemoryArgs,
@@ -166,7 +166,7 @@ fn run_video(
     // Three chunks: the first (no caches), the second and a steady one;
     // every later chunk repeats the steady state.
     let bound = chunk.saturating_mul(3);
-    let max_frames = wgvae::decode::MAX_VIDEO_FRAMES;
+    let max_frames = wgvae::estimate::MAX_VIDEO_FRAMES;
     if a.frames.is_none() && bound > max_frames {
         return Err(wgvae::Error::InvalidInput(format!(
             "--chunk {chunk}: without --frames the estimate is for three chunks ({bound} latent frames), more than the {max_frames} an estimate takes; give --frames or a --chunk of at most {}",
@@ -205,7 +205,7 @@ fn run_video(
     } else {
         context(device_args)?.caps().clone()
     };
-    let e = wgvae::decode::Estimate::new(&caps, policy, &a.vae, load)
+    let e = wgvae::estimate::Estimate::new(&caps, policy, &a.vae, load)
         .video_tiled(size, frames, chunk, &tiling)?;
     let b = e.breakdown();
     check_budget(

@@ -5,4 +5,5 @@
 //! - [`exact`]: layer-synchronous tiles with global GroupNorm statistics.
 
 pub(crate) mod exact;
+pub mod report;
 pub(crate) mod untiled;

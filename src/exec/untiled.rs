@@ -672,3 +672,12 @@ mod tests {
         }
     }
 }
+
+// Running a loaded model is the executors' business: the models describe graphs and never
+// import an executor, so these methods live here.
+impl crate::models::Vae {
+    /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
+    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
+        run(self.graph(), rec, z, taps)
+    }
+}

@@ -744,7 +744,7 @@ impl Context {
     pub fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
         if self.inner.null {
             return Err(Error::Unsupported(format!(
-                "{label}: mapping device memory in a dry run (a null device runs nothing; estimate memory with decode::Estimate)"
+                "{label}: mapping device memory in a dry run (a null device runs nothing; estimate memory with estimate::Estimate)"
             )));
         }
         self.scoped("allocating a readback buffer", || {

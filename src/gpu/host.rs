@@ -4,7 +4,7 @@
 
 use super::{read_back, Context};
 use crate::error::Result;
-use crate::tensor::Tensor;
+use crate::gpu::tensor::Tensor;
 
 /// Bytes in host memory, or just their length on a null device.
 pub struct HostBytes {

@@ -10,6 +10,7 @@ mod recorder;
 pub(crate) mod requirements;
 #[doc(hidden)]
 pub mod storage;
+pub mod tensor;
 
 #[doc(hidden)]
 pub use context::rank_adapters;

@@ -9,9 +9,9 @@ use bytemuck::Pod;
 
 use crate::error::{Error, Result};
 use crate::gpu::pipeline::{BindingKind, KernelSpec, PipelineKey};
+use crate::gpu::tensor::Tensor;
 use crate::gpu::Context;
 use crate::memory::round_up;
-use crate::tensor::Tensor;
 
 const UNIFORM_CHUNK: u64 = 64 * 1024;
 
@@ -411,7 +411,7 @@ impl<'a> Recorder<'a> {
         let t = Tensor::empty(
             &self.ctx,
             &[1],
-            crate::tensor::DType::F32,
+            crate::gpu::tensor::DType::F32,
             "f16 range counter",
         )?;
         self.zero(&t, "clear::f16_counter")?;

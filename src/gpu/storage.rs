@@ -21,8 +21,8 @@
 //! and always the bf16 path (WGSL has no bf16 type).
 
 use crate::error::{Error, Result};
+use crate::gpu::tensor::DType;
 use crate::gpu::Capabilities;
-use crate::tensor::DType;
 
 /// Largest finite f16. f16 stores saturate here, so an overflow leaves a
 /// value the finiteness check sees instead of an implementation-defined one.

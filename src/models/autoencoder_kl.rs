@@ -8,16 +8,14 @@
 //! `Graph` (built once, see `models::graph`); the executors in `exec` run it.
 
 use crate::error::Result;
-use crate::exec::untiled;
-use crate::gpu::{Context, Recorder};
+use crate::gpu::Context;
 use crate::kernels::conv2d::Conv2dWeights;
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
 use crate::models::config::AutoencoderKlConfig;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Mode, Op, Residual, TensorId};
-use crate::models::layers::{load_conv, Norm, Taps};
+use crate::models::layers::{load_conv, Norm};
 use crate::models::weights::WeightStore;
-use crate::tensor::Tensor;
 
 /// diffusers uses eps 1e-6 for every GroupNorm of the VAE decoder.
 pub(crate) const EPS: f32 = 1e-6;
@@ -211,7 +209,7 @@ impl AutoencoderKl {
         let g = config.norm_num_groups;
         let lc = config.latent_channels;
         let latent_bn = match config.flux2 {
-            Some(f) => crate::latents::LatentBatchNorm::load(store, 4 * lc, f.batch_norm_eps)?,
+            Some(f) => store.latent_batch_norm(4 * lc, f.batch_norm_eps)?,
             None => None,
         };
         let rev: Vec<usize> = config.decoder_channels().iter().rev().copied().collect();
@@ -281,12 +279,6 @@ impl AutoencoderKl {
     /// The decoder's layers.
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
-    }
-
-    /// Records the decoder. `z` [N, latent_channels, h, w] are *unscaled*
-    /// latents (what `vae.decode` receives); returns the raw output [N, 3, 8h, 8w].
-    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        untiled::run(&self.graph, rec, z, taps)
     }
 }
 

@@ -38,7 +38,7 @@ impl AutoencoderKlEncoder {
         let latent_bn = match config.flux2 {
             Some(f) => {
                 let c = 4 * config.latent_channels;
-                crate::latents::LatentBatchNorm::load(store, c, f.batch_norm_eps)?
+                store.latent_batch_norm(c, f.batch_norm_eps)?
             }
             None => None,
         };

@@ -22,11 +22,11 @@ use std::borrow::Cow;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, Recorder};
+use crate::gpu::Context;
 use crate::io::HostTensor;
 use crate::kernels::image::ImageRange;
 use crate::latents::{LatentForm, TokenPacking};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 #[doc(hidden)]
 pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
@@ -544,17 +544,6 @@ impl Vae {
         }
     }
 
-    /// The decoder tile by tile (see [`crate::tiling`]): `z` unscaled
-    /// latents; returns RGBA8 pixels `[N, 1, H, W]` and the raw output when `keep_raw`.
-    pub(crate) fn forward_tiled(
-        &self,
-        ex: &mut crate::tiling::Executor,
-        z: crate::tiling::Act,
-        keep_raw: bool,
-    ) -> Result<(crate::tiling::Act, Option<crate::tiling::Act>)> {
-        ex.run_graph(self.graph(), z, keep_raw)
-    }
-
     /// The cooperative-matrix (tensor-core) configuration the decoder's convolutions run on,
     /// as `8x8x8 f16->f32`; `None` on the scalar path (no usable configuration, cooperative
     /// matrices off, or a model not in f16).
@@ -803,10 +792,5 @@ impl Vae {
             *v = *v / scale + shift;
         }
         check_unscaled(&latents.data, scale, shift)
-    }
-
-    /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
-    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        crate::exec::untiled::run(self.graph(), rec, z, taps)
     }
 }

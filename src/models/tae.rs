@@ -16,16 +16,14 @@
 )]
 
 use crate::error::{Error, Result};
-use crate::exec::untiled;
-use crate::gpu::{Context, Recorder};
+use crate::gpu::Context;
 use crate::kernels::conv2d::Conv2dWeights;
 use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual, TensorId, BOTH};
-use crate::models::layers::{load_conv, Norm, Taps};
+use crate::models::layers::{load_conv, Norm};
 use crate::models::weights::WeightStore;
-use crate::tensor::Tensor;
 
 pub(crate) const WIDTH: usize = 64;
 /// PyTorch GroupNorm default.
@@ -186,11 +184,6 @@ impl TaeDecoder {
     /// The decoder's layers.
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
-    }
-
-    /// Records the decoder: `z` [N, C, h, w] latents (scale 1) → raw image [N, 3, 8h, 8w] in ≈[0, 1].
-    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        untiled::run(&self.graph, rec, z, taps)
     }
 }
 

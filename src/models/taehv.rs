@@ -275,8 +275,8 @@ impl TaehvDecoder {
     }
 
     /// The axis order of its latents: `N×T×C×h×w`, as `taehv.py` takes them.
-    pub fn latent_layout(&self) -> crate::video::VideoLayout {
-        crate::video::VideoLayout::Ntchw
+    pub fn latent_layout(&self) -> crate::latents::VideoLayout {
+        crate::latents::VideoLayout::Ntchw
     }
 
     /// Output frames dropped at a video's start (`t_upscale − 1`).

@@ -1011,6 +1011,14 @@ fn header_keys(path: &Path) -> Option<Vec<String>> {
     Some(header.as_object()?.keys().cloned().collect())
 }
 
+/// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
+/// config is `AutoencoderKLWan`, or a file with Wan keys).
+pub fn is_wan_video(spec: &str) -> bool {
+    // A Qwen-Image VAE file has Wan's keys but decodes images.
+    (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
+        && !crate::models::qwen_image::is_qwen_image(spec, None)
+}
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {

@@ -15,6 +15,7 @@ use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
+use crate::latents::LatentBatchNorm;
 use crate::tensor::DType;
 
 /// How the keys of a weight file are laid out.
@@ -819,5 +820,51 @@ mod tiny_key_tests {
         assert_eq!(diffusers_tiny_to_tae("decoder.layers.0.weight", e), None);
         assert_eq!(diffusers_tiny_to_tae("decoder.layers.x.weight", d), None);
         assert_eq!(diffusers_tiny_to_tae("decoder.conv_in.weight", d), None);
+    }
+}
+
+/// FLUX.2's latent BatchNorm, read from the weights (the latents module stays below models).
+impl WeightStore {
+    /// Reads `bn.running_mean` / `bn.running_var` (`channels` each) from
+    /// this store; `None` when the file has neither (it then decodes raw z only).
+    pub fn latent_batch_norm(&self, channels: usize, eps: f32) -> Result<Option<LatentBatchNorm>> {
+        let (has_mean, has_var) = (self.contains(BN_MEAN), self.contains(BN_VAR));
+        if !self.is_random() {
+            match (has_mean, has_var) {
+                (false, false) => {
+                    log::warn!(
+                        "{}: a FLUX.2 VAE without `{BN_MEAN}` / `{BN_VAR}`: only raw latents (z) can be decoded",
+                        self.origin()
+                    );
+                    return Ok(None);
+                }
+                (true, false) | (false, true) => {
+                    let missing = if has_mean { BN_VAR } else { BN_MEAN };
+                    return Err(Error::BadFile {
+                        path: self.origin().into(),
+                        message: format!(
+                            "a FLUX.2 VAE needs both `{BN_MEAN}` and `{BN_VAR}` (its latent BatchNorm statistics, {channels} values each); `{missing}` is missing: the file is incomplete, use the full VAE file"
+                        ),
+                    });
+                }
+                _ => {}
+            }
+        }
+        let mean = self.take(BN_MEAN, &[channels])?;
+        let var = self.take(BN_VAR, &[channels])?;
+        let std: Vec<f32> = var.iter().map(|v| (v + eps).sqrt()).collect();
+        if let Some((i, v)) = var
+            .iter()
+            .enumerate()
+            .find(|(i, _)| !std.get(*i).is_some_and(|s| s.is_finite() && *s > 0.0))
+        {
+            return Err(Error::BadFile {
+                path: self.origin().into(),
+                message: format!(
+                    "`{BN_VAR}` holds {v} at index {i}: a variance must be non-negative (with batch_norm_eps {eps}, positive)"
+                ),
+            });
+        }
+        Ok(Some(LatentBatchNorm { mean, std }))
     }
 }

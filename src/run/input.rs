@@ -81,7 +81,7 @@ impl DeviceLatents<'_> {
 /// host memory → raw output [N, 3, H, W] (the first half of
 /// [`crate::decode::record_decode`]).
 pub(crate) fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<Tensor> {
-    crate::decode::track_f16(rec, vae)?;
+    track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     vae.forward(rec, input, &mut Taps::default())
 }
@@ -110,7 +110,7 @@ pub(crate) fn record_decoder_from_buffer(
             vae.name
         )));
     }
-    crate::decode::track_f16(rec, vae)?;
+    track_f16(rec, vae)?;
     let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
     rec.copy_from_buffer(latents.buffer, latents.offset, &input)?;
     let (scale, shift) = vae.latent_scaling();
@@ -131,6 +131,16 @@ pub(crate) fn refuse_device_pipeline_latents(vae: &Vae, raw_latents: bool) -> Re
         return Err(Error::Unsupported(
             "FLUX.2 pipeline latents in a device buffer: their BatchNorm un-normalisation and 2×2 unpatchify run on the host; pass host latents, or decode raw z (N×32×h×w) from the buffer with `EngineOptions::raw_latents`".into(),
         ));
+    }
+    Ok(())
+}
+
+/// f16 models count overflowing conv stores (see [`Recorder::track_f16_range`]).
+/// Every decode recording starts with it, so all of them allocate alike and
+/// share memory plans.
+pub(crate) fn track_f16(rec: &mut Recorder, vae: &Vae) -> Result<()> {
+    if vae.dtype == DType::F16 && rec.range_flag().is_none() {
+        rec.track_f16_range()?;
     }
     Ok(())
 }

@@ -4,7 +4,6 @@
 //! ([`fast`]), exact tiles and untiled passes (here), and the f16 → bf16
 //! redo ([`precision`]). Memory estimates are the same runs on a null device.
 
-pub(crate) mod estimate;
 pub(crate) mod fast;
 pub(crate) mod input;
 pub(crate) mod precision;

@@ -205,7 +205,7 @@ pub fn run_video_bench(
         ));
     }
     let longest = b.latent_frames.iter().copied().max().unwrap_or(1);
-    let max_frames = wgvae::decode::MAX_VIDEO_FRAMES;
+    let max_frames = wgvae::estimate::MAX_VIDEO_FRAMES;
     if longest > max_frames {
         return Err(Error::InvalidInput(format!(
             "--latent-frames {longest}: expected at most {max_frames} latent frames"

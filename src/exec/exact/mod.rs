@@ -16,6 +16,7 @@ mod stats;
 mod video;
 
 use crate::error::{Error, Result};
+use crate::exec::report::{Progress, ProgressUpdate, TilingReport};
 use crate::gpu::{Context, Recorder, SubmitStats};
 use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::elementwise::{unary, Unary};
@@ -24,7 +25,6 @@ use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::kernels::Activation;
 use crate::models::layers::Norm;
 use crate::tensor::{DType, Tensor};
-use crate::tiling::{Progress, ProgressUpdate, TilingReport};
 pub(crate) use attention::AttentionSpec;
 use grid::{conv_span, upsample_span, Grid};
 pub(crate) use parking::Act;
@@ -531,5 +531,19 @@ impl Executor {
             self.step_done(stage::MAP)?;
         }
         Ok(out)
+    }
+}
+
+// See `exec::untiled`: models never import an executor.
+impl crate::models::Vae {
+    /// The decoder tile by tile (see [`crate::tiling`]): `z` unscaled latents; returns RGBA8
+    /// pixels `[N, 1, H, W]` and the raw output when `keep_raw`.
+    pub(crate) fn forward_tiled(
+        &self,
+        ex: &mut Executor,
+        z: Act,
+        keep_raw: bool,
+    ) -> Result<(Act, Option<Act>)> {
+        ex.run_graph(self.graph(), z, keep_raw)
     }
 }

@@ -5,7 +5,7 @@
 //! from the 1x1 convs; see [`attention`]) and multi-head transformer
 //! attention (token-major `[B, T, H, d]`, head-major `[B, H, T, d]`, KV-cache
 //! ring buffers), with optional causal and frame-window masks
-//! ([`crate::attention::Mask`]) and f32 or int8 K/V ([`KvInput`]). Every
+//! ([`Mask`]) and f32 or int8 K/V ([`KvInput`]). Every
 //! tensor is addressed through [`Strides`] of a `[batch, head, token,
 //! channel]` view.
 //!
@@ -28,7 +28,6 @@
 
 use bytemuck::{Pod, Zeroable};
 
-use crate::attention::Mask;
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite};
 use crate::gpu::{linear_groups, Capabilities, KernelSpec, PipelineKey, Recorder};
@@ -1021,10 +1020,12 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
 
 mod append;
 mod cpu;
+pub mod mask;
 mod matrix;
 
 pub use append::{kv_append, KvOutput};
 pub use cpu::cpu_attention;
+pub use mask::{FrameWindow, Mask};
 pub use matrix::MatrixAttention;
 
 #[cfg(test)]

@@ -10,8 +10,8 @@ use serde::Serialize;
 
 use super::{create_dir, io_err, write, MIB};
 use tables::{csv, markdown, measured_markdown, plot};
-use wgvae::decode::Estimate;
 use wgvae::error::{Error, Result};
+use wgvae::estimate::Estimate;
 use wgvae::gpu::Capabilities;
 use wgvae::memory::Policy;
 use wgvae::models::{LoadOptions, Precision};
