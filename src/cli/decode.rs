@@ -48,8 +48,10 @@ pub(crate) struct DecodeArgs {
     /// diffusers config.json for a weight file without one beside it.
     #[arg(long)]
     config: Option<PathBuf>,
+    /// Override the VAE's `scaling_factor` (pipeline latents are divided by it before decoding).
     #[arg(long)]
     scaling_factor: Option<f32>,
+    /// Override the VAE's `shift_factor` (added after the division; SD3 / FLUX.1 have one).
     #[arg(long)]
     shift_factor: Option<f32>,
     /// Seed of preset:NAME random weights.

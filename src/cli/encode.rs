@@ -17,6 +17,7 @@ pub(crate) struct EncodeArgs {
     /// VAE: a diffusers folder, a .safetensors file (AutoencoderKL, a TAE *encoder* or a TAEHV video VAE) or preset:NAME.
     #[arg(long)]
     vae: String,
+    /// Output latents: .npy (f32) or .safetensors (one tensor named `latents`).
     #[arg(short, long)]
     output: PathBuf,
     /// Sample from the latent distribution with this seed instead of taking its mean.
@@ -28,6 +29,7 @@ pub(crate) struct EncodeArgs {
     /// Extend images whose sides are not multiples of 8 by replicating the right/bottom edges.
     #[arg(long)]
     pad: bool,
+    /// diffusers config.json for a weight file without one beside it.
     #[arg(long)]
     config: Option<PathBuf>,
     /// Storage precision: f32, f16, bf16 or auto (arithmetic stays f32).
@@ -36,6 +38,7 @@ pub(crate) struct EncodeArgs {
     /// Tiling as for decode; tile sizes count input image pixels.
     #[command(flatten)]
     tiles: TileArgs,
+    /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
 }

@@ -16,11 +16,13 @@ pub(crate) struct MemoryArgs {
     /// Output image size in pixels, HxW (latent = pixels / 8).
     #[arg(long)]
     size: String,
+    /// Images per decode (the latents' batch size N).
     #[arg(long, default_value_t = 1)]
     batch: usize,
     /// Storage precision: f32, f16, bf16 or auto (as `wgvae decode --dtype`).
     #[arg(long, default_value = "f32")]
     dtype: String,
+    /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
     #[arg(long, default_value = "planned")]
     policy: String,
     /// Predict for a 24 GB reference GPU's limits instead of this machine's adapter.
@@ -39,6 +41,7 @@ pub(crate) struct MemoryArgs {
     chunk: Option<usize>,
     #[command(flatten)]
     tiles: TileArgs,
+    /// Print one JSON object on stdout instead of text.
     #[arg(long)]
     json: bool,
 }

@@ -36,6 +36,7 @@ pub(crate) struct Cli {
 pub(crate) enum Command {
     /// List adapters, the chosen one, its features and limits.
     Info {
+        /// Print one JSON object on stdout instead of text.
         #[arg(long)]
         json: bool,
     },
@@ -123,4 +124,36 @@ pub(crate) fn context(device: &DeviceArgs) -> wgvae::Result<Context> {
         }
     }
     Ok(ctx)
+}
+
+#[cfg(test)]
+mod tests {
+    use clap::CommandFactory;
+
+    /// Every flag and argument of every command says what it is in `--help`.
+    #[test]
+    fn every_argument_has_help() {
+        fn walk(cmd: &clap::Command, path: &str, missing: &mut Vec<String>) {
+            for a in cmd.get_arguments() {
+                let id = a.get_id().as_str();
+                if id == "help" || id == "version" || a.is_hide_set() {
+                    continue;
+                }
+                let text = a.get_help().or(a.get_long_help()).map(|h| h.to_string());
+                if text.is_none_or(|t| t.trim().is_empty()) {
+                    missing.push(format!("{path} --{id}"));
+                }
+            }
+            for sub in cmd.get_subcommands() {
+                walk(sub, &format!("{path} {}", sub.get_name()), missing);
+            }
+        }
+        let mut missing = Vec::new();
+        walk(&super::Cli::command(), "wgvae", &mut missing);
+        assert!(
+            missing.is_empty(),
+            "arguments without help:\n{}",
+            missing.join("\n")
+        );
+    }
 }

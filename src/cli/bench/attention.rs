@@ -14,10 +14,13 @@ pub(crate) enum AttentionBenchKind {
     /// Frames × tokens per frame, global vs windowed (sink + window) vs windowed through a ring
     /// KV cache: time, GFLOP/s, peak allocated / reserved (dry-run predictions beyond the budget), KV bytes.
     Sweep {
+        /// Report folder (CSV, Markdown, SVG plots), created if missing.
         #[arg(long, default_value = "bench")]
         out: PathBuf,
+        /// Video lengths in frames, comma-separated.
         #[arg(long, default_value = "2,4,8,16,32,64,128,256", value_delimiter = ',')]
         frames: Vec<usize>,
+        /// Tokens per frame, comma-separated.
         #[arg(long, default_value = "64,256,1024,1369", value_delimiter = ',')]
         tokens_per_frame: Vec<usize>,
         /// Modes, comma-separated: global, window, window-ring.
@@ -27,19 +30,25 @@ pub(crate) enum AttentionBenchKind {
             value_delimiter = ','
         )]
         modes: Vec<String>,
+        /// Embedding width (heads × head dimension).
         #[arg(long, default_value_t = 128)]
         embed: usize,
+        /// Attention heads.
         #[arg(long, default_value_t = 16)]
         heads: usize,
+        /// Sink frames every query attends to (windowed modes).
         #[arg(long, default_value_t = 1)]
         sink: usize,
+        /// Frames of the sliding window (windowed modes).
         #[arg(long, default_value_t = 8)]
         window: usize,
         /// Seconds a cell may take (all runs); longer cells are predicted, not run.
         #[arg(long, default_value_t = 10.0)]
         budget: f64,
+        /// Timed runs per cell (the median is reported).
         #[arg(long, default_value_t = 2)]
         runs: usize,
+        /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
         #[arg(long, default_value = "caching")]
         policy: String,
         /// The published VGGT sweep (read, never copied).
@@ -51,6 +60,7 @@ pub(crate) enum AttentionBenchKind {
         /// baseline (growing, copying cache), static-kv (ring), int8-kv (ring + int8), or all.
         #[arg(long)]
         preset: String,
+        /// Chunks to stream.
         #[arg(long, default_value_t = 100)]
         chunks: usize,
         /// Tokens per frame = 1560 × scale (default: 1 on a GPU, 0.02 on a CPU adapter).
@@ -59,6 +69,7 @@ pub(crate) enum AttentionBenchKind {
         /// Warm-up chunks reported separately (default: until the cache is full, plus one).
         #[arg(long)]
         warmup: Option<usize>,
+        /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
         #[arg(long, default_value = "caching")]
         policy: String,
         /// Also write attention_stream.{csv,md}, per-chunk CSV and SVGs here.
@@ -70,18 +81,22 @@ pub(crate) enum AttentionBenchKind {
     },
     /// VAE mid-block attention (one head, d = 512) at T = h·w tokens: time, GFLOP/s, memory.
     Midblock {
+        /// Report folder (CSV, Markdown, SVG plots), created if missing.
         #[arg(long, default_value = "bench")]
         out: PathBuf,
         /// Token counts (1024, 4096, 16384 = 256², 512², 1024² decodes).
         #[arg(long, default_value = "1024,4096,16384", value_delimiter = ',')]
         tokens: Vec<usize>,
+        /// Head dimension (the VAE mid-block's channels).
         #[arg(long, default_value_t = 512)]
         head_dim: usize,
+        /// Timed runs per size (the median is reported).
         #[arg(long, default_value_t = 3)]
         runs: usize,
         /// Seconds a size may take (warm-up + runs); longer sizes are marked not run.
         #[arg(long, default_value_t = 300.0)]
         budget: f64,
+        /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
         #[arg(long, default_value = "planned")]
         policy: String,
     },

@@ -12,6 +12,7 @@ use crate::cli::report::bench as rb;
 
 #[derive(clap::Args)]
 pub(crate) struct ColdStartArgs {
+    /// VAE: a diffusers folder, a .safetensors file or preset:NAME.
     #[arg(long)]
     vae: String,
     /// Square output size in pixels.
@@ -31,6 +32,7 @@ pub(crate) struct ColdStartArgs {
     /// children: off (wgvae's pipeline cache alone), on, or both pairs.
     #[arg(long, default_value = "both", value_parser = ["off", "on", "both"])]
     driver_cache: String,
+    /// Report folder (CSV, Markdown, SVG plots), created if missing.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }

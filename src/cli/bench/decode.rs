@@ -18,6 +18,7 @@ pub(crate) struct DecodeBenchArgs {
     /// Storage dtypes, comma-separated: f32, f16, bf16, auto.
     #[arg(long, default_value = "f32", value_delimiter = ',')]
     dtypes: Vec<String>,
+    /// Images per decode (the latents' batch size N).
     #[arg(long, default_value_t = 1)]
     batch: usize,
     #[command(flatten)]
@@ -25,6 +26,7 @@ pub(crate) struct DecodeBenchArgs {
     /// Tiling of every decode (default: off, so sizes compare untiled kernels).
     #[command(flatten)]
     tiles: BenchTileArgs,
+    /// Report folder (CSV, Markdown, SVG plots), created if missing.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }

@@ -8,6 +8,7 @@ use crate::cli::report::{bench as rb, frames as rf};
 
 #[derive(clap::Args)]
 pub(crate) struct FramesBenchArgs {
+    /// VAE: a diffusers folder, a .safetensors file or preset:NAME.
     #[arg(long)]
     vae: String,
     /// Frames per decode (N).
@@ -27,6 +28,7 @@ pub(crate) struct FramesBenchArgs {
     no_baseline: bool,
     #[command(flatten)]
     timing: TimingArgs,
+    /// Report folder (CSV, Markdown, SVG plots), created if missing.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }

@@ -15,10 +15,13 @@ use crate::cli::report::bench::Timing;
 /// Warm-up runs, timed runs and memory policy of the decode, frames and video benchmarks.
 #[derive(clap::Args)]
 pub(crate) struct TimingArgs {
+    /// Untimed decodes before the timed ones.
     #[arg(long, default_value_t = 1)]
     pub(crate) warmup: usize,
+    /// Timed runs per cell (the median is reported).
     #[arg(long, default_value_t = 3)]
     pub(crate) runs: usize,
+    /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
     #[arg(long, default_value = "planned")]
     pub(crate) policy: String,
 }

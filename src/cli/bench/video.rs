@@ -35,6 +35,7 @@ pub(crate) struct VideoBenchArgs {
     dtypes: Vec<String>,
     #[command(flatten)]
     timing: TimingArgs,
+    /// Report folder (CSV, Markdown, SVG plots), created if missing.
     #[arg(long, default_value = "bench")]
     out: PathBuf,
 }

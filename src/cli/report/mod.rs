@@ -64,6 +64,7 @@ const DEFAULT_REFERENCE: &str = "../shared/reference/pytorch_vae_memory_rtx4090.
 pub(crate) enum ReportKind {
     /// Decode memory of the FLUX.1 / SD1.5 / SDXL presets under every pool policy, beside PyTorch's.
     Memory {
+        /// Report folder (CSV, Markdown, SVG plots), created if missing.
         #[arg(long, default_value = "report")]
         out: PathBuf,
         /// The published PyTorch measurements (read, never copied). Default:
