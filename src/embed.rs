@@ -287,12 +287,13 @@ impl Engine {
         load: &LoadOptions,
         options: EngineOptions,
     ) -> Result<Engine> {
-        Self::build(device, queue, &[], vae, load, options)
+        Self::build(device, queue, &[], None, vae, load, options)
     }
 
     /// [`Engine::with_options`] for a device of `adapter`, whose cooperative-matrix
     /// configurations the engine may use (see [`cooperative_matrix_features`] for the device
-    /// request and [`EngineOptions::cooperative_matrix`]).
+    /// request and [`EngineOptions::cooperative_matrix`]) and whose device-local memory sets
+    /// the default memory budget (see [`crate::tiling::default_max_memory`]).
     pub fn with_adapter(
         adapter: &wgpu::Adapter,
         device: wgpu::Device,
@@ -302,20 +303,23 @@ impl Engine {
         options: EngineOptions,
     ) -> Result<Engine> {
         let configs = adapter.cooperative_matrix_properties();
-        Self::build(device, queue, &configs, vae, load, options)
+        let memory = crate::gpu::device_memory::of_adapter(adapter);
+        Self::build(device, queue, &configs, memory, vae, load, options)
     }
 
     fn build(
         device: wgpu::Device,
         queue: wgpu::Queue,
         matrix_configs: &[wgpu::CooperativeMatrixProperties],
+        memory: Option<crate::gpu::device_memory::DeviceMemory>,
         vae: &str,
         load: &LoadOptions,
         options: EngineOptions,
     ) -> Result<Engine> {
         check_device(&device)?;
         let ctx = Context::from_host_device(device, queue, options.policy.new_pool())
-            .with_matrices(matrix_configs, options.cooperative_matrix)?;
+            .with_matrices(matrix_configs, options.cooperative_matrix)?
+            .with_device_memory(memory);
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.
         let vae = Vae::load(&ctx, vae, load)?;

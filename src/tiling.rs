@@ -169,14 +169,21 @@ impl Tiling {
     }
 }
 
-/// The default memory budget. wgpu exposes no VRAM size; the nearest thing
-/// it reports is `max_buffer_size`, the largest single buffer, which Vulkan
-/// drivers derive from their allocation limits (wgpu caps it at 2 GiB on
-/// Mesa; the reference 24 GB GPU reports 24 GiB). The default is three
-/// quarters of it, clamped to [1 GiB, 16 GiB]: room for the rest of the
-/// application on GPUs, and never less than what a 1024² decode needs tiled.
+/// The default memory budget. On a discrete GPU whose backend reports its device-local
+/// memory (Vulkan's heaps, with `VK_EXT_memory_budget` where the driver has it; see
+/// [`crate::gpu::device_memory`]) it is 90 % of what the process may allocate there, at
+/// least 1 GiB. Elsewhere (other backends, integrated and CPU adapters, whose "device" memory
+/// is the host's, and the reference GPU of `--reference-gpu`) the rule is the fallback: three
+/// quarters of `max_buffer_size`, the largest single buffer, which Vulkan drivers derive from
+/// their allocation limits (wgpu caps it at 2 GiB on Mesa; the reference 24 GB GPU reports 24
+/// GiB), clamped to [1 GiB, 16 GiB]: never less than what a 1024² decode needs tiled.
 pub fn default_max_memory(caps: &Capabilities) -> u64 {
-    (caps.max_buffer_size / 4 * 3).clamp(1 << 30, 16 << 30)
+    match caps.device_memory {
+        Some(m) if caps.device_type == wgpu::DeviceType::DiscreteGpu => {
+            m.usable_bytes().max(1 << 30)
+        }
+        _ => (caps.max_buffer_size / 4 * 3).clamp(1 << 30, 16 << 30),
+    }
 }
 
 /// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
@@ -185,4 +192,37 @@ pub fn host_memory_available() -> Option<u64> {
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
     let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
     Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::gpu::device_memory::DeviceMemory;
+
+    /// Discrete GPUs that report their memory plan for 90 % of it; everything else keeps
+    /// three quarters of `max_buffer_size` within [1, 16] GiB.
+    #[test]
+    fn default_budget_follows_the_cards_memory() {
+        let gib = 1u64 << 30;
+        let mut caps = Capabilities::reference_gpu();
+        assert_eq!(default_max_memory(&caps), 16 * gib);
+        caps.device_memory = Some(DeviceMemory {
+            heap_bytes: 8 * gib,
+            budget_bytes: Some(7 * gib),
+        });
+        assert_eq!(default_max_memory(&caps), 7 * gib / 10 * 9);
+        caps.device_memory = Some(DeviceMemory {
+            heap_bytes: 80 * gib,
+            budget_bytes: None,
+        });
+        assert_eq!(default_max_memory(&caps), 80 * gib / 10 * 9);
+        caps.device_type = wgpu::DeviceType::Cpu;
+        assert_eq!(default_max_memory(&caps), 16 * gib);
+        caps.device_type = wgpu::DeviceType::DiscreteGpu;
+        caps.device_memory = Some(DeviceMemory {
+            heap_bytes: 512 << 20,
+            budget_bytes: None,
+        });
+        assert_eq!(default_max_memory(&caps), gib);
+    }
 }

@@ -321,6 +321,12 @@ fn check_range(values: &[f32]) -> Result<()> {
     )))
 }
 
+// Hosts move a streaming encoder between threads: keep it `Send`.
+const _: fn() = || {
+    fn send<T: Send>() {}
+    send::<VideoEncoder<'static>>();
+};
+
 #[cfg(test)]
 #[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
@@ -351,9 +357,3 @@ mod tests {
         assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
     }
 }
-
-// Hosts move a streaming encoder between threads: keep it `Send`.
-const _: fn() = || {
-    fn send<T: Send>() {}
-    send::<VideoEncoder<'static>>();
-};

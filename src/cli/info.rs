@@ -34,6 +34,8 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, as_json: bool) -> wgvae:
                 "usable": m.is_usable()})).collect::<Vec<_>>(),
             "used": c.cooperative_matrix.map(|m| m.to_string()),
         },
+        "device_memory": c.device_memory,
+        "default_max_memory": wgvae::tiling::default_max_memory(c),
         "limits": {"max_storage_buffer_binding_size": c.max_storage_buffer_binding_size,
                    "max_buffer_size": c.max_buffer_size,
                    "max_compute_workgroup_storage_size": c.max_compute_workgroup_storage_size,
@@ -93,6 +95,27 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, as_json: bool) -> wgvae:
                 }
             );
         }
+    }
+    let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+    let budget = wgvae::tiling::default_max_memory(c);
+    match c.device_memory {
+        Some(m) => println!(
+            "device memory: {:.2} GiB device-local heap{}; default --max-memory {:.2} GiB{}",
+            gib(m.heap_bytes),
+            m.budget_bytes
+                .map(|b| format!(", {:.2} GiB available to this process", gib(b)))
+                .unwrap_or_default(),
+            gib(budget),
+            if c.device_type == wgpu::DeviceType::DiscreteGpu {
+                " (90 % of it)"
+            } else {
+                " (3/4 of max_buffer_size: not a discrete GPU)"
+            }
+        ),
+        None => println!(
+            "device memory: not reported; default --max-memory {:.2} GiB (3/4 of max_buffer_size)",
+            gib(budget)
+        ),
     }
     println!("limits:");
     for (k, v) in chosen["limits"].as_object().into_iter().flatten() {

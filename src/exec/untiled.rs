@@ -595,6 +595,15 @@ fn self_attention(
     conv_add(rec, &o, out, None, x, &same1)
 }
 
+// Running a loaded model is the executors' business: the models describe graphs and never
+// import an executor, so these methods live here.
+impl crate::models::Vae {
+    /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
+    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
+        run(self.graph(), rec, z, taps)
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -670,14 +679,5 @@ mod tests {
             assert_eq!(got, rounded.to_f32(&ctx).unwrap(), "{dtype:?}");
             assert_eq!(state.tensors().count(), 1);
         }
-    }
-}
-
-// Running a loaded model is the executors' business: the models describe graphs and never
-// import an executor, so these methods live here.
-impl crate::models::Vae {
-    /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
-    pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
-        run(self.graph(), rec, z, taps)
     }
 }

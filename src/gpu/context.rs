@@ -55,6 +55,9 @@ pub struct Capabilities {
     pub min_uniform_buffer_offset_alignment: u32,
     /// Largest uniform buffer binding in bytes.
     pub max_uniform_buffer_binding_size: u64,
+    /// The adapter's device-local memory where its backend reports it (the default memory
+    /// budget's source on GPUs; `None` for a device wrapped without its adapter).
+    pub device_memory: Option<super::device_memory::DeviceMemory>,
 }
 
 impl Capabilities {
@@ -86,6 +89,7 @@ impl Capabilities {
             min_storage_buffer_offset_alignment: l.min_storage_buffer_offset_alignment,
             min_uniform_buffer_offset_alignment: l.min_uniform_buffer_offset_alignment,
             max_uniform_buffer_binding_size: l.max_uniform_buffer_binding_size,
+            device_memory: None,
         }
     }
 
@@ -115,6 +119,7 @@ impl Capabilities {
             min_storage_buffer_offset_alignment: 32,
             min_uniform_buffer_offset_alignment: 64,
             max_uniform_buffer_binding_size: 65536,
+            device_memory: None,
         }
     }
 
@@ -860,6 +865,7 @@ impl Context {
         // from_device installs the uncaptured-error handler.
         Self::from_device(device, queue)
             .with_matrices(&adapter.cooperative_matrix_properties(), matrices)
+            .map(|c| c.with_device_memory(super::device_memory::of_adapter(adapter)))
     }
 
     /// Wraps a host's device as [`Context::from_device`] does, letting its kernels use
@@ -892,6 +898,14 @@ impl Context {
             matrices,
         )?;
         Ok(self.replace_caps(caps))
+    }
+
+    /// This (fresh) context knowing its adapter's device-local memory (see
+    /// [`Capabilities::device_memory`]).
+    pub fn with_device_memory(self, memory: Option<super::device_memory::DeviceMemory>) -> Self {
+        let mut caps = self.caps().clone();
+        caps.device_memory = memory;
+        self.replace_caps(caps)
     }
 
     /// This context with `caps` (a fresh context not yet shared).

@@ -3,6 +3,7 @@
 //! [`Recorder`] that records kernels into one command encoder.
 
 mod context;
+pub mod device_memory;
 mod host;
 mod pipeline;
 mod profiler;

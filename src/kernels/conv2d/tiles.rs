@@ -309,6 +309,7 @@ pub(super) fn typical_caps(cpu: bool) -> Capabilities {
         min_storage_buffer_offset_alignment: 256,
         min_uniform_buffer_offset_alignment: 256,
         max_uniform_buffer_binding_size: 1 << 16,
+        device_memory: None,
     }
 }
 
