@@ -75,6 +75,17 @@ def test_autoencoder_kl_encode_matches_diffusers(shared):
     assert float(np.abs(again[0] - mean).max()) <= 1e-5
     scaled = vae.encode(png)
     assert np.allclose(scaled, mean * 0.18215, atol=1e-6)
+    # [0, 1] floats: given as such they encode alike; read as [-1, 1] they are warned about.
+    unit = png.transpose(2, 0, 1)[None].astype(np.float32) / 255
+    assert float(np.abs(vae.encode(unit, raw_latents=True, value_range=(0, 1))[0] - mean).max()) <= 1e-5
+    with pytest.warns(UserWarning, match="value_range=\\(0, 1\\)"):
+        washed = vae.encode(unit, raw_latents=True)
+    assert float(np.abs(washed[0] - mean).max()) > 1e-2
+    # Values outside the range are an error, never clipped.
+    with pytest.raises(ValueError, match="outside value_range"):
+        vae.encode(unit * 255, raw_latents=True)
+    with pytest.raises(ValueError, match="value_range"):
+        vae.encode(unit, value_range=(1, 0))
 
 
 def test_dtypes_convert_and_layouts(shared):

@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import warnings
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -77,6 +78,32 @@ def _as_array(x: Any, what: str) -> np.ndarray:
         f"{what}: expected a numpy array, a CPU torch tensor or an object with __array__ / __dlpack__, "
         f"got {type(x).__name__}"
     )
+
+
+def _float_pixels(a: np.ndarray, value_range: Tuple[float, float]) -> np.ndarray:
+    """Float images in ``value_range`` as the 0..255 float pixels the engine encodes."""
+    try:
+        lo, hi = (float(v) for v in value_range)
+    except (TypeError, ValueError):
+        raise ValueError(f"value_range must be two numbers (low, high), got {value_range!r}") from None
+    if not hi > lo:
+        raise ValueError(f"value_range must have low < high, got {value_range!r}")
+    vmin, vmax = float(a.min()), float(a.max())
+    slack = 1e-3 * (hi - lo)
+    if vmin < lo - slack or vmax > hi + slack:
+        hint = " (images in [0, 1]: pass value_range=(0, 1))" if vmin >= -slack and (lo, hi) != (0.0, 1.0) else ""
+        raise ValueError(
+            f"images: float values span [{vmin:.4g}, {vmax:.4g}], outside value_range [{lo:g}, {hi:g}]{hint}; "
+            "rescale them or give their range"
+        )
+    if (lo, hi) == (-1.0, 1.0) and vmin >= 0.0 and vmax > 0.0:
+        warnings.warn(
+            "images: every float value lies in [0, 1] but is read as [-1, 1] (diffusers' convention, "
+            "washed-out latents if they are [0, 1] images): pass value_range=(0, 1) for [0, 1] images",
+            stacklevel=3,
+        )
+    scaled = (np.clip(a, lo, hi) - lo) * (255.0 / (hi - lo))
+    return np.ascontiguousarray(scaled, dtype="<f4")
 
 
 def _f32(a: np.ndarray, what: str) -> np.ndarray:
@@ -252,13 +279,18 @@ class Vae:
         sample: Optional[int] = None,
         tile_size: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
+        value_range: Tuple[float, float] = (-1.0, 1.0),
     ) -> np.ndarray:
         """Encodes images to latents, float32 N×C×h×w (pipeline latents unless
         ``raw_latents``; the distribution's mean unless ``sample`` seeds a draw).
 
         ``images``: uint8 N×H×W×3 (or H×W×3), as PIL / PNG pixels, or float
-        N×3×H×W (or 3×H×W) in [-1, 1], as diffusers' image processor hands
-        them to ``vae.encode``. H and W must be multiples of 8.
+        N×3×H×W (or 3×H×W) in ``value_range``: [-1, 1] by default, as diffusers'
+        image processor hands them to ``vae.encode``; ``value_range=(0, 1)`` for
+        images in [0, 1] (torchvision's ``to_tensor``). Float values outside the
+        range are an error, never clipped; float images that all lie in [0, 1]
+        under the default range get a warning (they may be [0, 1] images). H and
+        W must be multiples of 8.
         """
         self._image_only("encode", None)
         a = _as_array(images, "images")
@@ -280,7 +312,7 @@ class Vae:
             a = _f32(a, "images")
             if not np.isfinite(a).all():
                 raise ValueError("images: NaN or infinite values")
-            pixels = np.ascontiguousarray((np.clip(a, -1.0, 1.0) + 1.0) * 127.5, dtype="<f4")
+            pixels = _float_pixels(a, value_range)
         data, shape = self._model.encode(
             pixels.tobytes(),
             list(pixels.shape),

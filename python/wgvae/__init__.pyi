@@ -72,8 +72,9 @@ class Vae:
         sample: Optional[int] = None,
         tile_size: Optional[int] = None,
         max_memory: _Bytes = None,
+        value_range: Tuple[float, float] = (-1.0, 1.0),
     ) -> npt.NDArray[np.float32]:
-        """float32 latents N×C×h×w from uint8 N×H×W×3 or float N×3×H×W in [-1, 1]."""
+        """float32 latents N×C×h×w from uint8 N×H×W×3 or float N×3×H×W in ``value_range``."""
     def memory(
         self,
         size: Tuple[int, int] = (1024, 1024),
