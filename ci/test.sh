@@ -7,13 +7,16 @@
 #   docs     rustdoc with warnings as errors (broken links, bad examples)
 #   tests    every Rust unit, integration and doc test on Vulkan (lavapipe on CPU machines)
 #   gl       the golden suites and kernel tests on wgpu's GL backend (llvmpipe), one thread
-#   python   the Python package in a venv under target/ (numpy, pytest, ray[data]) and its tests
+#   python   maturin builds the abi3 wheel (dev profile); a fresh venv installs it from the file
+#            (numpy, pytest, ray[data] beside it) and pytest runs python/tests against it
+#   package  packaging checks: `cargo package --list` / `--no-verify` for the crate, the Python sdist,
+#            `twine check` of the wheel and the sdist (docs/release.md)
 #   coopmat  the cooperative-matrix (tensor-core) path in a Debian sid chroot (ci/coopmat.sh)
 #   gpu-kit  the GPU kit's --quick run (bench/gpu/run.sh) on whatever adapter is here
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-all=(check docs tests gl python coopmat gpu-kit)
+all=(check docs tests gl python package coopmat gpu-kit)
 
 step_check() { cargo check --workspace --lib --no-default-features; }
 step_docs() { RUSTDOCFLAGS=-Dwarnings cargo doc --workspace --no-deps; }
@@ -24,14 +27,43 @@ step_gl() {
     --test video_goldens --test video_encode -- --test-threads=1
   WGPU_BACKEND=gl cargo test --workspace --lib kernels:: -- --test-threads=1
 }
+# The tools (uv, maturin, twine) live in their own venv; the tests' venv is made afresh from the wheel.
+tools() {
+  [ -x target/pytools/bin/maturin ] && [ -x target/pytools/bin/twine ] && return 0
+  python3 -m venv target/pytools
+  target/pytools/bin/pip install -q uv
+  target/pytools/bin/uv pip install -q --python target/pytools/bin/python "maturin>=1.5,<2" twine
+}
 step_python() {
-  # --workspace: the extension links against the library the tests built (one feature resolution).
-  cargo build --workspace --lib --tests
+  tools
+  # A maturin wheel, as users install it; the dev profile (dependencies at opt-level 2, no release
+  # build) and stripped. maturin resolves features for the extension alone, so it compiles its own
+  # copy of most dependencies beside the tests' (docs/release.md: the time it takes).
+  rm -rf target/ci-wheel
+  target/pytools/bin/maturin build -q -m python/Cargo.toml --profile dev --strip --out target/ci-wheel
+  whl=$(ls target/ci-wheel/wgvae-*.whl)
+  case "$whl" in *-cp39-abi3-*) ;; *) echo "not an abi3 (cp39-abi3) wheel: $whl" >&2; return 1 ;; esac
+  # A fresh venv: no develop install, no .pth into python/; wgvae comes from the wheel file alone.
+  rm -rf target/pyenv
   python3 -m venv target/pyenv
-  target/pyenv/bin/pip install -q uv
-  target/pyenv/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]"
-  target/pyenv/bin/python python/develop.py
-  target/pyenv/bin/python -m pytest -q python/tests
+  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]"
+  t=$(date +%s)
+  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python "$whl"
+  echo "installed $(basename "$whl") in $(($(date +%s) - t)) s"
+  WGVAE_EXPECT_WHEEL=1 target/pyenv/bin/python -m pytest -q python/tests
+}
+step_package() {
+  tools
+  # The crate's file list and .crate archive (no verify build: the tests step built it); --allow-dirty
+  # so that the line also runs in a working tree with uncommitted edits.
+  cargo package --list --allow-dirty -p wgvae > target/package-files.txt
+  echo "crate: $(wc -l < target/package-files.txt) files"
+  cargo package --no-verify --allow-dirty -p wgvae
+  rm -rf target/ci-sdist
+  target/pytools/bin/maturin sdist -m python/Cargo.toml --out target/ci-sdist
+  set -- target/ci-sdist/wgvae-*.tar.gz target/ci-wheel/wgvae-*.whl
+  [ -e "$2" ] || { echo "no wheel in target/ci-wheel: run the python step first" >&2; return 1; }
+  target/pytools/bin/twine check --strict "$@"
 }
 step_coopmat() { ci/coopmat.sh; }
 step_gpu-kit() {

@@ -5,11 +5,12 @@
 copies `lib_wgvae.so` (`_wgvae.dll` / `lib_wgvae.dylib`) from the cargo
 target folder to `python/wgvae/_wgvae.abi3.so` (`.pyd` on Windows) and puts
 `python/` on the running interpreter's path with a `.pth` file, as
-`maturin develop` does, without building again. CI uses it after
-`cargo test --workspace` built the library with the tests' features: a maturin
-build resolves features for this crate alone (no dev-dependencies) and would
-recompile most of the dependency graph. `pip install ./python` is the
-ordinary install.
+`maturin develop` does, without building again: a quick loop after
+`cargo test --workspace` built the library with the tests' features (a maturin
+build resolves features for this crate alone, no dev-dependencies, and
+recompiles most of the dependency graph). CI tests the maturin wheel instead
+(ci/test.sh's python step, docs/release.md); `pip install ./python` is the
+ordinary source install.
 """
 
 import shutil

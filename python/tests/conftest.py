@@ -15,6 +15,18 @@ import pytest
 PROJECT = Path(__file__).resolve().parents[2]
 
 
+def pytest_sessionstart(session):
+    """WGVAE_EXPECT_WHEEL=1 (CI): `wgvae` must come from an installed wheel, not from python/wgvae."""
+    if os.environ.get("WGVAE_EXPECT_WHEEL") != "1":
+        return
+    import wgvae
+
+    where = Path(wgvae.__file__).resolve()
+    if PROJECT / "python" in where.parents:
+        pytest.exit(f"WGVAE_EXPECT_WHEEL=1 but wgvae was imported from the source tree ({where})", returncode=1)
+    print(f"wgvae {wgvae.__version__} from {where.parent}")
+
+
 def shared_dir():
     candidates = []
     if os.environ.get("WGVAE_SHARED_DIR"):
