@@ -478,3 +478,61 @@ fn corner_probe_keeps_plans_peaks_and_errors() {
     }
     assert!(tiled >= 4, "only {tiled} cases tiled");
 }
+
+/// The dry runs' shortcuts (peaks counted as the run goes instead of from
+/// a kept trace, one attention call checked per query-tile shape, traces
+/// too long to plan stopped at the limit) change no estimate: the JSON is
+/// byte-identical to full dry runs (`WGVAE_FULL_DRY_RUNS`), for the
+/// SD1.5 preset at 16384² in f16 (1,849 tiles, tiled mid-block, host
+/// parking) and a few smaller cases under other policies.
+#[test]
+fn dry_run_shortcuts_keep_estimates() {
+    let run = |args: &[&str], full: bool| {
+        let mut cmd = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")));
+        cmd.args(["memory", "--json"]).args(args).env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        );
+        if full {
+            cmd.env("WGVAE_FULL_DRY_RUNS", "1");
+        }
+        let out = cmd.output().expect("run wgvae");
+        (
+            out.status.success(),
+            String::from_utf8_lossy(&out.stdout).into_owned(),
+        )
+    };
+    let cases: &[&[&str]] = &[
+        &[
+            "--vae",
+            "preset:sd15",
+            "--size",
+            "16384x16384",
+            "--dtype",
+            "f16",
+        ],
+        &[
+            "--vae",
+            "preset:sd15",
+            "--size",
+            "4096x4096",
+            "--tile",
+            "exact",
+        ],
+        &[
+            "--vae",
+            "preset:sd15",
+            "--size",
+            "2048x1536",
+            "--tile",
+            "exact",
+            "--policy",
+            "caching",
+        ],
+    ];
+    for args in cases {
+        let fast = run(args, false);
+        assert!(fast.0, "{args:?}: {}", fast.1);
+        assert_eq!(fast, run(args, true), "{args:?}");
+    }
+}

@@ -221,6 +221,65 @@ fn planted_links_are_never_written_through() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// `bench … --out DIR` and `report … --out DIR` write their files (CSV,
+/// Markdown, SVG) as every other output: a link planted at each file name
+/// is replaced by a regular file, and the file it pointed to is untouched.
+#[test]
+fn bench_and_report_files_replace_planted_links() {
+    let Some(shared) = shared_dir() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let victims = root.path().join("victims");
+    std::fs::create_dir_all(&victims).unwrap();
+    let bench = root.path().join("bench");
+    let report = root.path().join("report");
+    let files: [(&Path, &[&str]); 2] = [
+        (
+            &bench,
+            &["gpu_model.csv", "gpu_model.md", "gpu_model_layers.csv"],
+        ),
+        (&report, &["memory.csv", "memory.md", "memory_flux.svg"]),
+    ];
+    let mut planted = Vec::new();
+    for (dir, names) in files {
+        std::fs::create_dir_all(dir).unwrap();
+        for n in names {
+            let victim = victims.join(n);
+            std::fs::write(&victim, n.as_bytes()).unwrap();
+            std::os::unix::fs::symlink(&victim, dir.join(n)).unwrap();
+            planted.push((victim, dir.join(n), n.to_string()));
+        }
+    }
+    let reference = shared.join("reference/pytorch_vae_memory_rtx4090.csv");
+    for args in [
+        vec!["bench", "gpu-model", "--out", s(&bench)],
+        vec![
+            "report",
+            "memory",
+            "--sizes",
+            "512",
+            "--models",
+            "flux",
+            "--reference",
+            s(&reference),
+            "--out",
+            s(&report),
+        ],
+    ] {
+        let (code, _, err) = wgvae(&args);
+        assert_eq!(code, Some(0), "{args:?}: {err}");
+    }
+    for (victim, output, tag) in &planted {
+        let kept = std::fs::read(victim).unwrap() == tag.as_bytes();
+        assert!(kept, "{tag}: written through the planted link");
+        let meta = std::fs::symlink_metadata(output).unwrap();
+        assert!(meta.file_type().is_file(), "{tag} is not a regular file");
+        assert!(meta.len() > 0, "{tag} is empty");
+    }
+    for dir in [&bench, &report] {
+        assert!(temporaries(dir).is_empty(), "{:?}", temporaries(dir));
+    }
+}
+
 /// A 252-byte output name (255 is the usual limit): the temporary file's
 /// name must not be longer than the output's.
 #[test]

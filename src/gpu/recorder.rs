@@ -143,6 +143,14 @@ impl<'a> Recorder<'a> {
         self.labels.len()
     }
 
+    /// Dry runs: pushes again the labels in `range` (a call repeated with
+    /// the same signature, known identical to the caller). Nothing elsewhere.
+    pub(crate) fn repeat_labels(&mut self, range: std::ops::Range<usize>) {
+        if self.ctx.is_null() && range.end <= self.labels.len() {
+            self.labels.extend_from_within(range);
+        }
+    }
+
     /// Dry runs: remembers the labels the call with `signature` pushed since `mark`.
     pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
         if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {

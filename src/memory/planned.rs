@@ -213,8 +213,18 @@ pub struct TracingPool {
 struct TracingState {
     trace: AllocationTrace,
     event: usize,
+    /// Open allocations: their trace entry (or, peak only, their rounded size).
     open: HashMap<u64, usize>,
     stats: Stats,
+    /// Most entries the trace may hold; one more allocation fails.
+    max_entries: Option<usize>,
+    overflowed: bool,
+    /// Peak only: no trace is kept, only the peak of live bytes with every
+    /// size rounded up to this alignment (as a planned replay rounds them).
+    peak_align: Option<u64>,
+    live: u64,
+    peak: u64,
+    largest: u64,
 }
 
 impl TracingPool {
@@ -223,7 +233,41 @@ impl TracingPool {
         Self::default()
     }
 
-    /// The trace so far (allocations still alive end at `usize::MAX`).
+    /// A tracer whose allocation past `n` entries fails (and
+    /// [`TracingPool::overflowed`] turns true): a trace too long to plan
+    /// stops there instead of running to its end.
+    pub(crate) fn with_max_entries(n: usize) -> Self {
+        let pool = Self::default();
+        pool.state.lock().max_entries = Some(n);
+        pool
+    }
+
+    /// A tracer that keeps no trace, only [`TracingPool::aligned_peak`] and
+    /// [`TracingPool::largest`]: the same figures a kept trace gives, without
+    /// storing millions of entries for a long tiled dry run.
+    pub(crate) fn peak_only(align: u64) -> Self {
+        let pool = Self::default();
+        pool.state.lock().peak_align = Some(align.max(1));
+        pool
+    }
+
+    /// Whether an allocation failed for passing the entry limit.
+    pub(crate) fn overflowed(&self) -> bool {
+        self.state.lock().overflowed
+    }
+
+    /// Peak only: the peak of live bytes, sizes rounded as a replay rounds them.
+    pub(crate) fn aligned_peak(&self) -> u64 {
+        self.state.lock().peak
+    }
+
+    /// Peak only: the largest allocation requested (bytes).
+    pub(crate) fn largest(&self) -> u64 {
+        self.state.lock().largest
+    }
+
+    /// The trace so far (allocations still alive end at `usize::MAX`;
+    /// empty for a [`TracingPool::peak_only`] tracer).
     pub fn trace(&self) -> AllocationTrace {
         self.state.lock().trace.clone()
     }
@@ -235,10 +279,25 @@ impl MemoryPool for TracingPool {
     }
     fn allocate(&self, _backing: &Backing, bytes: u64, _align: u64, label: &str) -> Result<Block> {
         let mut s = self.state.lock();
+        if s.max_entries.is_some_and(|n| s.trace.entries.len() >= n) {
+            s.overflowed = true;
+            return Err(Error::OutOfMemory {
+                during: format!("tracing (allocating `{label}`)"),
+                message: "the trace is longer than a plan may be".into(),
+            });
+        }
         let size = round_up(bytes.max(4), 4);
         let id = s.stats.on_alloc(size, bytes, Some(size));
         let start = s.event;
         s.event += 1;
+        if let Some(align) = s.peak_align {
+            let aligned = round_up(bytes.max(4), align);
+            s.live += aligned;
+            s.peak = s.peak.max(s.live);
+            s.largest = s.largest.max(bytes);
+            s.open.insert(id, aligned as usize);
+            return Ok(Block::whole(None, size, bytes, id));
+        }
         let index = s.trace.entries.len();
         s.trace.entries.push(TraceEntry {
             bytes,
@@ -255,8 +314,10 @@ impl MemoryPool for TracingPool {
         s.stats.drop_segment(block.size);
         let event = s.event;
         s.event += 1;
-        if let Some(i) = s.open.remove(&block.id) {
-            s.trace.entries[i].end = event;
+        match (s.open.remove(&block.id), s.peak_align) {
+            (Some(aligned), Some(_)) => s.live -= aligned as u64,
+            (Some(i), None) => s.trace.entries[i].end = event,
+            (None, _) => {}
         }
     }
     fn stats(&self) -> MemoryStats {

@@ -71,9 +71,17 @@ fn ensure_plan(
     run: impl FnOnce(&Context) -> Result<()>,
 ) -> Result<Option<String>> {
     if !planned.has_plan(&key) {
-        let tracer = Arc::new(TracingPool::new());
+        // A trace too long to plan stops at its first allocation past the
+        // limit (a long tiled run's trace would take as long as the run).
+        let tracer = Arc::new(match crate::run::strategy::full_dry_runs() {
+            true => TracingPool::new(),
+            false => TracingPool::with_max_entries(MAX_PLANNED_ALLOCATIONS),
+        });
         let null = Context::null(ctx.caps().clone(), tracer.clone());
-        run(&null)?;
+        match run(&null) {
+            Err(_) if tracer.overflowed() => return Ok(None),
+            r => r?,
+        }
         let trace = tracer.trace();
         if trace.entries.len() > MAX_PLANNED_ALLOCATIONS {
             return Ok(None);

@@ -127,63 +127,69 @@ where
         path: path.to_path_buf(),
         message: format!("could not draw the plot: {e}"),
     };
-    let root = SVGBackend::new(path, layout.size).into_drawing_area();
-    root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
-    let mut chart = ChartBuilder::on(&root)
-        .caption(title, ("sans-serif", 20))
-        .margin(15)
-        .x_label_area_size(40)
-        .y_label_area_size(layout.y_label_area)
-        .build_cartesian_2d(x, y)
-        .map_err(|e| err(e.to_string()))?;
-    chart
-        .configure_mesh()
-        .x_desc(x_desc)
-        .y_desc(y_desc)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    for (i, (name, data)) in series.iter().enumerate() {
-        let color = (layout.color)(i);
-        if dashed.get(i).copied().unwrap_or(false) {
+    // Drawn into memory, written as every report file is (a link planted
+    // at `path` is replaced, not followed).
+    let mut svg = String::new();
+    {
+        let root = SVGBackend::with_string(&mut svg, layout.size).into_drawing_area();
+        root.fill(&WHITE).map_err(|e| err(e.to_string()))?;
+        let mut chart = ChartBuilder::on(&root)
+            .caption(title, ("sans-serif", 20))
+            .margin(15)
+            .x_label_area_size(40)
+            .y_label_area_size(layout.y_label_area)
+            .build_cartesian_2d(x, y)
+            .map_err(|e| err(e.to_string()))?;
+        chart
+            .configure_mesh()
+            .x_desc(x_desc)
+            .y_desc(y_desc)
+            .draw()
+            .map_err(|e| err(e.to_string()))?;
+        for (i, (name, data)) in series.iter().enumerate() {
+            let color = (layout.color)(i);
+            if dashed.get(i).copied().unwrap_or(false) {
+                chart
+                    .draw_series(DashedLineSeries::new(
+                        data.clone(),
+                        8,
+                        6,
+                        color.stroke_width(2),
+                    ))
+                    .map_err(|e| err(e.to_string()))?
+                    .label(name.clone())
+                    .legend(move |(x, y)| {
+                        PathElement::new(vec![(x, y), (x + 8, y)], color.stroke_width(2))
+                    });
+                chart
+                    .draw_series(
+                        data.iter()
+                            .map(|p| Circle::new(*p, 6, color.stroke_width(2))),
+                    )
+                    .map_err(|e| err(e.to_string()))?;
+                continue;
+            }
             chart
-                .draw_series(DashedLineSeries::new(
-                    data.clone(),
-                    8,
-                    6,
-                    color.stroke_width(2),
-                ))
+                .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
                 .map_err(|e| err(e.to_string()))?
                 .label(name.clone())
                 .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 8, y)], color.stroke_width(2))
+                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
                 });
             chart
-                .draw_series(
-                    data.iter()
-                        .map(|p| Circle::new(*p, 6, color.stroke_width(2))),
-                )
+                .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
                 .map_err(|e| err(e.to_string()))?;
-            continue;
         }
         chart
-            .draw_series(LineSeries::new(data.clone(), color.stroke_width(2)))
-            .map_err(|e| err(e.to_string()))?
-            .label(name.clone())
-            .legend(move |(x, y)| {
-                PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-            });
-        chart
-            .draw_series(data.iter().map(|p| Circle::new(*p, 3, color.filled())))
+            .configure_series_labels()
+            .position(SeriesLabelPosition::UpperLeft)
+            .background_style(WHITE.mix(0.8))
+            .border_style(BLACK)
+            .draw()
             .map_err(|e| err(e.to_string()))?;
+        root.present().map_err(|e| err(e.to_string()))?;
     }
-    chart
-        .configure_series_labels()
-        .position(SeriesLabelPosition::UpperLeft)
-        .background_style(WHITE.mix(0.8))
-        .border_style(BLACK)
-        .draw()
-        .map_err(|e| err(e.to_string()))?;
-    root.present().map_err(|e| err(e.to_string()))
+    super::write(path, &svg)
 }
 
 #[cfg(test)]

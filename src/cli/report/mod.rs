@@ -24,8 +24,14 @@ pub(crate) fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> Error + '_ {
     }
 }
 
+/// Writes a report file (CSV, Markdown, SVG, JSON) as every other output:
+/// into a temporary file created exclusively beside it, renamed into place,
+/// so a link planted at `path` is replaced, never written through.
 pub(crate) fn write(path: &Path, text: &str) -> Result<()> {
-    std::fs::write(path, text).map_err(io_err(path))
+    crate::cli::outputs::write_atomically(path, "--out", |out| {
+        use std::io::Write;
+        out.write_all(text.as_bytes()).map_err(io_err(path))
+    })
 }
 
 /// Creates the report folder `out` (and its parents).
