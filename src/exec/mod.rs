@@ -7,3 +7,10 @@
 pub(crate) mod exact;
 pub mod report;
 pub(crate) mod untiled;
+
+/// `WGVAE_FULL_DRY_RUNS` set: dry runs take none of their shortcuts (peaks
+/// from kept traces, every attention block checked, traces too long to plan
+/// run to their end); tests check the estimates are the same either way.
+pub(crate) fn full_dry_runs() -> bool {
+    std::env::var_os("WGVAE_FULL_DRY_RUNS").is_some()
+}

@@ -458,12 +458,7 @@ pub(crate) fn choose_exact(
     })
 }
 
-/// `WGVAE_FULL_DRY_RUNS` set: dry runs take none of their shortcuts (peaks
-/// from kept traces, every attention block checked, traces too long to plan
-/// run to their end); tests check the estimates are the same either way.
-pub(crate) fn full_dry_runs() -> bool {
-    std::env::var_os("WGVAE_FULL_DRY_RUNS").is_some()
-}
+pub(crate) use crate::exec::full_dry_runs;
 
 /// Tiles a side of the corner [`corner_over`] runs.
 const CORNER_TILES: usize = 3;

@@ -101,7 +101,7 @@ impl Executor {
                 self.park(&mut vs, i, v)?;
                 self.step_done(stage::KV)?;
             }
-            let full = crate::run::strategy::full_dry_runs();
+            let full = crate::exec::full_dry_runs();
             // Query tiles per pass: as many states (q, acc, ml) as the budget holds.
             let mut groups: Vec<Vec<usize>> = Vec::new();
             let mut used = u64::MAX;
