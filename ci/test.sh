@@ -7,7 +7,8 @@
 #   docs     rustdoc with warnings as errors (broken links, bad examples)
 #   tests    every Rust unit, integration and doc test on Vulkan (lavapipe on CPU machines)
 #   gl       the golden suites and kernel tests on wgpu's GL backend (llvmpipe), one thread
-#   python   the Python package in a venv under target/ (numpy, pytest, ray[data]) and its tests
+#   python   the Python package in a venv under target/ (numpy, pytest, ray[data], imageio-ffmpeg) and its
+#            tests, then tests/video_out.rs (--video-out .mp4/.gif/.webm) with imageio-ffmpeg's ffmpeg
 #   coopmat  the cooperative-matrix (tensor-core) path in a Debian sid chroot (ci/coopmat.sh)
 #   gpu-kit  the GPU kit's --quick run (bench/gpu/run.sh) on whatever adapter is here
 set -euo pipefail
@@ -29,9 +30,14 @@ step_python() {
   cargo build --workspace --lib --tests
   python3 -m venv target/pyenv
   target/pyenv/bin/pip install -q uv
-  target/pyenv/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]"
+  # imageio-ffmpeg: a static ffmpeg (no system ffmpeg in CI) for write_video and --video-out .mp4/.gif.
+  target/pyenv/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]" imageio-ffmpeg
   target/pyenv/bin/python python/develop.py
-  target/pyenv/bin/python -m pytest -q python/tests
+  WGVAE_REQUIRE_FFMPEG=1 target/pyenv/bin/python -m pytest -q python/tests
+  # The CLI's --video-out through that ffmpeg (the tests step skipped it: no ffmpeg there).
+  WGVAE_REQUIRE_FFMPEG=1 \
+    WGVAE_FFMPEG="$(target/pyenv/bin/python -c 'import imageio_ffmpeg; print(imageio_ffmpeg.get_ffmpeg_exe())')" \
+    cargo test --workspace --test video_out
 }
 step_coopmat() { ci/coopmat.sh; }
 step_gpu-kit() {
