@@ -354,3 +354,84 @@ fn a_failing_ffmpeg_is_reported_with_its_messages() {
         temporaries(d)
     );
 }
+
+/// SIGINT while ffmpeg encodes: the run exits 130, ffmpeg is stopped, and
+/// neither the video nor a temporary file is left.
+#[test]
+fn sigint_stops_ffmpeg_and_leaves_no_file() {
+    let Some(shared) = shared_dir() else { return };
+    let Some(ffmpeg) = ffmpeg() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let d = root.path();
+    // 80 latent frames of the 2×3 crop: long enough to be interrupted.
+    let small = wgvae::io::read_npy(&small_latents(&shared, d)).unwrap();
+    let per = small.data.len() / small.shape[1];
+    let t = 80;
+    let data: Vec<f32> = (0..t)
+        .flat_map(|i| small.data[(i % small.shape[1]) * per..][..per].to_vec())
+        .collect();
+    let latents = d.join("long.npy");
+    let mut shape = small.shape.clone();
+    shape[1] = t;
+    wgvae::io::write_npy(&latents, &shape, &data).unwrap();
+    let out = d.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let vae = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
+    let mut child = Command::new(exe())
+        .args([
+            "decode",
+            s(&latents),
+            "--vae",
+            s(&vae),
+            "--video-out",
+            s(&out.join("v.mp4")),
+            "--save-raw",
+            s(&out.join("raw.npy")),
+            "--ffmpeg",
+            s(&ffmpeg),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Mid-decode: the raw output's temporary file holds frames already.
+    let start = std::time::Instant::now();
+    loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            eprintln!("the decode ended ({status}) before it could be interrupted");
+            return;
+        }
+        let started = temporaries(&out)
+            .iter()
+            .any(|n| std::fs::metadata(out.join(n)).is_ok_and(|m| m.len() > 100_000));
+        if started {
+            break;
+        }
+        assert!(start.elapsed().as_secs() < 300, "no frame in 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    let ok = Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .unwrap()
+        .success();
+    assert!(ok, "kill -INT");
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(130), "{err}");
+    assert!(
+        temporaries(&out).is_empty(),
+        "{:?}; {err}",
+        temporaries(&out)
+    );
+    assert!(!out.join("v.mp4").exists(), "{err}");
+    // No ffmpeg still writing into the folder.
+    let mine = s(&out).to_string();
+    let left: Vec<String> = std::fs::read_dir("/proc")
+        .unwrap()
+        .filter_map(|e| std::fs::read(e.ok()?.path().join("cmdline")).ok())
+        .map(|c| String::from_utf8_lossy(&c).replace('\0', " "))
+        .filter(|c| c.contains(&mine))
+        .collect();
+    assert!(left.is_empty(), "still running: {left:?}");
+}
