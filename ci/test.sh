@@ -8,7 +8,8 @@
 #   tests    every Rust unit, integration and doc test on Vulkan (lavapipe on CPU machines)
 #   gl       the golden suites and kernel tests on wgpu's GL backend (llvmpipe), one thread
 #   python   maturin builds the abi3 wheel (dev profile); a fresh venv installs it from the file
-#            (numpy, pytest, ray[data] beside it) and pytest runs python/tests against it
+#            (numpy, pytest, ray[data], imageio-ffmpeg beside it), pytest runs python/tests against it,
+#            then tests/video_out.rs (--video-out .mp4/.gif/.webm) with imageio-ffmpeg's ffmpeg
 #   package  packaging checks: `cargo package --list` / `--no-verify` for the crate, the Python sdist,
 #            `twine check` of the wheel and the sdist (docs/release.md)
 #   coopmat  the cooperative-matrix (tensor-core) path in a Debian sid chroot (ci/coopmat.sh)
@@ -46,11 +47,16 @@ step_python() {
   # A fresh venv: no develop install, no .pth into python/; wgvae comes from the wheel file alone.
   rm -rf target/pyenv
   python3 -m venv target/pyenv
-  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]"
+  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]" imageio-ffmpeg
   t=$(date +%s)
   target/pytools/bin/uv pip install -q --python target/pyenv/bin/python "$whl"
   echo "installed $(basename "$whl") in $(($(date +%s) - t)) s"
-  WGVAE_EXPECT_WHEEL=1 target/pyenv/bin/python -m pytest -q python/tests
+  WGVAE_EXPECT_WHEEL=1 WGVAE_REQUIRE_FFMPEG=1 target/pyenv/bin/python -m pytest -q python/tests
+  # The CLI's --video-out through imageio-ffmpeg's static ffmpeg (the tests step skipped it: no
+  # ffmpeg there).
+  WGVAE_REQUIRE_FFMPEG=1 \
+    WGVAE_FFMPEG="$(target/pyenv/bin/python -c 'import imageio_ffmpeg; print(imageio_ffmpeg.get_ffmpeg_exe())')" \
+    cargo test --workspace --test video_out
 }
 step_package() {
   tools

@@ -22,9 +22,10 @@ from typing import Any, Dict, List, Optional, Tuple, Union
 import numpy as np
 
 from . import _wgvae
+from ._video_file import VIDEO_EXTENSIONS, find_ffmpeg, write_video
 
 __version__: str = _wgvae.__version__
-__all__ = ["Vae", "VideoStream", "adapters", "__version__"]
+__all__ = ["Vae", "VideoStream", "adapters", "write_video", "find_ffmpeg", "VIDEO_EXTENSIONS", "__version__"]
 
 _UNITS = {
     "": 1, "b": 1,

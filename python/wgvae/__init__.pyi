@@ -1,4 +1,5 @@
 import os
+from fractions import Fraction
 from typing import Any, Dict, List, Optional, Tuple, Union
 
 import numpy as np
@@ -12,6 +13,22 @@ _Path = Union[str, "os.PathLike[str]"]
 def adapters() -> List[Dict[str, Any]]:
     """Every adapter wgpu sees: index, name, backend, device_type, driver, driver_info, shader_f16,
     vendor_id, device_id, pci_bus_id ("0000:01:00.0"; "" where the backend does not report it)."""
+
+VIDEO_EXTENSIONS: Tuple[str, ...]
+
+def find_ffmpeg(ffmpeg: Optional[_Path] = None) -> str:
+    """The ffmpeg write_video runs: ffmpeg=, else WGVAE_FFMPEG, else `ffmpeg` on PATH, else
+    imageio_ffmpeg.get_ffmpeg_exe(); FileNotFoundError naming the fix when there is none."""
+
+def write_video(
+    frames: Any,
+    path: _Path,
+    fps: Union[int, float, str, "Fraction"] = 16,
+    ffmpeg: Optional[_Path] = None,
+) -> int:
+    """uint8 T×H×W×3 frames (or an iterable of chunks / H×W×3 frames, written as they come) to
+    .mp4/.mkv/.mov (H.264), .webm (VP9), .gif through ffmpeg, or .y4m without it; returns the
+    number of frames. The file appears complete or not at all."""
 
 class Vae:
     def __init__(

@@ -12,6 +12,7 @@ mod video;
 
 use video::decode_video;
 
+use super::ffmpeg::VIDEO_EXTS;
 use super::outputs::{check_dir, check_file, remove_old_frames, write_atomically, Inputs};
 use super::progress::progress_bar;
 use super::tiles::{print_tiling, TileArgs};
@@ -86,12 +87,18 @@ pub(crate) struct DecodeArgs {
     /// decoder (TAEHV or Wan), latent frames per streamed chunk (default 1).
     #[arg(long, value_name = "B")]
     chunk: Option<usize>,
-    /// Video decoders: write the frames as raw YUV4MPEG2 (.y4m: BT.601 full range, 4:2:0
-    /// when width and height are even, else 4:4:4), frame by frame; a batch of N videos
-    /// writes OUT_0.y4m, OUT_1.y4m, ….
-    #[arg(long, value_name = "OUT.y4m")]
+    /// Video decoders: write the frames as a video, frame by frame as they are decoded.
+    /// .mp4 / .mkv / .mov (H.264, yuv420p, CRF 18), .webm (VP9) and .gif (one palette) are
+    /// encoded by ffmpeg (--ffmpeg, WGVAE_FFMPEG or PATH); .y4m is raw YUV4MPEG2 (BT.601 full
+    /// range, 4:2:0 when width and height are even, else 4:4:4) and needs nothing. A batch of
+    /// N videos writes OUT_0.mp4, OUT_1.mp4, ….
+    #[arg(long, value_name = "OUT.mp4|webm|gif|mkv|mov|y4m")]
     video_out: Option<PathBuf>,
-    /// Frame rate in the --video-out header, 0.001 to 10000 fps: 16 (Wan's), 24, 12.5, a ratio
+    /// The ffmpeg executable that encodes --video-out .mp4/.webm/.gif/.mkv/.mov (default: the
+    /// WGVAE_FFMPEG environment variable, else `ffmpeg` on PATH).
+    #[arg(long, value_name = "PATH")]
+    ffmpeg: Option<PathBuf>,
+    /// Frame rate of --video-out, 0.001 to 10000 fps: 16 (Wan's), 24, 12.5, a ratio
     /// (24000/1001), or an NTSC rate as a decimal (23.976, 29.97, 59.94 → N·1000/1001).
     #[arg(long, default_value = "16", value_name = "RATE")]
     fps: String,
@@ -127,7 +134,23 @@ fn check_outputs(a: &DecodeArgs) -> wgvae::Result<Inputs> {
         check_file(p, "--save-raw", &["npy"], &inputs)?;
     }
     if let Some(p) = &a.video_out {
-        check_file(p, "--video-out", &["y4m"], &inputs)?;
+        check_file(p, "--video-out", VIDEO_EXTS, &inputs)?;
+        // ffmpeg found, started and holding the encoder before any work.
+        if let Some(container) = super::ffmpeg::container_of(p) {
+            let exe = super::ffmpeg::find(a.ffmpeg.as_deref(), p)?;
+            super::ffmpeg::check(&exe, container, p)?;
+        }
+    }
+    if let (Some(exe), false) = (
+        &a.ffmpeg,
+        a.video_out
+            .as_deref()
+            .is_some_and(|p| super::ffmpeg::container_of(p).is_some()),
+    ) {
+        return Err(wgvae::Error::InvalidInput(format!(
+            "--ffmpeg `{}` encodes --video-out .mp4, .webm, .gif, .mkv or .mov; this run writes none: drop --ffmpeg or give such a --video-out",
+            exe.display()
+        )));
     }
     if let Some(p) = &a.memory_snapshot {
         check_file(p, "--memory-snapshot", &["json"], &inputs)?;

@@ -5,6 +5,7 @@
 mod bench;
 mod decode;
 mod encode;
+mod ffmpeg;
 mod flags;
 mod info;
 pub(crate) mod interrupt;

@@ -302,6 +302,14 @@ impl Staged {
         Ok(std::io::BufWriter::new(file))
     }
 
+    /// The temporary file's path (for a writer in another process, ffmpeg).
+    pub(crate) fn temp_path(&self) -> wgvae::Result<&Path> {
+        self.tmp
+            .as_ref()
+            .map(tempfile::NamedTempFile::path)
+            .ok_or_else(|| Error::Internal("staged output already committed".into()))
+    }
+
     /// Renames the written file into place (a link at `path` is replaced,
     /// not followed).
     pub(crate) fn commit(mut self) -> wgvae::Result<()> {

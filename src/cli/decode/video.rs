@@ -1,8 +1,9 @@
 //! `decode --vae TAEHV.safetensors` or `--vae WAN` (a Wan 2.1 VAE): video
 //! latents streamed `--chunk` latent frames at a time (default 1) through a
 //! [`VideoDecoder`] with double-buffered read-back, each frame written as it
-//! arrives to the outputs asked for: PNGs (`--frames-out DIR`), a `.y4m`
-//! (`--video-out`), the raw float32 output (`--save-raw`; TAEHV:
+//! arrives to the outputs asked for: PNGs (`--frames-out DIR`), a video
+//! (`--video-out`: `.y4m` written here, `.mp4`/`.webm`/`.gif`/`.mkv`/`.mov`
+//! piped to ffmpeg), the raw float32 output (`--save-raw`; TAEHV:
 //! `N×T'×3×H×W` before the clamp, as taehv.py; Wan: `N×3×T'×H×W` after its
 //! [−1, 1] clamp, as diffusers). Wan pipeline latents are un-normalised
 //! unless --raw-latents. Memory stays constant in the video's length on the
@@ -22,6 +23,7 @@ use wgvae::video::VideoVae;
 use wgvae::y4m::{FrameRate, Y4mWriter};
 use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
 
+use super::super::ffmpeg::{self, FfmpegWriter, VIDEO_EXTS};
 use super::super::interrupt;
 use super::super::outputs::{check_file, remove_old_frames, write_atomically, Inputs, Staged};
 use super::super::progress::frame_bar;
@@ -131,7 +133,7 @@ pub(crate) fn video_latents(
         .map_err(|e| bad(path, e.to_string()))
 }
 
-/// `OUT.y4m` for one video, `OUT_v.y4m` for video `v` of a batch.
+/// `OUT.mp4` for one video, `OUT_v.mp4` for video `v` of a batch.
 fn video_path(out: &Path, v: usize, n: usize) -> PathBuf {
     wgvae::io::batch_paths(out, n)
         .into_iter()
@@ -139,10 +141,35 @@ fn video_path(out: &Path, v: usize, n: usize) -> PathBuf {
         .unwrap_or_else(|| out.to_path_buf())
 }
 
+/// A `--video-out` being written: raw `.y4m`, or frames piped to ffmpeg.
+enum VideoSink {
+    Y4m(Y4mWriter<std::io::BufWriter<std::fs::File>>),
+    Ffmpeg(FfmpegWriter),
+}
+
+impl VideoSink {
+    fn write_frame(&mut self, frame: &[f32]) -> wgvae::Result<()> {
+        match self {
+            VideoSink::Y4m(w) => w.write_frame(frame),
+            VideoSink::Ffmpeg(w) => w.write_frame(frame),
+        }
+    }
+
+    /// Flushes (`.y4m`) or waits for ffmpeg to finish its file.
+    fn finish(self) -> wgvae::Result<()> {
+        match self {
+            VideoSink::Y4m(w) => w.finish().map(drop),
+            VideoSink::Ffmpeg(w) => w.finish(),
+        }
+    }
+}
+
 /// The outputs of one streamed decode, fed frame by frame.
 struct Sinks {
     pngs: Option<PathBuf>,
-    y4m: Option<(Staged, Y4mWriter<std::io::BufWriter<std::fs::File>>)>,
+    /// The sink first: dropped (an error, a signal), ffmpeg is stopped before
+    /// the staged temporary file it writes is removed.
+    video: Option<(VideoSink, Staged)>,
     npy: Option<(Staged, NpyStream<std::io::BufWriter<std::fs::File>>)>,
     written: Vec<PathBuf>,
     latency_ms: Vec<f64>,
@@ -181,8 +208,8 @@ impl Sinks {
             }
         }
         for frame in got.frames.data.chunks_exact(per) {
-            if let Some((_, y4m)) = &mut self.y4m {
-                y4m.write_frame(frame)?;
+            if let Some((video, _)) = &mut self.video {
+                video.write_frame(frame)?;
             }
             match (&mut self.channels_first, &mut self.npy) {
                 (Some(at), Some((_, npy))) => {
@@ -221,7 +248,7 @@ pub(crate) fn decode_video(
 ) -> wgvae::Result<()> {
     if a.frames_out.is_none() && a.video_out.is_none() && a.save_raw.is_none() {
         return Err(Error::InvalidInput(format!(
-            "`{}` is a video decoder: give --frames-out DIR (PNG frames), --video-out OUT.y4m or --save-raw RAW.npy",
+            "`{}` is a video decoder: give --frames-out DIR (PNG frames), --video-out OUT.mp4 (or .webm, .gif, .mkv, .mov through ffmpeg; .y4m without it) or --save-raw RAW.npy",
             a.vae
         )));
     }
@@ -296,17 +323,22 @@ pub(crate) fn decode_video(
         d.unnormalize(&mut latents)?;
         latents.shape = vec![n, t, c, h, w];
     }
-    // A batch writes OUT_0.y4m, OUT_1.y4m…: each checked before the decode.
+    // A batch writes OUT_0.mp4, OUT_1.mp4…: each checked before the decode.
+    let container = a.video_out.as_deref().and_then(ffmpeg::container_of);
+    let ffmpeg_exe = match (&a.video_out, container) {
+        (Some(out), Some(_)) => Some(ffmpeg::find(a.ffmpeg.as_deref(), out)?),
+        _ => None,
+    };
     if let Some(out) = &a.video_out {
         for v in 0..n {
-            check_file(&video_path(out, v, n), "--video-out", &["y4m"], inputs)?;
+            check_file(&video_path(out, v, n), "--video-out", VIDEO_EXTS, inputs)?;
         }
     }
     let per_video = VideoDecoder::frames_for(decoder, t);
     let (height, width) = (h * decoder.upscale(), w * decoder.upscale());
     let mut sinks = Sinks {
         pngs: a.frames_out.clone(),
-        y4m: None,
+        video: None,
         npy: None,
         written: Vec::new(),
         latency_ms: Vec::with_capacity(n * per_video),
@@ -357,16 +389,37 @@ pub(crate) fn decode_video(
         if let Some(out) = &a.video_out {
             let path = video_path(out, v, n);
             let staged = Staged::new(&path, "--video-out")?;
-            let y4m = Y4mWriter::new(
-                staged.writer()?,
-                &path,
-                width,
-                height,
-                rate,
-                decoder.range(),
-            )?;
-            chroma = Some(y4m.chroma());
-            sinks.y4m = Some((staged, y4m));
+            let sink = match (container, &ffmpeg_exe) {
+                (Some(container), Some(exe)) => {
+                    chroma = Some(container.pixels);
+                    VideoSink::Ffmpeg(FfmpegWriter::spawn(
+                        exe,
+                        container,
+                        staged.temp_path()?,
+                        &path,
+                        width,
+                        height,
+                        rate,
+                        decoder.range(),
+                    )?)
+                }
+                _ => {
+                    let y4m = Y4mWriter::new(
+                        staged.writer()?,
+                        &path,
+                        width,
+                        height,
+                        rate,
+                        decoder.range(),
+                    )?;
+                    chroma = Some(match y4m.chroma() {
+                        wgvae::y4m::Chroma::C420Jpeg => "420jpeg",
+                        wgvae::y4m::Chroma::C444 => "444",
+                    });
+                    VideoSink::Y4m(y4m)
+                }
+            };
+            sinks.video = Some((sink, staged));
             videos.push(path);
         }
         let mut stream = VideoDecoder::new(ctx, decoder);
@@ -391,8 +444,8 @@ pub(crate) fn decode_video(
         }
         tile_px = tile_px.or(stream.tile_size());
         sinks.end_video();
-        if let Some((staged, y4m)) = sinks.y4m.take() {
-            y4m.finish()?;
+        if let Some((video, staged)) = sinks.video.take() {
+            video.finish()?;
             staged.commit()?;
         }
     }
@@ -411,10 +464,7 @@ pub(crate) fn decode_video(
     let frames = sinks.latency_ms.len();
     let fps = frames as f64 / (ms / 1e3);
     let latency = LatencySummary::of(&sinks.latency_ms);
-    let chroma_name = chroma.map(|c| match c {
-        wgvae::y4m::Chroma::C420Jpeg => "420jpeg",
-        wgvae::y4m::Chroma::C444 => "444",
-    });
+    let chroma_name = chroma;
     if a.json {
         println!(
             "{}",
