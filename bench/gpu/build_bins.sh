@@ -3,12 +3,14 @@
 # `wgvae`, the test executables (`cargo test --no-run`) and the criterion bench
 # executables (`cargo bench --no-run`), copied into OUT_DIR with a BUILD_INFO file.
 #
-#   bench/gpu/build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] OUT_DIR
+#   bench/gpu/build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] [--strip] OUT_DIR
 #
 # --link symlinks instead of copying (run.sh uses it on the build machine itself);
 # --no-tests skips the test executables; --no-benches builds only `wgvae` (cargo
 # build); --profile builds with that cargo profile (default: release for `wgvae` and
-# the benches, test for the tests; `dev` reuses what `cargo test` built). Layout of OUT_DIR:
+# the benches, test for the tests; `dev` reuses what `cargo test` built); --strip strips the
+# copies (with --profile release the test executables shrink from ~250 MB to ~10 MB each: what
+# a size-limited transfer to a GPU machine needs). Layout of OUT_DIR:
 #   wgvae                 the CLI (built by `cargo bench --no-run`, release profile)
 #   tests/lib             the library's unit tests
 #   tests/bin-wgvae       the CLI's unit tests
@@ -17,6 +19,7 @@
 #   BUILD_INFO            commit, toolchain, date, target
 set -euo pipefail
 link=0
+strip=0
 tests=1
 benches=1
 profile=
@@ -27,13 +30,15 @@ while [ $# -gt 0 ]; do
     --no-tests) tests=0 ;;
     --no-benches) benches=0 ;;
     --profile) profile=${2:?--profile needs a cargo profile}; shift ;;
+    --strip) strip=1 ;;
     -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) echo "build_bins.sh: unknown option $1" >&2; exit 2 ;;
     *) out=$1 ;;
   esac
   shift
 done
-[ -n "$out" ] || { echo "usage: build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] OUT_DIR" >&2; exit 2; }
+[ -n "$out" ] || { echo "usage: build_bins.sh [--link] [--no-tests] [--no-benches] [--profile P] [--strip] OUT_DIR" >&2; exit 2; }
+[ "$strip" = 1 ] && [ "$link" = 1 ] && { echo "build_bins.sh: --strip copies; it cannot be used with --link" >&2; exit 2; }
 profile_args=()
 [ -n "$profile" ] && profile_args=(--profile "$profile")
 root=$(cd "$(dirname "$0")/../.." && pwd)
@@ -49,6 +54,7 @@ artifacts() {
 place() { # SRC DEST
   rm -f "$2"
   if [ "$link" = 1 ]; then ln -s "$1" "$2"; else cp "$1" "$2"; fi
+  if [ "$strip" = 1 ]; then strip "$2"; fi
 }
 
 # Benches (release profile) also build the `wgvae` binary (cargo builds binaries
