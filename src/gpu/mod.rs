@@ -2,6 +2,7 @@
 //! create), the capabilities the engine consults, the pipeline cache and the
 //! [`Recorder`] that records kernels into one command encoder.
 
+mod capabilities;
 mod context;
 pub mod device_memory;
 mod host;
@@ -13,11 +14,12 @@ pub(crate) mod requirements;
 pub mod storage;
 pub mod tensor;
 
+pub use capabilities::{Capabilities, CooperativeMatrix, MatrixConfig, MatrixScalar};
 #[doc(hidden)]
 pub use context::rank_adapters;
 pub use context::{
-    default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary,
-    Capabilities, Context, ContextOptions, CooperativeMatrix, MatrixConfig, MatrixScalar,
+    default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary, Context,
+    ContextOptions,
 };
 pub(crate) use host::{read_back_host, HostBytes};
 #[doc(hidden)]
