@@ -32,19 +32,18 @@ pub(crate) struct Container {
     pub(crate) encoder: &'static str,
     /// Output options.
     args: &'static [&'static str],
+    /// [`YUV420`] follows `args`.
+    yuv420: bool,
     /// What the stream holds, for the run's report.
     pub(crate) pixels: &'static str,
 }
 
 /// H.264 in yuv420p (what browsers and phones play), visually lossless;
 /// odd sizes padded to even (4:2:0 needs them) with one black row/column.
-const H264: &[&str] = &[
-    "-c:v",
-    "libx264",
-    "-preset",
-    "medium",
-    "-crf",
-    "18",
+const H264: &[&str] = &["-c:v", "libx264", "-preset", "medium", "-crf", "18"];
+
+/// After H.264's and VP9's codec options: 4:2:0 BT.601 video, odd sides padded to even.
+const YUV420: &[&str] = &[
     "-vf",
     "pad=ceil(iw/2)*2:ceil(ih/2)*2",
     "-pix_fmt",
@@ -62,6 +61,7 @@ pub(crate) const CONTAINERS: &[Container] = &[
         muxer: "mp4",
         encoder: "libx264",
         args: H264,
+        yuv420: true,
         pixels: "H.264 yuv420p",
     },
     Container {
@@ -69,6 +69,7 @@ pub(crate) const CONTAINERS: &[Container] = &[
         muxer: "matroska",
         encoder: "libx264",
         args: H264,
+        yuv420: true,
         pixels: "H.264 yuv420p",
     },
     Container {
@@ -76,6 +77,7 @@ pub(crate) const CONTAINERS: &[Container] = &[
         muxer: "mov",
         encoder: "libx264",
         args: H264,
+        yuv420: true,
         pixels: "H.264 yuv420p",
     },
     Container {
@@ -95,15 +97,8 @@ pub(crate) const CONTAINERS: &[Container] = &[
             "good",
             "-cpu-used",
             "4",
-            "-vf",
-            "pad=ceil(iw/2)*2:ceil(ih/2)*2",
-            "-pix_fmt",
-            "yuv420p",
-            "-colorspace",
-            "smpte170m",
-            "-color_range",
-            "tv",
         ],
+        yuv420: true,
         pixels: "VP9 yuv420p",
     },
     Container {
@@ -117,6 +112,7 @@ pub(crate) const CONTAINERS: &[Container] = &[
             "-loop",
             "0",
         ],
+        yuv420: false,
         pixels: "GIF palette",
     },
 ];
@@ -317,6 +313,7 @@ impl FfmpegWriter {
             .arg(format!("{}/{}", rate.num, rate.den))
             .args(["-i", "pipe:0", "-an"])
             .args(container.args)
+            .args(if container.yuv420 { YUV420 } else { &[] })
             .args(["-f", container.muxer, "-y"])
             // `file:`: a folder name with a colon is no protocol.
             .arg(format!("file:{}", tmp.display()))
