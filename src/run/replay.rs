@@ -73,7 +73,7 @@ fn ensure_plan(
     if !planned.has_plan(&key) {
         // A trace too long to plan stops at its first allocation past the
         // limit (a long tiled run's trace would take as long as the run).
-        let tracer = Arc::new(match crate::run::strategy::full_dry_runs() {
+        let tracer = Arc::new(match crate::exec::full_dry_runs() {
             true => TracingPool::new(),
             false => TracingPool::with_max_entries(MAX_PLANNED_ALLOCATIONS),
         });

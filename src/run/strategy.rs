@@ -234,7 +234,7 @@ fn null_peak_inner<T>(
 ) -> Result<Option<(u64, T)>> {
     let planned = ctx.pool().policy_name() == Policy::Planned.name();
     let align = ctx.caps().min_storage_buffer_offset_alignment as u64;
-    let full = full_dry_runs();
+    let full = crate::exec::full_dry_runs();
     let tracer = Arc::new(match full {
         true => TracingPool::new(),
         false => TracingPool::peak_only(align),
@@ -458,8 +458,6 @@ pub(crate) fn choose_exact(
     })
 }
 
-pub(crate) use crate::exec::full_dry_runs;
-
 /// Tiles a side of the corner [`corner_over`] runs.
 const CORNER_TILES: usize = 3;
 
@@ -496,7 +494,7 @@ fn corner_over(
     if corner == (h, w) {
         return Ok(false);
     }
-    let full = full_dry_runs();
+    let full = crate::exec::full_dry_runs();
     let tracer = Arc::new(match full {
         true => TracingPool::new(),
         false => TracingPool::peak_only(1),
