@@ -325,11 +325,7 @@ impl Estimate<'_> {
         Ok(VideoMemoryEstimate {
             policy: self.policy.name(),
             model: dec.name().to_string(),
-            dtype: self
-                .load
-                .precision
-                .resolve(matches!(vae, crate::video::VideoVae::Taehv(_)))
-                .name(),
+            dtype: vae.dtype_for(self.load.precision, null.caps()).name(),
             frames,
             output_frames: crate::VideoDecoder::frames_for(dec, frames),
             chunk,

@@ -922,6 +922,16 @@ pub enum VideoVae {
 }
 
 impl VideoVae {
+    /// The dtype `precision` gives this model on `caps` (TAEHV is f16-safe;
+    /// Wan takes bf16 under `auto` on a GPU).
+    pub fn dtype_for(
+        &self,
+        precision: crate::models::Precision,
+        caps: &crate::gpu::Capabilities,
+    ) -> crate::tensor::DType {
+        precision.resolve(matches!(self, VideoVae::Taehv(_)), caps)
+    }
+
     /// The borrowed view the decoders run.
     pub fn model(&self) -> VideoModel<'_> {
         match self {
@@ -949,13 +959,13 @@ pub fn load_video_decoder(
     load: &crate::models::LoadOptions,
 ) -> Result<VideoVae> {
     if is_wan(spec) {
-        let dtype = load.precision.resolve(false);
+        let dtype = load.precision.resolve(false, ctx.caps());
         return Ok(VideoVae::Wan(WanDecoder::open(
             ctx, spec, dtype, load.seed,
         )?));
     }
     let store = crate::models::WeightStore::from_safetensors(std::path::Path::new(spec))?;
-    store.set_dtype(load.precision.resolve(true));
+    store.set_dtype(load.precision.resolve(true, ctx.caps()));
     Ok(VideoVae::Taehv(TaehvDecoder::load(ctx, &store)?))
 }
 

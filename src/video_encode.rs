@@ -40,7 +40,7 @@ pub fn load_video_encoder(
         )));
     }
     let store = WeightStore::from_safetensors_part(std::path::Path::new(spec), TaePart::Encoder)?;
-    store.set_dtype(load.precision.resolve(true));
+    store.set_dtype(load.precision.resolve(true, ctx.caps()));
     TaehvEncoder::load(ctx, &store)
 }
 

@@ -1345,36 +1345,44 @@ fn seed_makes_preset_weights_reproducible() {
     assert!(e > 1e-3, "--seed 1 and 2 decode alike ({e})");
 }
 
-/// `--dtype auto`: f16 for the SD 1.x-like VAE (within 3× README's 3.8e-3
-/// of diffusers), bf16 for the 16-channel FLUX-like one.
+/// `--dtype auto` (the default): f32 on a CPU adapter; on a GPU f16 for the SD
+/// 1.x-like VAE (within 3× README's 3.8e-3 of diffusers), bf16 for the
+/// 16-channel FLUX-like one. Leaving `--dtype` out is the same as `auto`.
 #[test]
-fn dtype_auto_picks_by_model() {
+fn dtype_auto_picks_by_model_and_device() {
     let Some(shared) = shared_dir() else { return };
-    for (name, dtype, tol) in [
+    let ctx = wgvae::gpu::Context::new(&Default::default()).unwrap();
+    let cpu = ctx.caps().is_cpu();
+    for (name, gpu_dtype, tol) in [
         ("aekl-tiny-sd", "f16", 1.2e-2),
         ("aekl-tiny-flux", "bf16", 1.3e-1),
     ] {
-        let dir = shared.join("golden").join(name);
-        let raw = tmp(&format!("auto-{name}.npy"));
-        let (ok, out, err) = wgvae(&[
-            "decode",
-            dir.join("latents.npy").to_str().unwrap(),
-            "--vae",
-            dir.to_str().unwrap(),
-            "--dtype",
-            "auto",
-            "-o",
-            tmp(&format!("auto-{name}.png")).to_str().unwrap(),
-            "--save-raw",
-            raw.to_str().unwrap(),
-            "--json",
-        ]);
-        assert!(ok, "{err}");
-        assert_eq!(json(&out)["dtype"], dtype, "{name}: {out}");
-        let want = wgvae::io::read_npy(&dir.join("decoded.npy")).unwrap();
-        let raw = wgvae::io::read_npy(&raw).unwrap();
-        let (e, at) = wgvae::testing::max_abs_diff(&raw.data, &want.data);
-        assert!(e <= tol, "{name} auto ({dtype}): {e} at {at}");
+        let (dtype, tol) = if cpu { ("f32", 2e-4) } else { (gpu_dtype, tol) };
+        for flag in [&["--dtype", "auto"][..], &[]] {
+            let dir = shared.join("golden").join(name);
+            let latents = dir.join("latents.npy");
+            let raw = tmp(&format!("auto-{name}-{}.npy", flag.len()));
+            let png = tmp(&format!("auto-{name}-{}.png", flag.len()));
+            let mut args = vec![
+                "decode",
+                latents.to_str().unwrap(),
+                "--vae",
+                dir.to_str().unwrap(),
+                "-o",
+                png.to_str().unwrap(),
+                "--save-raw",
+                raw.to_str().unwrap(),
+                "--json",
+            ];
+            args.extend_from_slice(flag);
+            let (ok, out, err) = wgvae(&args);
+            assert!(ok, "{err}");
+            assert_eq!(json(&out)["dtype"], dtype, "{name} {flag:?}: {out}");
+            let want = wgvae::io::read_npy(&dir.join("decoded.npy")).unwrap();
+            let raw = wgvae::io::read_npy(&raw).unwrap();
+            let (e, at) = wgvae::testing::max_abs_diff(&raw.data, &want.data);
+            assert!(e <= tol, "{name} auto ({dtype}): {e} at {at}");
+        }
     }
 }
 

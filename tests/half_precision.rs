@@ -154,7 +154,7 @@ fn aekl_goldens_in_f16_and_bf16() {
     }
 }
 
-/// `auto` picks f16 for TAE and SD 1.x VAEs, bf16 for the others — on
+/// On a GPU `auto` picks f16 for TAE and SD 1.x VAEs, bf16 for the others — on
 /// devices with and without shader-f16 alike (`Precision::resolve`'s
 /// decision): without it, f16 is stored packed in `u32` pairs, the same
 /// memory as bf16 (which is always packed) with 3 more significant bits.

@@ -105,7 +105,7 @@ impl VideoModelPy {
                 .with_pool(policy.new_pool());
                 let vae = wgvae::video::load_video_decoder(&ctx, &spec, &load)?;
                 // As the CLI: TAEHV is f16-safe, Wan takes bf16 under auto.
-                let dtype = precision.resolve(matches!(vae, VideoVae::Taehv(_))).name();
+                let dtype = vae.dtype_for(precision, ctx.caps()).name();
                 Ok(Loaded {
                     ctx,
                     vae: Arc::new(vae),

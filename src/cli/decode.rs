@@ -14,7 +14,7 @@ use video::decode_video;
 
 use super::ffmpeg::VIDEO_EXTS;
 use super::outputs::{check_dir, check_file, remove_old_frames, write_atomically, Inputs};
-use super::progress::progress_bar;
+use super::progress::Activity;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, device, mib};
 
@@ -61,9 +61,10 @@ pub(crate) struct DecodeArgs {
     /// Memory pool policy: caching (PyTorch-like), planned or exact.
     #[arg(long, default_value = "planned")]
     policy: String,
-    /// Storage of weights and activations: f32, f16, bf16 or auto (f16 for models known to fit
-    /// f16, else bf16). Arithmetic stays f32; an f16 overflow is detected and re-decoded in bf16.
-    #[arg(long, default_value = "f32")]
+    /// Storage of weights and activations: f32, f16, bf16 or auto (the default: f32 on a CPU
+    /// adapter; on a GPU f16 for models known to fit f16, else bf16). Arithmetic stays f32; an
+    /// f16 overflow is detected and re-decoded in bf16.
+    #[arg(long, default_value = "auto")]
     dtype: String,
     /// Per-kernel GPU time table (timestamp queries) and the record / GPU / readback split.
     #[arg(long)]
@@ -262,16 +263,19 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     for p in &paths {
         check_file(p, "-o", &["png"], &inputs)?;
     }
+    let activity = Activity::start(a.json, "decoding", ctx.pipelines());
     let opts = DecodeOptions {
         // Un-normalised (and unpacked) above.
         raw_latents: true,
         keep_raw: a.save_raw.is_some(),
         profile: a.profile,
         tiling,
-        progress: progress_bar(a.json),
+        progress: Some(activity.progress()),
         keep_f16_overflow: false,
     };
-    let out = wgvae::decode(&ctx, &vae, &latents, &opts)?;
+    let out = wgvae::decode(&ctx, &vae, &latents, &opts);
+    drop(activity);
+    let out = out?;
     super::interrupt::check()?;
     ctx.save_pipeline_cache();
     for (p, img) in paths.iter().zip(&out.rgba) {

@@ -6,7 +6,7 @@ use serde_json::json;
 use wgvae::LoadOptions;
 
 use super::outputs::{check_file, write_atomically, Inputs};
-use super::progress::progress_bar;
+use super::progress::Activity;
 use super::tiles::{print_tiling, TileArgs};
 use super::{context, mib};
 
@@ -32,8 +32,9 @@ pub(crate) struct EncodeArgs {
     /// diffusers config.json for a weight file without one beside it.
     #[arg(long)]
     config: Option<PathBuf>,
-    /// Storage precision: f32, f16, bf16 or auto (arithmetic stays f32).
-    #[arg(long, default_value = "f32")]
+    /// Storage precision: f32, f16, bf16 or auto (the default, as `wgvae decode --dtype`;
+    /// arithmetic stays f32).
+    #[arg(long, default_value = "auto")]
     dtype: String,
     /// Tiling as for decode; tile sizes count input image pixels.
     #[command(flatten)]
@@ -77,6 +78,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
     }
     let pixels = wgvae::encode::load_image(&a.image, a.pad)?;
     let start = std::time::Instant::now();
+    let activity = Activity::start(a.json, "encoding", ctx.pipelines());
     let out = wgvae::encode::encode(
         &ctx,
         &enc,
@@ -85,9 +87,11 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
             sample: a.sample,
             raw_latents: a.raw_latents,
             tiling,
-            progress: progress_bar(a.json),
+            progress: Some(activity.progress()),
         },
-    )?;
+    );
+    drop(activity);
+    let out = out?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
     write_atomically(&a.output, "-o", |w| {
         wgvae::io::write_latents_to(w, &a.output, &out.latents)

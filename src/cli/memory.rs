@@ -19,8 +19,9 @@ pub(crate) struct MemoryArgs {
     /// Images per decode (the latents' batch size N).
     #[arg(long, default_value_t = 1)]
     batch: usize,
-    /// Storage precision: f32, f16, bf16 or auto (as `wgvae decode --dtype`).
-    #[arg(long, default_value = "f32")]
+    /// Storage precision: f32, f16, bf16 or auto (the default, as `wgvae decode --dtype`: it
+    /// resolves for the predicted device, so `--reference-gpu` predicts 16-bit storage).
+    #[arg(long, default_value = "auto")]
     dtype: String,
     /// Memory pool policy: planned (replayed plan), caching (PyTorch-like) or exact.
     #[arg(long, default_value = "planned")]

@@ -70,9 +70,11 @@ pub enum Precision {
     /// bfloat16 (the high half of an f32, rounded to nearest even), always
     /// packed in `u32` pairs: half the memory, f32's range, 8 significant bits.
     BF16,
-    /// f16 for models known to stay in f16's range (the TAE family, the SD
-    /// 1.x VAE), bf16 for the others (SDXL's VAE overflows f16; the SD3 and
-    /// FLUX.1 VAEs are run upcast by diffusers). See [`Precision::resolve`].
+    /// The front doors' default (CLI, Python, ComfyUI). On a GPU: f16 for
+    /// models known to stay in f16's range (the TAE family, the SD 1.x VAE),
+    /// bf16 for the others (SDXL's VAE overflows f16; the SD3 and FLUX.1 VAEs
+    /// are run upcast by diffusers). On a CPU adapter (lavapipe, llvmpipe,
+    /// WARP): f32. See [`Precision::resolve`].
     Auto,
 }
 
@@ -84,24 +86,24 @@ crate::named::named!(Precision, "dtype", {
 });
 
 impl Precision {
-    /// The dtype for a model: `f16_safe` says whether the model's
-    /// activations are known to fit f16. The device does not change it.
+    /// The dtype for a model on a device: `f16_safe` says whether the
+    /// model's activations are known to fit f16.
     ///
-    /// `Auto` is a memory choice: it always picks a 16-bit type, f16 for
+    /// On a GPU `Auto` is a memory choice: always a 16-bit type, f16 for
     /// f16-safe models and bf16 for the others, **also on devices without
     /// `shader-f16`**. There f16 is stored packed (`unpack2x16float` /
     /// `pack2x16float` on `u32` pairs): the same memory and the same
     /// conversion work per element as bf16 — which is packed on every device
     /// — with 3 more significant bits, so packed f16 beats bf16 for f16-safe
-    /// models. Whether either is faster than f32 depends on the device (the
-    /// conversions cost ALU work; halved traffic saves bandwidth): ask for
-    /// `F32` when speed matters more than memory on a device where
-    /// [`Precision::native_f16`] is false.
-    pub fn resolve(self, f16_safe: bool) -> DType {
+    /// models. On a CPU adapter `Auto` is f32: host memory is plentiful, the
+    /// conversions only add work there, and it is what PyTorch (and ComfyUI)
+    /// decode in on a CPU.
+    pub fn resolve(self, f16_safe: bool, caps: &crate::gpu::Capabilities) -> DType {
         match self {
             Precision::F32 => DType::F32,
             Precision::F16 => DType::F16,
             Precision::BF16 => DType::BF16,
+            Precision::Auto if caps.is_cpu() => DType::F32,
             Precision::Auto if f16_safe => DType::F16,
             Precision::Auto => DType::BF16,
         }
@@ -439,7 +441,7 @@ impl Vae {
                     "`{spec}` is a Qwen-Image VAE: its pipeline latents are un-normalised per channel with latents_mean / latents_std (from config.json, `LoadOptions::config`), not a scaling or shift factor; drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`"
                 )));
             }
-            let dtype = opts.precision.resolve(false);
+            let dtype = opts.precision.resolve(false, ctx.caps());
             let config = opts.config.as_deref();
             let dec = QwenImageDecoder::open(ctx, spec, config, dtype, opts.seed)?;
             let random = spec.starts_with("preset:");
@@ -456,7 +458,7 @@ impl Vae {
             let mut cfg = AutoencoderKlConfig::preset(name)?;
             apply_overrides(&mut cfg, opts)?;
             let store = WeightStore::random_for(ctx, opts.seed);
-            let dtype = opts.precision.resolve(cfg.is_f16_safe());
+            let dtype = opts.precision.resolve(cfg.is_f16_safe(), ctx.caps());
             store.set_dtype(dtype);
             let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
             let name = format!("{name} preset (random weights, seed {})", opts.seed);
@@ -471,14 +473,14 @@ impl Vae {
             )));
         }
         if store.layout() == Layout::Tae {
-            let dtype = opts.precision.resolve(true);
+            let dtype = opts.precision.resolve(true, ctx.caps());
             store.set_dtype(dtype);
             let tae = TaeDecoder::load(ctx, &store)?;
             let name = format!("{} ({})", tae.variant_name(), weights.display());
             return Ok(Vae::new(Decoder::Tae(tae), name, dtype, false));
         }
         let cfg = resolve_config(&store, config.as_deref(), opts)?;
-        let dtype = opts.precision.resolve(cfg.is_f16_safe());
+        let dtype = opts.precision.resolve(cfg.is_f16_safe(), ctx.caps());
         store.set_dtype(dtype);
         let kl = AutoencoderKl::load(ctx, &cfg, &store)?;
         let name = format!(

@@ -74,7 +74,7 @@ impl VaeEncoder {
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
             let store = crate::models::weights::WeightStore::random_for(ctx, opts.seed);
-            store.set_dtype(opts.precision.resolve(cfg.is_f16_safe()));
+            store.set_dtype(opts.precision.resolve(cfg.is_f16_safe(), ctx.caps()));
             let mut enc = Self::from_kl_config(ctx, &cfg, &store)?;
             enc.name = format!("{name} preset encoder (random weights, seed {})", opts.seed);
             return Ok(enc);
@@ -88,7 +88,7 @@ impl VaeEncoder {
             )));
         }
         if store.layout() == Layout::Tae {
-            let dtype = opts.precision.resolve(true);
+            let dtype = opts.precision.resolve(true, ctx.caps());
             store.set_dtype(dtype);
             let tae = TaeEncoder::load(ctx, &store)?;
             let name = format!(
@@ -99,7 +99,7 @@ impl VaeEncoder {
             return Ok(VaeEncoder::new(EncoderKind::Tae(tae), name, dtype));
         }
         let cfg = crate::models::resolve_config(&store, config.as_deref(), opts)?;
-        let dtype = opts.precision.resolve(cfg.is_f16_safe());
+        let dtype = opts.precision.resolve(cfg.is_f16_safe(), ctx.caps());
         store.set_dtype(dtype);
         let kl = AutoencoderKlEncoder::load(ctx, &cfg, &store)?;
         let name = format!(

@@ -285,7 +285,7 @@ pub(crate) fn decode_video(
             ..Default::default()
         },
     )?;
-    let dtype = precision.resolve(matches!(loaded, VideoVae::Taehv(_)));
+    let dtype = loaded.dtype_for(precision, ctx.caps());
     let decoder = loaded.model();
     let layout = layout_flag.unwrap_or_else(|| decoder.latent_layout());
     let given = match a

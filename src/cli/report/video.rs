@@ -16,7 +16,7 @@ use wgvae::frames::LatencySummary;
 use wgvae::gpu::Context;
 use wgvae::io::HostTensor;
 use wgvae::models::{LoadOptions, Precision};
-use wgvae::video::{load_video_decoder, VideoModel, VideoVae};
+use wgvae::video::{load_video_decoder, VideoModel};
 use wgvae::VideoDecoder;
 
 /// What to benchmark.
@@ -230,7 +230,7 @@ pub fn run_video_bench(
             ..Default::default()
         };
         let loaded = load_video_decoder(&ctx, &b.vae, &load)?;
-        let dtype = precision.resolve(matches!(loaded, VideoVae::Taehv(_)));
+        let dtype = loaded.dtype_for(precision, ctx.caps());
         let model = loaded.model();
         let up = model.upscale();
         if b.size == 0 || !b.size.is_multiple_of(up) {
