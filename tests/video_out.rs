@@ -435,3 +435,110 @@ fn sigint_stops_ffmpeg_and_leaves_no_file() {
         .collect();
     assert!(left.is_empty(), "still running: {left:?}");
 }
+
+/// A second signal exits at once and kills ffmpeg with it. The stand-in
+/// ffmpeg ignores SIGINT/SIGTERM and never exits, so once the frames are in
+/// its pipe the run waits for it and the first SIGTERM cannot stop it (a
+/// stop between frames would kill ffmpeg on the way out: the test checks
+/// that this is not what happened); the second one must.
+#[test]
+fn a_second_signal_kills_ffmpeg() {
+    let Some(shared) = shared_dir() else { return };
+    let root = tempfile::tempdir().unwrap();
+    let d = root.path();
+    let pid_file = d.join("ffmpeg.pid");
+    let fake = d.join("stuck-ffmpeg");
+    std::fs::write(
+        &fake,
+        format!(
+            "#!/bin/sh\nif [ \"$2\" = -encoders ]; then echo ' V....D libx264   H.264'; exit 0; fi\ntrap '' INT TERM\necho $$ > {}\nexec sleep 600\n",
+            pid_file.display()
+        ),
+    )
+    .unwrap();
+    use std::os::unix::fs::PermissionsExt;
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).unwrap();
+    // A few small frames: they all fit in the pipe, so the decode finishes.
+    let latents = small_latents(&shared, d);
+    let out = d.join("out");
+    std::fs::create_dir_all(&out).unwrap();
+    let vae = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
+    let mut child = Command::new(exe())
+        .args([
+            "decode",
+            s(&latents),
+            "--vae",
+            s(&vae),
+            "--video-out",
+            s(&out.join("v.mp4")),
+            "--ffmpeg",
+            s(&fake),
+        ])
+        .stdout(std::process::Stdio::null())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let start = std::time::Instant::now();
+    let pid = loop {
+        if let Some(status) = child.try_wait().unwrap() {
+            panic!("the decode ended ({status}) before ffmpeg started");
+        }
+        if let Some(pid) = std::fs::read_to_string(&pid_file)
+            .ok()
+            .and_then(|p| p.trim().parse::<u32>().ok())
+        {
+            break pid;
+        }
+        assert!(start.elapsed().as_secs() < 300, "ffmpeg not started in 300 s");
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    };
+    let stat = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
+    let alive = |pid: u32| stat(pid).is_some_and(|s| !s.contains(") Z "));
+    // CPU ticks (user + system) of the run: flat once it only waits for ffmpeg.
+    let ticks = |pid: u32| {
+        stat(pid).map_or(0, |s| {
+            let f: Vec<&str> = s.rsplit(") ").next().unwrap_or("").split(' ').collect();
+            f[11].parse::<u64>().unwrap_or(0) + f[12].parse::<u64>().unwrap_or(0)
+        })
+    };
+    let wgvae_pid = child.id();
+    let mut last = ticks(wgvae_pid);
+    loop {
+        std::thread::sleep(std::time::Duration::from_millis(700));
+        let now = ticks(wgvae_pid);
+        if now == last {
+            break;
+        }
+        last = now;
+        assert!(start.elapsed().as_secs() < 300, "the decode is still busy after 300 s");
+    }
+    let term = || {
+        let ok = Command::new("kill")
+            .args(["-TERM", &wgvae_pid.to_string()])
+            .status()
+            .unwrap()
+            .success();
+        assert!(ok, "kill -TERM");
+    };
+    term();
+    std::thread::sleep(std::time::Duration::from_millis(700));
+    assert!(
+        child.try_wait().unwrap().is_none() && alive(pid),
+        "the first signal stopped the run: the case under test did not arise"
+    );
+    term();
+    let done = child.wait_with_output().unwrap();
+    let err = String::from_utf8_lossy(&done.stderr);
+    assert_eq!(done.status.code(), Some(143), "{err}");
+    let gone = std::time::Instant::now();
+    while alive(pid) && gone.elapsed().as_secs() < 5 {
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    assert!(!alive(pid), "ffmpeg (pid {pid}) still runs after the second signal");
+    assert!(
+        temporaries(&out).is_empty(),
+        "{:?}; {err}",
+        temporaries(&out)
+    );
+    assert!(!out.join("v.mp4").exists(), "{err}");
+}

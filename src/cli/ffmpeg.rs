@@ -16,6 +16,7 @@
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
+use std::sync::Arc;
 
 use wgvae::kernels::image::{cpu_to_rgb8, ImageRange};
 use wgvae::y4m::FrameRate;
@@ -274,7 +275,9 @@ pub(crate) fn check(exe: &Path, container: &Container, out: &Path) -> wgvae::Res
 /// One video streamed into ffmpeg: [`FfmpegWriter::write_frame`] per frame,
 /// then [`FfmpegWriter::finish`]; dropped unfinished, ffmpeg is killed.
 pub(crate) struct FfmpegWriter {
-    child: Child,
+    /// Shared with the signal thread, which kills it on a second signal;
+    /// locked only for a poll, a kill or a reap, never while waiting.
+    child: Arc<parking_lot::Mutex<Child>>,
     stdin: Option<std::io::BufWriter<ChildStdin>>,
     /// Reads ffmpeg's stderr (so it never blocks on a full pipe).
     stderr: Option<std::thread::JoinHandle<Vec<u8>>>,
@@ -320,6 +323,10 @@ impl FfmpegWriter {
             .stdin(Stdio::piped())
             .stdout(Stdio::null())
             .stderr(Stdio::piped());
+        // Its own process group: a terminal's Ctrl-C reaches wgvae alone,
+        // which stops ffmpeg itself (killed on a second signal).
+        #[cfg(unix)]
+        std::os::unix::process::CommandExt::process_group(&mut cmd, 0);
         let mut child = cmd.spawn().map_err(|e| {
             bad(
                 path,
@@ -335,7 +342,7 @@ impl FfmpegWriter {
             })
         });
         Ok(FfmpegWriter {
-            child,
+            child: super::interrupt::child(child),
             stdin,
             stderr,
             width,
@@ -403,7 +410,13 @@ impl FfmpegWriter {
 
     fn wait(&mut self) -> std::io::Result<std::process::ExitStatus> {
         drop(self.stdin.take());
-        self.child.wait()
+        // Polled, not `wait`ed under the lock: the signal thread may need it.
+        loop {
+            if let Some(status) = self.child.lock().try_wait()? {
+                return Ok(status);
+            }
+            std::thread::sleep(std::time::Duration::from_millis(5));
+        }
     }
 
     fn failed(&mut self, what: &str) -> Error {
@@ -428,11 +441,12 @@ impl Drop for FfmpegWriter {
     fn drop(&mut self) {
         // Unfinished (an error, a signal): ffmpeg must not go on writing the
         // temporary file the staged output removes.
-        if let Ok(None) = self.child.try_wait() {
-            let _ = self.child.kill();
+        let mut child = self.child.lock();
+        if let Ok(None) = child.try_wait() {
+            let _ = child.kill();
         }
         drop(self.stdin.take());
-        let _ = self.child.wait();
+        let _ = child.wait();
     }
 }
 

@@ -1,8 +1,9 @@
 //! SIGINT / SIGTERM. The first asks the run to stop at its next chunk,
 //! frame ([`check`]) or tile ([`flag`], `Context::with_cancel`); unwinding
 //! drops the staged outputs, which remove their temporary files, and `main`
-//! exits 130 / 143. A second signal exits at once after removing the
-//! temporary files still registered here ([`Live`]).
+//! exits 130 / 143. A second signal exits at once after killing the child
+//! processes ([`child`]: ffmpeg) and removing the temporary files still
+//! registered here ([`Live`]).
 
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicBool, AtomicI32, Ordering};
@@ -24,6 +25,33 @@ pub(crate) fn flag() -> Arc<AtomicBool> {
 /// thread must find them whatever the run is doing.
 static LIVE: parking_lot::Mutex<Vec<PathBuf>> = parking_lot::const_mutex(Vec::new());
 
+/// Child processes that run now (ffmpeg writing a video): a second signal
+/// kills them before exiting, so none goes on writing a removed file.
+static CHILDREN: parking_lot::Mutex<Vec<std::sync::Weak<parking_lot::Mutex<std::process::Child>>>> =
+    parking_lot::const_mutex(Vec::new());
+
+/// Registers `child` (spawned in its own process group: a terminal's Ctrl-C
+/// reaches wgvae alone, which stops it) for the second signal to kill; it is
+/// forgotten when dropped.
+pub(crate) fn child(child: std::process::Child) -> Arc<parking_lot::Mutex<std::process::Child>> {
+    let child = Arc::new(parking_lot::Mutex::new(child));
+    let mut children = CHILDREN.lock();
+    children.retain(|c| c.strong_count() > 0);
+    children.push(Arc::downgrade(&child));
+    child
+}
+
+/// Kills the registered children (the signal thread, before exiting).
+fn kill_children() {
+    for c in CHILDREN.lock().iter().filter_map(std::sync::Weak::upgrade) {
+        // Never held long (see `FfmpegWriter`): a poll, a kill, a reap.
+        if let Some(mut c) = c.try_lock_for(std::time::Duration::from_millis(500)) {
+            let _ = c.kill();
+            let _ = c.wait();
+        }
+    }
+}
+
 /// Starts the thread that takes SIGINT and SIGTERM (once, at start-up).
 pub(crate) fn install() {
     #[cfg(unix)]
@@ -42,6 +70,7 @@ pub(crate) fn install() {
                     .compare_exchange(0, sig, Ordering::SeqCst, Ordering::SeqCst)
                     .is_err()
                 {
+                    kill_children();
                     // Holding the lock until exit: no new temporary file
                     // can appear after the sweep.
                     let mut live = LIVE.lock();
