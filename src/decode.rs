@@ -126,6 +126,28 @@ pub(crate) fn decode_replay<'a>(
     )
 }
 
+/// The replay of an untiled decode of device latents of `shape` (the
+/// recording of [`crate::run::input::record_decoder_from_buffer`], whose
+/// allocations differ from a host decode's when it un-normalises on the GPU).
+pub(crate) fn device_decode_replay<'a>(
+    ctx: &'a Context,
+    vae: &Vae,
+    shape: [usize; 4],
+    raw_latents: bool,
+) -> Result<Replay<'a>> {
+    Replay::recorded(
+        ctx,
+        || format!("{}:device:{raw_latents}", plan_key(vae, &shape)),
+        |rec| {
+            let raw =
+                crate::run::input::record_decoder_from_buffer(rec, vae, shape, None, raw_latents)?;
+            let [n, _, h, w] = crate::models::layers::dims4(&raw)?;
+            let pixels = Tensor::empty(rec.ctx(), &[n, h, w], DType::Rgba8, "rgba8 image")?;
+            to_rgba8(rec, &raw, vae.output_range(), &pixels)
+        },
+    )
+}
+
 /// A decode as the runner sees it.
 struct DecodeJob<'a> {
     vae: &'a Vae,

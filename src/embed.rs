@@ -49,7 +49,7 @@
 
 use parking_lot::Mutex;
 
-use crate::decode::{decode_replay, DecodeOptions};
+use crate::decode::{decode_replay, device_decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, CooperativeMatrix, Recorder};
 use crate::io::HostTensor;
@@ -57,7 +57,7 @@ use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTU
 use crate::memory::Policy;
 use crate::models::{layers::dims4, LoadOptions, Vae};
 use crate::run::input::{record_decoder, record_decoder_from_buffer};
-use crate::run::{precision, run_untiled};
+use crate::run::{precision, run_untiled, Replay};
 use crate::tensor::{DType, Tensor};
 
 pub use crate::gpu::requirements::{
@@ -118,14 +118,24 @@ impl<'a> From<DeviceLatents<'a>> for Latents<'a> {
 /// Latents checked and (for host latents) unscaled, ready to record.
 enum Prepared<'a> {
     Host(HostTensor),
-    Device(&'a DeviceLatents<'a>),
+    /// Device latents and the decoder's input shape.
+    Device(&'a DeviceLatents<'a>, [usize; 4]),
 }
 
 impl Prepared<'_> {
+    /// The memory plan of an untiled decode of these latents with `vae`.
+    fn replay<'c>(&self, ctx: &'c Context, vae: &Vae, raw_latents: bool) -> Result<Replay<'c>> {
+        match self {
+            Prepared::Host(z) => decode_replay(ctx, vae, &z.shape),
+            Prepared::Device(d, _) => device_decode_replay(ctx, vae, d.shape, raw_latents),
+        }
+    }
+
+    /// The decoder's input shape.
     fn shape(&self) -> [usize; 4] {
         match self {
             Prepared::Host(z) => [z.shape[0], z.shape[1], z.shape[2], z.shape[3]],
-            Prepared::Device(d) => d.shape,
+            Prepared::Device(_, z) => *z,
         }
     }
 }
@@ -385,12 +395,8 @@ impl Engine {
                 Ok(Prepared::Host(z))
             }
             Latents::Device(d) => {
-                crate::run::input::refuse_device_pipeline_latents(
-                    &self.vae,
-                    self.options.raw_latents,
-                )?;
-                d.validate(&self.vae)?;
-                Ok(Prepared::Device(d))
+                let z = d.decoder_shape(&self.vae, self.options.raw_latents)?;
+                Ok(Prepared::Device(d, z))
             }
         }
     }
@@ -399,9 +405,13 @@ impl Engine {
         match latents {
             Prepared::Host(z) => record_decoder(rec, vae, z),
             // Host latents were unscaled on the host; device latents on the GPU.
-            Prepared::Device(d) => {
-                record_decoder_from_buffer(rec, vae, d, self.options.raw_latents)
-            }
+            Prepared::Device(d, _) => record_decoder_from_buffer(
+                rec,
+                vae,
+                d.shape,
+                Some((d.buffer, d.offset)),
+                self.options.raw_latents,
+            ),
         }
     }
 
@@ -509,7 +519,7 @@ impl Engine {
         vae: &Vae,
         prepared: &Prepared,
     ) -> Result<(Vec<Vec<u8>>, usize, usize, u64)> {
-        let replay = decode_replay(&self.ctx, vae, &prepared.shape())?;
+        let replay = prepared.replay(&self.ctx, vae, self.options.raw_latents)?;
         let record = |rec: &mut Recorder| {
             let raw = self.record_raw(rec, vae, prepared)?;
             let [n, _, h, w] = dims4(&raw)?;
@@ -576,7 +586,7 @@ impl Engine {
         });
         let vae = self.active_vae()?;
         let mut rec = Recorder::with_encoder(&self.ctx, encoder);
-        let replay = decode_replay(&self.ctx, vae, &shape)?;
+        let replay = prepared.replay(&self.ctx, vae, self.options.raw_latents)?;
         let output = self.record_raw(&mut rec, vae, &prepared).and_then(|raw| {
             let written = intermediate.as_ref().unwrap_or(target);
             to_texture(&mut rec, &raw, vae.output_range(), written)?;

@@ -986,34 +986,50 @@ fn engine_with_adapter_uses_cooperative_matrices_where_offered() {
 }
 
 /// A FLUX.2 engine: host pipeline latents (128-channel maps) take the path of
-/// `decode` (un-normalised on the host); pipeline latents in a device buffer
-/// are refused with the fix, raw z from the buffer decodes alike.
+/// `decode` (un-normalised on the host); the same maps in a device buffer are
+/// un-normalised and unpatchified on the GPU (within ±1 of the host path);
+/// raw z from a buffer decodes
+/// alike, and each form given to the other mode is refused naming the fix.
 #[test]
-fn flux2_engine_host_latents_and_device_z() {
+fn flux2_engine_host_latents_and_device_latents() {
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/flux2-tiny");
     let (device, queue) = host();
     let engine = engine(&dir);
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let reference = engine.decode_to_image(&latents).unwrap();
+    let buffer_of = |t: &wgvae::io::HostTensor| {
+        let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+            label: Some("flux2 latents"),
+            size: bytes.len() as u64,
+            usage: wgpu::BufferUsages::STORAGE
+                | wgpu::BufferUsages::COPY_SRC
+                | wgpu::BufferUsages::COPY_DST,
+            mapped_at_creation: false,
+        });
+        queue.write_buffer(&buffer, 0, bytes);
+        buffer
+    };
+    let maps_buffer = buffer_of(&latents);
+    let maps = DeviceLatents {
+        buffer: &maps_buffer,
+        offset: 0,
+        shape: latents.shape.clone().try_into().unwrap(),
+    };
+    let from_maps = engine.decode_to_image(maps).unwrap();
+    let (worst, differing) = compare(from_maps.as_raw(), reference.as_raw());
+    println!("FLUX.2 maps from a buffer: {differing} bytes differ, worst by {worst}");
+    assert!(worst <= 1, "pipeline maps from a buffer: {worst}");
     let z = read_npy(&dir.join("z.npy")).unwrap();
-    let bytes: &[u8] = bytemuck::cast_slice(&z.data);
-    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("flux2 z"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    queue.write_buffer(&buffer, 0, bytes);
+    let z_buffer = buffer_of(&z);
     let on_device = DeviceLatents {
-        buffer: &buffer,
+        buffer: &z_buffer,
         offset: 0,
         shape: z.shape.clone().try_into().unwrap(),
     };
     let e = engine.decode_to_image(on_device).unwrap_err().to_string();
-    assert!(e.contains("FLUX.2") && e.contains("raw_latents"), "{e}");
+    assert!(e.contains("128") && e.contains("raw_latents"), "{e}");
     let raw_engine = Engine::with_options(
         device.clone(),
         queue.clone(),
@@ -1028,4 +1044,53 @@ fn flux2_engine_host_latents_and_device_z() {
     let from_z = raw_engine.decode_to_image(on_device).unwrap();
     let (worst, _) = compare(from_z.as_raw(), reference.as_raw());
     assert!(worst <= 1, "z from a buffer: {worst}");
+    let e = raw_engine.decode_to_image(maps).unwrap_err().to_string();
+    assert!(e.contains("expects 32") && e.contains("raw z"), "{e}");
+}
+
+/// A Qwen-Image engine: pipeline latents in a device buffer are
+/// un-normalised per channel on the GPU, dividing as the pipeline does —
+/// the same image as host latents (within ±1), through both the read-back
+/// and the texture path.
+#[test]
+fn qwen_image_pipeline_latents_from_a_device_buffer() {
+    let Some(shared) = shared_dir() else { return };
+    let dir = shared.join("golden/qwenimage-tiny");
+    let (device, queue) = host();
+    let engine = engine(&dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let reference = engine.decode_to_image(&latents).unwrap();
+    // N×16×1×h×w: one frame, the same bytes as N×16×h×w.
+    let shape: [usize; 4] = match *latents.shape.as_slice() {
+        [n, c, 1, h, w] | [n, c, h, w] => [n, c, h, w],
+        ref s => panic!("unexpected latents {s:?}"),
+    };
+    let bytes: &[u8] = bytemuck::cast_slice(&latents.data);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("qwen-image latents"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&buffer, 0, bytes);
+    let on_device = DeviceLatents {
+        buffer: &buffer,
+        offset: 0,
+        shape,
+    };
+    let image = engine.decode_to_image(on_device).unwrap();
+    let (worst, differing) = compare(image.as_raw(), reference.as_raw());
+    println!("Qwen-Image latents from a buffer: {differing} bytes differ, worst by {worst}");
+    assert!(worst <= 1, "{worst}");
+    let texture = decode_into_host_texture(
+        &engine,
+        device,
+        queue,
+        on_device,
+        &shape,
+        wgpu::TextureFormat::Rgba8Unorm,
+    )
+    .unwrap();
+    let (worst, _) = compare(&texture.texels, reference.as_raw());
+    assert!(worst <= 1, "texture: {worst}");
 }

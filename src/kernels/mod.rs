@@ -12,6 +12,7 @@ mod coop_probe_tests;
 pub mod elementwise;
 pub mod group_norm;
 pub mod image;
+pub mod latent_affine;
 pub mod matmul;
 pub mod rms_norm;
 pub mod tensor_ops;
@@ -76,6 +77,7 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     v.extend(conv2d::variants());
     v.extend(group_norm::variants());
     v.extend(image::variants());
+    v.extend(latent_affine::variants());
     v.extend(matmul::variants());
     v.extend(rms_norm::variants());
     v.extend(tensor_ops::variants());

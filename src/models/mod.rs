@@ -761,20 +761,25 @@ impl Vae {
             return Ok(t);
         }
         if self.flux2().is_some() {
-            let bn = match &self.decoder {
-                Decoder::Kl(k) => k.latent_bn.as_ref(),
-                Decoder::Tae(_) | Decoder::QwenImage(_) => None,
-            };
-            let bn = bn.ok_or_else(|| {
-                Error::InvalidInput(format!(
-                    "{}: the weights hold no `bn.running_mean` / `bn.running_var`, which FLUX.2 pipeline latents need to be un-normalised; decode raw latents z (N×32×h×w) with `DecodeOptions::raw_latents`, or load the full VAE file",
-                    self.name
-                ))
-            })?;
-            return bn.to_z(&t);
+            return self.latent_batch_norm()?.to_z(&t);
         }
         self.unscale_latents(&mut t)?;
         Ok(t)
+    }
+
+    /// FLUX.2's latent BatchNorm statistics (an error naming the fix when
+    /// the weights hold none: pipeline latents cannot be un-normalised).
+    pub(crate) fn latent_batch_norm(&self) -> Result<&crate::latents::LatentBatchNorm> {
+        let bn = match &self.decoder {
+            Decoder::Kl(k) => k.latent_bn.as_ref(),
+            Decoder::Tae(_) | Decoder::QwenImage(_) => None,
+        };
+        bn.ok_or_else(|| {
+            Error::InvalidInput(format!(
+                "{}: the weights hold no `bn.running_mean` / `bn.running_var`, which FLUX.2 pipeline latents need to be un-normalised; decode raw latents z (N×32×h×w) with `DecodeOptions::raw_latents`, or load the full VAE file",
+                self.name
+            ))
+        })
     }
 
     /// Pipeline latents → decoder input, as diffusers pipelines do:

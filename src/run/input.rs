@@ -13,6 +13,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::io::HostTensor;
 use crate::models::{Taps, Vae};
+use crate::kernels::latent_affine::{latent_affine, Affine};
 use crate::tensor::{DType, Tensor};
 
 /// f32 latents in a buffer the host owns: `shape` = [N, C, h, w], contiguous
@@ -24,7 +25,8 @@ pub struct DeviceLatents<'a> {
     pub buffer: &'a wgpu::Buffer,
     /// Byte offset of the first value, a multiple of 4.
     pub offset: u64,
-    /// `[N, C, h, w]`; `C` must be the VAE's latent channel count.
+    /// `[N, C, h, w]`: `C` is the VAE's latent channel count (FLUX.2 pipeline
+    /// latents: 4 × its 32, the 2×2-patchified maps).
     pub shape: [usize; 4],
 }
 
@@ -34,8 +36,10 @@ impl DeviceLatents<'_> {
         self.shape.iter().product::<usize>() as u64 * 4
     }
 
-    /// Checks shape, usage, alignment and bounds against `vae`.
-    pub fn validate(&self, vae: &Vae) -> Result<()> {
+    /// Checks shape, usage, alignment and bounds against `vae`, for
+    /// pipeline latents or (`raw_latents`) decoder input; returns the shape
+    /// the decoder gets (FLUX.2 pipeline maps N×128×h×w: N×32×2h×2w).
+    pub fn decoder_shape(&self, vae: &Vae, raw_latents: bool) -> Result<[usize; 4]> {
         let [n, c, h, w] = self.shape;
         if n == 0 || h == 0 || w == 0 {
             return Err(Error::InvalidInput(format!(
@@ -43,12 +47,21 @@ impl DeviceLatents<'_> {
                 self.shape
             )));
         }
-        if c != vae.latent_channels() {
+        let patched = !raw_latents && vae.flux2().is_some();
+        let want = vae.latent_channels() * if patched { 4 } else { 1 };
+        if c != want {
+            let form = match (patched, raw_latents && vae.flux2().is_some()) {
+                (true, _) => " (FLUX.2 pipeline latents: 2×2-patchified maps; raw z N×32×h×w needs `raw_latents`)",
+                (false, true) => " (raw z; FLUX.2 pipeline maps N×128×h×w are decoded without `raw_latents`)",
+                _ => "",
+            };
             return Err(Error::InvalidInput(format!(
-                "latents have {c} channels (shape {:?}) but this VAE expects {}",
-                self.shape,
-                vae.latent_channels()
+                "latents have {c} channels (shape {:?}) but this VAE expects {want}{form}",
+                self.shape
             )));
+        }
+        if patched {
+            vae.latent_batch_norm()?;
         }
         if !self.buffer.usage().contains(wgpu::BufferUsages::COPY_SRC) {
             return Err(Error::InvalidInput(format!(
@@ -73,7 +86,10 @@ impl DeviceLatents<'_> {
                 self.buffer.size()
             )));
         }
-        Ok(())
+        Ok(match patched {
+            true => [n, c / 4, 2 * h, 2 * w],
+            false => self.shape,
+        })
     }
 }
 
@@ -87,52 +103,70 @@ pub(crate) fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> R
 }
 
 /// Records a decode of latents in a host buffer → raw output [N, 3, H, W]:
-/// `copy_buffer_to_buffer` into a pool tensor, then — unless `raw_latents` —
-/// the unscaling `x * (1 / scaling_factor) + shift_factor` with the
-/// elementwise ScaleShift kernel, then the decoder.
+/// `copy_buffer_to_buffer` of `source` (buffer, byte offset; `None` on a null
+/// device, whose trace plans the run) into a pool tensor of `shape`, then —
+/// unless `raw_latents` — the pipeline's un-normalisation on the GPU, then
+/// the decoder. Call [`DeviceLatents::decoder_shape`] first.
 ///
-/// The host path ([`Vae::unscale_latents`]) divides; multiplying by the f32
-/// reciprocal differs from the division by at most one ulp (and the device
-/// may fuse the multiply-add), far below what changes a decoded pixel by more
-/// than ±1. NaN / infinite latents are not detected (that would need a read
-/// back).
+/// The un-normalisation is the host path's ([`Vae::decoder_input`]):
+/// - FLUX.2: `x · sqrt(var + eps) + mean` per patch channel and the 2×2
+///   unpatchify, one [`latent_affine`] pass;
+/// - Qwen-Image: `x / (1 / latents_std) + latents_mean` per channel, one pass;
+/// - a scaling and shift factor: `x * (1 / scaling_factor) + shift_factor` in
+///   place with the elementwise ScaleShift kernel. The host path divides;
+///   multiplying by the f32 reciprocal differs from the division by at most
+///   one ulp (and the device may fuse the multiply-add), far below what
+///   changes a decoded pixel by more than ±1.
+///
+/// NaN / infinite latents are not detected (that would need a read back).
 pub(crate) fn record_decoder_from_buffer(
     rec: &mut Recorder,
     vae: &Vae,
-    latents: &DeviceLatents,
+    shape: [usize; 4],
+    source: Option<(&wgpu::Buffer, u64)>,
     raw_latents: bool,
 ) -> Result<Tensor> {
-    refuse_device_pipeline_latents(vae, raw_latents)?;
-    latents.validate(vae)?;
-    if !raw_latents && vae.latent_normalization().is_some() {
-        return Err(crate::error::Error::Unsupported(format!(
-            "{}: pipeline latents in a device buffer are un-normalised per channel (latents_mean / latents_std) only on the host: pass host latents, or un-normalise them yourself and decode raw (`raw_latents`)",
-            vae.name
-        )));
-    }
     track_f16(rec, vae)?;
-    let input = Tensor::empty(rec.ctx(), &latents.shape, DType::F32, "latents")?;
-    rec.copy_from_buffer(latents.buffer, latents.offset, &input)?;
+    let input = Tensor::empty(rec.ctx(), &shape, DType::F32, "latents")?;
+    if let Some((buffer, offset)) = source {
+        rec.copy_from_buffer(buffer, offset, &input)?;
+    }
+    let input = match raw_latents {
+        true => input,
+        false => unnormalize(rec, vae, input)?,
+    };
+    vae.forward(rec, input, &mut Taps::default())
+}
+
+/// Pipeline latents → decoder input on the device (see
+/// [`record_decoder_from_buffer`]).
+fn unnormalize(rec: &mut Recorder, vae: &Vae, x: Tensor) -> Result<Tensor> {
+    let [n, c, h, w] = <[usize; 4]>::try_from(x.shape())
+        .map_err(|_| Error::shape("latents", format!("{x:?} is not N×C×h×w")))?;
+    let per_channel = |op, r: usize, a: Vec<f32>, s: &[f32], rec: &mut Recorder| {
+        let coef = Tensor::from_f32_in(rec, &[2 * c], &[a.as_slice(), s].concat(), "latent statistics")?;
+        let z = Tensor::empty(rec.ctx(), &[n, c / (r * r), h * r, w * r], DType::F32, "latents z")?;
+        latent_affine(rec, op, r, &x, &coef, &z)?;
+        Ok::<_, Error>(z)
+    };
+    if vae.flux2().is_some() {
+        let bn = vae.latent_batch_norm()?;
+        return per_channel(Affine::Multiply, 2, bn.std.clone(), &bn.mean, rec);
+    }
+    if let Some((mean, std)) = vae.latent_normalization() {
+        // As the pipeline: `latents_std = 1 / std`, then `latents / latents_std`.
+        let inv = std.iter().map(|s| 1.0 / s).collect();
+        return per_channel(Affine::Divide, 1, inv, mean, rec);
+    }
     let (scale, shift) = vae.latent_scaling();
-    if !raw_latents && (scale != 1.0 || shift != 0.0) {
+    if scale != 1.0 || shift != 0.0 {
         let f = crate::kernels::elementwise::Unary::ScaleShift {
             alpha: 1.0 / scale,
             beta: shift,
         };
-        crate::kernels::elementwise::unary(rec, f, &input, &input)?;
+        crate::kernels::elementwise::unary(rec, f, &x, &x)?;
     }
-    vae.forward(rec, input, &mut Taps::default())
-}
-
-/// FLUX.2 pipeline latents in a device buffer are an error: their BatchNorm
-/// un-normalisation and 2×2 unpatchify run on the host.
-pub(crate) fn refuse_device_pipeline_latents(vae: &Vae, raw_latents: bool) -> Result<()> {
-    if !raw_latents && vae.flux2().is_some() {
-        return Err(Error::Unsupported(
-            "FLUX.2 pipeline latents in a device buffer: their BatchNorm un-normalisation and 2×2 unpatchify run on the host; pass host latents, or decode raw z (N×32×h×w) from the buffer with `EngineOptions::raw_latents`".into(),
-        ));
-    }
-    Ok(())
+    Ok(x)
 }
 
 /// f16 models count overflowing conv stores (see [`Recorder::track_f16_range`]).
