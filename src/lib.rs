@@ -111,3 +111,16 @@ pub use models::{LoadOptions, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
 pub use video::{decode_video, PendingFrames, VideoDecoder, VideoFrames, VideoLayout, VideoModel};
+
+/// The Rust examples of README.md and docs/, compiled by `cargo test --doc`
+/// (`no_run`: they need a GPU and model files), so they stay true.
+#[cfg(doctest)]
+mod doc_examples {
+    #[doc = include_str!("../README.md")]
+    struct Readme;
+    #[doc = include_str!("../docs/library.md")]
+    struct Library;
+    #[doc = include_str!("../docs/video.md")]
+    struct Video;
+}
+
