@@ -87,6 +87,8 @@ def test_config_is_read_only_with_attributes_and_defaults(shared):
 def test_wrong_class_and_missing_encoders_say_what_works(shared):
     with pytest.raises(ValueError, match="AutoencoderKLWan"):
         wd.AutoencoderKL.from_pretrained(shared / "golden" / "wan21-tiny")
+    with pytest.raises(ValueError, match="Wan 2.2"):
+        wd.AutoencoderKLWan.from_pretrained(shared / "golden" / "wan22-tiny")
     with pytest.raises(FileNotFoundError, match="no such folder"):
         wd.AutoencoderKL.from_pretrained(shared / "golden" / "no-such-folder")
     qwen = wd.AutoencoderKLQwenImage.from_pretrained(shared / "golden" / "qwenimage-tiny", precision="f32")
@@ -354,3 +356,29 @@ def test_wan_pipeline_with_wgvae_vae_gives_diffusers_frames(shared, torch_diffus
     err = float(np.abs(got - ref).max())
     print(f"WanPipeline: frames max abs {err:.2e} (×255: {err * 255:.3f})")
     assert np.abs(np.round(got * 255) - np.round(ref * 255)).max() <= 1
+
+
+def test_autoencoder_tiny_equals_diffusers(torch_diffusers, tmp_path):
+    """A random diffusers AutoencoderTiny (taesd's layout; no pretrained weights here) saved to tmp_path."""
+    torch, diffusers = torch_diffusers
+    torch.manual_seed(0)
+    ref = diffusers.AutoencoderTiny().eval()
+    with torch.no_grad():  # N(0, 1 / fan_in) weights: larger outputs than the default init's ~0.03
+        for p in ref.parameters():
+            if p.ndim >= 2:
+                p.normal_(0.0, (1.0 / p[0].numel()) ** 0.5)
+    ref.save_pretrained(tmp_path)
+    ours = wd.AutoencoderTiny.from_pretrained(tmp_path, torch_dtype=torch.float32)
+    assert ours.config.latent_channels == 4 and ours.config.scaling_factor == 1.0
+    z = torch.randn(2, 4, 8, 12, generator=torch.Generator().manual_seed(0))
+    x = torch.rand(1, 3, 64, 96, generator=torch.Generator().manual_seed(1)) * 2 - 1
+    with torch.no_grad():
+        want, want_latents = ref.decode(z).sample, ref.encode(x).latents
+    got, got_latents = ours.decode(z).sample, ours.encode(x).latents
+    assert got.shape == want.shape and got_latents.shape == want_latents.shape
+    err = float((got - want).abs().max())
+    lerr = float((got_latents - want_latents).abs().max())
+    print(f"AutoencoderTiny: decode max abs {err:.2e} (output std {float(want.std()):.2f}), encode {lerr:.2e}")
+    assert float(want.std()) > 0.1
+    # Measured 4.2e-6 / 1.2e-6 (output std 0.38).
+    assert err <= 2e-5 and lerr <= 1e-5, (err, lerr)

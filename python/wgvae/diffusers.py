@@ -54,7 +54,9 @@ __all__ = [
     "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage",
     "AutoencoderKLWan",
+    "AutoencoderTiny",
     "DecoderOutput",
+    "AutoencoderTinyOutput",
     "AutoencoderKLOutput",
     "DiagonalGaussianDistribution",
     "FrozenConfig",
@@ -190,7 +192,9 @@ def _resolve(path: Any, subfolder: Optional[str], cache_dir: Any, revision: Opti
         raise FileNotFoundError(f"{path}: no such folder, and not a Hub id (owner/name)")
     try:
         from huggingface_hub import snapshot_download
-    except ImportError:
+    except ModuleNotFoundError as e:
+        if e.name != "huggingface_hub":
+            raise
         raise FileNotFoundError(
             f"{path}: no such folder; to fetch it as a Hub id install huggingface_hub (pip install huggingface_hub)"
         ) from None
@@ -519,7 +523,52 @@ class AutoencoderKLWan(_WgvaeVae):
         return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True)
 
 
+class AutoencoderTinyOutput(_Output):
+    """``.latents``: the tiny encoder's latents (no distribution)."""
+
+    _fields = ("latents",)
+
+
+class AutoencoderTiny(_WgvaeVae):
+    """diffusers' ``AutoencoderTiny`` (TAESD family: taesd, taesdxl, taesd3, taef1): decode
+    to images in [−1, 1] (wgvae's [0, 1] output · 2 − 1, as diffusers' ``DecoderTiny``),
+    ``encode(x).latents``. Tiling uses wgvae's exact tiles (seamless), not diffusers'."""
+
+    _classes = ("AutoencoderTiny",)
+    _defaults = {
+        "in_channels": 3, "out_channels": 3, "encoder_block_out_channels": [64, 64, 64, 64],
+        "decoder_block_out_channels": [64, 64, 64, 64], "act_fn": "relu", "upsample_fn": "nearest",
+        "latent_channels": 4, "upsampling_scaling_factor": 2, "num_encoder_blocks": [1, 3, 3, 3],
+        "num_decoder_blocks": [3, 3, 3, 1], "latent_magnitude": 3, "latent_shift": 0.5,
+        "force_upcast": False, "scaling_factor": 1.0, "shift_factor": 0.0,
+    }  # fmt: skip
+
+    def enable_tiling(self, tile_sample_min_size: Optional[int] = None, **ignored: Any) -> None:
+        """Tiles for memory: wgvae's exact tiles (seamless), not diffusers' blended ones."""
+        self.use_tiling = True
+
+    def _tile(self) -> Dict[str, Any]:
+        return {"tile": "exact" if self.use_tiling else "auto"}
+
+    def _decode(self, z: np.ndarray) -> np.ndarray:
+        return self._vae.decode(z, raw_latents=True, output="float", **self._tile()) * 2.0 - 1.0
+
+    def encode(self, x: Any, return_dict: bool = True) -> Any:
+        """Images N×3×H×W in [−1, 1] → :class:`AutoencoderTinyOutput` (``.latents``) or ``(latents,)``."""
+        a = _as_numpy(x)
+        batch = [a[i : i + 1] for i in range(a.shape[0])] if self.use_slicing and a.shape[0] > 1 else [a]
+        parts = [self._vae.encode(b, raw_latents=True, **self._tile()) for b in batch]
+        latents = _like(np.concatenate(parts), x)
+        return AutoencoderTinyOutput(latents) if return_dict else (latents,)
+
+    def forward(self, sample: Any, return_dict: bool = True, **ignored: Any) -> Any:
+        """Encode then decode (diffusers rounds the latents to 8 bits in between; this does not)."""
+        dec = self.decode(self.encode(sample).latents).sample
+        return DecoderOutput(dec) if return_dict else (dec,)
+
+
 _CLASS_FOR = {
+    "AutoencoderTiny": "AutoencoderTiny",
     "AutoencoderKL": "AutoencoderKL",
     "AutoencoderKLFlux2": "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage": "AutoencoderKLQwenImage",
