@@ -382,3 +382,56 @@ def test_autoencoder_tiny_equals_diffusers(torch_diffusers, tmp_path):
     assert float(want.std()) > 0.1
     # Measured 4.2e-6 / 1.2e-6 (output std 0.38).
     assert err <= 2e-5 and lerr <= 1e-5, (err, lerr)
+
+
+def test_flux2_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_diffusers):
+    """A tiny random Flux2Pipeline (prompt embeddings given) with the flux2-tiny VAE, diffusers' then
+    wgvae's: text to image, and with a reference image, which goes through vae.encode and vae.bn."""
+    torch, diffusers = torch_diffusers
+    from PIL import Image
+
+    d = shared / "golden" / "flux2-tiny"
+    torch.manual_seed(0)
+    transformer = diffusers.Flux2Transformer2DModel(
+        in_channels=128,
+        num_layers=1,
+        num_single_layers=1,
+        attention_head_dim=16,
+        num_attention_heads=2,
+        joint_attention_dim=32,
+        axes_dims_rope=(4, 4, 4, 4),
+        timestep_guidance_channels=32,
+    ).eval()
+    pipe = diffusers.Flux2Pipeline(
+        scheduler=diffusers.FlowMatchEulerDiscreteScheduler(),
+        vae=diffusers.AutoencoderKLFlux2.from_pretrained(d, torch_dtype=torch.float32).eval(),
+        text_encoder=None,
+        tokenizer=None,
+        transformer=transformer,
+    )
+    pipe.set_progress_bar_config(disable=True)
+    embeds = torch.randn(1, 8, 32, generator=torch.Generator().manual_seed(1))
+    reference = Image.fromarray((np.random.default_rng(0).random((64, 80, 3)) * 255).astype(np.uint8))
+
+    def run(image=None):
+        out = pipe(
+            prompt_embeds=embeds,
+            image=image,
+            height=64,
+            width=80,
+            num_inference_steps=2,
+            guidance_scale=2.0,
+            generator=torch.Generator().manual_seed(0),
+            output_type="np",
+        ).images
+        return np.asarray(out)
+
+    ref, ref_edit = run(), run([reference])
+    pipe.vae = wd.AutoencoderKLFlux2.from_pretrained(d, torch_dtype=torch.float32)
+    got, got_edit = run(), run([reference])
+    assert got.shape == ref.shape == (1, 64, 80, 3) and ref.std() > 0.05
+    assert float(np.abs(ref_edit - ref).max()) > 1e-3  # the reference image changes the result
+    err, err_edit = float(np.abs(got - ref).max()), float(np.abs(got_edit - ref_edit).max())
+    print(f"Flux2Pipeline: images max abs {err:.2e}, with a reference image {err_edit:.2e}")
+    for a, b in ((got, ref), (got_edit, ref_edit)):
+        assert np.abs(np.round(a * 255) - np.round(b * 255)).max() <= 1
