@@ -435,3 +435,18 @@ def test_flux2_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_diff
     print(f"Flux2Pipeline: images max abs {err:.2e}, with a reference image {err_edit:.2e}")
     for a, b in ((got, ref), (got_edit, ref_edit)):
         assert np.abs(np.round(a * 255) - np.round(b * 255)).max() <= 1
+
+
+def test_encode_takes_diffusers_range_without_hints(shared):
+    """diffusers' encode takes [-1, 1]: a bright image (all values ≥ 0) gets no [0, 1] hint; values
+    outside [-1, 1] are still an error."""
+    import warnings
+
+    vae = wd.AutoencoderKL.from_pretrained(shared / "golden" / "aekl-tiny-sd", precision="f32")
+    bright = np.full((1, 3, 16, 16), 0.5, np.float32)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dist = vae.encode(bright).latent_dist
+    assert dist.mean.shape == (1, 4, 2, 2)
+    with pytest.raises(ValueError, match="outside value_range"):
+        vae.encode(bright * 4)

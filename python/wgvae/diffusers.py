@@ -32,6 +32,7 @@ bfloat16 picks wgvae's f32 / f16 / bf16; None leaves wgvae's ``"auto"``
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import warnings
@@ -72,6 +73,7 @@ _WAN_STD = [
     3.2687, 2.1526, 2.8652, 1.5579, 1.6382, 1.1253, 2.8251, 1.916,
 ]  # fmt: skip
 
+_WEIGHTS = "diffusion_pytorch_model.safetensors"
 _PRECISION = {"torch.float32": "f32", "torch.float16": "f16", "torch.bfloat16": "bf16"}
 
 
@@ -198,7 +200,9 @@ def _resolve(path: Any, subfolder: Optional[str], cache_dir: Any, revision: Opti
         raise FileNotFoundError(
             f"{path}: no such folder; to fetch it as a Hub id install huggingface_hub (pip install huggingface_hub)"
         ) from None
-    patterns = [f"{subfolder}/config.json", f"{subfolder}/*.safetensors"] if subfolder else ["config.json", "*.safetensors"]
+    # The files wgvae reads (not the fp16 / other variants beside them).
+    files = ("config.json", _WEIGHTS)
+    patterns = [f"{subfolder}/{f}" if subfolder else f for f in files]
     root = snapshot_download(path, allow_patterns=patterns, cache_dir=cache_dir, revision=revision)
     folder = os.path.join(root, subfolder) if subfolder else root
     if not os.path.isfile(os.path.join(folder, "config.json")):
@@ -363,7 +367,8 @@ class _WgvaeVae(_Module):  # type: ignore[misc]
             raise NotImplementedError(self._no_encoder)
         a = _as_numpy(x)
         batch = [a[i : i + 1] for i in range(a.shape[0])] if self.use_slicing and a.shape[0] > 1 else [a]
-        moments = [self._vae.encode_moments(b, **self._tile()) for b in batch]
+        with _diffusers_range():
+            moments = [self._vae.encode_moments(b, **self._tile()) for b in batch]
         mean = np.concatenate([m for m, _ in moments])
         std = np.concatenate([s for _, s in moments])
         dist = DiagonalGaussianDistribution(_like(mean, x), _like(std, x))
@@ -376,6 +381,15 @@ class _WgvaeVae(_Module):  # type: ignore[misc]
 
     def __repr__(self) -> str:
         return f"wgvae.diffusers.{type(self).__name__}({self._vae.name!r}, device={self._vae.device!r})"
+
+
+@contextlib.contextmanager
+def _diffusers_range() -> Iterator[None]:
+    """Silences wgvae.Vae.encode's hint that [0, 1] images may be meant: diffusers'
+    ``encode`` takes [-1, 1] by definition (a bright image lies in [0, 1] too)."""
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message="images: every float value lies in")
+        yield
 
 
 def _as_numpy(x: Any) -> np.ndarray:
@@ -424,26 +438,27 @@ class AutoencoderKLFlux2(_WgvaeVae):
 
     def _attach(self, folder: str) -> None:
         stats = _read_safetensors(folder, ("bn.running_mean", "bn.running_var"))
-        self.bn = _BatchNormStats(stats.get("bn.running_mean"), stats.get("bn.running_var"))
+        # Statistics missing from the file stay at BatchNorm's initial values, as in diffusers.
+        n = int(np.prod(self.config.patch_size)) * int(self.config.latent_channels)
+        mean = stats.get("bn.running_mean", np.zeros(n, np.float32))
+        self.bn = _BatchNormStats(mean, stats.get("bn.running_var", np.ones(n, np.float32)))
 
 
 class _BatchNormStats:
     """The FLUX.2 latent BatchNorm's statistics as the pipeline reads them (``vae.bn.running_mean``)."""
 
-    def __init__(self, mean: Optional[np.ndarray], var: Optional[np.ndarray]) -> None:
-        conv = (lambda a: torch.from_numpy(a)) if torch is not None else (lambda a: a)
-        self.running_mean = None if mean is None else conv(mean)
-        self.running_var = None if var is None else conv(var)
+    def __init__(self, mean: np.ndarray, var: np.ndarray) -> None:
+        self.running_mean = torch.from_numpy(mean) if torch is not None else mean
+        self.running_var = torch.from_numpy(var) if torch is not None else var
 
 
 def _read_safetensors(folder: str, keys: Tuple[str, ...]) -> Dict[str, np.ndarray]:
-    """``keys`` (F32 / F16 / BF16) from the folder's ``*.safetensors`` files, read
-    with the format's JSON header (no safetensors package needed)."""
+    """``keys`` (F32 / F16 / BF16) from the folder's weights file (the one wgvae
+    loads), read with the format's JSON header (no safetensors package needed)."""
     out: Dict[str, np.ndarray] = {}
-    for name in sorted(os.listdir(folder)):
-        if not name.endswith(".safetensors"):
-            continue
-        with open(os.path.join(folder, name), "rb") as f:
+    path = os.path.join(folder, _WEIGHTS)
+    if os.path.isfile(path):
+        with open(path, "rb") as f:
             (n,) = np.frombuffer(f.read(8), "<u8")
             header = json.loads(f.read(int(n)))
             base = 8 + int(n)
@@ -557,7 +572,8 @@ class AutoencoderTiny(_WgvaeVae):
         """Images N×3×H×W in [−1, 1] → :class:`AutoencoderTinyOutput` (``.latents``) or ``(latents,)``."""
         a = _as_numpy(x)
         batch = [a[i : i + 1] for i in range(a.shape[0])] if self.use_slicing and a.shape[0] > 1 else [a]
-        parts = [self._vae.encode(b, raw_latents=True, **self._tile()) for b in batch]
+        with _diffusers_range():
+            parts = [self._vae.encode(b, raw_latents=True, **self._tile()) for b in batch]
         latents = _like(np.concatenate(parts), x)
         return AutoencoderTinyOutput(latents) if return_dict else (latents,)
 
