@@ -316,7 +316,9 @@ class Vae:
             images, tile, True, None, tile_size, max_memory, value_range, True
         )
         if mean is None or std is None:
-            raise ValueError(f"{self.name}: its encoder gives latents, not a distribution (no mean / std); use encode()")
+            raise ValueError(
+                f"{self.name}: its encoder gives latents, not a distribution (no mean / std); use encode()"
+            )
         m = np.frombuffer(mean, dtype="<f4").reshape(shape)
         s = np.frombuffer(std, dtype="<f4").reshape(shape)
         return (m[0], s[0]) if single else (m, s)

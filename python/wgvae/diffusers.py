@@ -206,7 +206,8 @@ def _resolve(path: Any, subfolder: Optional[str], cache_dir: Any, revision: Opti
     root = snapshot_download(path, allow_patterns=patterns, cache_dir=cache_dir, revision=revision)
     folder = os.path.join(root, subfolder) if subfolder else root
     if not os.path.isfile(os.path.join(folder, "config.json")):
-        raise FileNotFoundError(f"{path}: the Hub snapshot {root} has no {os.path.join(subfolder or '', 'config.json')}")
+        want = os.path.join(subfolder or "", "config.json")
+        raise FileNotFoundError(f"{path}: the Hub snapshot {root} has no {want}")
     return folder
 
 
@@ -341,7 +342,9 @@ class _WgvaeVae(_Module):  # type: ignore[misc]
     def _tile(self) -> Dict[str, Any]:
         return {"tile": "fast", "tile_size": self.tile_sample_min_size} if self.use_tiling else {"tile": "auto"}
 
-    def forward(self, sample: Any, sample_posterior: bool = False, return_dict: bool = True, generator: Any = None) -> Any:
+    def forward(
+        self, sample: Any, sample_posterior: bool = False, return_dict: bool = True, generator: Any = None
+    ) -> Any:
         """Encode then decode, as diffusers' ``forward``."""
         posterior = self.encode(sample).latent_dist
         z = posterior.sample(generator=generator) if sample_posterior else posterior.mode()
