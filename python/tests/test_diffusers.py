@@ -122,6 +122,19 @@ def test_numpy_decode_equals_wgvae_raw_decode(shared):
     assert seams > 1e-2, seams
 
 
+def test_enable_tiling_reproduces_diffusers_tiled_decode(shared):
+    """aekl-tiny-sd-tiled: diffusers' own tiled decode at 128-px tiles (seams and all) is what
+    enable_tiling(tile_sample_min_size=128) gives; tests/tiled_decode.rs' bound (1.3e-5)."""
+    d = shared / "golden" / "aekl-tiny-sd-tiled"
+    vae = wd.AutoencoderKL.from_pretrained(d, precision="f32")
+    z = np.load(d / "latents.npy") / vae.config.scaling_factor
+    vae.enable_tiling(tile_sample_min_size=128)
+    tiled = vae.decode(z).sample
+    err = float(np.abs(tiled - np.load(d / "decoded_diffusers_tiled.npy")).max())
+    seams = float(np.abs(tiled - np.load(d / "decoded.npy")).max())
+    assert err <= 1.3e-5 and seams > 0.1, (err, seams)
+
+
 def test_numpy_encode_latent_dist_equals_golden(shared):
     d = shared / "golden" / "aekl-tiny-sd"
     vae = wd.AutoencoderKL.from_pretrained(d, precision="f32")

@@ -1,8 +1,10 @@
 """Drop-in replacements for diffusers' VAE classes, decoding with wgvae.
 
 ``pipe.vae = wgvae.diffusers.AutoencoderKL.from_pretrained(folder_or_hub_id, subfolder="vae")``
-makes a diffusers pipeline decode (and encode) on wgvae's device. The classes
-take what diffusers' own take and give what they give:
+makes a diffusers pipeline decode (and encode) on wgvae's device. Classes:
+:class:`AutoencoderKL`, :class:`AutoencoderKLFlux2`, :class:`AutoencoderKLQwenImage`
+(decode only), :class:`AutoencoderKLWan` (Wan 2.1, decode only) and
+:class:`AutoencoderTiny`. They take what diffusers' own take and give what they give:
 
 - ``decode(z, return_dict=True)``: *raw* latents, exactly as diffusers' VAE
   (the pipeline has already divided by ``scaling_factor``, added the shift or
@@ -18,16 +20,17 @@ take what diffusers' own take and give what they give:
   ``disable_tiling()`` / ``enable_slicing()`` / ``disable_slicing()``.
 
 With torch installed the classes are ``torch.nn.Module``\\ s without
-parameters, so pipelines move, list and offload them as their own VAE
+parameters, so pipelines move and list them as their own VAE
 (``pipe.to(...)`` only records the device and dtype: wgvae runs on its own
 wgpu device; tensors cross through host memory). Tiling: disabled (the
 default) decodes untiled when the image fits wgvae's memory budget and in
 exact tiles (equal to the untiled decode up to rounding) when it does not;
 ``enable_tiling()`` gives diffusers' own blended tiles (``tile="fast"`` at
 ``tile_sample_min_size`` with a quarter overlap), seams included, for
-AutoencoderKL / FLUX.2. Precision: ``torch_dtype`` float32 / float16 /
-bfloat16 picks wgvae's f32 / f16 / bf16; None leaves wgvae's ``"auto"``
-(``.dtype`` then reads float32); ``precision=`` overrides.
+AutoencoderKL / FLUX.2 (Qwen-Image and AutoencoderTiny tile exactly, Wan not
+at all). Precision: ``torch_dtype`` float32 / float16 / bfloat16 picks
+wgvae's f32 / f16 / bf16; None leaves wgvae's ``"auto"`` (``.dtype`` then
+reads float32); ``precision=`` overrides.
 """
 
 from __future__ import annotations
