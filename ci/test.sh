@@ -8,7 +8,7 @@
 #   tests    every Rust unit, integration and doc test on Vulkan (lavapipe on CPU machines)
 #   gl       the golden suites and kernel tests on wgpu's GL backend (llvmpipe), one thread
 #   python   maturin builds the abi3 wheel (dev profile); a fresh venv installs it from the file
-#            (numpy, pytest, ray[data], imageio-ffmpeg beside it), pytest runs python/tests against it,
+#            (numpy, pytest, ray[data], imageio-ffmpeg, huggingface_hub beside it), pytest runs python/tests against it,
 #            then tests/video_out.rs (--video-out .mp4/.gif/.webm) with imageio-ffmpeg's ffmpeg
 #   package  packaging checks: `cargo package --list` / `--no-verify` for the crate, the Python sdist,
 #            `twine check` of the wheel and the sdist (docs/release.md)
@@ -47,7 +47,7 @@ step_python() {
   # A fresh venv: no develop install, no .pth into python/; wgvae comes from the wheel file alone.
   rm -rf target/pyenv
   python3 -m venv target/pyenv
-  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]" imageio-ffmpeg
+  target/pytools/bin/uv pip install -q --python target/pyenv/bin/python numpy pytest "ray[data]" imageio-ffmpeg huggingface_hub
   t=$(date +%s)
   target/pytools/bin/uv pip install -q --python target/pyenv/bin/python "$whl"
   echo "installed $(basename "$whl") in $(($(date +%s) - t)) s"

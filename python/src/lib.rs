@@ -137,6 +137,14 @@ type DecodedBytes<'py> = (
     usize,
 );
 
+/// An encode as Python gets it: (latent bytes, shape, mean bytes, std bytes).
+type Encoded<'py> = (
+    Bound<'py, PyByteArray>,
+    Vec<usize>,
+    Option<Bound<'py, PyByteArray>>,
+    Option<Bound<'py, PyByteArray>>,
+);
+
 /// A loaded decoder on its own device (the encoder is loaded on first use).
 #[pyclass(module = "wgvae._wgvae", frozen)]
 struct Model {
@@ -280,8 +288,10 @@ impl Model {
     }
 
     /// Encodes f32 pixels `data` of `shape` [N, 3, H, W], values 0–255.
-    /// Returns (f32 latent bytes, latent shape).
-    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, sample=None, max_memory=None))]
+    /// Returns (f32 latent bytes, latent shape, mean bytes, std bytes); the
+    /// last two (the raw distribution, AutoencoderKL / FLUX.2 only, shape
+    /// [N, C, h, w]) are None unless `moments`.
+    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, sample=None, max_memory=None, moments=false))]
     #[allow(clippy::too_many_arguments)]
     fn encode<'py>(
         &self,
@@ -293,14 +303,15 @@ impl Model {
         raw_latents: bool,
         sample: Option<u64>,
         max_memory: Option<u64>,
-    ) -> PyResult<(Bound<'py, PyByteArray>, Vec<usize>)> {
+        moments: bool,
+    ) -> PyResult<Encoded<'py>> {
         let opts = EncodeOptions {
             sample,
             raw_latents,
             tiling: tiling(tile, tile_size, max_memory.or(self.max_memory))?,
             ..Default::default()
         };
-        let (bytes, shape) = py.detach(|| -> PyResult<_> {
+        let (bytes, shape, mean, std) = py.detach(|| -> PyResult<_> {
             let pixels = host_tensor(data, shape)?;
             let mut slot = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let enc = match slot.take() {
@@ -311,10 +322,16 @@ impl Model {
             let out = wgvae::encode::encode(&self.ctx, &enc, &pixels, &opts);
             *slot = Some(enc);
             let out = out.map_err(to_py_err)?;
-            let bytes = bytemuck::cast_slice::<f32, u8>(&out.latents.data).to_vec();
-            Ok((bytes, out.latents.shape))
+            let f32_bytes = |t: &HostTensor| bytemuck::cast_slice::<f32, u8>(&t.data).to_vec();
+            let bytes = f32_bytes(&out.latents);
+            let (mean, std) = match (moments, &out.mean, &out.std) {
+                (true, Some(m), Some(s)) => (Some(f32_bytes(m)), Some(f32_bytes(s))),
+                _ => (None, None),
+            };
+            Ok((bytes, out.latents.shape, mean, std))
         })?;
-        Ok((PyByteArray::new(py, &bytes), shape))
+        let array = |b: Option<Vec<u8>>| b.map(|b| PyByteArray::new(py, &b));
+        Ok((PyByteArray::new(py, &bytes), shape, array(mean), array(std)))
     }
 
     /// The JSON `wgvae memory --json` prints for the same arguments (a run

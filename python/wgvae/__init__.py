@@ -101,7 +101,7 @@ def _float_pixels(a: np.ndarray, value_range: Tuple[float, float]) -> np.ndarray
         warnings.warn(
             "images: every float value lies in [0, 1] but is read as [-1, 1] (diffusers' convention, "
             "washed-out latents if they are [0, 1] images): pass value_range=(0, 1) for [0, 1] images",
-            stacklevel=3,
+            stacklevel=4,
         )
     scaled = (np.clip(a, lo, hi) - lo) * (255.0 / (hi - lo))
     return np.ascontiguousarray(scaled, dtype="<f4")
@@ -293,6 +293,48 @@ class Vae:
         under the default range get a warning (they may be [0, 1] images). H and
         W must be multiples of 8.
         """
+        single, (data, shape, _, _) = self._encode(
+            images, tile, raw_latents, sample, tile_size, max_memory, value_range, False
+        )
+        out = np.frombuffer(data, dtype="<f4").reshape(shape)
+        return out[0] if single else out
+
+    def encode_moments(
+        self,
+        images: Any,
+        tile: str = "auto",
+        tile_size: Optional[int] = None,
+        max_memory: Union[int, str, None] = None,
+        value_range: Tuple[float, float] = (-1.0, 1.0),
+    ) -> Tuple[np.ndarray, np.ndarray]:
+        """The encoder's distribution for ``images`` (as :meth:`encode` takes
+        them): (mean, std), float32 N×C×h×w, raw (before the pipeline's
+        scaling), as diffusers' ``vae.encode(x).latent_dist.mean`` / ``.std``;
+        ``std = exp(0.5 · clamp(logvar, −30, 20))``. AutoencoderKL and FLUX.2
+        only (a TAE encoder has no distribution: ``ValueError``)."""
+        single, (_, shape, mean, std) = self._encode(
+            images, tile, True, None, tile_size, max_memory, value_range, True
+        )
+        if mean is None or std is None:
+            raise ValueError(
+                f"{self.name}: its encoder gives latents, not a distribution (no mean / std); use encode()"
+            )
+        m = np.frombuffer(mean, dtype="<f4").reshape(shape)
+        s = np.frombuffer(std, dtype="<f4").reshape(shape)
+        return (m[0], s[0]) if single else (m, s)
+
+    def _encode(
+        self,
+        images: Any,
+        tile: str,
+        raw_latents: bool,
+        sample: Optional[int],
+        tile_size: Optional[int],
+        max_memory: Union[int, str, None],
+        value_range: Tuple[float, float],
+        moments: bool,
+    ) -> Tuple[bool, Tuple[Any, List[int], Any, Any]]:
+        """(no batch axis given, the native encode's (latents, shape, mean, std) bytes)."""
         self._image_only("encode", None)
         a = _as_array(images, "images")
         if a.dtype == np.uint8:
@@ -314,7 +356,7 @@ class Vae:
             if not np.isfinite(a).all():
                 raise ValueError("images: NaN or infinite values")
             pixels = _float_pixels(a, value_range)
-        data, shape = self._model.encode(
+        return single, self._model.encode(
             pixels.tobytes(),
             list(pixels.shape),
             tile,
@@ -322,9 +364,8 @@ class Vae:
             bool(raw_latents),
             sample,
             _bytes(max_memory, "max_memory"),
+            moments,
         )
-        out = np.frombuffer(data, dtype="<f4").reshape(shape)
-        return out[0] if single else out
 
     def memory(
         self,

@@ -92,6 +92,15 @@ class Vae:
         value_range: Tuple[float, float] = (-1.0, 1.0),
     ) -> npt.NDArray[np.float32]:
         """float32 latents N×C×h×w from uint8 N×H×W×3 or float N×3×H×W in ``value_range``."""
+    def encode_moments(
+        self,
+        images: Any,
+        tile: str = "auto",
+        tile_size: Optional[int] = None,
+        max_memory: _Bytes = None,
+        value_range: Tuple[float, float] = (-1.0, 1.0),
+    ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
+        """The encoder's raw (mean, std), float32 N×C×h×w (AutoencoderKL, FLUX.2)."""
     def memory(
         self,
         size: Tuple[int, int] = (1024, 1024),
