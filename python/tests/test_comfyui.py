@@ -297,3 +297,41 @@ def test_encode_node_is_the_raw_encode(comfy, shared):
     # ComfyUI crops an IMAGE to multiples of 8 around its centre.
     (cropped,) = Encode().encode(np.pad(png[None].astype(np.float32) / 255, ((0, 0), (2, 3), (1, 4), (0, 0))), vae)
     assert as_numpy(cropped["samples"]).shape == (1, 4, 12, 16)
+
+
+def test_flux2_latents_are_comfyuis_128_channel_maps(comfy, shared, tmp_path):
+    """ComfyUI's Flux2 latent format has 128 channels at 1/16 scale (BFL's autoencoder normalises
+    and patchifies inside encode / decode): the nodes take and give those maps."""
+    d = shared / "golden" / "flux2-tiny"
+    (comfy.vae_dir / "flux2-tiny").symlink_to(d)
+    (vae,) = Loader().load("flux2-tiny/", dtype="f32")
+    assert vae.pipeline_channels == 128 and vae.latent_channels == 32
+    maps = np.load(d / "latents.npy")  # 1×128×8×10
+    (image,) = Decode().decode({"samples": maps}, vae)
+    err = np.abs(as_numpy(image) - comfy_image(np.load(d / "decoded.npy"))).max()
+    print(f"flux2-tiny 128-channel LATENT: max |IMAGE - ComfyUI VAEDecode| = {err:.2e}")
+    assert err <= TOLERANCE
+    # Its raw z decodes to the same image.
+    (from_z,) = Decode().decode({"samples": np.load(d / "z.npy")}, vae)
+    assert np.abs(as_numpy(from_z) - as_numpy(image)).max() <= TOLERANCE
+    png = read_png_rgb(d / "encode_input.png")
+    (latent,) = Encode().encode(png[None].astype(np.float32) / 255, vae)
+    got = as_numpy(latent["samples"])
+    want = np.load(d / "encoded_latents.npy")
+    assert got.shape == want.shape == (1, 128, 8, 10)
+    err = np.abs(got - want).max()
+    print(f"flux2-tiny encode node: max |LATENT - pipeline maps| = {err:.2e}")
+    assert err <= 1e-4
+
+
+def test_qwen_image_one_frame_latent(comfy, shared):
+    d = shared / "golden" / "qwenimage-tiny"
+    (comfy.vae_dir / "qwenimage-tiny").symlink_to(d)
+    (vae,) = Loader().load("qwenimage-tiny/", dtype="f32")
+    z = np.load(d / "z.npy")  # 1×16×1×12×16: ComfyUI's raw z, one frame
+    (image,) = Decode().decode({"samples": z}, vae)
+    err = np.abs(as_numpy(image) - comfy_image(np.load(d / "decoded.npy"))).max()
+    print(f"qwenimage-tiny one-frame LATENT: max |IMAGE - ComfyUI VAEDecode| = {err:.2e}")
+    assert err <= TOLERANCE
+    (flat,) = Decode().decode({"samples": z[:, :, 0]}, vae)
+    assert np.array_equal(as_numpy(flat), as_numpy(image))
