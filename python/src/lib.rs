@@ -351,7 +351,6 @@ impl Model {
             raw_latents,
             tiling: tiling_with_overlap(tile, tile_size, overlap, max_memory.or(self.max_memory))?,
             progress: watch.progress(),
-            ..Default::default()
         };
         let ctx = watch.context(&self.ctx);
         let encoded = py.detach(|| -> PyResult<_> {
