@@ -450,6 +450,8 @@ impl<'a> VideoDecoder<'a> {
         self.check_usable()?;
         // Bad input is refused before any state changes; the decoder stays usable.
         self.check_chunk(chunk)?;
+        // A host's stop (`Context::with_cancel`) between chunks: usable too.
+        self.ctx.check_cancel()?;
         let next = self.submit(chunk).map_err(|e| self.poison(e))?;
         let done = match self.pending.replace(next) {
             Some(p) => Some(self.take(p).map_err(|e| self.poison(e))?),

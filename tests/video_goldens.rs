@@ -287,6 +287,27 @@ fn taew2_1_rand_f16() {
 }
 
 /// Wan 2.1 VAE (`AutoencoderKLWan`, small config) within this of the
+/// `Context::with_cancel`: a set flag refuses the next chunk with an error
+/// before any state changes, so the stream goes on once it is cleared.
+#[test]
+fn a_cancel_flag_stops_a_stream_between_chunks() {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::sync::Arc;
+    let Some(dir) = golden("taew2_1-rand") else { return };
+    let flag = Arc::new(AtomicBool::new(false));
+    let ctx = test_context().with_cancel(flag.clone());
+    let dec = load(&ctx, &dir, "taew2_1.safetensors");
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let mut stream = VideoDecoder::new(&ctx, &dec);
+    stream.push(&chunk(&latents, 0, 0, 1)).unwrap();
+    flag.store(true, Ordering::SeqCst);
+    let e = stream.push(&chunk(&latents, 0, 1, 2)).unwrap_err().to_string();
+    assert!(e.contains("with_cancel"), "{e}");
+    flag.store(false, Ordering::SeqCst);
+    stream.push(&chunk(&latents, 0, 1, 2)).unwrap();
+    stream.finish().unwrap();
+}
+
 /// diffusers golden: 3× the measured 3.4e-6 (the bound is 1e-3).
 const WAN_TOLERANCE: f32 = 1e-5;
 

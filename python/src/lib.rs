@@ -25,7 +25,10 @@ use wgvae::models::Precision;
 use wgvae::tiling::{TileMode, Tiling};
 use wgvae::{DecodeOptions, Error, LoadOptions, Vae};
 
+mod progress;
 mod video;
+
+use progress::Watch;
 
 /// The Python exception for a library error, carrying its message:
 /// ValueError for bad input, MemoryError for a budget or device memory that
@@ -98,6 +101,28 @@ fn tiling(tile: &str, tile_size: Option<usize>, max_memory: Option<u64>) -> PyRe
         max_memory,
         ..Default::default()
     })
+}
+
+/// [`tiling`] with `fast` mode's overlap (image pixels).
+fn tiling_with_overlap(
+    tile: &str,
+    tile_size: Option<usize>,
+    overlap: Option<usize>,
+    max_memory: Option<u64>,
+) -> PyResult<Tiling> {
+    Ok(Tiling {
+        overlap,
+        ..tiling(tile, tile_size, max_memory)?
+    })
+}
+
+/// An output range as (low, high).
+pub(crate) fn range_bounds(r: wgvae::kernels::image::ImageRange) -> (f32, f32) {
+    use wgvae::kernels::image::ImageRange;
+    match r {
+        ImageRange::MinusOneToOne => (-1.0, 1.0),
+        ImageRange::ZeroToOne => (0.0, 1.0),
+    }
 }
 
 /// Every adapter wgpu sees: index, name, backend, device type, driver,
@@ -237,11 +262,29 @@ impl Model {
         self.vae.random_weights
     }
 
+    /// The range of the float output: (-1, 1) (diffusers) or (0, 1) (TAE).
+    #[getter]
+    fn output_range(&self) -> (f32, f32) {
+        range_bounds(self.vae.output_range())
+    }
+
+    /// Channels of the pipeline's latent maps: FLUX.2's 128 (4 × its 32 z
+    /// channels, 2×2 patches, BatchNorm-normalised), else the z channels.
+    #[getter]
+    fn pipeline_channels(&self) -> usize {
+        match self.vae.flux2() {
+            Some(_) => 4 * self.vae.latent_channels(),
+            None => self.vae.latent_channels(),
+        }
+    }
+
     /// Decodes f32 latents `data` of `shape` [N, C, h, w]. Returns
     /// (RGB bytes N×H×W×3, raw f32 bytes N×3×H×W or None, H, W).
     /// `size` (H, W): `data` is a packed token sequence [N, L, F], unpacked
     /// by the model's rule on that image's token grid.
-    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, keep_raw=false, max_memory=None, size=None))]
+    /// `progress`: see `progress.rs` (called between tiles; untiled runs
+    /// make no call).
+    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, keep_raw=false, max_memory=None, size=None, overlap=None, progress=None))]
     #[allow(clippy::too_many_arguments)]
     fn decode<'py>(
         &self,
@@ -254,20 +297,25 @@ impl Model {
         keep_raw: bool,
         max_memory: Option<u64>,
         size: Option<(usize, usize)>,
+        overlap: Option<usize>,
+        progress: Option<Bound<'py, PyAny>>,
     ) -> PyResult<DecodedBytes<'py>> {
+        let watch = Watch::new(progress)?;
         let opts = DecodeOptions {
             raw_latents,
             keep_raw,
-            tiling: tiling(tile, tile_size, max_memory.or(self.max_memory))?,
+            tiling: tiling_with_overlap(tile, tile_size, overlap, max_memory.or(self.max_memory))?,
+            progress: watch.progress(),
             ..Default::default()
         };
-        let (rgb, raw, h, w) = py.detach(|| -> PyResult<_> {
+        let ctx = watch.context(&self.ctx);
+        let decoded = py.detach(|| -> PyResult<_> {
             let mut latents = host_tensor(data, shape)?;
             if size.is_some() {
                 latents = self.vae.unpack_tokens(&latents, size).map_err(to_py_err)?;
             }
             let _one_at_a_time = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
-            let out = wgvae::decode(&self.ctx, &self.vae, &latents, &opts).map_err(to_py_err)?;
+            let out = wgvae::decode(&ctx, &self.vae, &latents, &opts).map_err(to_py_err)?;
             let mut rgb = Vec::with_capacity(out.rgba.iter().map(|i| i.len() / 4 * 3).sum());
             for img in &out.rgba {
                 for px in img.chunks_exact(4) {
@@ -278,7 +326,8 @@ impl Model {
                 .raw
                 .map(|r| bytemuck::cast_slice::<f32, u8>(&r.data).to_vec());
             Ok((rgb, raw, out.height, out.width))
-        })?;
+        });
+        let (rgb, raw, h, w) = watch.finish(decoded)?;
         Ok((
             PyByteArray::new(py, &rgb),
             raw.map(|r| PyByteArray::new(py, &r)),
@@ -291,7 +340,7 @@ impl Model {
     /// Returns (f32 latent bytes, latent shape, mean bytes, std bytes); the
     /// last two (the raw distribution, AutoencoderKL / FLUX.2 only, shape
     /// [N, C, h, w]) are None unless `moments`.
-    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, sample=None, max_memory=None, moments=false))]
+    #[pyo3(signature = (data, shape, tile="auto", tile_size=None, raw_latents=false, sample=None, max_memory=None, overlap=None, progress=None, moments=false))]
     #[allow(clippy::too_many_arguments)]
     fn encode<'py>(
         &self,
@@ -303,15 +352,19 @@ impl Model {
         raw_latents: bool,
         sample: Option<u64>,
         max_memory: Option<u64>,
+        overlap: Option<usize>,
+        progress: Option<Bound<'py, PyAny>>,
         moments: bool,
     ) -> PyResult<Encoded<'py>> {
+        let watch = Watch::new(progress)?;
         let opts = EncodeOptions {
             sample,
             raw_latents,
-            tiling: tiling(tile, tile_size, max_memory.or(self.max_memory))?,
-            ..Default::default()
+            tiling: tiling_with_overlap(tile, tile_size, overlap, max_memory.or(self.max_memory))?,
+            progress: watch.progress(),
         };
-        let (bytes, shape, mean, std) = py.detach(|| -> PyResult<_> {
+        let ctx = watch.context(&self.ctx);
+        let encoded = py.detach(|| -> PyResult<_> {
             let pixels = host_tensor(data, shape)?;
             let mut slot = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let enc = match slot.take() {
@@ -319,7 +372,7 @@ impl Model {
                 None => VaeEncoder::load(&self.ctx, &self.encoder_spec, &self.load)
                     .map_err(to_py_err)?,
             };
-            let out = wgvae::encode::encode(&self.ctx, &enc, &pixels, &opts);
+            let out = wgvae::encode::encode(&ctx, &enc, &pixels, &opts);
             *slot = Some(enc);
             let out = out.map_err(to_py_err)?;
             let f32_bytes = |t: &HostTensor| bytemuck::cast_slice::<f32, u8>(&t.data).to_vec();
@@ -329,7 +382,8 @@ impl Model {
                 _ => (None, None),
             };
             Ok((bytes, out.latents.shape, mean, std))
-        })?;
+        });
+        let (bytes, shape, mean, std) = watch.finish(encoded)?;
         let array = |b: Option<Vec<u8>>| b.map(|b| PyByteArray::new(py, &b));
         Ok((PyByteArray::new(py, &bytes), shape, array(mean), array(std)))
     }
@@ -416,6 +470,11 @@ fn _wgvae(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<video::VideoModelPy>()?;
     m.add_class::<video::VideoStream>()?;
     m.add_function(wrap_pyfunction!(video::is_video_vae, m)?)?;
+    m.add("Cancelled", m.py().get_type::<progress::Cancelled>())?;
+    // `preset:NAME` models (random weights): the image presets, Qwen-Image's, Wan 2.1's.
+    let mut presets: Vec<&str> = wgvae::models::config::PRESETS.to_vec();
+    presets.extend([wgvae::models::qwen_image::PRESET, "wan21"]);
+    m.add("PRESETS", presets)?;
     m.add("__version__", env!("CARGO_PKG_VERSION"))?;
     Ok(())
 }

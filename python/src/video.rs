@@ -151,6 +151,12 @@ impl VideoModelPy {
         self.loaded.random_weights
     }
 
+    /// The range of the float frames: (-1, 1) (Wan) or (0, 1) (TAEHV).
+    #[getter]
+    fn output_range(&self) -> (f32, f32) {
+        crate::range_bounds(self.loaded.model().range())
+    }
+
     /// The latent layout the model takes: `ntchw` (TAEHV) or `ncthw` (Wan).
     #[getter]
     fn layout(&self) -> &'static str {

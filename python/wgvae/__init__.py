@@ -17,7 +17,7 @@ import json
 import os
 import re
 import warnings
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 
@@ -25,7 +25,16 @@ from . import _wgvae
 from ._video_file import VIDEO_EXTENSIONS, find_ffmpeg, write_video
 
 __version__: str = _wgvae.__version__
-__all__ = ["Vae", "VideoStream", "adapters", "write_video", "find_ffmpeg", "VIDEO_EXTENSIONS", "__version__"]
+Cancelled = _wgvae.Cancelled
+"""Raised when a ``progress=`` callback returned False (a subclass of RuntimeError)."""
+
+PRESETS: List[str] = list(_wgvae.PRESETS)
+"""The NAMEs of ``Vae("preset:NAME")`` (random weights)."""
+
+Progress = Callable[[int, int, str], Optional[bool]]
+"""``progress(done, total, stage)``: return False to stop the run (``Cancelled``)."""
+
+__all__ = ["Vae", "VideoStream", "Cancelled", "PRESETS", "adapters", "write_video", "find_ffmpeg", "VIDEO_EXTENSIONS", "__version__"]
 
 _UNITS = {
     "": 1, "b": 1,
@@ -181,6 +190,17 @@ class Vae:
         return self._model.latent_channels
 
     @property
+    def output_range(self) -> Tuple[float, float]:
+        """The range of ``output="float"`` values: (-1, 1) (diffusers, Wan) or (0, 1) (TAE, TAEHV)."""
+        return tuple(self._model.output_range)
+
+    @property
+    def pipeline_channels(self) -> int:
+        """Channels of the pipeline's latent maps: 128 for FLUX.2 (4 × its 32
+        z channels in 2×2 patches, BatchNorm-normalised), else :attr:`latent_channels`."""
+        return self._model.latent_channels if self._video else self._model.pipeline_channels
+
+    @property
     def upscale(self) -> int:
         """Output pixels per latent along each axis (8; 16 for taew2_2)."""
         return self._model.upscale
@@ -212,6 +232,8 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
         size: Optional[Tuple[int, int]] = None,
+        overlap: Optional[int] = None,
+        progress: Optional[Progress] = None,
     ) -> np.ndarray:
         """Decodes latents N×C×h×w (or C×h×w) to images.
 
@@ -233,6 +255,15 @@ class Vae:
         one image without the batch axis. The Qwen-Image VAE also takes one
         frame N×16×1×h×w (the pipeline's latents) and un-normalises pipeline
         latents per channel with the config's latents_mean / latents_std.
+        ``overlap``: ``tile="fast"`` only, neighbouring tiles' overlap in image
+        pixels (default a quarter of the tile).
+
+        ``progress(done, total, stage)`` is called after every tile step of a
+        tiled run (none for an untiled one), from the decoding thread with the
+        GIL held; returning False stops the run at the next tile with
+        :class:`Cancelled`, an exception it raises stops it and is re-raised,
+        and Ctrl-C (a pending signal) stops it with KeyboardInterrupt. The Vae
+        stays usable. The callback must not use this Vae.
         """
         self._image_only("decode", "decode_video")
         if output not in ("uint8", "float"):
@@ -264,6 +295,8 @@ class Vae:
             output == "float",
             _bytes(max_memory, "max_memory"),
             size,
+            overlap,
+            progress,
         )
         n = a.shape[0]
         if output == "float":
@@ -281,6 +314,8 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
         value_range: Tuple[float, float] = (-1.0, 1.0),
+        overlap: Optional[int] = None,
+        progress: Optional[Progress] = None,
     ) -> np.ndarray:
         """Encodes images to latents, float32 N×C×h×w (pipeline latents unless
         ``raw_latents``; the distribution's mean unless ``sample`` seeds a draw).
@@ -291,10 +326,10 @@ class Vae:
         images in [0, 1] (torchvision's ``to_tensor``). Float values outside the
         range are an error, never clipped; float images that all lie in [0, 1]
         under the default range get a warning (they may be [0, 1] images). H and
-        W must be multiples of 8.
+        W must be multiples of 8. ``overlap`` and ``progress`` as :meth:`decode`.
         """
         single, (data, shape, _, _) = self._encode(
-            images, tile, raw_latents, sample, tile_size, max_memory, value_range, False
+            images, tile, raw_latents, sample, tile_size, max_memory, value_range, overlap, progress, False
         )
         out = np.frombuffer(data, dtype="<f4").reshape(shape)
         return out[0] if single else out
@@ -306,6 +341,7 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: Union[int, str, None] = None,
         value_range: Tuple[float, float] = (-1.0, 1.0),
+        progress: Optional[Progress] = None,
     ) -> Tuple[np.ndarray, np.ndarray]:
         """The encoder's distribution for ``images`` (as :meth:`encode` takes
         them): (mean, std), float32 N×C×h×w, raw (before the pipeline's
@@ -313,7 +349,7 @@ class Vae:
         ``std = exp(0.5 · clamp(logvar, −30, 20))``. AutoencoderKL and FLUX.2
         only (a TAE encoder has no distribution: ``ValueError``)."""
         single, (_, shape, mean, std) = self._encode(
-            images, tile, True, None, tile_size, max_memory, value_range, True
+            images, tile, True, None, tile_size, max_memory, value_range, None, progress, True
         )
         if mean is None or std is None:
             raise ValueError(
@@ -332,6 +368,8 @@ class Vae:
         tile_size: Optional[int],
         max_memory: Union[int, str, None],
         value_range: Tuple[float, float],
+        overlap: Optional[int],
+        progress: Optional[Progress],
         moments: bool,
     ) -> Tuple[bool, Tuple[Any, List[int], Any, Any]]:
         """(no batch axis given, the native encode's (latents, shape, mean, std) bytes)."""
@@ -364,6 +402,8 @@ class Vae:
             bool(raw_latents),
             sample,
             _bytes(max_memory, "max_memory"),
+            overlap,
+            progress,
             moments,
         )
 
@@ -418,6 +458,7 @@ class Vae:
         layout: Optional[str] = None,
         output: str = "uint8",
         raw_latents: bool = False,
+        progress: Optional[Progress] = None,
     ) -> np.ndarray:
         """Decodes a batch of videos whole.
 
@@ -431,6 +472,10 @@ class Vae:
         ``decode_video``), Wan N×3×T'×H×W clamped to [-1, 1] (diffusers);
         ``output="uint8"``: N×T'×H×W×3 frames (the CLI's PNG frames).
         A 4-D input gives one video without the batch axis.
+        ``progress(done, total, stage)``: the videos are decoded through
+        :meth:`stream`, one latent frame per chunk, and it is called after each
+        chunk (done and total count latent frames of the whole batch); False
+        stops between chunks with :class:`Cancelled`.
         """
         self._video_only("decode_video")
         if output not in ("uint8", "float"):
@@ -448,25 +493,59 @@ class Vae:
         if layout != self._model.layout:
             a = a.transpose(0, 2, 1, 3, 4)
         a = _f32(a, "latents")
+        if progress is not None:
+            out = self._decode_video_chunked(a, output, raw_latents, progress)
+            return out[0] if single else out
         data, shape = self._model.decode(a.tobytes(), list(a.shape), bool(raw_latents), output == "uint8")
         dtype = np.uint8 if output == "uint8" else "<f4"
         out = np.frombuffer(data, dtype=dtype).reshape(shape)
         return out[0] if single else out
 
+    def _decode_video_chunked(self, a: np.ndarray, output: str, raw_latents: bool, progress: Progress) -> np.ndarray:
+        """:meth:`decode_video` of ``a`` (the model's layout, 5-D) one latent frame at a time."""
+        layout = self._model.layout
+        t_axis = 2 if layout == "ncthw" else 1
+        n, t = a.shape[0], a.shape[t_axis]
+        # The frame axis of one video's output: Wan float 3×T'×H×W, else T' first.
+        f_axis = 1 if (output == "float" and layout == "ncthw") else 0
+        videos = []
+        for i in range(n):
+            s = self.stream(layout, output, raw_latents)
+            parts = []
+            for j in range(t):
+                chunk = a[i, :, j : j + 1] if layout == "ncthw" else a[i, j : j + 1]
+                parts.append(s.push(chunk))
+                if progress(i * t + j + 1, n * t, "video chunk") is False:
+                    raise Cancelled(f"stopped: the progress callback returned False after latent frame {i * t + j + 1} of {n * t}")
+            parts.append(s.finish())
+            videos.append(np.concatenate(parts, axis=f_axis))
+        return np.stack(videos)
+
     def stream(
-        self, layout: Optional[str] = None, output: str = "uint8", raw_latents: bool = False
+        self,
+        layout: Optional[str] = None,
+        output: str = "uint8",
+        raw_latents: bool = False,
+        progress: Optional[Progress] = None,
+        total: Optional[int] = None,
     ) -> "VideoStream":
         """A streaming decode of one video: ``push(chunk)`` latent chunks in
         order (each returns the frames ready so far), then ``finish()``. The
         frames equal :meth:`decode_video`'s up to float rounding, with memory
         that does not grow with the video's length. ``layout``, ``output``
-        and ``raw_latents`` as :meth:`decode_video`."""
+        and ``raw_latents`` as :meth:`decode_video`. ``progress(done, total,
+        stage)`` is called after each push with the latent frames pushed so
+        far and ``total`` (the latent frames the video will have; default the
+        frames pushed so far); returning False makes that push raise
+        :class:`Cancelled`, and the stream should then be dropped."""
         self._video_only("stream")
         if output not in ("uint8", "float"):
             raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
         layout = self._video_layout(layout)
         native = self._model.stream(bool(raw_latents), output == "uint8")
-        return VideoStream(native, layout, self._model.layout, output, self.upscale)
+        stream = VideoStream(native, layout, self._model.layout, output, self.upscale)
+        stream._progress, stream._total = progress, total
+        return stream
 
 
 _DESCRIBE = {"ntchw": "N×T×C×h×w", "ncthw": "N×C×T×h×w"}
@@ -496,6 +575,10 @@ class VideoStream:
         self._size: Optional[Tuple[int, int]] = None
         self.frames_out = 0
         """Frames returned so far."""
+        self.latent_frames_in = 0
+        """Latent frames pushed so far."""
+        self._progress: Optional[Progress] = None
+        self._total: Optional[int] = None
 
     def push(self, chunk: Any) -> np.ndarray:
         a = _as_array(chunk, "chunk")
@@ -516,7 +599,14 @@ class VideoStream:
         if self._batched is None:
             self._batched = batched
             self._size = (a.shape[2] * self._upscale, a.shape[3] * self._upscale)
-        return self._frames(got)
+        out = self._frames(got)
+        self.latent_frames_in += a.shape[0]
+        if self._progress is not None:
+            done = self.latent_frames_in
+            total = max(done, int(self._total)) if self._total is not None else done
+            if self._progress(done, total, "video chunk") is False:
+                raise Cancelled(f"stopped: the progress callback returned False after {done} latent frames")
+        return out
 
     def finish(self) -> np.ndarray:
         return self._frames(self._native.finish())

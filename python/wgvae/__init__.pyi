@@ -1,6 +1,6 @@
 import os
 from fractions import Fraction
-from typing import Any, Dict, List, Optional, Tuple, Union
+from typing import Any, Callable, Dict, List, Optional, Tuple, Union
 
 import numpy as np
 import numpy.typing as npt
@@ -9,6 +9,17 @@ __version__: str
 
 _Bytes = Union[int, str, None]
 _Path = Union[str, "os.PathLike[str]"]
+
+Progress = Callable[[int, int, str], Optional[bool]]
+"""progress(done, total, stage), called between tiles (decode/encode) or chunks (video) with the GIL held.
+Returning False stops the run at the next tile or chunk with Cancelled; an exception it raises stops the run
+and is re-raised; a pending signal (Ctrl-C) stops a tiled run with KeyboardInterrupt. None or True go on."""
+
+PRESETS: List[str]
+"""The NAMEs of Vae("preset:NAME") (random weights): image presets, qwenimage, wan21."""
+
+class Cancelled(RuntimeError):
+    """A run stopped because its progress callback returned False. The Vae stays usable."""
 
 def adapters() -> List[Dict[str, Any]]:
     """Every adapter wgpu sees: index, name, backend, device_type, driver, driver_info, shader_f16,
@@ -45,6 +56,12 @@ class Vae:
     @property
     def latent_channels(self) -> int: ...
     @property
+    def output_range(self) -> Tuple[float, float]:
+        """The range of output="float" values: (-1, 1) (diffusers, Wan) or (0, 1) (TAE, TAEHV)."""
+    @property
+    def pipeline_channels(self) -> int:
+        """128 for FLUX.2 (its BatchNorm-normalised 2×2-patch maps), else latent_channels."""
+    @property
     def upscale(self) -> int: ...
     @property
     def dtype(self) -> str: ...
@@ -65,11 +82,19 @@ class Vae:
         layout: Optional[str] = None,
         output: str = "uint8",
         raw_latents: bool = False,
+        progress: Optional[Progress] = None,
     ) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
-        """uint8 N×T'×H×W×3, or float32 TAEHV N×T'×3×H×W (raw) / Wan N×3×T'×H×W (clamped); 4-D in, no N out."""
+        """With progress: decoded through stream() one latent frame per chunk, progress after each.
+        uint8 N×T'×H×W×3, or float32 TAEHV N×T'×3×H×W (raw) / Wan N×3×T'×H×W (clamped); 4-D in, no N out."""
     def stream(
-        self, layout: Optional[str] = None, output: str = "uint8", raw_latents: bool = False
-    ) -> VideoStream: ...
+        self,
+        layout: Optional[str] = None,
+        output: str = "uint8",
+        raw_latents: bool = False,
+        progress: Optional[Progress] = None,
+        total: Optional[int] = None,
+    ) -> VideoStream:
+        """progress(latent frames pushed, total or pushed, "video chunk") after each push; False: Cancelled."""
     def decode(
         self,
         latents: Any,
@@ -79,8 +104,11 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: _Bytes = None,
         size: Optional[Tuple[int, int]] = None,
+        overlap: Optional[int] = None,
+        progress: Optional[Progress] = None,
     ) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
-        """uint8 N×H×W×3 (output="uint8") or float32 N×3×H×W (output="float")."""
+        """uint8 N×H×W×3 (output="uint8") or float32 N×3×H×W (output="float").
+        overlap: tile="fast" only (image pixels). progress: after each tile step (untiled: no call)."""
     def encode(
         self,
         images: Any,
@@ -90,6 +118,8 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: _Bytes = None,
         value_range: Tuple[float, float] = (-1.0, 1.0),
+        overlap: Optional[int] = None,
+        progress: Optional[Progress] = None,
     ) -> npt.NDArray[np.float32]:
         """float32 latents N×C×h×w from uint8 N×H×W×3 or float N×3×H×W in ``value_range``."""
     def encode_moments(
@@ -99,6 +129,7 @@ class Vae:
         tile_size: Optional[int] = None,
         max_memory: _Bytes = None,
         value_range: Tuple[float, float] = (-1.0, 1.0),
+        progress: Optional[Progress] = None,
     ) -> Tuple[npt.NDArray[np.float32], npt.NDArray[np.float32]]:
         """The encoder's raw (mean, std), float32 N×C×h×w (AutoencoderKL, FLUX.2)."""
     def memory(
@@ -115,6 +146,7 @@ class Vae:
 
 class VideoStream:
     frames_out: int
+    latent_frames_in: int
     def push(self, chunk: Any) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
         """The frames ready after this chunk (of the chunk before it; possibly none)."""
     def finish(self) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:

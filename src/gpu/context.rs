@@ -336,7 +336,8 @@ impl Context {
 
     /// A context sharing everything with this one whose tiled decodes and
     /// encodes stop with an error at the next tile once `flag` is set (a
-    /// host's Ctrl-C); untiled work is one submission and runs to its end.
+    /// host's Ctrl-C), and video decoders at the next chunk pushed; untiled
+    /// work is one submission and runs to its end.
     pub fn with_cancel(&self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
         Context {
             inner: Arc::new(Inner {
