@@ -18,14 +18,6 @@
 //! nothing submitted or read back; the returned [`PendingFrames`] is kept
 //! until the app submits.
 
-// Input-facing: latents and their shapes come from files.
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::sync::{mpsc, Arc};
 
 use crate::error::{Error, Result};
@@ -1095,7 +1087,6 @@ const _: fn() = || {
 };
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

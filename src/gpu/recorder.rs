@@ -391,6 +391,7 @@ impl<'a> Recorder<'a> {
                 .forget_lifetime();
             self.pass = Some(pass);
         }
+        #[allow(clippy::expect_used)] // opened just above when there was none
         let pass = self.pass.as_mut().expect("pass just opened");
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset]);
