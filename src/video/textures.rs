@@ -226,15 +226,7 @@ impl VideoDecoder<'_> {
             };
             crate::kernels::image::to_texture(&mut rec, &frame, range, through.unwrap_or(*target))?;
             if let Some(src) = through {
-                rec.encoder().copy_texture_to_texture(
-                    src.as_image_copy(),
-                    target.as_image_copy(),
-                    wgpu::Extent3d {
-                        width,
-                        height,
-                        depth_or_array_layers: 1,
-                    },
-                );
+                crate::embed::copy_to_target(rec.encoder(), src, target, (width, height));
             }
         }
         let dispatches = rec.finish().len();
