@@ -616,15 +616,7 @@ impl Engine {
             None => None,
         };
         if let Some(src) = &intermediate {
-            rec.encoder().copy_texture_to_texture(
-                src.as_image_copy(),
-                target.as_image_copy(),
-                wgpu::Extent3d {
-                    width,
-                    height,
-                    depth_or_array_layers: 1,
-                },
-            );
+            copy_to_target(rec.encoder(), src, target, (width, height));
         }
         let dispatches = rec.finish().len();
         Ok(PendingDecode {
@@ -637,6 +629,25 @@ impl Engine {
             ctx: self.ctx.clone(),
         })
     }
+}
+
+/// Copies the `width × height` image written into the intermediate `src`
+/// (see [`texture_route`]) into `target`.
+pub(crate) fn copy_to_target(
+    encoder: &mut wgpu::CommandEncoder,
+    src: &wgpu::Texture,
+    target: &wgpu::Texture,
+    (width, height): (u32, u32),
+) {
+    encoder.copy_texture_to_texture(
+        src.as_image_copy(),
+        target.as_image_copy(),
+        wgpu::Extent3d {
+            width,
+            height,
+            depth_or_array_layers: 1,
+        },
+    );
 }
 
 /// How to write `target`: `None` directly, `Some(format)` through an

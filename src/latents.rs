@@ -23,14 +23,6 @@
 //! assert_eq!(qwen.token_features(), Some(64));
 //! ```
 
-// Input-facing: what files and flags hold reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::error::{Error, Result};
 use crate::io::HostTensor;
 
@@ -421,12 +413,6 @@ impl std::str::FromStr for VideoLayout {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

@@ -60,6 +60,13 @@
 //! ```
 
 #![warn(missing_docs)]
+// Errors are `Result`s naming what went wrong, not panics: no bare unwrap,
+// expect or panic in the library (clippy.toml lets test code use them).
+// Input-facing modules, whose shapes and sizes come from files and flags, also
+// warn on indexing that may panic: `#[warn(clippy::indexing_slicing)]` on their
+// `mod` line (io, latents, video, video_encode, y4m, run::input, models' loaders,
+// and the CLI's ffmpeg and outputs).
+#![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod attention;
 pub mod decode;
@@ -67,16 +74,21 @@ pub mod embed;
 pub mod encode;
 pub mod error;
 pub mod estimate;
+// Tile-plan invariants stated as `expect` messages (exact/parking.rs, exact/attention.rs).
+#[allow(clippy::expect_used)]
 pub(crate) mod exec;
 pub mod frames;
 #[doc(hidden)]
 pub mod fuzzing;
 pub mod gpu;
+#[warn(clippy::indexing_slicing)]
 pub mod io;
 /// Kernel wrappers, tile tables and CPU references: crate internals, public
 /// only for the crate's benches and integration tests.
 #[doc(hidden)]
+#[allow(clippy::expect_used)] // matmul/coop.rs: the default cooperative tiles always exist
 pub mod kernels;
+#[warn(clippy::indexing_slicing)]
 pub mod latents;
 pub mod memory;
 pub mod models;
@@ -90,8 +102,11 @@ pub mod tensor {
 }
 pub mod testing;
 pub mod tiling;
+#[warn(clippy::indexing_slicing)]
 pub mod video;
+#[warn(clippy::indexing_slicing)]
 pub mod video_encode;
+#[warn(clippy::indexing_slicing)]
 pub mod y4m;
 
 /// The wgpu this wgvae links (wgvae 0.1 needs wgpu 30): a host embedding the engine builds its

@@ -1,5 +1,8 @@
 //! The `wgvae` command line: parses, calls the library, prints (see `cli`).
 
+// Errors are reported, not panicked: no bare unwrap, expect or panic (tests may).
+#![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 mod cli;
 
 use std::process::ExitCode;

@@ -1,5 +1,7 @@
 //! Helpers shared by unit tests, integration tests and benches.
 #![doc(hidden)]
+// Test helpers: a helper that fails is a failed test, so they unwrap and panic.
+#![allow(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 use std::sync::OnceLock;
 

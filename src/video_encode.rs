@@ -8,14 +8,6 @@
 //! the host until the next chunk (or padded by [`VideoEncoder::finish`]),
 //! so that any chunking gives the latents of the whole clip.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
@@ -328,7 +320,6 @@ const _: fn() = || {
 };
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

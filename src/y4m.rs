@@ -8,14 +8,6 @@
 //! is the mean of a 2×2 block); an odd width or height cannot be halved, so
 //! such frames are 4:4:4 (`C444`).
 
-// Input-facing: sizes and rates come from files and flags.
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::io::Write;
 use std::path::{Path, PathBuf};
 
@@ -404,7 +396,6 @@ pub fn parse_y4m(bytes: &[u8]) -> Result<Y4mInfo> {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -8,6 +8,9 @@
 //! keeps the extension free of numpy's C API (one abi3 wheel for every
 //! CPython ≥ 3.9). The GIL is released while the device works.
 
+// Errors become Python exceptions, not panics: no bare unwrap, expect or panic.
+#![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
+
 use pyo3::exceptions::{
     PyFileNotFoundError, PyMemoryError, PyOSError, PyRuntimeError, PyValueError,
 };

@@ -5,14 +5,6 @@
 //! place when ffmpeg exits successfully and removed otherwise (an error, a
 //! signal). `.y4m` needs no ffmpeg (`wgvae::y4m`).
 
-// Input-facing: paths, sizes and rates come from files and flags.
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
 use std::process::{Child, ChildStdin, Command, Stdio};
@@ -451,7 +443,6 @@ impl Drop for FfmpegWriter {
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -5,11 +5,13 @@
 mod bench;
 mod decode;
 mod encode;
+#[warn(clippy::indexing_slicing)]
 mod ffmpeg;
 mod flags;
 mod info;
 pub(crate) mod interrupt;
 mod memory;
+#[warn(clippy::indexing_slicing)]
 mod outputs;
 mod progress;
 mod report;

@@ -2,14 +2,6 @@
 //! name costs no decode, no output can overwrite an input (links included),
 //! and a failed run never leaves a half-written file where a good one was.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::path::{Path, PathBuf};
 
 use wgvae::Error;
@@ -359,12 +351,6 @@ pub(crate) fn write_atomically(
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

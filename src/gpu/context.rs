@@ -55,6 +55,7 @@ pub struct Context {
     inner: Arc<Inner>,
 }
 
+#[derive(Clone)]
 struct Inner {
     device: wgpu::Device,
     queue: wgpu::Queue,
@@ -321,15 +322,8 @@ impl Context {
     pub fn with_pool(&self, pool: Arc<dyn MemoryPool>) -> Self {
         Context {
             inner: Arc::new(Inner {
-                device: self.inner.device.clone(),
-                queue: self.inner.queue.clone(),
-                caps: self.inner.caps.clone(),
-                pipelines: self.inner.pipelines.clone(),
                 pool,
-                null: self.inner.null,
-                uncaptured: self.inner.uncaptured.clone(),
-                notice: self.inner.notice.clone(),
-                cancel: self.inner.cancel.clone(),
+                ..Inner::clone(&self.inner)
             }),
         }
     }
@@ -341,15 +335,8 @@ impl Context {
     pub fn with_cancel(&self, flag: Arc<std::sync::atomic::AtomicBool>) -> Self {
         Context {
             inner: Arc::new(Inner {
-                device: self.inner.device.clone(),
-                queue: self.inner.queue.clone(),
-                caps: self.inner.caps.clone(),
-                pipelines: self.inner.pipelines.clone(),
-                pool: self.inner.pool.clone(),
-                null: self.inner.null,
-                uncaptured: self.inner.uncaptured.clone(),
-                notice: self.inner.notice.clone(),
                 cancel: Some(flag),
+                ..Inner::clone(&self.inner)
             }),
         }
     }

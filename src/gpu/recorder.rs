@@ -86,25 +86,19 @@ impl<'a> Recorder<'a> {
             .create_command_encoder(&wgpu::CommandEncoderDescriptor {
                 label: Some("wgvae"),
             });
-        Recorder {
-            ctx: ctx.clone(),
-            encoder: Encoder::Owned(encoder),
-            pass: None,
-            uniforms: Vec::new(),
-            labels: Vec::new(),
-            profiler: None,
-            range_flag: None,
-            noted: None,
-            dry: Vec::new(),
-        }
+        Recorder::with(ctx, Encoder::Owned(encoder))
     }
 
     /// A recorder that records into the host's encoder; call [`Recorder::finish`]
     /// before the host submits it.
     pub fn with_encoder(ctx: &Context, encoder: &'a mut wgpu::CommandEncoder) -> Recorder<'a> {
+        Recorder::with(ctx, Encoder::Borrowed(encoder))
+    }
+
+    fn with(ctx: &Context, encoder: Encoder<'a>) -> Recorder<'a> {
         Recorder {
             ctx: ctx.clone(),
-            encoder: Encoder::Borrowed(encoder),
+            encoder,
             pass: None,
             uniforms: Vec::new(),
             labels: Vec::new(),
@@ -391,6 +385,7 @@ impl<'a> Recorder<'a> {
                 .forget_lifetime();
             self.pass = Some(pass);
         }
+        #[allow(clippy::expect_used)] // opened just above when there was none
         let pass = self.pass.as_mut().expect("pass just opened");
         pass.set_pipeline(&pipeline.pipeline);
         pass.set_bind_group(0, &bind_group, &[offset]);

@@ -2,14 +2,6 @@
 //! and images (PNG). Every malformed input is an [`Error`] naming the file
 //! and what was expected.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
@@ -837,10 +829,4 @@ fn decode_image(
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests;

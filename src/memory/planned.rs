@@ -415,6 +415,7 @@ impl PlannedState {
         align: u64,
         label: &str,
     ) -> std::result::Result<(usize, u64, u64), String> {
+        #[allow(clippy::expect_used)] // only called while replaying a plan
         let r = self.replay.as_ref().expect("replaying");
         let index = r.next;
         let Some(entry) = r.plan.trace.entries.get(index) else {

@@ -243,6 +243,7 @@ impl AutoencoderKl {
             up_blocks.push(UpBlock { resnets, upsample });
             prev = cout;
         }
+        #[allow(clippy::expect_used)] // the config check refuses an empty channel list
         let last = *rev.last().expect("validated non-empty");
         let norm_out = Norm::load(ctx, store, "decoder.conv_norm_out", last, g, EPS)?;
         let conv_out = load_conv(

@@ -1,12 +1,7 @@
 //! AutoencoderKL configuration: diffusers `config.json` and the public presets.
 
 // Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![warn(clippy::indexing_slicing)]
 
 use std::path::Path;
 
@@ -338,12 +333,6 @@ impl AutoencoderKlConfig {
 }
 
 #[cfg(test)]
-#[allow(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 mod tests {
     use super::*;
 

@@ -14,12 +14,7 @@
 //! become `s` frames by a view. The variant is detected from the shapes.
 
 // Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
+#![warn(clippy::indexing_slicing)]
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;

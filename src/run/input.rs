@@ -1,14 +1,6 @@
 //! Latents a run starts from when they are not a host tensor: a host
 //! application's device buffer, copied inside the command stream.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::io::HostTensor;

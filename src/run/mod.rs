@@ -5,6 +5,7 @@
 //! redo ([`precision`]). Memory estimates are the same runs on a null device.
 
 pub(crate) mod fast;
+#[warn(clippy::indexing_slicing)]
 pub(crate) mod input;
 pub(crate) mod precision;
 pub(crate) mod replay;

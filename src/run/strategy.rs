@@ -587,7 +587,6 @@ fn fit_plan(
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used)]
 mod tests {
     use super::{human_bytes, traced_peak};
     use crate::memory::{Backing, MemoryPool, TracingPool};

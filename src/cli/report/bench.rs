@@ -59,6 +59,26 @@ pub fn today_utc() -> String {
     format!("{y:04}-{m:02}-{d:02}")
 }
 
+#[cfg(test)]
+impl Metadata {
+    /// A fixed header for the reports' tests.
+    pub(crate) fn for_test(settings: &str) -> Metadata {
+        Metadata {
+            adapter: "test adapter".into(),
+            backend: "Vulkan".into(),
+            device_type: "Cpu".into(),
+            driver: "d".into(),
+            driver_info: "i".into(),
+            wgpu_version: "30",
+            wgvae_version: "0.1.0",
+            git_commit: "abc",
+            os: "linux",
+            date_utc: today_utc(),
+            settings: settings.into(),
+        }
+    }
+}
+
 impl Metadata {
     /// The header of a run on `ctx`'s adapter with `settings`.
     pub fn of(ctx: &Context, settings: String) -> Self {
@@ -474,19 +494,7 @@ mod tests {
     }
 
     fn meta() -> Metadata {
-        Metadata {
-            adapter: "test adapter".into(),
-            backend: "Vulkan".into(),
-            device_type: "Cpu".into(),
-            driver: "d".into(),
-            driver_info: "i".into(),
-            wgpu_version: "30",
-            wgvae_version: "0.1.0",
-            git_commit: "abc",
-            os: "linux",
-            date_utc: today_utc(),
-            settings: "s, with a comma".into(),
-        }
+        Metadata::for_test("s, with a comma")
     }
 
     /// Splits one CSV line on commas outside double quotes.

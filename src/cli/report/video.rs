@@ -559,19 +559,7 @@ mod tests {
     fn report_rows_match_the_header_and_charts_name_the_series() {
         let dir = std::env::temp_dir().join(format!("wgvae-video-report-{}", std::process::id()));
         let rows = [row(3, "ok"), row(6, "failed, \"x\"")];
-        let meta = Metadata {
-            adapter: "test adapter".into(),
-            backend: "Vulkan".into(),
-            device_type: "Cpu".into(),
-            driver: "d".into(),
-            driver_info: "i".into(),
-            wgpu_version: "30",
-            wgvae_version: "0.1.0",
-            git_commit: "abc",
-            os: "linux",
-            date_utc: super::super::bench::today_utc(),
-            settings: "s".into(),
-        };
+        let meta = Metadata::for_test("s");
         write_video_report(&rows, &[], &meta, &dir).unwrap();
         let csv = std::fs::read_to_string(dir.join("video.csv")).unwrap();
         let lines: Vec<&str> = csv.lines().filter(|l| !l.starts_with('#')).collect();

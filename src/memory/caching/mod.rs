@@ -165,7 +165,9 @@ impl State {
             .collect();
         let mut bytes = 0;
         for id in &idle {
-            let seg = self.segments.remove(id).expect("listed above");
+            let Some(seg) = self.segments.remove(id) else {
+                continue; // unreachable: `idle` lists live segments
+            };
             let key = FreeKey {
                 size: seg.size,
                 segment: *id,
@@ -186,6 +188,7 @@ impl State {
     /// (`requested` asked), splitting off the remainder when the rules say so.
     fn take_block(&mut self, key: FreeKey, size: u64, requested: u64) -> Block {
         let id = self.new_id();
+        #[allow(clippy::expect_used)] // free keys are removed with their segment
         let seg = self
             .segments
             .get_mut(&key.segment)

@@ -1,0 +1,205 @@
+//! The video models a [`VideoDecoder`](super::VideoDecoder) runs: the borrowed
+//! view ([`VideoModel`]), the owned one ([`VideoVae`]) and loading it.
+
+use std::sync::Arc;
+
+use super::VideoLayout;
+use crate::error::{Error, Result};
+use crate::gpu::Context;
+use crate::models::graph::Graph;
+use crate::models::taehv::TaehvDecoder;
+use crate::models::wan::WanDecoder;
+
+/// A causal video decoder [`VideoDecoder`](super::VideoDecoder) and
+/// [`decode_video`](super::decode_video) run.
+#[derive(Clone, Copy)]
+pub enum VideoModel<'a> {
+    /// The TAEHV family (latents N×T×C×h×w, output before its [0, 1] clamp).
+    Taehv(&'a TaehvDecoder),
+    /// The Wan 2.1 VAE (latents N×C×T×h×w, output clamped to [−1, 1]).
+    Wan(&'a WanDecoder),
+}
+
+impl<'a> From<&'a TaehvDecoder> for VideoModel<'a> {
+    fn from(d: &'a TaehvDecoder) -> Self {
+        VideoModel::Taehv(d)
+    }
+}
+
+impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
+    fn from(d: &'a WanDecoder) -> Self {
+        VideoModel::Wan(d)
+    }
+}
+
+impl<'a> VideoModel<'a> {
+    /// The cooperative-matrix configuration its convolutions run on (`8x8x8 f16->f32`),
+    /// `None` on the scalar path.
+    pub fn cooperative_matrix(self) -> Option<String> {
+        self.graph().matrix_config()
+    }
+
+    pub(super) fn graph(self) -> &'a Graph {
+        match self {
+            VideoModel::Taehv(d) => d.graph(),
+            VideoModel::Wan(d) => d.graph(),
+        }
+    }
+    pub(super) fn frames_to_trim(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.frames_to_trim(),
+            VideoModel::Wan(_) => 0,
+        }
+    }
+    pub(super) fn patch_size(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.patch_size,
+            VideoModel::Wan(_) => 1,
+        }
+    }
+    /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
+    pub fn channels_first(&self) -> bool {
+        matches!(self, VideoModel::Wan(_))
+    }
+
+    /// The latent layout the model takes (TAEHV `ntchw`, Wan `ncthw`).
+    pub fn latent_layout(&self) -> VideoLayout {
+        match self {
+            VideoModel::Taehv(d) => d.latent_layout(),
+            VideoModel::Wan(_) => VideoLayout::Ncthw,
+        }
+    }
+
+    /// The model's name in messages and reports.
+    pub fn name(&self) -> &str {
+        match self {
+            VideoModel::Taehv(d) => d.variant_name(),
+            VideoModel::Wan(d) => &d.name,
+        }
+    }
+
+    /// Channels of one latent frame.
+    pub fn latent_channels(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.latent_channels,
+            VideoModel::Wan(d) => d.latent_channels(),
+        }
+    }
+
+    /// Output pixels per latent pixel along each axis.
+    pub fn upscale(&self) -> usize {
+        match self {
+            VideoModel::Taehv(d) => d.upscale(),
+            VideoModel::Wan(d) => d.upscale(),
+        }
+    }
+
+    /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
+    pub fn range(&self) -> crate::kernels::image::ImageRange {
+        match self {
+            VideoModel::Taehv(_) => crate::kernels::image::ImageRange::ZeroToOne,
+            VideoModel::Wan(_) => crate::kernels::image::ImageRange::MinusOneToOne,
+        }
+    }
+}
+
+/// A loaded video decoder, owned (see [`VideoModel`] for the borrowed view
+/// [`VideoDecoder`](super::VideoDecoder) and [`decode_video`](super::decode_video) take).
+pub enum VideoVae {
+    /// A TAEHV decoder.
+    Taehv(TaehvDecoder),
+    /// A Wan 2.1 VAE decoder.
+    Wan(WanDecoder),
+}
+
+impl VideoVae {
+    /// The dtype `precision` gives this model on `caps` (TAEHV is f16-safe;
+    /// Wan takes bf16 under `auto` on a GPU).
+    pub fn dtype_for(
+        &self,
+        precision: crate::models::Precision,
+        caps: &crate::gpu::Capabilities,
+    ) -> crate::tensor::DType {
+        precision.resolve(matches!(self, VideoVae::Taehv(_)), caps)
+    }
+
+    /// The borrowed view the decoders run.
+    pub fn model(&self) -> VideoModel<'_> {
+        match self {
+            VideoVae::Taehv(d) => d.into(),
+            VideoVae::Wan(d) => d.into(),
+        }
+    }
+}
+
+pub use crate::models::wan::is_wan_video as is_wan;
+
+/// True when `spec` names a video decoder (TAEHV file or Wan VAE), read from
+/// headers and configs only.
+pub fn is_video_vae(spec: &str) -> bool {
+    let path = std::path::Path::new(spec);
+    (path.is_file() && TaehvDecoder::is_taehv_file(path)) || is_wan(spec)
+}
+
+/// Loads the video decoder at `spec` (a TAEHV `.safetensors` file, a Wan
+/// diffusers folder or file, or `preset:wan21` with weights from
+/// `load.seed`) in the storage precision `load` asks for.
+pub fn load_video_decoder(
+    ctx: &Context,
+    spec: &str,
+    load: &crate::models::LoadOptions,
+) -> Result<VideoVae> {
+    if is_wan(spec) {
+        let dtype = load.precision.resolve(false, ctx.caps());
+        return Ok(VideoVae::Wan(WanDecoder::open(
+            ctx, spec, dtype, load.seed,
+        )?));
+    }
+    let store = crate::models::WeightStore::from_safetensors(std::path::Path::new(spec))?;
+    store.set_dtype(load.precision.resolve(true, ctx.caps()));
+    Ok(VideoVae::Taehv(TaehvDecoder::load(ctx, &store)?))
+}
+
+/// The model a [`VideoDecoder`] runs: borrowed, or shared through an `Arc`
+/// ([`VideoDecoder::shared`]: a `'static` decoder a host can keep beside
+/// anything, e.g. in a Python object).
+pub(super) enum ModelRef<'a> {
+    Borrowed(VideoModel<'a>),
+    Shared(Arc<VideoVae>),
+}
+
+impl ModelRef<'_> {
+    pub(super) fn get(&self) -> VideoModel<'_> {
+        match self {
+            ModelRef::Borrowed(m) => *m,
+            ModelRef::Shared(v) => v.model(),
+        }
+    }
+}
+
+/// The shape checks of one video's latents `[T, C, h, w]`.
+pub(super) fn check_frame(decoder: VideoModel, [t, c, h, w]: [usize; 4]) -> Result<()> {
+    let (name, channels, layout) = match decoder {
+        VideoModel::Taehv(d) => (
+            d.variant_name(),
+            d.latent_channels,
+            "TAEHV latents are N×T×C×h×w",
+        ),
+        VideoModel::Wan(d) => (
+            "Wan 2.1 VAE",
+            d.latent_channels(),
+            "Wan latents are N×C×T×h×w",
+        ),
+    };
+    if c != channels {
+        return Err(Error::InvalidInput(format!(
+            "latents have {c} channels; this {name} decoder takes {channels} ({layout})"
+        )));
+    }
+    if t == 0 || h == 0 || w == 0 {
+        return Err(Error::InvalidInput(format!(
+            "video latents need at least one frame of at least 1×1: got T={t}, h={h}, w={w}"
+        )));
+    }
+    Ok(())
+}

@@ -1,0 +1,128 @@
+//! Spatial tiles of a video decode: exact tiles (each layer tile by tile,
+//! the time caches parked tile by tile), chosen by [`Tiling`].
+
+use super::VideoDecoder;
+use crate::error::{Error, Result};
+use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
+use crate::exec::untiled::{run_video, VideoState};
+use crate::gpu::Recorder;
+use crate::io::HostTensor;
+use crate::models::Taps;
+use crate::tensor::Tensor;
+use crate::tiling::{TileMode, Tiling};
+
+/// Default tile side of an exact tiled video decode, in output pixels.
+pub const VIDEO_DEFAULT_TILE: usize = 256;
+
+/// A [`VideoDecoder`] running exact tiles: its executor (kept for the whole
+/// video: the caches' parked tiles count against its device cap) and the
+/// time caches as whole-frame tiled activations.
+pub(super) struct TiledVideo {
+    pub(super) exec: Executor,
+    pub(super) caches: VideoCaches,
+    /// Tile side in output pixels.
+    pub(super) px: usize,
+}
+
+impl VideoDecoder<'_> {
+    /// Tiles every frame spatially (set before the first chunk).
+    /// [`TileMode::Exact`]: each layer runs tile by tile over its output
+    /// with the time caches kept as whole frames parked tile by tile, so the
+    /// frames equal the untiled decode up to float rounding (no seams) while
+    /// no tensor holds a whole frame at the full resolution: frames larger
+    /// than the device's storage binding limit or the memory budget
+    /// decode. `tile_size` is in output pixels ([`VIDEO_DEFAULT_TILE`] when
+    /// `None`); the budget (`max_memory`) caps the tiles parked on the
+    /// device (half of what the weights leave), the rest go to host memory.
+    /// [`TileMode::Auto`]: exact tiles only when a null-device dry run of the
+    /// untiled first chunk exceeds the budget or a device limit.
+    /// [`TileMode::Off`] (the default): untiled. [`TileMode::Fast`] is refused
+    /// (its blended tiles would put seams in time as well as space).
+    pub fn set_tiling(&mut self, tiling: Tiling) -> Result<()> {
+        if self.submitted > 0 {
+            return Err(Error::InvalidInput(
+                "a VideoDecoder's tiling is set before its first chunk".into(),
+            ));
+        }
+        if tiling.mode == TileMode::Fast {
+            return Err(Error::Unsupported(
+                "fast (blended) tiles of a video decode: use exact tiles (`TileMode::Exact`), equal to the untiled decode".into(),
+            ));
+        }
+        if tiling.tile_size == Some(0) {
+            return Err(Error::InvalidInput("a tile size of 0 pixels".into()));
+        }
+        self.tiling = tiling;
+        Ok(())
+    }
+
+    /// [`VideoDecoder::set_tiling`] as a builder.
+    pub fn with_tiling(mut self, tiling: Tiling) -> Result<Self> {
+        self.set_tiling(tiling)?;
+        Ok(self)
+    }
+
+    /// The exact tile side in output pixels once a chunk ran tiled (`None`: untiled).
+    pub fn tile_size(&self) -> Option<usize> {
+        self.tiled.as_ref().map(|t| t.px)
+    }
+
+    /// Whether the first chunk `[T, C, h, w]` runs exact tiles: always for
+    /// [`TileMode::Exact`]; for [`TileMode::Auto`] when the untiled chunk
+    /// does not fit the budget or a device limit (a null-device dry run).
+    pub(super) fn wants_tiles(&self, chunk: &HostTensor) -> Result<bool> {
+        match self.tiling.mode {
+            TileMode::Off | TileMode::Fast => Ok(false),
+            TileMode::Exact => Ok(true),
+            TileMode::Auto => {
+                let budget = self.tiling.budget(self.ctx.caps());
+                let base = self.ctx.pool().stats().allocated_bytes.current;
+                let graph = self.decoder.get().graph();
+                let fits = crate::run::strategy::fits_budget(&self.ctx, budget, base, |null| {
+                    let mut rec = Recorder::new(null);
+                    let input =
+                        Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
+                    let raw = run_video(
+                        graph,
+                        &mut rec,
+                        input,
+                        &mut Taps::default(),
+                        &mut VideoState::default(),
+                    )?;
+                    drop(raw);
+                    rec.finish();
+                    Ok(())
+                })?;
+                Ok(!fits)
+            }
+        }
+    }
+
+    /// The exact plan of a video whose latent frames are `h × w`.
+    pub(super) fn exact_plan(&self, (h, w): (usize, usize)) -> Result<(ExactPlan, usize)> {
+        let graph = self.decoder.get().graph();
+        let levels = video_levels(graph);
+        let scale = 1usize << (levels - 1);
+        let patch = self.decoder.get().patch_size().max(1);
+        let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
+        // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
+        let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
+        let budget = self.tiling.budget(self.ctx.caps());
+        let base = self.ctx.pool().stats().allocated_bytes.current;
+        let avail = budget.checked_sub(base).ok_or_else(|| {
+            Error::OverBudget(format!(
+                "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
+            ))
+        })?;
+        let plan = ExactPlan {
+            px,
+            levels: level_tiles(px, levels, (h, w)),
+            latent: (h, w),
+            device_cap: avail / 2,
+            attention_state_budget: avail / 4,
+            total_steps: 0,
+            staging_limit: crate::run::strategy::staging_limit(avail),
+        };
+        Ok((plan, px * patch))
+    }
+}
