@@ -138,4 +138,3 @@ mod doc_examples {
     #[doc = include_str!("../docs/video.md")]
     struct Video;
 }
-

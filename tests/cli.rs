@@ -1423,7 +1423,12 @@ fn memory_batch_and_reference_gpu() {
     let caps = wgvae::gpu::Capabilities::reference_gpu();
     assert_eq!(reference["device"], caps.adapter_name.as_str());
     assert_ne!(one["device"], reference["device"]);
-    let load = wgvae::LoadOptions::default();
+    // `--dtype` defaults to auto: 16-bit on the reference GPU (f16 for this SD-like VAE).
+    assert_eq!(reference["dtype"], "f16", "{reference}");
+    let load = wgvae::LoadOptions {
+        precision: wgvae::models::Precision::Auto,
+        ..Default::default()
+    };
     let want = wgvae::estimate::Estimate::new(&caps, wgvae::memory::Policy::Planned, vae, &load)
         .tiled(&wgvae::Tiling::default())
         .decode([2, 4, 12, 16])

@@ -1069,7 +1069,9 @@ fn qwen_image_pipeline_latents_from_a_device_buffer() {
     let buffer = device.create_buffer(&wgpu::BufferDescriptor {
         label: Some("qwen-image latents"),
         size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE | wgpu::BufferUsages::COPY_SRC | wgpu::BufferUsages::COPY_DST,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
         mapped_at_creation: false,
     });
     queue.write_buffer(&buffer, 0, bytes);

@@ -418,7 +418,10 @@ fn cli_frames_out_writes_numbered_pngs() {
 
     // The JSON names the storage dtype the frames were decoded in: the
     // default `auto` is f32 on a CPU adapter, f16 for a TAE on a GPU.
-    let caps = wgvae::gpu::Context::new(&Default::default()).unwrap().caps().clone();
+    let caps = wgvae::gpu::Context::new(&Default::default())
+        .unwrap()
+        .caps()
+        .clone();
     let auto = wgvae::models::Precision::Auto.resolve(true, &caps).name();
     assert_eq!(v["dtype"], auto, "{v}");
     let (ok, out, err) = wgvae_cli(&[

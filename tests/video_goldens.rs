@@ -293,7 +293,9 @@ fn taew2_1_rand_f16() {
 fn a_cancel_flag_stops_a_stream_between_chunks() {
     use std::sync::atomic::{AtomicBool, Ordering};
     use std::sync::Arc;
-    let Some(dir) = golden("taew2_1-rand") else { return };
+    let Some(dir) = golden("taew2_1-rand") else {
+        return;
+    };
     let flag = Arc::new(AtomicBool::new(false));
     let ctx = test_context().with_cancel(flag.clone());
     let dec = load(&ctx, &dir, "taew2_1.safetensors");
@@ -301,7 +303,10 @@ fn a_cancel_flag_stops_a_stream_between_chunks() {
     let mut stream = VideoDecoder::new(&ctx, &dec);
     stream.push(&chunk(&latents, 0, 0, 1)).unwrap();
     flag.store(true, Ordering::SeqCst);
-    let e = stream.push(&chunk(&latents, 0, 1, 2)).unwrap_err().to_string();
+    let e = stream
+        .push(&chunk(&latents, 0, 1, 2))
+        .unwrap_err()
+        .to_string();
     assert!(e.contains("with_cancel"), "{e}");
     flag.store(false, Ordering::SeqCst);
     stream.push(&chunk(&latents, 0, 1, 2)).unwrap();

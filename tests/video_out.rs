@@ -489,7 +489,10 @@ fn a_second_signal_kills_ffmpeg() {
         {
             break pid;
         }
-        assert!(start.elapsed().as_secs() < 300, "ffmpeg not started in 300 s");
+        assert!(
+            start.elapsed().as_secs() < 300,
+            "ffmpeg not started in 300 s"
+        );
         std::thread::sleep(std::time::Duration::from_millis(20));
     };
     let stat = |pid: u32| std::fs::read_to_string(format!("/proc/{pid}/stat")).ok();
@@ -510,7 +513,10 @@ fn a_second_signal_kills_ffmpeg() {
             break;
         }
         last = now;
-        assert!(start.elapsed().as_secs() < 300, "the decode is still busy after 300 s");
+        assert!(
+            start.elapsed().as_secs() < 300,
+            "the decode is still busy after 300 s"
+        );
     }
     let term = || {
         let ok = Command::new("kill")
@@ -534,7 +540,10 @@ fn a_second_signal_kills_ffmpeg() {
     while alive(pid) && gone.elapsed().as_secs() < 5 {
         std::thread::sleep(std::time::Duration::from_millis(20));
     }
-    assert!(!alive(pid), "ffmpeg (pid {pid}) still runs after the second signal");
+    assert!(
+        !alive(pid),
+        "ffmpeg (pid {pid}) still runs after the second signal"
+    );
     assert!(
         temporaries(&out).is_empty(),
         "{:?}; {err}",

@@ -101,8 +101,7 @@ impl Watch {
             return result;
         }
         let error = self.error.lock().unwrap_or_else(|e| e.into_inner()).take();
-        Err(error.unwrap_or_else(|| {
-            Cancelled::new_err("stopped: the progress callback returned False")
-        }))
+        Err(error
+            .unwrap_or_else(|| Cancelled::new_err("stopped: the progress callback returned False")))
     }
 }

@@ -49,8 +49,10 @@ impl State {
             self.bar.set_message(format!("{}{compiled}", self.what));
         } else {
             self.bar.set_length(total as u64);
-            self.bar.set_position(self.done.load(Ordering::Relaxed) as u64);
-            self.bar.set_message(compiled.trim_start_matches(" · ").to_string());
+            self.bar
+                .set_position(self.done.load(Ordering::Relaxed) as u64);
+            self.bar
+                .set_message(compiled.trim_start_matches(" · ").to_string());
         }
     }
 }
@@ -168,9 +170,15 @@ mod tests {
         wgvae::decode(&ctx, &vae, &z, &opts).unwrap();
         activity.state.refresh();
         let compiled = activity.state.compiled();
-        assert!(compiled > 0 && compiled == ctx.pipelines().len(), "{compiled}");
+        assert!(
+            compiled > 0 && compiled == ctx.pipelines().len(),
+            "{compiled}"
+        );
         let msg = activity.state.bar.message();
-        assert!(msg.starts_with("decoding · ") && msg.ends_with("pipelines compiled"), "{msg}");
+        assert!(
+            msg.starts_with("decoding · ") && msg.ends_with("pipelines compiled"),
+            "{msg}"
+        );
         assert_eq!(activity.state.bar.length(), None, "untiled: a spinner");
 
         let tiled = wgvae::DecodeOptions {

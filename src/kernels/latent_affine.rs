@@ -89,7 +89,9 @@ pub fn latent_affine(
             format!("x {x:?} → z {z:?} with {r}×{r} patches and coefficients {coef:?}"),
         ));
     }
-    let u = |v: usize| u32::try_from(v).map_err(|_| Error::shape(OP, format!("{v} exceeds u32 indexing")));
+    let u = |v: usize| {
+        u32::try_from(v).map_err(|_| Error::shape(OP, format!("{v} exceeds u32 indexing")))
+    };
     let params = Params {
         n: u(z.numel())?,
         c: u(c)?,
@@ -160,17 +162,27 @@ mod tests {
         ] {
             let [n, cin, h, w] = shape;
             let x = rand_vec(n * cin * h * w, 7, 3.0);
-            let a: Vec<f32> = rand_vec(cin, 8, 1.0).iter().map(|v| 0.5 + v.abs()).collect();
+            let a: Vec<f32> = rand_vec(cin, 8, 1.0)
+                .iter()
+                .map(|v| 0.5 + v.abs())
+                .collect();
             let s = rand_vec(cin, 9, 2.0);
             let want = cpu_latent_affine(op, r, shape, &x, &a, &s);
             let xt = Tensor::from_f32(&ctx, &shape, &x, "x").unwrap();
             let coef = Tensor::from_f32(&ctx, &[2 * cin], &[a, s].concat(), "coef").unwrap();
-            let z = Tensor::empty(&ctx, &[n, cin / (r * r), h * r, w * r], DType::F32, "z").unwrap();
+            let z =
+                Tensor::empty(&ctx, &[n, cin / (r * r), h * r, w * r], DType::F32, "z").unwrap();
             let mut rec = Recorder::new(&ctx);
             latent_affine(&mut rec, op, r, &xt, &coef, &z).unwrap();
             rec.submit().unwrap();
             let got = z.to_f32(&ctx).unwrap();
-            crate::testing::assert_close(&got, &want, 0.0, 1e-6, &format!("{op:?} r={r} {shape:?}"));
+            crate::testing::assert_close(
+                &got,
+                &want,
+                0.0,
+                1e-6,
+                &format!("{op:?} r={r} {shape:?}"),
+            );
         }
     }
 

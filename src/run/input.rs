@@ -4,8 +4,8 @@
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::io::HostTensor;
-use crate::models::{Taps, Vae};
 use crate::kernels::latent_affine::{latent_affine, Affine};
+use crate::models::{Taps, Vae};
 use crate::tensor::{DType, Tensor};
 
 /// f32 latents in a buffer the host owns: `shape` = [N, C, h, w], contiguous
@@ -136,8 +136,18 @@ fn unnormalize(rec: &mut Recorder, vae: &Vae, x: Tensor) -> Result<Tensor> {
     let [n, c, h, w] = <[usize; 4]>::try_from(x.shape())
         .map_err(|_| Error::shape("latents", format!("{x:?} is not N×C×h×w")))?;
     let per_channel = |op, r: usize, a: Vec<f32>, s: &[f32], rec: &mut Recorder| {
-        let coef = Tensor::from_f32_in(rec, &[2 * c], &[a.as_slice(), s].concat(), "latent statistics")?;
-        let z = Tensor::empty(rec.ctx(), &[n, c / (r * r), h * r, w * r], DType::F32, "latents z")?;
+        let coef = Tensor::from_f32_in(
+            rec,
+            &[2 * c],
+            &[a.as_slice(), s].concat(),
+            "latent statistics",
+        )?;
+        let z = Tensor::empty(
+            rec.ctx(),
+            &[n, c / (r * r), h * r, w * r],
+            DType::F32,
+            "latents z",
+        )?;
         latent_affine(rec, op, r, &x, &coef, &z)?;
         Ok::<_, Error>(z)
     };
