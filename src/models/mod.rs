@@ -9,12 +9,15 @@ pub(crate) mod graph;
 #[doc(hidden)]
 pub mod layers;
 pub mod qwen_image;
+pub mod qwen_image21;
 #[doc(hidden)]
 pub mod tae;
 pub mod taehv;
 pub mod taehv_encoder;
 pub mod vae_encoder;
 pub mod wan;
+pub(crate) mod wan_layers;
+pub(crate) mod wan_residual;
 #[doc(hidden)]
 pub mod weights;
 
@@ -32,6 +35,7 @@ pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
 pub use qwen_image::QwenImageDecoder;
+pub use qwen_image21::QwenImage21Decoder;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
@@ -124,6 +128,8 @@ pub enum Decoder {
     Tae(TaeDecoder),
     /// The Qwen-Image VAE (the Wan 2.1 VAE on one frame).
     QwenImage(QwenImageDecoder),
+    /// The Qwen-Image 2.1 VAE (the residual Wan decoder on one frame).
+    QwenImage21(QwenImage21Decoder),
 }
 
 /// A loaded VAE decoder, weights on the device.
@@ -433,6 +439,19 @@ impl Vae {
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        if qwen_image21::is_qwen_image21(spec, opts.config.as_deref()) {
+            if opts.scaling_factor.is_some() || opts.shift_factor.is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "`{spec}` is a Qwen-Image 2.1 VAE: its pipeline latents are un-normalised per channel with latents_mean / latents_std (from config.json, `LoadOptions::config`), not a scaling or shift factor; drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`"
+                )));
+            }
+            let dtype = opts.precision.resolve(false);
+            let config = opts.config.as_deref();
+            let dec = QwenImage21Decoder::open(ctx, spec, config, dtype, opts.seed)?;
+            let random = spec.starts_with("preset:");
+            let name = format!("{} [{}]", dec.name, dec.latent_stats);
+            return Ok(Vae::new(Decoder::QwenImage21(dec), name, dtype, random));
+        }
         if qwen_image::is_qwen_image(spec, opts.config.as_deref()) {
             if opts.scaling_factor.is_some() || opts.shift_factor.is_some() {
                 return Err(Error::InvalidInput(format!(
@@ -523,6 +542,7 @@ impl Vae {
             Decoder::Kl(k) => k.config.latent_channels,
             Decoder::Tae(t) => t.latent_channels,
             Decoder::QwenImage(q) => q.latent_channels(),
+            Decoder::QwenImage21(q) => q.latent_channels(),
         }
     }
 
@@ -532,6 +552,7 @@ impl Vae {
             Decoder::Kl(k) => k.config.upscale(),
             Decoder::Tae(_) => 8,
             Decoder::QwenImage(q) => q.upscale(),
+            Decoder::QwenImage21(q) => q.upscale(),
         }
     }
 
@@ -541,6 +562,7 @@ impl Vae {
             Decoder::Kl(k) => k.levels(),
             Decoder::Tae(_) => 4,
             Decoder::QwenImage(q) => q.levels(),
+            Decoder::QwenImage21(q) => q.levels(),
         }
     }
 
@@ -557,13 +579,16 @@ impl Vae {
             Decoder::Kl(k) => k.graph(),
             Decoder::Tae(t) => t.graph(),
             Decoder::QwenImage(q) => q.graph(),
+            Decoder::QwenImage21(q) => q.graph(),
         }
     }
 
     /// How the raw output maps to pixels.
     pub fn output_range(&self) -> ImageRange {
         match &self.decoder {
-            Decoder::Kl(_) | Decoder::QwenImage(_) => ImageRange::MinusOneToOne,
+            Decoder::Kl(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => {
+                ImageRange::MinusOneToOne
+            }
             Decoder::Tae(_) => ImageRange::ZeroToOne,
         }
     }
@@ -574,7 +599,7 @@ impl Vae {
     pub fn latent_scaling(&self) -> (f32, f32) {
         match &self.decoder {
             Decoder::Kl(k) => (k.config.scaling_factor, k.config.shift()),
-            Decoder::Tae(_) | Decoder::QwenImage(_) => (1.0, 0.0),
+            Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => (1.0, 0.0),
         }
     }
 
@@ -584,6 +609,9 @@ impl Vae {
     pub fn latent_normalization(&self) -> Option<(&[f32], &[f32])> {
         match &self.decoder {
             Decoder::QwenImage(q) => Some((&q.config.latents_mean, &q.config.latents_std)),
+            Decoder::QwenImage21(q) => {
+                Some((&q.config.wan.latents_mean, &q.config.wan.latents_std))
+            }
             _ => None,
         }
     }
@@ -591,7 +619,10 @@ impl Vae {
     /// True when the raw output is clamped to [−1, 1] as diffusers returns
     /// it (Qwen-Image); the pixels are clamped for every model.
     pub fn clamps_output(&self) -> bool {
-        matches!(self.decoder, Decoder::QwenImage(_))
+        matches!(
+            self.decoder,
+            Decoder::QwenImage(_) | Decoder::QwenImage21(_)
+        )
     }
 
     /// Checks latents for this decoder (N×C×h×w after this; C×h×w becomes
@@ -599,6 +630,7 @@ impl Vae {
     pub fn check_latents(&self, t: &mut HostTensor) -> std::result::Result<(), String> {
         match &self.decoder {
             Decoder::QwenImage(q) => q.check_latents(t),
+            Decoder::QwenImage21(q) => q.check_latents(t),
             _ => crate::io::validate_latents(t, self.latent_channels()),
         }
     }
@@ -616,6 +648,14 @@ impl Vae {
                 tokens: Some(TokenPacking::Flat { channels: 4 * c }),
             };
         }
+        if let Decoder::QwenImage21(_) = self.decoder {
+            // One token per latent position (`QwenImage21Pipeline._pack_latents`).
+            return LatentForm {
+                map_channels: c,
+                pixels_per_position: self.upscale(),
+                tokens: Some(TokenPacking::Flat { channels: c }),
+            };
+        }
         LatentForm {
             map_channels: c,
             pixels_per_position: self.upscale(),
@@ -627,7 +667,7 @@ impl Vae {
     pub fn flux2(&self) -> Option<crate::models::config::Flux2Latents> {
         match &self.decoder {
             Decoder::Kl(k) => k.config.flux2,
-            Decoder::Tae(_) | Decoder::QwenImage(_) => None,
+            Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => None,
         }
     }
 
@@ -641,6 +681,10 @@ impl Vae {
             ),
             (Decoder::Tae(t), _) => format!("this TAE ({} latent channels)", t.latent_channels),
             (Decoder::QwenImage(_), _) => "the Qwen-Image VAE (16 latent channels)".into(),
+            (Decoder::QwenImage21(q), _) => format!(
+                "the Qwen-Image 2.1 VAE ({} latent channels)",
+                q.latent_channels()
+            ),
         }
     }
 
@@ -686,7 +730,10 @@ impl Vae {
         let plain = raw
             && latents.shape.len() == 4
             && latents.shape[1] == self.latent_channels()
-            && !matches!(self.decoder, Decoder::QwenImage(_))
+            && !matches!(
+                self.decoder,
+                Decoder::QwenImage(_) | Decoder::QwenImage21(_)
+            )
             && !self.latent_form().is_tokens(&latents.shape, size);
         if plain {
             if size.is_some() {
@@ -752,6 +799,7 @@ impl Vae {
         match &self.decoder {
             // One frame N×16×1×h×w or N×16×h×w (its own checks and messages).
             Decoder::QwenImage(q) => q.check_latents(&mut t),
+            Decoder::QwenImage21(q) => q.check_latents(&mut t),
             _ => crate::io::validate_latents(&mut t, want),
         }
         .map_err(Error::InvalidInput)?;
@@ -761,7 +809,7 @@ impl Vae {
         if self.flux2().is_some() {
             let bn = match &self.decoder {
                 Decoder::Kl(k) => k.latent_bn.as_ref(),
-                Decoder::Tae(_) | Decoder::QwenImage(_) => None,
+                Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => None,
             };
             let bn = bn.ok_or_else(|| {
                 Error::InvalidInput(format!(
@@ -782,6 +830,9 @@ impl Vae {
     /// factor): that is an error naming the cause, not an all-NaN image.
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
         if let Decoder::QwenImage(q) = &self.decoder {
+            return q.unnormalize(latents);
+        }
+        if let Decoder::QwenImage21(q) = &self.decoder {
             return q.unnormalize(latents);
         }
         let (scale, shift) = self.latent_scaling();
