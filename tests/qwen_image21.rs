@@ -2,8 +2,8 @@
 //! python/tests/test_qwenimage21.py builds a tiny seeded model at test time
 //! (torch + diffusers), and `../shared/golden/qwenimage21-tiny` when it
 //! exists (exported by python/tests/qwenimage21_reference.py; skipped with a
-//! message otherwise). Here, without torch: `preset:qwenimage21` (the public
-//! config, seeded random weights) in exact tiles equals the untiled decode,
+//! message otherwise). Here, without torch: `preset:qwenimage21` (seeded
+//! random weights; a reduced config) in exact tiles equals the untiled decode,
 //! memory estimates equal measured peaks, and bad input gets clear errors.
 
 use std::path::PathBuf;
@@ -40,15 +40,54 @@ fn exact() -> Tiling {
     }
 }
 
-fn preset(ctx: &Context, precision: Precision) -> Vae {
-    let opts = LoadOptions {
-        precision,
-        ..Default::default()
-    };
-    Vae::load(ctx, PRESET, &opts).unwrap()
+/// A reduced config of the public shape (5 stages, 16×, 64 latent
+/// channels, every DupUp case; decoder_base_dim 16): the public config's
+/// mid-block attention (1152 channels, one head) exceeds the attention
+/// kernel's head dimension (see `public_preset_is_refused_clearly`).
+const SMALL_CONFIG: &str = r#"{"_class_name": "AutoencoderKLQwenImage21", "base_dim": 8,
+  "decoder_base_dim": 16, "z_dim": 64, "dim_mult": [1, 2, 2, 4, 4], "num_res_blocks": 1,
+  "temperal_downsample": [false, true, true, true]}"#;
+
+fn small_config() -> PathBuf {
+    // One file per call: tests run in parallel.
+    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
+    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let dir = std::env::temp_dir().join(format!(
+        "wgvae-qwenimage21-{}-{call}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&dir).unwrap();
+    let path = dir.join("config.json");
+    std::fs::write(&path, SMALL_CONFIG).unwrap();
+    path
 }
 
-/// The preset's public shape; exact tiles (every level split, the
+fn load_options(precision: Precision) -> LoadOptions {
+    LoadOptions {
+        precision,
+        config: Some(small_config()),
+        ..Default::default()
+    }
+}
+
+fn preset(ctx: &Context, precision: Precision) -> Vae {
+    Vae::load(ctx, PRESET, &load_options(precision)).unwrap()
+}
+
+/// The public config loads (its weights are read) but its 1152-channel
+/// single-head mid-block attention is beyond the attention kernel (head
+/// dimension at most 512): an error saying so, not a wrong image.
+#[test]
+fn public_preset_is_refused_clearly() {
+    let ctx = test_context();
+    let e = Estimate::new(ctx.caps(), Policy::Exact, PRESET, &LoadOptions::default())
+        .decode([1, 64, 2, 2])
+        .err()
+        .expect("the public config's 1152-wide attention");
+    assert!(e.to_string().contains("head dimension 1152"), "{e}");
+}
+
+/// The preset (reduced config); exact tiles (every level split, the
 /// DupUp shortcuts read across tile borders) equal the untiled decode.
 #[test]
 fn preset_exact_tiles_equal_untiled() {
@@ -90,10 +129,7 @@ fn preset_estimates_equal_measured() {
     for tiling in [Tiling::off(), exact()] {
         let policy = Policy::Exact;
         let ctx = base.with_pool(policy.new_pool());
-        let load = LoadOptions {
-            precision: Precision::BF16,
-            ..Default::default()
-        };
+        let load = load_options(Precision::BF16);
         let vae = Vae::load(&ctx, PRESET, &load).unwrap();
         let real = run(&ctx, &vae, &z, true, tiling.clone());
         let est = Estimate::new(ctx.caps(), policy, PRESET, &load)

@@ -6,6 +6,9 @@
 //! `decoder_base_dim` 144, `out_channels` 4 (RGBA). The graph decodes one
 //! frame and clamps to [−1, 1] as diffusers does; it computes the first
 //! three output channels (RGB) — the fourth (alpha) is not decoded yet.
+//! The released width's mid-block attention (one head of 1152 channels)
+//! is beyond the attention kernel (head dimension ≤ 512): such decodes stop
+//! with that error; smaller configs decode.
 //!
 //! Latents: N×64×h×w, or N×64×1×h×w as the pipeline hands them to
 //! `vae.decode`. Pipeline latents: `z = latents · latents_std +
@@ -224,7 +227,7 @@ pub struct QwenImage21Decoder {
 
 impl QwenImage21Decoder {
     /// Opens `spec` (see [`is_qwen_image21`]): `preset:qwenimage21`
-    /// (weights seeded by `seed`), a diffusers folder, or a `.safetensors`
+    /// (weights seeded by `seed`; the public config, or `config`'s shape), a diffusers folder, or a `.safetensors`
     /// file with `config`, a Qwen-Image 2.1 `config.json` beside it, or the
     /// public configuration. Weights are stored as `dtype`.
     pub fn open(
@@ -242,7 +245,12 @@ impl QwenImage21Decoder {
             }
             let store = WeightStore::random_for(ctx, seed);
             store.set_dtype(dtype);
-            let mut dec = Self::load(ctx, &store, QwenImage21Config::public())?;
+            // With a config: random weights of its shape (tests, studies).
+            let cfg = match config {
+                Some(c) => QwenImage21Config::from_file(c)?,
+                None => QwenImage21Config::public(),
+            };
+            let mut dec = Self::load(ctx, &store, cfg)?;
             dec.name = format!("{PRESET} preset (random weights, seed {seed})");
             dec.latent_stats = "the released Qwen-Image 2.1 latents_mean / latents_std".into();
             return Ok(dec);

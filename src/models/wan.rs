@@ -825,9 +825,10 @@ fn header_keys(path: &Path) -> Option<Vec<String>> {
 /// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
 /// config is `AutoencoderKLWan`, or a file with Wan keys).
 pub fn is_wan_video(spec: &str) -> bool {
-    // A Qwen-Image VAE file has Wan's keys but decodes images.
+    // Qwen-Image (2.1) VAE files have Wan's keys but decode images.
     (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
         && !crate::models::qwen_image::is_qwen_image(spec, None)
+        && !crate::models::qwen_image21::is_qwen_image21(spec, None)
 }
 
 #[cfg(test)]
