@@ -80,10 +80,11 @@ fn preset(ctx: &Context, precision: Precision) -> Vae {
 #[test]
 fn public_preset_is_refused_clearly() {
     let ctx = test_context();
-    let e = Estimate::new(ctx.caps(), Policy::Exact, PRESET, &LoadOptions::default())
+    let Err(e) = Estimate::new(ctx.caps(), Policy::Exact, PRESET, &LoadOptions::default())
         .decode([1, 64, 2, 2])
-        .err()
-        .expect("the public config's 1152-wide attention");
+    else {
+        panic!("the public config's 1152-wide attention estimated");
+    };
     assert!(e.to_string().contains("head dimension 1152"), "{e}");
 }
 

@@ -84,7 +84,7 @@ pub fn dup_up(
     let [n, ci, sh, sw] = dims(src)?;
     let [on, co, oh, ow] = dims(out)?;
     let factor = co * ft.max(1) * 4;
-    if on != n || ci == 0 || ft == 0 || factor % ci != 0 || src.dtype() != out.dtype() {
+    if on != n || ci == 0 || ft == 0 || !factor.is_multiple_of(ci) || src.dtype() != out.dtype() {
         return Err(Error::shape(
             OP,
             format!("src {src:?} → out {out:?} (time factor {ft}): same N and dtype, out channels · {ft} · 4 a multiple of src channels"),

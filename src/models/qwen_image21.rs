@@ -1,7 +1,7 @@
 //! The Qwen-Image 2.1 VAE decoder (diffusers `AutoencoderKLQwenImage21`).
 //!
 //! A residual Wan network (Wan 2.2's `is_residual` decoder, see
-//! [`crate::models::wan_residual`]) specialised to images: its causal convs
+//! `models/wan_residual.rs`) specialised to images: its causal convs
 //! are stored as 2-D convs, 64 latent channels, five stages (16× spatial),
 //! `decoder_base_dim` 144, `out_channels` 4 (RGBA). The graph decodes one
 //! frame and clamps to [−1, 1] as diffusers does; it computes the first
@@ -41,6 +41,8 @@ pub const CLASS_NAME: &str = "AutoencoderKLQwenImage21";
 pub const PRESET: &str = "qwenimage21";
 
 /// The released Qwen-Image 2.1 `latents_mean` (diffusers' default config).
+// −0.5236 is a released statistic, not −π/6.
+#[allow(clippy::approx_constant)]
 pub const QWEN_IMAGE21_LATENTS_MEAN: [f32; 64] = [
     0.5126, 0.7721, -0.0631, 1.3506, -0.7855, -2.1025, -0.3458, 1.3722, 1.8873, -1.7177, -0.651,
     0.2732, 0.7562, -0.6163, -1.0277, 3.8363, 2.021, 0.0472, 0.932, 2.0087, 2.4954, -0.1391,

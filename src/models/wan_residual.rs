@@ -113,7 +113,7 @@ pub(crate) fn residual_frame_graph(
         // The shortcut is taken first: the first residual block adds into
         // its input in place (diffusers keeps a low-resolution clone).
         let shortcut = if up_flag {
-            if (d_out * ft * 4) % d_in != 0 {
+            if !(d_out * ft * 4).is_multiple_of(d_in) {
                 return Err(bad(
                     store,
                     format!("up block {i}: DupUp3D needs {d_out}·{ft}·4 to be a multiple of {d_in} (dim_mult {:?})", cfg.dim_mult),
