@@ -64,8 +64,8 @@
 // expect or panic in the library (clippy.toml lets test code use them).
 // Input-facing modules, whose shapes and sizes come from files and flags, also
 // warn on indexing that may panic: `#[warn(clippy::indexing_slicing)]` on their
-// `mod` line (io, latents, video, video_encode, y4m, run::input, models' loaders,
-// and the CLI's ffmpeg and outputs).
+// `mod` line (io, latents, models, video, video_encode, y4m, run::input, and the
+// CLI's ffmpeg and outputs).
 #![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
 pub mod attention;
@@ -91,6 +91,7 @@ pub mod kernels;
 #[warn(clippy::indexing_slicing)]
 pub mod latents;
 pub mod memory;
+#[warn(clippy::indexing_slicing)]
 pub mod models;
 pub mod named;
 pub mod perf_model;

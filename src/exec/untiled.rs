@@ -12,6 +12,7 @@ use crate::kernels::attention::attention_with;
 use crate::kernels::conv2d::{
     conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
 };
+use crate::kernels::dup_up::dup_up;
 use crate::kernels::elementwise::unary;
 use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
@@ -279,6 +280,14 @@ fn step(
                 *cache,
                 state,
             )?)
+        }
+        Op::DupUp { x, channels, ft } => {
+            let x = get(slots, *x)?;
+            let [n, _, h, w] = dims4(x)?;
+            let shape = [n, *channels, 2 * h, 2 * w];
+            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "dup up")?;
+            dup_up(rec, x, (0, 0), &out, (0, 0), *ft)?;
+            Some(out)
         }
         Op::FrameAttention {
             x,

@@ -9,6 +9,7 @@ pub mod conv2d;
 mod coop;
 #[cfg(test)]
 mod coop_probe_tests;
+pub mod dup_up;
 pub mod elementwise;
 pub mod group_norm;
 pub mod image;
@@ -72,6 +73,7 @@ impl Activation {
 /// for the shader-validation and contract tests.
 pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> {
     let mut v = Vec::new();
+    v.extend(dup_up::variants());
     v.extend(elementwise::variants());
     v.extend(attention::variants());
     v.extend(conv2d::variants());

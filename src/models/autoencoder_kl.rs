@@ -213,7 +213,9 @@ impl AutoencoderKl {
             None => None,
         };
         let rev: Vec<usize> = config.decoder_channels().iter().rev().copied().collect();
-        let top = rev[0];
+        let top = *rev.first().ok_or_else(|| {
+            crate::Error::InvalidInput("AutoencoderKL config: empty block_out_channels".into())
+        })?;
         let post_quant_conv = if config.use_post_quant_conv {
             Some(load_conv(ctx, store, "post_quant_conv", lc, lc, 1, true)?)
         } else {

@@ -1,8 +1,5 @@
 //! AutoencoderKL configuration: diffusers `config.json` and the public presets.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(clippy::indexing_slicing)]
-
 use std::path::Path;
 
 use serde::Deserialize;

@@ -43,9 +43,12 @@ impl AutoencoderKlEncoder {
             None => None,
         };
         let ch = &config.block_out_channels;
-        let conv_in = load_conv(ctx, store, "encoder.conv_in", ch[0], 3, 3, true)?;
+        let first = *ch.first().ok_or_else(|| {
+            Error::InvalidInput("AutoencoderKL config: empty block_out_channels".into())
+        })?;
+        let conv_in = load_conv(ctx, store, "encoder.conv_in", first, 3, 3, true)?;
         let mut down = Vec::new();
-        let mut prev = ch[0];
+        let mut prev = first;
         for (i, &cout) in ch.iter().enumerate() {
             let p = format!("encoder.down_blocks.{i}");
             let resnets =

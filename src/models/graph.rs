@@ -182,6 +182,14 @@ pub(crate) enum Op {
         cache: usize,
         up: ConvId,
     },
+    /// The channel-to-space shortcut of a residual Wan up block into a new
+    /// tensor `[N, channels, 2H, 2W]` (diffusers' `DupUp3D` on a first
+    /// frame; see [`crate::kernels::dup_up`]); `ft` its time factor.
+    DupUp {
+        x: TensorId,
+        channels: usize,
+        ft: usize,
+    },
     /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
     /// of `normed`, `out` projection added into `x` (consumed).
     FrameAttention {
@@ -362,6 +370,11 @@ impl Builder {
         self.push(Op::TimeUpsample { x, w, cache, up }, true)
     }
 
+    /// A residual up block's shortcut (see [`Op::DupUp`]).
+    pub(crate) fn dup_up(&mut self, x: TensorId, channels: usize, ft: usize) -> TensorId {
+        self.push(Op::DupUp { x, channels, ft }, true)
+    }
+
     /// Per-frame attention (see [`Op::FrameAttention`]).
     pub(crate) fn frame_attention(&mut self, op: Op) -> TensorId {
         debug_assert!(matches!(op, Op::FrameAttention { .. }));
@@ -381,7 +394,9 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } => (vec![*x], None),
+            Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } | Op::DupUp { x, .. } => {
+                (vec![*x], None)
+            }
             Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
             Op::CausalConv { x, residual, .. } => match residual {
                 Residual::None => (vec![*x], None),

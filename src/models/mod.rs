@@ -5,16 +5,21 @@ pub mod autoencoder_kl;
 pub mod config;
 #[doc(hidden)]
 pub mod encoder;
+// Indices the graph issued itself (tensor, op and weight ids).
+#[allow(clippy::indexing_slicing)]
 pub(crate) mod graph;
 #[doc(hidden)]
 pub mod layers;
 pub mod qwen_image;
+pub mod qwen_image21;
 #[doc(hidden)]
 pub mod tae;
 pub mod taehv;
 pub mod taehv_encoder;
 pub mod vae_encoder;
 pub mod wan;
+pub(crate) mod wan_layers;
+pub(crate) mod wan_residual;
 #[doc(hidden)]
 pub mod weights;
 
@@ -32,6 +37,7 @@ pub use autoencoder_kl::AutoencoderKl;
 pub use config::AutoencoderKlConfig;
 pub use layers::Taps;
 pub use qwen_image::QwenImageDecoder;
+pub use qwen_image21::QwenImage21Decoder;
 #[doc(hidden)]
 pub use tae::TaeDecoder;
 pub use taehv::TaehvDecoder;
@@ -126,6 +132,8 @@ pub enum Decoder {
     Tae(TaeDecoder),
     /// The Qwen-Image VAE (the Wan 2.1 VAE on one frame).
     QwenImage(QwenImageDecoder),
+    /// The Qwen-Image 2.1 VAE (the residual Wan decoder on one frame).
+    QwenImage21(QwenImage21Decoder),
 }
 
 /// A loaded VAE decoder, weights on the device.
@@ -193,12 +201,6 @@ impl<T> Bf16Twin<T> {
 /// Latents after `z / scale + shift` are all finite; else an error naming
 /// the first bad value and the likely cause.
 // Input-facing (issue #15): these read what files and flags hold.
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 pub(crate) fn check_unscaled(values: &[f32], scale: f32, shift: f32) -> Result<()> {
     match values.iter().enumerate().find(|(_, v)| !v.is_finite()) {
         None => Ok(()),
@@ -213,12 +215,6 @@ fn next_vae_id() -> u64 {
     NEXT.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
 }
 
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKlConfig> {
     // Every shape read here is rank-checked: the file decides them.
     let conv_in = store.conv_shape(
@@ -298,12 +294,6 @@ fn infer_config(store: &WeightStore, opts: &LoadOptions) -> Result<AutoencoderKl
     Ok(cfg)
 }
 
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<()> {
     if cfg.flux2.is_some() && (opts.scaling_factor.is_some() || opts.shift_factor.is_some()) {
         return Err(Error::InvalidInput(
@@ -322,12 +312,6 @@ fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<
 /// The weight file and config.json (if any) behind a `--vae` path: a file
 /// (config.json beside it), a diffusers folder or a pipeline folder with `vae/`.
 /// `opts.config` overrides the config found.
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
     if !path.exists() {
         return Err(Error::InvalidInput(format!(
@@ -347,12 +331,6 @@ pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Optio
 
 /// The AutoencoderKL config: from `config.json` when given, else inferred
 /// from the weight shapes; then the scaling overrides of `opts`.
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 pub fn resolve_config(
     store: &WeightStore,
     config: Option<&Path>,
@@ -366,12 +344,6 @@ pub fn resolve_config(
     Ok(cfg)
 }
 
-#[warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
 fn find_weights_in(dir: &Path) -> Result<(PathBuf, Option<PathBuf>)> {
     let dir = if dir.join("vae").is_dir() {
         dir.join("vae")
@@ -435,6 +407,19 @@ impl Vae {
     }
 
     fn load_inner(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        if qwen_image21::is_qwen_image21(spec, opts.config.as_deref()) {
+            if opts.scaling_factor.is_some() || opts.shift_factor.is_some() {
+                return Err(Error::InvalidInput(format!(
+                    "`{spec}` is a Qwen-Image 2.1 VAE: its pipeline latents are un-normalised per channel with latents_mean / latents_std (from config.json, `LoadOptions::config`), not a scaling or shift factor; drop `LoadOptions::scaling_factor` / `LoadOptions::shift_factor`"
+                )));
+            }
+            let dtype = opts.precision.resolve(false, ctx.caps());
+            let config = opts.config.as_deref();
+            let dec = QwenImage21Decoder::open(ctx, spec, config, dtype, opts.seed)?;
+            let random = spec.starts_with("preset:");
+            let name = format!("{} [{}]", dec.name, dec.latent_stats);
+            return Ok(Vae::new(Decoder::QwenImage21(dec), name, dtype, random));
+        }
         if qwen_image::is_qwen_image(spec, opts.config.as_deref()) {
             if opts.scaling_factor.is_some() || opts.shift_factor.is_some() {
                 return Err(Error::InvalidInput(format!(
@@ -525,6 +510,7 @@ impl Vae {
             Decoder::Kl(k) => k.config.latent_channels,
             Decoder::Tae(t) => t.latent_channels,
             Decoder::QwenImage(q) => q.latent_channels(),
+            Decoder::QwenImage21(q) => q.latent_channels(),
         }
     }
 
@@ -534,6 +520,7 @@ impl Vae {
             Decoder::Kl(k) => k.config.upscale(),
             Decoder::Tae(_) => 8,
             Decoder::QwenImage(q) => q.upscale(),
+            Decoder::QwenImage21(q) => q.upscale(),
         }
     }
 
@@ -543,6 +530,7 @@ impl Vae {
             Decoder::Kl(k) => k.levels(),
             Decoder::Tae(_) => 4,
             Decoder::QwenImage(q) => q.levels(),
+            Decoder::QwenImage21(q) => q.levels(),
         }
     }
 
@@ -559,13 +547,16 @@ impl Vae {
             Decoder::Kl(k) => k.graph(),
             Decoder::Tae(t) => t.graph(),
             Decoder::QwenImage(q) => q.graph(),
+            Decoder::QwenImage21(q) => q.graph(),
         }
     }
 
     /// How the raw output maps to pixels.
     pub fn output_range(&self) -> ImageRange {
         match &self.decoder {
-            Decoder::Kl(_) | Decoder::QwenImage(_) => ImageRange::MinusOneToOne,
+            Decoder::Kl(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => {
+                ImageRange::MinusOneToOne
+            }
             Decoder::Tae(_) => ImageRange::ZeroToOne,
         }
     }
@@ -576,7 +567,7 @@ impl Vae {
     pub fn latent_scaling(&self) -> (f32, f32) {
         match &self.decoder {
             Decoder::Kl(k) => (k.config.scaling_factor, k.config.shift()),
-            Decoder::Tae(_) | Decoder::QwenImage(_) => (1.0, 0.0),
+            Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => (1.0, 0.0),
         }
     }
 
@@ -586,6 +577,9 @@ impl Vae {
     pub fn latent_normalization(&self) -> Option<(&[f32], &[f32])> {
         match &self.decoder {
             Decoder::QwenImage(q) => Some((&q.config.latents_mean, &q.config.latents_std)),
+            Decoder::QwenImage21(q) => {
+                Some((&q.config.wan.latents_mean, &q.config.wan.latents_std))
+            }
             _ => None,
         }
     }
@@ -593,7 +587,10 @@ impl Vae {
     /// True when the raw output is clamped to [−1, 1] as diffusers returns
     /// it (Qwen-Image); the pixels are clamped for every model.
     pub fn clamps_output(&self) -> bool {
-        matches!(self.decoder, Decoder::QwenImage(_))
+        matches!(
+            self.decoder,
+            Decoder::QwenImage(_) | Decoder::QwenImage21(_)
+        )
     }
 
     /// Checks latents for this decoder (N×C×h×w after this; C×h×w becomes
@@ -601,6 +598,7 @@ impl Vae {
     pub fn check_latents(&self, t: &mut HostTensor) -> std::result::Result<(), String> {
         match &self.decoder {
             Decoder::QwenImage(q) => q.check_latents(t),
+            Decoder::QwenImage21(q) => q.check_latents(t),
             _ => crate::io::validate_latents(t, self.latent_channels()),
         }
     }
@@ -618,6 +616,14 @@ impl Vae {
                 tokens: Some(TokenPacking::Flat { channels: 4 * c }),
             };
         }
+        if let Decoder::QwenImage21(_) = self.decoder {
+            // One token per latent position (`QwenImage21Pipeline._pack_latents`).
+            return LatentForm {
+                map_channels: c,
+                pixels_per_position: self.upscale(),
+                tokens: Some(TokenPacking::Flat { channels: c }),
+            };
+        }
         LatentForm {
             map_channels: c,
             pixels_per_position: self.upscale(),
@@ -629,7 +635,7 @@ impl Vae {
     pub fn flux2(&self) -> Option<crate::models::config::Flux2Latents> {
         match &self.decoder {
             Decoder::Kl(k) => k.config.flux2,
-            Decoder::Tae(_) | Decoder::QwenImage(_) => None,
+            Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => None,
         }
     }
 
@@ -643,6 +649,10 @@ impl Vae {
             ),
             (Decoder::Tae(t), _) => format!("this TAE ({} latent channels)", t.latent_channels),
             (Decoder::QwenImage(_), _) => "the Qwen-Image VAE (16 latent channels)".into(),
+            (Decoder::QwenImage21(q), _) => format!(
+                "the Qwen-Image 2.1 VAE ({} latent channels)",
+                q.latent_channels()
+            ),
         }
     }
 
@@ -687,8 +697,11 @@ impl Vae {
     ) -> Result<Cow<'t, HostTensor>> {
         let plain = raw
             && latents.shape.len() == 4
-            && latents.shape[1] == self.latent_channels()
-            && !matches!(self.decoder, Decoder::QwenImage(_))
+            && latents.shape.get(1) == Some(&self.latent_channels())
+            && !matches!(
+                self.decoder,
+                Decoder::QwenImage(_) | Decoder::QwenImage21(_)
+            )
             && !self.latent_form().is_tokens(&latents.shape, size);
         if plain {
             if size.is_some() {
@@ -754,6 +767,7 @@ impl Vae {
         match &self.decoder {
             // One frame N×16×1×h×w or N×16×h×w (its own checks and messages).
             Decoder::QwenImage(q) => q.check_latents(&mut t),
+            Decoder::QwenImage21(q) => q.check_latents(&mut t),
             _ => crate::io::validate_latents(&mut t, want),
         }
         .map_err(Error::InvalidInput)?;
@@ -772,7 +786,7 @@ impl Vae {
     pub(crate) fn latent_batch_norm(&self) -> Result<&crate::latents::LatentBatchNorm> {
         let bn = match &self.decoder {
             Decoder::Kl(k) => k.latent_bn.as_ref(),
-            Decoder::Tae(_) | Decoder::QwenImage(_) => None,
+            Decoder::Tae(_) | Decoder::QwenImage(_) | Decoder::QwenImage21(_) => None,
         };
         bn.ok_or_else(|| {
             Error::InvalidInput(format!(
@@ -789,6 +803,9 @@ impl Vae {
     /// factor): that is an error naming the cause, not an all-NaN image.
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
         if let Decoder::QwenImage(q) = &self.decoder {
+            return q.unnormalize(latents);
+        }
+        if let Decoder::QwenImage21(q) = &self.decoder {
             return q.unnormalize(latents);
         }
         let (scale, shift) = self.latent_scaling();

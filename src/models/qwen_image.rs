@@ -15,14 +15,6 @@
 //! operations), with the vectors of `config.json` — for a single file
 //! without one, the released Qwen-Image vectors (= diffusers' defaults).
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};

@@ -7,9 +7,6 @@
 //! x' = x + conv1×1(ReLU(GroupNorm₄(conv1×1(x)))) where a "pool" branch exists (taef2).
 //! The variant is detected from the weight shapes.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(clippy::indexing_slicing)]
-
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::Conv2dWeights;

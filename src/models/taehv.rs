@@ -13,9 +13,6 @@
 //! nearest up-sample (they commute; 4× fewer pixels) and its `s·C` channels
 //! become `s` frames by a view. The variant is detected from the shapes.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(clippy::indexing_slicing)]
-
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};

@@ -10,9 +10,6 @@
 //! and one ordinary 1×1 conv; no copy, no new kernel. The strides are read
 //! off the TPool weights (`[64, s·64, 1, 1]`).
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(clippy::indexing_slicing)]
-
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::elementwise::Unary;

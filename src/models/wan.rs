@@ -15,25 +15,17 @@
 //! first frame (the cache's `"Rep"` entry), so T latent frames give
 //! `1 + 4 (T − 1)` frames.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(
-    clippy::unwrap_used,
-    clippy::expect_used,
-    clippy::panic,
-    clippy::indexing_slicing
-)]
-
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
-use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::kernels::image::ImageRange;
-use crate::models::graph::{Builder, CausalWeights, Conv, Geometry, Graph, Op, Residual, TensorId};
+use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
 use crate::models::taehv::TaehvDecoder;
+use crate::models::wan_layers::{load_causal, load_pointwise, GraphBuilder};
 use crate::models::weights::{HostWeight, Layout, WeightStore};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 
 /// The public Wan 2.1 `latents_mean` (diffusers' default config).
 pub const WAN21_LATENTS_MEAN: [f32; 16] = [
@@ -481,196 +473,6 @@ pub(crate) fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeigh
     Ok(map)
 }
 
-/// Loads a causal conv `{prefix}` `[cout, cin, kt, k, k]` as `kt` taps.
-fn load_causal(
-    ctx: &Context,
-    store: &WeightStore,
-    prefix: &str,
-    [cout, cin, kt, k]: [usize; 4],
-) -> Result<CausalWeights> {
-    let w = store.take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
-    let b = store.take(&format!("{prefix}.bias"), &[cout])?;
-    let taps = (0..kt)
-        .map(|j| {
-            let tap: Vec<f32> = w
-                .chunks(k * k)
-                .skip(j)
-                .step_by(kt)
-                .flatten()
-                .copied()
-                .collect();
-            let host = PytorchConv {
-                weight: &tap,
-                cout,
-                cin,
-                k,
-                bias: (j + 1 == kt).then_some(b.as_slice()),
-            };
-            Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
-        })
-        .collect::<Result<Vec<_>>>()?;
-    Ok(CausalWeights { taps })
-}
-
-/// A 1×1(×1) conv `{prefix}` (weights of any rank with trailing 1s).
-fn load_pointwise(
-    ctx: &Context,
-    store: &WeightStore,
-    prefix: &str,
-    cout: usize,
-    cin: usize,
-    rank5: bool,
-) -> Result<Conv2dWeights> {
-    let shape: &[usize] = if rank5 {
-        &[cout, cin, 1, 1, 1]
-    } else {
-        &[cout, cin, 1, 1]
-    };
-    let w = store.take(&format!("{prefix}.weight"), shape)?;
-    let b = store.take(&format!("{prefix}.bias"), &[cout])?;
-    let host = PytorchConv {
-        weight: &w,
-        cout,
-        cin,
-        k: 1,
-        bias: Some(&b),
-    };
-    Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
-}
-
-struct GraphBuilder<'a> {
-    ctx: &'a Context,
-    store: &'a WeightStore,
-    b: Builder,
-    slot: usize,
-    /// One frame alone (an image decoder): see [`WanDecoder::load_frame`].
-    image: bool,
-}
-
-impl GraphBuilder<'_> {
-    fn next_slot(&mut self) -> usize {
-        self.slot += 1;
-        self.slot - 1
-    }
-
-    fn rms(
-        &mut self,
-        x: TensorId,
-        key: &str,
-        c: usize,
-        image: bool,
-        silu: bool,
-    ) -> Result<TensorId> {
-        let shape: &[usize] = if image { &[c, 1, 1] } else { &[c, 1, 1, 1] };
-        let g = self.store.take(key, shape)?;
-        let scale = (c as f32).sqrt();
-        let g: Vec<f32> = g.iter().map(|v| v * scale).collect();
-        let t = Tensor::from_f32(self.ctx, &[c], &g, key)?;
-        let id = self.b.rms_gamma(t);
-        Ok(self.b.rms_norm(x, id, silu))
-    }
-
-    fn causal(
-        &mut self,
-        x: TensorId,
-        prefix: &str,
-        dims: [usize; 4],
-        residual: Residual,
-    ) -> Result<TensorId> {
-        if self.image {
-            // One frame after two zero frames: only the current frame's tap.
-            let [cout, cin, kt, k] = dims;
-            let w = self
-                .store
-                .take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
-            let b = self.store.take(&format!("{prefix}.bias"), &[cout])?;
-            let tap: Vec<f32> = w
-                .chunks(k * k)
-                .skip(kt.saturating_sub(1))
-                .step_by(kt.max(1))
-                .flatten()
-                .copied()
-                .collect();
-            let host = PytorchConv {
-                weight: &tap,
-                cout,
-                cin,
-                k,
-                bias: Some(b.as_slice()),
-            };
-            let w = Conv2dWeights::upload(self.ctx, &host, None, self.store.dtype(), prefix)?;
-            let w = self.b.weights(w);
-            let conv = Conv::new(x, w, Geometry::Same).residual(residual);
-            return Ok(self.b.conv(conv));
-        }
-        let w = load_causal(self.ctx, self.store, prefix, dims)?;
-        let w = self.b.causal_weights(w);
-        let slot = self.next_slot();
-        Ok(self.b.causal_conv(x, w, slot, residual))
-    }
-
-    fn resblock(&mut self, x: TensorId, prefix: &str, cin: usize, cout: usize) -> Result<TensorId> {
-        let n1 = self.rms(x, &format!("{prefix}.norm1.gamma"), cin, false, true)?;
-        let c1 = self.causal(
-            n1,
-            &format!("{prefix}.conv1"),
-            [cout, cin, 3, 3],
-            Residual::None,
-        )?;
-        let n2 = self.rms(c1, &format!("{prefix}.norm2.gamma"), cout, false, true)?;
-        let residual = if cin != cout {
-            let sc = load_pointwise(
-                self.ctx,
-                self.store,
-                &format!("{prefix}.conv_shortcut"),
-                cout,
-                cin,
-                true,
-            )?;
-            Residual::Shortcut(x, self.b.weights(sc))
-        } else {
-            Residual::InPlace(x)
-        };
-        self.causal(n2, &format!("{prefix}.conv2"), [cout, cout, 3, 3], residual)
-    }
-
-    fn attention(&mut self, x: TensorId, prefix: &str, c: usize) -> Result<TensorId> {
-        let normed = self.rms(x, &format!("{prefix}.norm.gamma"), c, true, false)?;
-        let w = self
-            .store
-            .take(&format!("{prefix}.to_qkv.weight"), &[3 * c, c, 1, 1])?;
-        let bias = self
-            .store
-            .take(&format!("{prefix}.to_qkv.bias"), &[3 * c])?;
-        let mut ids = Vec::new();
-        for (i, (w, b)) in w.chunks(c * c).zip(bias.chunks(c)).enumerate() {
-            let host = PytorchConv {
-                weight: w,
-                cout: c,
-                cin: c,
-                k: 1,
-                bias: Some(b),
-            };
-            let label = format!("{prefix}.to_qkv[{i}]");
-            let conv = Conv2dWeights::upload(self.ctx, &host, None, self.store.dtype(), &label)?;
-            ids.push(self.b.weights(conv));
-        }
-        let [q, k, v] = ids[..] else {
-            return Err(Error::Internal("to_qkv split".into()));
-        };
-        let out = load_pointwise(self.ctx, self.store, &format!("{prefix}.proj"), c, c, false)?;
-        let out = self.b.weights(out);
-        Ok(self.b.frame_attention(Op::FrameAttention {
-            x,
-            normed,
-            q,
-            k,
-            v,
-            out,
-        }))
-    }
-}
-
 impl WanDecoder {
     /// True when `path` (a `.safetensors` file or a diffusers folder) holds
     /// a Wan VAE: its config says `AutoencoderKLWan` or its keys are Wan's.
@@ -819,6 +621,7 @@ impl WanDecoder {
             b,
             slot: 0,
             image,
+            planar: false,
         };
         let zc = cfg.z_dim;
         let mut x = z;
@@ -1014,13 +817,13 @@ fn header_keys(path: &Path) -> Option<Vec<String>> {
 /// True when `spec` names a Wan VAE (`preset:wan21`, a diffusers folder whose
 /// config is `AutoencoderKLWan`, or a file with Wan keys).
 pub fn is_wan_video(spec: &str) -> bool {
-    // A Qwen-Image VAE file has Wan's keys but decodes images.
+    // Qwen-Image (2.1) VAE files have Wan's keys but decode images.
     (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
         && !crate::models::qwen_image::is_qwen_image(spec, None)
+        && !crate::models::qwen_image21::is_qwen_image21(spec, None)
 }
 
 #[cfg(test)]
-#[allow(clippy::unwrap_used, clippy::panic, clippy::indexing_slicing)]
 mod tests {
     use super::*;
 

@@ -2,9 +2,6 @@
 //! files) and TAE layouts, normalised to one naming (diffusers') on load.
 //! Weights are converted to f32 on the host and uploaded once by the models.
 
-// Input-facing: what a file or flag holds reaches this code (issue #15).
-#![warn(clippy::indexing_slicing)]
-
 use std::cell::RefCell;
 use std::collections::{BTreeMap, BTreeSet};
 use std::path::{Path, PathBuf};

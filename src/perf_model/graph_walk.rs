@@ -173,6 +173,12 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 push(LayerKind::Pass, pass("rms_norm", s, 1, 1));
                 Some(s)
             }
+            Op::DupUp { x, channels, .. } => {
+                let [n, _, h, w] = shape(*x)?;
+                let s = [n, *channels, 2 * h, 2 * w];
+                push(LayerKind::Pass, pass("dup_up", s, 1, 1));
+                Some(s)
+            }
             Op::TimeGrow { x, stride } => {
                 let [t, c, h, w] = shape(*x)?;
                 Some([t * stride, c / stride, h, w])

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::exec::report::{Progress, ProgressUpdate, TilingReport};
 use crate::gpu::{Context, Recorder, SubmitStats};
 use crate::kernels::conv2d::{conv2d, output_size, Conv2dOptions, Conv2dWeights, Prologue};
-use crate::kernels::elementwise::{unary, Unary};
+use crate::kernels::elementwise::{add, unary, Unary};
 use crate::kernels::image::{to_rgba8, ImageRange};
 use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::kernels::Activation;
@@ -385,12 +385,7 @@ impl Executor {
                 )?;
                 res
             }
-            Some(_) => {
-                return Err(Error::Unsupported(
-                    "tiled residual add after an upsample conv".into(),
-                ))
-            }
-            None => {
+            residual => {
                 let full = Tensor::empty(
                     &self.ctx,
                     &[n, cout, out_hw.0, out_hw.1],
@@ -398,7 +393,7 @@ impl Executor {
                     "conv tile",
                 )?;
                 conv2d(self.rec(), &input, spec.w, prologue, None, &full, &opts)?;
-                if exact {
+                let tile = if exact {
                     full
                 } else {
                     drop(input);
@@ -411,6 +406,15 @@ impl Executor {
                     copy_window(self.rec(), &full, offset, &tile, (0, 0), (r.h, r.w))?;
                     self.report.window_copies += 1;
                     tile
+                };
+                match residual {
+                    // An up-sampling conv's tile is a window of its output:
+                    // the residual is added after the copy.
+                    Some(res) => {
+                        add(self.rec(), &tile, &res, &res)?;
+                        res
+                    }
+                    None => tile,
                 }
             }
         };
@@ -519,6 +523,29 @@ impl Executor {
     }
 
     /// `f` applied to every element of `x` (tile by tile, in place).
+    /// [`crate::models::graph::Op::DupUp`]: each output tile from the
+    /// window of `x` under it (whole-image coordinates, so tiles equal the
+    /// untiled result).
+    pub(crate) fn dup_up(&mut self, x: &Act, channels: usize, ft: usize) -> Result<Act> {
+        let mut out = self.empty_act(x.n, channels, 2 * x.h, 2 * x.w, x.dtype);
+        for i in 0..out.grid.len() {
+            let r = out.grid.rect(i);
+            let (y0, x0) = (r.y / 2, r.x / 2);
+            let win = Window::new(
+                y0,
+                x0,
+                r.bottom().div_ceil(2) - y0,
+                r.right().div_ceil(2) - x0,
+            );
+            let src = self.read_window(x, win)?;
+            let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "dup up")?;
+            crate::kernels::dup_up::dup_up(self.rec(), &src, (y0, x0), &o, (r.y, r.x), ft)?;
+            drop(src);
+            self.emit_tile(&mut out, None, i, o, stage::MAP)?;
+        }
+        Ok(out)
+    }
+
     pub(crate) fn map(&mut self, mut x: Act, f: Unary) -> Result<Act> {
         let mut out = Act {
             pieces: (0..x.grid.len()).map(|_| Piece::Empty).collect(),

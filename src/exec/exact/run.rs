@@ -111,6 +111,15 @@ impl Executor {
                         self.time_upsample(x, graph.causal(*w), graph.conv(*up), *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
+                Op::DupUp { x, channels, ft } => {
+                    if lookahead.is_some() {
+                        return Err(Error::Unsupported(
+                            "GroupNorm statistics over a DupUp shortcut".into(),
+                        ));
+                    }
+                    let y = self.dup_up(act(&slots, *x)?, *channels, *ft)?;
+                    (Some(Value::Act(y)), None)
+                }
                 Op::FrameAttention {
                     x,
                     normed,

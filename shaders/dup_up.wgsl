@@ -1,0 +1,52 @@
+// The channel-to-space shortcut of a residual Wan up block (diffusers' DupUp3D on a
+// video's first frame, as Wan 2.2 and Qwen-Image 2.1 decode it):
+//   out[n, o, Y, X] = src[n, c, Y / 2, X / 2],
+//   c = (((o * FT + FT - 1) * 2 + Y % 2) * 2 + X % 2) / repeats
+// (the channel the repeat_interleave / view / permute of DupUp3D puts at that pixel; the
+// first chunk keeps only the last of FT sub-frames). Y, X are whole-image coordinates:
+// `out` is a window at (oy, ox) of the up-sampled image and `src` a window at (sy, sx) of
+// the low-resolution one, so a tile reads the same values as the whole image does.
+// One output element per invocation; storage through `#storage` accessors (same dtype both
+// sides, copied exactly). All storage is read_write: pooled tensors share buffers.
+
+struct Params {
+    total: u32, // N * CO * OH * OW
+    co: u32,
+    oh: u32,
+    ow: u32,
+    ci: u32,
+    sh: u32,
+    sw: u32,
+    ft: u32,
+    oy: u32,
+    ox: u32,
+    sy: u32,
+    sx: u32,
+    repeats: u32,
+    _p0: u32,
+    _p1: u32,
+    _p2: u32,
+}
+
+@group(0) @binding(0) var<uniform> p: Params;
+#storage src 1 read
+#storage out 2 write
+
+@compute @workgroup_size(WG)
+fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let i = (wg.x + wg.y * nwg.x) * WG + li;
+    if i >= p.total { return; }
+    let x = i % p.ow;
+    let r1 = i / p.ow;
+    let y = r1 % p.oh;
+    let r2 = r1 / p.oh;
+    let o = r2 % p.co;
+    let b = r2 / p.co;
+    let gy = p.oy + y;
+    let gx = p.ox + x;
+    let c = (((o * p.ft + p.ft - 1u) * 2u + (gy & 1u)) * 2u + (gx & 1u)) / p.repeats;
+    let ly = (gy >> 1u) - p.sy;
+    let lx = (gx >> 1u) - p.sx;
+    out_st(i, src_ld(((b * p.ci + c) * p.sh + ly) * p.sw + lx));
+}

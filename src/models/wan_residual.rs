@@ -1,0 +1,192 @@
+//! The residual Wan decoder on one frame (diffusers' `is_residual` path:
+//! Wan 2.2's VAE, Qwen-Image 2.1's `AutoencoderKLQwenImage21`), as an image
+//! graph every image executor runs.
+//!
+//! Versus Wan 2.1 ([`crate::models::wan`]): each up block keeps its input's
+//! width (no halving), its `Resample` keeps the block's width, and a
+//! `DupUp3D` shortcut of the block's input (channels to space, the last
+//! sub-frame of a first chunk: [`crate::kernels::dup_up`]) is added to the
+//! up-sampled output. The shortcut is computed before the block's residual
+//! blocks (the first adds into the block input in place), so it is held at
+//! the up-sampled resolution meanwhile. On a first frame the time conv of `upsample3d` is
+//! skipped (diffusers' `"Rep"` cache entry), so every causal conv is its
+//! current-frame tap (planar weights `[cout, cin, k, k]`, Qwen-Image 2.1,
+//! or the last tap of `[cout, cin, kt, k, k]`, Wan 2.2).
+
+use std::path::PathBuf;
+
+use crate::error::{Error, Result};
+use crate::gpu::Context;
+use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
+use crate::kernels::image::ImageRange;
+use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
+use crate::models::wan::WanConfig;
+use crate::models::wan_layers::{load_pointwise, GraphBuilder};
+use crate::models::weights::WeightStore;
+
+/// What the residual decoder's output becomes.
+pub(crate) struct ResidualOutput {
+    /// `conv_out`'s channels (`out_channels`: 3, or 4 with alpha).
+    pub out_channels: usize,
+    /// The leading channels the graph computes (RGB: 3).
+    pub kept: usize,
+}
+
+fn bad(store: &WeightStore, message: String) -> Error {
+    Error::BadFile {
+        path: PathBuf::from(store.origin()),
+        message,
+    }
+}
+
+/// The decoder of one frame of the residual Wan network of `cfg`
+/// (`cfg.base_dim` is the decoder's width), weights in diffusers names;
+/// `planar`: causal convs stored as 2-D convs.
+pub(crate) fn residual_frame_graph(
+    ctx: &Context,
+    store: &WeightStore,
+    cfg: &WanConfig,
+    planar: bool,
+    output: ResidualOutput,
+) -> Result<Graph> {
+    let stages = cfg.dim_mult.len();
+    if stages == 0 || cfg.temperal_downsample.len() + 1 != stages || cfg.base_dim == 0 {
+        return Err(bad(
+            store,
+            format!(
+                "a residual Wan config needs dim_mult of n ≥ 1 stages and n − 1 temperal_downsample flags; got {:?} and {:?}",
+                cfg.dim_mult, cfg.temperal_downsample
+            ),
+        ));
+    }
+    if output.kept == 0 || output.kept > output.out_channels {
+        return Err(bad(
+            store,
+            format!(
+                "out_channels {} cannot give an image of {} channels",
+                output.out_channels, output.kept
+            ),
+        ));
+    }
+    // dims = base · [mult[-1]] + reversed(mult).
+    let mut dims: Vec<usize> = cfg
+        .dim_mult
+        .iter()
+        .rev()
+        .map(|m| m * cfg.base_dim)
+        .collect();
+    let first = dims.first().copied().unwrap_or(0);
+    dims.insert(0, first);
+    let up_time: Vec<bool> = cfg.temperal_downsample.iter().rev().copied().collect();
+    let (b, z) = Builder::new();
+    let mut g = GraphBuilder {
+        ctx,
+        store,
+        b,
+        slot: 0,
+        image: true,
+        planar,
+    };
+    let zc = cfg.z_dim;
+    let w = load_pointwise(ctx, store, "post_quant_conv", zc, zc, !planar)?;
+    let w = g.b.weights(w);
+    let mut x = g.b.conv_plain(z, w, Geometry::Same);
+    x = g.causal(x, "decoder.conv_in", [first, zc, 3, 3], Residual::None)?;
+    x = g.resblock(x, "decoder.mid_block.resnets.0", first, first)?;
+    x = g.attention(x, "decoder.mid_block.attentions.0", first)?;
+    x = g.resblock(x, "decoder.mid_block.resnets.1", first, first)?;
+    let mut width = first;
+    for i in 0..stages {
+        let (Some(&d_in), Some(&d_out)) = (dims.get(i), dims.get(i + 1)) else {
+            return Err(Error::Internal("residual Wan stage widths".into()));
+        };
+        let p = format!("decoder.up_blocks.{i}.upsampler");
+        let up_flag = i + 1 < stages;
+        let ft = if up_flag && up_time.get(i).copied().unwrap_or(false) {
+            2
+        } else {
+            1
+        };
+        // The shortcut is taken first: the first residual block adds into
+        // its input in place (diffusers keeps a low-resolution clone).
+        let shortcut = if up_flag {
+            if !(d_out * ft * 4).is_multiple_of(d_in) {
+                return Err(bad(
+                    store,
+                    format!("up block {i}: DupUp3D needs {d_out}·{ft}·4 to be a multiple of {d_in} (dim_mult {:?})", cfg.dim_mult),
+                ));
+            }
+            Some(g.b.dup_up(x, d_out, ft))
+        } else {
+            None
+        };
+        let mut cin = d_in;
+        for j in 0..=cfg.num_res_blocks {
+            x = g.resblock(x, &format!("decoder.up_blocks.{i}.resnets.{j}"), cin, d_out)?;
+            cin = d_out;
+        }
+        width = d_out;
+        let Some(shortcut) = shortcut else {
+            break;
+        };
+        if ft == 2 {
+            // A first frame skips the time conv (diffusers' "Rep").
+            let c = 2 * d_out;
+            let shape: &[usize] = if planar {
+                &[c, d_out, 1, 1]
+            } else {
+                &[c, d_out, 3, 1, 1]
+            };
+            store.take(&format!("{p}.time_conv.weight"), shape)?;
+            store.take(&format!("{p}.time_conv.bias"), &[c])?;
+        }
+        let up = crate::models::layers::load_conv(
+            ctx,
+            store,
+            &format!("{p}.resample.1"),
+            d_out,
+            d_out,
+            3,
+            true,
+        )?;
+        let up = g.b.weights(up);
+        let conv = Conv::new(x, up, Geometry::Upsample).residual(Residual::InPlace(shortcut));
+        x = g.b.conv(conv);
+    }
+    x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
+    // conv_out: only the kept channels (the image's RGB).
+    let (co, k) = (output.out_channels, 3);
+    let shape: &[usize] = if planar {
+        &[co, width, k, k]
+    } else {
+        &[co, width, 3, k, k]
+    };
+    let wt = store.take("decoder.conv_out.weight", shape)?;
+    let bias = store.take("decoder.conv_out.bias", &[co])?;
+    let per_out = wt.len() / co.max(1);
+    let taps = if planar { 1 } else { 3 };
+    // The current frame's tap of each output channel's kernels.
+    let tap: Vec<f32> = wt
+        .chunks(per_out)
+        .take(output.kept)
+        .flat_map(|o| {
+            o.chunks(k * k)
+                .skip(taps - 1)
+                .step_by(taps)
+                .flatten()
+                .copied()
+        })
+        .collect();
+    let host = PytorchConv {
+        weight: &tap,
+        cout: output.kept,
+        cin: width,
+        k,
+        bias: bias.get(..output.kept),
+    };
+    let w = Conv2dWeights::upload(ctx, &host, None, store.dtype(), "decoder.conv_out")?;
+    let w = g.b.weights(w);
+    x = g.b.conv(Conv::new(x, w, Geometry::Same));
+    store.finish(&["encoder.", "quant_conv."])?;
+    Ok(g.b.finish(x, Some(ImageRange::MinusOneToOne)))
+}
