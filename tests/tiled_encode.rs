@@ -380,6 +380,11 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
     assert_eq!(m["op"], "encode", "{m}");
     assert_eq!(m["tiling"]["mode"], "exact", "{m}");
     assert_eq!(m["latents_shape"], serde_json::json!([1, 4, 12, 16]), "{m}");
+    // The dtype the default `--dtype auto` resolves to here, not the flag's text.
+    let auto = wgvae::models::Precision::Auto
+        .resolve(true, ctx.caps())
+        .name();
+    assert_eq!(m["dtype"], auto, "{m}");
     let _ = std::fs::remove_file(&out);
 }
 
