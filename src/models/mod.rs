@@ -3,6 +3,7 @@
 #[doc(hidden)]
 pub mod autoencoder_kl;
 pub mod config;
+pub(crate) mod diffusers_folder;
 #[doc(hidden)]
 pub mod encoder;
 // Indices the graph issued itself (tensor, op and weight ids).

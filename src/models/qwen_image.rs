@@ -15,11 +15,12 @@
 //! operations), with the vectors of `config.json` — for a single file
 //! without one, the released Qwen-Image vectors (= diffusers' defaults).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::io::HostTensor;
+use crate::models::diffusers_folder::{bad, class_of, locate, vae_dir};
 use crate::models::graph::Graph;
 use crate::models::wan::{wan_store, WanConfig, WanDecoder};
 use crate::models::weights::WeightStore;
@@ -37,13 +38,6 @@ pub const QWEN_IMAGE_LATENTS_MEAN: [f32; 16] = crate::models::wan::WAN21_LATENTS
 /// The released Qwen-Image `latents_std`.
 pub const QWEN_IMAGE_LATENTS_STD: [f32; 16] = crate::models::wan::WAN21_LATENTS_STD;
 
-fn bad(origin: &Path, message: impl Into<String>) -> Error {
-    Error::BadFile {
-        path: origin.to_path_buf(),
-        message: message.into(),
-    }
-}
-
 /// The public Qwen-Image VAE configuration: base_dim 96, z_dim 16, dim_mult
 /// [1, 2, 4, 4], 2 residual blocks, temporal down-sampling [false, true,
 /// true], the released latents_mean / latents_std.
@@ -55,29 +49,9 @@ pub fn qwen_image_config() -> WanConfig {
     }
 }
 
-/// The `_class_name` of a diffusers `config.json` (`None`: unreadable, not
-/// JSON, or without one).
-fn class_of(path: &Path) -> Option<String> {
-    // A FIFO would block the read (the loader then names it).
-    if !path.is_file() {
-        return None;
-    }
-    let text = std::fs::read_to_string(path).ok()?;
-    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
-    Some(v.get("_class_name")?.as_str()?.to_string())
-}
-
 /// True when `path` is a diffusers config of an `AutoencoderKLQwenImage`.
 pub fn is_qwen_image_config(path: &Path) -> bool {
     class_of(path).as_deref() == Some(CLASS_NAME)
-}
-
-/// The folder holding a diffusers VAE: `dir` or its `vae/` (a pipeline).
-fn vae_dir(dir: &Path) -> PathBuf {
-    match dir.join("vae").is_dir() {
-        true => dir.join("vae"),
-        false => dir.to_path_buf(),
-    }
 }
 
 /// True when `spec` names a Qwen-Image VAE: `preset:qwenimage`, a diffusers
@@ -189,25 +163,7 @@ impl QwenImageDecoder {
             return Ok(dec);
         }
         let path = Path::new(spec);
-        let (file, beside) = if path.is_dir() {
-            let dir = vae_dir(path);
-            let file = dir.join("diffusion_pytorch_model.safetensors");
-            if !file.exists() {
-                return Err(bad(
-                    &dir,
-                    "a diffusers AutoencoderKLQwenImage folder holds `diffusion_pytorch_model.safetensors`; it is not there",
-                ));
-            }
-            (file, Some(dir.join("config.json")))
-        } else {
-            (path.to_path_buf(), Some(path.with_file_name("config.json")))
-        };
-        // An explicit config first; one beside a single file only when it is
-        // Qwen-Image's (a ComfyUI `models/vae/` folder holds other models').
-        let config = match config {
-            Some(c) => Some(c.to_path_buf()),
-            None => beside.filter(|c| path.is_dir() || is_qwen_image_config(c)),
-        };
+        let (file, config) = locate(path, CLASS_NAME, config)?;
         let (store, has_post_quant) = wan_store(&file, dtype)?;
         let (cfg, stats) = match &config {
             Some(c) => (

@@ -15,11 +15,12 @@
 //! latents_mean` per channel (`QwenImage21Pipeline`, f32). Packed tokens
 //! N×(h·w)×64, one per latent position, row-major (`_unpack_latents`).
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::io::HostTensor;
+use crate::models::diffusers_folder::{bad, class_of, locate, vae_dir};
 use crate::models::graph::Graph;
 use crate::models::wan::{wan_store, WanConfig};
 use crate::models::wan_residual::{residual_frame_graph, ResidualOutput};
@@ -148,31 +149,9 @@ impl QwenImage21Config {
     }
 }
 
-fn bad(origin: &Path, message: impl Into<String>) -> Error {
-    Error::BadFile {
-        path: origin.to_path_buf(),
-        message: message.into(),
-    }
-}
-
 /// True when `path` is a diffusers config of an `AutoencoderKLQwenImage21`.
 pub fn is_qwen_image21_config(path: &Path) -> bool {
-    if !path.is_file() {
-        return false;
-    }
-    let class = std::fs::read_to_string(path)
-        .ok()
-        .and_then(|t| serde_json::from_str::<serde_json::Value>(&t).ok())
-        .and_then(|v| v.get("_class_name")?.as_str().map(String::from));
-    class.as_deref() == Some(CLASS_NAME)
-}
-
-/// The folder holding a diffusers VAE: `dir` or its `vae/` (a pipeline).
-fn vae_dir(dir: &Path) -> PathBuf {
-    match dir.join("vae").is_dir() {
-        true => dir.join("vae"),
-        false => dir.to_path_buf(),
-    }
+    class_of(path).as_deref() == Some(CLASS_NAME)
 }
 
 /// True when a `.safetensors` file holds diffusers Qwen-Image 2.1 decoder
@@ -255,23 +234,7 @@ impl QwenImage21Decoder {
             return Ok(dec);
         }
         let path = Path::new(spec);
-        let (file, beside) = if path.is_dir() {
-            let dir = vae_dir(path);
-            let file = dir.join("diffusion_pytorch_model.safetensors");
-            if !file.exists() {
-                return Err(bad(
-                    &dir,
-                    "a diffusers AutoencoderKLQwenImage21 folder holds `diffusion_pytorch_model.safetensors`; it is not there",
-                ));
-            }
-            (file, Some(dir.join("config.json")))
-        } else {
-            (path.to_path_buf(), Some(path.with_file_name("config.json")))
-        };
-        let config = match config {
-            Some(c) => Some(c.to_path_buf()),
-            None => beside.filter(|c| path.is_dir() || is_qwen_image21_config(c)),
-        };
+        let (file, config) = locate(path, CLASS_NAME, config)?;
         let (store, _) = wan_store(&file, dtype)?;
         let (cfg, stats) = match &config {
             Some(c) => (

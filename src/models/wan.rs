@@ -21,6 +21,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::image::ImageRange;
+use crate::models::diffusers_folder::bad;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
 use crate::models::taehv::TaehvDecoder;
 use crate::models::wan_layers::{load_causal, load_pointwise, GraphBuilder};
@@ -55,13 +56,6 @@ pub struct WanConfig {
     pub latents_mean: Vec<f32>,
     /// Pipeline latents' per-channel std.
     pub latents_std: Vec<f32>,
-}
-
-fn bad(origin: &Path, message: impl Into<String>) -> Error {
-    Error::BadFile {
-        path: origin.to_path_buf(),
-        message: message.into(),
-    }
 }
 
 impl WanConfig {

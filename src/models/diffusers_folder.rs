@@ -1,0 +1,66 @@
+//! Where a diffusers VAE's files are: a VAE folder or a pipeline folder with
+//! `vae/`, its `config.json` and class name, or a single weight file with an
+//! optional config beside it. Shared by the single-frame Wan-family loaders
+//! (Qwen-Image, Qwen-Image 2.1).
+
+use std::path::{Path, PathBuf};
+
+use crate::error::{Error, Result};
+
+/// An error naming the file or folder it is about.
+pub(crate) fn bad(origin: &Path, message: impl Into<String>) -> Error {
+    Error::BadFile {
+        path: origin.to_path_buf(),
+        message: message.into(),
+    }
+}
+
+/// The folder holding a diffusers VAE: `dir` or its `vae/` (a pipeline).
+pub(crate) fn vae_dir(dir: &Path) -> PathBuf {
+    match dir.join("vae").is_dir() {
+        true => dir.join("vae"),
+        false => dir.to_path_buf(),
+    }
+}
+
+/// The `_class_name` of a diffusers `config.json` (`None`: not a regular
+/// file, unreadable, not JSON, or without one).
+pub(crate) fn class_of(path: &Path) -> Option<String> {
+    // A FIFO would block the read (the loader then names it).
+    if !path.is_file() {
+        return None;
+    }
+    let text = std::fs::read_to_string(path).ok()?;
+    let v: serde_json::Value = serde_json::from_str(&text).ok()?;
+    Some(v.get("_class_name")?.as_str()?.to_string())
+}
+
+/// The weight file and config of `spec`, a diffusers `class` folder (or a
+/// pipeline folder with `vae/`) or a single `.safetensors` file. The config
+/// is `config` when given; else the folder's `config.json`, or the one
+/// beside a single file only when it is a `class` config (a ComfyUI
+/// `models/vae/` folder holds other models' configs too).
+pub(crate) fn locate(
+    spec: &Path,
+    class: &str,
+    config: Option<&Path>,
+) -> Result<(PathBuf, Option<PathBuf>)> {
+    let (file, beside) = if spec.is_dir() {
+        let dir = vae_dir(spec);
+        let file = dir.join("diffusion_pytorch_model.safetensors");
+        if !file.exists() {
+            return Err(bad(
+                &dir,
+                format!("a diffusers {class} folder holds `diffusion_pytorch_model.safetensors`; it is not there"),
+            ));
+        }
+        (file, dir.join("config.json"))
+    } else {
+        (spec.to_path_buf(), spec.with_file_name("config.json"))
+    };
+    let config = match config {
+        Some(c) => Some(c.to_path_buf()),
+        None => Some(beside).filter(|c| spec.is_dir() || class_of(c).as_deref() == Some(class)),
+    };
+    Ok((file, config))
+}
