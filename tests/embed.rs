@@ -57,6 +57,26 @@ fn compare(a: &[u8], b: &[u8]) -> (u8, usize) {
     (worst, a.iter().zip(b).filter(|(x, y)| x != y).count())
 }
 
+/// A host application's buffer holding `t` (f32), as a diffusion model
+/// would leave latents: `COPY_SRC` for the decode's copy.
+fn latent_buffer(
+    device: &wgpu::Device,
+    queue: &wgpu::Queue,
+    t: &wgvae::io::HostTensor,
+) -> wgpu::Buffer {
+    let bytes: &[u8] = bytemuck::cast_slice(&t.data);
+    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
+        label: Some("host latents"),
+        size: bytes.len() as u64,
+        usage: wgpu::BufferUsages::STORAGE
+            | wgpu::BufferUsages::COPY_SRC
+            | wgpu::BufferUsages::COPY_DST,
+        mapped_at_creation: false,
+    });
+    queue.write_buffer(&buffer, 0, bytes);
+    buffer
+}
+
 fn engine(dir: &Path) -> Engine {
     let (device, queue) = host();
     Engine::new(
@@ -998,19 +1018,7 @@ fn flux2_engine_host_latents_and_device_latents() {
     let engine = engine(&dir);
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let reference = engine.decode_to_image(&latents).unwrap();
-    let buffer_of = |t: &wgvae::io::HostTensor| {
-        let bytes: &[u8] = bytemuck::cast_slice(&t.data);
-        let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-            label: Some("flux2 latents"),
-            size: bytes.len() as u64,
-            usage: wgpu::BufferUsages::STORAGE
-                | wgpu::BufferUsages::COPY_SRC
-                | wgpu::BufferUsages::COPY_DST,
-            mapped_at_creation: false,
-        });
-        queue.write_buffer(&buffer, 0, bytes);
-        buffer
-    };
+    let buffer_of = |t: &wgvae::io::HostTensor| latent_buffer(device, queue, t);
     let maps_buffer = buffer_of(&latents);
     let maps = DeviceLatents {
         buffer: &maps_buffer,
@@ -1065,16 +1073,7 @@ fn qwen_image_pipeline_latents_from_a_device_buffer() {
         [n, c, 1, h, w] | [n, c, h, w] => [n, c, h, w],
         ref s => panic!("unexpected latents {s:?}"),
     };
-    let bytes: &[u8] = bytemuck::cast_slice(&latents.data);
-    let buffer = device.create_buffer(&wgpu::BufferDescriptor {
-        label: Some("qwen-image latents"),
-        size: bytes.len() as u64,
-        usage: wgpu::BufferUsages::STORAGE
-            | wgpu::BufferUsages::COPY_SRC
-            | wgpu::BufferUsages::COPY_DST,
-        mapped_at_creation: false,
-    });
-    queue.write_buffer(&buffer, 0, bytes);
+    let buffer = latent_buffer(device, queue, &latents);
     let on_device = DeviceLatents {
         buffer: &buffer,
         offset: 0,
