@@ -19,8 +19,10 @@ pub mod taehv;
 pub mod taehv_encoder;
 pub mod vae_encoder;
 pub mod wan;
+pub(crate) mod wan_config;
 pub(crate) mod wan_layers;
 pub(crate) mod wan_residual;
+pub(crate) mod wan_weights;
 #[doc(hidden)]
 pub mod weights;
 

@@ -22,7 +22,9 @@ use crate::gpu::Context;
 use crate::io::HostTensor;
 use crate::models::diffusers_folder::{bad, class_of, locate, vae_dir};
 use crate::models::graph::Graph;
-use crate::models::wan::{wan_store, WanConfig, WanDecoder};
+use crate::models::wan::WanDecoder;
+use crate::models::wan_config::WanConfig;
+use crate::models::wan_weights::wan_store;
 use crate::models::weights::WeightStore;
 use crate::tensor::DType;
 
@@ -34,9 +36,9 @@ pub const PRESET: &str = "qwenimage";
 
 /// The released Qwen-Image `latents_mean` (diffusers' default config; the
 /// same values as Wan 2.1's).
-pub const QWEN_IMAGE_LATENTS_MEAN: [f32; 16] = crate::models::wan::WAN21_LATENTS_MEAN;
+pub const QWEN_IMAGE_LATENTS_MEAN: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_MEAN;
 /// The released Qwen-Image `latents_std`.
-pub const QWEN_IMAGE_LATENTS_STD: [f32; 16] = crate::models::wan::WAN21_LATENTS_STD;
+pub const QWEN_IMAGE_LATENTS_STD: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_STD;
 
 /// The public Qwen-Image VAE configuration: base_dim 96, z_dim 16, dim_mult
 /// [1, 2, 4, 4], 2 residual blocks, temporal down-sampling [false, true,

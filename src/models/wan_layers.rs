@@ -7,8 +7,40 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::models::graph::{Builder, CausalWeights, Conv, Geometry, Op, Residual, TensorId};
+use crate::models::wan_config::WanConfig;
 use crate::models::weights::WeightStore;
 use crate::tensor::Tensor;
+
+/// A Wan decoder's stage widths, `base · [mult[-1]] + reversed(mult)`, and
+/// its up blocks' time up-sampling flags (reversed `temperal_downsample`),
+/// once `cfg` is checked to have n ≥ 1 stages and n − 1 flags (`network`
+/// names the decoder in the error).
+pub(crate) fn decoder_stages(
+    cfg: &WanConfig,
+    store: &WeightStore,
+    network: &str,
+) -> Result<(Vec<usize>, Vec<bool>)> {
+    let stages = cfg.dim_mult.len();
+    if stages == 0 || cfg.temperal_downsample.len() + 1 != stages || cfg.base_dim == 0 {
+        return Err(Error::BadFile {
+            path: store.origin().into(),
+            message: format!(
+                "{network} config needs dim_mult of n ≥ 1 stages and n − 1 temperal_downsample flags; got {:?} and {:?}",
+                cfg.dim_mult, cfg.temperal_downsample
+            ),
+        });
+    }
+    let mut dims: Vec<usize> = cfg
+        .dim_mult
+        .iter()
+        .rev()
+        .map(|m| m * cfg.base_dim)
+        .collect();
+    let first = dims.first().copied().unwrap_or(0);
+    dims.insert(0, first);
+    let up_time = cfg.temperal_downsample.iter().rev().copied().collect();
+    Ok((dims, up_time))
+}
 
 /// Loads a causal conv `{prefix}` `[cout, cin, kt, k, k]` as `kt` taps.
 pub(crate) fn load_causal(
@@ -21,24 +53,39 @@ pub(crate) fn load_causal(
     let b = store.take(&format!("{prefix}.bias"), &[cout])?;
     let taps = (0..kt)
         .map(|j| {
-            let tap: Vec<f32> = w
-                .chunks(k * k)
-                .skip(j)
-                .step_by(kt)
-                .flatten()
-                .copied()
-                .collect();
-            let host = PytorchConv {
-                weight: &tap,
-                cout,
-                cin,
-                k,
-                bias: (j + 1 == kt).then_some(b.as_slice()),
-            };
-            Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
+            let bias = (j + 1 == kt).then_some(b.as_slice());
+            upload_tap(ctx, store, prefix, &w, [cout, cin, kt, k], j, bias)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(CausalWeights { taps })
+}
+
+/// Tap `j` of the causal conv weights `w` `[cout, cin, kt, k, k]` as a 2-D
+/// conv with `bias`, uploaded.
+fn upload_tap(
+    ctx: &Context,
+    store: &WeightStore,
+    prefix: &str,
+    w: &[f32],
+    [cout, cin, kt, k]: [usize; 4],
+    j: usize,
+    bias: Option<&[f32]>,
+) -> Result<Conv2dWeights> {
+    let tap: Vec<f32> = w
+        .chunks(k * k)
+        .skip(j)
+        .step_by(kt.max(1))
+        .flatten()
+        .copied()
+        .collect();
+    let host = PytorchConv {
+        weight: &tap,
+        cout,
+        cin,
+        k,
+        bias,
+    };
+    Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
 }
 
 /// A 1×1(×1) conv `{prefix}` (weights of any rank with trailing 1s).
@@ -118,21 +165,9 @@ impl GraphBuilder<'_> {
                 .store
                 .take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
             let b = self.store.take(&format!("{prefix}.bias"), &[cout])?;
-            let tap: Vec<f32> = w
-                .chunks(k * k)
-                .skip(kt.saturating_sub(1))
-                .step_by(kt.max(1))
-                .flatten()
-                .copied()
-                .collect();
-            let host = PytorchConv {
-                weight: &tap,
-                cout,
-                cin,
-                k,
-                bias: Some(b.as_slice()),
-            };
-            let w = Conv2dWeights::upload(self.ctx, &host, None, self.store.dtype(), prefix)?;
+            let dims = [cout, cin, kt, k];
+            let last = kt.saturating_sub(1);
+            let w = upload_tap(self.ctx, self.store, prefix, &w, dims, last, Some(&b))?;
             let w = self.b.weights(w);
             let conv = Conv::new(x, w, Geometry::Same).residual(residual);
             return Ok(self.b.conv(conv));
@@ -141,6 +176,20 @@ impl GraphBuilder<'_> {
         let w = self.b.causal_weights(w);
         let slot = self.next_slot();
         Ok(self.b.causal_conv(x, w, slot, residual))
+    }
+
+    /// `conv_in` from `z_dim` latent channels to `width`, then the mid
+    /// block: residual block, per-frame attention, residual block.
+    pub(crate) fn conv_in_and_mid(
+        &mut self,
+        x: TensorId,
+        z_dim: usize,
+        width: usize,
+    ) -> Result<TensorId> {
+        let x = self.causal(x, "decoder.conv_in", [width, z_dim, 3, 3], Residual::None)?;
+        let x = self.resblock(x, "decoder.mid_block.resnets.0", width, width)?;
+        let x = self.attention(x, "decoder.mid_block.attentions.0", width)?;
+        self.resblock(x, "decoder.mid_block.resnets.1", width, width)
     }
 
     pub(crate) fn resblock(

@@ -20,8 +20,8 @@ use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::kernels::image::ImageRange;
 use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
-use crate::models::wan::WanConfig;
-use crate::models::wan_layers::{load_pointwise, GraphBuilder};
+use crate::models::wan_config::WanConfig;
+use crate::models::wan_layers::{decoder_stages, load_pointwise, GraphBuilder};
 use crate::models::weights::WeightStore;
 
 /// What the residual decoder's output becomes.
@@ -49,16 +49,8 @@ pub(crate) fn residual_frame_graph(
     planar: bool,
     output: ResidualOutput,
 ) -> Result<Graph> {
+    let (dims, up_time) = decoder_stages(cfg, store, "a residual Wan")?;
     let stages = cfg.dim_mult.len();
-    if stages == 0 || cfg.temperal_downsample.len() + 1 != stages || cfg.base_dim == 0 {
-        return Err(bad(
-            store,
-            format!(
-                "a residual Wan config needs dim_mult of n ≥ 1 stages and n − 1 temperal_downsample flags; got {:?} and {:?}",
-                cfg.dim_mult, cfg.temperal_downsample
-            ),
-        ));
-    }
     if output.kept == 0 || output.kept > output.out_channels {
         return Err(bad(
             store,
@@ -68,16 +60,7 @@ pub(crate) fn residual_frame_graph(
             ),
         ));
     }
-    // dims = base · [mult[-1]] + reversed(mult).
-    let mut dims: Vec<usize> = cfg
-        .dim_mult
-        .iter()
-        .rev()
-        .map(|m| m * cfg.base_dim)
-        .collect();
     let first = dims.first().copied().unwrap_or(0);
-    dims.insert(0, first);
-    let up_time: Vec<bool> = cfg.temperal_downsample.iter().rev().copied().collect();
     let (b, z) = Builder::new();
     let mut g = GraphBuilder {
         ctx,
@@ -91,10 +74,7 @@ pub(crate) fn residual_frame_graph(
     let w = load_pointwise(ctx, store, "post_quant_conv", zc, zc, !planar)?;
     let w = g.b.weights(w);
     let mut x = g.b.conv_plain(z, w, Geometry::Same);
-    x = g.causal(x, "decoder.conv_in", [first, zc, 3, 3], Residual::None)?;
-    x = g.resblock(x, "decoder.mid_block.resnets.0", first, first)?;
-    x = g.attention(x, "decoder.mid_block.attentions.0", first)?;
-    x = g.resblock(x, "decoder.mid_block.resnets.1", first, first)?;
+    x = g.conv_in_and_mid(x, zc, first)?;
     let mut width = first;
     for i in 0..stages {
         let (Some(&d_in), Some(&d_out)) = (dims.get(i), dims.get(i + 1)) else {
