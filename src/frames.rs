@@ -33,13 +33,12 @@
 //! ```
 
 use std::collections::VecDeque;
-use std::sync::mpsc;
 use std::time::Instant;
 
 use serde::Serialize;
 
 use crate::error::{Error, Result};
-use crate::gpu::{Context, Recorder};
+use crate::gpu::{Context, MapAfter, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
 use crate::models::{layers::dims4, Taps, Vae};
@@ -325,10 +324,9 @@ struct InFlight {
     count: usize,
     /// Where its latency is measured from.
     origin: Instant,
-    submission: wgpu::SubmissionIndex,
     /// The staging buffer ends with the chunk's f16 overflow counter.
     counted: bool,
-    mapped: mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>,
+    mapped: MapAfter,
 }
 
 /// Host-side bookkeeping of one [`decode_frames`] call.
@@ -359,25 +357,7 @@ impl Delivery {
         redo: &mut impl FnMut(usize, usize) -> Result<Vec<Vec<u8>>>,
     ) -> Result<()> {
         let waited = Instant::now();
-        ctx.device()
-            .poll(wgpu::PollType::Wait {
-                submission_index: Some(chunk.submission),
-                timeout: None,
-            })
-            .map_err(|e| Error::DeviceLost(e.to_string()))?;
-        // The wait ran the map callback of this submission; fall back to a
-        // full wait should a backend defer it.
-        let mapped = match chunk.mapped.try_recv() {
-            Ok(r) => r,
-            Err(_) => {
-                ctx.wait_idle()?;
-                chunk
-                    .mapped
-                    .recv()
-                    .map_err(|e| Error::Readback(e.to_string()))?
-            }
-        };
-        mapped.map_err(|e| Error::Readback(e.to_string()))?;
+        chunk.mapped.wait(ctx)?;
         let latency_ms = chunk.origin.elapsed().as_secs_f64() * 1e3;
         self.wait_ms += waited.elapsed().as_secs_f64() * 1e3;
         let frame_bytes = self.width * self.height * 4;
@@ -612,18 +592,12 @@ pub fn decode_frames(
         // Queue order keeps the next chunk's writes to this memory after the copy.
         let counted = range_flag.is_some();
         drop((pixels, range_flag));
-        let (tx, mapped) = mpsc::channel();
-        staging[slot]
-            .slice(..bytes + 4)
-            .map_async(wgpu::MapMode::Read, move |r| {
-                let _ = tx.send(r);
-            });
+        let mapped = MapAfter::new(staging[slot].slice(..bytes + 4), submission);
         in_flight.push_back(InFlight {
             slot,
             first,
             count,
             origin,
-            submission,
             counted,
             mapped,
         });

@@ -10,6 +10,7 @@ mod pipeline;
 mod profiler;
 mod recorder;
 pub(crate) mod requirements;
+mod staging;
 #[doc(hidden)]
 pub mod storage;
 pub mod tensor;
@@ -29,6 +30,7 @@ pub use profiler::{KernelTime, Profile, Profiler};
 #[doc(hidden)]
 pub use recorder::{linear_groups, range_count, read_range_flag, Binding, DispatchLabel};
 pub use recorder::{read_back, Recorder};
+pub(crate) use staging::MapAfter;
 #[doc(hidden)]
 pub use storage::{Access, StorageType};
 

@@ -2,14 +2,12 @@
 //! output into one of two staging buffers, then mapped and converted to host
 //! frames (trim, pixel shuffle, Wan's clamp) when its frames are taken.
 
-use std::sync::mpsc;
-
 use super::tiles::TiledVideo;
 use super::{VideoDecoder, VideoFrames, VideoModel};
 use crate::error::{Error, Result};
 use crate::exec::exact::{Executor, VideoCaches};
 use crate::exec::untiled::run_video;
-use crate::gpu::Recorder;
+use crate::gpu::{MapAfter, Recorder};
 use crate::io::HostTensor;
 use crate::models::Taps;
 use crate::tensor::Tensor;
@@ -18,8 +16,8 @@ use crate::tensor::Tensor;
 pub(super) struct Pending {
     slot: usize,
     submitted: std::time::Instant,
-    submission: Option<wgpu::SubmissionIndex>,
-    mapped: Option<mpsc::Receiver<std::result::Result<(), wgpu::BufferAsyncError>>>,
+    /// The staging slot's map (`None`: tiled, or a dry run).
+    mapped: Option<MapAfter>,
     /// Output `[frames, channels, h, w]` before trim and pixel shuffle.
     shape: [usize; 4],
     dtype: crate::tensor::DType,
@@ -56,7 +54,6 @@ impl VideoDecoder<'_> {
             return Ok(Pending {
                 slot,
                 submitted,
-                submission: None,
                 mapped: None,
                 shape,
                 dtype: crate::tensor::DType::F32,
@@ -97,29 +94,23 @@ impl VideoDecoder<'_> {
         rec.finish();
         let dtype = raw.dtype();
         let submitted = std::time::Instant::now();
-        let (submission, mapped) = if null {
-            (None, None)
+        let mapped = if null {
+            None
         } else {
             let submission = self.ctx.scoped("submitting a video chunk", || {
                 Ok(self.ctx.queue().submit([encoder.finish()]))
             })?;
             // Queue order keeps later chunks' writes to this memory after the copy.
             drop(raw);
-            let (tx, rx) = mpsc::channel();
-            if let Some((buffer, _)) = self.staging.get(slot).and_then(Option::as_ref) {
-                buffer
-                    .slice(..bytes)
-                    .map_async(wgpu::MapMode::Read, move |r| {
-                        let _ = tx.send(r);
-                    });
-            }
-            (Some(submission), Some(rx))
+            let Some((buffer, _)) = self.staging.get(slot).and_then(Option::as_ref) else {
+                return Err(Error::Internal("video staging buffer missing".into()));
+            };
+            Some(MapAfter::new(buffer.slice(..bytes), submission))
         };
         self.submitted += 1;
         Ok(Pending {
             slot,
             submitted,
-            submission,
             mapped,
             shape,
             dtype,
@@ -147,24 +138,10 @@ impl VideoDecoder<'_> {
     /// Waits for `p`'s submission (not later ones) and converts its frames.
     pub(super) fn take(&mut self, p: Pending) -> Result<VideoFrames> {
         let [frames, channels, oh, ow] = p.shape;
-        let values = match (p.ready, p.submission, p.mapped) {
-            (Some(v), _, _) => v,
-            (None, Some(submission), Some(mapped)) => {
-                self.ctx
-                    .device()
-                    .poll(wgpu::PollType::Wait {
-                        submission_index: Some(submission),
-                        timeout: None,
-                    })
-                    .map_err(|e| Error::DeviceLost(e.to_string()))?;
-                let result = match mapped.try_recv() {
-                    Ok(r) => r,
-                    Err(_) => {
-                        self.ctx.wait_idle()?;
-                        mapped.recv().map_err(|e| Error::Readback(e.to_string()))?
-                    }
-                };
-                result.map_err(|e| Error::Readback(e.to_string()))?;
+        let values = match (p.ready, p.mapped) {
+            (Some(v), _) => v,
+            (None, Some(mapped)) => {
+                mapped.wait(&self.ctx)?;
                 let Some((buffer, _)) = self.staging.get(p.slot).and_then(Option::as_ref) else {
                     return Err(Error::Internal("video staging buffer missing".into()));
                 };
