@@ -53,7 +53,9 @@ use crate::decode::{decode_replay, device_decode_replay, DecodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context, CooperativeMatrix, Recorder};
 use crate::io::HostTensor;
-use crate::kernels::image::{storage_texture, to_rgba8, to_texture, STORAGE_TEXTURE_FORMATS};
+use crate::kernels::image::{
+    storage_texture, to_rgba8, to_texture, ImageRange, STORAGE_TEXTURE_FORMATS,
+};
 use crate::memory::Policy;
 use crate::models::{layers::dims4, LoadOptions, Vae};
 use crate::run::input::{record_decoder, record_decoder_from_buffer};
@@ -159,7 +161,7 @@ impl Prepared<'_> {
 #[derive(Debug)]
 pub struct PendingDecode {
     _output: Tensor,
-    _intermediate: Option<wgpu::Texture>,
+    _intermediates: Vec<wgpu::Texture>,
     width: u32,
     height: u32,
     dispatches: usize,
@@ -578,18 +580,15 @@ impl Engine {
             )));
         }
         let (width, height) = self.image_size(&shape)?;
-        let through = texture_route(target, width, height)?;
+        let route = texture_route(target, width, height)?;
         let _guard = self.lock();
-        let intermediate = through.map(|format| {
-            let device = self.ctx.device();
-            storage_texture(device, "wgvae intermediate image", width, height, format)
-        });
+        let mut intermediates = Intermediates::new("wgvae intermediate image");
         let vae = self.active_vae()?;
         let mut rec = Recorder::with_encoder(&self.ctx, encoder);
         let replay = prepared.replay(&self.ctx, vae, self.options.raw_latents)?;
         let output = self.record_raw(&mut rec, vae, &prepared).and_then(|raw| {
-            let written = intermediate.as_ref().unwrap_or(target);
-            to_texture(&mut rec, &raw, vae.output_range(), written)?;
+            let range = vae.output_range();
+            intermediates.write(&mut rec, &raw, range, target, route, (width, height))?;
             Ok(raw)
         });
         drop(replay);
@@ -615,13 +614,10 @@ impl Engine {
             }
             None => None,
         };
-        if let Some(src) = &intermediate {
-            copy_to_target(rec.encoder(), src, target, (width, height));
-        }
         let dispatches = rec.finish().len();
         Ok(PendingDecode {
             _output: output,
-            _intermediate: intermediate,
+            _intermediates: intermediates.into_textures(),
             width,
             height,
             dispatches,
@@ -631,23 +627,70 @@ impl Engine {
     }
 }
 
-/// Copies the `width × height` image written into the intermediate `src`
-/// (see [`texture_route`]) into `target`.
-pub(crate) fn copy_to_target(
-    encoder: &mut wgpu::CommandEncoder,
-    src: &wgpu::Texture,
-    target: &wgpu::Texture,
-    (width, height): (u32, u32),
-) {
-    encoder.copy_texture_to_texture(
-        src.as_image_copy(),
-        target.as_image_copy(),
-        wgpu::Extent3d {
-            width,
-            height,
-            depth_or_array_layers: 1,
-        },
-    );
+/// The intermediate storage textures (one per format) that images go
+/// through into host textures the image kernel cannot write (see
+/// [`texture_route`]); kept until the host's encoder is submitted.
+pub(crate) struct Intermediates {
+    label: &'static str,
+    textures: Vec<wgpu::Texture>,
+}
+
+impl Intermediates {
+    /// None yet; `label` names those made.
+    pub(crate) fn new(label: &'static str) -> Self {
+        Intermediates {
+            label,
+            textures: Vec::new(),
+        }
+    }
+
+    /// Records the `width × height` image `x` (`[1, C, H, W]`) into `target`
+    /// by its `route`: directly, or into the intermediate of that format
+    /// (made on first use) copied into `target`.
+    pub(crate) fn write(
+        &mut self,
+        rec: &mut Recorder,
+        x: &Tensor,
+        range: ImageRange,
+        target: &wgpu::Texture,
+        route: Option<wgpu::TextureFormat>,
+        (width, height): (u32, u32),
+    ) -> Result<()> {
+        let through = match route {
+            None => None,
+            Some(format) => {
+                let found = self.textures.iter().position(|t| t.format() == format);
+                let at = match found {
+                    Some(at) => at,
+                    None => {
+                        let device = rec.ctx().device();
+                        let texture = storage_texture(device, self.label, width, height, format);
+                        self.textures.push(texture);
+                        self.textures.len() - 1
+                    }
+                };
+                self.textures.get(at)
+            }
+        };
+        to_texture(rec, x, range, through.unwrap_or(target))?;
+        if let Some(src) = through {
+            rec.encoder().copy_texture_to_texture(
+                src.as_image_copy(),
+                target.as_image_copy(),
+                wgpu::Extent3d {
+                    width,
+                    height,
+                    depth_or_array_layers: 1,
+                },
+            );
+        }
+        Ok(())
+    }
+
+    /// The textures made, to keep until the encoder is submitted.
+    pub(crate) fn into_textures(self) -> Vec<wgpu::Texture> {
+        self.textures
+    }
 }
 
 /// How to write `target`: `None` directly, `Some(format)` through an

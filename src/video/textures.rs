@@ -2,6 +2,7 @@
 //! of its textures, with nothing submitted or read back.
 
 use super::VideoDecoder;
+use crate::embed::Intermediates;
 use crate::error::{Error, Result};
 use crate::exec::untiled::run_video;
 use crate::gpu::Recorder;
@@ -196,7 +197,7 @@ impl VideoDecoder<'_> {
                 raw.dtype().name()
             )));
         }
-        let mut intermediates: Vec<wgpu::Texture> = Vec::new();
+        let mut intermediates = Intermediates::new("wgvae intermediate video frame");
         let range = model.range();
         for (i, (target, route)) in targets.iter().zip(routes).enumerate() {
             let src_offset = raw.block().offset + (skip + i) as u64 * frame_bytes;
@@ -204,37 +205,14 @@ impl VideoDecoder<'_> {
             let dst_offset = frame.block().offset;
             rec.encoder()
                 .copy_buffer_to_buffer(&src, src_offset, &dst, dst_offset, bytes);
-            let through = match route {
-                None => None,
-                Some(format) => {
-                    let found = intermediates.iter().position(|t| t.format() == *format);
-                    let at = match found {
-                        Some(at) => at,
-                        None => {
-                            intermediates.push(crate::kernels::image::storage_texture(
-                                self.ctx.device(),
-                                "wgvae intermediate video frame",
-                                width,
-                                height,
-                                *format,
-                            ));
-                            intermediates.len() - 1
-                        }
-                    };
-                    intermediates.get(at)
-                }
-            };
-            crate::kernels::image::to_texture(&mut rec, &frame, range, through.unwrap_or(*target))?;
-            if let Some(src) = through {
-                crate::embed::copy_to_target(rec.encoder(), src, target, (width, height));
-            }
+            intermediates.write(&mut rec, &frame, range, target, *route, (width, height))?;
         }
         let dispatches = rec.finish().len();
         let first = self.delivered;
         self.delivered += written;
         Ok(PendingFrames {
             _tensors: vec![raw, frame],
-            _intermediates: intermediates,
+            _intermediates: intermediates.into_textures(),
             frames: written,
             first,
             width,
