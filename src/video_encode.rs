@@ -11,11 +11,11 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::exec::untiled::{run_video, VideoState};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::models::taehv_encoder::TaehvEncoder;
-use crate::models::{TaePart, Taps, WeightStore};
+use crate::models::{TaePart, WeightStore};
+use crate::run::video::VideoRun;
 use crate::tensor::Tensor;
 
 /// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
@@ -56,7 +56,8 @@ impl std::ops::Deref for EncoderRef<'_> {
 pub struct VideoEncoder<'a> {
     ctx: Context,
     encoder: EncoderRef<'a>,
-    state: VideoState,
+    /// The runner's state between chunks (the time caches).
+    run: VideoRun,
     /// Frame shape `[3, H, W]` of the first chunk.
     frame: Option<[usize; 3]>,
     /// Frames not yet encoded (fewer than `t_downscale`), flat `[3, H, W]` each.
@@ -85,7 +86,7 @@ impl<'a> VideoEncoder<'a> {
         VideoEncoder {
             ctx: ctx.clone(),
             encoder,
-            state: VideoState::default(),
+            run: VideoRun::default(),
             frame: None,
             held: Vec::new(),
             last: Vec::new(),
@@ -180,13 +181,7 @@ impl<'a> VideoEncoder<'a> {
         let shape = [n, c * p * p, h / p, w / p];
         let mut rec = Recorder::new(&self.ctx);
         let input = Tensor::from_f32_in(&mut rec, &shape, &data, "video frames")?;
-        let y = run_video(
-            e.graph(),
-            &mut rec,
-            input,
-            &mut Taps::default(),
-            &mut self.state,
-        )?;
+        let y = self.run.record(e.graph(), &mut rec, input)?;
         rec.submit()?;
         let shape = y.shape().to_vec();
         let values = if self.ctx.is_null() {

@@ -80,8 +80,12 @@ fn referenced(code: &str, modules: &BTreeSet<String>) -> BTreeSet<String> {
     found
 }
 
-#[test]
-fn top_level_modules_have_no_import_cycles() {
+/// Module -> the modules its non-test code names -> the files that name them.
+type Edges = BTreeMap<String, BTreeMap<String, BTreeSet<String>>>;
+
+/// The top-level modules of `src/` (the binary's `cli/` and the crate roots
+/// excluded) and their edges.
+fn module_edges() -> (BTreeSet<String>, Edges) {
     let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
     // Module name -> its files (the binary's `cli/` and the crate roots excluded).
     let mut files: BTreeMap<String, Vec<PathBuf>> = BTreeMap::new();
@@ -98,7 +102,7 @@ fn top_level_modules_have_no_import_cycles() {
     }
     let modules: BTreeSet<String> = files.keys().cloned().collect();
     // Edges with the files that make them.
-    let mut edges: BTreeMap<String, BTreeMap<String, BTreeSet<String>>> = BTreeMap::new();
+    let mut edges = Edges::new();
     for (m, fs) in &files {
         for f in fs {
             let name = f.file_name().unwrap().to_string_lossy();
@@ -119,6 +123,12 @@ fn top_level_modules_have_no_import_cycles() {
             }
         }
     }
+    (modules, edges)
+}
+
+#[test]
+fn top_level_modules_have_no_import_cycles() {
+    let (modules, edges) = module_edges();
     // A module is in a cycle when it reaches itself.
     let reach = |from: &str| -> BTreeSet<String> {
         let mut seen = BTreeSet::new();
@@ -156,4 +166,20 @@ fn top_level_modules_have_no_import_cycles() {
     );
     // The check sees real edges (guards against a parser that finds nothing).
     assert!(edges.get("decode").is_some_and(|e| e.contains_key("run")));
+}
+
+#[test]
+fn models_and_video_front_ends_import_no_executor() {
+    let (_, edges) = module_edges();
+    // Video front ends run chunks through the runner (`run::video`); models
+    // describe graphs that executors read.
+    for m in ["models", "video", "video_encode"] {
+        let to_exec = edges.get(m).and_then(|e| e.get("exec"));
+        assert!(
+            to_exec.is_none(),
+            "{m} imports the executor (exec) in {to_exec:?}: go through the runner (src/run)"
+        );
+    }
+    // The check sees real edges.
+    assert!(edges.get("video").is_some_and(|e| e.contains_key("run")));
 }

@@ -10,6 +10,7 @@ pub(crate) mod input;
 pub(crate) mod precision;
 pub(crate) mod replay;
 pub(crate) mod strategy;
+pub(crate) mod video;
 
 use std::time::Instant;
 

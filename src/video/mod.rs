@@ -26,14 +26,13 @@ mod tiles;
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
-use crate::exec::untiled::VideoState;
 use crate::gpu::Context;
 use crate::io::HostTensor;
+use crate::run::video::VideoRun;
 use crate::tiling::Tiling;
 
 use model::{check_frame, ModelRef};
 use readback::Pending;
-use tiles::TiledVideo;
 
 pub use crate::latents::VideoLayout;
 pub use model::{is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae};
@@ -68,7 +67,8 @@ pub struct VideoFrames {
 pub struct VideoDecoder<'a> {
     ctx: Context,
     decoder: ModelRef<'a>,
-    state: VideoState,
+    /// The runner's state between chunks (time caches, exact tiles).
+    run: VideoRun,
     /// Latent frame shape `[C, h, w]` of the first chunk.
     frame: Option<[usize; 3]>,
     /// Output frames still to drop at the video's start.
@@ -89,8 +89,6 @@ pub struct VideoDecoder<'a> {
     broken: Option<String>,
     /// How frames are tiled (`Off`: untiled, the default).
     tiling: Tiling,
-    /// The exact tiled run, from the first chunk on when tiles were chosen.
-    tiled: Option<TiledVideo>,
 }
 
 impl VideoDecoder<'static> {
@@ -117,7 +115,7 @@ impl<'a> VideoDecoder<'a> {
         VideoDecoder {
             ctx: ctx.clone(),
             decoder,
-            state: VideoState::default(),
+            run: VideoRun::default(),
             frame: None,
             to_trim,
             delivered: 0,
@@ -128,7 +126,6 @@ impl<'a> VideoDecoder<'a> {
             pending: None,
             broken: None,
             tiling: Tiling::off(),
-            tiled: None,
         }
     }
 
@@ -253,8 +250,7 @@ impl<'a> VideoDecoder<'a> {
 
     /// Pool bytes the time caches hold between chunks.
     pub fn cache_bytes(&self) -> u64 {
-        let tiled = self.tiled.as_ref().map_or(0, |t| t.caches.bytes());
-        self.state.tensors().map(|t| t.byte_size()).sum::<u64>() + tiled
+        self.run.cache_bytes()
     }
 }
 

@@ -2,14 +2,10 @@
 //! output into one of two staging buffers, then mapped and converted to host
 //! frames (trim, pixel shuffle, Wan's clamp) when its frames are taken.
 
-use super::tiles::TiledVideo;
 use super::{VideoDecoder, VideoFrames, VideoModel};
 use crate::error::{Error, Result};
-use crate::exec::exact::{Executor, VideoCaches};
-use crate::exec::untiled::run_video;
 use crate::gpu::{MapAfter, Recorder};
 use crate::io::HostTensor;
-use crate::models::Taps;
 use crate::tensor::Tensor;
 
 /// A submitted chunk whose output is on its way to a staging buffer.
@@ -35,25 +31,19 @@ impl VideoDecoder<'_> {
             _ => return Err(Error::Internal("an unchecked video chunk".into())),
         };
         if self.submitted == 0 && self.wants_tiles(chunk)? {
-            let (plan, px) = self.exact_plan((h, w))?;
-            self.tiled = Some(TiledVideo {
-                exec: Executor::new(&self.ctx, plan, None),
-                caches: VideoCaches::default(),
-                px,
-            });
+            self.start_tiles((h, w))?;
         }
         self.frame = Some([c, h, w]);
         self.latent_frames += chunk.shape.first().copied().unwrap_or(0);
         let slot = self.submitted % 2;
-        if let Some(t) = &mut self.tiled {
-            let submitted = std::time::Instant::now();
-            let (values, shape) =
-                t.exec
-                    .decode_video_chunk(self.decoder.get().graph(), chunk, &mut t.caches)?;
+        // A tiled chunk's latency counts from the start of its run.
+        let started = std::time::Instant::now();
+        if let Some(run) = self.run.run_tiled(self.decoder.get().graph(), chunk) {
+            let (values, shape) = run?;
             self.submitted += 1;
             return Ok(Pending {
                 slot,
-                submitted,
+                submitted: started,
                 mapped: None,
                 shape,
                 dtype: crate::tensor::DType::F32,
@@ -70,13 +60,9 @@ impl VideoDecoder<'_> {
                 });
         let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
         let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
-        let raw = run_video(
-            self.decoder.get().graph(),
-            &mut rec,
-            input,
-            &mut Taps::default(),
-            &mut self.state,
-        )?;
+        let raw = self
+            .run
+            .record(self.decoder.get().graph(), &mut rec, input)?;
         let shape = match raw.shape() {
             &[a, b, c, d] => [a, b, c, d],
             s => return Err(Error::Internal(format!("video decoder output {s:?}"))),

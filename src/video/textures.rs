@@ -4,10 +4,8 @@
 use super::VideoDecoder;
 use crate::embed::Intermediates;
 use crate::error::{Error, Result};
-use crate::exec::untiled::run_video;
 use crate::gpu::Recorder;
 use crate::io::HostTensor;
-use crate::models::Taps;
 use crate::tensor::Tensor;
 use crate::tiling::TileMode;
 
@@ -93,7 +91,7 @@ impl VideoDecoder<'_> {
         self.check_usable()?;
         self.check_chunk(chunk)?;
         let model = self.decoder.get();
-        if self.tiling.mode != TileMode::Off || self.tiled.is_some() {
+        if self.tiling.mode != TileMode::Off || self.run.tile_size().is_some() {
             return Err(Error::Unsupported(
                 "recording a video chunk into the host's encoder runs untiled: this VideoDecoder has tiling set (use push)".into(),
             ));
@@ -160,13 +158,7 @@ impl VideoDecoder<'_> {
         let mut rec = Recorder::with_encoder(&self.ctx, encoder);
         let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
         let model = self.decoder.get();
-        let raw = run_video(
-            model.graph(),
-            &mut rec,
-            input,
-            &mut Taps::default(),
-            &mut self.state,
-        )?;
+        let raw = self.run.record(model.graph(), &mut rec, input)?;
         let [n, channels, oh, ow] = match raw.shape() {
             &[a, b, c, d] => [a, b, c, d],
             s => return Err(Error::Internal(format!("video decoder output {s:?}"))),

@@ -3,26 +3,12 @@
 
 use super::VideoDecoder;
 use crate::error::{Error, Result};
-use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
-use crate::exec::untiled::{run_video, VideoState};
-use crate::gpu::Recorder;
 use crate::io::HostTensor;
-use crate::models::Taps;
-use crate::tensor::Tensor;
+use crate::run::video::untiled_chunk_fits;
 use crate::tiling::{TileMode, Tiling};
 
 /// Default tile side of an exact tiled video decode, in output pixels.
 pub const VIDEO_DEFAULT_TILE: usize = 256;
-
-/// A [`VideoDecoder`] running exact tiles: its executor (kept for the whole
-/// video: the caches' parked tiles count against its device cap) and the
-/// time caches as whole-frame tiled activations.
-pub(super) struct TiledVideo {
-    pub(super) exec: Executor,
-    pub(super) caches: VideoCaches,
-    /// Tile side in output pixels.
-    pub(super) px: usize,
-}
 
 impl VideoDecoder<'_> {
     /// Tiles every frame spatially (set before the first chunk).
@@ -64,7 +50,7 @@ impl VideoDecoder<'_> {
 
     /// The exact tile side in output pixels once a chunk ran tiled (`None`: untiled).
     pub fn tile_size(&self) -> Option<usize> {
-        self.tiled.as_ref().map(|t| t.px)
+        self.run.tile_size()
     }
 
     /// Whether the first chunk `[T, C, h, w]` runs exact tiles: always for
@@ -78,51 +64,20 @@ impl VideoDecoder<'_> {
                 let budget = self.tiling.budget(self.ctx.caps());
                 let base = self.ctx.pool().stats().allocated_bytes.current;
                 let graph = self.decoder.get().graph();
-                let fits = crate::run::strategy::fits_budget(&self.ctx, budget, base, |null| {
-                    let mut rec = Recorder::new(null);
-                    let input =
-                        Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
-                    let raw = run_video(
-                        graph,
-                        &mut rec,
-                        input,
-                        &mut Taps::default(),
-                        &mut VideoState::default(),
-                    )?;
-                    drop(raw);
-                    rec.finish();
-                    Ok(())
-                })?;
+                let fits = untiled_chunk_fits(&self.ctx, budget, base, graph, chunk)?;
                 Ok(!fits)
             }
         }
     }
 
-    /// The exact plan of a video whose latent frames are `h × w`.
-    pub(super) fn exact_plan(&self, (h, w): (usize, usize)) -> Result<(ExactPlan, usize)> {
-        let graph = self.decoder.get().graph();
-        let levels = video_levels(graph);
-        let scale = 1usize << (levels - 1);
-        let patch = self.decoder.get().patch_size().max(1);
+    /// Runs the video in exact tiles from its first chunk, whose latent
+    /// frames are `h × w`.
+    pub(super) fn start_tiles(&mut self, hw: (usize, usize)) -> Result<()> {
+        let model = self.decoder.get();
         let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
-        // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
-        let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
         let budget = self.tiling.budget(self.ctx.caps());
-        let base = self.ctx.pool().stats().allocated_bytes.current;
-        let avail = budget.checked_sub(base).ok_or_else(|| {
-            Error::OverBudget(format!(
-                "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
-            ))
-        })?;
-        let plan = ExactPlan {
-            px,
-            levels: level_tiles(px, levels, (h, w)),
-            latent: (h, w),
-            device_cap: avail / 2,
-            attention_state_budget: avail / 4,
-            total_steps: 0,
-            staging_limit: crate::run::strategy::staging_limit(avail),
-        };
-        Ok((plan, px * patch))
+        let shape = (model.patch_size(), px_out);
+        self.run
+            .start_tiles(&self.ctx, model.graph(), shape, budget, hw)
     }
 }

@@ -1,0 +1,127 @@
+//! The runner's part of a video decode or encode: a causal video graph run
+//! chunk by chunk with time as the batch dimension, untiled (its time caches
+//! kept between chunks) or in exact tiles (the caches parked tile by tile),
+//! and the budget test and plan that choose between them. The front ends
+//! (`video/`, `video_encode.rs`) stream chunks through it and import no
+//! executor.
+
+use crate::error::{Error, Result};
+use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
+use crate::exec::untiled::{run_video, VideoState};
+use crate::gpu::{Context, Recorder};
+use crate::io::HostTensor;
+use crate::models::graph::Graph;
+use crate::models::Taps;
+use crate::tensor::Tensor;
+
+/// The state one video keeps between chunks: the untiled time caches, or,
+/// from the first chunk on when tiles were chosen, the exact tiled run.
+#[derive(Default)]
+pub(crate) struct VideoRun {
+    untiled: VideoState,
+    tiled: Option<TiledVideo>,
+}
+
+/// An exact tiled video run: its executor (kept for the whole video: the
+/// caches' parked tiles count against its device cap) and the time caches
+/// as whole-frame tiled activations.
+struct TiledVideo {
+    exec: Executor,
+    caches: VideoCaches,
+    /// Tile side in output pixels.
+    px: usize,
+}
+
+impl VideoRun {
+    /// Records `graph` on the chunk `input` untiled into `rec`, advancing
+    /// the time caches: the graph's output.
+    pub(crate) fn record(
+        &mut self,
+        graph: &Graph,
+        rec: &mut Recorder,
+        input: Tensor,
+    ) -> Result<Tensor> {
+        run_video(graph, rec, input, &mut Taps::default(), &mut self.untiled)
+    }
+
+    /// Runs the rest of the video in exact tiles (set before its first
+    /// chunk): latent frames `h × w` of a graph whose output is
+    /// pixel-shuffled by `patch`, tiles of about `px_out` output pixels,
+    /// within `budget` bytes of pool memory.
+    pub(crate) fn start_tiles(
+        &mut self,
+        ctx: &Context,
+        graph: &Graph,
+        (patch, px_out): (usize, usize),
+        budget: u64,
+        (h, w): (usize, usize),
+    ) -> Result<()> {
+        let levels = video_levels(graph);
+        let scale = 1usize << (levels - 1);
+        let patch = patch.max(1);
+        // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
+        let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
+        let base = ctx.pool().stats().allocated_bytes.current;
+        let avail = budget.checked_sub(base).ok_or_else(|| {
+            Error::OverBudget(format!(
+                "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
+            ))
+        })?;
+        let plan = ExactPlan {
+            px,
+            levels: level_tiles(px, levels, (h, w)),
+            latent: (h, w),
+            device_cap: avail / 2,
+            attention_state_budget: avail / 4,
+            total_steps: 0,
+            staging_limit: crate::run::strategy::staging_limit(avail),
+        };
+        self.tiled = Some(TiledVideo {
+            exec: Executor::new(ctx, plan, None),
+            caches: VideoCaches::default(),
+            px: px * patch,
+        });
+        Ok(())
+    }
+
+    /// The exact tile side in output pixels once tiles were started.
+    pub(crate) fn tile_size(&self) -> Option<usize> {
+        self.tiled.as_ref().map(|t| t.px)
+    }
+
+    /// Runs `chunk` `[T, C, h, w]` in exact tiles when they were started
+    /// (`None`: untiled): the output as f32 on the host and its shape.
+    pub(crate) fn run_tiled(
+        &mut self,
+        graph: &Graph,
+        chunk: &HostTensor,
+    ) -> Option<Result<(Vec<f32>, [usize; 4])>> {
+        let t = self.tiled.as_mut()?;
+        Some(t.exec.decode_video_chunk(graph, chunk, &mut t.caches))
+    }
+
+    /// Pool bytes the time caches hold between chunks.
+    pub(crate) fn cache_bytes(&self) -> u64 {
+        let tiled = self.tiled.as_ref().map_or(0, |t| t.caches.bytes());
+        self.untiled.tensors().map(|t| t.byte_size()).sum::<u64>() + tiled
+    }
+}
+
+/// Whether `graph` on the untiled chunk `[T, C, h, w]` fits `budget` above
+/// `base` bytes and the device's limits (a null-device dry run).
+pub(crate) fn untiled_chunk_fits(
+    ctx: &Context,
+    budget: u64,
+    base: u64,
+    graph: &Graph,
+    chunk: &HostTensor,
+) -> Result<bool> {
+    crate::run::strategy::fits_budget(ctx, budget, base, |null| {
+        let mut rec = Recorder::new(null);
+        let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
+        let raw = VideoRun::default().record(graph, &mut rec, input)?;
+        drop(raw);
+        rec.finish();
+        Ok(())
+    })
+}
