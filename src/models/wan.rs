@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::image::ImageRange;
 use crate::models::diffusers_folder::bad;
-use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
+use crate::models::graph::{Conv, Geometry, Graph, Residual};
 use crate::models::wan_config::{is_wan_config, names_a_class};
 pub use crate::models::wan_config::{WanConfig, WAN21_LATENTS_MEAN, WAN21_LATENTS_STD};
 use crate::models::wan_layers::{decoder_stages, load_causal, load_pointwise, GraphBuilder};
@@ -167,15 +167,7 @@ impl WanDecoder {
             ));
         }
         let first = dims.first().copied().unwrap_or(0);
-        let (b, z) = Builder::new();
-        let mut g = GraphBuilder {
-            ctx,
-            store,
-            b,
-            slot: 0,
-            image,
-            planar: false,
-        };
+        let (mut g, z) = GraphBuilder::new(ctx, store, image, false);
         let zc = cfg.z_dim;
         let mut x = z;
         if post_quant_conv {

@@ -127,7 +127,27 @@ pub(crate) struct GraphBuilder<'a> {
     pub planar: bool,
 }
 
-impl GraphBuilder<'_> {
+impl<'a> GraphBuilder<'a> {
+    /// An empty graph of weights in `store`, and its input (see the fields
+    /// for `image` and `planar`).
+    pub(crate) fn new(
+        ctx: &'a Context,
+        store: &'a WeightStore,
+        image: bool,
+        planar: bool,
+    ) -> (Self, TensorId) {
+        let (b, z) = Builder::new();
+        let g = GraphBuilder {
+            ctx,
+            store,
+            b,
+            slot: 0,
+            image,
+            planar,
+        };
+        (g, z)
+    }
+
     pub(crate) fn next_slot(&mut self) -> usize {
         self.slot += 1;
         self.slot - 1

@@ -19,7 +19,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::kernels::image::ImageRange;
-use crate::models::graph::{Builder, Conv, Geometry, Graph, Residual};
+use crate::models::graph::{Conv, Geometry, Graph, Residual};
 use crate::models::wan_config::WanConfig;
 use crate::models::wan_layers::{decoder_stages, load_pointwise, GraphBuilder};
 use crate::models::weights::WeightStore;
@@ -61,15 +61,7 @@ pub(crate) fn residual_frame_graph(
         ));
     }
     let first = dims.first().copied().unwrap_or(0);
-    let (b, z) = Builder::new();
-    let mut g = GraphBuilder {
-        ctx,
-        store,
-        b,
-        slot: 0,
-        image: true,
-        planar,
-    };
+    let (mut g, z) = GraphBuilder::new(ctx, store, true, planar);
     let zc = cfg.z_dim;
     let w = load_pointwise(ctx, store, "post_quant_conv", zc, zc, !planar)?;
     let w = g.b.weights(w);
