@@ -3,10 +3,10 @@
 //! `ci/coopmat.sh` runs them there). Elsewhere they say why they did not run, and fail
 //! instead under `WGVAE_REQUIRE_COOP=1` (see [`crate::testing::matrix_test_context`]).
 
+use super::tests::ConvInputs;
 use super::tiles::MatrixTiles;
 use super::*;
-use crate::gpu::storage::round_through;
-use crate::testing::{assert_close, rand_vec, test_context};
+use crate::testing::{assert_close, test_context};
 
 fn matrix_context(test: &str) -> Option<Context> {
     crate::testing::matrix_test_context(test)
@@ -71,17 +71,14 @@ fn check(
     seed: u64,
 ) -> f32 {
     let dt = DType::F16;
-    let round = |v: Vec<f32>| -> Vec<f32> { v.into_iter().map(|x| round_through(x, dt)).collect() };
-    let x = round(rand_vec(n * cin * h * w, seed, 1.0));
-    let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
-    let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
-    let bv = rand_vec(cout, seed + 2, 0.5);
-    let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
-        .chunks(2)
-        .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
-        .collect();
-    let (ho, wo) = output_size(h, w, k, &opts);
-    let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
+    let ConvInputs {
+        x,
+        wv,
+        bv,
+        aff,
+        rv,
+        out: (ho, wo),
+    } = ConvInputs::random([n, cin, h, w], cout, k, &opts, seed, dt);
     let want = cpu_conv2d(
         &x,
         [n, cin, h, w],

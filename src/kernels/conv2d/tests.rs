@@ -114,22 +114,14 @@ impl Case {
             "[{n},{cin},{h},{w}]->{cout} k{k} {:?} bias {} act {:?} res {} in-place {} naive {} tiles {:?}",
             self.opts, self.bias, self.act, self.residual, self.in_place, self.naive, self.tiles
         );
-        let round = |v: Vec<f32>| -> Vec<f32> {
-            v.into_iter()
-                .map(|x| crate::gpu::storage::round_through(x, dt))
-                .collect()
-        };
-        let x = round(rand_vec(n * cin * h * w, seed, 1.0));
-        // Weights scaled like a trained layer's so sums stay O(1).
-        let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
-        let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
-        let bv = rand_vec(cout, seed + 2, 0.5);
-        let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
-            .chunks(2)
-            .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
-            .collect();
-        let (ho, wo) = output_size(h, w, k, &self.opts);
-        let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
+        let ConvInputs {
+            x,
+            wv,
+            bv,
+            aff,
+            rv,
+            out: (ho, wo),
+        } = ConvInputs::random([n, cin, h, w], cout, k, &self.opts, seed, dt);
         let want = cpu_conv2d(
             &x,
             [n, cin, h, w],
@@ -181,6 +173,59 @@ impl Case {
         };
         let what = format!("{what} {}", crate::kernels::storage_path(&ctx, dt));
         assert_close(&out.to_f32(&ctx).unwrap(), &want, atol, rtol, &what);
+    }
+}
+
+/// Random operands of a conv test, the stored ones rounded through `dt` so
+/// the CPU reference sees what the kernel reads.
+pub(super) struct ConvInputs {
+    /// Input `[n, cin, h, w]`.
+    pub x: Vec<f32>,
+    /// Weights `[cout, cin, k, k]`.
+    pub wv: Vec<f32>,
+    /// Bias `[cout]` (kept in f32).
+    pub bv: Vec<f32>,
+    /// Prologue (scale, shift) per image and input channel.
+    pub aff: Vec<f32>,
+    /// Residual `[n, cout, ho, wo]`.
+    pub rv: Vec<f32>,
+    /// Output size `(ho, wo)`.
+    pub out: (usize, usize),
+}
+
+impl ConvInputs {
+    pub(super) fn random(
+        [n, cin, h, w]: [usize; 4],
+        cout: usize,
+        k: usize,
+        opts: &Conv2dOptions,
+        seed: u64,
+        dt: DType,
+    ) -> Self {
+        let round = |v: Vec<f32>| -> Vec<f32> {
+            v.into_iter()
+                .map(|x| crate::gpu::storage::round_through(x, dt))
+                .collect()
+        };
+        let x = round(rand_vec(n * cin * h * w, seed, 1.0));
+        // Weights scaled like a trained layer's so sums stay O(1).
+        let wscale = 1.0 / ((cin * k * k) as f32).sqrt();
+        let wv = round(rand_vec(cout * cin * k * k, seed + 1, wscale));
+        let bv = rand_vec(cout, seed + 2, 0.5);
+        let aff: Vec<f32> = rand_vec(n * cin * 2, seed + 3, 1.0)
+            .chunks(2)
+            .flat_map(|s| [1.0 + 0.5 * s[0], s[1]])
+            .collect();
+        let (ho, wo) = output_size(h, w, k, opts);
+        let rv = round(rand_vec(n * cout * ho * wo, seed + 4, 1.0));
+        ConvInputs {
+            x,
+            wv,
+            bv,
+            aff,
+            rv,
+            out: (ho, wo),
+        }
     }
 }
 
