@@ -71,37 +71,31 @@ fn check(
     seed: u64,
 ) -> f32 {
     let dt = DType::F16;
-    let ConvInputs {
-        x,
-        wv,
-        bv,
-        aff,
-        rv,
-        out: (ho, wo),
-    } = ConvInputs::random([n, cin, h, w], cout, k, &opts, seed, dt);
+    let ins = ConvInputs::random([n, cin, h, w], cout, k, &opts, seed, dt);
+    let (ho, wo) = ins.out;
     let want = cpu_conv2d(
-        &x,
+        &ins.x,
         [n, cin, h, w],
-        &wv,
+        &ins.wv,
         cout,
         k,
-        Some(&bv),
-        act.map(|a| (&aff[..], a)),
-        residual.then_some(&rv[..]),
+        Some(&ins.bv),
+        act.map(|a| (&ins.aff[..], a)),
+        residual.then_some(&ins.rv[..]),
         &opts,
     );
     let host = PytorchConv {
-        weight: &wv,
+        weight: &ins.wv,
         cout,
         cin,
         k,
-        bias: Some(&bv),
+        bias: Some(&ins.bv),
     };
     let weights = Conv2dWeights::upload(ctx, &host, Some(tiles), dt, "w").unwrap();
-    let xt = Tensor::from_f32_as(ctx, &[n, cin, h, w], &x, dt, "x").unwrap();
-    let at = Tensor::from_f32(ctx, &[n, cin, 2], &aff, "affine").unwrap();
+    let xt = Tensor::from_f32_as(ctx, &[n, cin, h, w], &ins.x, dt, "x").unwrap();
+    let at = Tensor::from_f32(ctx, &[n, cin, 2], &ins.aff, "affine").unwrap();
     // A residual is added in place, as the engine's layers do.
-    let out = Tensor::from_f32_as(ctx, &[n, cout, ho, wo], &rv, dt, "out").unwrap();
+    let out = Tensor::from_f32_as(ctx, &[n, cout, ho, wo], &ins.rv, dt, "out").unwrap();
     let mut rec = Recorder::new(ctx);
     conv2d(
         &mut rec,
