@@ -13,9 +13,10 @@ use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::memory::MemoryStats;
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
+use crate::run::input::record_encoder;
 use crate::run::strategy::{choose, input_of, Geometry, Strategy};
 use crate::run::{precision, run_exact, run_untiled, tiles_of, untiled_report, ExactRun, Replay};
-use crate::tensor::{DType, Tensor};
+use crate::tensor::DType;
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::io::load_image;
@@ -101,7 +102,7 @@ impl EncodeJob<'_> {
 
     fn replay<'c>(&self, ctx: &'c Context, x: &HostTensor) -> Result<Replay<'c>> {
         let key = || format!("enc{}:{:?}", self.enc.id, x.shape);
-        Replay::recorded(ctx, key, |rec| record_encode(rec, self.enc, x))
+        Replay::recorded(ctx, key, |rec| record_encoder(rec, self.enc, x))
     }
 }
 
@@ -149,7 +150,7 @@ pub fn encode(
         let job = EncodeJob { x: &x, ..job };
         job.exact(null, plan.clone(), None).map(|r| r.report)
     };
-    let record = |rec: &mut Recorder, x: &HostTensor| record_encode(rec, enc, x).map(|_| ());
+    let record = |rec: &mut Recorder, x: &HostTensor| record_encoder(rec, enc, x).map(|_| ());
     let (strategy, budget) = choose(ctx, &geometry, &opts.tiling, &record, &exact)?;
     let (moments, memory, mut tiling, overflows) = match strategy {
         Strategy::Untiled => encode_untiled(ctx, &job)?,
@@ -185,19 +186,6 @@ pub fn encode(
 /// (output on the host, pool statistics, tiling report, f16 overflow count).
 type EncodeRun = (HostTensor, MemoryStats, TilingReport, u64);
 
-/// Records the upload of encoder input `x` [N, 3, H, W] and the encoder →
-/// its output [N, C, H/8, W/8] (AutoencoderKL: the moments, 2·latent channels).
-///
-/// f16 encoders first allocate the recorder's overflow counter
-/// ([`Recorder::track_f16_range`]); read it after the submit.
-fn record_encode(rec: &mut Recorder, enc: &VaeEncoder, x: &HostTensor) -> Result<Tensor> {
-    if enc.dtype == DType::F16 && rec.range_flag().is_none() {
-        rec.track_f16_range()?;
-    }
-    let input = Tensor::from_f32_in(rec, &x.shape, &x.data, "image")?;
-    crate::exec::untiled::run(enc.encoder.graph(), rec, input, &mut Default::default())
-}
-
 /// One untiled encode of `x`: the output on the host (zeros on a null
 /// device) and the pool's statistics over it.
 fn encode_untiled(ctx: &Context, job: &EncodeJob) -> Result<EncodeRun> {
@@ -207,7 +195,7 @@ fn encode_untiled(ctx: &Context, job: &EncodeJob) -> Result<EncodeRun> {
         ctx,
         replay,
         false,
-        |rec| record_encode(rec, job.enc, job.x),
+        |rec| record_encoder(rec, job.enc, job.x),
         |out| vec![out],
     )?;
     let memory = ctx.pool().stats();
@@ -276,7 +264,7 @@ fn encode_fast(
             ctx,
             replay,
             false,
-            |rec| record_encode(rec, enc, xt),
+            |rec| record_encoder(rec, enc, xt),
             |t| vec![t],
         )?;
         let [_, c, th, tw] = crate::models::layers::dims4(&run.out)?;

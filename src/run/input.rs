@@ -5,6 +5,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::io::HostTensor;
 use crate::kernels::latent_affine::{latent_affine, Affine};
+use crate::models::vae_encoder::VaeEncoder;
 use crate::models::{Taps, Vae};
 use crate::tensor::{DType, Tensor};
 
@@ -92,6 +93,23 @@ pub(crate) fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> R
     track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     vae.forward(rec, input, &mut Taps::default())
+}
+
+/// Records the upload of encoder input `x` [N, 3, H, W] and the encoder →
+/// its output [N, C, H/8, W/8] (AutoencoderKL: the moments, 2·latent channels).
+///
+/// f16 encoders first allocate the recorder's overflow counter
+/// ([`Recorder::track_f16_range`]); read it after the submit.
+pub(crate) fn record_encoder(
+    rec: &mut Recorder,
+    enc: &VaeEncoder,
+    x: &HostTensor,
+) -> Result<Tensor> {
+    if enc.dtype == DType::F16 && rec.range_flag().is_none() {
+        rec.track_f16_range()?;
+    }
+    let input = Tensor::from_f32_in(rec, &x.shape, &x.data, "image")?;
+    crate::exec::untiled::run(enc.encoder.graph(), rec, input, &mut Default::default())
 }
 
 /// Records a decode of latents in a host buffer → raw output [N, 3, H, W]:
