@@ -9,6 +9,11 @@ fn gemm_layer(kind: LayerKind, g: Gemm) -> Layer {
     }
 }
 
+/// The prediction of the conv `g` (a `LayerKind::Conv` layer).
+fn conv_on(g: Gemm, gpu: &GpuSpec, t: &Tiles, path: PathKind) -> Prediction {
+    predict(&gemm_layer(LayerKind::Conv, g), gpu, t, path).unwrap()
+}
+
 /// SD1.5's up-block 3×3 512→512 conv at 64×64 (512² output).
 fn sd_conv() -> Gemm {
     Gemm::conv(512, 512, 3, (64, 64))
@@ -142,13 +147,7 @@ fn tiles_follow_the_output_channels() {
 #[test]
 fn bytes_of_the_tile_model() {
     let t = Tiles::default();
-    let p = predict(
-        &gemm_layer(LayerKind::Conv, sd_conv()),
-        &GpuSpec::h100_sxm(),
-        &t,
-        PathKind::Matrix,
-    )
-    .unwrap();
+    let p = conv_on(sd_conv(), &GpuSpec::h100_sxm(), &t, PathKind::Matrix);
     // 32 pixel tiles (4×32 patches) × 4 channel tiles.
     assert_eq!(p.workgroups, 128);
     assert_eq!(p.weight_bytes, 32.0 * 512.0 * 4608.0 * 2.0);
@@ -164,13 +163,7 @@ fn bytes_of_the_tile_model() {
     let mut up = Gemm::conv(512, 512, 3, (64, 64));
     up.upsample = true;
     (up.ho, up.wo) = (128, 128);
-    let pu = predict(
-        &gemm_layer(LayerKind::Conv, up),
-        &GpuSpec::h100_sxm(),
-        &t,
-        PathKind::Matrix,
-    )
-    .unwrap();
+    let pu = conv_on(up, &GpuSpec::h100_sxm(), &t, PathKind::Matrix);
     assert_eq!(
         pu.input_bytes,
         pu.workgroups as f64 * 512.0 * 4.0 * 18.0 * 2.0
@@ -178,13 +171,7 @@ fn bytes_of_the_tile_model() {
     // A residual reads one more output.
     let mut res = sd_conv();
     res.residual = true;
-    let pr = predict(
-        &gemm_layer(LayerKind::Conv, res),
-        &GpuSpec::h100_sxm(),
-        &t,
-        PathKind::Matrix,
-    )
-    .unwrap();
+    let pr = conv_on(res, &GpuSpec::h100_sxm(), &t, PathKind::Matrix);
     assert_eq!(pr.bytes - p.bytes, p.output_bytes);
 }
 
@@ -192,21 +179,9 @@ fn bytes_of_the_tile_model() {
 fn executed_flops_pay_for_whole_tiles() {
     let t = Tiles::default();
     let out = Gemm::conv(128, 3, 3, (512, 512));
-    let p = predict(
-        &gemm_layer(LayerKind::Conv, out),
-        &GpuSpec::rtx_4090(),
-        &t,
-        PathKind::Matrix,
-    )
-    .unwrap();
+    let p = conv_on(out, &GpuSpec::rtx_4090(), &t, PathKind::Matrix);
     assert_eq!(p.exec_flops / p.flops, 16.0 / 3.0);
-    let s = predict(
-        &gemm_layer(LayerKind::Conv, out),
-        &GpuSpec::rtx_4090(),
-        &t,
-        PathKind::Scalar,
-    )
-    .unwrap();
+    let s = conv_on(out, &GpuSpec::rtx_4090(), &t, PathKind::Scalar);
     assert_eq!(s.exec_flops / s.flops, 4.0 / 3.0);
 }
 
@@ -285,11 +260,7 @@ fn roofline_is_monotonic() {
     let t = Tiles::default();
     for gpu in GpuSpec::all() {
         for path in PathKind::ALL {
-            let time = |g: Gemm, gpu: &GpuSpec| {
-                predict(&gemm_layer(LayerKind::Conv, g), gpu, &t, path)
-                    .unwrap()
-                    .time_s
-            };
+            let time = |g: Gemm, gpu: &GpuSpec| conv_on(g, gpu, &t, path).time_s;
             let mut prev = 0.0;
             for side in [8, 16, 32, 64, 128, 256, 512] {
                 let now = time(Gemm::conv(256, 256, 3, (side, side)), &gpu);
