@@ -270,11 +270,14 @@ pub fn config_for_device(d: usize, n_q: usize, caps: &Capabilities) -> Option<At
     config_for(d)
 }
 
+/// A scalar variant: configuration, int8 K/V, wide heads.
+type VariantId = (AttentionConfig, bool, bool);
+
 fn key(c: &AttentionConfig, int8: bool, wide: bool) -> PipelineKey {
     // Built once per configuration and thread: a tiled dry run asks for
     // the key of every (query tile, K/V block) pair.
     thread_local! {
-        static KEYS: std::cell::RefCell<Vec<((AttentionConfig, bool, bool), PipelineKey)>> =
+        static KEYS: std::cell::RefCell<Vec<(VariantId, PipelineKey)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
     KEYS.with(|keys| {
