@@ -350,18 +350,18 @@ fn unpack_codes(w: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(shifted) >> vec4<u32>(24u));
 }
 
-// Dequantises channels c0 .. c0 + DMAX (clipped to d) of keys j0 .. j0 + BKV
+// Dequantises channels ch0 .. ch0 + DMAX (clipped to d) of keys j0 .. j0 + BKV
 // (zero at j >= end) into kv_tile: one
 // invocation per (word of 4 channels, 4 keys) reads 4 words and 4 scales and
 // writes 4 vec4 (one per channel, keys along the vec4).
-fn load_tile_k(li: u32, base: u32, j0: u32, end: u32, c0: u32) {
+fn load_tile_k(li: u32, base: u32, j0: u32, end: u32, ch0: u32) {
     let dw = p.d / 4u;
     // Dense layout: a row's scale index is its word offset / dw.
     let scale_base = base / dw;
     let scale_stride = p.kv_st / dw;
-    // This chunk's words (c0 and DMAX are multiples of 4).
-    let cw = min(p.d - c0, DMAX) / 4u;
-    let w0 = c0 / 4u;
+    // This chunk's words (ch0 and DMAX are multiples of 4).
+    let cw = min(p.d - ch0, DMAX) / 4u;
+    let w0 = ch0 / 4u;
     for (var e = li; e < cw * KV4; e += WG) {
         let w4 = e % cw;
         let jq = e / cw;
@@ -388,14 +388,14 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32, c0: u32) {
     }
 }
 
-fn load_tile_v(li: u32, base: u32, j0: u32, end: u32, c0: u32) {
+fn load_tile_v(li: u32, base: u32, j0: u32, end: u32, ch0: u32) {
     let dw = p.d / 4u;
     // Dense layout: a row's scale index is its word offset / dw.
     let scale_base = base / dw;
     let scale_stride = p.kv_st / dw;
-    // This chunk's words (c0 and DMAX are multiples of 4).
-    let cw = min(p.d - c0, DMAX) / 4u;
-    let w0 = c0 / 4u;
+    // This chunk's words (ch0 and DMAX are multiples of 4).
+    let cw = min(p.d - ch0, DMAX) / 4u;
+    let w0 = ch0 / 4u;
     for (var e = li; e < cw * KV4; e += WG) {
         let w4 = e % cw;
         let jq = e / cw;
