@@ -48,6 +48,12 @@
 //   4. each invocation updates its queries' running max / sum (the online
 //      softmax state, computed redundantly by the DS invocations of a query)
 //      and rescales + accumulates its channel slices of the outputs.
+// Wide heads (WIDE, d > DMAX): the output channels are split into chunks of
+// DMAX over workgroup_id.z; each such workgroup computes the full scores
+// (the K tile staged chunk by chunk, q read from memory, QK^T recomputed by
+// every chunk) and stages only its own chunk of each V tile. Its (max, sum)
+// rows in `stats` are its own (chunk z after the z = 0 rows): the chunks of
+// one dispatch run in any order, so sharing rows would race.
 // Only the tiles and the BQ x BKV scores are ever in memory; accumulation is
 // f32. The running max starts at FLOOR (not -BIG), so a tile whose keys are
 // all masked for a query contributes exp(-BIG - FLOOR) == 0, never exp(0).
@@ -344,17 +350,21 @@ fn unpack_codes(w: u32) -> vec4<f32> {
     return vec4<f32>(bitcast<vec4<i32>>(shifted) >> vec4<u32>(24u));
 }
 
-// Dequantises keys j0 .. j0 + BKV (zero at j >= end) into kv_tile: one
+// Dequantises channels ch0 .. ch0 + DMAX (clipped to d) of keys j0 .. j0 + BKV
+// (zero at j >= end) into kv_tile: one
 // invocation per (word of 4 channels, 4 keys) reads 4 words and 4 scales and
 // writes 4 vec4 (one per channel, keys along the vec4).
-fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
+fn load_tile_k(li: u32, base: u32, j0: u32, end: u32, ch0: u32) {
     let dw = p.d / 4u;
     // Dense layout: a row's scale index is its word offset / dw.
     let scale_base = base / dw;
     let scale_stride = p.kv_st / dw;
-    for (var e = li; e < dw * KV4; e += WG) {
-        let w4 = e % dw;
-        let jq = e / dw;
+    // This chunk's words (ch0 and DMAX are multiples of 4).
+    let cw = min(p.d - ch0, DMAX) / 4u;
+    let w0 = ch0 / 4u;
+    for (var e = li; e < cw * KV4; e += WG) {
+        let w4 = e % cw;
+        let jq = e / cw;
         let j = j0 + jq * 4u;
         var c0 = vec4<f32>(0.0);
         var c1 = vec4<f32>(0.0);
@@ -362,7 +372,7 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
         var c3 = vec4<f32>(0.0);
         for (var u = 0u; u < 4u; u++) {
             if j + u < end {
-                let x = unpack_codes(k_codes[base + (j + u) * p.kv_st + w4])
+                let x = unpack_codes(k_codes[base + (j + u) * p.kv_st + w0 + w4])
                     * k_scales[scale_base + (j + u) * scale_stride];
                 c0[u] = x.x;
                 c1[u] = x.y;
@@ -378,14 +388,17 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
     }
 }
 
-fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
+fn load_tile_v(li: u32, base: u32, j0: u32, end: u32, ch0: u32) {
     let dw = p.d / 4u;
     // Dense layout: a row's scale index is its word offset / dw.
     let scale_base = base / dw;
     let scale_stride = p.kv_st / dw;
-    for (var e = li; e < dw * KV4; e += WG) {
-        let w4 = e % dw;
-        let jq = e / dw;
+    // This chunk's words (ch0 and DMAX are multiples of 4).
+    let cw = min(p.d - ch0, DMAX) / 4u;
+    let w0 = ch0 / 4u;
+    for (var e = li; e < cw * KV4; e += WG) {
+        let w4 = e % cw;
+        let jq = e / cw;
         let j = j0 + jq * 4u;
         var c0 = vec4<f32>(0.0);
         var c1 = vec4<f32>(0.0);
@@ -393,7 +406,7 @@ fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
         var c3 = vec4<f32>(0.0);
         for (var u = 0u; u < 4u; u++) {
             if j + u < end {
-                let x = unpack_codes(v_codes[base + (j + u) * p.kv_st + w4])
+                let x = unpack_codes(v_codes[base + (j + u) * p.kv_st + w0 + w4])
                     * v_scales[scale_base + (j + u) * scale_stride];
                 c0[u] = x.x;
                 c1[u] = x.y;
@@ -412,19 +425,21 @@ fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
 // Element e of the tile: channel c and key quad jq, ordered so neighbouring
 // invocations read neighbouring addresses (channels when the channel stride
 // is 1, keys when the token stride is 1).
-fn tile_element(e: u32) -> vec2<u32> {
+fn tile_element(e: u32, dc: u32) -> vec2<u32> {
     if p.kv_sc == 1u {
-        return vec2<u32>(e % p.d, e / p.d);
+        return vec2<u32>(e % dc, e / dc);
     }
     return vec2<u32>(e / KV4, e % KV4);
 }
 
-// Stages channels c < d of keys j0 .. j0 + BKV (zero at j >= end).
-fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
-    for (var e = li; e < p.d * KV4; e += WG) {
-        let cj = tile_element(e);
+// Stages channels c0 .. c0 + DMAX (clipped to d) of keys j0 .. j0 + BKV
+// (zero at j >= end); c0 = 0 unless WIDE.
+fn load_tile_k(li: u32, base: u32, j0: u32, end: u32, c0: u32) {
+    let dc = min(p.d - c0, DMAX);
+    for (var e = li; e < dc * KV4; e += WG) {
+        let cj = tile_element(e, dc);
         let j = j0 + cj.y * 4u;
-        let g = base + j * p.kv_st + cj.x * p.kv_sc;
+        let g = base + j * p.kv_st + (c0 + cj.x) * p.kv_sc;
         var val = vec4<f32>(0.0);
         if j + 3u < end {
             val = vec4<f32>(k[g], k[g + p.kv_st], k[g + 2u * p.kv_st], k[g + 3u * p.kv_st]);
@@ -437,11 +452,12 @@ fn load_tile_k(li: u32, base: u32, j0: u32, end: u32) {
     }
 }
 
-fn load_tile_v(li: u32, base: u32, j0: u32, end: u32) {
-    for (var e = li; e < p.d * KV4; e += WG) {
-        let cj = tile_element(e);
+fn load_tile_v(li: u32, base: u32, j0: u32, end: u32, c0: u32) {
+    let dc = min(p.d - c0, DMAX);
+    for (var e = li; e < dc * KV4; e += WG) {
+        let cj = tile_element(e, dc);
         let j = j0 + cj.y * 4u;
-        let g = base + j * p.kv_st + cj.x * p.kv_sc;
+        let g = base + j * p.kv_st + (c0 + cj.x) * p.kv_sc;
         var val = vec4<f32>(0.0);
         if j + 3u < end {
             val = vec4<f32>(v[g], v[g + p.kv_st], v[g + 2u * p.kv_st], v[g + 3u * p.kv_st]);
@@ -495,8 +511,28 @@ fn tile_is_full(j0: u32, end: u32, i_lo: u32, i_hi: u32) -> bool {
     return true;
 }
 
+#ifdef WIDE
+// Channel c of queries i0 (.x) and i1 (.y), pre-scaled; zero past n_q.
+fn q_pair(base: u32, i0: u32, i1: u32, c: u32) -> vec2<f32> {
+    var val = vec2<f32>(0.0);
+    if i0 < p.n_q { val.x = q[base + i0 * p.q_st + c * p.q_sc] * p.scale; }
+    if i1 < p.n_q { val.y = q[base + i1 * p.q_st + c * p.q_sc] * p.scale; }
+    return val;
+}
+#endif
+
 @compute @workgroup_size(WG)
-fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_index) li: u32) {
+fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+             @builtin(local_invocation_index) li: u32) {
+#ifdef WIDE
+    // Output channels c_out .. c_out + DMAX (see "Wide heads"); the chunk's
+    // own (max, sum) rows in `stats`.
+    let c_out = wg.z * DMAX;
+    let srow = wg.z * nwg.y + wg.y;
+#else
+    const c_out = 0u;
+    let srow = wg.y;
+#endif
     let qi = li % QG;
     let s = li / QG;
     let b = wg.y / p.heads;
@@ -514,7 +550,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     var q_reg: array<vec2<f32>, DPT>;
     var acc: array<vec2<f32>, DPT>;
     for (var t = 0u; t < DPT; t++) {
-        let c = s + t * DS;
+        let c = c_out + s + t * DS;
         var val = vec2<f32>(0.0);
         var a = vec2<f32>(0.0);
         if c < p.d {
@@ -534,8 +570,8 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
     }
     var run_max = vec2<f32>(FLOOR);
     var run_sum = vec2<f32>(0.0);
-    let stat0 = 2u * (wg.y * p.n_q + i0);
-    let stat1 = 2u * (wg.y * p.n_q + i1);
+    let stat0 = 2u * (srow * p.n_q + i0);
+    let stat1 = 2u * (srow * p.n_q + i1);
     if resume {
         if i0 < p.n_q { run_max.x = stats[stat0]; run_sum.x = stats[stat0 + 1u]; }
         if i1 < p.n_q { run_max.y = stats[stat1]; run_sum.y = stats[stat1 + 1u]; }
@@ -574,26 +610,40 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         for (var j0 = start; j0 < end; j0 += BKV) {
             let full = tile_is_full(j0, end, i_lo, i_hi);
 
-            // 1. K tile.
-            load_tile_k(li, kv_base, j0, end);
-            workgroupBarrier();
-
-            // 2. Partial dot products over this invocation's channels:
-            //    pXY = query X (0: i0, 1: i1), keys 4Y .. 4Y + 3.
+            // 1. K tile, 2. partial dot products over this invocation's
+            //    channels: pXY = query X (0: i0, 1: i1), keys 4Y .. 4Y + 3.
+            //    WIDE: over chunks of DMAX channels, q read from memory.
             var p00 = vec4<f32>(0.0);
             var p01 = vec4<f32>(0.0);
             var p10 = vec4<f32>(0.0);
             var p11 = vec4<f32>(0.0);
-            for (var t = 0u; t < DPT; t++) {
-                let c = s + t * DS;
-                if c < p.d {
-                    let k0 = kv_tile[c * KV4];
-                    let k1 = kv_tile[c * KV4 + 1u];
-                    let qv = q_reg[t];
-                    p00 = fma(vec4<f32>(qv.x), k0, p00);
-                    p01 = fma(vec4<f32>(qv.x), k1, p01);
-                    p10 = fma(vec4<f32>(qv.y), k0, p10);
-                    p11 = fma(vec4<f32>(qv.y), k1, p11);
+#ifdef WIDE
+            for (var c0 = 0u; c0 < p.d; c0 += DMAX) {
+                if c0 > 0u {
+                    // Every invocation is done reading the previous chunk.
+                    workgroupBarrier();
+                }
+#else
+            {
+                const c0 = 0u;
+#endif
+                load_tile_k(li, kv_base, j0, end, c0);
+                workgroupBarrier();
+                for (var t = 0u; t < DPT; t++) {
+                    let c = s + t * DS;
+                    if c0 + c < p.d {
+                        let k0 = kv_tile[c * KV4];
+                        let k1 = kv_tile[c * KV4 + 1u];
+#ifdef WIDE
+                        let qv = q_pair(q_base, i0, i1, c0 + c);
+#else
+                        let qv = q_reg[t];
+#endif
+                        p00 = fma(vec4<f32>(qv.x), k0, p00);
+                        p01 = fma(vec4<f32>(qv.x), k1, p01);
+                        p10 = fma(vec4<f32>(qv.y), k0, p10);
+                        p11 = fma(vec4<f32>(qv.y), k1, p11);
+                    }
                 }
             }
             let row0 = (s * BQ + qi) * KV4;
@@ -619,7 +669,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
                 }
                 scores[e] = select(vec4<f32>(-BIG), sum, valid);
             }
-            load_tile_v(li, kv_base, j0, end);
+            load_tile_v(li, kv_base, j0, end, c_out);
             workgroupBarrier();
 
             // 4. Online softmax update, then P @ V for this invocation's channels.
@@ -641,7 +691,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
             run_max = tile_max;
             for (var t = 0u; t < DPT; t++) {
                 let c = s + t * DS;
-                if c < p.d {
+                if c_out + c < p.d {
                     let v0 = kv_tile[c * KV4];
                     let v1 = kv_tile[c * KV4 + 1u];
                     acc[t] = acc[t] * correction
@@ -662,7 +712,7 @@ fn attention(@builtin(workgroup_id) wg: vec3<u32>, @builtin(local_invocation_ind
         if i1 < p.n_q { stats[stat1] = run_max.y; stats[stat1 + 1u] = run_sum.y; }
     }
     for (var t = 0u; t < DPT; t++) {
-        let c = s + t * DS;
+        let c = c_out + s + t * DS;
         if c < p.d {
             if i0 < p.n_q { out[q_base + i0 * p.q_st + c * p.q_sc] = acc[t].x * inv.x; }
             if i1 < p.n_q { out[q_base + i1 * p.q_st + c * p.q_sc] = acc[t].y * inv.y; }

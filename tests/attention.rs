@@ -873,8 +873,10 @@ fn bad_inputs_are_errors() {
         &out,
         &bad_window
     )));
-    let big = Tensor::empty(&ctx, &[1, 2, 1, 600], DType::F32, "big").unwrap();
-    let big_out = Tensor::empty(&ctx, &[1, 2, 1, 600], DType::F32, "big").unwrap();
+    // Past the widest head (wider than 512 runs in output chunks).
+    let d = wgvae::kernels::attention::MAX_HEAD_DIM + 1;
+    let big = Tensor::empty(&ctx, &[1, 2, 1, d], DType::F32, "big").unwrap();
+    let big_out = Tensor::empty(&ctx, &[1, 2, 1, d], DType::F32, "big").unwrap();
     assert!(matches!(
         multi_head_attention(&mut rec, &big, &big, &big, &big_out, &Default::default()),
         Err(Error::Unsupported(_))

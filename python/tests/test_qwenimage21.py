@@ -81,3 +81,24 @@ def test_wrong_latents_are_clear_errors(tiny):
         vae.decode(tiny["latents_packed"], output="float", size=(16 * 4, 16 * 5))
     with pytest.raises(ValueError, match="frame"):
         vae.decode(np.zeros((1, c, 2, 4, 6), np.float32))
+
+
+@pytest.fixture(scope="module")
+def wide(tmp_path_factory):
+    d = tmp_path_factory.mktemp("qwenimage21-wide")
+    r = ref.build(d, config=ref.WIDE_CONFIG)
+    r["dir"] = d
+    r["want"] = r["decoded"][:, :3, 0]
+    return r
+
+
+def test_wide_mid_attention_matches_diffusers(wide):
+    """A mid-block attention of one 576-channel head (the released one is 1152; both run
+    in the kernel's output chunks of 512), untiled and in exact tiles."""
+    vae = wgvae.Vae(wide["dir"], dtype="f32")
+    for tile in ("off", "exact"):
+        out = vae.decode(wide["z"], raw_latents=True, output="float", tile=tile, tile_size=16)
+        assert out.shape == wide["want"].shape
+        err = float(np.abs(out - wide["want"]).max())
+        print(f"qwenimage21 576-wide mid attention f32 ({tile}): max abs error {err:.3e}")
+        assert err <= 2e-4, tile

@@ -2,7 +2,8 @@
 //!
 //! - [`multi_head_attention`] / [`multi_head_attention_int8`]: q, k, v in
 //!   token-major `[B, T, H, d]` (or head-major `[B, H, T, d]`, see
-//!   [`Layout`]), head dimension up to 512 (transformers use <= 128), with
+//!   [`Layout`]), head dimension up to 4096 (transformers use <= 128; past
+//!   512 in output chunks, see `kernels::attention`), with
 //!   causal / frame-window masks ([`Mask`]); one dispatch of the flash kernel
 //!   in `shaders/attention.wgsl` (O(T) memory, no score matrix).
 //! - [`RingKvCache`]: a static per-layer KV cache of `s` pinned sink frames

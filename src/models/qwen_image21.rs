@@ -7,8 +7,8 @@
 //! frame and clamps to [−1, 1] as diffusers does; it computes the first
 //! three output channels (RGB) — the fourth (alpha) is not decoded yet.
 //! The released width's mid-block attention (one head of 1152 channels)
-//! is beyond the attention kernel (head dimension ≤ 512): such decodes stop
-//! with that error; smaller configs decode.
+//! runs the attention kernel's wide-head variant (output chunks of 512:
+//! `kernels::attention`).
 //!
 //! Latents: N×64×h×w, or N×64×1×h×w as the pipeline hands them to
 //! `vae.decode`. Pipeline latents: `z = latents · latents_std +

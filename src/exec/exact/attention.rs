@@ -6,7 +6,7 @@ use super::{stage, Executor};
 use crate::attention::Mask;
 use crate::error::Result;
 use crate::kernels::attention::{
-    attention_with, flash_attention_block, AttentionProblem, BlockRole, KvInput, Strides,
+    attention_with, flash_attention_block, state_len, AttentionProblem, BlockRole, KvInput, Strides,
 };
 use crate::kernels::conv2d::{conv2d, Conv2dOptions, Conv2dWeights, Prologue};
 use crate::kernels::tensor_ops::Window;
@@ -102,12 +102,29 @@ impl Executor {
                 self.step_done(stage::KV)?;
             }
             let full = crate::exec::full_dry_runs();
+            // `t` queries over `kv` keys (one K/V block).
+            let problem = |t: usize, kv: usize| AttentionProblem {
+                batch: n,
+                heads: 1,
+                q_len: t,
+                kv_len: kv,
+                head_dim: c,
+                q_strides: Strides::channel_major(c, t),
+                kv_strides: Strides::channel_major(c, kv),
+                scale,
+                mask: Mask::NONE,
+                q_pos0: 0,
+                config: None,
+                f16_operands,
+            };
+            // f32 of a query tile's (max, sum) state (per output chunk of a wide head).
+            let ml_len = |ex: &Executor, t: usize| state_len(&problem(t, 1), false, ex.ctx.caps());
             // Query tiles per pass: as many states (q, acc, ml) as the budget holds.
             let mut groups: Vec<Vec<usize>> = Vec::new();
             let mut used = u64::MAX;
             for i in 0..tiles {
                 let r = x.grid.rect(i);
-                let state = (2 * n * c * r.area() + 2 * n * r.area()) as u64 * 4;
+                let state = (2 * n * c * r.area() + ml_len(self, r.area())) as u64 * 4;
                 if used.saturating_add(state) > self.plan.attention_state_budget
                     || groups.is_empty()
                 {
@@ -125,7 +142,12 @@ impl Executor {
                     let q = proj(self, &xw, spec.q, &r)?;
                     let t = r.area();
                     let acc = Tensor::empty(&self.ctx, &[n, c, t], DType::F32, "attention acc")?;
-                    let ml = Tensor::empty(&self.ctx, &[n, t, 2], DType::F32, "attention max/sum")?;
+                    let ml = Tensor::empty(
+                        &self.ctx,
+                        &[ml_len(self, t)],
+                        DType::F32,
+                        "attention max/sum",
+                    )?;
                     states.push((q.reshape(&[n, c, t])?, acc, ml));
                 }
                 for b in 0..tiles {
@@ -149,20 +171,7 @@ impl Executor {
                             continue;
                         }
                         let mark = self.rec().dry_mark();
-                        let prob = AttentionProblem {
-                            batch: n,
-                            heads: 1,
-                            q_len: t,
-                            kv_len: rb.area(),
-                            head_dim: c,
-                            q_strides: Strides::channel_major(c, t),
-                            kv_strides: Strides::channel_major(c, rb.area()),
-                            scale,
-                            mask: Mask::NONE,
-                            q_pos0: 0,
-                            config: None,
-                            f16_operands,
-                        };
+                        let prob = problem(t, rb.area());
                         let kv = KvInput::F32 { k: &kb, v: &vb };
                         flash_attention_block(self.rec(), &prob, q, kv, acc, Some(ml), role)?;
                         if dry {

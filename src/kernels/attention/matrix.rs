@@ -97,7 +97,8 @@ impl MatrixAttention {
 
     /// The cooperative kernel for `prob` on this device, when it applies: the device has a
     /// usable configuration, the model runs in f16 (`prob.f16_operands`), no mask, f32 K/V,
-    /// no forced scalar configuration, and a head dimension that is a multiple of `S`.
+    /// no forced scalar configuration, and a head dimension that is a multiple of `S` and at
+    /// most [`super::SINGLE_PASS_HEAD_DIM`].
     pub fn for_problem(
         prob: &AttentionProblem,
         int8: bool,
@@ -108,7 +109,12 @@ impl MatrixAttention {
         if !prob.f16_operands || int8 || !plain || prob.config.is_some() {
             return None;
         }
-        if prob.head_dim == 0 || !prob.head_dim.is_multiple_of(s) {
+        // Wide heads would keep d / bc output matrices per subgroup live: the scalar kernel's
+        // chunked variant runs them.
+        if prob.head_dim == 0
+            || !prob.head_dim.is_multiple_of(s)
+            || prob.head_dim > super::SINGLE_PASS_HEAD_DIM
+        {
             return None;
         }
         Self::for_head_dim(prob.head_dim, caps)

@@ -187,6 +187,17 @@ fn matrix_attention_is_picked_only_where_it_applies() {
         "the cooperative kernel's own loop count"
     );
     assert_eq!(stats_len(&scalar, false, &cpu), 16384 * 2);
+    // Wide heads (Qwen-Image 2.1's 1152) leave the matrices to the scalar kernel's output
+    // chunks, with a softmax state per chunk.
+    let wide = AttentionProblem {
+        head_dim: 1152,
+        q_strides: Strides::channel_major(1152, 16384),
+        kv_strides: Strides::channel_major(1152, 16384),
+        ..big
+    };
+    assert!(no(wide, false).is_none());
+    assert!(MatrixAttention::for_problem(&wide, false, &cpu).is_none());
+    assert_eq!(stats_len(&wide, false, &cpu), 16384 * 2 * 3);
 }
 
 /// Keys in separate tensors (block roles) and a block longer than a CPU adapter runs in one

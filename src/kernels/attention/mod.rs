@@ -13,7 +13,11 @@
 //! accumulation, O(T) memory (the T x T score matrix never exists; the kernel
 //! needs no scratch buffer at all). The head dimension is split across
 //! invocations (partial dot products reduced through workgroup memory), so
-//! d = 512 fits in about 25 KiB of workgroup memory. The specialisation is
+//! d = 512 fits in about 25 KiB of workgroup memory. Wider heads (up to
+//! [`MAX_HEAD_DIM`]; Qwen-Image 2.1's mid-block is one head of 1152) split
+//! the output channels into chunks of 512 over workgroups, each recomputing
+//! the scores over the K tile staged chunk by chunk (the `WIDE` variant;
+//! [`AttentionConfig::chunks`]). The specialisation is
 //! picked by d (see [`CONFIGS`]). Masks skip whole tiles: a workgroup only
 //! walks the (at most two) key ranges its queries can see, and masks element
 //! by element only in tiles that straddle a window or causal edge.
@@ -36,8 +40,14 @@ use crate::tensor::{DType, Tensor};
 
 const SOURCE: &str = include_str!("../../../shaders/attention.wgsl");
 
-/// Largest head dimension supported.
-pub const MAX_HEAD_DIM: usize = 512;
+/// Largest head dimension supported (beyond [`SINGLE_PASS_HEAD_DIM`], in
+/// output chunks: see [`AttentionConfig::chunks`]).
+pub const MAX_HEAD_DIM: usize = 4096;
+
+/// Largest head dimension one workgroup covers (the largest configuration's
+/// [`AttentionConfig::max_d`]); wider heads run the `WIDE` variant, and the
+/// cooperative-matrix kernel is not used for them.
+pub const SINGLE_PASS_HEAD_DIM: usize = 512;
 
 /// Uniforms of the `attention` entry (mirrors `Params` in the shader).
 #[repr(C)]
@@ -162,9 +172,15 @@ pub struct AttentionConfig {
 pub const KEYS_PER_TILE: u32 = 8;
 
 impl AttentionConfig {
-    /// Largest head dimension this configuration handles.
+    /// Largest head dimension one workgroup of this configuration covers.
     pub fn max_d(&self) -> usize {
         (self.ds * self.dpt) as usize
+    }
+    /// Output chunks (workgroups along z) for head dimension `d`: 1 up to
+    /// [`Self::max_d`], beyond it the `WIDE` variant with one chunk of
+    /// `max_d` output channels per workgroup.
+    pub fn chunks(&self, d: usize) -> usize {
+        d.div_ceil(self.max_d()).max(1)
     }
     /// Invocations per workgroup (`qg · ds`).
     pub fn invocations(&self) -> u32 {
@@ -216,9 +232,19 @@ pub const CPU_CONFIGS: [AttentionConfig; 6] = [
 /// Query groups of the CPU configurations for short query blocks.
 const CPU_SMALL_QG: u32 = 16;
 
+/// The first configuration of `table` covering `d`, else (wide heads, up to
+/// [`MAX_HEAD_DIM`]) the largest one.
+fn pick(table: &[AttentionConfig], d: usize) -> Option<AttentionConfig> {
+    if d > MAX_HEAD_DIM {
+        return None;
+    }
+    let widest = table.last().copied();
+    table.iter().copied().find(|c| d <= c.max_d()).or(widest)
+}
+
 /// The GPU configuration used for head dimension `d`.
 pub fn config_for(d: usize) -> Option<AttentionConfig> {
-    CONFIGS.iter().copied().find(|c| d <= c.max_d())
+    pick(&CONFIGS, d)
 }
 
 /// The configuration for head dimension `d` and `n_q` queries on a device:
@@ -231,7 +257,7 @@ pub fn config_for_device(d: usize, n_q: usize, caps: &Capabilities) -> Option<At
             && c.invocations() <= caps.max_compute_invocations_per_workgroup
     };
     if caps.is_cpu() {
-        if let Some(mut c) = CPU_CONFIGS.iter().copied().find(|c| d <= c.max_d()) {
+        if let Some(mut c) = pick(&CPU_CONFIGS, d) {
             let bq = c.queries() as usize;
             if 4 * n_q.div_ceil(bq) * bq > 5 * n_q {
                 c.qg = CPU_SMALL_QG;
@@ -244,29 +270,34 @@ pub fn config_for_device(d: usize, n_q: usize, caps: &Capabilities) -> Option<At
     config_for(d)
 }
 
-fn key(c: &AttentionConfig, int8: bool) -> PipelineKey {
+/// A scalar variant: configuration, int8 K/V, wide heads.
+type VariantId = (AttentionConfig, bool, bool);
+
+fn key(c: &AttentionConfig, int8: bool, wide: bool) -> PipelineKey {
     // Built once per configuration and thread: a tiled dry run asks for
     // the key of every (query tile, K/V block) pair.
     thread_local! {
-        static KEYS: std::cell::RefCell<Vec<(AttentionConfig, bool, PipelineKey)>> =
+        static KEYS: std::cell::RefCell<Vec<(VariantId, PipelineKey)>> =
             const { std::cell::RefCell::new(Vec::new()) };
     }
     KEYS.with(|keys| {
         let mut keys = keys.borrow_mut();
-        if let Some((.., k)) = keys.iter().find(|(kc, ki, _)| kc == c && *ki == int8) {
+        let id = (*c, int8, wide);
+        if let Some((_, k)) = keys.iter().find(|(kid, _)| *kid == id) {
             return k.clone();
         }
-        let k = build_key(c, int8);
-        keys.push((*c, int8, k.clone()));
+        let k = build_key(c, int8, wide);
+        keys.push((id, k.clone()));
         k
     })
 }
 
-fn build_key(c: &AttentionConfig, int8: bool) -> PipelineKey {
+fn build_key(c: &AttentionConfig, int8: bool, wide: bool) -> PipelineKey {
     let spec = if int8 { &ATTENTION_INT8 } else { &ATTENTION };
     PipelineKey::new(spec)
         .flag("ATTENTION")
         .flag_if(int8, "KV_INT8")
+        .flag_if(wide, "WIDE")
         .constant("DS", format!("{}u", c.ds))
         .constant("QG", format!("{}u", c.qg))
         .constant("DPT", format!("{}u", c.dpt))
@@ -328,8 +359,9 @@ pub const CPU_LOOP_ITERATION_LIMIT: usize = 65535;
 /// Keys one dispatch may process with configuration `c` on a device:
 /// `None` (all keys at once) on GPUs; on CPU adapters, as many tiles as keep
 /// a conservative count of the kernel's loop iterations (per tile: the key
-/// loop, both tile loads with their per-key loops, the partial-sum
-/// reduction, the two channel loops) under 90 % of
+/// loop, the K tile loads and channel loops of every chunk (one unless
+/// wide), the V tile load with its per-key loops, the partial-sum
+/// reduction, the PV channel loop) under 90 % of
 /// [`CPU_LOOP_ITERATION_LIMIT`].
 pub fn keys_per_dispatch(
     c: &AttentionConfig,
@@ -341,28 +373,47 @@ pub fn keys_per_dispatch(
         return None;
     }
     let (wg, dpt, ds) = (c.invocations() as usize, c.dpt as usize, c.ds as usize);
-    let load_elems = if int8 { d / 4 * 2 } else { d * 2 };
+    let (chunks, dc) = (c.chunks(d), d.min(c.max_d()));
+    let load_elems = if int8 { dc / 4 * 2 } else { dc * 2 };
     let load = load_elems.div_ceil(wg) * 5;
     let reduce = (c.queries() as usize * 2).div_ceil(wg) * (1 + ds);
-    let per_tile = 1 + 2 * load + reduce + 2 * dpt;
+    // The chunk loop itself exists only in the wide variant.
+    let chunk_loop = if chunks > 1 { chunks } else { 0 };
+    let per_tile = 1 + (chunks + 1) * (load + dpt) + reduce + chunk_loop;
     let fixed = 2 * dpt + 64;
     let tiles = (CPU_LOOP_ITERATION_LIMIT * 9 / 10 - fixed) / per_tile;
     Some(tiles.max(1) * KEYS_PER_TILE as usize)
 }
 
+/// The scalar configuration a problem runs with on a device (forced or picked).
+fn scalar_config(prob: &AttentionProblem, caps: &Capabilities) -> Option<AttentionConfig> {
+    prob.config
+        .or_else(|| config_for_device(prob.head_dim, prob.q_len, caps))
+}
+
+/// f32 elements of the online-softmax state (running max and sum) of a
+/// problem on this device: `batch · heads · q_len · 2` per output chunk
+/// (wide heads: [`AttentionConfig::chunks`]). The `stats` that
+/// [`flash_attention_block`] carries between key blocks must hold this many.
+pub fn state_len(prob: &AttentionProblem, int8: bool, caps: &Capabilities) -> usize {
+    let chunks = match MatrixAttention::for_problem(prob, int8, caps) {
+        Some(_) => 1,
+        None => scalar_config(prob, caps).map_or(1, |c| c.chunks(prob.head_dim)),
+    };
+    prob.batch * prob.heads * prob.q_len * 2 * chunks
+}
+
 /// f32 elements of the `stats` scratch a problem needs on this device
-/// (`batch · heads · q_len · 2` when its keys are split over several
-/// dispatches, else 0).
+/// ([`state_len`] when its keys are split over several dispatches, else 0).
 pub fn stats_len(prob: &AttentionProblem, int8: bool, caps: &Capabilities) -> usize {
     let keys = match MatrixAttention::for_problem(prob, int8, caps) {
         Some(m) => m.keys_per_dispatch(caps),
-        None => prob
-            .config
-            .or_else(|| config_for_device(prob.head_dim, prob.q_len, caps))
-            .and_then(|c| keys_per_dispatch(&c, prob.head_dim, int8, caps)),
+        None => {
+            scalar_config(prob, caps).and_then(|c| keys_per_dispatch(&c, prob.head_dim, int8, caps))
+        }
     };
     match keys {
-        Some(keys) if prob.kv_len > keys => prob.batch * prob.heads * prob.q_len * 2,
+        Some(keys) if prob.kv_len > keys => state_len(prob, int8, caps),
         _ => 0,
     }
 }
@@ -434,7 +485,7 @@ pub fn flash_attention_with_stats(
 /// [`flash_attention_with_stats`] over one block of a query block's keys:
 /// the keys of `kv` (`prob.kv_len` of them) are one part of a longer
 /// sequence whose other parts come in other calls, in order, with the same
-/// `out` and `stats` (`[batch * heads, q_len, 2]` f32, required unless
+/// `out` and `stats` ([`state_len`] f32, required unless
 /// `role` is [`BlockRole::WHOLE`] and the device runs the keys in one
 /// dispatch). Masks are evaluated against this block's own key positions,
 /// so blocks of a longer sequence use [`Mask::NONE`].
@@ -615,20 +666,23 @@ fn flash_attention_block_checked(
     }
     let int8 = matches!(kv, KvInput::Int8 { .. });
     let matrix = MatrixAttention::for_problem(prob, int8, rec.ctx().caps());
-    let config = match prob.config {
-        Some(c) if d <= c.max_d() => c,
-        Some(c) => {
-            return Err(Error::Unsupported(format!(
-                "attention configuration {c:?} handles d <= {}, not {d}",
-                c.max_d()
-            )))
-        }
-        None => config_for_device(d, q_len, rec.ctx().caps()).ok_or_else(|| {
-            Error::Unsupported(format!(
-                "attention head dimension {d} (at most {MAX_HEAD_DIM})"
-            ))
-        })?,
-    };
+    if d > MAX_HEAD_DIM {
+        return Err(Error::Unsupported(format!(
+            "attention head dimension {d} (at most {MAX_HEAD_DIM})"
+        )));
+    }
+    let config = scalar_config(prob, rec.ctx().caps()).ok_or_else(|| {
+        Error::Unsupported(format!("attention head dimension {d}: no configuration"))
+    })?;
+    let chunks = config.chunks(d);
+    // Wide int8 chunks start at whole words.
+    if int8 && chunks > 1 && config.max_d() % 4 != 0 {
+        return Err(Error::Unsupported(format!(
+            "int8 attention with d = {d} in chunks of {c:?}.max_d() = {}: chunks must be multiples of 4",
+            config.max_d(),
+            c = config
+        )));
+    }
     check_device(rec, &config, d)?;
     prob.mask.validate(OP)?;
     let q_elems = prob.q_strides.max_offset(batch, heads, q_len, d) + 1;
@@ -686,10 +740,11 @@ fn flash_attention_block_checked(
         Some(m) => m.br,
         None => config.queries(),
     };
+    let wide = matrix.is_none() && chunks > 1;
     let groups = [
         to_u32(OP, "query blocks", q_len.div_ceil(block as usize))?,
         to_u32(OP, "batch * heads", batch * heads)?,
-        1,
+        if wide { chunks as u32 } else { 1 },
     ];
     // QK^T and PV: 2 d multiply-adds per visible (query, key) pair.
     let pairs = prob.mask.visible_pairs(prob.q_pos0, q_len, kv_len);
@@ -698,7 +753,7 @@ fn flash_attention_block_checked(
         Some(m) => (m.spec(), m.key()),
         None => (
             if int8 { ATTENTION_INT8 } else { ATTENTION },
-            key(&config, int8),
+            key(&config, int8, wide),
         ),
     };
     let keys = match &matrix {
@@ -708,10 +763,11 @@ fn flash_attention_block_checked(
     let share = keys.filter(|&keys| kv_len > keys).unwrap_or(kv_len.max(1));
     let shares = kv_len.div_ceil(share).max(1);
     // Unused in a single dispatch over all keys: `out` stands in for the binding.
+    let state = state_len(prob, int8, rec.ctx().caps());
     let stats = match stats {
         _ if shares == 1 && role == BlockRole::WHOLE => out,
         Some(t) => {
-            check_holds(OP, "stats", t, DType::F32, batch * heads * q_len * 2)?;
+            check_holds(OP, "stats", t, DType::F32, state)?;
             if t.overlaps(out) || kv_tensors.iter().chain([&q]).any(|x| t.overlaps(x)) {
                 return Err(Error::shape(OP, "stats must not overlap q, k, v or out"));
             }
@@ -721,8 +777,7 @@ fn flash_attention_block_checked(
             return Err(Error::shape(
                 OP,
                 format!(
-                    "{kv_len} keys in {shares} dispatch(es) ({role:?}) need a stats scratch of {} f32 (see stats_len)",
-                    batch * heads * q_len * 2
+                    "{kv_len} keys in {shares} dispatch(es) ({role:?}) need a stats scratch of {state} f32 (see state_len)"
                 ),
             ))
         }
@@ -749,7 +804,7 @@ fn flash_attention_block_checked(
     Ok(())
 }
 
-/// q, k, v `[N, d, T]` f32 (T = H*W tokens, d <= 512); out `[N, d, T]`;
+/// q, k, v `[N, d, T]` f32 (T = H*W tokens, d <= [`MAX_HEAD_DIM`]); out `[N, d, T]`;
 /// `out[:, :, i] = sum_j softmax_j(q_i . k_j * scale) v_j`: the VAE
 /// mid-block's single-head attention, channel-major, no mask.
 /// `out` must not alias q, k or v.
@@ -806,11 +861,18 @@ pub fn attention_with(
 
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let small = CPU_CONFIGS.map(|c| cfg(c.ds, CPU_SMALL_QG, c.dpt));
-    let mut v: Vec<(KernelSpec, PipelineKey)> = CONFIGS
-        .iter()
-        .chain(&CPU_CONFIGS)
-        .chain(&small)
-        .flat_map(|c| [(ATTENTION, key(c, false)), (ATTENTION_INT8, key(c, true))])
+    let plain = CONFIGS.iter().chain(&CPU_CONFIGS).chain(&small);
+    // Wide heads run the widest configuration of each table.
+    let widest = [CONFIGS[5], CPU_CONFIGS[5], small[5]];
+    let mut v: Vec<(KernelSpec, PipelineKey)> = plain
+        .map(|c| (c, false))
+        .chain(widest.iter().map(|c| (c, true)))
+        .flat_map(|(c, w)| {
+            [
+                (ATTENTION, key(c, false, w)),
+                (ATTENTION_INT8, key(c, true, w)),
+            ]
+        })
         .collect();
     v.extend(matrix::variants());
     v.push((KV_APPEND, append_key(false)));

@@ -13,7 +13,11 @@ fn configs_fit_webgpu_default_limits() {
         assert!(c.invocations() <= 256, "{c:?}");
     }
     assert_eq!(config_for(512).map(|c| c.max_d()), Some(512));
-    assert_eq!(config_for(513), None);
+    // Wider heads: the widest configuration, in output chunks.
+    assert_eq!(config_for(513), Some(CONFIGS[5]));
+    assert_eq!(config_for(1152).map(|c| c.chunks(1152)), Some(3));
+    assert_eq!(config_for(512).map(|c| c.chunks(512)), Some(1));
+    assert_eq!(config_for(MAX_HEAD_DIM + 1), None);
     let cpu = test_context().caps().clone();
     if cpu.is_cpu() {
         let big = config_for_device(128, 4680, &cpu).unwrap();
@@ -49,6 +53,36 @@ fn gpu_and_cpu(
     (out.to_f32(ctx).unwrap(), want)
 }
 
+/// Wide heads (d > 512: output chunks over workgroups, see the shader's
+/// "Wide heads") on the engine's own configuration: odd d, d just past a
+/// chunk, Qwen-Image 2.1's 1152, and 2048; odd T (300 keys are split over
+/// several dispatches on CPU adapters). Batch 2, f64 reference, 1e-5 abs +
+/// 1e-4 rel.
+#[test]
+fn wide_heads_match_cpu() {
+    let ctx = test_context();
+    for (i, (d, t)) in [
+        (513usize, 37usize),
+        (1152, 300),
+        (1155, 37),
+        (2048, 37),
+        (2048, 300),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let scale = 1.0 / (d as f32).sqrt();
+        let (got, want) = gpu_and_cpu(&ctx, [2, d, t], 900 + 3 * i as u64, 2.0, scale);
+        assert_close(
+            &got,
+            &want,
+            1e-5,
+            1e-4,
+            &format!("wide attention d={d} T={t}"),
+        );
+    }
+}
+
 /// d in {8, 33, 64, 512} x T in {1, 7, 37, 300}, batch 2, against an f64
 /// reference. Tolerance: 1e-4 relative + 1e-5 absolute. Inputs in
 /// [-2, 2] with scale 1/sqrt(d) give peaked as well as flat softmaxes.
@@ -68,7 +102,8 @@ fn attention_matches_cpu() {
 }
 
 /// Every configuration (GPU table, CPU table, short-block CPU variants),
-/// forced, at its largest head dimension and one odd one below, with a
+/// forced, at its largest head dimension, one odd one below, and (wide, in
+/// output chunks) one odd one above and one of 2.25 chunks, with a
 /// sink + window + causal mask and odd token counts, against the CPU.
 /// (On this CPU adapter the engine itself would pick only the CPU table.)
 #[test]
@@ -83,7 +118,8 @@ fn every_configuration_matches_cpu() {
             println!("{c:?}: does not fit this device, skipped");
             continue;
         }
-        for d in [c.max_d(), c.max_d() - 3] {
+        let wide = 2 * c.max_d() + c.max_d() / 4;
+        for d in [c.max_d(), c.max_d() - 3, c.max_d() + 1, wide] {
             seed += 3;
             let (h, t) = (2, 37);
             let qd = rand_vec(t * h * d, seed, 2.0);
@@ -157,7 +193,7 @@ fn bad_shapes_are_errors() {
         attention(&mut rec, &q4, &q4, &q4, 1.0, &q4),
         Err(Error::Shape { .. })
     ));
-    let big = Tensor::empty(&ctx, &[1, 513, 2], DType::F32, "big").unwrap();
+    let big = Tensor::empty(&ctx, &[1, MAX_HEAD_DIM + 1, 2], DType::F32, "big").unwrap();
     assert!(matches!(
         attention(&mut rec, &big, &big, &big, 1.0, &big),
         Err(Error::Unsupported(_))
@@ -176,8 +212,8 @@ fn columns(x: &[f32], n: usize, d: usize, t: usize, t0: usize, t1: usize) -> Vec
 /// Keys split over separate tensors (uneven blocks, blocks shorter than
 /// a key tile, one block longer than a CPU adapter runs in one dispatch)
 /// combine through `flash_attention_block` to attention over all keys;
-/// d in {33, 64, 512}, batch 2, odd query counts. Tolerance 1e-5 abs +
-/// 1e-4 rel vs an f64 reference.
+/// d in {33, 64, 512, 1152 (wide: a state per output chunk)}, batch 2, odd
+/// query counts. Tolerance 1e-5 abs + 1e-4 rel vs an f64 reference.
 #[test]
 fn key_blocks_combine_to_full_attention() {
     let ctx = test_context();
@@ -194,6 +230,7 @@ fn key_blocks_combine_to_full_attention() {
         (64, 13, vec![0, 1, 9, 30, 45]),
         (512, 29, vec![0, 29]),
         (512, 9, vec![0, 7, 7 + long, 7 + long + 3]),
+        (1152, 11, vec![0, 3, 3 + long, 3 + long + 9]),
     ] {
         let tk = *k_splits.last().unwrap();
         let qd = rand_vec(n * d * tq, d as u64, 2.0);
@@ -203,7 +240,23 @@ fn key_blocks_combine_to_full_attention() {
         let want = super::cpu::cpu_cross_attention(&qd, &kd, &vd, n, d, tq, tk, scale);
         let q = Tensor::from_f32(&ctx, &[n, d, tq], &qd, "q").unwrap();
         let out = Tensor::empty(&ctx, &[n, d, tq], DType::F32, "out").unwrap();
-        let stats = Tensor::empty(&ctx, &[n * tq * 2], DType::F32, "stats").unwrap();
+        let problem = |len: usize| AttentionProblem {
+            batch: n,
+            heads: 1,
+            q_len: tq,
+            kv_len: len,
+            head_dim: d,
+            q_strides: Strides::channel_major(d, tq),
+            kv_strides: Strides::channel_major(d, len),
+            scale,
+            mask: Mask::NONE,
+            q_pos0: 0,
+            config: None,
+            f16_operands: false,
+        };
+        let state = state_len(&problem(1), false, &caps);
+        assert_eq!(state, n * tq * 2 * d.div_ceil(512), "d={d}");
+        let stats = Tensor::empty(&ctx, &[state], DType::F32, "stats").unwrap();
         let mut rec = Recorder::new(&ctx);
         let blocks = k_splits.len() - 1;
         for (b, ks) in k_splits.windows(2).enumerate() {
@@ -212,20 +265,7 @@ fn key_blocks_combine_to_full_attention() {
                 let block = columns(data, n, d, tk, ks[0], ks[1]);
                 Tensor::from_f32_in(&mut rec, &[n, d, len], &block, name).unwrap()
             });
-            let prob = AttentionProblem {
-                batch: n,
-                heads: 1,
-                q_len: tq,
-                kv_len: len,
-                head_dim: d,
-                q_strides: Strides::channel_major(d, tq),
-                kv_strides: Strides::channel_major(d, len),
-                scale,
-                mask: Mask::NONE,
-                q_pos0: 0,
-                config: None,
-                f16_operands: false,
-            };
+            let prob = problem(len);
             let role = BlockRole {
                 first: b == 0,
                 last: b + 1 == blocks,
