@@ -23,6 +23,7 @@ use crate::kernels::elementwise::{add, unary, Unary};
 use crate::kernels::image::{to_rgba8, ImageRange};
 use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::kernels::Activation;
+use crate::memory::TracingPool;
 use crate::models::layers::Norm;
 use crate::tensor::{DType, Tensor};
 pub(crate) use attention::AttentionSpec;
@@ -287,6 +288,23 @@ impl Executor {
             self.submit()?;
         }
         Ok(())
+    }
+
+    /// A planner's dry run that counts only the pool's peak and largest
+    /// tensor (a [`TracingPool::peak_only`] tracer on a null device): a
+    /// tile step that repeats an earlier one's allocations from the same
+    /// live bytes may skip them. False with `WGVAE_FULL_PLAN` or
+    /// `WGVAE_FULL_DRY_RUNS` (tests compare the estimates).
+    pub(super) fn counts_peaks_only(&self) -> bool {
+        self.ctx.is_null()
+            && !crate::exec::full_dry_runs()
+            && std::env::var_os("WGVAE_FULL_PLAN").is_none()
+            && self
+                .ctx
+                .pool()
+                .as_any()
+                .downcast_ref::<TracingPool>()
+                .is_some_and(TracingPool::is_peak_only)
     }
 
     /// The grid of an `h x w` activation (its resolution level's tiles).
