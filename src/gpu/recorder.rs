@@ -18,6 +18,43 @@ const UNIFORM_CHUNK: u64 = 64 * 1024;
 /// Most call signatures a dry-run recorder remembers ([`Recorder::repeat_dry`]).
 const DRY_SIGNATURES: usize = 32;
 
+/// A call's signature for [`Recorder::repeat_dry`]: everything its checks
+/// and dispatches depend on besides the device (on the stack: built for
+/// every call of a dry run).
+pub(crate) struct DrySignature {
+    words: [u64; 96],
+    len: usize,
+}
+
+impl Default for DrySignature {
+    fn default() -> Self {
+        DrySignature {
+            words: [0; 96],
+            len: 0,
+        }
+    }
+}
+
+impl DrySignature {
+    /// Appends a word (callers stay within 96).
+    pub(crate) fn push(&mut self, w: u64) {
+        self.words[self.len] = w;
+        self.len += 1;
+    }
+    /// Whether each pair of the present operands overlaps (checks refuse some).
+    pub(crate) fn push_overlaps(&mut self, operands: &[Option<&Tensor>]) {
+        for (i, a) in operands.iter().enumerate() {
+            let Some(a) = a else { continue };
+            for b in operands[i + 1..].iter().flatten() {
+                self.push(a.overlaps(b) as u64);
+            }
+        }
+    }
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
+}
+
 /// What a dispatch was, for profiles and error messages.
 #[derive(Clone, Debug)]
 pub struct DispatchLabel {

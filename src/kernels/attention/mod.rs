@@ -30,7 +30,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite};
-use crate::gpu::{linear_groups, Capabilities, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{linear_groups, Capabilities, DrySignature, KernelSpec, PipelineKey, Recorder};
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
@@ -468,23 +468,7 @@ pub fn flash_attention_block(
 
 /// Everything [`flash_attention_block`]'s checks and dispatches depend on
 /// besides the recorder's device: the problem, each operand's dtype, length
-/// and bytes, which operands overlap, and the block's role (on the stack:
-/// built for every call of a dry run).
-struct DrySignature {
-    words: [u64; 96],
-    len: usize,
-}
-
-impl DrySignature {
-    fn push(&mut self, w: u64) {
-        self.words[self.len] = w;
-        self.len += 1;
-    }
-    fn as_slice(&self) -> &[u64] {
-        &self.words[..self.len]
-    }
-}
-
+/// and bytes, which operands overlap, and the block's role.
 fn dry_signature(
     prob: &AttentionProblem,
     q: &Tensor,
@@ -508,10 +492,7 @@ fn dry_signature(
         f16_operands,
     } = *prob;
     // At most 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 71 words.
-    let mut v = DrySignature {
-        words: [0; 96],
-        len: 0,
-    };
+    let mut v = DrySignature::default();
     for w in [
         batch as u64,
         heads as u64,
@@ -581,13 +562,7 @@ fn dry_signature(
         v.push(t.numel() as u64);
         v.push(t.byte_size());
     }
-    // Every pair's overlap (the checks refuse some).
-    for (i, a) in operands.iter().enumerate() {
-        let Some(a) = a else { continue };
-        for b in operands[i + 1..].iter().flatten() {
-            v.push(a.overlaps(b) as u64);
-        }
-    }
+    v.push_overlaps(&operands);
     v
 }
 
