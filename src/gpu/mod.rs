@@ -29,7 +29,7 @@ pub use profiler::{KernelTime, Profile, Profiler};
 #[doc(hidden)]
 pub use recorder::{linear_groups, range_count, read_range_flag, Binding, DispatchLabel};
 pub use recorder::{read_back, Recorder};
-pub(crate) use recorder::DrySignature;
+pub(crate) use recorder::{DryMemo, DrySignature};
 #[doc(hidden)]
 pub use storage::{Access, StorageType};
 

@@ -16,7 +16,12 @@ use crate::memory::round_up;
 const UNIFORM_CHUNK: u64 = 64 * 1024;
 
 /// Most call signatures a dry-run recorder remembers ([`Recorder::repeat_dry`]).
-const DRY_SIGNATURES: usize = 32;
+const DRY_SIGNATURES: usize = 4096;
+
+/// Dispatch labels of calls a dry run already checked, by signature
+/// ([`Recorder::repeat_dry`]); handed from recorder to recorder by
+/// executors that submit often ([`Recorder::take_dry`]).
+pub(crate) type DryMemo = std::collections::HashMap<Vec<u64>, Vec<DispatchLabel>>;
 
 /// A call's signature for [`Recorder::repeat_dry`]: everything its checks
 /// and dispatches depend on besides the device (on the stack: built for
@@ -26,16 +31,16 @@ pub(crate) struct DrySignature {
     len: usize,
 }
 
-impl Default for DrySignature {
-    fn default() -> Self {
-        DrySignature {
+impl DrySignature {
+    /// An empty signature of calls of `kernel` (a word no other kernel uses).
+    pub(crate) fn new(kernel: u64) -> Self {
+        let mut s = DrySignature {
             words: [0; 96],
             len: 0,
-        }
+        };
+        s.push(kernel);
+        s
     }
-}
-
-impl DrySignature {
     /// Appends a word (callers stay within 96).
     pub(crate) fn push(&mut self, w: u64) {
         self.words[self.len] = w;
@@ -111,8 +116,8 @@ pub struct Recorder<'a> {
     /// attention dispatch the same kernel millions of times in a row).
     noted: Option<PipelineKey>,
     /// Null device: the dispatch labels of calls already checked, with
-    /// their signatures ([`Recorder::repeat_dry`]; a few, scanned in order).
-    dry: Vec<(Vec<u64>, Vec<DispatchLabel>)>,
+    /// their signatures ([`Recorder::repeat_dry`]).
+    dry: DryMemo,
 }
 
 impl<'a> Recorder<'a> {
@@ -142,7 +147,7 @@ impl<'a> Recorder<'a> {
             profiler: None,
             range_flag: None,
             noted: None,
-            dry: Vec::new(),
+            dry: DryMemo::new(),
         }
     }
 
@@ -160,13 +165,23 @@ impl<'a> Recorder<'a> {
         if !self.ctx.is_null() {
             return false;
         }
-        match self.dry.iter().find(|(s, _)| s.as_slice() == signature) {
-            Some((_, labels)) => {
+        match self.dry.get(signature) {
+            Some(labels) => {
                 self.labels.extend(labels.iter().cloned());
                 true
             }
             None => false,
         }
+    }
+
+    /// The calls this recorder knows checked (for the next recorder of a run).
+    pub(crate) fn take_dry(&mut self) -> DryMemo {
+        std::mem::take(&mut self.dry)
+    }
+
+    /// Calls an earlier recorder of this run checked ([`Recorder::take_dry`]).
+    pub(crate) fn set_dry(&mut self, memo: DryMemo) {
+        self.dry = memo;
     }
 
     /// Where the labels stand before a call ([`Recorder::remember_dry`]).
@@ -186,7 +201,7 @@ impl<'a> Recorder<'a> {
     pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
         if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {
             let labels = self.labels.get(mark..).unwrap_or_default().to_vec();
-            self.dry.push((signature.to_vec(), labels));
+            self.dry.insert(signature.to_vec(), labels);
         }
     }
 

@@ -491,8 +491,8 @@ fn dry_signature(
         config,
         f16_operands,
     } = *prob;
-    // At most 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 71 words.
-    let mut v = DrySignature::default();
+    // At most 1 + 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 72 words.
+    let mut v = DrySignature::new(u64::from_le_bytes(*b"flash\0\0\0"));
     for w in [
         batch as u64,
         heads as u64,

@@ -592,10 +592,10 @@ pub fn conv2d(
 /// rank, left to the checks every time).
 fn dry_signature(call: &Conv2dCall, range_flag: bool) -> Option<DrySignature> {
     let (w, o) = (call.w, call.opts);
-    let mut v = DrySignature::default();
+    let mut v = DrySignature::new(u64::from_le_bytes(*b"conv2d\0\0"));
     let mut tiles = std::collections::hash_map::DefaultHasher::new();
     std::hash::Hash::hash(&w.tiles, &mut tiles);
-    // At most 10 + 6 operands × 6 + 15 overlaps = 61 words.
+    // At most 1 + 10 + 6 operands × 6 + 15 overlaps = 62 words.
     for x in [
         w.cout as u64,
         w.cin as u64,
