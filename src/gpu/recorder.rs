@@ -118,6 +118,8 @@ pub struct Recorder<'a> {
     /// Null device: the dispatch labels of calls already checked, with
     /// their signatures ([`Recorder::repeat_dry`]).
     dry: DryMemo,
+    /// A null device without [`crate::exec::full_plan`]: calls are memoised.
+    memo: bool,
 }
 
 impl<'a> Recorder<'a> {
@@ -148,6 +150,7 @@ impl<'a> Recorder<'a> {
             range_flag: None,
             noted: None,
             dry: DryMemo::new(),
+            memo: ctx.is_null() && !crate::exec::full_plan(),
         }
     }
 
@@ -157,12 +160,13 @@ impl<'a> Recorder<'a> {
     }
 
     /// Dry runs: when a call with `signature` already passed its checks in
-    /// this recorder, repeats its dispatch labels and returns true (a
-    /// kernel's checks and dispatches depend only on what its signature
-    /// holds, and a null device records nothing else). Always false on a
-    /// real device.
+    /// this recorder (or one that handed it its memo, [`Recorder::set_dry`]),
+    /// repeats its dispatch labels and returns true (a kernel's checks and
+    /// dispatches depend only on what its signature holds, and a null
+    /// device records nothing else). Always false on a real device and
+    /// with [`crate::exec::full_plan`].
     pub(crate) fn repeat_dry(&mut self, signature: &[u64]) -> bool {
-        if !self.ctx.is_null() {
+        if !self.memo {
             return false;
         }
         match self.dry.get(signature) {
@@ -199,7 +203,7 @@ impl<'a> Recorder<'a> {
 
     /// Dry runs: remembers the labels the call with `signature` pushed since `mark`.
     pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
-        if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {
+        if self.memo && self.dry.len() < DRY_SIGNATURES {
             let labels = self.labels.get(mark..).unwrap_or_default().to_vec();
             self.dry.insert(signature.to_vec(), labels);
         }

@@ -300,12 +300,10 @@ impl Executor {
     /// A planner's dry run that counts only the pool's peak and largest
     /// tensor (a [`TracingPool::peak_only`] tracer on a null device): a
     /// tile step that repeats an earlier one's allocations from the same
-    /// live bytes may skip them. False with `WGVAE_FULL_PLAN` or
-    /// `WGVAE_FULL_DRY_RUNS` (tests compare the estimates).
+    /// live bytes may skip them. False with [`crate::exec::full_plan`].
     pub(super) fn counts_peaks_only(&self) -> bool {
         self.ctx.is_null()
-            && !crate::exec::full_dry_runs()
-            && std::env::var_os("WGVAE_FULL_PLAN").is_none()
+            && !crate::exec::full_plan()
             && self
                 .ctx
                 .pool()

@@ -568,8 +568,9 @@ pub fn conv2d(
     // A dry run (null device) records nothing: a call whose checks already
     // passed with the same signature in this recorder only repeats its
     // dispatch labels (exact tiles make the same call for every interior
-    // tile of a layer). `WGVAE_FULL_DRY_RUNS` checks every call.
-    let sig = (rec.is_dry_run() && !crate::exec::full_dry_runs())
+    // tile of a layer).
+    let sig = rec
+        .is_dry_run()
         .then(|| dry_signature(&call, rec.range_flag().is_some()))
         .flatten();
     if let Some(sig) = &sig {
