@@ -154,11 +154,6 @@ impl<'a> Recorder<'a> {
         }
     }
 
-    /// Whether this recorder records for a null device (a dry run).
-    pub(crate) fn is_dry_run(&self) -> bool {
-        self.ctx.is_null()
-    }
-
     /// Dry runs: when a call with `signature` already passed its checks in
     /// this recorder (or one that handed it its memo, [`Recorder::set_dry`]),
     /// repeats its dispatch labels and returns true (a kernel's checks and
@@ -176,6 +171,28 @@ impl<'a> Recorder<'a> {
             }
             None => false,
         }
+    }
+
+    /// Records `call`, or on a dry run only repeats its labels when a call
+    /// of the same signature (`None`: none to give) already passed its
+    /// checks ([`Recorder::repeat_dry`]); a checked call is remembered.
+    pub(crate) fn memoised(
+        &mut self,
+        signature: impl FnOnce() -> Option<DrySignature>,
+        call: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let sig = if self.memo { signature() } else { None };
+        if let Some(sig) = &sig {
+            if self.repeat_dry(sig.as_slice()) {
+                return Ok(());
+            }
+        }
+        let mark = self.dry_mark();
+        call(self)?;
+        if let Some(sig) = sig {
+            self.remember_dry(sig.as_slice(), mark);
+        }
+        Ok(())
     }
 
     /// The calls this recorder knows checked (for the next recorder of a run).

@@ -27,7 +27,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite};
-use crate::gpu::{linear_groups, KernelSpec, PipelineKey, Recorder, StorageType};
+use crate::gpu::{linear_groups, DrySignature, KernelSpec, PipelineKey, Recorder, StorageType};
 use crate::kernels::spec;
 use crate::kernels::Activation;
 use crate::tensor::{DType, Tensor};
@@ -215,6 +215,49 @@ fn u32_of(op: &str, v: usize) -> Result<u32> {
 /// module docs). x is f32 or f16.
 #[allow(clippy::too_many_arguments)]
 pub fn group_norm_partials(
+    rec: &mut Recorder,
+    x: &Tensor,
+    groups: usize,
+    region: Option<StatsRegion>,
+    scratch: &Tensor,
+    slot_offset: usize,
+    slot_capacity: usize,
+) -> Result<()> {
+    // Dry runs: tiles of one shape make the same checks and dispatch (the
+    // slot offset only moves the partials and must keep them in capacity).
+    let signature = || {
+        let [n, c, h, w] = x.shape().try_into().ok()?;
+        let r = region.unwrap_or(StatsRegion { y0: 0, x0: 0, h, w });
+        let fits = groups > 0 && slot_offset + partial_slots(c, r.h, r.w, groups) <= slot_capacity;
+        let mut v = DrySignature::new(u64::from_le_bytes(*b"gnpart\0\0"));
+        for word in [
+            x.dtype() as u64,
+            n as u64,
+            c as u64,
+            h as u64,
+            w as u64,
+            groups as u64,
+            region.is_some() as u64,
+            r.y0 as u64,
+            r.x0 as u64,
+            r.h as u64,
+            r.w as u64,
+            fits as u64,
+            slot_capacity as u64,
+            scratch.dtype() as u64,
+            scratch.numel() as u64,
+        ] {
+            v.push(word);
+        }
+        v.push_overlaps(&[Some(x), Some(scratch)]);
+        Some(v)
+    };
+    rec.memoised(signature, |rec| {
+        partials_checked(rec, x, groups, region, scratch, slot_offset, slot_capacity)
+    })
+}
+
+fn partials_checked(
     rec: &mut Recorder,
     x: &Tensor,
     groups: usize,

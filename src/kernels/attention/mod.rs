@@ -448,22 +448,12 @@ pub fn flash_attention_block(
     role: BlockRole,
 ) -> Result<()> {
     // A dry run (null device) records nothing: a call whose checks already
-    // passed with the same signature in this recorder only repeats its
-    // dispatch labels (tiled attention makes millions of identical calls).
-    let sig = rec
-        .is_dry_run()
-        .then(|| dry_signature(prob, q, &kv, out, stats, role));
-    if let Some(sig) = &sig {
-        if rec.repeat_dry(sig.as_slice()) {
-            return Ok(());
-        }
-    }
-    let mark = rec.dry_mark();
-    flash_attention_block_checked(rec, prob, q, kv, out, stats, role)?;
-    if let Some(sig) = sig {
-        rec.remember_dry(sig.as_slice(), mark);
-    }
-    Ok(())
+    // passed with the same signature only repeats its dispatch labels
+    // (tiled attention makes millions of identical calls).
+    rec.memoised(
+        || Some(dry_signature(prob, q, &kv, out, stats, role)),
+        |rec| flash_attention_block_checked(rec, prob, q, kv, out, stats, role),
+    )
 }
 
 /// Everything [`flash_attention_block`]'s checks and dispatches depend on

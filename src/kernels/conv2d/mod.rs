@@ -566,24 +566,10 @@ pub fn conv2d(
         opts,
     };
     // A dry run (null device) records nothing: a call whose checks already
-    // passed with the same signature in this recorder only repeats its
-    // dispatch labels (exact tiles make the same call for every interior
-    // tile of a layer).
-    let sig = rec
-        .is_dry_run()
-        .then(|| dry_signature(&call, rec.range_flag().is_some()))
-        .flatten();
-    if let Some(sig) = &sig {
-        if rec.repeat_dry(sig.as_slice()) {
-            return Ok(());
-        }
-    }
-    let mark = rec.dry_mark();
-    tiled(rec, &call)?;
-    if let Some(sig) = sig {
-        rec.remember_dry(sig.as_slice(), mark);
-    }
-    Ok(())
+    // passed with the same signature only repeats its dispatch labels
+    // (exact tiles make the same call for every interior tile of a layer).
+    let flag = rec.range_flag().is_some();
+    rec.memoised(|| dry_signature(&call, flag), |rec| tiled(rec, &call))
 }
 
 /// Everything [`conv2d`]'s checks and dispatch depend on besides the
