@@ -19,9 +19,8 @@ const UNIFORM_CHUNK: u64 = 64 * 1024;
 const DRY_SIGNATURES: usize = 4096;
 
 /// Dispatch labels of calls a dry run already checked, by signature
-/// ([`Recorder::repeat_dry`]); handed from recorder to recorder by
-/// executors that submit often ([`Recorder::take_dry`]).
-pub(crate) type DryMemo = std::collections::HashMap<Vec<u64>, Vec<DispatchLabel>>;
+/// ([`Recorder::repeat_dry`]).
+type DryMemo = std::collections::HashMap<Vec<u64>, Vec<DispatchLabel>>;
 
 /// A call's signature for [`Recorder::repeat_dry`]: everything its checks
 /// and dispatches depend on besides the device (on the stack: built for
@@ -155,11 +154,10 @@ impl<'a> Recorder<'a> {
     }
 
     /// Dry runs: when a call with `signature` already passed its checks in
-    /// this recorder (or one that handed it its memo, [`Recorder::set_dry`]),
-    /// repeats its dispatch labels and returns true (a kernel's checks and
-    /// dispatches depend only on what its signature holds, and a null
-    /// device records nothing else). Always false on a real device and
-    /// with [`crate::exec::full_plan`].
+    /// this recorder, repeats its dispatch labels and returns true (a
+    /// kernel's checks and dispatches depend only on what its signature
+    /// holds, and a null device records nothing else). Always false on a
+    /// real device and with [`crate::exec::full_plan`].
     pub(crate) fn repeat_dry(&mut self, signature: &[u64]) -> bool {
         if !self.memo {
             return false;
@@ -195,14 +193,10 @@ impl<'a> Recorder<'a> {
         Ok(())
     }
 
-    /// The calls this recorder knows checked (for the next recorder of a run).
-    pub(crate) fn take_dry(&mut self) -> DryMemo {
-        std::mem::take(&mut self.dry)
-    }
-
-    /// Calls an earlier recorder of this run checked ([`Recorder::take_dry`]).
-    pub(crate) fn set_dry(&mut self, memo: DryMemo) {
-        self.dry = memo;
+    /// The labels of the dispatches recorded since the last call (a null
+    /// device's executor counts them instead of submitting).
+    pub(crate) fn take_labels(&mut self) -> Vec<DispatchLabel> {
+        std::mem::take(&mut self.labels)
     }
 
     /// Where the labels stand before a call ([`Recorder::remember_dry`]).
