@@ -543,94 +543,32 @@ fn replayed_tile_steps_keep_plans() {
     let golden = |name: &str| shared.join("golden").join(name);
     let (sd, flux) = (golden("aekl-tiny-sd"), golden("aekl-tiny-flux"));
     let (sd, flux) = (sd.to_str().unwrap(), flux.to_str().unwrap());
-    let cases: &[&[&str]] = &[
-        &[
-            "--vae",
-            sd,
-            "--size",
-            "2056x1544",
-            "--tile",
-            "exact",
-            "--max-memory",
-            "80MiB",
-        ],
-        &[
-            "--vae",
-            sd,
-            "--size",
-            "3080x3080",
-            "--tile",
-            "exact",
-            "--max-memory",
-            "80MiB",
-        ],
-        &[
-            "--vae",
-            sd,
-            "--size",
-            "3080x3080",
-            "--max-memory",
-            "128MiB",
-            "--dtype",
-            "f16",
-        ],
-        &[
-            "--vae",
-            sd,
-            "--size",
-            "4104x2056",
-            "--max-memory",
-            "64MiB",
-            "--dtype",
-            "f32",
-        ],
-        &[
-            "--vae",
-            sd,
-            "--size",
-            "2048x2048",
-            "--encode",
-            "--max-memory",
-            "48MiB",
-        ],
-        &[
-            "--vae",
-            flux,
-            "--size",
-            "2056x2056",
-            "--tile",
-            "exact",
-            "--max-memory",
-            "64MiB",
-            "--dtype",
-            "f16",
-        ],
-        &[
-            "--vae",
-            "preset:sd15",
-            "--size",
-            "8200x4104",
-            "--dtype",
-            "f16",
-            "--max-memory",
-            "1GiB",
-        ],
-        &[
-            "--vae",
-            "preset:flux1",
-            "--size",
-            "4096x4096",
-            "--dtype",
-            "f32",
-            "--max-memory",
-            "1GiB",
-        ],
+    // The model (sd, flux: the tiny goldens), then the other arguments.
+    let cases = [
+        "sd --size 2056x1544 --tile exact --max-memory 80MiB",
+        "sd --size 3080x3080 --tile exact --max-memory 80MiB",
+        "sd --size 3080x3080 --max-memory 128MiB --dtype f16",
+        "sd --size 4104x2056 --max-memory 64MiB --dtype f32",
+        "sd --size 2048x2048 --encode --max-memory 48MiB",
+        "flux --size 2056x2056 --tile exact --max-memory 64MiB --dtype f16",
+        "preset:sd15 --size 8200x4104 --dtype f16 --max-memory 1GiB",
+        "preset:flux1 --size 4096x4096 --dtype f32 --max-memory 1GiB",
     ];
     let (mut mid, mut both) = (0, 0);
-    for args in cases {
-        let fast = memory_json(args, None);
+    for case in cases {
+        let mut args = vec!["--vae"];
+        args.extend(case.split(' ').map(|a| match a {
+            "sd" => sd,
+            "flux" => flux,
+            a => a,
+        }));
+        let fast = memory_json(&args, None);
         assert!(fast.0, "{args:?}: {}", fast.2);
-        assert_eq!(fast, memory_json(args, Some("WGVAE_FULL_PLAN")), "{args:?}");
+        assert_eq!(
+            fast,
+            memory_json(&args, Some("WGVAE_FULL_PLAN")),
+            "{args:?}"
+        );
         let t = &json(&fast.1)["tiling"];
         assert_eq!(t["mode"], "exact", "{args:?}");
         mid += (t["mid_block_tiled"] == true) as usize;

@@ -253,65 +253,53 @@ pub fn group_norm_partials(
         Some(v)
     };
     rec.memoised(signature, |rec| {
-        partials_checked(rec, x, groups, region, scratch, slot_offset, slot_capacity)
+        const OP: &str = "group_norm_partials";
+        let [n, c, h, w] = dims4(OP, x)?;
+        let x_storage = activation_storage(rec, OP, x)?;
+        check_groups(OP, c, groups)?;
+        let r = region.unwrap_or(StatsRegion { y0: 0, x0: 0, h, w });
+        if r.y0 + r.h > h || r.x0 + r.w > w {
+            return Err(Error::shape(
+                OP,
+                format!("region {r:?} outside a {h}x{w} plane"),
+            ));
+        }
+        let slots = partial_slots(c, r.h, r.w, groups);
+        if slot_offset + slots > slot_capacity {
+            return Err(Error::shape(
+                OP,
+                format!(
+                    "slots {slot_offset}..{} exceed the capacity {slot_capacity}",
+                    slot_offset + slots
+                ),
+            ));
+        }
+        check_f32(OP, "scratch", scratch, n * groups * slot_capacity * 4)?;
+        let cpg = c / groups;
+        let params = Params {
+            groups_total: u32_of(OP, n * groups)?,
+            groups: groups as u32,
+            channels: c as u32,
+            cpg: cpg as u32,
+            plane: u32_of(OP, h * w)?,
+            width: w as u32,
+            y0: r.y0 as u32,
+            x0: r.x0 as u32,
+            rh: r.h as u32,
+            rw: r.w as u32,
+            group_len: u32_of(OP, cpg * r.h * r.w)?,
+            slots: slots as u32,
+            slot_offset: slot_offset as u32,
+            slot_capacity: u32_of(OP, slot_capacity)?,
+            eps: 0.0,
+            planes: u32_of(OP, n * c)?,
+        };
+        u32_of(OP, x.numel())?;
+        let full = region.is_none() || (r.h == h && r.w == w);
+        let key = partials_key(x_storage, !full);
+        let groups_xy = linear_groups(rec.ctx(), (n * groups * slots) as u64)?;
+        rec.dispatch(&PARTIALS, &key, &params, &[x, scratch], groups_xy, 0)
     })
-}
-
-fn partials_checked(
-    rec: &mut Recorder,
-    x: &Tensor,
-    groups: usize,
-    region: Option<StatsRegion>,
-    scratch: &Tensor,
-    slot_offset: usize,
-    slot_capacity: usize,
-) -> Result<()> {
-    const OP: &str = "group_norm_partials";
-    let [n, c, h, w] = dims4(OP, x)?;
-    let x_storage = activation_storage(rec, OP, x)?;
-    check_groups(OP, c, groups)?;
-    let r = region.unwrap_or(StatsRegion { y0: 0, x0: 0, h, w });
-    if r.y0 + r.h > h || r.x0 + r.w > w {
-        return Err(Error::shape(
-            OP,
-            format!("region {r:?} outside a {h}x{w} plane"),
-        ));
-    }
-    let slots = partial_slots(c, r.h, r.w, groups);
-    if slot_offset + slots > slot_capacity {
-        return Err(Error::shape(
-            OP,
-            format!(
-                "slots {slot_offset}..{} exceed the capacity {slot_capacity}",
-                slot_offset + slots
-            ),
-        ));
-    }
-    check_f32(OP, "scratch", scratch, n * groups * slot_capacity * 4)?;
-    let cpg = c / groups;
-    let params = Params {
-        groups_total: u32_of(OP, n * groups)?,
-        groups: groups as u32,
-        channels: c as u32,
-        cpg: cpg as u32,
-        plane: u32_of(OP, h * w)?,
-        width: w as u32,
-        y0: r.y0 as u32,
-        x0: r.x0 as u32,
-        rh: r.h as u32,
-        rw: r.w as u32,
-        group_len: u32_of(OP, cpg * r.h * r.w)?,
-        slots: slots as u32,
-        slot_offset: slot_offset as u32,
-        slot_capacity: u32_of(OP, slot_capacity)?,
-        eps: 0.0,
-        planes: u32_of(OP, n * c)?,
-    };
-    u32_of(OP, x.numel())?;
-    let full = region.is_none() || (r.h == h && r.w == w);
-    let key = partials_key(x_storage, !full);
-    let groups_xy = linear_groups(rec.ctx(), (n * groups * slots) as u64)?;
-    rec.dispatch(&PARTIALS, &key, &params, &[x, scratch], groups_xy, 0)
 }
 
 /// A GroupNorm layer's parameters: `groups` groups over the channels,
