@@ -25,6 +25,27 @@ fn wgvae(args: &[&str]) -> (bool, String, String) {
     )
 }
 
+/// `wgvae memory --json ARGS`, with the variable `env` set to 1 when given:
+/// success, stdout and the error lines of stderr.
+fn memory_json(args: &[&str], env: Option<&str>) -> (bool, String, String) {
+    let mut cmd = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")));
+    cmd.args(["memory", "--json"]).args(args).env(
+        "WGPU_BACKEND",
+        std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+    );
+    if let Some(var) = env {
+        cmd.env(var, "1");
+    }
+    let out = cmd.output().expect("run wgvae");
+    let err = String::from_utf8_lossy(&out.stderr);
+    let err: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        err.join("\n"),
+    )
+}
+
 fn tmp(name: &str) -> PathBuf {
     let d = std::env::temp_dir().join(format!("wgvae-cli-estimates-{}", std::process::id()));
     std::fs::create_dir_all(&d).unwrap();
@@ -406,22 +427,8 @@ fn corner_probe_keeps_plans_peaks_and_errors() {
     let vae = shared.join("golden/aekl-tiny-sd");
     let vae = vae.to_str().unwrap();
     let run = |args: &[&str], probe: bool| {
-        let mut cmd = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")));
-        cmd.args(["memory", "--vae", vae, "--json"]).args(args).env(
-            "WGPU_BACKEND",
-            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
-        );
-        if !probe {
-            cmd.env("WGVAE_NO_CROP_PROBE", "1");
-        }
-        let out = cmd.output().expect("run wgvae");
-        let err = String::from_utf8_lossy(&out.stderr);
-        let err: Vec<&str> = err.lines().filter(|l| l.starts_with("error")).collect();
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-            err.join("\n"),
-        )
+        let args: Vec<&str> = ["--vae", vae].iter().chain(args).copied().collect();
+        memory_json(&args, (!probe).then_some("WGVAE_NO_CROP_PROBE"))
     };
     let cases: &[&[&str]] = &[
         &["--size", "8192x8192"],
@@ -487,21 +494,7 @@ fn corner_probe_keeps_plans_peaks_and_errors() {
 /// parking) and a few smaller cases under other policies.
 #[test]
 fn dry_run_shortcuts_keep_estimates() {
-    let run = |args: &[&str], full: bool| {
-        let mut cmd = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")));
-        cmd.args(["memory", "--json"]).args(args).env(
-            "WGPU_BACKEND",
-            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
-        );
-        if full {
-            cmd.env("WGVAE_FULL_DRY_RUNS", "1");
-        }
-        let out = cmd.output().expect("run wgvae");
-        (
-            out.status.success(),
-            String::from_utf8_lossy(&out.stdout).into_owned(),
-        )
-    };
+    let run = |args: &[&str], full: bool| memory_json(args, full.then_some("WGVAE_FULL_DRY_RUNS"));
     let cases: &[&[&str]] = &[
         &[
             "--vae",
@@ -535,4 +528,55 @@ fn dry_run_shortcuts_keep_estimates() {
         assert!(fast.0, "{args:?}: {}", fast.1);
         assert_eq!(fast, run(args, true), "{args:?}");
     }
+}
+
+/// The planner's replayed tile steps (dry runs that count only peaks skip
+/// the allocations and recording of a step that repeats an earlier one,
+/// e.g. attention K/V blocks of one shape and parking) change no plan and
+/// no figure: the JSON is byte-identical to dry runs that run every step
+/// (`WGVAE_FULL_PLAN`). Cases: edge tiles of odd sizes, tiled and whole mid
+/// blocks, K/V parked on the device, on the host and both, f16 and f32,
+/// SD- and FLUX-like models, decode and encode.
+#[test]
+fn replayed_tile_steps_keep_plans() {
+    let Some(shared) = shared_dir() else { return };
+    let golden = |name: &str| shared.join("golden").join(name);
+    let (sd, flux) = (golden("aekl-tiny-sd"), golden("aekl-tiny-flux"));
+    let (sd, flux) = (sd.to_str().unwrap(), flux.to_str().unwrap());
+    // The model (sd, flux: the tiny goldens), then the other arguments.
+    let cases = [
+        "sd --size 2056x1544 --tile exact --max-memory 80MiB",
+        "sd --size 3080x3080 --tile exact --max-memory 80MiB",
+        "sd --size 3080x3080 --max-memory 128MiB --dtype f16",
+        "sd --size 4104x2056 --max-memory 64MiB --dtype f32",
+        "sd --size 2048x2048 --encode --max-memory 48MiB",
+        "flux --size 2056x2056 --tile exact --max-memory 64MiB --dtype f16",
+        "preset:sd15 --size 8200x4104 --dtype f16 --max-memory 1GiB",
+        "preset:flux1 --size 4096x4096 --dtype f32 --max-memory 1GiB",
+    ];
+    let (mut mid, mut both) = (0, 0);
+    for case in cases {
+        let mut args = vec!["--vae"];
+        args.extend(case.split(' ').map(|a| match a {
+            "sd" => sd,
+            "flux" => flux,
+            a => a,
+        }));
+        let fast = memory_json(&args, None);
+        assert!(fast.0, "{args:?}: {}", fast.2);
+        assert_eq!(
+            fast,
+            memory_json(&args, Some("WGVAE_FULL_PLAN")),
+            "{args:?}"
+        );
+        let t = &json(&fast.1)["tiling"];
+        assert_eq!(t["mode"], "exact", "{args:?}");
+        mid += (t["mid_block_tiled"] == true) as usize;
+        let parked = |k: &str| t[k].as_u64().unwrap_or(0) > 0;
+        both += (parked("device_parked_peak_bytes") && parked("host_parked_peak_bytes")) as usize;
+    }
+    assert!(
+        mid >= 5 && both >= 3,
+        "{mid} tiled mid blocks, {both} with mixed parking"
+    );
 }

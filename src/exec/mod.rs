@@ -14,3 +14,10 @@ pub(crate) mod untiled;
 pub(crate) fn full_dry_runs() -> bool {
     std::env::var_os("WGVAE_FULL_DRY_RUNS").is_some()
 }
+
+/// `WGVAE_FULL_PLAN` (or [`full_dry_runs`]) set: dry runs check every
+/// kernel call and run every tile step (no memo of checked calls, no
+/// replayed attention blocks); tests check the estimates are the same.
+pub(crate) fn full_plan() -> bool {
+    full_dry_runs() || std::env::var_os("WGVAE_FULL_PLAN").is_some()
+}

@@ -27,6 +27,7 @@ pub(crate) use host::{read_back_host, HostBytes};
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};
 pub(crate) use profiler::SubmitStats;
 pub use profiler::{KernelTime, Profile, Profiler};
+pub(crate) use recorder::DrySignature;
 #[doc(hidden)]
 pub use recorder::{linear_groups, range_count, read_range_flag, Binding, DispatchLabel};
 pub use recorder::{read_back, Recorder};

@@ -16,7 +16,48 @@ use crate::memory::round_up;
 const UNIFORM_CHUNK: u64 = 64 * 1024;
 
 /// Most call signatures a dry-run recorder remembers ([`Recorder::repeat_dry`]).
-const DRY_SIGNATURES: usize = 32;
+const DRY_SIGNATURES: usize = 4096;
+
+/// Dispatch labels of calls a dry run already checked, by signature
+/// ([`Recorder::repeat_dry`]).
+type DryMemo = std::collections::HashMap<Vec<u64>, Vec<DispatchLabel>>;
+
+/// A call's signature for [`Recorder::repeat_dry`]: everything its checks
+/// and dispatches depend on besides the device (on the stack: built for
+/// every call of a dry run).
+pub(crate) struct DrySignature {
+    words: [u64; 96],
+    len: usize,
+}
+
+impl DrySignature {
+    /// An empty signature of calls of `kernel` (a word no other kernel uses).
+    pub(crate) fn new(kernel: u64) -> Self {
+        let mut s = DrySignature {
+            words: [0; 96],
+            len: 0,
+        };
+        s.push(kernel);
+        s
+    }
+    /// Appends a word (callers stay within 96).
+    pub(crate) fn push(&mut self, w: u64) {
+        self.words[self.len] = w;
+        self.len += 1;
+    }
+    /// Whether each pair of the present operands overlaps (checks refuse some).
+    pub(crate) fn push_overlaps(&mut self, operands: &[Option<&Tensor>]) {
+        for (i, a) in operands.iter().enumerate() {
+            let Some(a) = a else { continue };
+            for b in operands[i + 1..].iter().flatten() {
+                self.push(a.overlaps(b) as u64);
+            }
+        }
+    }
+    pub(crate) fn as_slice(&self) -> &[u64] {
+        &self.words[..self.len]
+    }
+}
 
 /// What a dispatch was, for profiles and error messages.
 #[derive(Clone, Debug)]
@@ -74,8 +115,10 @@ pub struct Recorder<'a> {
     /// attention dispatch the same kernel millions of times in a row).
     noted: Option<PipelineKey>,
     /// Null device: the dispatch labels of calls already checked, with
-    /// their signatures ([`Recorder::repeat_dry`]; a few, scanned in order).
-    dry: Vec<(Vec<u64>, Vec<DispatchLabel>)>,
+    /// their signatures ([`Recorder::repeat_dry`]).
+    dry: DryMemo,
+    /// A null device without [`crate::exec::full_plan`]: calls are memoised.
+    memo: bool,
 }
 
 impl<'a> Recorder<'a> {
@@ -105,31 +148,55 @@ impl<'a> Recorder<'a> {
             profiler: None,
             range_flag: None,
             noted: None,
-            dry: Vec::new(),
+            dry: DryMemo::new(),
+            memo: ctx.is_null() && !crate::exec::full_plan(),
         }
-    }
-
-    /// Whether this recorder records for a null device (a dry run).
-    pub(crate) fn is_dry_run(&self) -> bool {
-        self.ctx.is_null()
     }
 
     /// Dry runs: when a call with `signature` already passed its checks in
     /// this recorder, repeats its dispatch labels and returns true (a
     /// kernel's checks and dispatches depend only on what its signature
     /// holds, and a null device records nothing else). Always false on a
-    /// real device.
+    /// real device and with [`crate::exec::full_plan`].
     pub(crate) fn repeat_dry(&mut self, signature: &[u64]) -> bool {
-        if !self.ctx.is_null() {
+        if !self.memo {
             return false;
         }
-        match self.dry.iter().find(|(s, _)| s.as_slice() == signature) {
-            Some((_, labels)) => {
+        match self.dry.get(signature) {
+            Some(labels) => {
                 self.labels.extend(labels.iter().cloned());
                 true
             }
             None => false,
         }
+    }
+
+    /// Records `call`, or on a dry run only repeats its labels when a call
+    /// of the same signature (`None`: none to give) already passed its
+    /// checks ([`Recorder::repeat_dry`]); a checked call is remembered.
+    pub(crate) fn memoised(
+        &mut self,
+        signature: impl FnOnce() -> Option<DrySignature>,
+        call: impl FnOnce(&mut Self) -> Result<()>,
+    ) -> Result<()> {
+        let sig = if self.memo { signature() } else { None };
+        if let Some(sig) = &sig {
+            if self.repeat_dry(sig.as_slice()) {
+                return Ok(());
+            }
+        }
+        let mark = self.dry_mark();
+        call(self)?;
+        if let Some(sig) = sig {
+            self.remember_dry(sig.as_slice(), mark);
+        }
+        Ok(())
+    }
+
+    /// The labels of the dispatches recorded since the last call (a null
+    /// device's executor counts them instead of submitting).
+    pub(crate) fn take_labels(&mut self) -> Vec<DispatchLabel> {
+        std::mem::take(&mut self.labels)
     }
 
     /// Where the labels stand before a call ([`Recorder::remember_dry`]).
@@ -147,9 +214,9 @@ impl<'a> Recorder<'a> {
 
     /// Dry runs: remembers the labels the call with `signature` pushed since `mark`.
     pub(crate) fn remember_dry(&mut self, signature: &[u64], mark: usize) {
-        if self.ctx.is_null() && self.dry.len() < DRY_SIGNATURES {
+        if self.memo && self.dry.len() < DRY_SIGNATURES {
             let labels = self.labels.get(mark..).unwrap_or_default().to_vec();
-            self.dry.push((signature.to_vec(), labels));
+            self.dry.insert(signature.to_vec(), labels);
         }
     }
 

@@ -251,6 +251,11 @@ impl TracingPool {
         pool
     }
 
+    /// Whether this is a [`TracingPool::peak_only`] tracer.
+    pub(crate) fn is_peak_only(&self) -> bool {
+        self.state.lock().peak_align.is_some()
+    }
+
     /// Whether an allocation failed for passing the entry limit.
     pub(crate) fn overflowed(&self) -> bool {
         self.state.lock().overflowed

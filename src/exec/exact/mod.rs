@@ -23,6 +23,7 @@ use crate::kernels::elementwise::{add, unary, Unary};
 use crate::kernels::image::{to_rgba8, ImageRange};
 use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::kernels::Activation;
+use crate::memory::TracingPool;
 use crate::models::layers::Norm;
 use crate::tensor::{DType, Tensor};
 pub(crate) use attention::AttentionSpec;
@@ -222,7 +223,14 @@ impl Executor {
     }
 
     pub(super) fn submit(&mut self) -> Result<()> {
-        if let Some(rec) = self.rec.take() {
+        if self.ctx.is_null() && !self.profile {
+            // A null device submits nothing: its recorder stays (a run
+            // parking on the host submits at every tile, and a new recorder
+            // costs more than a dry tile step), its labels are counted.
+            if let Some(rec) = self.rec.as_mut() {
+                self.stats.add(&rec.take_labels(), None);
+            }
+        } else if let Some(rec) = self.rec.take() {
             if self.profile {
                 let waiting = std::time::Instant::now();
                 let (labels, profile) = rec.submit_profiled()?;
@@ -287,6 +295,21 @@ impl Executor {
             self.submit()?;
         }
         Ok(())
+    }
+
+    /// A planner's dry run that counts only the pool's peak and largest
+    /// tensor (a [`TracingPool::peak_only`] tracer on a null device): a
+    /// tile step that repeats an earlier one's allocations from the same
+    /// live bytes may skip them. False with [`crate::exec::full_plan`].
+    pub(super) fn counts_peaks_only(&self) -> bool {
+        self.ctx.is_null()
+            && !crate::exec::full_plan()
+            && self
+                .ctx
+                .pool()
+                .as_any()
+                .downcast_ref::<TracingPool>()
+                .is_some_and(TracingPool::is_peak_only)
     }
 
     /// The grid of an `h x w` activation (its resolution level's tiles).

@@ -119,6 +119,10 @@ pub(crate) struct Act {
 }
 
 impl Act {
+    /// Whether tile `i` is parked in host memory.
+    pub(super) fn on_host(&self, i: usize) -> bool {
+        matches!(self.pieces[i], Piece::Host(_))
+    }
     /// Storage dtype of the parked tiles (and of [`Executor::gather_host`]'s bytes).
     pub(crate) fn dtype(&self) -> DType {
         self.dtype
@@ -189,9 +193,15 @@ impl Executor {
         dtype: DType,
         data: Option<&HostBytes>,
     ) -> Result<Tensor> {
-        let data = data.and_then(HostBytes::data);
         let t = Tensor::empty(&self.ctx, shape, dtype, "tile upload")?;
-        let bytes = t.byte_size();
+        let data = data.and_then(HostBytes::data);
+        self.stage_upload(t.byte_size(), data.map(|d| (&t, d)))?;
+        Ok(t)
+    }
+
+    /// Stages `bytes` of upload, copying `data` into `dst` when given (a
+    /// null device has no data): counts the staging, waits and bytes.
+    pub(super) fn stage_upload(&mut self, bytes: u64, dst: Option<(&Tensor, &[u8])>) -> Result<()> {
         let piece = (self.plan.staging_limit / 4 * 4).max(4);
         let mut at = 0u64;
         while at < bytes {
@@ -199,16 +209,16 @@ impl Executor {
             if self.staging > 0 && self.staging + len > self.plan.staging_limit {
                 self.sync()?;
             }
-            if let Some(d) = data {
+            if let Some((t, d)) = dst {
                 let end = ((at + len) as usize).min(d.len());
-                self.rec().upload_at(&t, at, &d[at as usize..end])?;
+                self.rec().upload_at(t, at, &d[at as usize..end])?;
             }
             self.staging += len;
             self.staging_peak = self.staging_peak.max(self.staging);
             at += len;
         }
         self.report.uploaded_bytes += bytes;
-        Ok(t)
+        Ok(())
     }
 
     /// The window `win` of `act` as a tensor `[N, C, win.h, win.w]`: the

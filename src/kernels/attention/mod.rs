@@ -34,7 +34,7 @@ use bytemuck::{Pod, Zeroable};
 
 use crate::error::{Error, Result};
 use crate::gpu::BindingKind::{Read, ReadWrite};
-use crate::gpu::{linear_groups, Capabilities, KernelSpec, PipelineKey, Recorder};
+use crate::gpu::{linear_groups, Capabilities, DrySignature, KernelSpec, PipelineKey, Recorder};
 use crate::kernels::spec;
 use crate::tensor::{DType, Tensor};
 
@@ -499,43 +499,17 @@ pub fn flash_attention_block(
     role: BlockRole,
 ) -> Result<()> {
     // A dry run (null device) records nothing: a call whose checks already
-    // passed with the same signature in this recorder only repeats its
-    // dispatch labels (tiled attention makes millions of identical calls).
-    let sig = rec
-        .is_dry_run()
-        .then(|| dry_signature(prob, q, &kv, out, stats, role));
-    if let Some(sig) = &sig {
-        if rec.repeat_dry(sig.as_slice()) {
-            return Ok(());
-        }
-    }
-    let mark = rec.dry_mark();
-    flash_attention_block_checked(rec, prob, q, kv, out, stats, role)?;
-    if let Some(sig) = sig {
-        rec.remember_dry(sig.as_slice(), mark);
-    }
-    Ok(())
+    // passed with the same signature only repeats its dispatch labels
+    // (tiled attention makes millions of identical calls).
+    rec.memoised(
+        || Some(dry_signature(prob, q, &kv, out, stats, role)),
+        |rec| flash_attention_block_checked(rec, prob, q, kv, out, stats, role),
+    )
 }
 
 /// Everything [`flash_attention_block`]'s checks and dispatches depend on
 /// besides the recorder's device: the problem, each operand's dtype, length
-/// and bytes, which operands overlap, and the block's role (on the stack:
-/// built for every call of a dry run).
-struct DrySignature {
-    words: [u64; 96],
-    len: usize,
-}
-
-impl DrySignature {
-    fn push(&mut self, w: u64) {
-        self.words[self.len] = w;
-        self.len += 1;
-    }
-    fn as_slice(&self) -> &[u64] {
-        &self.words[..self.len]
-    }
-}
-
+/// and bytes, which operands overlap, and the block's role.
 fn dry_signature(
     prob: &AttentionProblem,
     q: &Tensor,
@@ -558,11 +532,8 @@ fn dry_signature(
         config,
         f16_operands,
     } = *prob;
-    // At most 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 71 words.
-    let mut v = DrySignature {
-        words: [0; 96],
-        len: 0,
-    };
+    // At most 1 + 11 + 8 + 4 + 4 + 2 + 7 × 3 + 21 = 72 words.
+    let mut v = DrySignature::new(u64::from_le_bytes(*b"flash\0\0\0"));
     for w in [
         batch as u64,
         heads as u64,
@@ -632,13 +603,7 @@ fn dry_signature(
         v.push(t.numel() as u64);
         v.push(t.byte_size());
     }
-    // Every pair's overlap (the checks refuse some).
-    for (i, a) in operands.iter().enumerate() {
-        let Some(a) = a else { continue };
-        for b in operands[i + 1..].iter().flatten() {
-            v.push(a.overlaps(b) as u64);
-        }
-    }
+    v.push_overlaps(&operands);
     v
 }
 

@@ -658,3 +658,42 @@ pub(super) fn frame_offsets_case(
         assert!(e.is_err());
     }
 }
+
+/// Dry runs: a conv whose signature already passed the checks repeats its
+/// labels (other tensors of the same shapes); a call of other output or
+/// residual shapes, or of another dtype, is still refused.
+#[test]
+fn dry_runs_repeat_checked_convs_and_still_refuse_bad_ones() {
+    let ctx = Context::null(
+        crate::gpu::Capabilities::reference_gpu(),
+        crate::memory::Policy::Exact.new_pool(),
+    );
+    let w = Conv2dWeights::from_pytorch(&ctx, &vec![0.0; 4 * 3 * 9], 4, 3, 3, None, "w").unwrap();
+    let t = |shape: &[usize]| Tensor::empty(&ctx, shape, DType::F32, "t").unwrap();
+    let opts = Conv2dOptions::same(3);
+    let mut rec = Recorder::new(&ctx);
+    let (x, out) = (t(&[1, 3, 7, 5]), t(&[1, 4, 7, 5]));
+    conv2d(&mut rec, &x, &w, None, None, &out, &opts).unwrap();
+    let once = rec.dry_mark();
+    assert!(once > 0);
+    let (x2, out2) = (t(&[1, 3, 7, 5]), t(&[1, 4, 7, 5]));
+    conv2d(&mut rec, &x2, &w, None, None, &out2, &opts).unwrap();
+    assert_eq!(rec.dry_mark(), 2 * once, "a repeat records the same labels");
+    let is_shape = |r: Result<()>| matches!(r, Err(Error::Shape { .. }));
+    let bad = t(&[1, 4, 7, 6]);
+    assert!(is_shape(conv2d(&mut rec, &x, &w, None, None, &bad, &opts)));
+    assert!(is_shape(conv2d(
+        &mut rec,
+        &x,
+        &w,
+        None,
+        Some(&bad),
+        &out,
+        &opts
+    )));
+    let rgba = Tensor::empty(&ctx, &[1, 3, 7, 5], DType::Rgba8, "x").unwrap();
+    assert!(is_shape(conv2d(
+        &mut rec, &rgba, &w, None, None, &out, &opts
+    )));
+    assert_eq!(rec.dry_mark(), 2 * once, "refused calls record nothing");
+}
