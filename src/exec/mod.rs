@@ -8,16 +8,5 @@ pub(crate) mod exact;
 pub mod report;
 pub(crate) mod untiled;
 
-/// `WGVAE_FULL_DRY_RUNS` set: dry runs take none of their shortcuts (peaks
-/// from kept traces, every attention block checked, traces too long to plan
-/// run to their end); tests check the estimates are the same either way.
-pub(crate) fn full_dry_runs() -> bool {
-    std::env::var_os("WGVAE_FULL_DRY_RUNS").is_some()
-}
-
-/// `WGVAE_FULL_PLAN` (or [`full_dry_runs`]) set: dry runs check every
-/// kernel call and run every tile step (no memo of checked calls, no
-/// replayed attention blocks); tests check the estimates are the same.
-pub(crate) fn full_plan() -> bool {
-    full_dry_runs() || std::env::var_os("WGVAE_FULL_PLAN").is_some()
-}
+// The dry-run switches live with the null device they steer.
+pub(crate) use crate::gpu::{full_dry_runs, full_plan};

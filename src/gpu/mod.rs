@@ -5,6 +5,7 @@
 mod capabilities;
 mod context;
 pub mod device_memory;
+mod dry_run;
 mod host;
 mod pipeline;
 mod profiler;
@@ -22,6 +23,7 @@ pub use context::{
     default_cache_dir, optional_features, AdapterChoice, AdapterSelection, AdapterSummary, Context,
     ContextOptions,
 };
+pub(crate) use dry_run::{full_dry_runs, full_plan};
 pub(crate) use host::{read_back_host, HostBytes};
 #[doc(hidden)]
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};

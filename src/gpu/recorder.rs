@@ -117,7 +117,7 @@ pub struct Recorder<'a> {
     /// Null device: the dispatch labels of calls already checked, with
     /// their signatures ([`Recorder::repeat_dry`]).
     dry: DryMemo,
-    /// A null device without [`crate::exec::full_plan`]: calls are memoised.
+    /// A null device without [`super::full_plan`]: calls are memoised.
     memo: bool,
 }
 
@@ -149,7 +149,7 @@ impl<'a> Recorder<'a> {
             range_flag: None,
             noted: None,
             dry: DryMemo::new(),
-            memo: ctx.is_null() && !crate::exec::full_plan(),
+            memo: ctx.is_null() && !super::full_plan(),
         }
     }
 
@@ -157,7 +157,7 @@ impl<'a> Recorder<'a> {
     /// this recorder, repeats its dispatch labels and returns true (a
     /// kernel's checks and dispatches depend only on what its signature
     /// holds, and a null device records nothing else). Always false on a
-    /// real device and with [`crate::exec::full_plan`].
+    /// real device and with [`super::full_plan`].
     pub(crate) fn repeat_dry(&mut self, signature: &[u64]) -> bool {
         if !self.memo {
             return false;
