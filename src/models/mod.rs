@@ -139,20 +139,21 @@ pub enum Decoder {
     QwenImage21(QwenImage21Decoder),
 }
 
-/// A loaded VAE decoder, weights on the device.
+/// A loaded VAE decoder, weights on the device. Its fields are read through
+/// accessors: what was loaded does not change after loading.
 pub struct Vae {
     /// The network.
-    pub decoder: Decoder,
+    pub(crate) decoder: Decoder,
     /// Human-readable description: preset or variant and source.
-    pub name: String,
+    pub(crate) name: String,
     /// True for `preset:NAME` (seeded random weights).
-    pub random_weights: bool,
+    pub(crate) random_weights: bool,
     /// Bytes of weights uploaded.
-    pub weights_bytes: u64,
+    pub(crate) weights_bytes: u64,
     /// Process-unique id (memory plans are cached per model and shape).
-    pub id: u64,
+    pub(crate) id: u64,
     /// Storage dtype of weights and activations.
-    pub dtype: DType,
+    pub(crate) dtype: DType,
     /// The same model in bf16, loaded on the first f16 overflow.
     bf16_twin: Bf16Twin<Vae>,
 }
@@ -387,6 +388,36 @@ pub(crate) fn weights_loaded_by<T>(
 }
 
 impl Vae {
+    /// The network.
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// Human-readable description: preset or variant and source.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True for `preset:NAME` (seeded random weights).
+    pub fn random_weights(&self) -> bool {
+        self.random_weights
+    }
+
+    /// Bytes of weights uploaded.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
+    /// Process-unique id (memory plans are cached per model and shape).
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Storage dtype of weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Loads `spec`: `preset:NAME` (random weights), a diffusers folder (or a
     /// pipeline folder with `vae/`), or a `.safetensors` file in diffusers, LDM
     /// or TAE layout.
