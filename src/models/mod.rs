@@ -107,6 +107,7 @@ impl Precision {
     /// models. On a CPU adapter `Auto` is f32: host memory is plentiful, the
     /// conversions only add work there, and it is what PyTorch (and ComfyUI)
     /// decode in on a CPU.
+    #[doc(hidden)]
     pub fn resolve(self, f16_safe: bool, caps: &crate::gpu::Capabilities) -> DType {
         match self {
             Precision::F32 => DType::F32,
@@ -120,6 +121,7 @@ impl Precision {
 
     /// True when f16 tensors use WGSL's `f16` type on this device (native
     /// half loads and stores); false when they are packed in `u32` pairs.
+    #[doc(hidden)]
     pub fn native_f16(caps: &crate::gpu::Capabilities) -> bool {
         caps.shader_f16
     }
@@ -389,6 +391,7 @@ pub(crate) fn weights_loaded_by<T>(
 
 impl Vae {
     /// The network.
+    #[doc(hidden)]
     pub fn decoder(&self) -> &Decoder {
         &self.decoder
     }
@@ -409,6 +412,7 @@ impl Vae {
     }
 
     /// Process-unique id (memory plans are cached per model and shape).
+    #[doc(hidden)]
     pub fn id(&self) -> u64 {
         self.id
     }
@@ -518,6 +522,7 @@ impl Vae {
     /// An AutoencoderKL decoder of a custom configuration from `store` (its
     /// weights in `store.dtype()`); without a file to reload, it has no bf16
     /// twin, so an f16 overflow is reported, not redone.
+    #[doc(hidden)]
     pub fn from_kl_config(
         ctx: &Context,
         config: &AutoencoderKlConfig,
@@ -533,6 +538,7 @@ impl Vae {
 
     /// This model in bf16 (loaded once, on first use): where an f16 decode
     /// overflowed. Weights are read again from the same source.
+    #[doc(hidden)]
     pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
         self.bf16_twin
             .get("model", |spec, opts| Vae::load(ctx, spec, opts))
@@ -559,6 +565,7 @@ impl Vae {
     }
 
     /// Resolution levels of the decoder: the latent and one per 2× upsample.
+    #[doc(hidden)]
     pub fn levels(&self) -> usize {
         match &self.decoder {
             Decoder::Kl(k) => k.levels(),
@@ -629,6 +636,7 @@ impl Vae {
 
     /// Checks latents for this decoder (N×C×h×w after this; C×h×w becomes
     /// 1×C×h×w; Qwen-Image also takes one frame N×C×1×h×w).
+    #[doc(hidden)]
     pub fn check_latents(&self, t: &mut HostTensor) -> std::result::Result<(), String> {
         match &self.decoder {
             Decoder::QwenImage(q) => q.check_latents(t),
@@ -693,6 +701,7 @@ impl Vae {
     /// Token sequences `N × L × F` → this model's pipeline maps, on the grid
     /// of an image of `size` = (H, W) pixels (`None`: a square grid). FLUX.1:
     /// N×L×64 → N×16×H/8×W/8; FLUX.2: N×L×128 → N×128×H/16×W/16.
+    #[doc(hidden)]
     pub fn unpack_tokens(
         &self,
         tokens: &HostTensor,
@@ -708,6 +717,7 @@ impl Vae {
     /// (FLUX.2: `unpatchify(x · sqrt(var + eps) + mean)`; the others
     /// `x / scaling_factor + shift_factor`). Shapes, channels and values are
     /// checked here, with errors naming the model and the expected form.
+    #[doc(hidden)]
     pub fn decoder_input(
         &self,
         latents: &HostTensor,
@@ -835,6 +845,7 @@ impl Vae {
     /// Qwen-Image per channel, `latents / (1 / latents_std) + latents_mean`.
     /// Finite latents can overflow f32 here (huge values, a tiny scaling
     /// factor): that is an error naming the cause, not an all-NaN image.
+    #[doc(hidden)]
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
         if let Decoder::QwenImage(q) = &self.decoder {
             return q.unnormalize(latents);

@@ -14,7 +14,7 @@
 //! that tile choices can be compared on paper.
 //!
 //! Nothing here touches a device: [`GpuSpec`], [`Tiles`], [`Layer`] and
-//! [`predict`] are plain arithmetic. [`workloads`] lists the layers of the
+//! [`predict()`] are plain arithmetic. [`workloads`] lists the layers of the
 //! real decoder graphs (it loads the presets on the null device, which
 //! allocates nothing and runs nothing).
 //!
