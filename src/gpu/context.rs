@@ -420,8 +420,7 @@ impl Context {
 
     /// A `MAP_READ | COPY_DST` buffer of `size` bytes outside the pool, for
     /// read-backs the caller maps itself (a null device has none to map).
-    #[doc(hidden)]
-    pub fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+    pub(crate) fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
         if self.inner.null {
             return Err(Error::Unsupported(format!(
                 "{label}: mapping device memory in a dry run (a null device runs nothing; estimate memory with estimate::Estimate)"
@@ -512,7 +511,10 @@ impl Context {
     }
 
     /// Creates a device on a given adapter with the cooperative-matrix choice `matrices`.
-    pub fn from_adapter_with(adapter: &wgpu::Adapter, matrices: CooperativeMatrix) -> Result<Self> {
+    pub(crate) fn from_adapter_with(
+        adapter: &wgpu::Adapter,
+        matrices: CooperativeMatrix,
+    ) -> Result<Self> {
         let mut features = adapter.features() & optional_features();
         let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let want_coop = matrices != CooperativeMatrix::Off && adapter.features().contains(coop);
@@ -560,7 +562,7 @@ impl Context {
 
     /// This (fresh) context with the cooperative-matrix configuration `matrices` picks from
     /// the adapter's `configs` (see [`Capabilities::with_matrix_configs`]).
-    pub fn with_matrices(
+    pub(crate) fn with_matrices(
         self,
         configs: &[wgpu::CooperativeMatrixProperties],
         matrices: CooperativeMatrix,
@@ -579,8 +581,10 @@ impl Context {
 
     /// This (fresh) context knowing its adapter's device-local memory (see
     /// [`Capabilities::device_memory`]).
-    #[doc(hidden)]
-    pub fn with_device_memory(self, memory: Option<super::device_memory::DeviceMemory>) -> Self {
+    pub(crate) fn with_device_memory(
+        self,
+        memory: Option<super::device_memory::DeviceMemory>,
+    ) -> Self {
         let mut caps = self.caps().clone();
         caps.device_memory = memory;
         self.replace_caps(caps)
@@ -625,8 +629,7 @@ impl Context {
 
     /// Runs `f` inside validation and out-of-memory error scopes and returns
     /// the first error wgpu reported as an [`Error`], naming `during`.
-    #[doc(hidden)]
-    pub fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let oom = self
             .inner
             .device

@@ -429,8 +429,12 @@ impl<W: std::io::Write + std::io::Seek> NpyStream<W> {
 }
 
 /// Writes f32 values as a one-tensor `.safetensors` file under `key`.
-#[doc(hidden)]
-pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+pub(crate) fn write_safetensors(
+    path: &Path,
+    key: &str,
+    shape: &[usize],
+    data: &[f32],
+) -> Result<()> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), bytes)
         .map_err(|e| bad(path, e.to_string()))?;
@@ -503,8 +507,7 @@ pub fn write_latents_to(mut out: impl std::io::Write, path: &Path, t: &HostTenso
 }
 
 /// Converts one safetensors tensor view to f32.
-#[doc(hidden)]
-pub fn view_to_f32(
+pub(crate) fn view_to_f32(
     view: &safetensors::tensor::TensorView<'_>,
 ) -> std::result::Result<Vec<f32>, String> {
     use crate::tensor::widen;
@@ -575,13 +578,11 @@ pub fn parse_safetensors_tensor(
 }
 
 /// The key of ComfyUI's `.latent` files (SaveLatent) holding the latents.
-#[doc(hidden)]
-pub const COMFYUI_LATENT_KEY: &str = "latent_tensor";
+pub(crate) const COMFYUI_LATENT_KEY: &str = "latent_tensor";
 /// The marker key of ComfyUI's current `.latent` format: without it, LoadLatent
 /// multiplies the tensor by 1 / 0.18215 (files of the first format held SD
 /// latents times the SD scaling factor).
-#[doc(hidden)]
-pub const COMFYUI_VERSION_KEY: &str = "latent_format_version_0";
+pub(crate) const COMFYUI_VERSION_KEY: &str = "latent_format_version_0";
 
 /// Latents as read from a file, with what the file says about their form.
 #[derive(Clone, Debug, PartialEq)]
@@ -660,7 +661,7 @@ pub fn load_latents(path: &Path, key: Option<&str>, channels: usize) -> Result<H
 
 /// Reads latents from `.npy` or `.safetensors` as they are (no checks:
 /// [`crate::Vae::check_latents`] or [`validate_latents`] next).
-pub fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
+pub(crate) fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())

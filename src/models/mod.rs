@@ -318,7 +318,10 @@ fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<
 /// The weight file and config.json (if any) behind a `--vae` path: a file
 /// (config.json beside it), a diffusers folder or a pipeline folder with `vae/`.
 /// `opts.config` overrides the config found.
-pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
+pub(crate) fn locate_weights(
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<(PathBuf, Option<PathBuf>)> {
     if !path.exists() {
         return Err(Error::InvalidInput(format!(
             "the VAE `{}` is neither a file, a folder nor preset:NAME (presets: {})",
@@ -538,8 +541,7 @@ impl Vae {
 
     /// This model in bf16 (loaded once, on first use): where an f16 decode
     /// overflowed. Weights are read again from the same source.
-    #[doc(hidden)]
-    pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
+    pub(crate) fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
         self.bf16_twin
             .get("model", |spec, opts| Vae::load(ctx, spec, opts))
     }
@@ -627,7 +629,7 @@ impl Vae {
 
     /// True when the raw output is clamped to [−1, 1] as diffusers returns
     /// it (Qwen-Image); the pixels are clamped for every model.
-    pub fn clamps_output(&self) -> bool {
+    pub(crate) fn clamps_output(&self) -> bool {
         matches!(
             self.decoder,
             Decoder::QwenImage(_) | Decoder::QwenImage21(_)
