@@ -703,7 +703,6 @@ impl Vae {
     /// Token sequences `N × L × F` → this model's pipeline maps, on the grid
     /// of an image of `size` = (H, W) pixels (`None`: a square grid). FLUX.1:
     /// N×L×64 → N×16×H/8×W/8; FLUX.2: N×L×128 → N×128×H/16×W/16.
-    #[doc(hidden)]
     pub fn unpack_tokens(
         &self,
         tokens: &HostTensor,
@@ -719,7 +718,6 @@ impl Vae {
     /// (FLUX.2: `unpatchify(x · sqrt(var + eps) + mean)`; the others
     /// `x / scaling_factor + shift_factor`). Shapes, channels and values are
     /// checked here, with errors naming the model and the expected form.
-    #[doc(hidden)]
     pub fn decoder_input(
         &self,
         latents: &HostTensor,
