@@ -95,6 +95,7 @@ pub struct Decoded {
 ///
 /// f16 models count overflowing stores into the recorder's range flag
 /// ([`Recorder::range_flag`]); read it after the submit.
+#[doc(hidden)]
 pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
     crate::run::input::track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;

@@ -62,11 +62,11 @@ use crate::run::input::{record_decoder, record_decoder_from_buffer};
 use crate::run::{precision, run_untiled, Replay};
 use crate::tensor::{DType, Tensor};
 
+pub use crate::decode::DeviceLatents;
 pub use crate::gpu::requirements::{
     check_device, cooperative_matrix_features, optional_features, recommended_limits,
     required_features, required_limits,
 };
-pub use crate::run::input::DeviceLatents;
 
 /// Options of an [`Engine`].
 #[derive(Clone, Copy, Debug)]

@@ -369,6 +369,7 @@ fn finish(
 /// each pair into two normals `√(−2 ln u₁)·(cos, sin)(2π u₂)`, computed in
 /// f64 and rounded to f32. This is the ε of `--sample SEED`; it does not
 /// reproduce PyTorch's generator (no CPU/GPU framework shares one).
+#[doc(hidden)]
 pub fn standard_normal(n: usize, seed: u64) -> Vec<f32> {
     let mut state = seed;
     let mut next_uniform = move || {

@@ -242,6 +242,7 @@ impl VideoMemoryEstimate {
 }
 
 /// Most latent frames a video estimate takes (frame counts stay far from overflow).
+#[doc(hidden)]
 pub const MAX_VIDEO_FRAMES: usize = 1 << 24;
 
 impl Estimate<'_> {

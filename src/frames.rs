@@ -173,6 +173,7 @@ pub struct FramesReport {
 
 /// `[N, C, h, w]` of frame latents (`[C, h, w]` is one frame), checked:
 /// at least one frame, `channels` channels, data filling the shape, finite.
+#[doc(hidden)]
 pub fn frames_shape(latents: &HostTensor, channels: usize) -> Result<[usize; 4]> {
     let shape = match *latents.shape.as_slice() {
         [n, c, h, w] => [n, c, h, w],
@@ -252,6 +253,7 @@ fn staging_slots(n: usize, chunk: usize) -> usize {
 /// that reading chunk k back overlaps decoding chunk k + 1: with one chunk
 /// nothing overlaps; with c chunks the unhidden part is about 1/c of the
 /// readback.
+#[doc(hidden)]
 pub const MIN_CHUNKS: usize = 4;
 
 /// The largest chunk `B ≤ ceil(N / MIN_CHUNKS)` for frame latents of
@@ -262,6 +264,7 @@ pub const MIN_CHUNKS: usize = 4;
 /// [`default_max_memory`]). Predicted by null-device runs of the chunk's decode
 /// (binary search over `B`), nothing runs. An error when not even one frame
 /// fits: decode such frames one by one with tiling ([`crate::decode()`]).
+#[doc(hidden)]
 pub fn choose_chunk(
     ctx: &Context,
     vae: &Vae,

@@ -68,6 +68,7 @@
 // CLI's ffmpeg and outputs).
 #![warn(clippy::unwrap_used, clippy::expect_used, clippy::panic)]
 
+#[doc(hidden)]
 pub mod attention;
 pub mod decode;
 pub mod embed;
@@ -80,6 +81,7 @@ pub(crate) mod exec;
 pub mod frames;
 #[doc(hidden)]
 pub mod fuzzing;
+#[doc(hidden)]
 pub mod gpu;
 #[warn(clippy::indexing_slicing)]
 pub mod io;
@@ -90,14 +92,19 @@ pub mod io;
 pub mod kernels;
 #[warn(clippy::indexing_slicing)]
 pub mod latents;
+#[doc(hidden)]
 pub mod memory;
 #[warn(clippy::indexing_slicing)]
+#[doc(hidden)]
 pub mod models;
+#[doc(hidden)]
 pub mod named;
+#[doc(hidden)]
 pub mod perf_model;
 pub(crate) mod run;
 pub mod seeded;
-/// Tensors: [`gpu::tensor`] (a device buffer with shape and storage type).
+/// Tensors: a device buffer with shape and storage type ([`Tensor`], [`DType`] at the crate root).
+#[doc(hidden)]
 pub mod tensor {
     pub use crate::gpu::tensor::*;
 }
@@ -107,6 +114,7 @@ pub mod tiling;
 pub mod video;
 #[warn(clippy::indexing_slicing)]
 pub mod video_encode;
+#[doc(hidden)]
 #[warn(clippy::indexing_slicing)]
 pub mod y4m;
 
@@ -120,10 +128,12 @@ pub use embed::{
     required_features, required_limits, DeviceLatents, Engine, EngineOptions, Latents,
     PendingDecode,
 };
+pub use encode::{encode, EncodeOptions, Encoded};
 pub use error::{Error, Result};
 pub use frames::{decode_frames, FrameOut, FramesOptions, FramesReport};
 pub use gpu::{Context, ContextOptions, CooperativeMatrix, MatrixConfig};
-pub use models::{LoadOptions, Vae};
+pub use memory::{MemoryPool, MemoryStats, Policy, Stat};
+pub use models::{LoadOptions, Precision, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
 pub use video::{decode_video, PendingFrames, VideoDecoder, VideoFrames, VideoLayout, VideoModel};

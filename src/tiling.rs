@@ -92,6 +92,7 @@ crate::named::named!(TileMode, "tile mode", {
 });
 
 /// Default tile side of `fast` mode in output pixels (diffusers' SD default).
+#[doc(hidden)]
 pub const FAST_DEFAULT_TILE: usize = 512;
 
 /// Tiling options of a decode or encode (a field of [`crate::DecodeOptions`]
@@ -187,6 +188,7 @@ pub fn default_max_memory(caps: &Capabilities) -> u64 {
 }
 
 /// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
+#[doc(hidden)]
 pub fn host_memory_available() -> Option<u64> {
     let text = std::fs::read_to_string("/proc/meminfo").ok()?;
     let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;

@@ -25,7 +25,7 @@ pub enum Chroma {
 
 impl Chroma {
     /// 4:2:0 when both sizes are even, else 4:4:4.
-    pub fn for_size(width: usize, height: usize) -> Chroma {
+    pub(crate) fn for_size(width: usize, height: usize) -> Chroma {
         if width.is_multiple_of(2) && height.is_multiple_of(2) {
             Chroma::C420Jpeg
         } else {
@@ -58,7 +58,7 @@ impl FrameRate {
 }
 
 /// The frame rates a `.y4m` header may carry, in frames per second.
-pub const FPS_RANGE: (f64, f64) = (0.001, 10_000.0);
+pub(crate) const FPS_RANGE: (f64, f64) = (0.001, 10_000.0);
 
 impl std::str::FromStr for FrameRate {
     type Err = Error;

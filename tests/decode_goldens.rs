@@ -135,7 +135,7 @@ fn taef2_matches_pytorch(photos: &[(&str, f64)]) {
     let ctx = test_context();
     let weights = shared.join("weights/taef2/decoder.safetensors");
     let vae = Vae::load(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
-    assert!(vae.name.contains("taef2"), "{}", vae.name);
+    assert!(vae.name().contains("taef2"), "{}", vae.name());
     for &(photo, want_psnr) in photos {
         let dir = shared.join("golden/taef2");
         let latents = read_npy(&dir.join(format!("{photo}.latents.npy"))).unwrap();
@@ -261,7 +261,7 @@ fn ldm_layout_checkpoint_decodes_identically() {
         ..Default::default()
     };
     let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
-    assert!(ldm.name.contains("Ldm"), "{}", ldm.name);
+    assert!(ldm.name().contains("Ldm"), "{}", ldm.name());
     let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let keep = DecodeOptions {
@@ -543,7 +543,7 @@ fn bare_ldm_vae_file_decodes_identically() {
         ..Default::default()
     };
     let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
-    assert!(ldm.name.contains("Ldm"), "{}", ldm.name);
+    assert!(ldm.name().contains("Ldm"), "{}", ldm.name());
     let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let a = decode(&ctx, &ldm, &latents, &keep_raw())
@@ -624,7 +624,7 @@ fn diffusers_autoencoder_tiny_folder_matches_taesd_files() {
 
     let ctx = test_context();
     let tiny = Vae::load(&ctx, folder.to_str().unwrap(), &LoadOptions::default()).unwrap();
-    assert!(tiny.name.contains("taef2"), "{}", tiny.name);
+    assert!(tiny.name().contains("taef2"), "{}", tiny.name());
     let direct = Vae::load(
         &ctx,
         taef2.join("decoder.safetensors").to_str().unwrap(),
@@ -680,7 +680,7 @@ fn flux2_decodes_z_latents_and_tokens_like_diffusers() {
         let Some(dir) = golden(name) else { return };
         let ctx = test_context();
         let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
-        assert!(vae.flux2().is_some(), "{name}: {}", vae.name);
+        assert!(vae.flux2().is_some(), "{name}: {}", vae.name());
         assert_eq!(vae.latent_channels(), 32);
         let z = read_npy(&dir.join("z.npy")).unwrap();
         let latents = read_npy(&dir.join("latents.npy")).unwrap();
@@ -892,9 +892,9 @@ fn flux2_ldm_single_file_decodes_identically() {
     };
     let ldm = Vae::load(&ctx, file.to_str().unwrap(), &opts).unwrap();
     assert!(
-        ldm.name.contains("Ldm") && ldm.flux2().is_some(),
+        ldm.name().contains("Ldm") && ldm.flux2().is_some(),
         "{}",
-        ldm.name
+        ldm.name()
     );
     let diffusers = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let latents = read_npy(&dir.join("latents.npy")).unwrap();

@@ -637,7 +637,7 @@ fn f16_engine_paths_agree() {
         ..Default::default()
     };
     let f16 = Engine::new(device.clone(), queue.clone(), dir.to_str().unwrap(), &load).unwrap();
-    assert_eq!(f16.vae().dtype, wgvae::DType::F16);
+    assert_eq!(f16.vae().dtype(), wgvae::DType::F16);
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let simple = f16.decode_to_image(&latents).unwrap();
     let texture = decode_into_host_texture(

@@ -477,7 +477,7 @@ fn half_precision_stream_matches_single_frame_decodes() {
     store.set_dtype(wgvae::DType::F16);
     let cfg = tiny_kl_config();
     let vae = Vae::from_kl_config(&ctx, &cfg, &store, "tiny random f16").unwrap();
-    assert_eq!(vae.dtype, wgvae::DType::F16);
+    assert_eq!(vae.dtype(), wgvae::DType::F16);
     let z = HostTensor::new(vec![5, 4, 6, 5], rand_vec(5 * 4 * 30, 12, 1.5)).unwrap();
     let want = single_frame_decodes(&ctx, &vae, &z);
     let opts = FramesOptions {

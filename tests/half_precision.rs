@@ -186,7 +186,7 @@ fn auto_precision_follows_the_model() {
         ] {
             let ctx = wgvae::gpu::Context::null(caps.clone(), Policy::Exact.new_pool());
             let vae = Vae::load(&ctx, &spec, &auto).unwrap();
-            assert_eq!(vae.dtype, want, "{preset}");
+            assert_eq!(vae.dtype(), want, "{preset}");
             if want == DType::F16 {
                 assert_eq!(StorageType::of(want, caps).unwrap(), storage);
             }

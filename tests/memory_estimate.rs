@@ -114,14 +114,14 @@ fn estimate_equals_measured_for_every_policy() {
                 case.spec,
                 case.load.precision,
                 policy.name(),
-                vae.weights_bytes,
+                vae.weights_bytes(),
                 est.peak_allocated_bytes,
                 est.peak_reserved_bytes,
                 r as f64 / a as f64
             );
             assert_eq!(
                 est.weights_bytes,
-                vae.weights_bytes,
+                vae.weights_bytes(),
                 "{} {}: weights",
                 case.spec,
                 policy.name()

@@ -456,7 +456,7 @@ fn check_estimate(
             ensure(e.to_string() == r.to_string(), || {
                 format!("{what}: predicted error `{e}`, real error `{r}`")
             })?;
-            return Ok((vae.weights_bytes, None));
+            return Ok((vae.weights_bytes(), None));
         }
         (e, r) => {
             return Err(TestCaseError::fail(format!(
@@ -475,10 +475,10 @@ fn check_estimate(
         "{what}: peak allocated {a} B (predicted {alloc}), reserved {r} B (predicted {reserved}), {} tiles, {} B host-parked",
         real.tiling.tiles, real.tiling.host_parked_peak_bytes
     );
-    ensure(weights == vae.weights_bytes, || {
+    ensure(weights == vae.weights_bytes(), || {
         format!(
             "{what}: weights {} B, predicted {weights} B",
-            vae.weights_bytes
+            vae.weights_bytes()
         )
     })?;
     ensure(alloc == a, || {
@@ -498,7 +498,7 @@ fn check_estimate(
             )
         })?;
     }
-    Ok((vae.weights_bytes, Some(real)))
+    Ok((vae.weights_bytes(), Some(real)))
 }
 
 /// Every policy, untiled and in exact tiles; with `budget_frac`, the tiled

@@ -241,7 +241,7 @@ fn single_file_in_original_keys() {
     let file = tmp.join("qwen_image_vae.safetensors");
     write_original_layout(&dir, &file, 2);
     let vae = load(&ctx, &file, Precision::F32);
-    assert!(vae.name.contains("released Qwen-Image"), "{}", vae.name);
+    assert!(vae.name().contains("released Qwen-Image"), "{}", vae.name());
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let got = run(&ctx, &vae, &latents, false, Tiling::off());
@@ -267,7 +267,7 @@ fn single_file_in_original_keys() {
         ..Default::default()
     };
     let vae = Vae::load(&ctx, wan.to_str().unwrap(), &opts).unwrap();
-    assert!(vae.name.contains("config.json"), "{}", vae.name);
+    assert!(vae.name().contains("config.json"), "{}", vae.name());
     std::fs::remove_dir_all(&tmp).ok();
 }
 
@@ -296,7 +296,7 @@ fn estimates_equal_measured() {
                 "{precision:?} {}: peak allocated {} B, predicted {} B",
                 real.tiling.mode, real.memory.allocated_bytes.peak, est.peak_allocated_bytes
             );
-            assert_eq!(est.weights_bytes, vae.weights_bytes);
+            assert_eq!(est.weights_bytes, vae.weights_bytes());
             assert_eq!(est.peak_allocated_bytes, real.memory.allocated_bytes.peak);
         }
     }
@@ -307,7 +307,7 @@ fn estimates_equal_measured() {
 fn preset_decodes() {
     let ctx = test_context();
     let vae = Vae::load(&ctx, "preset:qwenimage", &LoadOptions::default()).unwrap();
-    assert!(vae.random_weights);
+    assert!(vae.random_weights());
     assert_eq!(vae.latent_channels(), 16);
     let z = HostTensor::new(vec![1, 16, 2, 3], wgvae::testing::rand_vec(96, 5, 1.0)).unwrap();
     let out = run(&ctx, &vae, &z, false, Tiling::off());

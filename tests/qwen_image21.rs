@@ -111,7 +111,7 @@ fn public_preset_decodes_the_released_width() {
 fn preset_exact_tiles_equal_untiled() {
     let ctx = test_context();
     let vae = preset(&ctx, Precision::F32);
-    assert!(vae.random_weights);
+    assert!(vae.random_weights());
     assert_eq!((vae.latent_channels(), vae.upscale()), (64, 16));
     let z = HostTensor::new(vec![1, 64, 2, 3], rand_vec(384, 7, 1.0)).unwrap();
     let whole = run(&ctx, &vae, &z, true, Tiling::off());
@@ -161,7 +161,7 @@ fn preset_estimates_equal_measured() {
             "qwenimage21 preset bf16 {}: peak allocated {} B, predicted {} B",
             real.tiling.mode, real.memory.allocated_bytes.peak, est.peak_allocated_bytes
         );
-        assert_eq!(est.weights_bytes, vae.weights_bytes);
+        assert_eq!(est.weights_bytes, vae.weights_bytes());
         assert_eq!(est.peak_allocated_bytes, real.memory.allocated_bytes.peak);
     }
 }

@@ -101,7 +101,7 @@ fn check_variant(c: usize, name: &str) {
     let file = dir.join(format!("tae{c}_decoder.safetensors"));
     write_store(&weights, &file);
     let vae = Vae::load(&ctx, file.to_str().unwrap(), &LoadOptions::default()).unwrap();
-    assert!(vae.name.starts_with(name), "{}", vae.name);
+    assert!(vae.name().starts_with(name), "{}", vae.name());
     assert_eq!(vae.latent_channels(), c);
     assert_eq!(vae.latent_scaling(), (1.0, 0.0), "TAE latents use scale 1");
 

@@ -166,7 +166,7 @@ fn max_memory_is_kept_estimated_and_exact() {
     for policy in Policy::ALL {
         let ctx = base.with_pool(policy.new_pool());
         let vae = Vae::load(&ctx, spec, &LoadOptions::default()).unwrap();
-        let budget = vae.weights_bytes + (3 << 19);
+        let budget = vae.weights_bytes() + (3 << 19);
         let mut tiling = Tiling::exact().with_max_memory(budget);
         tiling.tile_mid_block = true;
         let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
@@ -258,7 +258,7 @@ fn host_parking_over_the_host_limit_fails_early() {
     let ctx = test_context().with_pool(Policy::Caching.new_pool());
     let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let z = read_npy(&dir.join("latents.npy")).unwrap();
-    let mut tiling = Tiling::exact().with_max_memory(vae.weights_bytes + (3 << 19));
+    let mut tiling = Tiling::exact().with_max_memory(vae.weights_bytes() + (3 << 19));
     tiling.tile_mid_block = true;
     let opts = |t: Tiling| DecodeOptions {
         tiling: t,

@@ -234,7 +234,7 @@ impl Model {
     /// The model's description.
     #[getter]
     fn name(&self) -> String {
-        self.vae.name.clone()
+        self.vae.name().to_string()
     }
 
     #[getter]
@@ -250,7 +250,7 @@ impl Model {
     /// Storage dtype the weights and activations use.
     #[getter]
     fn dtype(&self) -> &'static str {
-        self.vae.dtype.name()
+        self.vae.dtype().name()
     }
 
     /// Adapter name and backend.
@@ -262,7 +262,7 @@ impl Model {
 
     #[getter]
     fn random_weights(&self) -> bool {
-        self.vae.random_weights
+        self.vae.random_weights()
     }
 
     /// The range of the float output: (-1, 1) (diffusers) or (0, 1) (TAE).
@@ -425,7 +425,7 @@ impl Model {
         let caps = self.ctx.caps().clone();
         let policy = self.policy;
         let (spec, channels) = (self.spec.as_str(), self.vae.latent_channels());
-        let (dtype_given, own_dtype) = (dtype, self.vae.dtype.name());
+        let (dtype_given, own_dtype) = (dtype, self.vae.dtype().name());
         py.detach(|| -> wgvae::Result<String> {
             let estimate = Estimate::new(&caps, policy, spec, &load).tiled(&tiling);
             let (e, dtype) = if encode {
@@ -438,7 +438,7 @@ impl Model {
                     None => own_dtype.to_string(),
                     Some(_) => {
                         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
-                        Vae::load(&probe, spec, &load)?.dtype.name().to_string()
+                        Vae::load(&probe, spec, &load)?.dtype().name().to_string()
                     }
                 };
                 (e, dtype)

@@ -240,7 +240,7 @@ impl RingKvCache {
     }
 
     /// Slot of stream frame `f`.
-    pub fn slot_of(&self, f: usize) -> usize {
+    pub(crate) fn slot_of(&self, f: usize) -> usize {
         let (s, w) = (self.cfg.sink_frames, self.cfg.window_frames);
         if f < s {
             f

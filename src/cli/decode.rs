@@ -236,11 +236,14 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     if let Some(flag) = video_only {
         return Err(wgvae::Error::InvalidInput(format!(
             "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; the Wan 2.1 VAE); `{}` is an image VAE ({}): write its frames with --frames-out DIR",
-            a.vae, vae.name
+            a.vae, vae.name()
         )));
     }
-    if vae.random_weights && !a.json {
-        eprintln!("note: {} — the image shows noise, not a picture", vae.name);
+    if vae.random_weights() && !a.json {
+        eprintln!(
+            "note: {} — the image shows noise, not a picture",
+            vae.name()
+        );
     }
     let file = wgvae::io::read_latent_file(&a.latents, a.key.as_deref())?;
     // A ComfyUI .latent holds the VAE's own latents: raw z, except FLUX.2's
@@ -301,11 +304,11 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
                     "image_shape": [n, 3, out.height, out.width],
                     "dtype": out.dtype.name(),
                     // A decode redone in bf16 after an f16 overflow ran the scalar twin.
-                    "cooperative_matrix": if out.dtype == vae.dtype { vae.cooperative_matrix() } else { None },
+                    "cooperative_matrix": if out.dtype == vae.dtype() { vae.cooperative_matrix() } else { None },
                     "f16_overflows": out.f16_overflows,
                     "precision_note": out.precision_note,
                     "decode_ms": out.decode_ms,
-                    "weights_bytes": vae.weights_bytes,
+                    "weights_bytes": vae.weights_bytes(),
                     "peak_allocated_bytes": out.memory.allocated_bytes.peak,
                     "peak_reserved_bytes": out.memory.reserved_bytes.peak,
                     "policy": ctx.pool().policy_name(),
@@ -324,7 +327,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         }
         println!(
             "{}: {}×{} ×{n} in {:.1} ms on {}; peak allocated {:.1} MiB, reserved {:.1} MiB",
-            vae.name,
+            vae.name(),
             out.width,
             out.height,
             out.decode_ms,
@@ -405,10 +408,10 @@ fn decode_frames(
                 latents,
                 json!({
                     "image_shape": [r.frames, 3, r.height, r.width],
-                    "dtype": vae.dtype.name(),
+                    "dtype": vae.dtype().name(),
                     "f16_overflows": r.f16_overflows,
                     "decode_ms": r.total_ms,
-                    "weights_bytes": vae.weights_bytes,
+                    "weights_bytes": vae.weights_bytes(),
                     "peak_allocated_bytes": r.peak_allocated_bytes,
                     "peak_reserved_bytes": r.peak_reserved_bytes,
                     "policy": ctx.pool().policy_name(),
@@ -426,7 +429,7 @@ fn decode_frames(
         );
         println!(
             "{}: {} frames of {}×{} in chunks of {} ({} chunks) in {:.1} ms on {}: {:.3} frames/s",
-            vae.name,
+            vae.name(),
             r.frames,
             r.width,
             r.height,
@@ -499,8 +502,8 @@ fn json_summary(
     let mut summary = json!({
         "adapter": ctx.caps().adapter_name,
         "backend": format!("{:?}", ctx.caps().backend),
-        "model": vae.name,
-        "random_weights": vae.random_weights,
+        "model": vae.name(),
+        "random_weights": vae.random_weights(),
         "latents_shape": latents.shape,
         "cooperative_matrix": vae.cooperative_matrix(),
     });

@@ -101,7 +101,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
         // The latent channel count comes from the model: load it once in a dry run.
         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
         let probe = Vae::load(&probe, &a.vae, &load)?;
-        let (channels, dtype) = (probe.latent_channels(), probe.dtype.name().to_string());
+        let (channels, dtype) = (probe.latent_channels(), probe.dtype().name().to_string());
         let shape = [a.batch, channels, h / 8, w / 8];
         let e = wgvae::estimate::Estimate::new(&caps, policy, &a.vae, &load)
             .tiled(&tiling)

@@ -608,6 +608,7 @@ fn self_attention(
 // import an executor, so these methods live here.
 impl crate::models::Vae {
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
+    #[doc(hidden)]
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {
         run(self.graph(), rec, z, taps)
     }

@@ -61,7 +61,7 @@ pub struct Capabilities {
 
 impl Capabilities {
     /// Reads the capabilities of an existing device.
-    pub fn of_device(device: &wgpu::Device) -> Self {
+    pub(crate) fn of_device(device: &wgpu::Device) -> Self {
         let info = device.adapter_info();
         let f = device.features();
         let l = device.limits();

@@ -356,6 +356,7 @@ impl Context {
     /// `caps` instead of the device's own: emulates a smaller device (lower
     /// binding or buffer limits) on this one. `caps` must not exceed what
     /// the device supports.
+    #[doc(hidden)]
     pub fn with_caps(&self, caps: Capabilities) -> Self {
         Context {
             inner: Arc::new(Inner {
@@ -378,6 +379,7 @@ impl Context {
     /// pool sees exactly the allocation sequence of a real run. This is how
     /// memory is predicted (a "dry run"); nothing above the device and pool
     /// layers needs to know.
+    #[doc(hidden)]
     pub fn null(caps: Capabilities, pool: Arc<dyn MemoryPool>) -> Self {
         let (device, queue) = wgpu::Device::noop(&wgpu::DeviceDescriptor::default());
         Context {
@@ -397,6 +399,7 @@ impl Context {
 
     /// True on a null device ([`Context::null`]): for the device and pool
     /// layers; models, executors and front ends never ask.
+    #[doc(hidden)]
     pub fn is_null(&self) -> bool {
         self.inner.null
     }
@@ -404,6 +407,7 @@ impl Context {
     /// Host memory available for parked tiles: `MemAvailable` of
     /// /proc/meminfo on a real device (`None` where unreadable), unlimited
     /// (`None`) on a null device, whose host buffers are never filled.
+    #[doc(hidden)]
     pub fn host_memory_available(&self) -> Option<u64> {
         if self.inner.null {
             return None;
@@ -416,7 +420,7 @@ impl Context {
 
     /// A `MAP_READ | COPY_DST` buffer of `size` bytes outside the pool, for
     /// read-backs the caller maps itself (a null device has none to map).
-    pub fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
+    pub(crate) fn readback_buffer(&self, label: &str, size: u64) -> Result<wgpu::Buffer> {
         if self.inner.null {
             return Err(Error::Unsupported(format!(
                 "{label}: mapping device memory in a dry run (a null device runs nothing; estimate memory with estimate::Estimate)"
@@ -433,6 +437,7 @@ impl Context {
     }
 
     /// Where the pool gets device buffers from.
+    #[doc(hidden)]
     pub fn backing(&self) -> Backing<'_> {
         if self.inner.null {
             Backing::Virtual {
@@ -493,6 +498,7 @@ impl Context {
     }
 
     /// Persists the driver pipeline cache (see [`ContextOptions::pipeline_cache_dir`]).
+    #[doc(hidden)]
     pub fn save_pipeline_cache(&self) {
         if let Err(e) = self.inner.pipelines.save_disk_cache() {
             log::warn!("could not save the pipeline cache: {e}");
@@ -505,7 +511,10 @@ impl Context {
     }
 
     /// Creates a device on a given adapter with the cooperative-matrix choice `matrices`.
-    pub fn from_adapter_with(adapter: &wgpu::Adapter, matrices: CooperativeMatrix) -> Result<Self> {
+    pub(crate) fn from_adapter_with(
+        adapter: &wgpu::Adapter,
+        matrices: CooperativeMatrix,
+    ) -> Result<Self> {
         let mut features = adapter.features() & optional_features();
         let coop = wgpu::Features::EXPERIMENTAL_COOPERATIVE_MATRIX;
         let want_coop = matrices != CooperativeMatrix::Off && adapter.features().contains(coop);
@@ -553,7 +562,7 @@ impl Context {
 
     /// This (fresh) context with the cooperative-matrix configuration `matrices` picks from
     /// the adapter's `configs` (see [`Capabilities::with_matrix_configs`]).
-    pub fn with_matrices(
+    pub(crate) fn with_matrices(
         self,
         configs: &[wgpu::CooperativeMatrixProperties],
         matrices: CooperativeMatrix,
@@ -572,7 +581,10 @@ impl Context {
 
     /// This (fresh) context knowing its adapter's device-local memory (see
     /// [`Capabilities::device_memory`]).
-    pub fn with_device_memory(self, memory: Option<super::device_memory::DeviceMemory>) -> Self {
+    pub(crate) fn with_device_memory(
+        self,
+        memory: Option<super::device_memory::DeviceMemory>,
+    ) -> Self {
         let mut caps = self.caps().clone();
         caps.device_memory = memory;
         self.replace_caps(caps)
@@ -605,6 +617,7 @@ impl Context {
     }
 
     /// The compiled-pipeline cache.
+    #[doc(hidden)]
     pub fn pipelines(&self) -> &PipelineCache {
         &self.inner.pipelines
     }
@@ -616,7 +629,7 @@ impl Context {
 
     /// Runs `f` inside validation and out-of-memory error scopes and returns
     /// the first error wgpu reported as an [`Error`], naming `during`.
-    pub fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
+    pub(crate) fn scoped<T>(&self, during: &str, f: impl FnOnce() -> Result<T>) -> Result<T> {
         let oom = self
             .inner
             .device

@@ -15,7 +15,7 @@ pub struct DeviceMemory {
 impl DeviceMemory {
     /// The bytes a decode may plan for: 90 % of the budget (or of the heap without one),
     /// leaving room for the driver and the rest of the application.
-    pub fn usable_bytes(&self) -> u64 {
+    pub(crate) fn usable_bytes(&self) -> u64 {
         self.budget_bytes
             .unwrap_or(self.heap_bytes)
             .min(self.heap_bytes)
@@ -25,7 +25,7 @@ impl DeviceMemory {
 }
 
 /// The adapter's device-local memory, where its backend reports it.
-pub fn of_adapter(adapter: &wgpu::Adapter) -> Option<DeviceMemory> {
+pub(crate) fn of_adapter(adapter: &wgpu::Adapter) -> Option<DeviceMemory> {
     #[cfg(any(windows, all(unix, not(target_vendor = "apple"))))]
     if adapter.get_info().backend == wgpu::Backend::Vulkan {
         return vulkan(adapter);

@@ -18,23 +18,18 @@ impl HostBytes {
         self.len
     }
 
-    /// True when the length is zero.
-    pub fn is_empty(&self) -> bool {
-        self.len == 0
-    }
-
     /// The bytes; `None` on a null device.
     pub fn data(&self) -> Option<&[u8]> {
         self.data.as_deref()
     }
 
     /// The bytes; `None` on a null device.
-    pub fn into_data(self) -> Option<Vec<u8>> {
+    pub(crate) fn into_data(self) -> Option<Vec<u8>> {
         self.data
     }
 
     /// Runs `copy(from, to)` with `src`'s bytes and these (a no-op on a null device).
-    pub fn copy_from(&mut self, src: &HostBytes, copy: impl FnOnce(&[u8], &mut [u8])) {
+    pub(crate) fn copy_from(&mut self, src: &HostBytes, copy: impl FnOnce(&[u8], &mut [u8])) {
         if let (Some(from), Some(to)) = (src.data.as_deref(), self.data.as_deref_mut()) {
             copy(from, to);
         }
@@ -43,7 +38,7 @@ impl HostBytes {
 
 impl Context {
     /// `len` zero bytes in host memory.
-    pub fn host_zeros(&self, len: u64) -> HostBytes {
+    pub(crate) fn host_zeros(&self, len: u64) -> HostBytes {
         HostBytes {
             len,
             data: (!self.is_null()).then(|| vec![0; len as usize]),
@@ -51,7 +46,7 @@ impl Context {
     }
 
     /// A host copy of `bytes`.
-    pub fn host_copy_of(&self, bytes: &[u8]) -> HostBytes {
+    pub(crate) fn host_copy_of(&self, bytes: &[u8]) -> HostBytes {
         HostBytes {
             len: bytes.len() as u64,
             data: (!self.is_null()).then(|| bytes.to_vec()),

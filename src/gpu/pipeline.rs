@@ -115,7 +115,7 @@ impl PipelineKey {
         self
     }
     /// Defines flag `name` when `cond` holds.
-    pub fn flag_if(self, cond: bool, name: &'static str) -> Self {
+    pub(crate) fn flag_if(self, cond: bool, name: &'static str) -> Self {
         if cond {
             self.flag(name)
         } else {
@@ -286,7 +286,7 @@ impl PipelineCache {
     /// Loads (or starts) the driver's pipeline cache for this device from
     /// `dir`. Needs `Features::PIPELINE_CACHE` (Vulkan); returns whether a
     /// cache is in use.
-    pub fn attach_disk_cache(&self, device: &wgpu::Device, dir: &std::path::Path) -> bool {
+    pub(crate) fn attach_disk_cache(&self, device: &wgpu::Device, dir: &std::path::Path) -> bool {
         if !device.features().contains(wgpu::Features::PIPELINE_CACHE) {
             return false;
         }
@@ -309,7 +309,7 @@ impl PipelineCache {
     }
 
     /// Writes the driver's pipeline cache back to its file (if attached).
-    pub fn save_disk_cache(&self) -> std::io::Result<()> {
+    pub(crate) fn save_disk_cache(&self) -> std::io::Result<()> {
         let guard = self.disk.lock();
         let Some(d) = guard.as_ref() else {
             return Ok(());
@@ -337,7 +337,7 @@ impl PipelineCache {
 
     /// The bind group layout of a kernel (see [`BindingKind`] for why every
     /// storage buffer binding is read-write).
-    pub fn layout_entries(spec: &KernelSpec) -> Vec<wgpu::BindGroupLayoutEntry> {
+    pub(crate) fn layout_entries(spec: &KernelSpec) -> Vec<wgpu::BindGroupLayoutEntry> {
         let mut entries = vec![wgpu::BindGroupLayoutEntry {
             binding: 0,
             visibility: wgpu::ShaderStages::COMPUTE,

@@ -26,7 +26,7 @@ use crate::gpu::Capabilities;
 
 /// Largest finite f16. f16 stores saturate here, so an overflow leaves a
 /// value the finiteness check sees instead of an implementation-defined one.
-pub const F16_MAX: f32 = 65504.0;
+pub(crate) const F16_MAX: f32 = 65504.0;
 
 /// The WGSL representation of one tensor binding.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -233,7 +233,7 @@ pub(crate) fn parse_directive(
 /// Host-side encoding of f32 values into a tensor dtype's bytes (round to
 /// nearest even, like the shaders' stores; f16 saturates at ±65504). f32
 /// data is borrowed as it is.
-pub fn encode_f32(data: &[f32], dtype: DType) -> Result<std::borrow::Cow<'_, [u8]>> {
+pub(crate) fn encode_f32(data: &[f32], dtype: DType) -> Result<std::borrow::Cow<'_, [u8]>> {
     Ok(match dtype {
         DType::F32 => std::borrow::Cow::Borrowed(bytemuck::cast_slice(data)),
         DType::F16 => data

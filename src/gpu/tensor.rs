@@ -95,7 +95,7 @@ impl Tensor {
     }
 
     /// Storage bytes of a shape in a dtype (f16/bf16 rounded up to whole u32 words).
-    pub fn bytes_for(shape: &[usize], dtype: DType) -> u64 {
+    pub(crate) fn bytes_for(shape: &[usize], dtype: DType) -> u64 {
         let n = numel(shape) as u64 * dtype.size();
         n.div_ceil(4) * 4
     }
@@ -107,7 +107,7 @@ impl Tensor {
 
     /// Uploads f32 data as a new tensor of `dtype` (rounded to nearest even;
     /// f16 saturates at ±65504).
-    pub fn from_f32_as(
+    pub(crate) fn from_f32_as(
         ctx: &Context,
         shape: &[usize],
         data: &[f32],
@@ -125,7 +125,7 @@ impl Tensor {
 
     /// Allocates an f32 tensor and uploads `data` inside `rec`'s command
     /// stream (use this for tensors created during a forward pass).
-    pub fn from_f32_in(
+    pub(crate) fn from_f32_in(
         rec: &mut crate::gpu::Recorder,
         shape: &[usize],
         data: &[f32],
@@ -168,6 +168,7 @@ impl Tensor {
         Self::bytes_for(&self.shape, self.dtype)
     }
     /// The pool block holding the tensor.
+    #[doc(hidden)]
     pub fn block(&self) -> &Block {
         &self.storage.block
     }
@@ -182,6 +183,7 @@ impl Tensor {
     }
 
     /// The binding of this tensor's bytes.
+    #[doc(hidden)]
     pub fn binding(&self) -> Result<wgpu::BufferBinding<'_>> {
         Ok(wgpu::BufferBinding {
             buffer: self.buffer()?,
@@ -191,6 +193,7 @@ impl Tensor {
     }
 
     /// True when the two tensors' bytes overlap (same buffer, intersecting ranges).
+    #[doc(hidden)]
     pub fn overlaps(&self, other: &Tensor) -> bool {
         let (a, b) = (self.block(), other.block());
         // Segment ids are unique per pool; tensors of two pools (several
@@ -227,7 +230,7 @@ impl Tensor {
     }
 
     /// This tensor's values from its read-back bytes (see [`crate::gpu::read_back`]).
-    pub fn f32_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f32>> {
+    pub(crate) fn f32_from_bytes(&self, bytes: &[u8]) -> Result<Vec<f32>> {
         let mut v = f32_from_bytes_of(self.dtype, bytes)?;
         v.truncate(self.numel());
         Ok(v)

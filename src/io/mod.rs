@@ -273,6 +273,7 @@ pub fn write_npy(path: &Path, shape: &[usize], data: &[f32]) -> Result<()> {
 
 /// Writes f32 values as a `.npy` array into `out` (`path` names it in
 /// errors: a caller writing a temporary file names the file it stands for).
+#[doc(hidden)]
 pub fn write_npy_to(
     out: impl std::io::Write,
     path: &Path,
@@ -297,6 +298,7 @@ pub fn write_npy_to(
 /// A float32 `.npy` array written as its values arrive: the header with
 /// the final shape first, then values appended, so a long video's output
 /// never has to be held whole. [`NpyStream::finish`] checks the count.
+#[doc(hidden)]
 pub struct NpyStream<W: std::io::Write> {
     out: W,
     /// Values still to come.
@@ -427,7 +429,12 @@ impl<W: std::io::Write + std::io::Seek> NpyStream<W> {
 }
 
 /// Writes f32 values as a one-tensor `.safetensors` file under `key`.
-pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) -> Result<()> {
+pub(crate) fn write_safetensors(
+    path: &Path,
+    key: &str,
+    shape: &[usize],
+    data: &[f32],
+) -> Result<()> {
     let bytes: &[u8] = bytemuck::cast_slice(data);
     let view = safetensors::tensor::TensorView::new(safetensors::Dtype::F32, shape.to_vec(), bytes)
         .map_err(|e| bad(path, e.to_string()))?;
@@ -436,6 +443,7 @@ pub fn write_safetensors(path: &Path, key: &str, shape: &[usize], data: &[f32]) 
 }
 
 /// File formats latents are written in.
+#[doc(hidden)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum LatentFormat {
     /// `.npy` (f32, C order).
@@ -447,6 +455,7 @@ pub enum LatentFormat {
 /// The latent file format `path`'s extension names (case-insensitive), or
 /// an error naming the accepted ones. Check it before long work that ends
 /// in [`write_latents`].
+#[doc(hidden)]
 pub fn latent_format(path: &Path) -> Result<LatentFormat> {
     match path
         .extension()
@@ -473,6 +482,7 @@ pub fn write_latents(path: &Path, t: &HostTensor) -> Result<()> {
 
 /// Writes latents into `out` in the format `path`'s extension names (see
 /// [`write_latents`]; `path` names `out` in errors).
+#[doc(hidden)]
 pub fn write_latents_to(mut out: impl std::io::Write, path: &Path, t: &HostTensor) -> Result<()> {
     match latent_format(path)? {
         LatentFormat::Npy => write_npy_to(out, path, &t.shape, &t.data),
@@ -497,7 +507,7 @@ pub fn write_latents_to(mut out: impl std::io::Write, path: &Path, t: &HostTenso
 }
 
 /// Converts one safetensors tensor view to f32.
-pub fn view_to_f32(
+pub(crate) fn view_to_f32(
     view: &safetensors::tensor::TensorView<'_>,
 ) -> std::result::Result<Vec<f32>, String> {
     use crate::tensor::widen;
@@ -568,11 +578,11 @@ pub fn parse_safetensors_tensor(
 }
 
 /// The key of ComfyUI's `.latent` files (SaveLatent) holding the latents.
-pub const COMFYUI_LATENT_KEY: &str = "latent_tensor";
+pub(crate) const COMFYUI_LATENT_KEY: &str = "latent_tensor";
 /// The marker key of ComfyUI's current `.latent` format: without it, LoadLatent
 /// multiplies the tensor by 1 / 0.18215 (files of the first format held SD
 /// latents times the SD scaling factor).
-pub const COMFYUI_VERSION_KEY: &str = "latent_format_version_0";
+pub(crate) const COMFYUI_VERSION_KEY: &str = "latent_format_version_0";
 
 /// Latents as read from a file, with what the file says about their form.
 #[derive(Clone, Debug, PartialEq)]
@@ -651,7 +661,7 @@ pub fn load_latents(path: &Path, key: Option<&str>, channels: usize) -> Result<H
 
 /// Reads latents from `.npy` or `.safetensors` as they are (no checks:
 /// [`crate::Vae::check_latents`] or [`validate_latents`] next).
-pub fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
+pub(crate) fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
     let ext = path
         .extension()
         .and_then(|e| e.to_str())
@@ -668,6 +678,7 @@ pub fn read_latents(path: &Path, key: Option<&str>) -> Result<HostTensor> {
 }
 
 /// Shape and value checks for latents (N×C×h×w after this).
+#[doc(hidden)]
 pub fn validate_latents(t: &mut HostTensor, channels: usize) -> std::result::Result<(), String> {
     match t.shape.len() {
         3 => t.shape.insert(0, 1),
@@ -720,6 +731,7 @@ pub(crate) fn check_latent_values(
 
 /// Output file names for a batch: `out.png` for one image, `out_0.png`, `out_1.png`, … otherwise.
 /// A name without an extension gets `.png`.
+#[doc(hidden)]
 pub fn batch_paths(out: &Path, n: usize) -> Vec<PathBuf> {
     let with_ext;
     let out = if out.extension().is_none() {
@@ -755,6 +767,7 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
 }
 
 /// [`write_png_rgb`] into `out` (`path` names it in errors).
+#[doc(hidden)]
 pub fn write_png_rgb_to(
     mut out: impl std::io::Write,
     path: &Path,

@@ -26,7 +26,7 @@ pub use stats::{MemoryStats, Stat};
 use crate::error::{Error, Result};
 
 /// Usage flags of every pool buffer: bound as storage, copied to and from.
-pub const POOL_BUFFER_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
+pub(crate) const POOL_BUFFER_USAGE: wgpu::BufferUsages = wgpu::BufferUsages::STORAGE
     .union(wgpu::BufferUsages::COPY_SRC)
     .union(wgpu::BufferUsages::COPY_DST);
 
@@ -185,6 +185,6 @@ crate::named::named!(Policy, "memory policy", {
 });
 
 /// Rounds `x` up to a multiple of `to` (a power of two or any positive number).
-pub fn round_up(x: u64, to: u64) -> u64 {
+pub(crate) fn round_up(x: u64, to: u64) -> u64 {
     x.div_ceil(to) * to
 }

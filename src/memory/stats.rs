@@ -21,7 +21,7 @@ impl Stat {
         self.current = self.current.saturating_sub(n);
     }
     /// Sets the peak to the current value.
-    pub fn reset_peak(&mut self) {
+    pub(crate) fn reset_peak(&mut self) {
         self.peak = self.current;
     }
 }

@@ -106,7 +106,7 @@ impl AutoencoderKlConfig {
     /// True for the SD 1.x VAE (scaling factor 0.18215, 4 latent channels),
     /// whose activations stay within f16's range; SDXL's overflows f16 and the
     /// 16-channel VAEs are run upcast by diffusers.
-    pub fn is_f16_safe(&self) -> bool {
+    pub(crate) fn is_f16_safe(&self) -> bool {
         self.latent_channels == 4 && (self.scaling_factor - 0.18215).abs() < 1e-6
     }
 
@@ -236,7 +236,7 @@ impl AutoencoderKlConfig {
 
     /// The decoder's widths, highest resolution first
     /// (`decoder_block_out_channels`, else `block_out_channels`).
-    pub fn decoder_channels(&self) -> &[usize] {
+    pub(crate) fn decoder_channels(&self) -> &[usize] {
         self.decoder_block_out_channels
             .as_deref()
             .unwrap_or(&self.block_out_channels)

@@ -9,7 +9,7 @@ use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
 
 /// `[N, C, H, W]` of a rank-4 tensor.
-pub fn dims4(t: &Tensor) -> Result<[usize; 4]> {
+pub(crate) fn dims4(t: &Tensor) -> Result<[usize; 4]> {
     match t.shape() {
         &[n, c, h, w] => Ok([n, c, h, w]),
         s => Err(Error::shape(
@@ -20,7 +20,7 @@ pub fn dims4(t: &Tensor) -> Result<[usize; 4]> {
 }
 
 /// Loads `{prefix}.weight` `[cout, cin, k, k]` and (if `bias`) `{prefix}.bias` `[cout]`.
-pub fn load_conv(
+pub(crate) fn load_conv(
     ctx: &Context,
     store: &WeightStore,
     prefix: &str,
@@ -56,7 +56,7 @@ pub fn conv(
 }
 
 /// [`conv`] into a tensor of `dtype`.
-pub fn conv_as(
+pub(crate) fn conv_as(
     rec: &mut Recorder,
     x: &Tensor,
     w: &Conv2dWeights,
@@ -72,7 +72,7 @@ pub fn conv_as(
 }
 
 /// Like [`conv`] but adds `residual` (the output is written in place into it).
-pub fn conv_add(
+pub(crate) fn conv_add(
     rec: &mut Recorder,
     x: &Tensor,
     w: &Conv2dWeights,
@@ -126,7 +126,7 @@ impl Norm {
         self.eps
     }
     /// The layer's parameters as the kernels take them.
-    pub fn params(&self) -> group_norm::GroupNormParams<'_> {
+    pub(crate) fn params(&self) -> group_norm::GroupNormParams<'_> {
         group_norm::GroupNormParams::new(self.groups, &self.gamma, &self.beta, self.eps)
     }
 
@@ -144,7 +144,7 @@ impl Norm {
 
 /// Identity affine coefficients [N, C, 2] (scale 1, shift 0), for a conv
 /// prologue that applies only an activation.
-pub fn identity_affine(rec: &mut Recorder, n: usize, c: usize) -> Result<Tensor> {
+pub(crate) fn identity_affine(rec: &mut Recorder, n: usize, c: usize) -> Result<Tensor> {
     let data: Vec<f32> = (0..n * c).flat_map(|_| [1.0, 0.0]).collect();
     Tensor::from_f32_in(rec, &[n, c, 2], &data, "identity affine")
 }
@@ -167,7 +167,7 @@ impl Taps {
     }
 
     /// True when taps record.
-    pub fn is_enabled(&self) -> bool {
+    pub(crate) fn is_enabled(&self) -> bool {
         self.enabled
     }
 

@@ -107,6 +107,7 @@ impl Precision {
     /// models. On a CPU adapter `Auto` is f32: host memory is plentiful, the
     /// conversions only add work there, and it is what PyTorch (and ComfyUI)
     /// decode in on a CPU.
+    #[doc(hidden)]
     pub fn resolve(self, f16_safe: bool, caps: &crate::gpu::Capabilities) -> DType {
         match self {
             Precision::F32 => DType::F32,
@@ -120,6 +121,7 @@ impl Precision {
 
     /// True when f16 tensors use WGSL's `f16` type on this device (native
     /// half loads and stores); false when they are packed in `u32` pairs.
+    #[doc(hidden)]
     pub fn native_f16(caps: &crate::gpu::Capabilities) -> bool {
         caps.shader_f16
     }
@@ -139,20 +141,21 @@ pub enum Decoder {
     QwenImage21(QwenImage21Decoder),
 }
 
-/// A loaded VAE decoder, weights on the device.
+/// A loaded VAE decoder, weights on the device. Its fields are read through
+/// accessors: what was loaded does not change after loading.
 pub struct Vae {
     /// The network.
-    pub decoder: Decoder,
+    pub(crate) decoder: Decoder,
     /// Human-readable description: preset or variant and source.
-    pub name: String,
+    pub(crate) name: String,
     /// True for `preset:NAME` (seeded random weights).
-    pub random_weights: bool,
+    pub(crate) random_weights: bool,
     /// Bytes of weights uploaded.
-    pub weights_bytes: u64,
+    pub(crate) weights_bytes: u64,
     /// Process-unique id (memory plans are cached per model and shape).
-    pub id: u64,
+    pub(crate) id: u64,
     /// Storage dtype of weights and activations.
-    pub dtype: DType,
+    pub(crate) dtype: DType,
     /// The same model in bf16, loaded on the first f16 overflow.
     bf16_twin: Bf16Twin<Vae>,
 }
@@ -315,7 +318,10 @@ fn apply_overrides(cfg: &mut AutoencoderKlConfig, opts: &LoadOptions) -> Result<
 /// The weight file and config.json (if any) behind a `--vae` path: a file
 /// (config.json beside it), a diffusers folder or a pipeline folder with `vae/`.
 /// `opts.config` overrides the config found.
-pub fn locate_weights(path: &Path, opts: &LoadOptions) -> Result<(PathBuf, Option<PathBuf>)> {
+pub(crate) fn locate_weights(
+    path: &Path,
+    opts: &LoadOptions,
+) -> Result<(PathBuf, Option<PathBuf>)> {
     if !path.exists() {
         return Err(Error::InvalidInput(format!(
             "the VAE `{}` is neither a file, a folder nor preset:NAME (presets: {})",
@@ -387,6 +393,38 @@ pub(crate) fn weights_loaded_by<T>(
 }
 
 impl Vae {
+    /// The network.
+    #[doc(hidden)]
+    pub fn decoder(&self) -> &Decoder {
+        &self.decoder
+    }
+
+    /// Human-readable description: preset or variant and source.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// True for `preset:NAME` (seeded random weights).
+    pub fn random_weights(&self) -> bool {
+        self.random_weights
+    }
+
+    /// Bytes of weights uploaded.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
+    /// Process-unique id (memory plans are cached per model and shape).
+    #[doc(hidden)]
+    pub fn id(&self) -> u64 {
+        self.id
+    }
+
+    /// Storage dtype of weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
     /// Loads `spec`: `preset:NAME` (random weights), a diffusers folder (or a
     /// pipeline folder with `vae/`), or a `.safetensors` file in diffusers, LDM
     /// or TAE layout.
@@ -487,6 +525,7 @@ impl Vae {
     /// An AutoencoderKL decoder of a custom configuration from `store` (its
     /// weights in `store.dtype()`); without a file to reload, it has no bf16
     /// twin, so an f16 overflow is reported, not redone.
+    #[doc(hidden)]
     pub fn from_kl_config(
         ctx: &Context,
         config: &AutoencoderKlConfig,
@@ -502,7 +541,7 @@ impl Vae {
 
     /// This model in bf16 (loaded once, on first use): where an f16 decode
     /// overflowed. Weights are read again from the same source.
-    pub fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
+    pub(crate) fn bf16_twin(&self, ctx: &Context) -> Result<&Vae> {
         self.bf16_twin
             .get("model", |spec, opts| Vae::load(ctx, spec, opts))
     }
@@ -528,6 +567,7 @@ impl Vae {
     }
 
     /// Resolution levels of the decoder: the latent and one per 2× upsample.
+    #[doc(hidden)]
     pub fn levels(&self) -> usize {
         match &self.decoder {
             Decoder::Kl(k) => k.levels(),
@@ -589,7 +629,7 @@ impl Vae {
 
     /// True when the raw output is clamped to [−1, 1] as diffusers returns
     /// it (Qwen-Image); the pixels are clamped for every model.
-    pub fn clamps_output(&self) -> bool {
+    pub(crate) fn clamps_output(&self) -> bool {
         matches!(
             self.decoder,
             Decoder::QwenImage(_) | Decoder::QwenImage21(_)
@@ -598,6 +638,7 @@ impl Vae {
 
     /// Checks latents for this decoder (N×C×h×w after this; C×h×w becomes
     /// 1×C×h×w; Qwen-Image also takes one frame N×C×1×h×w).
+    #[doc(hidden)]
     pub fn check_latents(&self, t: &mut HostTensor) -> std::result::Result<(), String> {
         match &self.decoder {
             Decoder::QwenImage(q) => q.check_latents(t),
@@ -804,6 +845,7 @@ impl Vae {
     /// Qwen-Image per channel, `latents / (1 / latents_std) + latents_mean`.
     /// Finite latents can overflow f32 here (huge values, a tiny scaling
     /// factor): that is an error naming the cause, not an all-NaN image.
+    #[doc(hidden)]
     pub fn unscale_latents(&self, latents: &mut HostTensor) -> Result<()> {
         if let Decoder::QwenImage(q) = &self.decoder {
             return q.unnormalize(latents);

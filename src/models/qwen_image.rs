@@ -29,21 +29,21 @@ use crate::models::weights::WeightStore;
 use crate::tensor::DType;
 
 /// The diffusers class name of the Qwen-Image VAE.
-pub const CLASS_NAME: &str = "AutoencoderKLQwenImage";
+pub(crate) const CLASS_NAME: &str = "AutoencoderKLQwenImage";
 
 /// The preset name (`preset:qwenimage`).
 pub const PRESET: &str = "qwenimage";
 
 /// The released Qwen-Image `latents_mean` (diffusers' default config; the
 /// same values as Wan 2.1's).
-pub const QWEN_IMAGE_LATENTS_MEAN: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_MEAN;
+pub(crate) const QWEN_IMAGE_LATENTS_MEAN: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_MEAN;
 /// The released Qwen-Image `latents_std`.
-pub const QWEN_IMAGE_LATENTS_STD: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_STD;
+pub(crate) const QWEN_IMAGE_LATENTS_STD: [f32; 16] = crate::models::wan_config::WAN21_LATENTS_STD;
 
 /// The public Qwen-Image VAE configuration: base_dim 96, z_dim 16, dim_mult
 /// [1, 2, 4, 4], 2 residual blocks, temporal down-sampling [false, true,
 /// true], the released latents_mean / latents_std.
-pub fn qwen_image_config() -> WanConfig {
+pub(crate) fn qwen_image_config() -> WanConfig {
     WanConfig {
         latents_mean: QWEN_IMAGE_LATENTS_MEAN.to_vec(),
         latents_std: QWEN_IMAGE_LATENTS_STD.to_vec(),
@@ -52,7 +52,7 @@ pub fn qwen_image_config() -> WanConfig {
 }
 
 /// True when `path` is a diffusers config of an `AutoencoderKLQwenImage`.
-pub fn is_qwen_image_config(path: &Path) -> bool {
+pub(crate) fn is_qwen_image_config(path: &Path) -> bool {
     class_of(path).as_deref() == Some(CLASS_NAME)
 }
 
@@ -84,7 +84,7 @@ pub fn is_qwen_image(spec: &str, config: Option<&Path>) -> bool {
 }
 
 /// A diffusers `config.json` of an `AutoencoderKLQwenImage`.
-pub fn config_from_file(path: &Path) -> Result<WanConfig> {
+pub(crate) fn config_from_file(path: &Path) -> Result<WanConfig> {
     let text = crate::io::read_text_file(path)?;
     let v: serde_json::Value = serde_json::from_str(&text)
         .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;

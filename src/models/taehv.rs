@@ -143,7 +143,7 @@ impl TaehvDecoder {
     /// [`TaehvDecoder::detect`]), read off its header alone: a front end picks
     /// the video path before loading weights. Any unreadable file is `false`
     /// (the image loader then says what is wrong with it).
-    pub fn is_taehv_file(path: &std::path::Path) -> bool {
+    pub(crate) fn is_taehv_file(path: &std::path::Path) -> bool {
         let Some(header) = super::weights::safetensors_header(path) else {
             return false;
         };

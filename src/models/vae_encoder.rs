@@ -144,7 +144,7 @@ impl VaeEncoder {
 
     /// This encoder in bf16 (loaded once, on first use, from the same file
     /// or preset): where an f16 encode overflowed.
-    pub fn bf16_twin(&self, ctx: &Context) -> Result<&VaeEncoder> {
+    pub(crate) fn bf16_twin(&self, ctx: &Context) -> Result<&VaeEncoder> {
         self.bf16_twin
             .get("encoder", |spec, opts| VaeEncoder::load(ctx, spec, opts))
     }

@@ -90,7 +90,7 @@ pub(crate) fn safetensors_header(path: &Path) -> Option<serde_json::Value> {
 
 /// Maps an LDM key (prefix already stripped) to its diffusers name.
 /// `up_blocks` is the number of decoder up blocks (LDM numbers them in reverse).
-pub fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {
+pub(crate) fn ldm_to_diffusers(key: &str, up_blocks: usize) -> String {
     let parts: Vec<&str> = key.split('.').collect();
     let rest = |from: usize| parts.get(from..).unwrap_or_default().join(".");
     let resnet_tail = |s: String| s.replacen("nin_shortcut", "conv_shortcut", 1);
@@ -155,9 +155,9 @@ fn is_vae_key(k: &str) -> bool {
 }
 
 /// FLUX.2's latent BatchNorm running mean (`AutoencoderKLFlux2.bn`).
-pub const BN_MEAN: &str = "bn.running_mean";
+pub(crate) const BN_MEAN: &str = "bn.running_mean";
 /// FLUX.2's latent BatchNorm running variance.
-pub const BN_VAR: &str = "bn.running_var";
+pub(crate) const BN_VAR: &str = "bn.running_var";
 
 /// Which half of a diffusers `AutoencoderTiny` file to load.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -215,7 +215,7 @@ impl WeightStore {
     /// [`WeightStore::random`] for a model loaded on `ctx`: on a null device
     /// ([`Context::is_null`], memory estimates) no kernel reads a value, so
     /// the values are zeros (untouched pages) instead of 49 M generated numbers.
-    pub fn random_for(ctx: &crate::gpu::Context, seed: u64) -> Self {
+    pub(crate) fn random_for(ctx: &crate::gpu::Context, seed: u64) -> Self {
         Self::seeded(seed, !ctx.is_null())
     }
 
@@ -409,12 +409,12 @@ impl WeightStore {
     }
 
     /// True for seeded random weights.
-    pub fn is_random(&self) -> bool {
+    pub(crate) fn is_random(&self) -> bool {
         matches!(self.source, Source::Random { .. })
     }
 
     /// Shape of a stored key (`None` for random weights or absent keys).
-    pub fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
+    pub(crate) fn shape_of(&self, key: &str) -> Option<Vec<usize>> {
         match &self.source {
             Source::File(m) => m.get(key).map(|w| w.shape.clone()),
             Source::Random { .. } => None,

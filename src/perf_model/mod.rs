@@ -14,7 +14,7 @@
 //! that tile choices can be compared on paper.
 //!
 //! Nothing here touches a device: [`GpuSpec`], [`Tiles`], [`Layer`] and
-//! [`predict`] are plain arithmetic. [`workloads`] lists the layers of the
+//! [`predict()`] are plain arithmetic. [`workloads`] lists the layers of the
 //! real decoder graphs (it loads the presets on the null device, which
 //! allocates nothing and runs nothing).
 //!
@@ -131,7 +131,7 @@ impl GpuSpec {
     /// block, 64 K 32-bit registers per SM, 2048 threads and 32 blocks per
     /// SM, 1 KB shared memory reserved per block. Checked 2026-11-27: no
     /// correction to the brief's figures.
-    pub fn h100_sxm() -> Self {
+    pub(crate) fn h100_sxm() -> Self {
         GpuSpec {
             name: "H100 SXM",
             sms: 132,
@@ -159,7 +159,7 @@ impl GpuSpec {
     /// reserved per block. Checked 2026-11-27: a published stock-clock
     /// microbenchmark measures 165.6 TFLOP/s FP16→FP32 and 79.1 TFLOP/s
     /// scalar FFMA, consistent with these peaks; no correction.
-    pub fn rtx_4090() -> Self {
+    pub(crate) fn rtx_4090() -> Self {
         GpuSpec {
             name: "RTX 4090",
             sms: 128,
@@ -577,7 +577,7 @@ impl Gemm {
         self.ho * self.wo
     }
     /// K: the reduction length.
-    pub fn kdim(&self) -> usize {
+    pub(crate) fn kdim(&self) -> usize {
         self.cin * self.k * self.k
     }
     /// Useful FLOPs: `2·M·N·K` per frame.

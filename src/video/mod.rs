@@ -37,6 +37,7 @@ use readback::Pending;
 pub use crate::latents::VideoLayout;
 pub use model::{is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae};
 pub use textures::PendingFrames;
+#[doc(hidden)]
 pub use tiles::VIDEO_DEFAULT_TILE;
 
 /// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
@@ -256,6 +257,7 @@ impl<'a> VideoDecoder<'a> {
 
 /// Latent frames per streamed chunk when the caller gives none (the CLI's
 /// `--chunk` default): one, the lowest latency and the smallest memory.
+#[doc(hidden)]
 pub const DEFAULT_CHUNK: usize = 1;
 
 /// `[A, B, rest]` → `[B, A, rest]` of one video.

@@ -249,7 +249,7 @@ pub fn run_decode_bench(
             for i in 0..b.timing.total() {
                 progress(&format!(
                     "{size}² {} run {}/{}",
-                    vae.dtype.name(),
+                    vae.dtype().name(),
                     i + 1,
                     b.timing.total()
                 ));
@@ -268,7 +268,7 @@ pub fn run_decode_bench(
                         // A cell the device cannot run (a binding or buffer
                         // limit) is a row with a reason; the sweep goes on.
                         status = format!("skipped: {e}");
-                        progress(&format!("{size}² {}: {status}", vae.dtype.name()));
+                        progress(&format!("{size}² {}: {status}", vae.dtype().name()));
                         break;
                     }
                 }
@@ -280,14 +280,14 @@ pub fn run_decode_bench(
             };
             let secs = median / 1e3;
             // A decode redone in bf16 after an f16 overflow ran the scalar twin.
-            let redone = last.as_ref().is_some_and(|o| o.dtype != vae.dtype);
+            let redone = last.as_ref().is_some_and(|o| o.dtype != vae.dtype());
             let matrix = match vae.cooperative_matrix() {
                 Some(m) if !redone => m,
                 _ => "scalar".to_string(),
             };
             rows.push(BenchRow {
                 size,
-                dtype: vae.dtype.name(),
+                dtype: vae.dtype().name(),
                 matrix,
                 tiling,
                 batch: b.batch,

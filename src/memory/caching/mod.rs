@@ -22,17 +22,17 @@ use crate::error::{Error, Result};
 
 /// Every block size is a multiple of this (PyTorch `kMinBlockSize`); it is
 /// also the largest offset alignment the pool can honour.
-pub const MIN_BLOCK_SIZE: u64 = 512;
+pub(crate) const MIN_BLOCK_SIZE: u64 = 512;
 /// Largest request served from the small pool (`kSmallSize`).
-pub const SMALL_SIZE: u64 = 1 << 20;
+pub(crate) const SMALL_SIZE: u64 = 1 << 20;
 /// Segment size of the small pool (`kSmallBuffer`).
-pub const SMALL_SEGMENT: u64 = 2 << 20;
+pub(crate) const SMALL_SEGMENT: u64 = 2 << 20;
 /// Segment size of the large pool for requests under [`MIN_LARGE_ALLOC`] (`kLargeBuffer`).
-pub const LARGE_SEGMENT: u64 = 20 << 20;
+pub(crate) const LARGE_SEGMENT: u64 = 20 << 20;
 /// Requests from this size up get a segment of their own size (`kMinLargeAlloc`)...
 pub const MIN_LARGE_ALLOC: u64 = 10 << 20;
 /// ...rounded up to a multiple of this (`kRoundLarge`).
-pub const ROUND_LARGE: u64 = 2 << 20;
+pub(crate) const ROUND_LARGE: u64 = 2 << 20;
 
 /// Distinguishes pools in device-buffer labels (wgpu's allocator report and
 /// validation errors name buffers by label).
@@ -44,7 +44,7 @@ pub fn block_size_for(bytes: u64) -> u64 {
 }
 
 /// The pool serving a block of `size` (already rounded by [`block_size_for`]).
-pub fn pool_for(size: u64) -> SegmentPool {
+pub(crate) fn pool_for(size: u64) -> SegmentPool {
     if size <= SMALL_SIZE {
         SegmentPool::Small
     } else {
@@ -54,7 +54,7 @@ pub fn pool_for(size: u64) -> SegmentPool {
 
 /// Size of the segment created for a block of `size` when no cached block
 /// fits (PyTorch `get_allocation_size`).
-pub fn segment_size_for(size: u64) -> u64 {
+pub(crate) fn segment_size_for(size: u64) -> u64 {
     if size <= SMALL_SIZE {
         SMALL_SEGMENT
     } else if size < MIN_LARGE_ALLOC {

@@ -403,7 +403,7 @@ pub fn measure(
                     );
                     let agree = est.peak_allocated_bytes == ma
                         && est.peak_reserved_bytes == mr
-                        && est.weights_bytes == vae.weights_bytes;
+                        && est.weights_bytes == vae.weights_bytes();
                     rows.push(row(
                         format!("predicted ({device} limits)"),
                         est.weights_bytes,
@@ -413,7 +413,7 @@ pub fn measure(
                     ));
                     rows.push(row(
                         format!("measured on {device}"),
-                        vae.weights_bytes,
+                        vae.weights_bytes(),
                         ma,
                         mr,
                         if agree {
