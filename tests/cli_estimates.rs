@@ -580,3 +580,36 @@ fn replayed_tile_steps_keep_plans() {
         "{mid} tiled mid blocks, {both} with mixed parking"
     );
 }
+
+/// `memory --size` counts output pixels at the model's own upscale: 16 for
+/// Qwen-Image 2.1 (it once divided by 8 for every model and predicted a
+/// decode twice as wide), and sides that are not multiples of it are refused.
+#[test]
+fn memory_sizes_follow_the_models_upscale() {
+    let args = [
+        "--vae",
+        "preset:qwenimage21",
+        "--size",
+        "64x96",
+        "--dtype",
+        "f32",
+    ];
+    let (ok, out, err) = memory_json(&args, None);
+    assert!(ok, "{err}");
+    let v = json(&out);
+    assert_eq!(v["latents_shape"], serde_json::json!([1, 64, 4, 6]), "{v}");
+    assert_eq!(v["image_shape"], serde_json::json!([1, 3, 64, 96]), "{v}");
+    let args = [
+        "--vae",
+        "preset:qwenimage21",
+        "--size",
+        "72x72",
+        "--dtype",
+        "f32",
+    ];
+    let (ok, _, err) = memory_json(&args, None);
+    assert!(
+        !ok && err.contains("multiples of 16") && err.contains("80x80"),
+        "{err}"
+    );
+}

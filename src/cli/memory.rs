@@ -13,7 +13,7 @@ pub(crate) struct MemoryArgs {
     /// VAE: folder, .safetensors file or preset:NAME (sd15, sdxl, sd3, flux1, flux2, flux2-small).
     #[arg(long)]
     vae: String,
-    /// Output image size in pixels, HxW (latent = pixels / 8).
+    /// Output image size in pixels, HxW (latent = pixels / the model's upscale: 8, or 16 for Qwen-Image 2.1).
     #[arg(long)]
     size: String,
     /// Images per decode (the latents' batch size N).
@@ -102,7 +102,17 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
         let probe = Vae::load(&probe, &a.vae, &load)?;
         let (channels, dtype) = (probe.latent_channels(), probe.dtype().name().to_string());
-        let shape = [a.batch, channels, h / 8, w / 8];
+        // Pixels per latent pixel: 8, or 16 (Qwen-Image 2.1).
+        let up = probe.upscale();
+        if h % up != 0 || w % up != 0 {
+            return Err(wgvae::Error::InvalidInput(format!(
+                "--size {h}x{w}: {} decodes {up} pixels per latent pixel; give sides that are multiples of {up} (e.g. {}x{})",
+                a.vae,
+                h.div_ceil(up) * up,
+                w.div_ceil(up) * up
+            )));
+        }
+        let shape = [a.batch, channels, h / up, w / up];
         let e = wgvae::estimate::Estimate::new(&caps, policy, &a.vae, &load)
             .tiled(&tiling)
             .decode(shape)?;
