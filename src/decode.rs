@@ -221,7 +221,10 @@ pub(crate) fn decode_checked(
         let job = DecodeJob { z: &z, ..job };
         job.exact(null, plan.clone(), false, None).map(|r| r.report)
     };
-    let geometry = Geometry::decode(&z, vae.levels(), vae.upscale());
+    let floor = vae
+        .graph()
+        .parked_floor(z.shape[0], (z.shape[2], z.shape[3]));
+    let geometry = Geometry::decode(&z, vae.levels(), vae.upscale()).with_parked_floor(floor);
     let (strategy, budget) = choose(ctx, &geometry, &opts.tiling, &record, &exact)?;
     let mut out = match strategy {
         Strategy::Untiled => decode_untiled(ctx, &job, opts),

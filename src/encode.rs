@@ -143,7 +143,11 @@ pub fn encode(
         },
     };
     let job = EncodeJob { enc, x: &x };
-    let geometry = Geometry::encode(&x, enc.levels(), enc.downscale());
+    let floor = enc
+        .encoder
+        .graph()
+        .parked_floor(x.shape[0], (x.shape[2], x.shape[3]));
+    let geometry = Geometry::encode(&x, enc.levels(), enc.downscale()).with_parked_floor(floor);
     let down = enc.downscale();
     let exact = |null: &Context, plan: &ExactPlan| {
         let x = input_of(&x, plan, down);

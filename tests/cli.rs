@@ -635,7 +635,9 @@ fn absurd_estimate_sizes_are_errors() {
     let (ok, _, err) = wgvae(&["memory", "--vae", "preset:sd15", "--size", "100000x100000"]);
     assert!(!ok, "100000² succeeded");
     assert!(
-        err.contains("100000×100000") && err.contains("more than the 4096 a plan may have"),
+        err.contains("100000×100000")
+            && err.contains("more than the 4096 a plan may have")
+            && err.contains("park at least 14.0 TiB in host memory"),
         "{err}"
     );
 }

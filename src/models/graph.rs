@@ -273,6 +273,59 @@ impl Graph {
     pub(crate) fn frees(&self, mode: Mode, i: usize) -> &[TensorId] {
         &self.frees[mode as usize][i]
     }
+    /// Bytes the exact tiled executor holds parked (on the device or the
+    /// host) at the end of the largest conv: its whole input and output
+    /// activations, for `n` latents of `(h, w)`. A floor: shapes are
+    /// followed only through convs, maps, up-samples and attention, and the
+    /// caller's input (not parked) is not counted.
+    pub(crate) fn parked_floor(&self, n: usize, (h, w): (usize, usize)) -> u64 {
+        use crate::gpu::tensor::{DType, Tensor};
+        // Per tensor: (channels, h, w, dtype) where known.
+        let mut shapes: Vec<Option<(usize, usize, usize, DType)>> = vec![None; self.tensors()];
+        shapes[self.input.0] = Some((0, h, w, DType::F32));
+        let bytes = |s: (usize, usize, usize, DType)| Tensor::bytes_for(&[n, s.0, s.1, s.2], s.3);
+        let mut floor = 0u64;
+        for (i, op) in self.ops.iter().enumerate() {
+            let Some(out) = self.outs[i] else { continue };
+            let shape = match op {
+                Op::Map { x, .. } => shapes[x.0],
+                Op::DupUp { x, channels, .. } => {
+                    shapes[x.0].map(|(_, h, w, d)| (*channels, 2 * h, 2 * w, d))
+                }
+                Op::Attention { x, out: o, .. } => {
+                    let o = self.conv(*o);
+                    shapes[x.0].map(|(_, h, w, _)| (o.cout(), h, w, o.dtype()))
+                }
+                Op::Conv(c) => {
+                    let wt = self.conv(c.w);
+                    shapes[c.x.0].map(|(_, h, w, _)| {
+                        let (oh, ow) = crate::kernels::conv2d::output_size(
+                            h,
+                            w,
+                            wt.k(),
+                            &c.geometry.options(wt.k()),
+                        );
+                        if self.image.is_some() && out == self.output {
+                            (1, oh, ow, DType::Rgba8)
+                        } else {
+                            (wt.cout(), oh, ow, wt.dtype())
+                        }
+                    })
+                }
+                _ => None,
+            };
+            if let (Op::Conv(c), Some(y)) = (op, shape) {
+                if c.x != self.input {
+                    if let Some(x) = shapes[c.x.0] {
+                        floor = floor.max(bytes(x).saturating_add(bytes(y)));
+                    }
+                }
+            }
+            shapes[out.0] = shape;
+        }
+        floor
+    }
+
     /// The GroupNorm whose statistics are taken over `t`, and the affine
     /// tensor they give (the look-ahead of the exact executor).
     pub(crate) fn stats_of(&self, t: TensorId) -> Option<(&Norm, TensorId)> {

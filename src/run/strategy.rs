@@ -31,6 +31,8 @@ pub(crate) struct Geometry<'a> {
     scale: usize,
     /// Tile pixels per input pixel (decode: the upscale; encode: 1).
     divisor: usize,
+    /// Bytes an exact tiled run parks at least ([`crate::models::graph::Graph::parked_floor`]).
+    parked_floor: u64,
 }
 
 impl<'a> Geometry<'a> {
@@ -44,6 +46,7 @@ impl<'a> Geometry<'a> {
             levels,
             scale: up,
             divisor: up,
+            parked_floor: 0,
         }
     }
 
@@ -57,7 +60,14 @@ impl<'a> Geometry<'a> {
             levels,
             scale: down,
             divisor: 1,
+            parked_floor: 0,
         }
+    }
+
+    /// The bytes an exact tiled run parks at least (device or host).
+    pub(crate) fn with_parked_floor(mut self, bytes: u64) -> Self {
+        self.parked_floor = bytes;
+        self
     }
 
     /// The pyramid of an exact tiled run over the input.
@@ -116,13 +126,7 @@ pub(crate) fn choose(
         TileMode::Auto | TileMode::Exact => {
             let pyramid = geometry.pyramid()?;
             Strategy::Exact(choose_exact(
-                ctx,
-                pyramid,
-                tiling,
-                budget,
-                base,
-                geometry.what,
-                exact,
+                ctx, pyramid, tiling, budget, base, geometry, exact,
             )?)
         }
     };
@@ -299,22 +303,49 @@ const TILE_CANDIDATES: [usize; 16] = [
 pub(crate) type TiledRun<'a> = dyn Fn(&Context, &ExactPlan) -> Result<TilingReport> + 'a;
 
 /// The exact plan with the largest tile that fits `budget` (or the given
-/// tile), found with null-device runs of `run`; `what` completes the error
-/// message ("no tile size {what} within the memory budget").
-pub(crate) fn choose_exact(
+/// tile), found with null-device runs of `run`.
+fn choose_exact(
     ctx: &Context,
     pyramid: Pyramid,
     tiling: &Tiling,
     budget: u64,
     base: u64,
-    what: &str,
+    geometry: &Geometry,
     run: &TiledRun,
 ) -> Result<ExactPlan> {
+    let what = geometry.what;
     let avail = budget.checked_sub(base).ok_or_else(|| {
         Error::OverBudget(format!(
             "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
         ))
     })?;
+    let (out_h, out_w) = (
+        pyramid.small.0 * pyramid.scale,
+        pyramid.small.1 * pyramid.scale,
+    );
+    // What the device cannot hold is parked on the host whatever the tiles:
+    // a run the host cannot take either is refused before any planning.
+    let host_floor = geometry.parked_floor.saturating_sub(avail);
+    let host_limit = tiling
+        .max_host_memory
+        .or_else(|| ctx.host_memory_available());
+    if let Some(limit) = host_limit.filter(|&l| host_floor > l) {
+        return Err(Error::OverBudget(format!(
+            "an exact tiled {} of this {out_h}×{out_w} image parks at least {} in host memory at any tile size (its largest layer's input and output activations are {}; the device budget is {}, {} of it already used by weights and other tensors), but only {} are available ({}); raise `Tiling::max_memory` (the device holds more), {} a smaller image or use a machine with more memory",
+            geometry.verb,
+            human_bytes(host_floor),
+            human_bytes(geometry.parked_floor),
+            human_bytes(budget),
+            human_bytes(base),
+            human_bytes(limit),
+            if tiling.max_host_memory.is_some() {
+                "`Tiling::max_host_memory`"
+            } else {
+                "MemAvailable in /proc/meminfo"
+            },
+            geometry.verb,
+        )));
+    }
     let up = pyramid.scale;
     let levels = pyramid.levels;
     let top = levels - 1;
@@ -340,7 +371,6 @@ pub(crate) fn choose_exact(
     let mut best: Option<(u64, ExactPlan, u64)> = None;
     let mut worse = 0;
     let mut last_limit = None;
-    let (out_h, out_w) = (h * up, w * up);
     let mut over_cap = None;
     for px in candidates {
         // Planning runs every tile on a null device: beyond MAX_TILES it
@@ -409,9 +439,6 @@ pub(crate) fn choose_exact(
         }
     }
     if let Some((_, plan, host)) = best {
-        let host_limit = tiling
-            .max_host_memory
-            .or_else(|| ctx.host_memory_available());
         if let Some(limit) = host_limit.filter(|&l| host > l) {
             return Err(Error::OverBudget(format!(
                 "this tiled run would park {:.1} MiB of tiles in host memory, but only {:.1} MiB are available ({}); raise `Tiling::max_memory` (fewer tiles parked on the host) or decode a smaller image",
@@ -427,12 +454,21 @@ pub(crate) fn choose_exact(
         return Ok(plan);
     }
     if let Some((px, tiles)) = over_cap {
+        // Larger candidates were run and did not fit; this one was not.
+        let parks = match host_floor {
+            0 => String::new(),
+            b => format!(
+                "; at any tile size it would park at least {} in host memory (its largest layer's input and output activations are {})",
+                human_bytes(b),
+                human_bytes(geometry.parked_floor)
+            ),
+        };
         let msg = format!(
-            "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device); {}",
+            "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device){parks}; {}",
             if tiling.tile_size.is_some() {
                 format!("in {px}-pixel tiles")
             } else {
-                format!("fits the memory budget of {budget} bytes only in tiles of {px} pixels or fewer")
+                format!("within the memory budget of {} needs tiles of {px} pixels or fewer (larger ones were planned and do not fit)", human_bytes(budget))
             },
             if tiling.tile_size.is_some() {
                 "use larger tiles (`Tiling::tile_size`) or a smaller image"
@@ -532,7 +568,12 @@ pub(crate) fn input_of<'x>(
 
 /// `bytes` in the largest unit that keeps it ≥ 1 (a tiny budget is not "0 MiB").
 fn human_bytes(bytes: u64) -> String {
-    const UNITS: [(&str, f64); 3] = [("GiB", 1073741824.0), ("MiB", 1048576.0), ("KiB", 1024.0)];
+    const UNITS: [(&str, f64); 4] = [
+        ("TiB", 1099511627776.0),
+        ("GiB", 1073741824.0),
+        ("MiB", 1048576.0),
+        ("KiB", 1024.0),
+    ];
     let b = bytes as f64;
     match UNITS.iter().find(|(_, u)| b >= *u) {
         Some((name, u)) => format!("{:.1} {name}", b / u),
@@ -630,5 +671,6 @@ mod tests {
         assert_eq!(human_bytes(1536), "1.5 KiB");
         assert_eq!(human_bytes(3 << 20), "3.0 MiB");
         assert_eq!(human_bytes(16 << 30), "16.0 GiB");
+        assert_eq!(human_bytes(7 << 40), "7.0 TiB");
     }
 }
