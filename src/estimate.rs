@@ -195,7 +195,8 @@ pub struct VideoMemoryEstimate {
     /// Peak working bytes of a steady-state chunk (its peak allocated −
     /// weights − caches; the first chunk's for a one-chunk video).
     pub activation_bytes: u64,
-    /// Read-back double buffers (outside the pool).
+    /// Read-back double buffers, and the upload staging of exact tiles
+    /// (outside the pool).
     pub staging_bytes: u64,
     /// Peak allocated over the first chunk.
     pub first_chunk_peak_allocated_bytes: u64,
@@ -208,6 +209,9 @@ pub struct VideoMemoryEstimate {
     pub peak_reserved_bytes: u64,
     /// Exact tile side in output pixels (`None`: untiled).
     pub tile_size: Option<usize>,
+    /// The exact tiled run over the estimated chunks (`None`: untiled):
+    /// tiles parked on the device and in host memory, uploads, syncs, steps.
+    pub tiling: Option<crate::tiling::TilingReport>,
     /// True when the video has at least three full chunks: every longer
     /// video then has the same peaks (streaming holds only the caches
     /// between chunks). False: a longer video may peak higher.
@@ -323,6 +327,14 @@ impl Estimate<'_> {
         };
         let cache_bytes = stream.cache_bytes();
         let peak = first.max(steady);
+        let report = stream.tiling_report().map(|r| crate::tiling::TilingReport {
+            max_memory: tiling.budget(null.caps()),
+            tiles: crate::run::tiles_of(&r, h, w),
+            ..r
+        });
+        // Upload staging of the tiles is device memory outside the pool too.
+        let staging_bytes =
+            stream.staging_bytes() + report.as_ref().map_or(0, |r| r.staging_peak_bytes);
         Ok(VideoMemoryEstimate {
             policy: self.policy.name(),
             model: dec.name().to_string(),
@@ -335,12 +347,13 @@ impl Estimate<'_> {
             weights_bytes,
             cache_bytes,
             activation_bytes: steady.saturating_sub(weights_bytes + cache_bytes),
-            staging_bytes: stream.staging_bytes(),
+            staging_bytes,
             first_chunk_peak_allocated_bytes: first,
             chunk_peak_allocated_bytes: steady,
             peak_allocated_bytes: peak,
             peak_reserved_bytes: reserved,
             tile_size: stream.tile_size(),
+            tiling: report,
             independent_of_frames: frames / chunk >= 3,
         })
     }

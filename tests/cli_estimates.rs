@@ -178,7 +178,28 @@ fn memory_of_a_video_states_its_length_and_adds_up() {
         "--json",
     ]);
     assert!(ok, "--tile exact: {err}");
-    assert_eq!(json(&out)["tile_size"], 16);
+    let tiled = json(&out);
+    assert_eq!(tiled["tile_size"], 16);
+    // The exact run's own report: its tiles, parking and staging (part of
+    // `staging_bytes`: device memory outside the pool), and the caches the
+    // pool holds (those parked on the host are not pool memory).
+    let t = &tiled["tiling"];
+    assert_eq!(t["mode"], "exact", "{tiled}");
+    assert_eq!(t["tile_size"], 16);
+    assert!(t["tiles"].as_u64().unwrap() >= 1 && t["steps"].as_u64().unwrap() > 0);
+    let stage = t["staging_peak_bytes"].as_u64().unwrap();
+    assert!(tiled["staging_bytes"].as_u64().unwrap() >= stage);
+    assert!(
+        tiled["cache_bytes"].as_u64().unwrap() <= t["device_parked_peak_bytes"].as_u64().unwrap(),
+        "{tiled}"
+    );
+    assert!(v["tiling"].is_null(), "untiled: {v}");
+    let (ok, text, err) = run(&["--tile", "exact", "--tile-size", "16", "--frames", "2"]);
+    assert!(
+        ok && text.contains("tiling: exact, 16-pixel tiles"),
+        "{text}{err}"
+    );
+    assert!(!text.contains("Some(") && !text.contains("None"), "{text}");
     let (ok, _, err) = run(&["--chunk", "100000000"]);
     assert!(
         !ok && err.contains("--chunk 100000000") && err.contains("--frames"),

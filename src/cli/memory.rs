@@ -267,7 +267,7 @@ fn run_video(
         );
         println!(
             "  {:<28} {:>10.1}",
-            "+ read-back staging",
+            "+ staging (read-back, upload)",
             mib(e.staging_bytes)
         );
         println!(
@@ -288,6 +288,9 @@ fn run_video(
                 "  a video of {} latent frames (fewer than 3 full chunks): longer ones may peak higher, up to the peak at --frames {bound}",
                 e.frames
             );
+        }
+        if let Some(t) = &e.tiling {
+            print_tiling(t);
         }
     }
     Ok(())

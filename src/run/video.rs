@@ -13,6 +13,7 @@ use crate::io::HostTensor;
 use crate::models::graph::Graph;
 use crate::models::Taps;
 use crate::tensor::Tensor;
+use crate::tiling::TilingReport;
 
 /// The state one video keeps between chunks: the untiled time caches, or,
 /// from the first chunk on when tiles were chosen, the exact tiled run.
@@ -100,10 +101,20 @@ impl VideoRun {
         Some(t.exec.decode_video_chunk(graph, chunk, &mut t.caches))
     }
 
-    /// Pool bytes the time caches hold between chunks.
+    /// Pool bytes the time caches hold between chunks (tiles parked in
+    /// host memory are not pool memory: see [`VideoRun::tiling_report`]).
     pub(crate) fn cache_bytes(&self) -> u64 {
-        let tiled = self.tiled.as_ref().map_or(0, |t| t.caches.bytes());
+        let tiled = self.tiled.as_ref().map_or(0, |t| t.caches.bytes().0);
         self.untiled.tensors().map(|t| t.byte_size()).sum::<u64>() + tiled
+    }
+
+    /// The exact tiled run's report so far (`None`: untiled), `tiles` and
+    /// `max_memory` left for the caller.
+    pub(crate) fn tiling_report(&self) -> Option<TilingReport> {
+        self.tiled.as_ref().map(|t| TilingReport {
+            tile_size: Some(t.px),
+            ..t.exec.report()
+        })
     }
 }
 

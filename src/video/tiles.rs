@@ -53,6 +53,12 @@ impl VideoDecoder<'_> {
         self.run.tile_size()
     }
 
+    /// What the exact tiles did so far (`None`: untiled): parking peaks,
+    /// uploads, syncs, steps; `tiles` and `max_memory` are left at zero.
+    pub(crate) fn tiling_report(&self) -> Option<crate::tiling::TilingReport> {
+        self.run.tiling_report()
+    }
+
     /// Whether the first chunk `[T, C, h, w]` runs exact tiles: always for
     /// [`TileMode::Exact`]; for [`TileMode::Auto`] when the untiled chunk
     /// does not fit the budget or a device limit (a null-device dry run).

@@ -265,8 +265,14 @@ impl Executor {
     /// times of every submit of the run.
     pub(crate) fn finish_with_stats(mut self) -> Result<(TilingReport, SubmitStats)> {
         self.submit()?;
+        let r = self.report();
+        Ok((r, std::mem::take(&mut self.stats)))
+    }
+
+    /// The report of what ran so far (a streamed video's executor lives on).
+    pub(crate) fn report(&self) -> TilingReport {
         let c = self.counters.borrow();
-        let mut r = std::mem::take(&mut self.report);
+        let mut r = self.report.clone();
         r.mode = "exact".into();
         r.tile_size = Some(self.plan.px);
         r.level_tiles = self.plan.levels.clone();
@@ -275,7 +281,7 @@ impl Executor {
         r.device_parked_peak_bytes = c.device_peak;
         r.host_parked_peak_bytes = c.host_peak;
         r.staging_peak_bytes = self.staging_peak;
-        Ok((r, std::mem::take(&mut self.stats)))
+        r
     }
 
     pub(super) fn step_done(&mut self, stage: &'static str) -> Result<()> {

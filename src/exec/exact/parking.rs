@@ -133,6 +133,14 @@ impl Act {
     pub(super) fn bytes_of(&self, win: &Window) -> u64 {
         Tensor::bytes_for(&self.shape_of(win), self.dtype)
     }
+    /// Bytes of its tiles parked on the device and in host memory.
+    pub(super) fn parked_bytes(&self) -> (u64, u64) {
+        self.pieces.iter().fold((0, 0), |(d, h), p| match p {
+            Piece::Device(t) => (d + t.tensor().byte_size(), h),
+            Piece::Host(t) => (d, h + t.data.len()),
+            Piece::Empty => (d, h),
+        })
+    }
 }
 
 /// Row-copies the overlap `o` (image coordinates) from a host block laid

@@ -43,13 +43,13 @@ impl VideoCaches {
     fn has(&self, slot: usize) -> bool {
         self.slots.get(slot).is_some_and(Option::is_some)
     }
-    /// Bytes the caches hold (device and host tiles).
-    pub(crate) fn bytes(&self) -> u64 {
+    /// Bytes the caches hold on the device (pool memory) and in host memory.
+    pub(crate) fn bytes(&self) -> (u64, u64) {
         self.slots
             .iter()
             .flatten()
-            .map(|a| a.bytes_of(&Window::new(0, 0, a.h, a.w)))
-            .sum()
+            .map(Act::parked_bytes)
+            .fold((0, 0), |(d, h), (pd, ph)| (d + pd, h + ph))
     }
 }
 
