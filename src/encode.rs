@@ -20,7 +20,8 @@ use crate::tensor::DType;
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::io::load_image;
-pub use crate::models::vae_encoder::{EncoderKind, VaeEncoder};
+pub(crate) use crate::models::vae_encoder::EncoderKind;
+pub use crate::models::vae_encoder::VaeEncoder;
 
 /// Options for [`encode`].
 #[derive(Clone, Debug, Default)]

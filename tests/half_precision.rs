@@ -406,7 +406,7 @@ fn f16_encoder_overflow_is_detected_and_reencoded_in_bf16() {
     let reference = encode(&ctx, &load(Precision::F32), &img, &EncodeOptions::default()).unwrap();
     assert_eq!(reference.f16_overflows, 0);
     let f16 = load(Precision::F16);
-    assert_eq!(f16.dtype, DType::F16);
+    assert_eq!(f16.dtype(), DType::F16);
     for tiling in [
         wgvae::Tiling::off(),
         wgvae::Tiling::exact().with_tile_size(32),

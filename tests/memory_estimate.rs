@@ -240,7 +240,7 @@ fn encode_estimate_equals_measured_for_every_policy() {
         let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
             .encode(shape)
             .unwrap();
-        assert_eq!(est.weights_bytes, enc.weights_bytes, "{}", policy.name());
+        assert_eq!(est.weights_bytes, enc.weights_bytes(), "{}", policy.name());
         assert_eq!(
             est.peak_allocated_bytes,
             real.memory.allocated_bytes.peak,

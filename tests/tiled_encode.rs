@@ -189,7 +189,7 @@ fn auto_tiles_under_a_small_budget_and_lowers_the_peak() {
     let whole = run(&ctx, &enc, &img, Tiling::default());
     assert_eq!(whole.tiling.mode, "untiled", "auto must not tile what fits");
     let untiled_peak = whole.memory.allocated_bytes.peak;
-    let budget = enc.weights_bytes + (untiled_peak - enc.weights_bytes) / 2;
+    let budget = enc.weights_bytes() + (untiled_peak - enc.weights_bytes()) / 2;
     let tiled = run(&ctx, &enc, &img, Tiling::default().with_max_memory(budget));
     let t = &tiled.tiling;
     let peak = tiled.memory.allocated_bytes.peak;
@@ -236,7 +236,7 @@ fn tiled_encode_estimate_matches_measured() {
             .memory
             .allocated_bytes
             .peak;
-        let budget = enc.weights_bytes + (untiled - enc.weights_bytes) / 4;
+        let budget = enc.weights_bytes() + (untiled - enc.weights_bytes()) / 4;
         let mut tiling = Tiling::exact().with_max_memory(budget);
         tiling.tile_mid_block = true;
         let load = LoadOptions::default();
@@ -403,7 +403,7 @@ fn sd15_encode_peak_untiled_vs_tiled() {
     };
     let (tw, whole) = time(Tiling::off());
     let untiled = whole.memory.allocated_bytes.peak;
-    let budget = enc.weights_bytes + (untiled - enc.weights_bytes) / 3;
+    let budget = enc.weights_bytes() + (untiled - enc.weights_bytes()) / 3;
     let (tt, tiled) = time(Tiling::default().with_max_memory(budget));
     let t = &tiled.tiling;
     let peak = tiled.memory.allocated_bytes.peak;
@@ -412,7 +412,7 @@ fn sd15_encode_peak_untiled_vs_tiled() {
         "sd15 encode 256² on {} (planned pool): weights {:.1} MiB; untiled peak allocated {:.1} MiB in {tw:.1} s; \
          auto under {:.1} MiB: {} {}-px tiles {:?}, peak allocated {:.1} MiB in {tt:.1} s, host parking {:.1} MiB; max abs vs untiled {:.2e}",
         ctx.caps().adapter_name,
-        mib(enc.weights_bytes),
+        mib(enc.weights_bytes()),
         mib(untiled),
         mib(budget),
         t.mode,

@@ -62,7 +62,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
         ..Default::default()
     };
     let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;
-    if a.raw_latents && matches!(enc.encoder, wgvae::encode::EncoderKind::Tae(_)) {
+    if a.raw_latents && enc.is_tae() {
         return Err(wgvae::Error::InvalidInput(
             "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
         ));
@@ -101,9 +101,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
         println!(
             "{}",
             json!({"adapter": ctx.caps().adapter_name, "backend": format!("{:?}", ctx.caps().backend),
-                   "model": enc.name, "image_shape": pixels.shape, "latents_shape": out.latents.shape,
+                   "model": enc.name(), "image_shape": pixels.shape, "latents_shape": out.latents.shape,
                    "encode_ms": ms, "sampled": a.sample.is_some(), "raw_latents": a.raw_latents,
-                   "weights_bytes": enc.weights_bytes,
+                   "weights_bytes": enc.weights_bytes(),
                    "dtype": out.dtype.name(), "f16_overflows": out.f16_overflows,
                    "precision_note": out.precision_note,
                    "peak_allocated_bytes": out.memory.allocated_bytes.peak,
@@ -115,7 +115,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
             "wrote {} ({:?}) — {} in {ms:.1} ms; peak allocated {:.1} MiB, reserved {:.1} MiB",
             a.output.display(),
             out.latents.shape,
-            enc.name,
+            enc.name(),
             mib(out.memory.allocated_bytes.peak),
             mib(out.memory.reserved_bytes.peak)
         );

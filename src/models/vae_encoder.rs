@@ -34,13 +34,13 @@ impl EncoderKind {
 /// A loaded VAE encoder, weights on the device.
 pub struct VaeEncoder {
     /// The network.
-    pub encoder: EncoderKind,
+    pub(crate) encoder: EncoderKind,
     /// Human-readable description: kind and source.
-    pub name: String,
+    pub(crate) name: String,
     /// Bytes of weights uploaded.
-    pub weights_bytes: u64,
+    pub(crate) weights_bytes: u64,
     /// Storage dtype of weights and activations.
-    pub dtype: DType,
+    pub(crate) dtype: DType,
     /// Process-unique id (memory plans are cached per model and shape).
     pub(crate) id: u64,
     /// (latent channels, resolution levels) of the network.
@@ -147,6 +147,35 @@ impl VaeEncoder {
     pub(crate) fn bf16_twin(&self, ctx: &Context) -> Result<&VaeEncoder> {
         self.bf16_twin
             .get("encoder", |spec, opts| VaeEncoder::load(ctx, spec, opts))
+    }
+
+    /// Human-readable description: kind and source.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// Bytes of weights uploaded.
+    pub fn weights_bytes(&self) -> u64 {
+        self.weights_bytes
+    }
+
+    /// Storage dtype of weights and activations.
+    pub fn dtype(&self) -> DType {
+        self.dtype
+    }
+
+    /// A TAE encoder (outputs latents directly; no moments to sample from).
+    pub fn is_tae(&self) -> bool {
+        matches!(self.encoder, EncoderKind::Tae(_))
+    }
+
+    /// AutoencoderKL: `(scaling_factor, shift_factor)` its scaled latents
+    /// apply (`(z − shift) · scale`); TAE: `None` (latents as they come).
+    pub fn scaling(&self) -> Option<(f32, f32)> {
+        match &self.encoder {
+            EncoderKind::Kl(k) => Some((k.config.scaling_factor, k.config.shift())),
+            EncoderKind::Tae(_) => None,
+        }
     }
 
     /// Latent channels of the output (AutoencoderKL: of the mean).
