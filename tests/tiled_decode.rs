@@ -136,6 +136,28 @@ fn auto_tiles_when_the_binding_limit_is_too_small() {
     .expect("untiled must exceed the binding limit")
     .to_string();
     assert!(e.contains("max_storage_buffer_binding_size"), "{e}");
+    // Tiles the caller chose too large for the limit: the advice is about
+    // the tile size, not "use tiling".
+    let e = decode(
+        &small,
+        &vae,
+        &z,
+        &DecodeOptions {
+            tiling: Tiling::exact().with_tile_size(128),
+            ..Default::default()
+        },
+    )
+    .err()
+    .expect("128-pixel tiles must exceed the binding limit");
+    assert!(matches!(e, wgvae::Error::InvalidInput(_)), "{e:?}");
+    let e = e.to_string();
+    assert!(
+        e.contains("in exact tiles of 128 px")
+            && e.contains("max_storage_buffer_binding_size")
+            && e.contains("lower `Tiling::tile_size`")
+            && !e.contains("use tiling"),
+        "{e}"
+    );
     let tiled = run(&small, &vae, &z, Tiling::default());
     println!("auto under a 256 KiB binding limit: {:?}", tiled.tiling);
     assert_eq!(tiled.tiling.mode, "exact");

@@ -484,7 +484,7 @@ fn choose_exact(
         });
     }
     Err(match last_limit {
-        Some(e) if tiling.tile_size.is_some() => e,
+        Some(e) if tiling.tile_size.is_some() => in_given_tiles(e, tiling.tile_size.unwrap_or(0)),
         _ => Error::OverBudget(format!(
             "no tile size {what} within the memory budget of {budget} bytes ({}, of which {} are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
             human_bytes(budget),
@@ -492,6 +492,36 @@ fn choose_exact(
             if tiling.tile_size.is_some() { " or lower `Tiling::tile_size`" } else { "" }
         )),
     })
+}
+
+/// A device-limit error of a run in the tiles the caller chose, with advice
+/// for tiles (the error's own says "use tiling").
+fn in_given_tiles(e: Error, px: usize) -> Error {
+    let (what, needs, limit) = match &e {
+        Error::BindingTooLarge { what, bytes, limit } => (
+            what,
+            format!("{bytes} bytes"),
+            format!("{limit} bytes in one binding (max_storage_buffer_binding_size)"),
+        ),
+        Error::BufferTooLarge { what, bytes, limit } => (
+            what,
+            format!("{bytes} bytes"),
+            format!("{limit} bytes in one buffer (max_buffer_size)"),
+        ),
+        Error::DispatchTooLarge {
+            what,
+            groups,
+            limit,
+        } => (
+            what,
+            format!("{groups} workgroups"),
+            format!("{limit} per dimension"),
+        ),
+        _ => return e,
+    };
+    Error::InvalidInput(format!(
+        "in exact tiles of {px} px, {what} needs {needs} but the device allows {limit}; lower `Tiling::tile_size` (tile tensors shrink with it) or use a smaller image (whole-image tensors, such as the GroupNorm statistics of every tile, grow with it)"
+    ))
 }
 
 /// Tiles a side of the corner [`corner_over`] runs.
