@@ -8,6 +8,10 @@
 //! input gets clear errors. Output is RGBA (`out_channels` 4): the raw output
 //! keeps 4 channels and the pixels' alpha is channel 4's bytes.
 
+#[path = "../examples/embed_headless.rs"]
+#[allow(dead_code)]
+mod embed_headless;
+
 use std::path::PathBuf;
 
 use wgvae::estimate::Estimate;
@@ -278,6 +282,41 @@ fn cli_writes_rgba_png_and_raw() {
     assert_eq!(lib.raw.as_ref().unwrap().data, raw.data);
     assert_rgba_bytes(&lib, "library");
     assert_eq!(img.into_rgba8().into_raw(), lib.rgba[0]);
+}
+
+/// An `Engine` on a host's device keeps the alpha: its images equal
+/// `decode`'s pixels, and host textures (Rgba8Unorm exactly, Rgba16Float
+/// within one step) hold the same RGBA.
+#[test]
+fn engine_images_and_textures_keep_alpha() {
+    let (device, queue) = embed_headless::default_host_device().unwrap();
+    let load = load_options(Precision::F32);
+    let engine = wgvae::Engine::new(device.clone(), queue.clone(), PRESET, &load).unwrap();
+    let z = HostTensor::new(vec![1, 64, 2, 3], rand_vec(384, 13, 1.0)).unwrap();
+    let image = engine.decode_to_image(&z).unwrap();
+    let ctx = test_context();
+    let vae = preset(&ctx, Precision::F32);
+    let lib = run(&ctx, &vae, &z, false, Tiling::off());
+    assert_rgba_bytes(&lib, "decode");
+    assert_eq!(image.as_raw(), &lib.rgba[0], "engine image vs decode");
+    for (format, step) in [
+        (wgpu::TextureFormat::Rgba8Unorm, 0),
+        (wgpu::TextureFormat::Rgba16Float, 1),
+    ] {
+        let host = embed_headless::decode_into_host_texture(
+            &engine, &device, &queue, &z, &z.shape, format,
+        )
+        .unwrap();
+        let texels = host.rgba8();
+        assert_eq!(texels.len(), lib.rgba[0].len());
+        let worst = texels
+            .iter()
+            .zip(&lib.rgba[0])
+            .map(|(a, b)| a.abs_diff(*b))
+            .max()
+            .unwrap_or(0);
+        assert!(worst <= step, "{format:?}: worst byte difference {worst}");
+    }
 }
 
 /// Estimates (null device) equal what decodes measure, untiled and tiled.

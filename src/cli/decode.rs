@@ -303,7 +303,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
                 &vae,
                 &file.tensor,
                 json!({
-                    "image_shape": [n, 3, out.height, out.width],
+                    "image_shape": [n, out.channels, out.height, out.width],
                     "dtype": out.dtype.name(),
                     // A decode redone in bf16 after an f16 overflow ran the scalar twin.
                     "cooperative_matrix": if out.dtype == vae.dtype() { vae.cooperative_matrix() } else { None },
@@ -409,7 +409,7 @@ fn decode_frames(
                 vae,
                 latents,
                 json!({
-                    "image_shape": [r.frames, 3, r.height, r.width],
+                    "image_shape": [r.frames, vae.image_channels(), r.height, r.width],
                     "dtype": vae.dtype().name(),
                     "f16_overflows": r.f16_overflows,
                     "decode_ms": r.total_ms,
