@@ -4,10 +4,10 @@
 //                  channel 4 mapped like RGB when CHANNELS is 4; alpha 0 also marks a pixel with a
 //                  NaN or infinite channel: hosts of 3-channel images count them and refuse the
 //                  image instead of saving whatever bytes the clamps made of NaN)
-//   to_rgb8     -> (CHANNELS 3 only) out: the RGB8 byte stream of all N images (H * W * 3 bytes each, R G B per
-//                  pixel, row-major), packed 4 bytes per u32 word, little-endian; flag RGB8.
-//                  One invocation per word: a word may straddle pixels and images, and the
-//                  last word's unused bytes are 0.
+//   to_rgb8     -> (CHANNELS 3 only) out: the RGB8 byte stream of all N images (H * W * 3 bytes
+//                  each, R G B per pixel, row-major), packed 4 bytes per u32 word, little-endian;
+//                  flag RGB8. One invocation per word: a word may straddle pixels and images, and
+//                  the last word's unused bytes are 0.
 //   to_texture  -> the top-left W×H texels of a 2-D storage texture (flag TEXTURE; N = 1):
 //                  rgba8unorm (default) gets exactly the bytes to_rgba8 produces, as k / 255
 //                  (the unorm store converts back to k: the value is within a few ulp of k / 255);

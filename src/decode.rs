@@ -291,7 +291,7 @@ pub(crate) fn check_finite_pixels<B: AsRef<[u8]>>(
     non_finite(model, count, total)
 }
 
-/// An error when `count` of `total` pixels (values, for raw output) are non-finite.
+/// An error when `count` of `total` pixels have a NaN or infinite channel.
 fn non_finite(model: &str, count: u64, total: u64) -> Result<()> {
     if count == 0 {
         return Ok(());
