@@ -375,6 +375,12 @@ fn bad_latents_are_clear_errors() {
     let tokens = HostTensor::new(vec![1, 16, 64], rand_vec(1024, 2, 1.0)).unwrap();
     let maps = vae.unpack_tokens(&tokens, None).unwrap();
     assert_eq!(maps.shape, vec![1, 64, 4, 4]);
+    // No encoder: a clear refusal, not an unknown preset.
+    let m = wgvae::encode::VaeEncoder::load(&ctx, PRESET, &LoadOptions::default())
+        .err()
+        .map(|e| e.to_string())
+        .unwrap_or_default();
+    assert!(m.contains("Qwen-Image 2.1") && m.contains("encoder"), "{m}");
     let qwen1 = Vae::load(&ctx, "preset:qwenimage", &LoadOptions::default()).unwrap();
     let m = err(&qwen1, vec![1, 64, 4, 4]);
     assert!(m.contains("64 channels") && m.contains("16"), "{m}");
