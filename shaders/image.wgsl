@@ -1,17 +1,19 @@
-// Postprocessing of decoder output x [N, 3, H, W] (planar RGB, storage type T):
-//   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte, alpha 255;
-//                  alpha 0 marks a pixel with a NaN or infinite channel: hosts count them and
-//                  refuse the image instead of saving whatever bytes the clamps made of NaN)
-//   to_rgb8     -> out: the RGB8 byte stream of all N images (H * W * 3 bytes each, R G B per
-//                  pixel, row-major), packed 4 bytes per u32 word, little-endian; flag RGB8.
-//                  One invocation per word: a word may straddle pixels and images, and the
-//                  last word's unused bytes are 0.
+// Postprocessing of decoder output x [N, CHANNELS, H, W] (planar RGB, or RGBA when CHANNELS is 4;
+// storage type T):
+//   to_rgba8    -> out [N, H, W] packed RGBA8 (one u32 per pixel, R in the low byte; alpha 255, or
+//                  channel 4 mapped like RGB when CHANNELS is 4; alpha 0 also marks a pixel with a
+//                  NaN or infinite channel: hosts of 3-channel images count them and refuse the
+//                  image instead of saving whatever bytes the clamps made of NaN)
+//   to_rgb8     -> (CHANNELS 3 only) out: the RGB8 byte stream of all N images (H * W * 3 bytes
+//                  each, R G B per pixel, row-major), packed 4 bytes per u32 word, little-endian;
+//                  flag RGB8. One invocation per word: a word may straddle pixels and images, and
+//                  the last word's unused bytes are 0.
 //   to_texture  -> the top-left W×H texels of a 2-D storage texture (flag TEXTURE; N = 1):
 //                  rgba8unorm (default) gets exactly the bytes to_rgba8 produces, as k / 255
 //                  (the unorm store converts back to k: the value is within a few ulp of k / 255);
 //                  rgba16float (flag RGBA16F) gets the clamped value before quantisation.
-//                  Either way the values are the decoder's sRGB-encoded pixel values, alpha 1
-//                  (0 for a non-finite pixel, as to_rgba8).
+//                  Either way the values are the decoder's sRGB-encoded pixel values, alpha as
+//                  to_rgba8's (1, or channel 4; 0 for a non-finite pixel).
 //
 // RANGE (const from the key):
 //   0 MinusOneToOne  diffusers: round(clamp(x / 2 + 0.5, 0, 1) * 255)
@@ -57,12 +59,25 @@ fn finite(v: f32) -> bool {
     return (bitcast<u32>(v) & 0x7f800000u) != 0x7f800000u;
 }
 
-fn alpha(r: f32, g: f32, b: f32) -> u32 {
-    return select(0u, 255u, finite(r) && finite(g) && finite(b));
+// Alpha in [0, 1] before quantisation of the pixel whose red value is at `base`: channel 4 when
+// the image has one, else 1; 0 when a channel is NaN or infinite.
+fn alpha(base: u32, r: f32, g: f32, b: f32) -> f32 {
+    var ok = finite(r) && finite(g) && finite(b);
+    var a = 1.0;
+    if CHANNELS == 4u {
+        let v = x_ld(base + 3u * p.plane);
+        ok = ok && finite(v);
+        a = to_unit(v);
+    }
+    return select(0.0, a, ok);
+}
+
+fn unit_byte(u: f32) -> u32 {
+    return u32(round(u * 255.0));
 }
 
 fn to_byte(v: f32) -> u32 {
-    return u32(round(to_unit(v) * 255.0));
+    return unit_byte(to_unit(v));
 }
 
 #ifdef TEXTURE
@@ -75,9 +90,10 @@ fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let g = x_ld(pixel + p.plane);
     let b = x_ld(pixel + 2u * p.plane);
 #ifdef RGBA16F
-    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), f32(alpha(r, g, b)) / 255.0);
+    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), alpha(pixel, r, g, b));
 #else
-    let texel = vec4<f32>(vec4<f32>(vec4<u32>(to_byte(r), to_byte(g), to_byte(b), alpha(r, g, b))) / 255.0);
+    let a = unit_byte(alpha(pixel, r, g, b));
+    let texel = vec4<f32>(vec4<f32>(vec4<u32>(to_byte(r), to_byte(g), to_byte(b), a)) / 255.0);
 #endif
     textureStore(out_tex, vec2<u32>(pixel % p.width, pixel / p.width), texel);
 }
@@ -110,12 +126,12 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
             @builtin(local_invocation_index) li: u32) {
     let pixel = (wg.x + wg.y * nwg.x) * WG + li;
     if pixel >= p.plane { return; }
-    let base = wg.z * 3u * p.plane + pixel;
+    let base = wg.z * CHANNELS * p.plane + pixel;
     let r = x_ld(base);
     let g = x_ld(base + p.plane);
     let b = x_ld(base + 2u * p.plane);
-    out[wg.z * p.plane + pixel] =
-        to_byte(r) | (to_byte(g) << 8u) | (to_byte(b) << 16u) | (alpha(r, g, b) << 24u);
+    let a = unit_byte(alpha(base, r, g, b));
+    out[wg.z * p.plane + pixel] = to_byte(r) | (to_byte(g) << 8u) | (to_byte(b) << 16u) | (a << 24u);
 }
 #endif
 #endif

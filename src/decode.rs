@@ -66,8 +66,11 @@ pub struct Decoded {
     pub width: usize,
     /// Image height in pixels.
     pub height: usize,
-    /// Raw decoder output [N, 3, H, W] when asked for.
+    /// Raw decoder output [N, C, H, W] when asked for (C = `channels`).
     pub raw: Option<HostTensor>,
+    /// The model's image channels ([`Vae::image_channels`]): 3 (RGB, alpha
+    /// 255 in `rgba`) or 4 (RGBA: alpha in `rgba` is the model's).
+    pub channels: usize,
     /// Wall time from upload to pixels on the host.
     pub decode_ms: f64,
     /// Pool statistics, peaks over this decode (weights included).
@@ -261,22 +264,41 @@ pub(crate) fn decode_checked(
         return Ok(again);
     }
     if !ctx.is_null() && !opts.keep_f16_overflow {
-        check_finite_pixels(&vae.name, &out.rgba)?;
+        check_finite_pixels(&vae.name, out.channels, &out.rgba)?;
+        if let Some(raw) = out.raw.as_ref().filter(|_| out.channels != 3) {
+            let shape = crate::models::layers::dims4_of(&raw.shape)?;
+            let count = crate::kernels::image::cpu_count_non_finite(&raw.data, shape);
+            non_finite(&vae.name, count, (shape[0] * shape[2] * shape[3]) as u64)?;
+        }
     }
     Ok(out)
 }
 
-/// An error when any pixel of packed RGBA8 images is marked non-finite
-/// (alpha 0, see [`crate::kernels::image::to_rgba8`]).
-pub(crate) fn check_finite_pixels<B: AsRef<[u8]>>(model: &str, images: &[B]) -> Result<()> {
+/// An error when any pixel of packed RGBA8 images of 3 channels is marked
+/// non-finite (alpha 0, see [`crate::kernels::image::to_rgba8`]). A
+/// 4-channel image's alpha 0 may be the model's: its pixels are not
+/// checked here, only its raw output when read back.
+pub(crate) fn check_finite_pixels<B: AsRef<[u8]>>(
+    model: &str,
+    channels: usize,
+    images: &[B],
+) -> Result<()> {
+    if channels != 3 {
+        return Ok(());
+    }
     let count: u64 = images
         .iter()
         .map(|b| crate::kernels::image::count_non_finite(b.as_ref()))
         .sum();
+    let total = images.iter().map(|b| b.as_ref().len() as u64 / 4).sum();
+    non_finite(model, count, total)
+}
+
+/// An error when `count` of `total` pixels have a NaN or infinite channel.
+fn non_finite(model: &str, count: u64, total: u64) -> Result<()> {
     if count == 0 {
         return Ok(());
     }
-    let total = images.iter().map(|b| b.as_ref().len() as u64 / 4).sum();
     Err(Error::NonFiniteOutput {
         model: model.to_string(),
         count,
@@ -306,6 +328,7 @@ fn decoded(
         width,
         height,
         raw: None,
+        channels: vae.image_channels(),
         decode_ms: 0.0,
         memory: ctx.pool().stats(),
         timings: Timings::default(),
@@ -389,7 +412,7 @@ fn decode_exact(
     let n = z.shape[0];
     let raw = match raw {
         Some(b) => Some(HostTensor::new(
-            vec![n, 3, height, width],
+            vec![n, vae.image_channels(), height, width],
             bytemuck::pod_collect_to_vec::<u8, f32>(&b),
         )?),
         None => None,
@@ -469,27 +492,16 @@ fn decode_fast(
             readback: (n * c * th * tw * 4) as u64,
         })
     })?;
-    let planes = n * 3;
-    let range = vae.output_range();
-    let plane = height * width;
+    let c = vae.image_channels();
+    let planes = n * c;
     let img = std::mem::take(&mut image.data);
-    let rgba = (0..n)
-        .map(|b| {
-            let mut px = Vec::with_capacity(plane * 4);
-            for i in 0..plane {
-                for ch in 0..3 {
-                    px.push(range.to_byte(img[(b * 3 + ch) * plane + i]));
-                }
-                // Alpha 0 marks a non-finite pixel, as the GPU kernel does.
-                let finite = crate::kernels::image::cpu_alpha(&img, plane, b, i);
-                px.push(if finite { 255 } else { 0 });
-            }
-            px
-        })
-        .collect();
+    // The GPU kernel's bytes (alpha 0 marks a non-finite pixel).
+    let shape = [n, c, height, width];
+    let rgba = crate::kernels::image::cpu_image_to_rgba8(&img, shape, vae.output_range());
+    let rgba = split_images(rgba, n);
     let raw = opts
         .keep_raw
-        .then(|| HostTensor::new(vec![n, 3, height, width], img))
+        .then(|| HostTensor::new(shape.to_vec(), img))
         .transpose()?;
     // Two rows of f32 tiles for blending and the full-resolution f32
     // image they are cropped into.

@@ -500,7 +500,7 @@ impl Engine {
                 };
                 // Host latents went through `decode`, which checks this.
                 if !self.ctx.is_null() {
-                    crate::decode::check_finite_pixels(&vae.name, &rgba)?;
+                    crate::decode::check_finite_pixels(&vae.name, vae.image_channels(), &rgba)?;
                 }
                 (rgba, w, h)
             }

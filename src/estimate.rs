@@ -21,7 +21,8 @@ pub struct MemoryEstimate {
     pub model: String,
     /// Latent shape `[N, C, h, w]`.
     pub latents_shape: Vec<usize>,
-    /// Image shape `[N, 3, H, W]`.
+    /// Image shape `[N, C, H, W]` (C: the decoder's image channels, or the
+    /// encoder's input's 3).
     pub image_shape: Vec<usize>,
     /// Bytes of weights (part of the peaks).
     pub weights_bytes: u64,
@@ -140,7 +141,7 @@ impl<'a> Estimate<'a> {
             };
             // Zeros: nothing to scan for non-finite values.
             let out = decode_checked(null, &vae, &latents, &opts, false)?;
-            let image = vec![latent_shape[0], 3, out.height, out.width];
+            let image = vec![latent_shape[0], out.channels, out.height, out.width];
             let model = (vae.name.clone(), vae.weights_bytes);
             let shapes = (latent_shape.to_vec(), image);
             Ok((model, shapes, out.memory, out.tiling))

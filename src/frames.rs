@@ -75,9 +75,13 @@ pub struct FrameOut<'a> {
     pub width: usize,
     /// Frame height in pixels.
     pub height: usize,
-    /// Packed RGBA8 pixels `[H, W, 4]` (R first, alpha 255), borrowed from
-    /// the mapped staging buffer: valid during the callback only.
+    /// Packed RGBA8 pixels `[H, W, 4]` (R first; alpha 255, or the model's
+    /// when `channels` is 4), borrowed from the mapped staging buffer: valid
+    /// during the callback only.
     pub rgba: &'a [u8],
+    /// The model's image channels ([`crate::Vae::image_channels`]): 3 (RGB)
+    /// or 4 (RGBA, alpha in `rgba`).
+    pub channels: usize,
     /// Milliseconds from the submit of the frame's chunk (for the first
     /// chunk: from the start of [`decode_frames`]) until its pixels were
     /// mapped on the host.
@@ -346,6 +350,8 @@ struct Delivery {
     redone_frames: usize,
     /// The model, for errors.
     model: String,
+    /// The model's image channels (alpha kept when 4).
+    channels: usize,
 }
 
 impl Delivery {
@@ -399,8 +405,14 @@ impl Delivery {
         // had to be kept as it is (logged above).
         if !ctx.is_null() && (overflows == 0 || redone.is_some()) {
             match &redone {
-                Some(frames) => crate::decode::check_finite_pixels(&self.model, frames)?,
-                None => crate::decode::check_finite_pixels(&self.model, &[&view[..tail]])?,
+                Some(frames) => {
+                    crate::decode::check_finite_pixels(&self.model, self.channels, frames)?
+                }
+                None => crate::decode::check_finite_pixels(
+                    &self.model,
+                    self.channels,
+                    &[&view[..tail]],
+                )?,
             }
         }
         for i in 0..chunk.count {
@@ -417,6 +429,7 @@ impl Delivery {
                 width: self.width,
                 height: self.height,
                 rgba,
+                channels: self.channels,
                 latency_ms,
             })?;
         }
@@ -508,6 +521,7 @@ pub fn decode_frames(
         f16_overflows: 0,
         redone_frames: 0,
         model: vae.name.clone(),
+        channels: vae.image_channels(),
     };
     // Frames `first..first + count` decoded alone with the bf16 twin.
     let mut redo = |first: usize, count: usize| -> Result<Vec<Vec<u8>>> {

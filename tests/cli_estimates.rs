@@ -619,7 +619,8 @@ fn memory_sizes_follow_the_models_upscale() {
     assert!(ok, "{err}");
     let v = json(&out);
     assert_eq!(v["latents_shape"], serde_json::json!([1, 64, 4, 6]), "{v}");
-    assert_eq!(v["image_shape"], serde_json::json!([1, 3, 64, 96]), "{v}");
+    // RGBA: the output keeps its alpha channel.
+    assert_eq!(v["image_shape"], serde_json::json!([1, 4, 64, 96]), "{v}");
     let args = [
         "--vae",
         "preset:qwenimage21",

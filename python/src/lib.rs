@@ -242,6 +242,12 @@ impl Model {
         self.vae.latent_channels()
     }
 
+    /// Channels of the decoded images: 3 (RGB) or 4 (RGBA, Qwen-Image 2.1).
+    #[getter]
+    fn image_channels(&self) -> usize {
+        self.vae.image_channels()
+    }
+
     #[getter]
     fn upscale(&self) -> usize {
         self.vae.upscale()
@@ -282,7 +288,8 @@ impl Model {
     }
 
     /// Decodes f32 latents `data` of `shape` [N, C, h, w]. Returns
-    /// (RGB bytes N×H×W×3, raw f32 bytes N×3×H×W or None, H, W).
+    /// (pixel bytes N×H×W×K, raw f32 bytes N×K×H×W or None, H, W), K the
+    /// model's image channels (3 RGB, 4 RGBA).
     /// `size` (H, W): `data` is a packed token sequence [N, L, F], unpacked
     /// by the model's rule on that image's token grid.
     /// `progress`: see `progress.rs` (called between tiles; untiled runs
@@ -319,10 +326,11 @@ impl Model {
             }
             let _one_at_a_time = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let out = wgvae::decode(&ctx, &self.vae, &latents, &opts).map_err(to_py_err)?;
-            let mut rgb = Vec::with_capacity(out.rgba.iter().map(|i| i.len() / 4 * 3).sum());
+            let c = out.channels;
+            let mut rgb = Vec::with_capacity(out.rgba.iter().map(|i| i.len() / 4 * c).sum());
             for img in &out.rgba {
                 for px in img.chunks_exact(4) {
-                    rgb.extend_from_slice(&px[..3]);
+                    rgb.extend_from_slice(&px[..c]);
                 }
             }
             let raw = out

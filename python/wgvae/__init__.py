@@ -190,6 +190,12 @@ class Vae:
         return self._model.latent_channels
 
     @property
+    def image_channels(self) -> int:
+        """Channels of decoded images: 3 (RGB) or 4 (RGBA: Qwen-Image 2.1,
+        whose alpha :meth:`decode` keeps); video VAEs give RGB frames."""
+        return 3 if self._video else self._model.image_channels
+
+    @property
     def output_range(self) -> Tuple[float, float]:
         """The range of ``output="float"`` values: (-1, 1) (diffusers, Wan) or (0, 1) (TAE, TAEHV)."""
         return tuple(self._model.output_range)
@@ -251,7 +257,9 @@ class Vae:
         (equals the untiled decode up to rounding) or ``"fast"`` (diffusers'
         blended tiles). ``output="uint8"``: N×H×W×3 uint8 (diffusers'
         postprocessing); ``output="float"``: float32 N×3×H×W, the raw decoder
-        output (diffusers' ``vae.decode(...).sample``). A C×h×w input gives
+        output (diffusers' ``vae.decode(...).sample``). Models with an alpha
+        channel (:attr:`image_channels` 4: Qwen-Image 2.1) give N×H×W×4 RGBA
+        and N×4×H×W. A C×h×w input gives
         one image without the batch axis. The Qwen-Image VAE also takes one
         frame N×16×1×h×w (the pipeline's latents) and un-normalises pipeline
         latents per channel with the config's latents_mean / latents_std.
@@ -298,11 +306,11 @@ class Vae:
             overlap,
             progress,
         )
-        n = a.shape[0]
+        n, c = a.shape[0], self._model.image_channels
         if output == "float":
-            out = np.frombuffer(raw, dtype="<f4").reshape(n, 3, h, w)
+            out = np.frombuffer(raw, dtype="<f4").reshape(n, c, h, w)
         else:
-            out = np.frombuffer(rgb, dtype=np.uint8).reshape(n, h, w, 3)
+            out = np.frombuffer(rgb, dtype=np.uint8).reshape(n, h, w, c)
         return out[0] if single else out
 
     def encode(

@@ -3,7 +3,8 @@
 ``pipe.vae = wgvae.diffusers.AutoencoderKL.from_pretrained(folder_or_hub_id, subfolder="vae")``
 makes a diffusers pipeline decode (and encode) on wgvae's device. Classes:
 :class:`AutoencoderKL`, :class:`AutoencoderKLFlux2`, :class:`AutoencoderKLQwenImage`
-(decode only), :class:`AutoencoderKLWan` (Wan 2.1, decode only) and
+and :class:`AutoencoderKLQwenImage21` (decode only; 2.1's images are RGBA, 4 channels, as
+diffusers'), :class:`AutoencoderKLWan` (Wan 2.1, decode only) and
 :class:`AutoencoderTiny`. They take what diffusers' own take and give what they give:
 
 - ``decode(z, return_dict=True)``: *raw* latents, exactly as diffusers' VAE
@@ -57,6 +58,7 @@ __all__ = [
     "AutoencoderKL",
     "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage",
+    "AutoencoderKLQwenImage21",
     "AutoencoderKLWan",
     "AutoencoderTiny",
     "DecoderOutput",
@@ -509,9 +511,30 @@ class AutoencoderKLQwenImage(_WgvaeVae):
     def _decode(self, z: np.ndarray) -> np.ndarray:
         if z.ndim != 5 or z.shape[2] != 1:
             raise NotImplementedError(
-                f"z of shape {tuple(z.shape)}: wgvae decodes Qwen-Image latents of one frame, N×16×1×h×w"
+                f"z of shape {tuple(z.shape)}: wgvae decodes {type(self).__name__} latents of one frame, "
+                f"N×{self._vae.latent_channels}×1×h×w"
             )
         return self._vae.decode(z, raw_latents=True, output="float", **self._tile())[:, :, None]
+
+
+class AutoencoderKLQwenImage21(AutoencoderKLQwenImage):
+    """diffusers' ``AutoencoderKLQwenImage21`` (Qwen-Image 2.1): decodes one frame
+    N×64×1×h×w to N×C×1×H×W (16×), C = ``out_channels`` (4: RGBA, alpha kept),
+    clamped to [−1, 1]; the pipeline takes ``[:, :, 0]``. No encoder."""
+
+    _classes = ("AutoencoderKLQwenImage21",)
+    _no_encoder = (
+        "wgvae has no Qwen-Image 2.1 encoder: AutoencoderKLQwenImage21.decode works; "
+        "encode with diffusers' own class"
+    )
+    # diffusers' defaults but latents_mean / latents_std (64 values each; every
+    # saved config.json holds them).
+    _defaults = {
+        "base_dim": 96, "decoder_base_dim": 144, "z_dim": 64, "dim_mult": [1, 2, 4, 8, 8], "num_res_blocks": 2,
+        "attn_scales": [], "temperal_downsample": [False, True, True, True], "dropout": 0.0,
+        "is_residual": True, "in_channels": 4, "out_channels": 4, "patch_size": None,
+        "scale_factor_temporal": 8, "scale_factor_spatial": 16,
+    }  # fmt: skip
 
 
 class AutoencoderKLWan(_WgvaeVae):
@@ -594,5 +617,6 @@ _CLASS_FOR = {
     "AutoencoderKL": "AutoencoderKL",
     "AutoencoderKLFlux2": "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage": "AutoencoderKLQwenImage",
+    "AutoencoderKLQwenImage21": "AutoencoderKLQwenImage21",
     "AutoencoderKLWan": "AutoencoderKLWan",
 }

@@ -33,10 +33,12 @@ pub(crate) struct DecodeArgs {
     /// preset:wan21, N×C×T×h×w) writes --frames-out, --video-out and/or --save-raw.
     #[arg(long)]
     vae: String,
-    /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …).
+    /// Output PNG (a batch writes OUT_0.png, OUT_1.png, …): RGB, or RGBA for a 4-channel
+    /// model (Qwen-Image 2.1).
     #[arg(short, long, default_value = "out.png")]
     output: PathBuf,
-    /// Also write the raw float32 decoder output as .npy: N×3×H×W (image VAE), N×T'×3×H×W
+    /// Also write the raw float32 decoder output as .npy: N×C×H×W (image VAE; C = 4 for
+    /// Qwen-Image 2.1's RGBA, as diffusers' `decode(z).sample[:, :, 0]`), N×T'×3×H×W
     /// before the clamp (TAEHV), N×3×T'×H×W after the [-1, 1] clamp (Wan, diffusers' layout).
     #[arg(long)]
     save_raw: Option<PathBuf>,
@@ -283,7 +285,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     ctx.save_pipeline_cache();
     for (p, img) in paths.iter().zip(&out.rgba) {
         write_atomically(p, "-o", |w| {
-            wgvae::io::write_png_rgb_to(w, p, out.width, out.height, img)
+            wgvae::io::write_png_to(w, p, out.width, out.height, img, out.channels)
         })?;
     }
     if let (Some(p), Some(raw)) = (&a.save_raw, &out.raw) {
@@ -301,7 +303,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
                 &vae,
                 &file.tensor,
                 json!({
-                    "image_shape": [n, 3, out.height, out.width],
+                    "image_shape": [n, out.channels, out.height, out.width],
                     "dtype": out.dtype.name(),
                     // A decode redone in bf16 after an f16 overflow ran the scalar twin.
                     "cooperative_matrix": if out.dtype == vae.dtype() { vae.cooperative_matrix() } else { None },
@@ -390,7 +392,7 @@ fn decode_frames(
         super::interrupt::check()?;
         let path = dir.join(format!("frame_{:05}.png", f.index));
         write_atomically(&path, "--frames-out", |w| {
-            wgvae::io::write_png_rgb_to(w, &path, f.width, f.height, f.rgba)
+            wgvae::io::write_png_to(w, &path, f.width, f.height, f.rgba, f.channels)
         })?;
         paths.push(path);
         Ok(())
@@ -407,7 +409,7 @@ fn decode_frames(
                 vae,
                 latents,
                 json!({
-                    "image_shape": [r.frames, 3, r.height, r.width],
+                    "image_shape": [r.frames, vae.image_channels(), r.height, r.width],
                     "dtype": vae.dtype().name(),
                     "f16_overflows": r.f16_overflows,
                     "decode_ms": r.total_ms,

@@ -769,24 +769,50 @@ pub fn write_png_rgb(path: &Path, width: usize, height: usize, rgba: &[u8]) -> R
 /// [`write_png_rgb`] into `out` (`path` names it in errors).
 #[doc(hidden)]
 pub fn write_png_rgb_to(
-    mut out: impl std::io::Write,
+    out: impl std::io::Write,
     path: &Path,
     width: usize,
     height: usize,
     rgba: &[u8],
 ) -> Result<()> {
+    write_png_to(out, path, width, height, rgba, 3)
+}
+
+/// Packed RGBA8 pixels of an image of `channels` ([`crate::Vae::image_channels`])
+/// as a PNG into `out`: RGB for 3 (alpha dropped, as [`write_png_rgb`]), RGBA
+/// for 4 (`path` names it in errors).
+#[doc(hidden)]
+pub fn write_png_to(
+    mut out: impl std::io::Write,
+    path: &Path,
+    width: usize,
+    height: usize,
+    rgba: &[u8],
+    channels: usize,
+) -> Result<()> {
     use image::ImageEncoder;
-    let rgb: Vec<u8> = rgba
-        .chunks_exact(4)
-        .flat_map(|p| p.iter().take(3).copied())
-        .collect();
-    image::codecs::png::PngEncoder::new(&mut out)
-        .write_image(
-            &rgb,
-            width as u32,
-            height as u32,
+    let (pixels, color) = match channels {
+        3 => (
+            std::borrow::Cow::Owned(
+                rgba.chunks_exact(4)
+                    .flat_map(|p| p.iter().take(3).copied())
+                    .collect(),
+            ),
             image::ExtendedColorType::Rgb8,
-        )
+        ),
+        4 => (
+            std::borrow::Cow::Borrowed(rgba),
+            image::ExtendedColorType::Rgba8,
+        ),
+        c => {
+            return Err(Error::InvalidInput(format!(
+                "{}: a PNG of {c}-channel images (expected 3, RGB, or 4, RGBA)",
+                path.display()
+            )))
+        }
+    };
+    image::codecs::png::PngEncoder::new(&mut out)
+        .write_image(&pixels, width as u32, height as u32, color)
         .map_err(|e| bad(path, format!("could not write PNG: {e}")))?;
     out.flush().map_err(|source| Error::Io {
         path: path.to_path_buf(),

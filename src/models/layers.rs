@@ -10,7 +10,12 @@ use crate::tensor::{DType, Tensor};
 
 /// `[N, C, H, W]` of a rank-4 tensor.
 pub(crate) fn dims4(t: &Tensor) -> Result<[usize; 4]> {
-    match t.shape() {
+    dims4_of(t.shape())
+}
+
+/// `shape` as N×C×H×W, or an error.
+pub(crate) fn dims4_of(shape: &[usize]) -> Result<[usize; 4]> {
+    match shape {
         &[n, c, h, w] => Ok([n, c, h, w]),
         s => Err(Error::shape(
             "model",

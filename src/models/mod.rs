@@ -556,6 +556,16 @@ impl Vae {
         }
     }
 
+    /// Channels of the decoded images: 3 (RGB; alpha 255 in RGBA8 pixels)
+    /// or 4 (RGBA: Qwen-Image 2.1, its alpha in RGBA8 pixels and raw output).
+    pub fn image_channels(&self) -> usize {
+        match &self.decoder {
+            Decoder::Kl(k) => k.config.out_channels,
+            Decoder::Tae(_) | Decoder::QwenImage(_) => 3,
+            Decoder::QwenImage21(q) => q.image_channels(),
+        }
+    }
+
     /// Output pixels per latent along each axis.
     pub fn upscale(&self) -> usize {
         match &self.decoder {

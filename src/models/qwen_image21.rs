@@ -4,8 +4,9 @@
 //! `models/wan_residual.rs`) specialised to images: its causal convs
 //! are stored as 2-D convs, 64 latent channels, five stages (16× spatial),
 //! `decoder_base_dim` 144, `out_channels` 4 (RGBA). The graph decodes one
-//! frame and clamps to [−1, 1] as diffusers does; it computes the first
-//! three output channels (RGB) — the fourth (alpha) is not decoded yet.
+//! frame and clamps to [−1, 1] as diffusers does; it computes every output
+//! channel (`out_channels`: RGBA, or RGB for a 3-channel config), so images
+//! keep the alpha the pipeline's `postprocess` returns (PIL RGBA).
 //! The released width's mid-block attention (one head of 1152 channels)
 //! runs the attention kernel's wide-head variant (output chunks of 512:
 //! `kernels::attention`).
@@ -59,7 +60,7 @@ pub const QWEN_IMAGE21_LATENTS_STD: [f32; 64] = [
 pub struct QwenImage21Config {
     /// The network (`base_dim` here is the decoder's: `decoder_base_dim`).
     pub wan: WanConfig,
-    /// `conv_out`'s channels (4: RGBA; the graph decodes the first 3).
+    /// `conv_out`'s channels, the image's: 4 (RGBA) or 3 (RGB).
     pub out_channels: usize,
 }
 
@@ -144,8 +145,19 @@ impl QwenImage21Config {
                 latents_mean: stats(f.latents_mean, d.wan.latents_mean),
                 latents_std: stats(f.latents_std, d.wan.latents_std),
             },
-            out_channels: f.out_channels.unwrap_or(d.out_channels),
+            out_channels: check_out_channels(f.out_channels.unwrap_or(d.out_channels))
+                .map_err(|m| bad(path, m))?,
         })
+    }
+}
+
+/// `out_channels` the decoder's images can have (RGB or RGBA), or why not.
+fn check_out_channels(c: usize) -> std::result::Result<usize, String> {
+    match crate::kernels::image::IMAGE_CHANNELS.contains(&c) {
+        true => Ok(c),
+        false => Err(format!(
+            "out_channels {c} is not an image: config.json must give 3 (RGB) or 4 (RGBA, the released model)"
+        )),
     }
 }
 
@@ -271,9 +283,10 @@ impl QwenImage21Decoder {
                 ),
             ));
         }
+        check_out_channels(config.out_channels).map_err(|m| bad(Path::new(store.origin()), m))?;
         let output = ResidualOutput {
             out_channels: config.out_channels,
-            kept: 3,
+            kept: config.out_channels,
         };
         let graph = residual_frame_graph(ctx, store, c, true, output)?;
         Ok(QwenImage21Decoder {
@@ -282,6 +295,11 @@ impl QwenImage21Decoder {
             latent_stats: String::from("config"),
             graph,
         })
+    }
+
+    /// Channels of the decoded images: 4 (RGBA) or 3 (RGB).
+    pub fn image_channels(&self) -> usize {
+        self.config.out_channels
     }
 
     /// Latent channels the decoder takes.

@@ -71,6 +71,11 @@ impl VaeEncoder {
                 "`{spec}` is a Qwen-Image VAE: its encoder (the Wan 2.1 encoder on one frame) is not implemented; wgvae decodes Qwen-Image latents only"
             )));
         }
+        if crate::models::qwen_image21::is_qwen_image21(spec, opts.config.as_deref()) {
+            return Err(Error::Unsupported(format!(
+                "`{spec}` is a Qwen-Image 2.1 VAE: its encoder (RGBA in, `in_channels` 4) is not implemented; wgvae decodes Qwen-Image 2.1 latents only"
+            )));
+        }
         if let Some(name) = spec.strip_prefix("preset:") {
             let cfg = AutoencoderKlConfig::preset(name)?;
             let store = crate::models::weights::WeightStore::random_for(ctx, opts.seed);
