@@ -190,6 +190,9 @@ pub(crate) enum Op {
         channels: usize,
         ft: usize,
     },
+    /// PyTorch's `pixel_shuffle` of `x` `[T, C·f², H, W]` into a new tensor
+    /// `[T, C, H·f, W·f]` (a patch-size-f TAEHV decoder's output).
+    PixelShuffle { x: TensorId, factor: usize },
     /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
     /// of `normed`, `out` projection added into `x` (consumed).
     FrameAttention {
@@ -375,6 +378,11 @@ impl Builder {
         self.push(Op::DupUp { x, channels, ft }, true)
     }
 
+    /// `x` pixel-shuffled by `factor` (see [`Op::PixelShuffle`]).
+    pub(crate) fn pixel_shuffle(&mut self, x: TensorId, factor: usize) -> TensorId {
+        self.push(Op::PixelShuffle { x, factor }, true)
+    }
+
     /// Per-frame attention (see [`Op::FrameAttention`]).
     pub(crate) fn frame_attention(&mut self, op: Op) -> TensorId {
         debug_assert!(matches!(op, Op::FrameAttention { .. }));
@@ -394,9 +402,10 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } | Op::DupUp { x, .. } => {
-                (vec![*x], None)
-            }
+            Op::RmsNorm { x, .. }
+            | Op::TimeUpsample { x, .. }
+            | Op::DupUp { x, .. }
+            | Op::PixelShuffle { x, .. } => (vec![*x], None),
             Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
             Op::CausalConv { x, residual, .. } => match residual {
                 Residual::None => (vec![*x], None),

@@ -179,6 +179,13 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 push(LayerKind::Pass, pass("dup_up", s, 1, 1));
                 Some(s)
             }
+            Op::PixelShuffle { x, factor } => {
+                let [n, c, h, w] = shape(*x)?;
+                let f = *factor;
+                let s = [n, c / (f * f).max(1), f * h, f * w];
+                push(LayerKind::Pass, pass("pixel_shuffle", s, 1, 1));
+                Some(s)
+            }
             Op::TimeGrow { x, stride } => {
                 let [t, c, h, w] = shape(*x)?;
                 Some([t * stride, c / stride, h, w])

@@ -5,6 +5,7 @@
 
 use super::{Act, AttentionSpec, ConvSpec, Executor, Residual as ExResidual, VideoCaches};
 use crate::error::{Error, Result};
+use crate::kernels::dup_up::shuffled_channels;
 use crate::models::graph::{Geometry, Graph, Mode, Op, Residual, TensorId};
 use crate::models::layers::identity_affine;
 use crate::tensor::Tensor;
@@ -111,14 +112,21 @@ impl Executor {
                         self.time_upsample(x, graph.causal(*w), graph.conv(*up), *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
-                Op::DupUp { x, channels, ft } => {
+                Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                     if lookahead.is_some() {
                         return Err(Error::Unsupported(
-                            "GroupNorm statistics over a DupUp shortcut".into(),
+                            "GroupNorm statistics over a DupUp shortcut or a pixel shuffle".into(),
                         ));
                     }
-                    let y = self.dup_up(act(&slots, *x)?, *channels, *ft)?;
-                    (Some(Value::Act(y)), None)
+                    let x = act(&slots, *x)?;
+                    let (channels, factors) = match op {
+                        Op::DupUp { channels, ft, .. } => (*channels, (*ft, 2)),
+                        Op::PixelShuffle { factor, .. } => {
+                            (shuffled_channels(x.c, *factor)?, (1, *factor))
+                        }
+                        _ => return Err(Error::Internal("not a channels-to-space op".into())),
+                    };
+                    (Some(Value::Act(self.to_space(x, channels, factors)?)), None)
                 }
                 Op::FrameAttention {
                     x,
