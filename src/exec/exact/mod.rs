@@ -550,7 +550,7 @@ impl Executor {
     /// `channels` at `f`× its resolution, each output tile from the window
     /// of `x` under it (whole-image coordinates, so tiles equal the untiled
     /// result).
-    pub(crate) fn to_space(
+    pub(crate) fn channels_to_space(
         &mut self,
         x: &Act,
         channels: usize,

@@ -126,7 +126,10 @@ impl Executor {
                         }
                         _ => return Err(Error::Internal("not a channels-to-space op".into())),
                     };
-                    (Some(Value::Act(self.to_space(x, channels, factors)?)), None)
+                    (
+                        Some(Value::Act(self.channels_to_space(x, channels, factors)?)),
+                        None,
+                    )
                 }
                 Op::FrameAttention {
                     x,
