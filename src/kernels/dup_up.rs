@@ -240,7 +240,60 @@ mod tests {
     use super::*;
     use crate::testing::rand_vec;
 
-    /// Whole images and windows at odd offsets, both time factors, every
+    /// Output windows of `kernel` (channels to space by `f`): `data`
+    /// `[n, ci, h, w]` whole, then the output window `(oy, ox, oh, ow)` from
+    /// the source window under it, each bit-equal to `want` `[n, co, h·f,
+    /// w·f]` (its window: a copy).
+    fn check_windows(
+        (ctx, dt): (&crate::gpu::Context, crate::tensor::DType),
+        (data, [n, ci, h, w]): (&[f32], [usize; 4]),
+        (want, co, f): (&[f32], usize, usize),
+        (oy, ox, oh, ow): (usize, usize, usize, usize),
+        kernel: impl Fn(&mut Recorder, &Tensor, (usize, usize), &Tensor, (usize, usize)) -> Result<()>,
+        what: &str,
+    ) {
+        let (hf, wf) = (h * f, w * f);
+        let src = Tensor::from_f32_as(ctx, &[n, ci, h, w], data, dt, "src").unwrap();
+        let out = Tensor::empty(ctx, &[n, co, hf, wf], dt, "out").unwrap();
+        let mut rec = Recorder::new(ctx);
+        kernel(&mut rec, &src, (0, 0), &out, (0, 0)).unwrap();
+        rec.submit().unwrap();
+        assert_eq!(out.to_f32(ctx).unwrap(), want, "{dt:?} {what}");
+        let (sy, sx) = (oy / f, ox / f);
+        let (sh, sw) = ((oy + oh).div_ceil(f) - sy, (ox + ow).div_ceil(f) - sx);
+        let mut part = vec![0.0; n * ci * sh * sw];
+        let copy = crate::kernels::tensor_ops::cpu_copy_window;
+        copy(
+            data,
+            (h, w),
+            (sy, sx),
+            &mut part,
+            (sh, sw),
+            (0, 0),
+            (sh, sw),
+            n * ci,
+        );
+        let src = Tensor::from_f32_as(ctx, &[n, ci, sh, sw], &part, dt, "src").unwrap();
+        let out = Tensor::empty(ctx, &[n, co, oh, ow], dt, "out").unwrap();
+        let mut rec = Recorder::new(ctx);
+        kernel(&mut rec, &src, (sy, sx), &out, (oy, ox)).unwrap();
+        rec.submit().unwrap();
+        let mut want_win = vec![0.0; n * co * oh * ow];
+        copy(
+            want,
+            (hf, wf),
+            (oy, ox),
+            &mut want_win,
+            (oh, ow),
+            (0, 0),
+            (oh, ow),
+            n * co,
+        );
+        assert_eq!(out.to_f32(ctx).unwrap(), want_win, "{dt:?} {what} window");
+    }
+
+    /// Whole images and windows at odd offsets (rows 3..9, columns 5..12
+    /// from source rows 1..5, columns 2..6), both time factors, every
     /// storage type: bit-equal to the CPU reference (a copy).
     #[test]
     fn dup_up_matches_cpu_whole_and_windowed() {
@@ -252,44 +305,14 @@ mod tests {
                     .map(|v| crate::gpu::storage::round_through(v, dt))
                     .collect();
                 let want = cpu_dup_up(&data, [n, ci, h, w], co, ft);
-                let src = Tensor::from_f32_as(&ctx, &[n, ci, h, w], &data, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[n, co, 2 * h, 2 * w], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                dup_up(&mut rec, &src, (0, 0), &out, (0, 0), ft).unwrap();
-                rec.submit().unwrap();
-                assert_eq!(out.to_f32(&ctx).unwrap(), want, "{dt:?} {ci}->{co} ft {ft}");
-                // The window rows 3..9, columns 5..12 from the source window
-                // rows 1..5, columns 2..6.
-                let (oy, ox, oh, ow) = (3, 5, 6, 7);
-                let (sy, sx, sh, sw) = (1, 2, 4, 4);
-                let mut part = vec![0.0; n * ci * sh * sw];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &data,
-                    (h, w),
-                    (sy, sx),
-                    &mut part,
-                    (sh, sw),
-                    (0, 0),
-                    (sh, sw),
-                    n * ci,
+                check_windows(
+                    (&ctx, dt),
+                    (&data, [n, ci, h, w]),
+                    (&want, co, 2),
+                    (3, 5, 6, 7),
+                    |rec, src, from, out, at| dup_up(rec, src, from, out, at, ft),
+                    &format!("{ci}->{co} ft {ft}"),
                 );
-                let src = Tensor::from_f32_as(&ctx, &[n, ci, sh, sw], &part, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[n, co, oh, ow], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                dup_up(&mut rec, &src, (sy, sx), &out, (oy, ox), ft).unwrap();
-                rec.submit().unwrap();
-                let mut want_win = vec![0.0; n * co * oh * ow];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &want,
-                    (2 * h, 2 * w),
-                    (oy, ox),
-                    &mut want_win,
-                    (oh, ow),
-                    (0, 0),
-                    (oh, ow),
-                    n * co,
-                );
-                assert_eq!(out.to_f32(&ctx).unwrap(), want_win, "{dt:?} window");
             }
         }
     }
@@ -316,46 +339,14 @@ mod tests {
                     .map(|v| crate::gpu::storage::round_through(v, dt))
                     .collect();
                 let want = cpu_pixel_shuffle(&data, [t, c, h, w], p);
-                let (hp, wp) = (h * p, w * p);
-                let src = Tensor::from_f32_as(&ctx, &[t, ci, h, w], &data, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[t, c, hp, wp], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                pixel_shuffle(&mut rec, &src, (0, 0), &out, (0, 0), p).unwrap();
-                rec.submit().unwrap();
-                assert_eq!(out.to_f32(&ctx).unwrap(), want, "{dt:?} p {p}");
-                // Output rows 3..3+oh, columns 5..5+ow from the source rows
-                // and columns under them.
-                let (oy, ox, oh, ow) = (3, 5, 2 * p + 1, 3 * p - 1);
-                let (sy, sx) = (oy / p, ox / p);
-                let (sh, sw) = ((oy + oh).div_ceil(p) - sy, (ox + ow).div_ceil(p) - sx);
-                let mut part = vec![0.0; t * ci * sh * sw];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &data,
-                    (h, w),
-                    (sy, sx),
-                    &mut part,
-                    (sh, sw),
-                    (0, 0),
-                    (sh, sw),
-                    t * ci,
+                check_windows(
+                    (&ctx, dt),
+                    (&data, [t, ci, h, w]),
+                    (&want, c, p),
+                    (3, 5, 2 * p + 1, 3 * p - 1),
+                    |rec, src, from, out, at| pixel_shuffle(rec, src, from, out, at, p),
+                    &format!("p {p}"),
                 );
-                let src = Tensor::from_f32_as(&ctx, &[t, ci, sh, sw], &part, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[t, c, oh, ow], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                pixel_shuffle(&mut rec, &src, (sy, sx), &out, (oy, ox), p).unwrap();
-                rec.submit().unwrap();
-                let mut want_win = vec![0.0; t * c * oh * ow];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &want,
-                    (hp, wp),
-                    (oy, ox),
-                    &mut want_win,
-                    (oh, ow),
-                    (0, 0),
-                    (oh, ow),
-                    t * c,
-                );
-                assert_eq!(out.to_f32(&ctx).unwrap(), want_win, "{dt:?} p {p} window");
             }
         }
     }
