@@ -12,7 +12,7 @@ use crate::kernels::attention::attention_with;
 use crate::kernels::conv2d::{
     conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
 };
-use crate::kernels::dup_up::{shuffled_channels, to_space};
+use crate::kernels::dup_up::to_space;
 use crate::kernels::elementwise::unary;
 use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
@@ -281,13 +281,14 @@ fn step(
                 state,
             )?)
         }
-        Op::DupUp { x, channels, ft } => {
-            Some(to_space_whole(rec, get(slots, *x)?, *channels, (*ft, 2))?)
-        }
-        Op::PixelShuffle { x, factor } => {
+        Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
             let x = get(slots, *x)?;
-            let c = shuffled_channels(dims4(x)?[1], *factor)?;
-            Some(to_space_whole(rec, x, c, (1, *factor))?)
+            let [n, c, h, w] = dims4(x)?;
+            let (channels, (ft, f)) = op.space_factors(c)?;
+            let shape = [n, channels, f * h, f * w];
+            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
+            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f))?;
+            Some(out)
         }
         Op::FrameAttention {
             x,
@@ -325,21 +326,6 @@ fn step(
         slots[t.0] = None;
     }
     Ok(())
-}
-
-/// `x` `[N, C, H, W]` to `channels` at `f`× its resolution, time factor
-/// `ft` ([`Op::DupUp`], [`Op::PixelShuffle`]), into a new tensor.
-fn to_space_whole(
-    rec: &mut Recorder,
-    x: &Tensor,
-    channels: usize,
-    (ft, f): (usize, usize),
-) -> Result<Tensor> {
-    let [n, _, h, w] = dims4(x)?;
-    let shape = [n, channels, f * h, f * w];
-    let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
-    to_space(rec, x, (0, 0), &out, (0, 0), (ft, f))?;
-    Ok(out)
 }
 
 /// `x` [T, C, H, W] one frame later: frame 0 from cache slot `slot`

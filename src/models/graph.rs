@@ -25,7 +25,9 @@
 //! Cache slots live in the executor's state between calls
 //! ([`crate::exec::untiled::VideoState`]), not in the graph's lifetimes.
 
+use crate::error::{Error, Result};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
+use crate::kernels::dup_up::shuffled_channels;
 use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
@@ -210,6 +212,19 @@ pub(crate) enum Op {
         name: String,
         activated: Option<(TensorId, Activation)>,
     },
+}
+
+impl Op {
+    /// [`Op::DupUp`] and [`Op::PixelShuffle`] of an input of `c` channels as
+    /// channels to space: the output channels and the (time, space) factors
+    /// of [`crate::kernels::dup_up::to_space`].
+    pub(crate) fn space_factors(&self, c: usize) -> Result<(usize, (usize, usize))> {
+        match self {
+            Op::DupUp { channels, ft, .. } => Ok((*channels, (*ft, 2))),
+            Op::PixelShuffle { factor, .. } => Ok((shuffled_channels(c, *factor)?, (1, *factor))),
+            op => Err(Error::Internal(format!("{op:?} is not channels to space"))),
+        }
+    }
 }
 
 /// A model's layers, weights included.

@@ -173,17 +173,16 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 push(LayerKind::Pass, pass("rms_norm", s, 1, 1));
                 Some(s)
             }
-            Op::DupUp { x, channels, .. } => {
-                let [n, _, h, w] = shape(*x)?;
-                let s = [n, *channels, 2 * h, 2 * w];
-                push(LayerKind::Pass, pass("dup_up", s, 1, 1));
-                Some(s)
-            }
-            Op::PixelShuffle { x, factor } => {
+            Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                 let [n, c, h, w] = shape(*x)?;
-                let f = *factor;
-                let s = [n, c / (f * f).max(1), f * h, f * w];
-                push(LayerKind::Pass, pass("pixel_shuffle", s, 1, 1));
+                let (channels, (_, f)) = op.space_factors(c)?;
+                let s = [n, channels, f * h, f * w];
+                let name = if matches!(op, Op::DupUp { .. }) {
+                    "dup_up"
+                } else {
+                    "pixel_shuffle"
+                };
+                push(LayerKind::Pass, pass(name, s, 1, 1));
                 Some(s)
             }
             Op::TimeGrow { x, stride } => {

@@ -5,7 +5,6 @@
 
 use super::{Act, AttentionSpec, ConvSpec, Executor, Residual as ExResidual, VideoCaches};
 use crate::error::{Error, Result};
-use crate::kernels::dup_up::shuffled_channels;
 use crate::models::graph::{Geometry, Graph, Mode, Op, Residual, TensorId};
 use crate::models::layers::identity_affine;
 use crate::tensor::Tensor;
@@ -119,17 +118,9 @@ impl Executor {
                         ));
                     }
                     let x = act(&slots, *x)?;
-                    let (channels, factors) = match op {
-                        Op::DupUp { channels, ft, .. } => (*channels, (*ft, 2)),
-                        Op::PixelShuffle { factor, .. } => {
-                            (shuffled_channels(x.c, *factor)?, (1, *factor))
-                        }
-                        _ => return Err(Error::Internal("not a channels-to-space op".into())),
-                    };
-                    (
-                        Some(Value::Act(self.channels_to_space(x, channels, factors)?)),
-                        None,
-                    )
+                    let (channels, factors) = op.space_factors(x.c)?;
+                    let y = self.channels_to_space(x, channels, factors)?;
+                    (Some(Value::Act(y)), None)
                 }
                 Op::FrameAttention {
                     x,
