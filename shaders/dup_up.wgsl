@@ -1,7 +1,8 @@
-// The channel-to-space shortcut of a residual Wan up block (diffusers' DupUp3D on a
-// video's first frame, as Wan 2.2 and Qwen-Image 2.1 decode it):
-//   out[n, o, Y, X] = src[n, c, Y / 2, X / 2],
-//   c = (((o * FT + FT - 1) * 2 + Y % 2) * 2 + X % 2) / repeats
+// Channels to space by a factor F: the shortcut of a residual Wan up block (diffusers'
+// DupUp3D on a video's first frame, as Wan 2.2 and Qwen-Image 2.1 decode it; F = 2) and
+// PyTorch's pixel_shuffle (FT = 1, repeats = 1):
+//   out[n, o, Y, X] = src[n, c, Y / F, X / F],
+//   c = (((o * FT + FT - 1) * F + Y % F) * F + X % F) / repeats
 // (the channel the repeat_interleave / view / permute of DupUp3D puts at that pixel; the
 // first chunk keeps only the last of FT sub-frames). Y, X are whole-image coordinates:
 // `out` is a window at (oy, ox) of the up-sampled image and `src` a window at (sy, sx) of
@@ -23,7 +24,7 @@ struct Params {
     sy: u32,
     sx: u32,
     repeats: u32,
-    _p0: u32,
+    f: u32,
     _p1: u32,
     _p2: u32,
 }
@@ -45,8 +46,8 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let b = r2 / p.co;
     let gy = p.oy + y;
     let gx = p.ox + x;
-    let c = (((o * p.ft + p.ft - 1u) * 2u + (gy & 1u)) * 2u + (gx & 1u)) / p.repeats;
-    let ly = (gy >> 1u) - p.sy;
-    let lx = (gx >> 1u) - p.sx;
+    let c = (((o * p.ft + p.ft - 1u) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
+    let ly = gy / p.f - p.sy;
+    let lx = gx / p.f - p.sx;
     out_st(i, src_ld(((b * p.ci + c) * p.sh + ly) * p.sw + lx));
 }

@@ -5,6 +5,7 @@
 //   2 ReLU         max(x, 0)
 //   3 tanh clamp   tanh(x / alpha) * alpha      (TAE latent clamp, alpha = 3)
 //   4 add          x + y                        (entry `binary`)
+//   5 clamp        clamp(x, alpha, beta)        (Wan's output to [-1, 1])
 // Storage through `#storage` accessors (f32, f16, packed f16/bf16); arithmetic is f32.
 // `unary` may convert: x and out can have different storage types.
 // One element per invocation: these ops are memory bound.
@@ -34,6 +35,7 @@ fn unary_op(v: f32) -> f32 {
         case 2u: { return max(v, 0.0); }
         // tanh saturates long before |v| = 20 alpha; clamping avoids inf/inf.
         case 3u: { return tanh(clamp(v / p.alpha, -20.0, 20.0)) * p.alpha; }
+        case 5u: { return clamp(v, p.alpha, p.beta); }
         default: { return v; }
     }
 }

@@ -810,6 +810,18 @@ fn packed_f16_engine_on_a_device_without_shader_f16() {
 /// bad targets are refused before anything is recorded.
 #[test]
 fn video_chunks_recorded_into_host_textures_match_push() {
+    check_video_textures("taew2_1-rand", "taew2_1.safetensors");
+}
+
+/// As [`video_chunks_recorded_into_host_textures_match_push`] for a
+/// patch-size-2 model (taew2_2-rand): its pixel shuffle is a graph op, so
+/// its frames reach host textures too.
+#[test]
+fn patch_size_2_video_chunks_recorded_into_host_textures_match_push() {
+    check_video_textures("taew2_2-rand", "taew2_2.safetensors");
+}
+
+fn check_video_textures(name: &str, file: &str) {
     use std::sync::Arc;
     use wgpu::{TextureFormat as F, TextureUsages as U};
     use wgvae::kernels::image::ImageRange;
@@ -818,13 +830,13 @@ fn video_chunks_recorded_into_host_textures_match_push() {
     use wgvae::{Context, VideoDecoder};
 
     let Some(shared) = shared_dir() else { return };
-    let dir = shared.join("golden/taew2_1-rand");
+    let dir = shared.join("golden").join(name);
     let (device, queue) = host();
     let ctx = Context::from_device(device.clone(), queue.clone());
-    let store = WeightStore::from_safetensors(&dir.join("taew2_1.safetensors")).unwrap();
+    let store = WeightStore::from_safetensors(&dir.join(file)).unwrap();
     let vae = Arc::new(VideoVae::Taehv(TaehvDecoder::load(&ctx, &store).unwrap()));
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
-    let [_, _, c, h, w] = latents.shape[..] else {
+    let [_, t, c, h, w] = latents.shape[..] else {
         panic!("latents are not 5-D")
     };
     let frame = c * h * w;
@@ -835,7 +847,7 @@ fn video_chunks_recorded_into_host_textures_match_push() {
         )
         .unwrap()
     };
-    let chunks = [chunk(0, 1), chunk(1, 3)];
+    let chunks = [chunk(0, 1), chunk(1, t.min(3))];
 
     // Reference: push/finish, frames converted to RGBA8 on the host.
     let mut reference = VideoDecoder::shared(&ctx, Arc::clone(&vae));
@@ -913,7 +925,7 @@ fn video_chunks_recorded_into_host_textures_match_push() {
         got.extend(texs.iter().map(|t| rgb_of(&read_rgba8(device, queue, t))));
     }
     assert_eq!(got.len(), want.len());
-    assert_eq!(got.len(), VideoDecoder::frames_for(vae.model(), 3));
+    assert_eq!(got.len(), VideoDecoder::frames_for(vae.model(), t.min(3)));
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         let (worst, differing) = compare(a, b);
         assert!(

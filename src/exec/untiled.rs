@@ -12,7 +12,7 @@ use crate::kernels::attention::attention_with;
 use crate::kernels::conv2d::{
     conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
 };
-use crate::kernels::dup_up::dup_up;
+use crate::kernels::dup_up::to_space;
 use crate::kernels::elementwise::unary;
 use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
@@ -281,12 +281,13 @@ fn step(
                 state,
             )?)
         }
-        Op::DupUp { x, channels, ft } => {
+        Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
             let x = get(slots, *x)?;
-            let [n, _, h, w] = dims4(x)?;
-            let shape = [n, *channels, 2 * h, 2 * w];
-            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "dup up")?;
-            dup_up(rec, x, (0, 0), &out, (0, 0), *ft)?;
+            let [n, c, h, w] = dims4(x)?;
+            let (channels, (ft, f)) = op.space_factors(c)?;
+            let shape = [n, channels, f * h, f * w];
+            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
+            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f))?;
             Some(out)
         }
         Op::FrameAttention {

@@ -1,6 +1,7 @@
-//! `shaders/dup_up.wgsl`: the channel-to-space shortcut of a residual Wan up
-//! block (diffusers' `DupUp3D` on a video's first frame; Wan 2.2 and
-//! Qwen-Image 2.1 decoders), on windows so tiles read what the whole image does.
+//! `shaders/dup_up.wgsl`: channels to space, on windows so tiles read what
+//! the whole image does: the shortcut of a residual Wan up block (diffusers'
+//! `DupUp3D` on a video's first frame; Wan 2.2 and Qwen-Image 2.1 decoders)
+//! and PyTorch's `pixel_shuffle` (patch-size-2 TAEHV decoders' output).
 
 use bytemuck::{Pod, Zeroable};
 
@@ -43,10 +44,12 @@ pub struct Params {
     pub sy: u32,
     /// See `sy`.
     pub sx: u32,
-    /// Copies of each source channel (`co · ft · 4 / ci`).
+    /// Copies of each source channel (`co · ft · f² / ci`).
     pub repeats: u32,
+    /// Up-sampling factor along each axis.
+    pub f: u32,
     /// Padding to 64 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// The kernel.
@@ -71,10 +74,58 @@ pub fn source_channel(o: usize, ft: usize, repeats: usize, a: usize, b: usize) -
 pub fn dup_up(
     rec: &mut Recorder,
     src: &Tensor,
+    from: (usize, usize),
+    out: &Tensor,
+    at: (usize, usize),
+    ft: usize,
+) -> Result<()> {
+    to_space(rec, src, from, out, at, (ft, 2))
+}
+
+/// PyTorch's `pixel_shuffle` by `factor` of the window at `from` of the
+/// whole image's `[N, CO·f², H, W]` into `out` `[N, CO, OH, OW]`, the window
+/// at `at` of `[N, CO, H·f, W·f]` (covering windows as [`dup_up`]).
+pub fn pixel_shuffle(
+    rec: &mut Recorder,
+    src: &Tensor,
+    from: (usize, usize),
+    out: &Tensor,
+    at: (usize, usize),
+    factor: usize,
+) -> Result<()> {
+    let ci = src.shape().get(1).copied().unwrap_or(0);
+    if out.shape().get(1) != Some(&shuffled_channels(ci, factor)?) {
+        return Err(Error::shape(
+            "pixel_shuffle",
+            format!(
+                "{src:?} → {out:?}: a pixel shuffle by {factor} gives {ci} / {factor}² channels"
+            ),
+        ));
+    }
+    to_space(rec, src, from, out, at, (1, factor))
+}
+
+/// Channels a pixel shuffle by `factor` leaves of `c`.
+pub fn shuffled_channels(c: usize, factor: usize) -> Result<usize> {
+    let p2 = factor * factor;
+    if p2 == 0 || !c.is_multiple_of(p2) {
+        return Err(Error::shape(
+            "pixel_shuffle",
+            format!("{c} channels do not pixel-shuffle by {factor}: they must be a multiple of {factor}² = {p2}"),
+        ));
+    }
+    Ok(c / p2)
+}
+
+/// Channels to space with time factor `ft` and space factor `f` (see the
+/// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`.
+pub fn to_space(
+    rec: &mut Recorder,
+    src: &Tensor,
     (sy, sx): (usize, usize),
     out: &Tensor,
     (oy, ox): (usize, usize),
-    ft: usize,
+    (ft, f): (usize, usize),
 ) -> Result<()> {
     const OP: &str = "dup_up";
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
@@ -83,19 +134,26 @@ pub fn dup_up(
     };
     let [n, ci, sh, sw] = dims(src)?;
     let [on, co, oh, ow] = dims(out)?;
-    let factor = co * ft.max(1) * 4;
-    if on != n || ci == 0 || ft == 0 || !factor.is_multiple_of(ci) || src.dtype() != out.dtype() {
+    let factor = co * ft.max(1) * f * f;
+    if on != n
+        || ci == 0
+        || co == 0
+        || ft == 0
+        || f == 0
+        || !factor.is_multiple_of(ci)
+        || src.dtype() != out.dtype()
+    {
         return Err(Error::shape(
             OP,
-            format!("src {src:?} → out {out:?} (time factor {ft}): same N and dtype, out channels · {ft} · 4 a multiple of src channels"),
+            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}): same N and dtype, out channels · {ft} · {f}² a multiple of src channels"),
         ));
     }
     let covers = oh == 0
         || ow == 0
-        || (sy <= oy / 2
-            && sx <= ox / 2
-            && (oy + oh - 1) / 2 < sy + sh
-            && (ox + ow - 1) / 2 < sx + sw);
+        || (sy <= oy / f
+            && sx <= ox / f
+            && (oy + oh - 1) / f < sy + sh
+            && (ox + ow - 1) / f < sx + sw);
     if !covers || src.overlaps(out) {
         return Err(Error::shape(
             OP,
@@ -122,7 +180,8 @@ pub fn dup_up(
         sy: u(sy)?,
         sx: u(sx)?,
         repeats: u(factor / ci)?,
-        _pad: [0; 3],
+        f: u(f)?,
+        _pad: [0; 2],
     };
     let groups = linear_groups(rec.ctx(), (total as u64).div_ceil(WG as u64))?;
     let st = storage_of(rec, &[("src", src)])?;
@@ -150,6 +209,28 @@ pub fn cpu_dup_up(src: &[f32], [n, ci, h, w]: [usize; 4], co: usize, ft: usize) 
     out
 }
 
+/// CPU reference of [`pixel_shuffle`] on whole images, as PyTorch writes
+/// it (`[T, C·p², H, W]` → view `[T, C, p, p, H, W]` → permute to
+/// `[T, C, H, p, W, p]`): `x` `[t, c·p², h, w]` → `[t, c, h·p, w·p]`.
+pub fn cpu_pixel_shuffle(x: &[f32], [t, c, h, w]: [usize; 4], p: usize) -> Vec<f32> {
+    let mut out = Vec::with_capacity(x.len());
+    for f in 0..t {
+        for ch in 0..c {
+            for y in 0..h {
+                for i in 0..p {
+                    for xx in 0..w {
+                        for j in 0..p {
+                            let src_c = (ch * p + i) * p + j;
+                            out.push(x[((f * c * p * p + src_c) * h + y) * w + xx]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     StorageType::ALL.iter().map(|t| (DUP_UP, key(*t))).collect()
 }
@@ -159,7 +240,60 @@ mod tests {
     use super::*;
     use crate::testing::rand_vec;
 
-    /// Whole images and windows at odd offsets, both time factors, every
+    /// Output windows of `kernel` (channels to space by `f`): `data`
+    /// `[n, ci, h, w]` whole, then the output window `(oy, ox, oh, ow)` from
+    /// the source window under it, each bit-equal to `want` `[n, co, h·f,
+    /// w·f]` (its window: a copy).
+    fn check_windows(
+        (ctx, dt): (&crate::gpu::Context, crate::tensor::DType),
+        (data, [n, ci, h, w]): (&[f32], [usize; 4]),
+        (want, co, f): (&[f32], usize, usize),
+        (oy, ox, oh, ow): (usize, usize, usize, usize),
+        kernel: impl Fn(&mut Recorder, &Tensor, (usize, usize), &Tensor, (usize, usize)) -> Result<()>,
+        what: &str,
+    ) {
+        let (hf, wf) = (h * f, w * f);
+        let src = Tensor::from_f32_as(ctx, &[n, ci, h, w], data, dt, "src").unwrap();
+        let out = Tensor::empty(ctx, &[n, co, hf, wf], dt, "out").unwrap();
+        let mut rec = Recorder::new(ctx);
+        kernel(&mut rec, &src, (0, 0), &out, (0, 0)).unwrap();
+        rec.submit().unwrap();
+        assert_eq!(out.to_f32(ctx).unwrap(), want, "{dt:?} {what}");
+        let (sy, sx) = (oy / f, ox / f);
+        let (sh, sw) = ((oy + oh).div_ceil(f) - sy, (ox + ow).div_ceil(f) - sx);
+        let mut part = vec![0.0; n * ci * sh * sw];
+        let copy = crate::kernels::tensor_ops::cpu_copy_window;
+        copy(
+            data,
+            (h, w),
+            (sy, sx),
+            &mut part,
+            (sh, sw),
+            (0, 0),
+            (sh, sw),
+            n * ci,
+        );
+        let src = Tensor::from_f32_as(ctx, &[n, ci, sh, sw], &part, dt, "src").unwrap();
+        let out = Tensor::empty(ctx, &[n, co, oh, ow], dt, "out").unwrap();
+        let mut rec = Recorder::new(ctx);
+        kernel(&mut rec, &src, (sy, sx), &out, (oy, ox)).unwrap();
+        rec.submit().unwrap();
+        let mut want_win = vec![0.0; n * co * oh * ow];
+        copy(
+            want,
+            (hf, wf),
+            (oy, ox),
+            &mut want_win,
+            (oh, ow),
+            (0, 0),
+            (oh, ow),
+            n * co,
+        );
+        assert_eq!(out.to_f32(ctx).unwrap(), want_win, "{dt:?} {what} window");
+    }
+
+    /// Whole images and windows at odd offsets (rows 3..9, columns 5..12
+    /// from source rows 1..5, columns 2..6), both time factors, every
     /// storage type: bit-equal to the CPU reference (a copy).
     #[test]
     fn dup_up_matches_cpu_whole_and_windowed() {
@@ -171,45 +305,63 @@ mod tests {
                     .map(|v| crate::gpu::storage::round_through(v, dt))
                     .collect();
                 let want = cpu_dup_up(&data, [n, ci, h, w], co, ft);
-                let src = Tensor::from_f32_as(&ctx, &[n, ci, h, w], &data, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[n, co, 2 * h, 2 * w], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                dup_up(&mut rec, &src, (0, 0), &out, (0, 0), ft).unwrap();
-                rec.submit().unwrap();
-                assert_eq!(out.to_f32(&ctx).unwrap(), want, "{dt:?} {ci}->{co} ft {ft}");
-                // The window rows 3..9, columns 5..12 from the source window
-                // rows 1..5, columns 2..6.
-                let (oy, ox, oh, ow) = (3, 5, 6, 7);
-                let (sy, sx, sh, sw) = (1, 2, 4, 4);
-                let mut part = vec![0.0; n * ci * sh * sw];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &data,
-                    (h, w),
-                    (sy, sx),
-                    &mut part,
-                    (sh, sw),
-                    (0, 0),
-                    (sh, sw),
-                    n * ci,
+                check_windows(
+                    (&ctx, dt),
+                    (&data, [n, ci, h, w]),
+                    (&want, co, 2),
+                    (3, 5, 6, 7),
+                    |rec, src, from, out, at| dup_up(rec, src, from, out, at, ft),
+                    &format!("{ci}->{co} ft {ft}"),
                 );
-                let src = Tensor::from_f32_as(&ctx, &[n, ci, sh, sw], &part, dt, "src").unwrap();
-                let out = Tensor::empty(&ctx, &[n, co, oh, ow], dt, "out").unwrap();
-                let mut rec = Recorder::new(&ctx);
-                dup_up(&mut rec, &src, (sy, sx), &out, (oy, ox), ft).unwrap();
-                rec.submit().unwrap();
-                let mut want_win = vec![0.0; n * co * oh * ow];
-                crate::kernels::tensor_ops::cpu_copy_window(
-                    &want,
-                    (2 * h, 2 * w),
-                    (oy, ox),
-                    &mut want_win,
-                    (oh, ow),
-                    (0, 0),
-                    (oh, ow),
-                    n * co,
-                );
-                assert_eq!(out.to_f32(&ctx).unwrap(), want_win, "{dt:?} window");
             }
+        }
+    }
+
+    /// PyTorch's order on one known case: one frame, one output channel,
+    /// p = 2, a 1×2 input: out[y][x] = in[(y % 2)·2 + x % 2][0][x / 2].
+    #[test]
+    fn cpu_pixel_shuffle_matches_pytorch_order() {
+        let x: Vec<f32> = (0..8).map(|v| v as f32).collect(); // [1, 4, 1, 2]
+        let y = cpu_pixel_shuffle(&x, [1, 1, 1, 2], 2);
+        assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
+    }
+
+    /// Pixel shuffles by 2, 3 and 4 of odd shapes, whole and on a window at
+    /// odd offsets, every storage type: bit-equal to the CPU reference.
+    #[test]
+    fn pixel_shuffle_matches_cpu_whole_and_windowed() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            for (p, c) in [(2, 3), (3, 1), (4, 3)] {
+                let (t, h, w) = (3, 5, 7);
+                let ci = c * p * p;
+                let data: Vec<f32> = rand_vec(t * ci * h * w, 9, 2.0)
+                    .into_iter()
+                    .map(|v| crate::gpu::storage::round_through(v, dt))
+                    .collect();
+                let want = cpu_pixel_shuffle(&data, [t, c, h, w], p);
+                check_windows(
+                    (&ctx, dt),
+                    (&data, [t, ci, h, w]),
+                    (&want, c, p),
+                    (3, 5, 2 * p + 1, 3 * p - 1),
+                    |rec, src, from, out, at| pixel_shuffle(rec, src, from, out, at, p),
+                    &format!("p {p}"),
+                );
+            }
+        }
+    }
+
+    /// Channels that are not the output's times p² are refused.
+    #[test]
+    fn pixel_shuffle_refuses_wrong_channels() {
+        let ctx = crate::testing::test_context();
+        let out = Tensor::empty(&ctx, &[1, 3, 4, 4], crate::tensor::DType::F32, "out").unwrap();
+        for (ci, says) in [(8, "gives 8 / 2²"), (6, "multiple of 2²")] {
+            let data = vec![0.0; ci * 4];
+            let src = Tensor::from_f32(&ctx, &[1, ci, 2, 2], &data, "src").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            let e = pixel_shuffle(&mut rec, &src, (0, 0), &out, (0, 0), 2).unwrap_err();
+            assert!(e.to_string().contains(says), "{e}");
         }
     }
 

@@ -1,4 +1,4 @@
-//! `shaders/elementwise.wgsl`: scale-shift, SiLU, ReLU, tanh clamp, add.
+//! `shaders/elementwise.wgsl`: scale-shift, SiLU, ReLU, tanh clamp, clamp, add.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -18,9 +18,9 @@ pub const WG: u32 = 256;
 pub struct Params {
     /// Elements.
     pub n: u32,
-    /// ScaleShift multiplier / TanhClamp bound.
+    /// ScaleShift multiplier / TanhClamp bound / Clamp lower bound.
     pub alpha: f32,
-    /// ScaleShift offset.
+    /// ScaleShift offset / Clamp upper bound.
     pub beta: f32,
     /// Padding to 16 bytes.
     pub _pad: u32,
@@ -49,6 +49,13 @@ pub enum Unary {
     Relu,
     /// `tanh(x / k) * k`
     TanhClamp(f32),
+    /// `x` clamped to `[lo, hi]` (Wan's output to [−1, 1]).
+    Clamp {
+        /// Lower bound.
+        lo: f32,
+        /// Upper bound.
+        hi: f32,
+    },
 }
 
 impl Unary {
@@ -58,6 +65,7 @@ impl Unary {
             Unary::Silu => (1, 1.0, 0.0),
             Unary::Relu => (2, 1.0, 0.0),
             Unary::TanhClamp(k) => (3, k, 0.0),
+            Unary::Clamp { lo, hi } => (5, lo, hi),
         }
     }
 
@@ -68,6 +76,7 @@ impl Unary {
             Unary::Silu => v / (1.0 + (-v).exp()),
             Unary::Relu => v.max(0.0),
             Unary::TanhClamp(k) => (v / k).tanh() * k,
+            Unary::Clamp { lo, hi } => v.clamp(lo, hi),
         }
     }
 }
@@ -155,7 +164,7 @@ pub fn add(rec: &mut Recorder, x: &Tensor, y: &Tensor, out: &Tensor) -> Result<(
 pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
     for t in StorageType::ALL {
-        for op in 0..4 {
+        for op in [0, 1, 2, 3, 5] {
             v.push((UNARY, key(&UNARY, op, &[("x", t), ("out", t)])));
         }
         for to in StorageType::ALL {
@@ -184,6 +193,7 @@ mod tests {
             Unary::Silu,
             Unary::Relu,
             Unary::TanhClamp(3.0),
+            Unary::Clamp { lo: -1.0, hi: 1.0 },
         ]
         .into_iter()
         .enumerate()

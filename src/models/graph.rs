@@ -25,7 +25,9 @@
 //! Cache slots live in the executor's state between calls
 //! ([`crate::exec::untiled::VideoState`]), not in the graph's lifetimes.
 
+use crate::error::{Error, Result};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
+use crate::kernels::dup_up::shuffled_channels;
 use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
 use crate::kernels::Activation;
@@ -190,6 +192,9 @@ pub(crate) enum Op {
         channels: usize,
         ft: usize,
     },
+    /// PyTorch's `pixel_shuffle` of `x` `[T, C·f², H, W]` into a new tensor
+    /// `[T, C, H·f, W·f]` (a patch-size-f TAEHV decoder's output).
+    PixelShuffle { x: TensorId, factor: usize },
     /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
     /// of `normed`, `out` projection added into `x` (consumed).
     FrameAttention {
@@ -207,6 +212,19 @@ pub(crate) enum Op {
         name: String,
         activated: Option<(TensorId, Activation)>,
     },
+}
+
+impl Op {
+    /// [`Op::DupUp`] and [`Op::PixelShuffle`] of an input of `c` channels as
+    /// channels to space: the output channels and the (time, space) factors
+    /// of [`crate::kernels::dup_up::to_space`].
+    pub(crate) fn space_factors(&self, c: usize) -> Result<(usize, (usize, usize))> {
+        match self {
+            Op::DupUp { channels, ft, .. } => Ok((*channels, (*ft, 2))),
+            Op::PixelShuffle { factor, .. } => Ok((shuffled_channels(c, *factor)?, (1, *factor))),
+            op => Err(Error::Internal(format!("{op:?} is not channels to space"))),
+        }
+    }
 }
 
 /// A model's layers, weights included.
@@ -428,6 +446,11 @@ impl Builder {
         self.push(Op::DupUp { x, channels, ft }, true)
     }
 
+    /// `x` pixel-shuffled by `factor` (see [`Op::PixelShuffle`]).
+    pub(crate) fn pixel_shuffle(&mut self, x: TensorId, factor: usize) -> TensorId {
+        self.push(Op::PixelShuffle { x, factor }, true)
+    }
+
     /// Per-frame attention (see [`Op::FrameAttention`]).
     pub(crate) fn frame_attention(&mut self, op: Op) -> TensorId {
         debug_assert!(matches!(op, Op::FrameAttention { .. }));
@@ -447,9 +470,10 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. } | Op::TimeUpsample { x, .. } | Op::DupUp { x, .. } => {
-                (vec![*x], None)
-            }
+            Op::RmsNorm { x, .. }
+            | Op::TimeUpsample { x, .. }
+            | Op::DupUp { x, .. }
+            | Op::PixelShuffle { x, .. } => (vec![*x], None),
             Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
             Op::CausalConv { x, residual, .. } => match residual {
                 Residual::None => (vec![*x], None),

@@ -256,7 +256,11 @@ impl TaehvDecoder {
             true,
         )?;
         let w = b.weights(w);
-        let y = b.conv_plain(x, w, Geometry::Same);
+        let mut y = b.conv_plain(x, w, Geometry::Same);
+        if patch_size > 1 {
+            // taehv.py's `F.pixel_shuffle(x, patch_size)` after the decoder.
+            y = b.pixel_shuffle(y, patch_size);
+        }
         store.finish(&[])?;
         Ok(TaehvDecoder {
             latent_channels,

@@ -19,6 +19,7 @@ use std::path::{Path, PathBuf};
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
+use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
 use crate::models::diffusers_folder::bad;
 use crate::models::graph::{Conv, Geometry, Graph, Residual};
@@ -232,6 +233,11 @@ impl WanDecoder {
         }
         x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
         x = g.causal(x, "decoder.conv_out", [3, width, 3, 3], Residual::None)?;
+        if !image {
+            // diffusers' `AutoencoderKLWan.decode` clamps the frames; an image
+            // graph's output maps to pixels, which clamps them anyway.
+            x = g.b.map(x, Unary::Clamp { lo: -1.0, hi: 1.0 });
+        }
         store.finish(&["encoder.", "quant_conv."])?;
         Ok(WanDecoder {
             config,

@@ -173,10 +173,16 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 push(LayerKind::Pass, pass("rms_norm", s, 1, 1));
                 Some(s)
             }
-            Op::DupUp { x, channels, .. } => {
-                let [n, _, h, w] = shape(*x)?;
-                let s = [n, *channels, 2 * h, 2 * w];
-                push(LayerKind::Pass, pass("dup_up", s, 1, 1));
+            Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
+                let [n, c, h, w] = shape(*x)?;
+                let (channels, (_, f)) = op.space_factors(c)?;
+                let s = [n, channels, f * h, f * w];
+                let name = if matches!(op, Op::DupUp { .. }) {
+                    "dup_up"
+                } else {
+                    "pixel_shuffle"
+                };
+                push(LayerKind::Pass, pass(name, s, 1, 1));
                 Some(s)
             }
             Op::TimeGrow { x, stride } => {

@@ -46,22 +46,20 @@ impl VideoRun {
     }
 
     /// Runs the rest of the video in exact tiles (set before its first
-    /// chunk): latent frames `h × w` of a graph whose output is
-    /// pixel-shuffled by `patch`, tiles of about `px_out` output pixels,
+    /// chunk): latent frames `h × w`, tiles of about `px_out` output pixels,
     /// within `budget` bytes of pool memory.
     pub(crate) fn start_tiles(
         &mut self,
         ctx: &Context,
         graph: &Graph,
-        (patch, px_out): (usize, usize),
+        px_out: usize,
         budget: u64,
         (h, w): (usize, usize),
     ) -> Result<()> {
         let levels = video_levels(graph);
         let scale = 1usize << (levels - 1);
-        let patch = patch.max(1);
-        // Graph-output pixels (before the pixel shuffle), a multiple of the scale.
-        let px = px_out.div_ceil(patch).div_ceil(scale).max(1) * scale;
+        // A multiple of the scale: every level's tile is half the next one's.
+        let px = px_out.div_ceil(scale).max(1) * scale;
         let base = ctx.pool().stats().allocated_bytes.current;
         let avail = budget.checked_sub(base).ok_or_else(|| {
             Error::OverBudget(format!(
@@ -80,7 +78,7 @@ impl VideoRun {
         self.tiled = Some(TiledVideo {
             exec: Executor::new(ctx, plan, None),
             caches: VideoCaches::default(),
-            px: px * patch,
+            px,
         });
         Ok(())
     }

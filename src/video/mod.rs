@@ -4,10 +4,10 @@
 //! batch dimension and keeping only its per-layer time caches (one frame
 //! each, from the pool) between chunks.
 //!
-//! Output is the decoder's raw float output in the reference's layout
-//! (TAEHV: frames `[T', 3, H, W]` before its clamp to [0, 1]), with the
-//! first `frames_to_trim` frames of a video dropped and the pixel shuffle of
-//! patch-size-2 models applied on the host as the frames come back.
+//! Output is the graph's float output in the reference's layout (TAEHV:
+//! frames `[T', 3, H, W]` before its clamp to [0, 1], pixel-shuffled by the
+//! graph for patch-size-2 models; Wan: clamped by the graph), less the first
+//! `frames_to_trim` frames of a video, which the read-back leaves out.
 //!
 //! A decoder borrows its model ([`VideoDecoder::new`]) or shares it
 //! ([`VideoDecoder::shared`], `'static`: for hosts that keep the decoder

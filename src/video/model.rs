@@ -51,12 +51,6 @@ impl<'a> VideoModel<'a> {
             VideoModel::Wan(_) => 0,
         }
     }
-    pub(super) fn patch_size(&self) -> usize {
-        match self {
-            VideoModel::Taehv(d) => d.patch_size,
-            VideoModel::Wan(_) => 1,
-        }
-    }
     /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
     pub fn channels_first(&self) -> bool {
         matches!(self, VideoModel::Wan(_))

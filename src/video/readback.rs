@@ -1,8 +1,10 @@
 //! Streamed read-back: a chunk is recorded and submitted with a copy of its
 //! output into one of two staging buffers, then mapped and converted to host
-//! frames (trim, pixel shuffle, Wan's clamp) when its frames are taken.
+//! frames when its frames are taken, less the frames the model trims at a
+//! video's start. The frames are the graph's output as they are: a model's
+//! post-processing (TAEHV's pixel shuffle, Wan's clamp) is part of its graph.
 
-use super::{VideoDecoder, VideoFrames, VideoModel};
+use super::{VideoDecoder, VideoFrames};
 use crate::error::{Error, Result};
 use crate::gpu::{MapAfter, Recorder};
 use crate::io::HostTensor;
@@ -14,7 +16,7 @@ pub(super) struct Pending {
     submitted: std::time::Instant,
     /// The staging slot's map (`None`: tiled, or a dry run).
     mapped: Option<MapAfter>,
-    /// Output `[frames, channels, h, w]` before trim and pixel shuffle.
+    /// Output `[frames, channels, h, w]` before the trim.
     shape: [usize; 4],
     dtype: crate::tensor::DType,
     bytes: u64,
@@ -124,77 +126,45 @@ impl VideoDecoder<'_> {
     /// Waits for `p`'s submission (not later ones) and converts its frames.
     pub(super) fn take(&mut self, p: Pending) -> Result<VideoFrames> {
         let [frames, channels, oh, ow] = p.shape;
-        let values = match (p.ready, p.mapped) {
-            (Some(v), _) => v,
+        // The frames the model trims at a video's start are not read.
+        let skip = self.to_trim.min(frames);
+        let per_frame = channels * oh * ow;
+        let kept = (frames - skip) * per_frame;
+        let data = match (p.ready, p.mapped) {
+            (Some(mut v), _) => {
+                v.drain(..(skip * per_frame).min(v.len()));
+                v
+            }
             (None, Some(mapped)) => {
                 mapped.wait(&self.ctx)?;
                 let Some((buffer, _)) = self.staging.get(p.slot).and_then(Option::as_ref) else {
                     return Err(Error::Internal("video staging buffer missing".into()));
                 };
+                let from = skip * per_frame * p.dtype.size() as usize;
                 // Unmapped on every path, so the slot stays usable for a copy.
                 let read = buffer
                     .slice(..p.bytes)
                     .get_mapped_range()
                     .map_err(|e| Error::Readback(e.to_string()))
-                    .and_then(|view| crate::tensor::f32_from_bytes_of(p.dtype, &view));
+                    .and_then(|view| {
+                        crate::tensor::f32_from_bytes_of(p.dtype, view.get(from..).unwrap_or(&[]))
+                    });
                 buffer.unmap();
                 let mut v = read?;
-                v.truncate(frames * channels * oh * ow);
+                v.truncate(kept);
                 v
             }
             // A dry run computes nothing: zeros of the right size.
-            _ => vec![0.0; frames * channels * oh * ow],
+            _ => vec![0.0; kept],
         };
         let latency_ms = p.submitted.elapsed().as_secs_f64() * 1e3;
-        let skip = self.to_trim.min(frames);
         self.to_trim -= skip;
-        let per_frame = channels * oh * ow;
-        let kept = values.get(skip * per_frame..).unwrap_or_default();
-        let patch = self.decoder.get().patch_size();
-        let out_c = channels / (patch * patch);
-        let mut data = pixel_shuffle(kept, frames - skip, out_c, patch, oh, ow);
-        if let VideoModel::Wan(_) = self.decoder.get() {
-            data.iter_mut().for_each(|v| *v = v.clamp(-1.0, 1.0));
-        }
         let first = self.delivered;
         self.delivered += frames - skip;
         Ok(VideoFrames {
-            frames: HostTensor::new(vec![frames - skip, out_c, oh * patch, ow * patch], data)?,
+            frames: HostTensor::new(vec![frames - skip, channels, oh, ow], data)?,
             first,
             latency_ms,
         })
-    }
-}
-
-/// `[T, C·p², H, W]` → `[T, C, H·p, W·p]` (PyTorch `pixel_shuffle`).
-fn pixel_shuffle(x: &[f32], t: usize, c: usize, p: usize, h: usize, w: usize) -> Vec<f32> {
-    if p == 1 {
-        return x.to_vec();
-    }
-    let (oh, ow) = (h * p, w * p);
-    let mut out = vec![0.0; t * c * oh * ow];
-    for (o, v) in out.iter_mut().enumerate() {
-        let (x_o, rest) = (o % ow, o / ow);
-        let (y_o, rest) = (rest % oh, rest / oh);
-        let (ch, f) = (rest % c, rest / c);
-        let (i, j) = (y_o % p, x_o % p);
-        let src_c = ch * p * p + i * p + j;
-        let src = ((f * c * p * p + src_c) * h + y_o / p) * w + x_o / p;
-        *v = x.get(src).copied().unwrap_or(0.0);
-    }
-    out
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn pixel_shuffle_matches_pytorch_order() {
-        // One frame, one output channel, p = 2, 1×2 input: channel k = i·2 + j.
-        let x: Vec<f32> = (0..8).map(|v| v as f32).collect(); // [1, 4, 1, 2]
-        let y = pixel_shuffle(&x, 1, 1, 2, 1, 2);
-        // out[y][x] = in[(y%2)*2 + x%2][0][x/2]
-        assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
     }
 }

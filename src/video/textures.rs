@@ -76,9 +76,8 @@ impl VideoDecoder<'_> {
     /// for [`VideoDecoder::push`]: **submit `encoder` before anything
     /// recorded later with this decoder's [`Context`](crate::gpu::Context)** (the next chunk may
     /// go into the same encoder), and keep the [`PendingFrames`] until
-    /// then. Untiled decodes of patch-size-1 models only: tiled decoders,
-    /// patch-size-2 TAEHV models (their pixel shuffle runs on the host) and
-    /// a pushed chunk whose frames were not taken yet are refused. Every
+    /// then. Untiled decodes only: tiled decoders and a pushed chunk whose
+    /// frames were not taken yet are refused. Every
     /// check runs before the first command is recorded; an error after
     /// that (out of memory) leaves a partial chunk in `encoder` (discard
     /// it) and the decoder unusable, as for `push`.
@@ -100,13 +99,6 @@ impl VideoDecoder<'_> {
             return Err(Error::InvalidInput(
                 "a pushed chunk's frames were not taken yet: call finish before recording a chunk into the host's encoder".into(),
             ));
-        }
-        let patch = model.patch_size();
-        if patch != 1 {
-            return Err(Error::Unsupported(format!(
-                "recording into host textures needs a patch-size-1 model; {} has patch size {patch} (its pixel shuffle runs on the host: use push)",
-                model.name()
-            )));
         }
         let [t, c, h, w] = match chunk.shape[..] {
             [t, c, h, w] => [t, c, h, w],

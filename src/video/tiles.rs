@@ -82,8 +82,7 @@ impl VideoDecoder<'_> {
         let model = self.decoder.get();
         let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
         let budget = self.tiling.budget(self.ctx.caps());
-        let shape = (model.patch_size(), px_out);
         self.run
-            .start_tiles(&self.ctx, model.graph(), shape, budget, hw)
+            .start_tiles(&self.ctx, model.graph(), px_out, budget, hw)
     }
 }

@@ -551,30 +551,38 @@ impl Executor {
         Ok((rgba, raw))
     }
 
-    /// `f` applied to every element of `x` (tile by tile, in place).
-    /// [`crate::models::graph::Op::DupUp`]: each output tile from the
-    /// window of `x` under it (whole-image coordinates, so tiles equal the
-    /// untiled result).
-    pub(crate) fn dup_up(&mut self, x: &Act, channels: usize, ft: usize) -> Result<Act> {
-        let mut out = self.empty_act(x.n, channels, 2 * x.h, 2 * x.w, x.dtype);
+    /// [`crate::models::graph::Op::DupUp`] (`(ft, 2)`) and
+    /// [`crate::models::graph::Op::PixelShuffle`] (`(1, f)`): `x` to
+    /// `channels` at `f`× its resolution, each output tile from the window
+    /// of `x` under it (whole-image coordinates, so tiles equal the untiled
+    /// result).
+    pub(crate) fn channels_to_space(
+        &mut self,
+        x: &Act,
+        channels: usize,
+        (ft, f): (usize, usize),
+    ) -> Result<Act> {
+        let mut out = self.empty_act(x.n, channels, f * x.h, f * x.w, x.dtype);
         for i in 0..out.grid.len() {
             let r = out.grid.rect(i);
-            let (y0, x0) = (r.y / 2, r.x / 2);
+            let (y0, x0) = (r.y / f, r.x / f);
             let win = Window::new(
                 y0,
                 x0,
-                r.bottom().div_ceil(2) - y0,
-                r.right().div_ceil(2) - x0,
+                r.bottom().div_ceil(f) - y0,
+                r.right().div_ceil(f) - x0,
             );
             let src = self.read_window(x, win)?;
-            let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "dup up")?;
-            crate::kernels::dup_up::dup_up(self.rec(), &src, (y0, x0), &o, (r.y, r.x), ft)?;
+            let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
+            let at = (r.y, r.x);
+            crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f))?;
             drop(src);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;
         }
         Ok(out)
     }
 
+    /// `f` applied to every element of `x` (tile by tile, in place).
     pub(crate) fn map(&mut self, mut x: Act, f: Unary) -> Result<Act> {
         let mut out = Act {
             pieces: (0..x.grid.len()).map(|_| Piece::Empty).collect(),

@@ -111,13 +111,15 @@ impl Executor {
                         self.time_upsample(x, graph.causal(*w), graph.conv(*up), *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
-                Op::DupUp { x, channels, ft } => {
+                Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                     if lookahead.is_some() {
                         return Err(Error::Unsupported(
-                            "GroupNorm statistics over a DupUp shortcut".into(),
+                            "GroupNorm statistics over a DupUp shortcut or a pixel shuffle".into(),
                         ));
                     }
-                    let y = self.dup_up(act(&slots, *x)?, *channels, *ft)?;
+                    let x = act(&slots, *x)?;
+                    let (channels, factors) = op.space_factors(x.c)?;
+                    let y = self.channels_to_space(x, channels, factors)?;
                     (Some(Value::Act(y)), None)
                 }
                 Op::FrameAttention {

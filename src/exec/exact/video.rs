@@ -53,17 +53,19 @@ impl VideoCaches {
     }
 }
 
-/// Resolution levels of a video graph: the latent and one per 2× up-sample.
+/// Resolution levels of a video graph: the latent and one per 2× up-sample
+/// (a pixel shuffle by 2ᵏ makes k: TAEHV's patch sizes are 1, 2 and 4).
 pub(crate) fn video_levels(graph: &Graph) -> usize {
     1 + graph
         .ops()
         .iter()
-        .filter(|op| match op {
-            Op::Conv(c) => c.geometry == Geometry::Upsample,
-            Op::TimeUpsample { .. } => true,
-            _ => false,
+        .map(|op| match op {
+            Op::Conv(c) if c.geometry == Geometry::Upsample => 1,
+            Op::TimeUpsample { .. } => 1,
+            Op::PixelShuffle { factor, .. } => factor.max(&1).ilog2() as usize,
+            _ => 0,
         })
-        .count()
+        .sum::<usize>()
 }
 
 /// Tile side per level (latent first) for tiles of `px` pixels of the
