@@ -307,8 +307,11 @@ impl Graph {
             let Some(out) = self.outs[i] else { continue };
             let shape = match op {
                 Op::Map { x, .. } => shapes[x.0],
-                Op::DupUp { x, channels, .. } => {
-                    shapes[x.0].map(|(_, h, w, d)| (*channels, 2 * h, 2 * w, d))
+                Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
+                    shapes[x.0].and_then(|(c, h, w, d)| {
+                        let (c, (_, f)) = op.space_factors(c).ok()?;
+                        Some((c, f * h, f * w, d))
+                    })
                 }
                 Op::Attention { x, out: o, .. } => {
                     let o = self.conv(*o);
