@@ -255,7 +255,9 @@ class WgvaeDecode:
 
 def to_image(x, output_range):
     """Decoder output N×3×H×W → IMAGE N×H×W×3: ComfyUI's process_output, clamp((x + 1) / 2, 0, 1)
-    for [-1, 1] decoders (TAE decoders give [0, 1]: clamp(x, 0, 1)), then movedim(1, -1)."""
+    for [-1, 1] decoders (TAE decoders give [0, 1]: clamp(x, 0, 1)), then movedim(1, -1).
+    An IMAGE is RGB, so an RGBA decoder's (Qwen-Image 2.1) alpha channel is left out."""
+    x = x[:, :3]
     lo, hi = output_range
     y = (x + 1.0) / 2.0 if (lo, hi) == (-1.0, 1.0) else (x - lo) / (hi - lo)
     return np.clip(y, 0.0, 1.0).transpose(0, 2, 3, 1)

@@ -215,6 +215,15 @@ def test_decode_tae_output_range(comfy, shared):
     assert err <= TOLERANCE
 
 
+def test_rgba_decoder_output_becomes_an_rgb_image():
+    """ComfyUI's IMAGE is RGB: an RGBA decoder's (Qwen-Image 2.1) alpha plane is left out."""
+    x = np.linspace(-1.5, 1.5, 2 * 4 * 3 * 5, dtype=np.float32).reshape(2, 4, 3, 5)
+    image = nodes.to_image(x, (-1.0, 1.0))
+    assert image.shape == (2, 3, 5, 3)
+    np.testing.assert_array_equal(image, nodes.to_image(x[:, :3], (-1.0, 1.0)))
+    np.testing.assert_allclose(image[..., 0], np.clip((x[:, 0] + 1) / 2, 0, 1))
+
+
 def test_decode_points_video_at_the_video_node(comfy):
     (image_vae,) = Loader().load("preset:sd15")
     with pytest.raises(ValueError, match=r"is a video: use WGVAE Decode \(Video\)"):
