@@ -41,10 +41,7 @@ impl Loaded {
     /// Wan pipeline latents → the raw z the decoder takes, in place;
     /// `latents` are `[N, C, T, h, w]` (TAEHV has no latent scaling).
     fn unnormalize(&self, latents: &mut HostTensor) -> wgvae::Result<()> {
-        match &*self.vae {
-            VideoVae::Wan(d) => d.unnormalize(latents),
-            VideoVae::Taehv(_) => Ok(()),
-        }
+        self.vae.unnormalize(latents)
     }
 }
 

@@ -117,6 +117,25 @@ impl VideoVae {
         precision.resolve(matches!(self, VideoVae::Taehv(_)), caps)
     }
 
+    /// Pipeline latents `[N, C, T, h, w]` → the raw z the decoder takes, in
+    /// place: Wan's `latents · latents_std + latents_mean` (from its config);
+    /// TAEHV decodes pipeline latents as they are.
+    pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
+        match self {
+            VideoVae::Wan(d) => d.unnormalize(latents),
+            VideoVae::Taehv(_) => Ok(()),
+        }
+    }
+
+    /// Where the latents' mean/std came from when the model's files do not
+    /// give them (a Wan config without them), else `None`.
+    pub fn latents_stats_note(&self) -> Option<&str> {
+        match self {
+            VideoVae::Wan(d) => d.latents_stats_note.as_deref(),
+            VideoVae::Taehv(_) => None,
+        }
+    }
+
     /// The borrowed view the decoders run.
     pub fn model(&self) -> VideoModel<'_> {
         match self {

@@ -317,10 +317,10 @@ pub(crate) fn decode_video(
         _ => return Err(Error::Internal("video latents are not 5-D".into())),
     };
     let mut latents = latents;
-    if let (VideoVae::Wan(d), false) = (&loaded, a.raw_latents) {
+    if !a.raw_latents {
         // N×T×C×h×w read as (N·T)×C×1×h×w: the same per-channel planes.
         latents.shape = vec![n * t, c, 1, h, w];
-        d.unnormalize(&mut latents)?;
+        loaded.unnormalize(&mut latents)?;
         latents.shape = vec![n, t, c, h, w];
     }
     // A batch writes OUT_0.mp4, OUT_1.mp4…: each checked before the decode.
@@ -491,10 +491,7 @@ pub(crate) fn decode_video(
                 "video_fps": rate.fps(),
                 "video_chroma": chroma_name,
                 "raw": a.save_raw,
-                "latents_stats_note": match &loaded {
-                    VideoVae::Wan(d) => d.latents_stats_note.clone(),
-                    VideoVae::Taehv(_) => None,
-                },
+                "latents_stats_note": loaded.latents_stats_note(),
             })
         );
     } else {
