@@ -19,7 +19,6 @@ use wgvae::io::{HostTensor, NpyStream};
 use wgvae::kernels::image::{cpu_to_rgba8, ImageRange};
 use wgvae::models::Precision;
 use wgvae::tiling::TileMode;
-use wgvae::video::VideoVae;
 use wgvae::y4m::{FrameRate, Y4mWriter};
 use wgvae::{Error, VideoDecoder, VideoFrames, VideoLayout};
 
