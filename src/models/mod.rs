@@ -18,6 +18,7 @@ pub mod tae;
 pub mod taehv;
 pub mod taehv_encoder;
 pub mod vae_encoder;
+pub(crate) mod video_info;
 pub mod wan;
 pub(crate) mod wan_config;
 pub(crate) mod wan_layers;

@@ -270,6 +270,19 @@ impl TaehvDecoder {
         })
     }
 
+    /// What the video runner needs to know about it.
+    pub(crate) fn video_info(&self) -> super::video_info::VideoInfo<'static> {
+        super::video_info::VideoInfo {
+            name: self.variant_name(),
+            latent_channels: self.latent_channels,
+            upscale: self.upscale(),
+            t_upscale: self.t_upscale,
+            host_trim: self.frames_to_trim(),
+            layout: self.latent_layout(),
+            range: crate::kernels::image::ImageRange::ZeroToOne,
+        }
+    }
+
     /// The axis order of its latents: `N×T×C×h×w`, as `taehv.py` takes them.
     pub fn latent_layout(&self) -> crate::latents::VideoLayout {
         crate::latents::VideoLayout::Ntchw

@@ -248,6 +248,19 @@ impl WanDecoder {
         })
     }
 
+    /// What the video runner needs to know about it.
+    pub(crate) fn video_info(&self) -> super::video_info::VideoInfo<'_> {
+        super::video_info::VideoInfo {
+            name: &self.name,
+            latent_channels: self.latent_channels(),
+            upscale: self.upscale(),
+            t_upscale: self.t_upscale,
+            host_trim: 0,
+            layout: crate::latents::VideoLayout::Ncthw,
+            range: ImageRange::MinusOneToOne,
+        }
+    }
+
     /// Latent channels the decoder takes.
     pub fn latent_channels(&self) -> usize {
         self.config.z_dim

@@ -230,16 +230,10 @@ impl<'a> VideoDecoder<'a> {
         Self::frames_for(model, done.saturating_add(t)) - Self::frames_for(model, done)
     }
 
-    /// Frames a video of `t` latent frames decodes to (TAEHV: `t_upscale · t
-    /// − frames_to_trim`; Wan: `1 + 4 (t − 1)`).
+    /// Frames a video of `t` latent frames decodes to: `1 + t_upscale (t − 1)`
+    /// (TAEHV and Wan: 4 output frames per latent frame, one for the first).
     pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
-        match decoder.into() {
-            VideoModel::Taehv(d) => d
-                .t_upscale
-                .saturating_mul(t)
-                .saturating_sub(d.frames_to_trim()),
-            VideoModel::Wan(d) => d.frames_out(t),
-        }
+        decoder.into().frames_for(t)
     }
 
     /// Host-visible read-back bytes (outside the pool): two staging

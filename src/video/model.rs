@@ -8,27 +8,33 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::models::graph::Graph;
 use crate::models::taehv::TaehvDecoder;
+use crate::models::video_info::VideoInfo;
 use crate::models::wan::WanDecoder;
 
 /// A causal video decoder [`VideoDecoder`](super::VideoDecoder) and
-/// [`decode_video`](super::decode_video) run.
+/// [`decode_video`](super::decode_video) run: its graph and what it says
+/// of itself (latent form, frame arithmetic, output range), borrowed.
 #[derive(Clone, Copy)]
-pub enum VideoModel<'a> {
-    /// The TAEHV family (latents N×T×C×h×w, output before its [0, 1] clamp).
-    Taehv(&'a TaehvDecoder),
-    /// The Wan 2.1 VAE (latents N×C×T×h×w, output clamped to [−1, 1]).
-    Wan(&'a WanDecoder),
+pub struct VideoModel<'a> {
+    graph: &'a Graph,
+    info: VideoInfo<'a>,
 }
 
 impl<'a> From<&'a TaehvDecoder> for VideoModel<'a> {
     fn from(d: &'a TaehvDecoder) -> Self {
-        VideoModel::Taehv(d)
+        VideoModel {
+            graph: d.graph(),
+            info: d.video_info(),
+        }
     }
 }
 
 impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
     fn from(d: &'a WanDecoder) -> Self {
-        VideoModel::Wan(d)
+        VideoModel {
+            graph: d.graph(),
+            info: d.video_info(),
+        }
     }
 }
 
@@ -40,60 +46,43 @@ impl<'a> VideoModel<'a> {
     }
 
     pub(super) fn graph(self) -> &'a Graph {
-        match self {
-            VideoModel::Taehv(d) => d.graph(),
-            VideoModel::Wan(d) => d.graph(),
-        }
+        self.graph
     }
     pub(super) fn frames_to_trim(&self) -> usize {
-        match self {
-            VideoModel::Taehv(d) => d.frames_to_trim(),
-            VideoModel::Wan(_) => 0,
-        }
+        self.info.host_trim
+    }
+    /// Frames a video of `t` latent frames decodes to.
+    pub(super) fn frames_for(&self, t: usize) -> usize {
+        self.info.frames_for(t)
     }
     /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
     pub fn channels_first(&self) -> bool {
-        matches!(self, VideoModel::Wan(_))
+        self.info.layout == VideoLayout::Ncthw
     }
 
     /// The latent layout the model takes (TAEHV `ntchw`, Wan `ncthw`).
     pub fn latent_layout(&self) -> VideoLayout {
-        match self {
-            VideoModel::Taehv(d) => d.latent_layout(),
-            VideoModel::Wan(_) => VideoLayout::Ncthw,
-        }
+        self.info.layout
     }
 
     /// The model's name in messages and reports.
-    pub fn name(&self) -> &str {
-        match self {
-            VideoModel::Taehv(d) => d.variant_name(),
-            VideoModel::Wan(d) => &d.name,
-        }
+    pub fn name(&self) -> &'a str {
+        self.info.name
     }
 
     /// Channels of one latent frame.
     pub fn latent_channels(&self) -> usize {
-        match self {
-            VideoModel::Taehv(d) => d.latent_channels,
-            VideoModel::Wan(d) => d.latent_channels(),
-        }
+        self.info.latent_channels
     }
 
     /// Output pixels per latent pixel along each axis.
     pub fn upscale(&self) -> usize {
-        match self {
-            VideoModel::Taehv(d) => d.upscale(),
-            VideoModel::Wan(d) => d.upscale(),
-        }
+        self.info.upscale
     }
 
     /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
     pub fn range(&self) -> crate::kernels::image::ImageRange {
-        match self {
-            VideoModel::Taehv(_) => crate::kernels::image::ImageRange::ZeroToOne,
-            VideoModel::Wan(_) => crate::kernels::image::ImageRange::MinusOneToOne,
-        }
+        self.info.range
     }
 }
 
@@ -192,21 +181,15 @@ impl ModelRef<'_> {
 
 /// The shape checks of one video's latents `[T, C, h, w]`.
 pub(super) fn check_frame(decoder: VideoModel, [t, c, h, w]: [usize; 4]) -> Result<()> {
-    let (name, channels, layout) = match decoder {
-        VideoModel::Taehv(d) => (
-            d.variant_name(),
-            d.latent_channels,
-            "TAEHV latents are N×T×C×h×w",
-        ),
-        VideoModel::Wan(d) => (
-            "Wan 2.1 VAE",
-            d.latent_channels(),
-            "Wan latents are N×C×T×h×w",
-        ),
-    };
+    let channels = decoder.latent_channels();
     if c != channels {
+        let layout = match decoder.latent_layout() {
+            VideoLayout::Ntchw => "N×T×C×h×w",
+            VideoLayout::Ncthw => "N×C×T×h×w",
+        };
         return Err(Error::InvalidInput(format!(
-            "latents have {c} channels; this {name} decoder takes {channels} ({layout})"
+            "latents have {c} channels; this {} decoder takes {channels} (its latents are {layout})",
+            decoder.name()
         )));
     }
     if t == 0 || h == 0 || w == 0 {
