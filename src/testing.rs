@@ -179,20 +179,17 @@ pub fn rgb_of(rgba: &[u8]) -> Vec<u8> {
 }
 
 /// A copy of the diffusers folder `src` (config.json and
-/// diffusion_pytorch_model.safetensors, f32 weights) in a fresh temporary
-/// folder named after `tag`, with every tensor whose name starts with
-/// `prefix` multiplied by `factor`: e.g. `decoder.conv_in.` × 3e5 drives the
-/// activations far beyond f16's range (finite in bf16 and f32). Remove the
-/// folder when done.
+/// diffusion_pytorch_model.safetensors, f32 weights) in the existing folder
+/// `dst` (the caller's, e.g. a `tempfile::TempDir`), with every tensor whose
+/// name starts with `prefix` multiplied by `factor`: e.g. `decoder.conv_in.`
+/// × 3e5 drives the activations far beyond f16's range (finite in bf16 and f32).
 pub fn scaled_weights_copy(
     src: &std::path::Path,
     prefix: &str,
     factor: f32,
-    tag: &str,
-) -> std::path::PathBuf {
+    dst: &std::path::Path,
+) {
     use std::collections::HashMap;
-    let dst = std::env::temp_dir().join(format!("wgvae-scaled-{tag}-{}", std::process::id()));
-    std::fs::create_dir_all(&dst).unwrap();
     std::fs::copy(src.join("config.json"), dst.join("config.json")).unwrap();
     let bytes = std::fs::read(src.join("diffusion_pytorch_model.safetensors")).unwrap();
     let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
@@ -223,7 +220,6 @@ pub fn scaled_weights_copy(
         .collect();
     let out = safetensors::serialize(views, None).unwrap();
     std::fs::write(dst.join("diffusion_pytorch_model.safetensors"), out).unwrap();
-    dst
 }
 
 /// A tiny AutoencoderKL configuration for tests: two levels (2× upscale),

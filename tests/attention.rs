@@ -774,7 +774,8 @@ fn bench_attention_cli() {
     assert_eq!(v["preset"], "int8-kv");
     assert!(v["int8_cosine"].as_f64().unwrap() >= 0.999, "{v}");
 
-    let dir = std::env::temp_dir().join(format!("wgvae-attn-bench-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("attn-bench");
     let d = dir.to_str().unwrap();
     run(&[
         "bench",
@@ -837,7 +838,6 @@ fn bench_attention_cli() {
     let sweep = std::fs::read_to_string(dir.join("attention_sweep.csv")).unwrap();
     let data = sweep.lines().filter(|l| !l.starts_with('#')).count();
     assert_eq!(data, 1 + 4, "{sweep}");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]

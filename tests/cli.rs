@@ -7,12 +7,18 @@ use std::process::Command;
 use wgvae::testing::shared_dir;
 
 fn wgvae(args: &[&str]) -> (bool, String, String) {
+    wgvae_env(args, &[])
+}
+
+/// `wgvae(args)` with `env` set for the process (e.g. `TMPDIR`).
+fn wgvae_env(args: &[&str], env: &[(&str, &std::path::Path)]) -> (bool, String, String) {
     let out = Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
         .args(args)
         .env(
             "WGPU_BACKEND",
             std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
         )
+        .envs(env.iter().copied())
         .output()
         .expect("run wgvae");
     (
@@ -22,10 +28,10 @@ fn wgvae(args: &[&str]) -> (bool, String, String) {
     )
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-cli-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 fn json(stdout: &str) -> serde_json::Value {
@@ -58,6 +64,7 @@ fn info_lists_the_adapter() {
 /// it in `decode --json`; `off` always runs the scalar path; a bad value is refused.
 #[test]
 fn cooperative_matrix_flag() {
+    let tmp = scratch();
     let (ok, out, err) = wgvae(&["info", "--json"]);
     assert!(ok, "{err}");
     let v = json(&out);
@@ -150,6 +157,7 @@ fn headless_success_prints_no_error() {
 
 #[test]
 fn decode_taef2_photo_to_png_with_json() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let png = tmp("chelsea.png");
     let raw = tmp("chelsea.npy");
@@ -231,6 +239,7 @@ fn taef2_decode_with_cache_dir(
     name: &str,
     env: &[(&str, &str)],
 ) -> usize {
+    let tmp = scratch();
     let dir = tmp(name);
     let _ = std::fs::remove_dir_all(&dir);
     let latents = tmp(&format!("{name}.npy"));
@@ -259,6 +268,7 @@ fn taef2_decode_with_cache_dir(
 
 #[test]
 fn memory_estimate_matches_a_real_decode() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let vae = shared.join("weights/taef2/decoder.safetensors");
     let latents = tmp("small.npy");
@@ -319,6 +329,7 @@ fn memory_estimate_matches_a_real_decode() {
 /// too-small `--max-host-memory` are clear errors.
 #[test]
 fn tiled_decode_and_estimate_through_the_cli() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let latents = dir.join("latents.npy");
@@ -448,6 +459,7 @@ fn check_snapshot(policy: &str, text: &str) {
 /// inputs stay byte-identical.
 #[test]
 fn outputs_are_checked_first_and_never_overwrite_inputs() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let vae = shared.join("weights/taef2/decoder.safetensors");
     let latents = tmp("keep.npy");
@@ -520,6 +532,7 @@ fn outputs_are_checked_first_and_never_overwrite_inputs() {
 /// factor so small the unscaled latents overflow.
 #[test]
 fn overflowing_unscaling_is_an_error_not_a_nan_image() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let good = dir.join("latents.npy");
@@ -644,6 +657,7 @@ fn absurd_estimate_sizes_are_errors() {
 
 #[test]
 fn bad_inputs_fail_with_a_message_and_exit_code() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let vae = shared.join("weights/taef2/decoder.safetensors");
     let nan = tmp("nan.npy");
@@ -718,6 +732,7 @@ fn bad_inputs_fail_with_a_message_and_exit_code() {
 
 #[test]
 fn encode_then_decode_through_the_cli() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let img = tmp("small-photo.png");
     let photo = image::open(shared.join("images/chelsea.png"))
@@ -772,6 +787,7 @@ fn encode_then_decode_through_the_cli() {
 /// NAME_0.png and NAME_1.png, each within ±1 of the diffusers PNG.
 #[test]
 fn batch_decode_writes_numbered_pngs_matching_diffusers() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd-batch2");
     let out_dir = tmp("batch2");
@@ -849,6 +865,7 @@ fn profile_rows(stdout: &str) -> Vec<(String, usize, f64)> {
 
 #[test]
 fn decode_profile_of_exact_tiles_has_kernel_rows() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let latents = tiny.join("latents.npy");
@@ -939,6 +956,7 @@ fn decode_profile_of_exact_tiles_has_kernel_rows() {
 
 #[test]
 fn profile_with_frames_out_times_kernels_and_copies() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let latents = tmp("frames-profile.npy");
@@ -975,6 +993,7 @@ fn profile_with_frames_out_times_kernels_and_copies() {
 
 #[test]
 fn bench_decode_tiled_reports_tiling_and_gflops() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let dir = tmp("bench-tiled");
@@ -1013,28 +1032,43 @@ fn bench_decode_tiled_reports_tiling_and_gflops() {
     assert!(out.contains("GFLOP/s"), "{out}");
 }
 
+/// `wgvae bench cold-start --vae <tiny> --size 32 <extra>` with TMPDIR at a fresh
+/// folder: (success, stdout, stderr, the entries the run left in that folder).
+fn cold_start(tiny: &std::path::Path, extra: &[&str]) -> (bool, String, String, Vec<PathBuf>) {
+    let tmpdir = tempfile::tempdir().unwrap();
+    let mut args = vec!["bench", "cold-start", "--vae", tiny.to_str().unwrap()];
+    args.extend_from_slice(&["--size", "32"]);
+    args.extend_from_slice(extra);
+    let (ok, out, err) = wgvae_env(&args, &[("TMPDIR", tmpdir.path())]);
+    let left = std::fs::read_dir(tmpdir.path())
+        .unwrap()
+        .map(|e| e.unwrap().path())
+        .collect();
+    (ok, out, err, left)
+}
+
 #[test]
 fn bench_cold_start_writes_both_numbers() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let dir = tmp("cold-start");
     let _ = std::fs::remove_dir_all(&dir);
-    let (ok, out, err) = wgvae(&[
-        "bench",
-        "cold-start",
-        "--vae",
-        tiny.to_str().unwrap(),
-        "--size",
-        "32",
-        "--runs",
-        "1",
-        // One cold child is slow enough (pipeline compilation) for a test.
-        "--driver-cache",
-        "on",
-        "--out",
-        dir.to_str().unwrap(),
-    ]);
+    let (ok, out, err, left) = cold_start(
+        &tiny,
+        &[
+            "--runs",
+            "1",
+            // One cold child is slow enough (pipeline compilation) for a test.
+            "--driver-cache",
+            "on",
+            "--out",
+            dir.to_str().unwrap(),
+        ],
+    );
     assert!(ok, "{err}");
+    // The children's scratch lived under TMPDIR and is gone.
+    assert!(left.is_empty(), "{left:?}");
     let csv = std::fs::read_to_string(dir.join("cold_start.csv")).unwrap();
     assert!(
         csv.contains("# adapter: ") && csv.contains("# git_commit: "),
@@ -1072,11 +1106,34 @@ fn bench_cold_start_writes_both_numbers() {
     assert!(out.contains("warm pipeline and driver caches"), "{out}");
 }
 
+/// `bench cold-start` failing after it wrote its scratch (a `--cache-dir` that
+/// cannot be created) leaves nothing under TMPDIR either.
+#[test]
+fn bench_cold_start_error_leaves_no_scratch() {
+    let Some(shared) = shared_dir() else { return };
+    let tiny = shared.join("golden/aekl-tiny-sd");
+    let tmp = scratch();
+    let file = tmp("not-a-folder");
+    std::fs::write(&file, b"").unwrap();
+    let cache = file.join("cache");
+    let out = tmp("out");
+    let args = [
+        "--cache-dir",
+        cache.to_str().unwrap(),
+        "--out",
+        out.to_str().unwrap(),
+    ];
+    let (ok, _, err, left) = cold_start(&tiny, &args);
+    assert!(!ok && err.contains("not-a-folder"), "{err}");
+    assert!(left.is_empty(), "{left:?}");
+}
+
 /// `--pad` through the CLI on a non-uniform 30×21 image: the latents equal
 /// those of the same image padded to 32×24 by hand (right column and bottom
 /// row replicated) and encoded without `--pad`.
 #[test]
 fn encode_pad_replicates_edges_through_the_cli() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let enc = shared.join("weights/taef2/encoder.safetensors");
     let (w, h) = (30u32, 21u32);
@@ -1124,6 +1181,7 @@ fn encode_pad_replicates_edges_through_the_cli() {
 /// before anything is loaded.
 #[test]
 fn encode_sample_and_raw_latents_through_the_cli() {
+    let tmp = scratch();
     use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
@@ -1197,9 +1255,12 @@ fn encode_sample_and_raw_latents_through_the_cli() {
 /// the note; the written latents are the bf16 ones.
 #[test]
 fn encode_f16_overflow_is_reported_in_json() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let golden = shared.join("golden/aekl-tiny-sd");
-    let dir = wgvae::testing::scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, "cli-enc");
+    let dir = tmp("scaled");
+    std::fs::create_dir(&dir).unwrap();
+    wgvae::testing::scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, &dir);
     let out = tmp("overflow.npy");
     let (ok, stdout, err) = wgvae(&[
         "encode",
@@ -1228,11 +1289,11 @@ fn encode_f16_overflow_is_reported_in_json() {
         .data
         .iter()
         .all(|x| x.is_finite()));
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Runs `wgvae decode … --save-raw` and returns (success, raw output, stderr).
 fn decode_raw(name: &str, args: &[&str]) -> (bool, Option<wgvae::io::HostTensor>, String) {
+    let tmp = scratch();
     let raw = tmp(&format!("{name}.npy"));
     let png = tmp(&format!("{name}.png"));
     let _ = std::fs::remove_file(&raw);
@@ -1252,6 +1313,7 @@ fn decode_raw(name: &str, args: &[&str]) -> (bool, Option<wgvae::io::HostTensor>
 /// wrong key, or none, is an error naming the tensors there.
 #[test]
 fn key_picks_the_named_latent_tensor() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let z = wgvae::io::read_npy(&dir.join("latents.npy")).unwrap();
@@ -1292,6 +1354,7 @@ fn key_picks_the_named_latent_tensor() {
 /// `--raw-latents` on pipeline latents skips the unscaling.
 #[test]
 fn scaling_shift_and_raw_latents_flags_follow_the_formula() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let vae = dir.to_str().unwrap();
@@ -1330,6 +1393,7 @@ fn scaling_shift_and_raw_latents_flags_follow_the_formula() {
 /// another seed other ones.
 #[test]
 fn seed_makes_preset_weights_reproducible() {
+    let tmp = scratch();
     let latents = tmp("seed.npy");
     wgvae::io::write_npy(&latents, &[1, 4, 1, 1], &[0.3, -0.2, 0.1, 0.5]).unwrap();
     let l = latents.to_str().unwrap();
@@ -1352,6 +1416,7 @@ fn seed_makes_preset_weights_reproducible() {
 /// 16-channel FLUX-like one. Leaving `--dtype` out is the same as `auto`.
 #[test]
 fn dtype_auto_picks_by_model_and_device() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let ctx = wgvae::gpu::Context::new(&Default::default()).unwrap();
     let cpu = ctx.caps().is_cpu();
@@ -1461,6 +1526,7 @@ fn memory_batch_and_reference_gpu() {
 /// about half the f32 one's.
 #[test]
 fn bench_decode_dtypes_writes_a_row_per_dtype() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let dir = tmp("bench-dtypes");
@@ -1496,6 +1562,7 @@ fn bench_decode_dtypes_writes_a_row_per_dtype() {
 /// the requested frames, size and chunk, consistent figures.
 #[test]
 fn bench_frames_writes_streamed_and_loop_rows() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let tiny = shared.join("golden/aekl-tiny-sd");
     let dir = tmp("bench-frames");
@@ -1558,6 +1625,7 @@ fn pipeline_cache_env_zero_writes_no_cache() {
 /// `open` (the run is killed after 60 s if it hangs).
 #[test]
 fn fifos_are_errors_not_hangs() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let d = tmp("fifos");
     let model = d.join("model");
@@ -1656,6 +1724,7 @@ fn fifos_are_errors_not_hangs() {
 /// refused before any work.
 #[test]
 fn report_memory_partial_grid_matches_readme_and_estimates() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let reference = shared.join("reference/pytorch_vae_memory_rtx4090.csv");
     let out = tmp("report-memory");
@@ -1763,6 +1832,7 @@ fn report_memory_partial_grid_matches_readme_and_estimates() {
 /// the golden's frames (±1 level); without --frames-out it says what to add.
 #[test]
 fn decode_taehv_video_writes_frames() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/taew2_1-rand");
     let vae = dir.join("taew2_1.safetensors");
@@ -1811,6 +1881,7 @@ fn decode_taehv_video_writes_frames() {
 /// video_goldens' bound, and the JSON's timing and memory fields are sane.
 #[test]
 fn decode_taehv_video_out_and_raw() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/taew2_1-rand");
     let vae = dir.join("taew2_1.safetensors");
@@ -1884,6 +1955,7 @@ fn decode_taehv_video_out_and_raw() {
 /// ncthw` then decodes the transposed latents like the golden.
 #[test]
 fn video_latent_shapes_are_clear_errors() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/taew2_1-rand");
     let vae = dir.join("taew2_1.safetensors");
@@ -2040,6 +2112,7 @@ fn memory_of_a_video_decoder_streams() {
 /// length, every chunk's latency, and both charts.
 #[test]
 fn bench_video_writes_a_row_per_length() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let wan = shared.join("golden/wan21-tiny");
     let dir = tmp("bench-video");
@@ -2111,6 +2184,7 @@ fn bench_video_writes_a_row_per_length() {
 /// the image encoders are refused by name.
 #[test]
 fn encode_taehv_video_frames() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let vae = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
     let frames = tmp("taehv_frames_in.npy");
@@ -2146,6 +2220,7 @@ fn encode_taehv_video_frames() {
 /// --layers` gives the per-layer rows.
 #[test]
 fn bench_gpu_model_writes_positive_totals() {
+    let tmp = scratch();
     let dir = tmp("gpu-model");
     let (ok, out, err) = wgvae(&["bench", "gpu-model", "--out", dir.to_str().unwrap()]);
     assert!(ok, "{err}");

@@ -46,10 +46,10 @@ fn memory_json(args: &[&str], env: Option<&str>) -> (bool, String, String) {
     )
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-cli-estimates-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 fn json(stdout: &str) -> serde_json::Value {
@@ -272,6 +272,7 @@ fn memory_of_an_image_is_readable_and_keeps_its_budget() {
 /// --reference.
 #[test]
 fn bench_and_report_check_arguments_first() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let wan = shared.join("golden/wan21-tiny");
     let wan = wan.to_str().unwrap();

@@ -251,7 +251,8 @@ fn ldm_layout_checkpoint_decodes_identically() {
             )
         })
         .collect();
-    let tmp = std::env::temp_dir().join(format!("wgvae-ldm-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path().join("ldm");
     std::fs::create_dir_all(&tmp).unwrap();
     let file = tmp.join("sd-checkpoint.safetensors");
     safetensors::serialize_to_file(views, None, &file).unwrap();
@@ -407,12 +408,6 @@ fn write_owned(dst: &Path, owned: &[OwnedTensor]) {
     safetensors::serialize_to_file(views, None, dst).unwrap();
 }
 
-fn tmp_dir(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-goldens-{}-{name}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d
-}
-
 fn keep_raw() -> DecodeOptions {
     DecodeOptions {
         keep_raw: true,
@@ -427,7 +422,8 @@ fn unexpected_keys_are_named() {
     let Some(dir) = golden("aekl-tiny-sd") else {
         return;
     };
-    let file = tmp_dir("unexpected").join("sd-extra.safetensors");
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("sd-extra.safetensors");
     let mut extra = vec![
         (
             "decoder.mystery_block.weight".to_string(),
@@ -480,7 +476,8 @@ fn bf16_stored_weights_decode_close_to_diffusers() {
     let Some(dir) = golden("aekl-tiny-sd") else {
         return;
     };
-    let out_dir = tmp_dir("bf16");
+    let scratch = tempfile::tempdir().unwrap();
+    let out_dir = scratch.path();
     std::fs::copy(dir.join("config.json"), out_dir.join("config.json")).unwrap();
     let mut converted = 0;
     rewrite_safetensors(
@@ -521,7 +518,8 @@ fn bare_ldm_vae_file_decodes_identically() {
     let Some(dir) = golden("aekl-tiny-sd") else {
         return;
     };
-    let file = tmp_dir("bare-ldm").join("vae.safetensors");
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("vae.safetensors");
     rewrite_safetensors(
         &dir.join("diffusion_pytorch_model.safetensors"),
         &file,
@@ -596,7 +594,8 @@ fn raw_latents_skip_the_unscaling() {
 fn diffusers_autoencoder_tiny_folder_matches_taesd_files() {
     let Some(shared) = shared_dir() else { return };
     let taef2 = shared.join("weights/taef2");
-    let folder = tmp_dir("autoencoder-tiny");
+    let scratch = tempfile::tempdir().unwrap();
+    let folder = scratch.path();
     let mut owned = Vec::new();
     for (file, prefix, shift) in [
         ("decoder.safetensors", "decoder.layers", 1),
@@ -808,7 +807,8 @@ fn flux2_bad_latents_and_files_are_clear_errors() {
         .to_string();
     assert!(e.contains("FLUX.2") && e.contains("scaling_factor"), "{e}");
     // A file without the BatchNorm statistics decodes raw z only.
-    let tmp = tmp_dir("flux2-no-bn");
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path();
     let file = tmp.join("diffusion_pytorch_model.safetensors");
     rewrite_safetensors(
         &f2.join("diffusion_pytorch_model.safetensors"),
@@ -862,7 +862,8 @@ fn flux2_ldm_single_file_decodes_identically() {
         return;
     };
     let ctx = test_context();
-    let tmp = tmp_dir("flux2-ldm");
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path();
     let file = tmp.join("flux2-vae.safetensors");
     rewrite_safetensors(
         &dir.join("diffusion_pytorch_model.safetensors"),
@@ -948,7 +949,8 @@ fn flux2_latent_forms_through_the_cli() {
     let (Some(f2), Some(f1)) = (golden("flux2-tiny"), golden("aekl-tiny-flux")) else {
         return;
     };
-    let tmp = tmp_dir("flux2-cli");
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path();
     let want = read_npy(&f2.join("decoded.npy")).unwrap();
     let vae = f2.to_str().unwrap();
     let run = |latents: &Path, vae: &str, extra: &[&str], name: &str| -> HostTensor {

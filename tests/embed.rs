@@ -29,10 +29,10 @@ fn host() -> &'static (wgpu::Device, wgpu::Queue) {
     HOST.get_or_init(|| default_host_device().expect("a host device (install lavapipe)"))
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-embed-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 fn png_rgb(path: &Path) -> Vec<u8> {
@@ -159,6 +159,7 @@ fn read_rgba8(device: &wgpu::Device, queue: &wgpu::Queue, tex: &wgpu::Texture) -
 /// gives the PNG the `wgvae decode` CLI writes, byte for byte (±1 allowed).
 #[test]
 fn host_texture_decode_equals_cli_png_taef2_astronaut() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let latents = shared.join("golden/taef2/astronaut.latents.npy");
     let vae = shared.join("weights/taef2/decoder.safetensors");
@@ -213,6 +214,7 @@ fn host_texture_decode_equals_cli_png_taef2_astronaut() {
 /// `required_limits()` still decodes (f32 path): within ±1 of PyTorch's PNG.
 #[test]
 fn device_without_optional_features_decodes_taef2_chelsea() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let limits = wgpu::Limits::default().or_better_values_from(&wgvae::required_limits());
     let (device, queue) = host_device(wgpu::Features::empty(), limits).unwrap();
@@ -671,11 +673,12 @@ fn psnr(a: &[u8], b: &[u8]) -> f64 {
 fn f16_overflow_on_engine_paths_is_reported_and_redone() {
     let Some(shared) = shared_dir() else { return };
     let golden = shared.join("golden/aekl-tiny-sd");
-    let dir =
-        wgvae::testing::scaled_weights_copy(&golden, "decoder.conv_in.", 3.0e5, "embed-overflow");
+    let copy = tempfile::tempdir().unwrap();
+    let dir = copy.path();
+    wgvae::testing::scaled_weights_copy(&golden, "decoder.conv_in.", 3.0e5, dir);
     let (device, queue) = host();
     let latents = read_npy(&golden.join("latents.npy")).unwrap();
-    let reference = engine(&dir).decode_to_image(&latents).unwrap();
+    let reference = engine(dir).decode_to_image(&latents).unwrap();
     let load = LoadOptions {
         precision: wgvae::models::Precision::F16,
         ..Default::default()
@@ -746,7 +749,6 @@ fn f16_overflow_on_engine_paths_is_reported_and_redone() {
         simple_db >= 47.0,
         "decode_to_image was not redone: {simple_db:.1} dB"
     );
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// An f16 engine on a device created without `SHADER_F16` stores f16 packed

@@ -99,7 +99,8 @@ fn taef2_encoder_matches_pytorch_and_round_trips() {
 #[test]
 fn image_sizes_must_be_multiples_of_8_unless_padded() {
     let Some(shared) = shared_dir() else { return };
-    let tmp = std::env::temp_dir().join(format!("wgvae-enc-{}.png", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path().join("enc.png");
     image::RgbImage::from_pixel(13, 10, image::Rgb([200, 100, 50]))
         .save(&tmp)
         .unwrap();

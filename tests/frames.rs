@@ -335,10 +335,10 @@ fn taef2_chunks_of_two_match_single_frame_decodes() {
     assert_eq!((r.chunk, r.chunks, r.width, r.height), (2, 3, 56, 48));
 }
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-frames-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 fn wgvae_cli(args: &[&str]) -> (bool, String, String) {
@@ -359,6 +359,7 @@ fn wgvae_cli(args: &[&str]) -> (bool, String, String) {
 
 #[test]
 fn cli_frames_out_writes_numbered_pngs() {
+    let tmp = scratch();
     let Some(shared) = shared_dir() else { return };
     let z = taef2_frames(&shared);
     let latents = tmp("five.npy");
@@ -496,8 +497,9 @@ fn half_precision_stream_matches_single_frame_decodes() {
 fn overflowing_f16_chunks_are_redone_in_bf16() {
     let Some(shared) = shared_dir() else { return };
     let golden = shared.join("golden/aekl-tiny-sd");
-    let dir =
-        wgvae::testing::scaled_weights_copy(&golden, "decoder.conv_in.", 3.0e5, "frames-overflow");
+    let copy = tempfile::tempdir().unwrap();
+    let dir = copy.path();
+    wgvae::testing::scaled_weights_copy(&golden, "decoder.conv_in.", 3.0e5, dir);
     let ctx = test_context();
     let load = LoadOptions {
         precision: wgvae::models::Precision::F16,
@@ -524,5 +526,4 @@ fn overflowing_f16_chunks_are_redone_in_bf16() {
     );
     assert!(r.f16_overflows > 0);
     assert_eq!(r.redone_frames, 3);
-    let _ = std::fs::remove_dir_all(&dir);
 }

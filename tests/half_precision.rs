@@ -263,11 +263,13 @@ fn half_precision_estimates_halve_memory() {
 #[test]
 fn f16_overflow_is_detected_and_redecoded_in_bf16() {
     let Some(shared) = shared_dir() else { return };
-    let dir = scaled_weights_copy(
+    let copy = tempfile::tempdir().unwrap();
+    let dir = copy.path();
+    scaled_weights_copy(
         &shared.join("golden/aekl-tiny-sd"),
         "decoder.conv_in.",
         3.0e5,
-        "decoder",
+        dir,
     );
     let spec = dir.to_str().unwrap();
     let z = read_npy(&shared.join("golden/aekl-tiny-sd/latents.npy")).unwrap();
@@ -316,7 +318,6 @@ fn f16_overflow_is_detected_and_redecoded_in_bf16() {
         "README's saturated f16 image at 20.7 dB: {saturated:.1} dB"
     );
     assert!(recovered >= 47.0, "bf16 recovery: {recovered:.1} dB");
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// Exact tiles in f16 and bf16 (host parking of 16-bit tiles, half window
@@ -392,7 +393,9 @@ fn f16_encoder_overflow_is_detected_and_reencoded_in_bf16() {
     use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
     let Some(shared) = shared_dir() else { return };
     let golden = shared.join("golden/aekl-tiny-sd");
-    let dir = scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, "encoder");
+    let copy = tempfile::tempdir().unwrap();
+    let dir = copy.path();
+    scaled_weights_copy(&golden, "encoder.conv_in.", 3.0e5, dir);
     let spec = dir.to_str().unwrap();
     let img = load_image(&golden.join("encode_input.png"), false).unwrap();
     let ctx = test_context();
@@ -441,7 +444,6 @@ fn f16_encoder_overflow_is_detected_and_reencoded_in_bf16() {
             );
         }
     }
-    let _ = std::fs::remove_dir_all(&dir);
 }
 
 /// The live set at the peak of a traced dry-run decode: (peak bytes,

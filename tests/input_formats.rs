@@ -8,10 +8,10 @@ use wgvae::models::weights::WeightStore;
 use wgvae::testing::{rand_vec, test_context, tiny_kl_config};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-formats-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 fn tiny_vae() -> Vae {
@@ -28,6 +28,7 @@ fn decode_err(vae: &Vae, t: HostTensor) -> String {
 
 #[test]
 fn infinite_latents_are_rejected() {
+    let tmp = scratch();
     let vae = tiny_vae();
     for bad in [f32::INFINITY, f32::NEG_INFINITY] {
         let mut v = vec![0.5; 4 * 4 * 3];
@@ -46,6 +47,7 @@ fn infinite_latents_are_rejected() {
 
 #[test]
 fn empty_and_tensorless_safetensors_are_clear_errors() {
+    let tmp = scratch();
     let empty = tmp("empty.safetensors");
     std::fs::write(&empty, b"").unwrap();
     let e = load_latents(&empty, None, 4).err().unwrap().to_string();
@@ -102,6 +104,7 @@ fn write_f16_npy(path: &std::path::Path, shape: &[usize], data: &[f32]) {
 
 #[test]
 fn f16_npy_latents_decode_like_their_f32_values() {
+    let tmp = scratch();
     let shape = [1, 4, 5, 3];
     let values: Vec<f32> = rand_vec(60, 21, 2.0)
         .into_iter()

@@ -21,7 +21,6 @@
 //! (`WGVAE_PROP_SEED` to vary it); proptest prints the (shrunk) failing case.
 
 use std::path::PathBuf;
-use std::sync::atomic::{AtomicUsize, Ordering};
 
 use proptest::prelude::*;
 use proptest::test_runner::{FileFailurePersistence, RngSeed, TestCaseError};
@@ -253,11 +252,10 @@ fn kl_keys(cfg: &AutoencoderKlConfig) -> Vec<(String, Vec<usize>)> {
 /// take a path): a diffusers folder (config.json, the same seeded weights
 /// [`WeightStore::random`] gives) or a TAE weight file; unique to the case,
 /// removed with it. `None`: an AutoencoderKL built in memory.
-struct ModelFile(Option<PathBuf>);
+struct ModelFile(Option<(tempfile::TempDir, PathBuf)>);
 
 impl ModelFile {
     fn new(model: &Model, kl_files: bool) -> Self {
-        static NEXT: AtomicUsize = AtomicUsize::new(0);
         let weights: Vec<(String, HostWeight)> = match model {
             Model::Kl(..) if !kl_files => return ModelFile(None),
             Model::Kl(cfg, seed) => {
@@ -275,9 +273,8 @@ impl ModelFile {
                 .collect(),
         };
         // A folder per case: nothing but the model is beside the file.
-        let n = NEXT.fetch_add(1, Ordering::Relaxed);
-        let dir = std::env::temp_dir().join(format!("wgvae-properties-{}-{n}", std::process::id()));
-        std::fs::create_dir_all(&dir).unwrap();
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path();
         let file = match model {
             Model::Kl(cfg, _) => {
                 let json = serde_json::to_string(cfg).unwrap();
@@ -300,19 +297,11 @@ impl ModelFile {
             })
             .collect();
         safetensors::serialize_to_file(views, None, &file).unwrap();
-        ModelFile(Some(file))
+        ModelFile(Some((scratch, file)))
     }
 
     fn spec(&self) -> &str {
-        self.0.as_ref().and_then(|p| p.to_str()).unwrap()
-    }
-}
-
-impl Drop for ModelFile {
-    fn drop(&mut self) {
-        if let Some(dir) = self.0.as_ref().and_then(|p| p.parent()) {
-            let _ = std::fs::remove_dir_all(dir);
-        }
+        self.0.as_ref().and_then(|(_, p)| p.to_str()).unwrap()
     }
 }
 

@@ -236,7 +236,8 @@ fn write_original_layout(dir: &Path, out: &Path, per_block: usize) {
 fn single_file_in_original_keys() {
     let Some(dir) = golden() else { return };
     let ctx = test_context();
-    let tmp = std::env::temp_dir().join(format!("wgvae-qwen-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path().join("qwen");
     std::fs::create_dir_all(&tmp).unwrap();
     let file = tmp.join("qwen_image_vae.safetensors");
     write_original_layout(&dir, &file, 2);
@@ -268,7 +269,6 @@ fn single_file_in_original_keys() {
     };
     let vae = Vae::load(&ctx, wan.to_str().unwrap(), &opts).unwrap();
     assert!(vae.name().contains("config.json"), "{}", vae.name());
-    std::fs::remove_dir_all(&tmp).ok();
 }
 
 /// Estimates (null device) equal what decodes measure, untiled and tiled.
@@ -373,7 +373,8 @@ fn bad_latents_are_clear_errors() {
 #[test]
 fn cli_decodes_the_golden() {
     let Some(dir) = golden() else { return };
-    let tmp = std::env::temp_dir().join(format!("wgvae-qwen-cli-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let tmp = scratch.path().join("qwen-cli");
     std::fs::create_dir_all(&tmp).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let exe = wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae"));
@@ -416,7 +417,6 @@ fn cli_decodes_the_golden() {
         assert!(err <= F32_TOLERANCE, "{input}: {err} at {at}");
         assert!(out.exists());
     }
-    std::fs::remove_dir_all(&tmp).ok();
 }
 
 /// Streamed frames (`decode_frames`) un-normalise per channel like `decode`.

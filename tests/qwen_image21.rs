@@ -54,27 +54,25 @@ const SMALL_CONFIG: &str = r#"{"_class_name": "AutoencoderKLQwenImage21", "base_
   "decoder_base_dim": 16, "z_dim": 64, "dim_mult": [1, 2, 2, 4, 4], "num_res_blocks": 1,
   "temperal_downsample": [false, true, true, true]}"#;
 
-fn small_config() -> PathBuf {
-    // One file per call: tests run in parallel.
-    static CALLS: std::sync::atomic::AtomicUsize = std::sync::atomic::AtomicUsize::new(0);
-    let call = CALLS.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    let dir = std::env::temp_dir().join(format!("wgvae-qwenimage21-{}-{call}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
-    let path = dir.join("config.json");
-    std::fs::write(&path, SMALL_CONFIG).unwrap();
-    path
+/// `SMALL_CONFIG` as config.json in a folder of the caller's (tests run in
+/// parallel), removed on drop.
+fn small_config() -> tempfile::TempDir {
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::write(dir.path().join("config.json"), SMALL_CONFIG).unwrap();
+    dir
 }
 
-fn load_options(precision: Precision) -> LoadOptions {
+fn load_options(precision: Precision, config: &tempfile::TempDir) -> LoadOptions {
     LoadOptions {
         precision,
-        config: Some(small_config()),
+        config: Some(config.path().join("config.json")),
         ..Default::default()
     }
 }
 
 fn preset(ctx: &Context, precision: Precision) -> Vae {
-    Vae::load(ctx, PRESET, &load_options(precision)).unwrap()
+    let config = small_config();
+    Vae::load(ctx, PRESET, &load_options(precision, &config)).unwrap()
 }
 
 /// The released width (`preset:qwenimage21` with the public config: the
@@ -327,7 +325,8 @@ fn preset_estimates_equal_measured() {
     for tiling in [Tiling::off(), exact()] {
         let policy = Policy::Exact;
         let ctx = base.with_pool(policy.new_pool());
-        let load = load_options(Precision::BF16);
+        let config = small_config();
+        let load = load_options(Precision::BF16, &config);
         let vae = Vae::load(&ctx, PRESET, &load).unwrap();
         let real = run(&ctx, &vae, &z, true, tiling.clone());
         let est = Estimate::new(ctx.caps(), policy, PRESET, &load)

@@ -96,7 +96,8 @@ fn check_variant(c: usize, name: &str) {
     assert_eq!(tae.variant_name(), name);
 
     // From a file, through the public loader and decode().
-    let dir = std::env::temp_dir().join(format!("wgvae-tae-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let dir = scratch.path().join("tae");
     std::fs::create_dir_all(&dir).unwrap();
     let file = dir.join(format!("tae{c}_decoder.safetensors"));
     write_store(&weights, &file);

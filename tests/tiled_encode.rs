@@ -321,7 +321,8 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
     let Some(shared) = shared() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let image = dir.join("encode_input.png");
-    let out = std::env::temp_dir().join(format!("wgvae-tiled-enc-{}.npy", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("tiled-enc.npy");
     let wgvae = |args: &[&str]| {
         let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
             .args(args)
@@ -385,7 +386,6 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
         .resolve(true, ctx.caps())
         .name();
     assert_eq!(m["dtype"], auto, "{m}");
-    let _ = std::fs::remove_file(&out);
 }
 
 /// The SD1.5 preset encoder (random weights) at 256² on this device:

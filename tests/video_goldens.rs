@@ -453,7 +453,8 @@ fn wan_cli_writes_frames() {
     let Some(dir) = golden("wan21-tiny") else {
         return;
     };
-    let out = std::env::temp_dir().join(format!("wgvae-wan-frames-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("wan-frames");
     let run = |extra: &[&str]| {
         let mut args = vec![
             "decode".to_string(),
@@ -477,7 +478,7 @@ fn wan_cli_writes_frames() {
         )
     };
     let outs = out.to_str().unwrap();
-    let raw = std::env::temp_dir().join(format!("wgvae-wan-raw-{}.npy", std::process::id()));
+    let raw = scratch.path().join("wan-raw.npy");
     let (ok, stdout, err) = run(&[
         "--raw-latents",
         "--frames-out",
@@ -524,7 +525,6 @@ fn wan_cli_writes_frames() {
     }
     let (ok, _, err) = run(&[]);
     assert!(!ok && err.contains("--frames-out"), "{err}");
-    std::fs::remove_dir_all(&out).ok();
 }
 
 /// The diffusers name of a Wan decoder weight → its original
@@ -590,7 +590,8 @@ fn wan_original_keys_load() {
         tensors.push((key, st.tensor(name).unwrap()));
     }
     assert!(tensors.len() > 50);
-    let out = std::env::temp_dir().join(format!("wgvae-wan-orig-{}", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let out = scratch.path().join("wan-orig");
     std::fs::create_dir_all(&out).unwrap();
     let file = out.join("wan_2.1_vae.safetensors");
     safetensors::serialize_to_file(tensors, None, &file).unwrap();
@@ -606,7 +607,6 @@ fn wan_original_keys_load() {
     let a = decode_video(&ctx, &orig, &z).unwrap();
     let b = decode_video(&ctx, &dec, &z).unwrap();
     assert_eq!(a.data, b.data);
-    std::fs::remove_dir_all(&out).ok();
 }
 
 /// Streaming Wan holds only its caches between chunks: the same peak
@@ -884,7 +884,8 @@ fn cli_exact_tiles() {
             String::from_utf8_lossy(&o.stderr).into_owned(),
         )
     };
-    let raw = std::env::temp_dir().join(format!("wgvae-vtile-raw-{}.npy", std::process::id()));
+    let scratch = tempfile::tempdir().unwrap();
+    let raw = scratch.path().join("vtile-raw.npy");
     let raws = raw.to_str().unwrap();
     let (ok, stdout, err) = run(&[
         "--tile",

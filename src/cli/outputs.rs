@@ -354,15 +354,10 @@ pub(crate) fn write_atomically(
 mod tests {
     use super::*;
 
-    fn dir() -> PathBuf {
-        let d = std::env::temp_dir().join(format!("wgvae-outputs-{}", std::process::id()));
-        std::fs::create_dir_all(&d).unwrap();
-        d
-    }
-
     #[test]
     fn outputs_are_checked_before_any_work() {
-        let d = dir();
+        let scratch = tempfile::tempdir().unwrap();
+        let d = scratch.path().to_path_buf();
         let input = d.join("latents.npy");
         std::fs::write(&input, b"x").unwrap();
         let mut inputs = Inputs::default();
@@ -427,7 +422,8 @@ mod tests {
 
     #[test]
     fn a_failed_write_leaves_the_old_file() {
-        let d = dir();
+        let scratch = tempfile::tempdir().unwrap();
+        let d = scratch.path().to_path_buf();
         let out = d.join("keep.png");
         std::fs::write(&out, b"good").unwrap();
         let r = write_atomically(&out, "-o", |w| {
@@ -462,7 +458,8 @@ mod tests {
     /// files stay.
     #[test]
     fn old_frames_are_refused_or_removed() {
-        let d = dir().join("old_frames");
+        let scratch = tempfile::tempdir().unwrap();
+        let d = scratch.path().join("old_frames");
         let _ = std::fs::remove_dir_all(&d);
         std::fs::create_dir_all(d.join("video_1")).unwrap();
         for i in 0..20 {
@@ -495,7 +492,8 @@ mod tests {
     #[cfg(unix)]
     #[test]
     fn a_link_at_the_output_is_replaced_not_followed() {
-        let d = dir();
+        let scratch = tempfile::tempdir().unwrap();
+        let d = scratch.path().to_path_buf();
         let victim = d.join("victim.txt");
         std::fs::write(&victim, b"victim").unwrap();
         let out = d.join("linked.png");

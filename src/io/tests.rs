@@ -1,9 +1,9 @@
 use super::*;
 
-fn tmp(name: &str) -> PathBuf {
-    let d = std::env::temp_dir().join(format!("wgvae-io-{}", std::process::id()));
-    std::fs::create_dir_all(&d).unwrap();
-    d.join(name)
+/// Paths in a fresh folder of one test's own, removed on drop (also on failure).
+fn scratch() -> impl Fn(&str) -> PathBuf {
+    let dir = tempfile::tempdir().unwrap();
+    move |name| dir.path().join(name)
 }
 
 /// numpy's Fortran-ordered files (a transposed array saved as is) read
@@ -38,6 +38,7 @@ fn fortran_order_npy_reads_in_c_order() {
 /// times 1 / 0.18215 without it (LoadLatent's rule for old files).
 #[test]
 fn comfyui_latent_files_follow_load_latent() {
+    let tmp = scratch();
     let data: Vec<f32> = (0..16).map(|i| i as f32 * 0.25 - 1.0).collect();
     let write = |name: &str, marker: bool| {
         let p = tmp(name);
@@ -71,6 +72,7 @@ fn comfyui_latent_files_follow_load_latent() {
 
 #[test]
 fn npy_round_trip_and_rank3_promotion() {
+    let tmp = scratch();
     let p = tmp("a.npy");
     let data: Vec<f32> = (0..24).map(|i| i as f32 * 0.5).collect();
     write_npy(&p, &[4, 2, 3], &data).unwrap();
@@ -81,6 +83,7 @@ fn npy_round_trip_and_rank3_promotion() {
 
 #[test]
 fn npy_stream_writes_the_final_shape_then_values() {
+    let tmp = scratch();
     let p = tmp("stream.npy");
     let data: Vec<f32> = (0..30).map(|i| i as f32 - 7.25).collect();
     let mut s = NpyStream::create(&p, &[1, 5, 3, 2]).unwrap();
@@ -109,6 +112,7 @@ fn npy_stream_writes_the_final_shape_then_values() {
 
 #[test]
 fn npy_stream_writes_values_out_of_order() {
+    let tmp = scratch();
     // Frames [T, C] arrive in time order; the array is [C, T].
     let p = tmp("stream_at.npy");
     let (t, c) = (4, 3);
@@ -130,6 +134,7 @@ fn npy_stream_writes_values_out_of_order() {
 
 #[test]
 fn bad_latents_are_clear_errors() {
+    let tmp = scratch();
     let p = tmp("video.npy");
     write_npy(&p, &[1, 2, 4, 2, 2], &[0.0; 32]).unwrap();
     let e = load_latents(&p, None, 4).unwrap_err().to_string();
@@ -200,6 +205,7 @@ fn a_header_longer_than_the_file_is_refused_before_allocation() {
 /// file whose header nests 20 brackets.
 #[test]
 fn deeply_nested_npy_headers_are_refused_at_once() {
+    let tmp = scratch();
     let head = format!("{{'descr': '<f4', 'shape': {} }}\n", "[".repeat(20));
     let mut v = b"\x93NUMPY\x01\x00".to_vec();
     v.extend_from_slice(&(head.len() as u16).to_le_bytes());
@@ -219,6 +225,7 @@ fn deeply_nested_npy_headers_are_refused_at_once() {
 
 #[test]
 fn safetensors_needs_a_key_when_ambiguous() {
+    let tmp = scratch();
     use safetensors::tensor::TensorView;
     let p = tmp("two.safetensors");
     let a: Vec<u8> = bytemuck::cast_slice(&[1.0f32; 16]).to_vec();

@@ -339,17 +339,11 @@ pub(crate) fn names_a_class(path: &Path) -> bool {
 mod tests {
     use super::*;
 
-    /// A config.json with `fields` over Wan 2.1's class name, read back.
+    /// A config.json with `fields` over Wan 2.1's class name, read back (its
+    /// folder is gone on return: callers only look for the path in messages).
     fn config(fields: &str) -> (PathBuf, Result<(WanConfig, Option<String>)>) {
-        use std::sync::atomic::{AtomicUsize, Ordering};
-        static N: AtomicUsize = AtomicUsize::new(0);
-        let dir = std::env::temp_dir().join(format!(
-            "wgvae-wan-config-{}-{}",
-            std::process::id(),
-            N.fetch_add(1, Ordering::SeqCst)
-        ));
-        std::fs::create_dir_all(&dir).unwrap();
-        let path = dir.join("config.json");
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("config.json");
         let sep = if fields.is_empty() { "" } else { ", " };
         std::fs::write(
             &path,
@@ -428,7 +422,8 @@ mod tests {
 
     #[test]
     fn a_config_without_class_name_is_told_by_its_fields() {
-        let dir = std::env::temp_dir().join(format!("wgvae-wan-class-{}", std::process::id()));
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("wan-class");
         std::fs::create_dir_all(&dir).unwrap();
         let wan = dir.join("wan.json");
         std::fs::write(&wan, r#"{"z_dim": 16, "base_dim": 96}"#).unwrap();

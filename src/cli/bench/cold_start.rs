@@ -67,6 +67,18 @@ fn dir_bytes(dir: &Path) -> u64 {
         .unwrap_or(0)
 }
 
+/// A new directory under `parent` for the children's files: created exclusively under
+/// a random name (a predictable one could be a planted link to follow), removed on drop.
+fn scratch_in(parent: &Path) -> wgvae::Result<tempfile::TempDir> {
+    tempfile::Builder::new()
+        .prefix("wgvae-cold-start-")
+        .tempdir_in(parent)
+        .map_err(|source| wgvae::Error::Io {
+            path: parent.to_path_buf(),
+            source,
+        })
+}
+
 impl ColdStartArgs {
     /// The report folder (`--out`).
     pub(crate) fn out(&self) -> &std::path::Path {
@@ -107,9 +119,10 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wg
     )?;
     let n: usize = shape.iter().product();
     std::fs::create_dir_all(&a.out).map_err(io_err(&a.out))?;
-    // Latents, images and caches of the children: scratch, not report files.
-    let scratch = std::env::temp_dir().join(format!("wgvae-cold-start-{}", std::process::id()));
-    std::fs::create_dir_all(&scratch).map_err(io_err(&scratch))?;
+    // Latents, images and caches of the children: scratch, not report files,
+    // removed when `scratch_dir` drops (also on errors).
+    let scratch_dir = scratch_in(&std::env::temp_dir())?;
+    let scratch = scratch_dir.path();
     let latents = scratch.join("latents.npy");
     wgvae::io::write_npy(&latents, &shape, &wgvae::seeded::uniform(n, 7, 1.0))?;
     let cache = a
@@ -118,8 +131,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wg
         .unwrap_or_else(|| scratch.join("pipeline_cache"));
     // Mesa's own on-disk shader cache (lavapipe, RADV, ANV), in a directory of ours.
     let driver_cache = scratch.join("driver_cache");
-    let _ = std::fs::remove_dir_all(&driver_cache);
-    std::fs::create_dir_all(&driver_cache).map_err(io_err(&driver_cache))?;
+    std::fs::create_dir(&driver_cache).map_err(io_err(&driver_cache))?;
     let exe = std::env::current_exe().map_err(io_err(Path::new("wgvae")))?;
     let mut rows = Vec::new();
     // Each pair: an emptied pipeline cache, then the one the first process saved;
@@ -224,7 +236,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wg
     );
     let meta = rb::Metadata::of(&ctx, settings);
     rb::write_cold_start_report(&rows, &meta, &a.out)?;
-    let _ = std::fs::remove_dir_all(&scratch);
+    drop(scratch_dir);
     for r in &rows {
         println!(
             "{}: process start → first image {:.0} ms, decode {:.0} ms, pipeline cache {} bytes, driver cache {} [{}]",
@@ -239,4 +251,39 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wg
     }
     println!("wrote {}/cold_start.csv, cold_start.md", a.out.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::scratch_in;
+
+    /// The scratch directory is new and private: the name the command used to
+    /// take (`wgvae-cold-start-<pid>`), planted as a link to another directory,
+    /// is neither followed nor reused, and nothing stays behind after the drop.
+    #[cfg(unix)]
+    #[test]
+    fn scratch_is_created_fresh_and_removed() {
+        let parent = tempfile::tempdir().unwrap();
+        let victim = tempfile::tempdir().unwrap();
+        let planted = parent
+            .path()
+            .join(format!("wgvae-cold-start-{}", std::process::id()));
+        std::os::unix::fs::symlink(victim.path(), &planted).unwrap();
+        let a = scratch_in(parent.path()).unwrap();
+        let b = scratch_in(parent.path()).unwrap();
+        for s in [&a, &b] {
+            assert_ne!(s.path(), planted);
+            assert_eq!(s.path().parent(), Some(parent.path()));
+            assert!(s.path().symlink_metadata().unwrap().is_dir());
+        }
+        assert_ne!(a.path(), b.path());
+        std::fs::write(a.path().join("latents.npy"), b"x").unwrap();
+        drop((a, b));
+        assert_eq!(std::fs::read_dir(victim.path()).unwrap().count(), 0);
+        let left: Vec<_> = std::fs::read_dir(parent.path())
+            .unwrap()
+            .map(|e| e.unwrap().path())
+            .collect();
+        assert_eq!(left, [planted]);
+    }
 }

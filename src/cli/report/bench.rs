@@ -513,7 +513,8 @@ mod tests {
 
     #[test]
     fn decode_report_plots_have_whole_titles_and_both_memory_series() {
-        let dir = std::env::temp_dir().join(format!("wgvae-bench-report-{}", std::process::id()));
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("bench-report");
         let rows = [
             row(256, 3412.8, 2908.8, "ok"),
             row(512, 11635.7, 11476.9, "ok"),
@@ -530,7 +531,6 @@ mod tests {
             md.contains("| 256² | f16 | scalar | exact 128px ×4 | 2 | 3 | 3412.8 | 2908.8 |"),
             "{md}"
         );
-        let _ = std::fs::remove_dir_all(&dir);
     }
 
     #[test]

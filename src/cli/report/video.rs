@@ -557,7 +557,8 @@ mod tests {
 
     #[test]
     fn report_rows_match_the_header_and_charts_name_the_series() {
-        let dir = std::env::temp_dir().join(format!("wgvae-video-report-{}", std::process::id()));
+        let scratch = tempfile::tempdir().unwrap();
+        let dir = scratch.path().join("video-report");
         let rows = [row(3, "ok"), row(6, "failed, \"x\"")];
         let meta = Metadata::for_test("s");
         write_video_report(&rows, &[], &meta, &dir).unwrap();
@@ -570,6 +571,5 @@ mod tests {
         let svg = std::fs::read_to_string(dir.join("video_memory.svg")).unwrap();
         assert!(svg.contains("peak allocated f32 chunk 1"), "{svg}");
         assert!(dir.join("video_throughput.svg").exists());
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }
