@@ -403,7 +403,10 @@ fn tiled_decode_and_estimate_through_the_cli() {
     args.extend(tile);
     args.extend(["--max-host-memory", "64KiB"]);
     let (ok, _, err) = wgvae(&args);
-    assert!(!ok && err.contains("64.0 KiB are available (--max-host-memory)"), "{err}");
+    assert!(
+        !ok && err.contains("64.0 KiB are available (--max-host-memory)"),
+        "{err}"
+    );
 }
 
 /// A `--memory-snapshot` file: segments tile into blocks, add up to the

@@ -199,7 +199,8 @@ fn assert_rgba_bytes(d: &wgvae::Decoded, what: &str) {
 #[test]
 fn out_channels_come_from_the_config() {
     let ctx = test_context();
-    let dir = small_config().parent().unwrap().to_path_buf();
+    let scratch = small_config();
+    let dir = scratch.path().to_path_buf();
     let with = |c: usize| {
         let path = dir.join(format!("config-{c}.json"));
         let text = SMALL_CONFIG.replace(
@@ -240,7 +241,8 @@ fn out_channels_come_from_the_config() {
 /// `--save-raw` of N×4×H×W.
 #[test]
 fn cli_writes_rgba_png_and_raw() {
-    let dir = small_config().parent().unwrap().to_path_buf();
+    let scratch = small_config();
+    let dir = scratch.path().to_path_buf();
     let z = HostTensor::new(vec![1, 64, 2, 3], rand_vec(384, 11, 1.0)).unwrap();
     let (zp, png, npy) = (dir.join("z.npy"), dir.join("out.png"), dir.join("raw.npy"));
     wgvae::io::write_npy(&zp, &z.shape, &z.data).unwrap();
@@ -288,7 +290,8 @@ fn cli_writes_rgba_png_and_raw() {
 #[test]
 fn engine_images_and_textures_keep_alpha() {
     let (device, queue) = embed_headless::default_host_device().unwrap();
-    let load = load_options(Precision::F32);
+    let config = small_config();
+    let load = load_options(Precision::F32, &config);
     let engine = wgvae::Engine::new(device.clone(), queue.clone(), PRESET, &load).unwrap();
     let z = HostTensor::new(vec![1, 64, 2, 3], rand_vec(384, 13, 1.0)).unwrap();
     let image = engine.decode_to_image(&z).unwrap();
