@@ -596,9 +596,9 @@ fn wan_original_keys_load() {
     let file = out.join("wan_2.1_vae.safetensors");
     safetensors::serialize_to_file(tensors, None, &file).unwrap();
     let orig = WanDecoder::open(&ctx, file.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
-    assert_eq!(orig.config.base_dim, 16);
-    assert_eq!(orig.config.num_res_blocks, 1);
-    assert_eq!(orig.config.temperal_downsample, vec![false, true, true]);
+    assert_eq!(orig.config().base_dim, 16);
+    assert_eq!(orig.config().num_res_blocks, 1);
+    assert_eq!(orig.config().temperal_downsample, vec![false, true, true]);
     let z = HostTensor::new(
         vec![1, 16, 2, 4, 4],
         wgvae::testing::rand_vec(16 * 2 * 16, 3, 1.0),

@@ -110,11 +110,11 @@ impl MemBlock {
 /// A TAEHV decoder with its weights on the device.
 pub struct TaehvDecoder {
     /// Latent channels the decoder expects.
-    pub latent_channels: usize,
+    pub(crate) latent_channels: usize,
     /// Output pixel-shuffle factor (taew2_2: 2).
-    pub patch_size: usize,
+    pub(crate) patch_size: usize,
     /// Output frames per latent frame (the product of the TGrow strides).
-    pub t_upscale: usize,
+    pub(crate) t_upscale: usize,
     graph: Graph,
 }
 

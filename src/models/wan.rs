@@ -34,12 +34,12 @@ use crate::tensor::DType;
 /// A Wan 2.1 VAE decoder with its weights on the device.
 pub struct WanDecoder {
     /// The model's shape and latent statistics.
-    pub config: WanConfig,
+    pub(crate) config: WanConfig,
     /// Where the weights came from (for messages).
-    pub name: String,
+    pub(crate) name: String,
     /// Set when `latents_mean`/`latents_std` are not the config's own: which
     /// are used (also logged as a warning).
-    pub latents_stats_note: Option<String>,
+    pub(crate) latents_stats_note: Option<String>,
     graph: Graph,
     t_upscale: usize,
 }
@@ -246,6 +246,11 @@ impl WanDecoder {
             graph: g.b.finish(x, image.then_some(ImageRange::MinusOneToOne)),
             t_upscale,
         })
+    }
+
+    /// The model's shape and latent statistics.
+    pub fn config(&self) -> &WanConfig {
+        &self.config
     }
 
     /// What the video runner needs to know about it.
