@@ -836,7 +836,7 @@ fn check_video_textures(name: &str, file: &str) {
     let (device, queue) = host();
     let ctx = Context::from_device(device.clone(), queue.clone());
     let store = WeightStore::from_safetensors(&dir.join(file)).unwrap();
-    let vae = Arc::new(VideoVae::Taehv(TaehvDecoder::load(&ctx, &store).unwrap()));
+    let vae = Arc::new(VideoVae::from(TaehvDecoder::load(&ctx, &store).unwrap()));
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let [_, t, c, h, w] = latents.shape[..] else {
         panic!("latents are not 5-D")

@@ -88,11 +88,24 @@ impl<'a> VideoModel<'a> {
 
 /// A loaded video decoder, owned (see [`VideoModel`] for the borrowed view
 /// [`VideoDecoder`](super::VideoDecoder) and [`decode_video`](super::decode_video) take).
-pub enum VideoVae {
-    /// A TAEHV decoder.
+pub struct VideoVae(Network);
+
+/// The networks a [`VideoVae`] may hold.
+enum Network {
     Taehv(TaehvDecoder),
-    /// A Wan 2.1 VAE decoder.
     Wan(WanDecoder),
+}
+
+impl From<TaehvDecoder> for VideoVae {
+    fn from(d: TaehvDecoder) -> Self {
+        VideoVae(Network::Taehv(d))
+    }
+}
+
+impl From<WanDecoder> for VideoVae {
+    fn from(d: WanDecoder) -> Self {
+        VideoVae(Network::Wan(d))
+    }
 }
 
 impl VideoVae {
@@ -103,33 +116,33 @@ impl VideoVae {
         precision: crate::models::Precision,
         caps: &crate::gpu::Capabilities,
     ) -> crate::tensor::DType {
-        precision.resolve(matches!(self, VideoVae::Taehv(_)), caps)
+        precision.resolve(matches!(self.0, Network::Taehv(_)), caps)
     }
 
     /// Pipeline latents `[N, C, T, h, w]` → the raw z the decoder takes, in
     /// place: Wan's `latents · latents_std + latents_mean` (from its config);
     /// TAEHV decodes pipeline latents as they are.
     pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
-        match self {
-            VideoVae::Wan(d) => d.unnormalize(latents),
-            VideoVae::Taehv(_) => Ok(()),
+        match &self.0 {
+            Network::Wan(d) => d.unnormalize(latents),
+            Network::Taehv(_) => Ok(()),
         }
     }
 
     /// Where the latents' mean/std came from when the model's files do not
     /// give them (a Wan config without them), else `None`.
     pub fn latents_stats_note(&self) -> Option<&str> {
-        match self {
-            VideoVae::Wan(d) => d.latents_stats_note.as_deref(),
-            VideoVae::Taehv(_) => None,
+        match &self.0 {
+            Network::Wan(d) => d.latents_stats_note.as_deref(),
+            Network::Taehv(_) => None,
         }
     }
 
     /// The borrowed view the decoders run.
     pub fn model(&self) -> VideoModel<'_> {
-        match self {
-            VideoVae::Taehv(d) => d.into(),
-            VideoVae::Wan(d) => d.into(),
+        match &self.0 {
+            Network::Taehv(d) => d.into(),
+            Network::Wan(d) => d.into(),
         }
     }
 }
@@ -153,13 +166,13 @@ pub fn load_video_decoder(
 ) -> Result<VideoVae> {
     if is_wan(spec) {
         let dtype = load.precision.resolve(false, ctx.caps());
-        return Ok(VideoVae::Wan(WanDecoder::open(
+        return Ok(VideoVae::from(WanDecoder::open(
             ctx, spec, dtype, load.seed,
         )?));
     }
     let store = crate::models::WeightStore::from_safetensors(std::path::Path::new(spec))?;
     store.set_dtype(load.precision.resolve(true, ctx.caps()));
-    Ok(VideoVae::Taehv(TaehvDecoder::load(ctx, &store)?))
+    Ok(VideoVae::from(TaehvDecoder::load(ctx, &store)?))
 }
 
 /// The model a [`VideoDecoder`] runs: borrowed, or shared through an `Arc`
