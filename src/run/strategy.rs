@@ -484,7 +484,7 @@ fn choose_exact(
         });
     }
     Err(match last_limit {
-        Some(e) if tiling.tile_size.is_some() => in_given_tiles(e, tiling.tile_size.unwrap_or(0)),
+        Some(e) if tiling.tile_size.is_some() => in_given_tiles(e, round_to(tiling.tile_size.unwrap_or(0), pyramid.scale)),
         _ => Error::OverBudget(format!(
             "no tile size {what} within the memory budget of {budget} bytes ({}, of which {} are already in use by weights and other tensors); raise `Tiling::max_memory`{}",
             human_bytes(budget),
