@@ -2,9 +2,10 @@
 // DupUp3D on a video's first frame, as Wan 2.2 and Qwen-Image 2.1 decode it; F = 2) and
 // PyTorch's pixel_shuffle (FT = 1, repeats = 1):
 //   out[n, o, Y, X] = src[n, c, Y / F, X / F],
-//   c = (((o * FT + FT - 1) * F + Y % F) * F + X % F) / repeats
-// (the channel the repeat_interleave / view / permute of DupUp3D puts at that pixel; the
-// first chunk keeps only the last of FT sub-frames). Y, X are whole-image coordinates:
+//   c = (((o * FT + dt) * F + Y % F) * F + X % F) / repeats
+// (the channel the repeat_interleave / view / permute of DupUp3D puts at that pixel). The
+// first `lead` source frames are first chunks, which keep only their last sub-frame
+// (dt = FT - 1); every later source frame t gives FT output frames, dt = 0 .. FT - 1. Y, X are whole-image coordinates:
 // `out` is a window at (oy, ox) of the up-sampled image and `src` a window at (sy, sx) of
 // the low-resolution one, so a tile reads the same values as the whole image does.
 // One output element per invocation; storage through `#storage` accessors (same dtype both
@@ -25,7 +26,7 @@ struct Params {
     sx: u32,
     repeats: u32,
     f: u32,
-    _p1: u32,
+    lead: u32, // source frames that are first chunks
     _p2: u32,
 }
 
@@ -44,10 +45,17 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let r2 = r1 / p.oh;
     let o = r2 % p.co;
     let b = r2 / p.co;
+    var sb = b;
+    var dt = p.ft - 1u;
+    if b >= p.lead {
+        let j = b - p.lead;
+        sb = p.lead + j / p.ft;
+        dt = j % p.ft;
+    }
     let gy = p.oy + y;
     let gx = p.ox + x;
-    let c = (((o * p.ft + p.ft - 1u) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
+    let c = (((o * p.ft + dt) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
     let ly = gy / p.f - p.sy;
     let lx = gx / p.f - p.sx;
-    out_st(i, src_ld(((b * p.ci + c) * p.sh + ly) * p.sw + lx));
+    out_st(i, src_ld(((sb * p.ci + c) * p.sh + ly) * p.sw + lx));
 }

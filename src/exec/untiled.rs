@@ -12,7 +12,7 @@ use crate::kernels::attention::attention_with;
 use crate::kernels::conv2d::{
     conv2d_frames, output_size, Conv2dOptions, Conv2dWeights, Frames, Prologue,
 };
-use crate::kernels::dup_up::to_space;
+use crate::kernels::dup_up::{frames_out, to_space};
 use crate::kernels::elementwise::unary;
 use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
@@ -37,6 +37,11 @@ struct Cache {
 }
 
 impl VideoState {
+    /// True once cache slot `slot` is filled: the video has started there.
+    fn started(&self, slot: usize) -> bool {
+        self.caches.get(slot).is_some_and(Option::is_some)
+    }
+
     /// Cache tensors held.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
         self.caches.iter().flatten().map(|c| &c.frames)
@@ -270,24 +275,32 @@ fn step(
             let w = graph.causal(*w);
             Some(causal_conv(rec, x, (0, t), w, residual, *cache, state)?)
         }
-        Op::TimeUpsample { x, w, cache, up } => {
+        Op::TimeUpsample {
+            x,
+            w,
+            cache,
+            up,
+            residual,
+        } => {
+            let residual = residual.map(|r| take(slots, r)).transpose()?;
             let x = get(slots, *x)?;
-            Some(time_upsample(
-                rec,
-                x,
-                graph.causal(*w),
-                graph.conv(*up),
-                *cache,
-                state,
-            )?)
+            let (w, up) = (graph.causal(*w), graph.conv(*up));
+            Some(time_upsample(rec, x, (w, up), residual, *cache, state)?)
         }
         Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
             let x = get(slots, *x)?;
             let [n, c, h, w] = dims4(x)?;
             let (channels, (ft, f)) = op.space_factors(c)?;
-            let shape = [n, channels, f * h, f * w];
+            let lead = match op {
+                Op::DupUp {
+                    first_of: Some(slot),
+                    ..
+                } => usize::from(!state.started(*slot)),
+                _ => n,
+            };
+            let shape = [frames_out(n, ft, lead), channels, f * h, f * w];
             let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
-            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f))?;
+            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), lead)?;
             Some(out)
         }
         Op::FrameAttention {
@@ -508,17 +521,18 @@ fn cache_frames(
 
 /// Wan's `upsample3d` on `x` [T, C, H, W] (see [`Op::TimeUpsample`]): at a
 /// video's start (empty slot) frame 0 goes straight to the spatial conv and
-/// the time conv starts from zeros on the frames after it.
+/// the time conv starts from zeros on the frames after it. `residual`: the
+/// tensor the spatial conv adds into (consumed; the result).
 fn time_upsample(
     rec: &mut Recorder,
     x: &Tensor,
-    w: &CausalWeights,
-    up: &crate::kernels::conv2d::Conv2dWeights,
+    (w, up): (&CausalWeights, &crate::kernels::conv2d::Conv2dWeights),
+    residual: Option<Tensor>,
     slot: usize,
     state: &mut VideoState,
 ) -> Result<Tensor> {
     let [t, c, h, wd] = dims4(x)?;
-    let first = state.caches.get(slot).is_none_or(|k| k.is_none());
+    let first = !state.started(slot);
     let pass = usize::from(first);
     if first {
         let hist = w.taps.len().saturating_sub(1);
@@ -527,24 +541,30 @@ fn time_upsample(
     }
     let count = t.saturating_sub(pass);
     let opts = Geometry::Upsample.options(3);
-    let out = Tensor::empty(
-        rec.ctx(),
-        &[pass + 2 * count, up.cout(), 2 * h, 2 * wd],
-        x.dtype(),
-        "upsample3d out",
-    )?;
+    let shape = [pass + 2 * count, up.cout(), 2 * h, 2 * wd];
+    let added = residual.is_some();
+    let out = match residual {
+        Some(r) if r.shape() == shape => r,
+        Some(r) => {
+            return Err(Error::Internal(format!(
+                "upsample3d residual {r:?}: the output is {shape:?}"
+            )))
+        }
+        None => Tensor::empty(rec.ctx(), &shape, x.dtype(), "upsample3d out")?,
+    };
+    let add = added.then_some(&out);
     let frames = |in_frame, out_frame, count| Frames {
         in_frame,
         out_frame,
         count,
     };
     if pass == 1 {
-        conv2d_frames(rec, x, up, None, &out, &opts, frames(0, 0, 1))?;
+        conv2d_frames(rec, x, up, add, &out, &opts, frames(0, 0, 1))?;
     }
     if count > 0 {
         let y = causal_conv(rec, x, (pass, count), w, None, slot, state)?;
         let y = y.reshape(&[2 * count, c, h, wd])?;
-        conv2d_frames(rec, &y, up, None, &out, &opts, frames(0, pass, 2 * count))?;
+        conv2d_frames(rec, &y, up, add, &out, &opts, frames(0, pass, 2 * count))?;
     }
     Ok(out)
 }

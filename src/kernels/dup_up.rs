@@ -48,8 +48,11 @@ pub struct Params {
     pub repeats: u32,
     /// Up-sampling factor along each axis.
     pub f: u32,
+    /// Source frames that are a video's first chunk (each gives only its
+    /// last sub-frame); every later one gives `ft` frames.
+    pub lead: u32,
     /// Padding to 64 bytes.
-    pub _pad: [u32; 2],
+    pub _pad: u32,
 }
 
 /// The kernel.
@@ -62,15 +65,24 @@ fn key(t: StorageType) -> PipelineKey {
         .storage("out", t)
 }
 
-/// The source channel of output channel `o` at parity `(a, b)` (row, column).
-pub fn source_channel(o: usize, ft: usize, repeats: usize, a: usize, b: usize) -> usize {
-    (((o * ft + ft - 1) * 2 + a) * 2 + b) / repeats
+/// The source channel of output channel `o` of sub-frame `dt` at parity
+/// `(a, b)` (row, column).
+pub fn source_channel(
+    o: usize,
+    (ft, dt): (usize, usize),
+    repeats: usize,
+    a: usize,
+    b: usize,
+) -> usize {
+    (((o * ft + dt) * 2 + a) * 2 + b) / repeats
 }
 
 /// Fills `out` `[N, CO, OH, OW]`, the window at `(oy, ox)` of the up-sampled
 /// image, from `src` `[N, CI, SH, SW]`, the window at `(sy, sx)` of the
 /// low-resolution one, which must cover the output window's source pixels.
-/// `co · ft · 4` must be a multiple of `ci` (DupUp3D's condition).
+/// `co · ft · 4` must be a multiple of `ci` (DupUp3D's condition). Every
+/// source frame is a first chunk (an image, one output frame each); see
+/// [`dup_up_video`] for frames that grow in time.
 pub fn dup_up(
     rec: &mut Recorder,
     src: &Tensor,
@@ -79,7 +91,32 @@ pub fn dup_up(
     at: (usize, usize),
     ft: usize,
 ) -> Result<()> {
-    to_space(rec, src, from, out, at, (ft, 2))
+    let n = src.shape().first().copied().unwrap_or(0);
+    to_space(rec, src, from, out, at, (ft, 2), n)
+}
+
+/// [`dup_up`] of a video's frames `[T, CI, SH, SW]` (time as the batch)
+/// into `[lead + ft·(T − lead), CO, OH, OW]`: the first `lead` (0 or 1)
+/// source frames are the video's first chunk, which keeps only its last
+/// sub-frame, every later frame gives `ft` (diffusers' `DupUp3D` with
+/// `first_chunk`).
+pub fn dup_up_video(
+    rec: &mut Recorder,
+    src: &Tensor,
+    from: (usize, usize),
+    out: &Tensor,
+    at: (usize, usize),
+    ft: usize,
+    lead: usize,
+) -> Result<()> {
+    to_space(rec, src, from, out, at, (ft, 2), lead)
+}
+
+/// Output frames of channels to space with time factor `ft` over `n`
+/// source frames of which the first `lead` are first chunks.
+pub fn frames_out(n: usize, ft: usize, lead: usize) -> usize {
+    let lead = lead.min(n);
+    lead + ft * (n - lead)
 }
 
 /// PyTorch's `pixel_shuffle` by `factor` of the window at `from` of the
@@ -102,7 +139,8 @@ pub fn pixel_shuffle(
             ),
         ));
     }
-    to_space(rec, src, from, out, at, (1, factor))
+    let n = src.shape().first().copied().unwrap_or(0);
+    to_space(rec, src, from, out, at, (1, factor), n)
 }
 
 /// Channels a pixel shuffle by `factor` leaves of `c`.
@@ -118,7 +156,8 @@ pub fn shuffled_channels(c: usize, factor: usize) -> Result<usize> {
 }
 
 /// Channels to space with time factor `ft` and space factor `f` (see the
-/// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`.
+/// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`; the first
+/// `lead` source frames are first chunks (see [`dup_up_video`]).
 pub fn to_space(
     rec: &mut Recorder,
     src: &Tensor,
@@ -126,6 +165,7 @@ pub fn to_space(
     out: &Tensor,
     (oy, ox): (usize, usize),
     (ft, f): (usize, usize),
+    lead: usize,
 ) -> Result<()> {
     const OP: &str = "dup_up";
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
@@ -135,7 +175,8 @@ pub fn to_space(
     let [n, ci, sh, sw] = dims(src)?;
     let [on, co, oh, ow] = dims(out)?;
     let factor = co * ft.max(1) * f * f;
-    if on != n
+    if lead > n
+        || on != frames_out(n, ft, lead)
         || ci == 0
         || co == 0
         || ft == 0
@@ -145,7 +186,7 @@ pub fn to_space(
     {
         return Err(Error::shape(
             OP,
-            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}): same N and dtype, out channels · {ft} · {f}² a multiple of src channels"),
+            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}, {lead} first-chunk frames): {} output frames, the same dtype, out channels · {ft} · {f}² a multiple of src channels", frames_out(n, ft, lead)),
         ));
     }
     let covers = oh == 0
@@ -181,7 +222,8 @@ pub fn to_space(
         sx: u(sx)?,
         repeats: u(factor / ci)?,
         f: u(f)?,
-        _pad: [0; 2],
+        lead: u(lead)?,
+        _pad: 0,
     };
     let groups = linear_groups(rec.ctx(), (total as u64).div_ceil(WG as u64))?;
     let st = storage_of(rec, &[("src", src)])?;
@@ -192,16 +234,32 @@ pub fn to_space(
 /// CPU reference of [`dup_up`] on whole images: `src` `[n, ci, h, w]` →
 /// `[n, co, 2h, 2w]`.
 pub fn cpu_dup_up(src: &[f32], [n, ci, h, w]: [usize; 4], co: usize, ft: usize) -> Vec<f32> {
+    cpu_dup_up_video(src, [n, ci, h, w], co, ft, n)
+}
+
+/// CPU reference of [`dup_up_video`], written as `DupUp3D` is (repeat
+/// channels, view `[co, ft, 2, 2, T, H, W]`, permute to `[co, T, ft, H, 2,
+/// W, 2]`, the first chunk's earlier sub-frames dropped), frames first:
+/// `[n, ci, h, w]` → `[lead + ft·(n − lead), co, 2h, 2w]`.
+pub fn cpu_dup_up_video(
+    src: &[f32],
+    [n, ci, h, w]: [usize; 4],
+    co: usize,
+    ft: usize,
+    lead: usize,
+) -> Vec<f32> {
     let repeats = co * ft * 4 / ci;
     let (oh, ow) = (2 * h, 2 * w);
-    let mut out = vec![0.0; n * co * oh * ow];
-    for b in 0..n {
-        for o in 0..co {
-            for y in 0..oh {
-                for x in 0..ow {
-                    let c = source_channel(o, ft, repeats, y % 2, x % 2);
-                    out[((b * co + o) * oh + y) * ow + x] =
-                        src[((b * ci + c) * h + y / 2) * w + x / 2];
+    let mut out = Vec::with_capacity(frames_out(n, ft, lead) * co * oh * ow);
+    for t in 0..n {
+        let subs = if t < lead { ft - 1..ft } else { 0..ft };
+        for dt in subs {
+            for o in 0..co {
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let c = source_channel(o, (ft, dt), repeats, y % 2, x % 2);
+                        out.push(src[((t * ci + c) * h + y / 2) * w + x / 2]);
+                    }
                 }
             }
         }
@@ -313,6 +371,74 @@ mod tests {
                     |rec, src, from, out, at| dup_up(rec, src, from, out, at, ft),
                     &format!("{ci}->{co} ft {ft}"),
                 );
+            }
+        }
+    }
+
+    /// DupUp3D's order on one known case (8 channels to 1, ft 2, a 1×1
+    /// frame): frame `dt`, pixel `(a, b)` holds channel `dt·4 + a·2 + b`; a
+    /// first chunk keeps frame 1 only.
+    #[test]
+    fn cpu_dup_up_video_matches_dupup3d_order() {
+        let x: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        let all: Vec<f32> = (0..8).map(|v| v as f32).collect();
+        assert_eq!(cpu_dup_up_video(&x, [1, 8, 1, 1], 1, 2, 0), all);
+        assert_eq!(cpu_dup_up_video(&x, [1, 8, 1, 1], 1, 2, 1), all[4..]);
+    }
+
+    /// Video frames (a first chunk or not, time factors 1 and 2) on odd
+    /// shapes, whole and on a window at odd offsets, every storage type:
+    /// bit-equal to the CPU reference.
+    #[test]
+    fn dup_up_video_matches_cpu_whole_and_windowed() {
+        let copy = crate::kernels::tensor_ops::cpu_copy_window;
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            for (ci, co, ft, lead) in [(8, 8, 2, 1), (8, 8, 2, 0), (6, 3, 2, 1), (8, 4, 1, 1)] {
+                let (n, h, w) = (3, 5, 7);
+                let data: Vec<f32> = rand_vec(n * ci * h * w, 5, 2.0)
+                    .into_iter()
+                    .map(|v| crate::gpu::storage::round_through(v, dt))
+                    .collect();
+                let want = cpu_dup_up_video(&data, [n, ci, h, w], co, ft, lead);
+                let no = frames_out(n, ft, lead);
+                let what = format!("{dt:?} {ci}->{co} ft {ft} lead {lead}");
+                let src = Tensor::from_f32_as(&ctx, &[n, ci, h, w], &data, dt, "src").unwrap();
+                let out = Tensor::empty(&ctx, &[no, co, 2 * h, 2 * w], dt, "out").unwrap();
+                let mut rec = Recorder::new(&ctx);
+                dup_up_video(&mut rec, &src, (0, 0), &out, (0, 0), ft, lead).unwrap();
+                rec.submit().unwrap();
+                assert_eq!(out.to_f32(&ctx).unwrap(), want, "{what}");
+                // Output rows 3..9, columns 5..12 from source rows 1..5, columns 2..6.
+                let ((oy, ox, oh, ow), (sy, sx, sh, sw)) = ((3, 5, 6, 7), (1, 2, 4, 4));
+                let mut part = vec![0.0; n * ci * sh * sw];
+                copy(
+                    &data,
+                    (h, w),
+                    (sy, sx),
+                    &mut part,
+                    (sh, sw),
+                    (0, 0),
+                    (sh, sw),
+                    n * ci,
+                );
+                let src = Tensor::from_f32_as(&ctx, &[n, ci, sh, sw], &part, dt, "src").unwrap();
+                let out = Tensor::empty(&ctx, &[no, co, oh, ow], dt, "out").unwrap();
+                let mut rec = Recorder::new(&ctx);
+                dup_up_video(&mut rec, &src, (sy, sx), &out, (oy, ox), ft, lead).unwrap();
+                rec.submit().unwrap();
+                let mut want_win = vec![0.0; no * co * oh * ow];
+                let full = (2 * h, 2 * w);
+                copy(
+                    &want,
+                    full,
+                    (oy, ox),
+                    &mut want_win,
+                    (oh, ow),
+                    (0, 0),
+                    (oh, ow),
+                    no * co,
+                );
+                assert_eq!(out.to_f32(&ctx).unwrap(), want_win, "{what} window");
             }
         }
     }

@@ -178,19 +178,27 @@ pub(crate) enum Op {
     /// as 2 frames per frame, then the nearest-2× up-sample and 3×3 conv
     /// `up` per frame. A video's first frame skips the time conv (diffusers'
     /// `"Rep"` cache entry); its cache slot starts at zeros after it.
+    /// `residual` (a residual up block's [`Op::DupUp`] shortcut) is added
+    /// to the output in place (consumed).
     TimeUpsample {
         x: TensorId,
         w: CausalId,
         cache: usize,
         up: ConvId,
+        residual: Option<TensorId>,
     },
     /// The channel-to-space shortcut of a residual Wan up block into a new
-    /// tensor `[N, channels, 2H, 2W]` (diffusers' `DupUp3D` on a first
-    /// frame; see [`crate::kernels::dup_up`]); `ft` its time factor.
+    /// tensor `[N', channels, 2H, 2W]` (diffusers' `DupUp3D`; see
+    /// [`crate::kernels::dup_up`]); `ft` its time factor. `first_of`: in a
+    /// video graph, the cache slot of the block's [`Op::TimeUpsample`]:
+    /// while it is empty, the chunk starts the video and its first frame
+    /// gives one frame (the last sub-frame), every other `ft`, as the time
+    /// up-sample does. `None`: every frame is a first chunk (an image).
     DupUp {
         x: TensorId,
         channels: usize,
         ft: usize,
+        first_of: Option<usize>,
     },
     /// PyTorch's `pixel_shuffle` of `x` `[T, C·f², H, W]` into a new tensor
     /// `[T, C, H·f, W·f]` (a patch-size-f TAEHV decoder's output).
@@ -433,20 +441,40 @@ impl Builder {
         )
     }
 
-    /// Wan's `upsample3d` (see [`Op::TimeUpsample`]).
+    /// Wan's `upsample3d` (see [`Op::TimeUpsample`]), `residual` added.
     pub(crate) fn time_upsample(
         &mut self,
         x: TensorId,
-        w: CausalId,
-        cache: usize,
+        (w, cache): (CausalId, usize),
         up: ConvId,
+        residual: Option<TensorId>,
     ) -> TensorId {
-        self.push(Op::TimeUpsample { x, w, cache, up }, true)
+        let op = Op::TimeUpsample {
+            x,
+            w,
+            cache,
+            up,
+            residual,
+        };
+        self.push(op, true)
     }
 
-    /// A residual up block's shortcut (see [`Op::DupUp`]).
-    pub(crate) fn dup_up(&mut self, x: TensorId, channels: usize, ft: usize) -> TensorId {
-        self.push(Op::DupUp { x, channels, ft }, true)
+    /// A residual up block's shortcut, `first_of` the block's time cache
+    /// slot in a video graph, `None` in an image's (see [`Op::DupUp`]).
+    pub(crate) fn dup_up_video(
+        &mut self,
+        x: TensorId,
+        channels: usize,
+        ft: usize,
+        first_of: Option<usize>,
+    ) -> TensorId {
+        let op = Op::DupUp {
+            x,
+            channels,
+            ft,
+            first_of,
+        };
+        self.push(op, true)
     }
 
     /// `x` pixel-shuffled by `factor` (see [`Op::PixelShuffle`]).
@@ -473,10 +501,13 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. }
-            | Op::TimeUpsample { x, .. }
-            | Op::DupUp { x, .. }
-            | Op::PixelShuffle { x, .. } => (vec![*x], None),
+            Op::RmsNorm { x, .. } | Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
+                (vec![*x], None)
+            }
+            Op::TimeUpsample { x, residual, .. } => match residual {
+                Some(r) => (vec![*x, *r], Some(*r)),
+                None => (vec![*x], None),
+            },
             Op::FrameAttention { x, normed, .. } => (vec![*x, *normed], Some(*x)),
             Op::CausalConv { x, residual, .. } => match residual {
                 Residual::None => (vec![*x], None),

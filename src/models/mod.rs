@@ -475,9 +475,9 @@ impl Vae {
             let name = format!("{} [{}]", dec.name, dec.latent_stats);
             return Ok(Vae::new(Decoder::QwenImage(dec), name, dtype, random));
         }
-        if spec == "preset:wan21" || WanDecoder::is_wan(Path::new(spec)) {
+        if crate::models::wan::is_wan_video(spec) {
             return Err(Error::InvalidInput(format!(
-                "`{spec}` is a Wan 2.1 video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images. A Qwen-Image VAE file has the same keys: name it qwen_image_vae.safetensors or give its config.json (`{}`, `LoadOptions::config`) to decode images with it",
+                "`{spec}` is a Wan video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images. A Qwen-Image VAE file has the same keys: name it qwen_image_vae.safetensors or give its config.json (`{}`, `LoadOptions::config`) to decode images with it",
                 qwen_image::CLASS_NAME
             )));
         }

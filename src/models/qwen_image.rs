@@ -124,6 +124,7 @@ pub(crate) fn config_from_file(path: &Path) -> Result<WanConfig> {
         temperal_downsample: f.temperal_downsample.unwrap_or(d.temperal_downsample),
         latents_mean: f.latents_mean.unwrap_or(d.latents_mean),
         latents_std: f.latents_std.unwrap_or(d.latents_std),
+        ..d
     })
 }
 

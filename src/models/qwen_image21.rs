@@ -78,6 +78,8 @@ impl QwenImage21Config {
                 temperal_downsample: vec![false, true, true, true],
                 latents_mean: QWEN_IMAGE21_LATENTS_MEAN.to_vec(),
                 latents_std: QWEN_IMAGE21_LATENTS_STD.to_vec(),
+                is_residual: true,
+                patch_size: 1,
             },
             out_channels: 4,
         }
@@ -144,6 +146,8 @@ impl QwenImage21Config {
                 temperal_downsample: f.temperal_downsample.unwrap_or(d.wan.temperal_downsample),
                 latents_mean: stats(f.latents_mean, d.wan.latents_mean),
                 latents_std: stats(f.latents_std, d.wan.latents_std),
+                is_residual: true,
+                patch_size: 1,
             },
             out_channels: check_out_channels(f.out_channels.unwrap_or(d.out_channels))
                 .map_err(|m| bad(path, m))?,

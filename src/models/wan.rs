@@ -1,5 +1,8 @@
-//! The Wan 2.1 VAE decoder (diffusers `AutoencoderKLWan`, the original
-//! `wan/modules/vae.py` keys as ComfyUI's `wan_2.1_vae.safetensors`).
+//! The Wan VAE decoders (diffusers `AutoencoderKLWan`; the original
+//! `wan/modules/vae.py` / `vae2_2.py` keys as ComfyUI's
+//! `wan_2.1_vae.safetensors` / `wan2.2_vae.safetensors`). Wan 2.2's
+//! residual decoder (`is_residual`, `patch_size` 2) is built by
+//! [`crate::models::wan_residual`]; this file is Wan 2.1's.
 //!
 //! Decoder: post_quant_conv (1×1×1) → causal conv_in → mid block (residual
 //! block, per-frame attention, residual block) → up blocks (residual blocks,
@@ -31,7 +34,7 @@ pub(crate) use crate::models::wan_weights::wan_store;
 use crate::models::weights::WeightStore;
 use crate::tensor::DType;
 
-/// A Wan 2.1 VAE decoder with its weights on the device.
+/// A Wan 2.1 or 2.2 VAE decoder with its weights on the device.
 pub struct WanDecoder {
     /// The model's shape and latent statistics.
     pub(crate) config: WanConfig,
@@ -69,15 +72,19 @@ impl WanDecoder {
     /// beside it is read). Weights are stored as `dtype`.
     pub fn open(ctx: &Context, spec: &str, dtype: DType, seed: u64) -> Result<Self> {
         if let Some(name) = spec.strip_prefix("preset:") {
-            if name != "wan21" {
-                return Err(Error::InvalidInput(format!(
-                    "unknown video preset `{name}` (video presets: wan21)"
-                )));
-            }
+            let config = match name {
+                "wan21" => WanConfig::wan21(),
+                "wan22" => WanConfig::wan22(),
+                _ => {
+                    return Err(Error::InvalidInput(format!(
+                        "unknown video preset `{name}` (Wan presets: wan21, wan22)"
+                    )))
+                }
+            };
             let store = WeightStore::random_for(ctx, seed);
             store.set_dtype(dtype);
-            let mut dec = Self::load(ctx, &store, WanConfig::wan21(), true)?;
-            dec.name = format!("wan21 preset (random weights, seed {seed})");
+            let mut dec = Self::load(ctx, &store, config, true)?;
+            dec.name = format!("{name} preset (random weights, seed {seed})");
             return Ok(dec);
         }
         let path = Path::new(spec);
@@ -112,7 +119,7 @@ impl WanDecoder {
             )?,
         };
         let mut dec = Self::load(ctx, &store, config, has_post_quant)?;
-        dec.name = format!("Wan 2.1 VAE ({})", file.display());
+        dec.name = format!("{} ({})", dec.family(), file.display());
         dec.latents_stats_note = note;
         Ok(dec)
     }
@@ -166,6 +173,9 @@ impl WanDecoder {
                     cfg.z_dim
                 ),
             ));
+        }
+        if cfg.is_residual || cfg.patch_size != 1 {
+            return Self::load_residual(ctx, store, config, post_quant_conv, image);
         }
         let first = dims.first().copied().unwrap_or(0);
         let (mut g, z) = GraphBuilder::new(ctx, store, image, false);
@@ -224,7 +234,7 @@ impl WanDecoder {
                 )?;
                 let w = g.b.causal_weights(w);
                 let slot = g.next_slot();
-                x = g.b.time_upsample(x, w, slot, up);
+                x = g.b.time_upsample(x, (w, slot), up, None);
                 t_upscale *= 2;
             } else {
                 x = g.b.conv(Conv::new(x, up, Geometry::Upsample));
@@ -246,6 +256,47 @@ impl WanDecoder {
             graph: g.b.finish(x, image.then_some(ImageRange::MinusOneToOne)),
             t_upscale,
         })
+    }
+
+    /// Wan 2.2's residual decoder (see [`crate::models::wan_residual`]).
+    fn load_residual(
+        ctx: &Context,
+        store: &WeightStore,
+        config: WanConfig,
+        post_quant_conv: bool,
+        image: bool,
+    ) -> Result<Self> {
+        let origin = PathBuf::from(store.origin());
+        if !config.is_residual {
+            return Err(bad(
+                &origin,
+                format!("patch_size {} without is_residual: no Wan VAE has that shape (Wan 2.2's is residual with patch_size 2)", config.patch_size),
+            ));
+        }
+        if image || !post_quant_conv {
+            return Err(Error::Unsupported(format!(
+                "{}: a residual Wan decoder decodes video with its post_quant_conv (Qwen-Image 2.1's one-frame form is `AutoencoderKLQwenImage21`)",
+                origin.display()
+            )));
+        }
+        let (graph, t_upscale) =
+            crate::models::wan_residual::residual_video_graph(ctx, store, &config)?;
+        Ok(WanDecoder {
+            config,
+            name: String::from("Wan 2.2 VAE"),
+            latents_stats_note: None,
+            graph,
+            t_upscale,
+        })
+    }
+
+    /// "Wan 2.2 VAE" for the residual decoder, else "Wan 2.1 VAE".
+    fn family(&self) -> &'static str {
+        if self.config.is_residual {
+            "Wan 2.2 VAE"
+        } else {
+            "Wan 2.1 VAE"
+        }
     }
 
     /// The model's shape and latent statistics.
@@ -287,7 +338,7 @@ impl WanDecoder {
 
     /// Output pixels per latent pixel along each axis.
     pub fn upscale(&self) -> usize {
-        1 << (self.config.dim_mult.len().saturating_sub(1))
+        self.config.upscale()
     }
 
     /// Pipeline latents `[N, C, T, h, w]` → the raw z the decoder takes, in
@@ -346,7 +397,8 @@ impl WanDecoder {
 /// config is `AutoencoderKLWan`, or a file with Wan keys).
 pub fn is_wan_video(spec: &str) -> bool {
     // Qwen-Image (2.1) VAE files have Wan's keys but decode images.
-    (spec == "preset:wan21" || WanDecoder::is_wan(std::path::Path::new(spec)))
+    (matches!(spec, "preset:wan21" | "preset:wan22")
+        || WanDecoder::is_wan(std::path::Path::new(spec)))
         && !crate::models::qwen_image::is_qwen_image(spec, None)
         && !crate::models::qwen_image21::is_qwen_image21(spec, None)
 }

@@ -4,7 +4,7 @@
 
 use std::path::{Path, PathBuf};
 
-use crate::error::{Error, Result};
+use crate::error::Result;
 use crate::models::diffusers_folder::bad;
 use crate::models::weights::WeightStore;
 
@@ -17,6 +17,22 @@ pub const WAN21_LATENTS_MEAN: [f32; 16] = [
 pub const WAN21_LATENTS_STD: [f32; 16] = [
     2.8184, 1.4541, 2.3275, 2.6558, 1.2196, 1.7708, 2.6052, 2.0743, 3.2687, 2.1526, 2.8652, 1.5579,
     1.6382, 1.1253, 2.8251, 1.9160,
+];
+
+/// The published Wan 2.2 (TI2V-5B) `latents_mean`.
+pub const WAN22_LATENTS_MEAN: [f32; 48] = [
+    -0.2289, -0.0052, -0.1323, -0.2339, -0.2799, 0.0174, 0.1838, 0.1557, -0.1382, 0.0542, 0.2813,
+    0.0891, 0.1570, -0.0098, 0.0375, -0.1825, -0.2246, -0.1207, -0.0698, 0.5109, 0.2665, -0.2108,
+    -0.2158, 0.2502, -0.2055, -0.0322, 0.1109, 0.1567, -0.0729, 0.0899, -0.2799, -0.1230, -0.0313,
+    -0.1649, 0.0117, 0.0723, -0.2839, -0.2083, -0.0520, 0.3748, 0.0152, 0.1957, 0.1433, -0.2944,
+    0.3573, -0.0548, -0.1681, -0.0667,
+];
+/// The published Wan 2.2 (TI2V-5B) `latents_std`.
+pub const WAN22_LATENTS_STD: [f32; 48] = [
+    0.4765, 1.0364, 0.4514, 1.1677, 0.5313, 0.4990, 0.4818, 0.5013, 0.8158, 1.0344, 0.5894, 1.0901,
+    0.6885, 0.6165, 0.8454, 0.4978, 0.5759, 0.3523, 0.7135, 0.6804, 0.5833, 1.4146, 0.8986, 0.5659,
+    0.7069, 0.5338, 0.4889, 0.4917, 0.4069, 0.4999, 0.6866, 0.4093, 0.5709, 0.6065, 0.6415, 0.4944,
+    0.5726, 1.2042, 0.5458, 1.6887, 0.3971, 1.0600, 0.3943, 0.5537, 0.5444, 0.4089, 0.7468, 0.7744,
 ];
 
 /// The decoder's shape (diffusers `AutoencoderKLWan` config fields).
@@ -36,6 +52,12 @@ pub struct WanConfig {
     pub latents_mean: Vec<f32>,
     /// Pipeline latents' per-channel std.
     pub latents_std: Vec<f32>,
+    /// Wan 2.2's residual decoder (`is_residual`): up blocks keep their
+    /// width and add a `DupUp3D` channels-to-space shortcut.
+    pub is_residual: bool,
+    /// Pixels per side packed into channels at the output (`patch_size`:
+    /// Wan 2.2's 2 gives 3·2² = 12 output channels, unpatchified), 1 for none.
+    pub patch_size: usize,
 }
 
 impl WanConfig {
@@ -50,14 +72,43 @@ impl WanConfig {
             temperal_downsample: vec![false, true, true],
             latents_mean: WAN21_LATENTS_MEAN.to_vec(),
             latents_std: WAN21_LATENTS_STD.to_vec(),
+            is_residual: false,
+            patch_size: 1,
         }
     }
 
-    /// A diffusers `config.json` of an `AutoencoderKLWan` (Wan 2.1 only:
-    /// `is_residual` and `patch_size` models are Wan 2.2's and refused).
-    /// Every field is checked by name; missing `latents_mean`/`latents_std`
-    /// are Wan 2.1's for `z_dim` 16 (with a warning), else left empty (only
-    /// raw latents decode).
+    /// The public Wan 2.2 (TI2V-5B) VAE decoder: decoder_base_dim 256,
+    /// z_dim 48, dim_mult [1, 2, 4, 4], 2 residual blocks, temporal
+    /// down-sampling [false, true, true], residual, patch size 2 (16×
+    /// spatial compression), the published latent statistics.
+    pub fn wan22() -> Self {
+        WanConfig {
+            base_dim: 256,
+            z_dim: 48,
+            latents_mean: WAN22_LATENTS_MEAN.to_vec(),
+            latents_std: WAN22_LATENTS_STD.to_vec(),
+            is_residual: true,
+            patch_size: 2,
+            ..WanConfig::wan21()
+        }
+    }
+
+    /// Output pixels per latent pixel along each axis: 2 per up-sampling
+    /// stage, times the patch size.
+    pub fn upscale(&self) -> usize {
+        (1usize << self.dim_mult.len().saturating_sub(1).min(16)).saturating_mul(self.patch_size)
+    }
+
+    /// Channels `conv_out` makes: RGB, `patch_size`² pixels each.
+    pub fn out_channels(&self) -> usize {
+        3 * self.patch_size * self.patch_size
+    }
+
+    /// A diffusers `config.json` of an `AutoencoderKLWan` (Wan 2.1, or Wan
+    /// 2.2 with `is_residual` and `patch_size`). Every field is checked by
+    /// name; missing `latents_mean`/`latents_std` are Wan 2.1's for `z_dim`
+    /// 16 and Wan 2.2's for 48 (with a warning), else left empty (only raw
+    /// latents decode).
     pub fn from_file(path: &Path) -> Result<Self> {
         Self::from_file_noting(path).map(|(c, _)| c)
     }
@@ -87,16 +138,8 @@ impl WanConfig {
         if let Some(c) = class.filter(|c| *c != "AutoencoderKLWan") {
             return Err(bad(
                 path,
-                format!("config.json is a `{c}`, not an `AutoencoderKLWan` (Wan 2.1 VAE)"),
+                format!("config.json is a `{c}`, not an `AutoencoderKLWan` (Wan 2.1 / 2.2 VAE)"),
             ));
-        }
-        if v.get("is_residual").and_then(|r| r.as_bool()) == Some(true)
-            || v.get("patch_size").is_some_and(|p| !p.is_null())
-        {
-            return Err(Error::Unsupported(format!(
-                "`{}` is a Wan 2.2 VAE (is_residual / patch_size); only the Wan 2.1 VAE decoder is implemented",
-                path.display()
-            )));
         }
         let d = WanConfig::wan21();
         // A field, a whole number in `lo..=hi` (beyond: no real VAE, and
@@ -128,6 +171,26 @@ impl WanConfig {
                 )),
             }
         };
+        let is_residual = match v.get("is_residual") {
+            None | Some(serde_json::Value::Null) => false,
+            Some(serde_json::Value::Bool(b)) => *b,
+            Some(x) => return Err(bad(
+                path,
+                format!(
+                    "config.json: `is_residual` is {x}; expected true (Wan 2.2) or false (Wan 2.1)"
+                ),
+            )),
+        };
+        let patch_size = int("patch_size", 1, 1, 4)?;
+        if let Some(x) = v.get("out_channels").filter(|x| !x.is_null()) {
+            let want = 3 * patch_size * patch_size;
+            if x.as_u64() != Some(want as u64) {
+                return Err(bad(
+                    path,
+                    format!("config.json: `out_channels` is {x}; a Wan decoder with patch_size {patch_size} makes RGB in 3·{patch_size}² = {want} channels"),
+                ));
+            }
+        }
         let z_dim = int("z_dim", d.z_dim, 1, 1024)?;
         let base_dim = int("base_dim", d.base_dim, 1, 4096)?;
         let base_dim = int("decoder_base_dim", base_dim, 1, 4096)?;
@@ -217,6 +280,8 @@ impl WanConfig {
                 temperal_downsample,
                 latents_mean,
                 latents_std,
+                is_residual,
+                patch_size,
             },
             note,
         ))
@@ -230,12 +295,27 @@ impl WanConfig {
         let shape = |k: &str| {
             store
                 .shape_of(k)
-                .ok_or_else(|| bad(&origin, format!("not a Wan 2.1 VAE decoder: no `{k}`")))
+                .ok_or_else(|| bad(&origin, format!("not a Wan VAE decoder: no `{k}`")))
         };
         let conv_in = shape("decoder.conv_in.weight")?;
         let conv_out = shape("decoder.conv_out.weight")?;
-        let (Some(&z_dim), Some(&base_dim)) = (conv_in.get(1), conv_out.get(1)) else {
+        let (Some(&z_dim), Some(&base_dim), Some(&out)) =
+            (conv_in.get(1), conv_out.get(1), conv_out.first())
+        else {
             return Err(bad(&origin, "Wan conv weights must be 5-D"));
+        };
+        // Wan 2.2's residual up blocks name their Resample `upsampler`.
+        let is_residual = store.contains("decoder.up_blocks.0.upsampler.resample.1.weight");
+        let Some(patch_size) = (1..=4).find(|p| 3 * p * p == out) else {
+            return Err(bad(
+                &origin,
+                format!("decoder.conv_out makes {out} channels; a Wan decoder makes RGB in 3·p² (3 or 12)"),
+            ));
+        };
+        let upsampler = if is_residual {
+            "upsampler"
+        } else {
+            "upsamplers.0"
         };
         let mut widths = Vec::new();
         while let Some(s) = store.shape_of(&format!(
@@ -253,7 +333,7 @@ impl WanConfig {
         if widths.is_empty() || base_dim == 0 || resnets == 0 {
             return Err(bad(
                 &origin,
-                "not a Wan 2.1 VAE decoder: no `decoder.up_blocks.0.resnets.0`",
+                "not a Wan VAE decoder: no `decoder.up_blocks.0.resnets.0`",
             ));
         }
         let mut dim_mult: Vec<usize> = widths.iter().map(|w| w / base_dim).collect();
@@ -261,7 +341,7 @@ impl WanConfig {
         let mut temperal_downsample: Vec<bool> = (0..widths.len().saturating_sub(1))
             .map(|i| {
                 store.contains(&format!(
-                    "decoder.up_blocks.{i}.upsamplers.0.time_conv.weight"
+                    "decoder.up_blocks.{i}.{upsampler}.time_conv.weight"
                 ))
             })
             .collect();
@@ -276,6 +356,8 @@ impl WanConfig {
                 temperal_downsample,
                 latents_mean,
                 latents_std,
+                is_residual,
+                patch_size,
             },
             note,
         ))
@@ -283,23 +365,23 @@ impl WanConfig {
 }
 
 /// Latent statistics for a config that gives none (`why` says so): Wan
-/// 2.1's for its `z_dim` of 16, logged as a warning, else none (pipeline
-/// latents are then refused, raw ones decode). The note says which.
+/// 2.1's for its `z_dim` of 16, Wan 2.2's for 48, logged as a warning,
+/// else none (pipeline latents are then refused, raw ones decode). The
+/// note says which.
 fn default_stats(z_dim: usize, why: &str) -> (Vec<f32>, Vec<f32>, Option<String>) {
-    let note = if z_dim == WAN21_LATENTS_MEAN.len() {
-        format!("{why}: Wan 2.1's published latents_mean/latents_std are used")
-    } else {
-        format!("{why} and z_dim is {z_dim} (Wan 2.1's statistics are for 16): only raw latents can be decoded")
+    let known = match z_dim {
+        16 => Some(("2.1", &WAN21_LATENTS_MEAN[..], &WAN21_LATENTS_STD[..])),
+        48 => Some(("2.2", &WAN22_LATENTS_MEAN[..], &WAN22_LATENTS_STD[..])),
+        _ => None,
+    };
+    let note = match known {
+        Some((v, ..)) => format!("{why}: Wan {v}'s published latents_mean/latents_std are used"),
+        None => format!("{why} and z_dim is {z_dim} (Wan 2.1's statistics are for 16, Wan 2.2's for 48): only raw latents can be decoded"),
     };
     log::warn!("{note}");
-    if z_dim == WAN21_LATENTS_MEAN.len() {
-        (
-            WAN21_LATENTS_MEAN.to_vec(),
-            WAN21_LATENTS_STD.to_vec(),
-            Some(note),
-        )
-    } else {
-        (Vec::new(), Vec::new(), Some(note))
+    match known {
+        Some((_, m, s)) => (m.to_vec(), s.to_vec(), Some(note)),
+        None => (Vec::new(), Vec::new(), Some(note)),
     }
 }
 

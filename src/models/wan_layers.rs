@@ -51,10 +51,22 @@ pub(crate) fn load_causal(
 ) -> Result<CausalWeights> {
     let w = store.take(&format!("{prefix}.weight"), &[cout, cin, kt, k, k])?;
     let b = store.take(&format!("{prefix}.bias"), &[cout])?;
+    causal_from_host(ctx, store, prefix, (&w, &b), [cout, cin, kt, k])
+}
+
+/// The causal conv of host weights `w` `[cout, cin, kt, k, k]` and bias
+/// `b` as `kt` taps (`prefix` names it).
+pub(crate) fn causal_from_host(
+    ctx: &Context,
+    store: &WeightStore,
+    prefix: &str,
+    (w, b): (&[f32], &[f32]),
+    [cout, cin, kt, k]: [usize; 4],
+) -> Result<CausalWeights> {
     let taps = (0..kt)
         .map(|j| {
-            let bias = (j + 1 == kt).then_some(b.as_slice());
-            upload_tap(ctx, store, prefix, &w, [cout, cin, kt, k], j, bias)
+            let bias = (j + 1 == kt).then_some(b);
+            upload_tap(ctx, store, prefix, w, [cout, cin, kt, k], j, bias)
         })
         .collect::<Result<Vec<_>>>()?;
     Ok(CausalWeights { taps })

@@ -1,6 +1,6 @@
-//! The residual Wan decoder on one frame (diffusers' `is_residual` path:
-//! Wan 2.2's VAE, Qwen-Image 2.1's `AutoencoderKLQwenImage21`), as an image
-//! graph every image executor runs.
+//! The residual Wan decoder (diffusers' `is_residual` path): Wan 2.2's
+//! video VAE as a causal video graph, and on one frame (Qwen-Image 2.1's
+//! `AutoencoderKLQwenImage21`) as an image graph every image executor runs.
 //!
 //! Versus Wan 2.1 ([`crate::models::wan`]): each up block keeps its input's
 //! width (no halving), its `Resample` keeps the block's width, and a
@@ -9,19 +9,28 @@
 //! up-sampled output. The shortcut is computed before the block's residual
 //! blocks (the first adds into the block input in place), so it is held at
 //! the up-sampled resolution meanwhile. On a first frame the time conv of `upsample3d` is
-//! skipped (diffusers' `"Rep"` cache entry), so every causal conv is its
-//! current-frame tap (planar weights `[cout, cin, k, k]`, Qwen-Image 2.1,
-//! or the last tap of `[cout, cin, kt, k, k]`, Wan 2.2).
+//! skipped (diffusers' `"Rep"` cache entry), so the one-frame graph's causal
+//! convs are their current-frame taps (planar weights `[cout, cin, k, k]`,
+//! Qwen-Image 2.1). The video graph runs time as the batch, as Wan 2.1's
+//! ([`crate::models::wan`]): the shortcut of a video's first chunk keeps
+//! its last sub-frame, every later frame gives two, as `upsample3d` does.
+//! Its output is `patch_size`² pixels per position in diffusers' unpatchify
+//! order; `conv_out`'s channels are permuted at load so that a pixel
+//! shuffle unpacks them, then clamped to [−1, 1] as diffusers does.
 
 use std::path::PathBuf;
 
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
+use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
-use crate::models::graph::{Conv, Geometry, Graph, Residual};
+use crate::models::graph::{Conv, Geometry, Graph, Residual, TensorId};
+use crate::models::layers::load_conv;
 use crate::models::wan_config::WanConfig;
-use crate::models::wan_layers::{decoder_stages, load_pointwise, GraphBuilder};
+use crate::models::wan_layers::{
+    causal_from_host, decoder_stages, load_causal, load_pointwise, GraphBuilder,
+};
 use crate::models::weights::WeightStore;
 
 /// What the residual decoder's output becomes.
@@ -49,8 +58,6 @@ pub(crate) fn residual_frame_graph(
     planar: bool,
     output: ResidualOutput,
 ) -> Result<Graph> {
-    let (dims, up_time) = decoder_stages(cfg, store, "a residual Wan")?;
-    let stages = cfg.dim_mult.len();
     if output.kept == 0 || output.kept > output.out_channels {
         return Err(bad(
             store,
@@ -60,8 +67,63 @@ pub(crate) fn residual_frame_graph(
             ),
         ));
     }
+    let (g, x, width) = residual_body(ctx, store, cfg, planar, true)?;
+    frame_output(ctx, store, g, x, (width, planar), output)
+}
+
+/// The residual Wan decoder of `cfg` as a causal video graph (time as the
+/// batch), and its output frames per latent frame after the first.
+pub(crate) fn residual_video_graph(
+    ctx: &Context,
+    store: &WeightStore,
+    cfg: &WanConfig,
+) -> Result<(Graph, usize)> {
+    let (mut g, x, width) = residual_body(ctx, store, cfg, false, false)?;
+    let x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
+    // conv_out, its channels from unpatchify's order (c, q_x, q_y) to a
+    // pixel shuffle's (c, q_y, q_x).
+    let p = cfg.patch_size.max(1);
+    let co = cfg.out_channels();
+    let (key, dims) = ("decoder.conv_out", [co, width, 3, 3]);
+    let wt = store.take(&format!("{key}.weight"), &[co, width, 3, 3, 3])?;
+    let bias = store.take(&format!("{key}.bias"), &[co])?;
+    let row = wt.len() / co.max(1);
+    let from = |o: usize| {
+        let (c, q) = (o / (p * p), o % (p * p));
+        c * p * p + (q % p) * p + q / p
+    };
+    let w: Vec<f32> = (0..co)
+        .flat_map(|o| wt[from(o) * row..(from(o) + 1) * row].iter().copied())
+        .collect();
+    let b: Vec<f32> = (0..co).map(|o| bias[from(o)]).collect();
+    let cw = causal_from_host(ctx, store, key, (&w, &b), dims)?;
+    let cw = g.b.causal_weights(cw);
+    let slot = g.next_slot();
+    let mut x = g.b.causal_conv(x, cw, slot, Residual::None);
+    if p > 1 {
+        x = g.b.pixel_shuffle(x, p);
+    }
+    // diffusers' `AutoencoderKLWan.decode` clamps the frames.
+    x = g.b.map(x, Unary::Clamp { lo: -1.0, hi: 1.0 });
+    store.finish(&["encoder.", "quant_conv."])?;
+    let (_, up_time) = decoder_stages(cfg, store, "a residual Wan")?;
+    let t_upscale = 1usize << up_time.iter().filter(|t| **t).count().min(16);
+    Ok((g.b.finish(x, None), t_upscale))
+}
+
+/// post_quant_conv, conv_in, the mid block and the up blocks: the graph so
+/// far, its last tensor and width (`image`: one frame, see the module).
+fn residual_body<'a>(
+    ctx: &'a Context,
+    store: &'a WeightStore,
+    cfg: &WanConfig,
+    planar: bool,
+    image: bool,
+) -> Result<(GraphBuilder<'a>, TensorId, usize)> {
+    let (dims, up_time) = decoder_stages(cfg, store, "a residual Wan")?;
+    let stages = cfg.dim_mult.len();
     let first = dims.first().copied().unwrap_or(0);
-    let (mut g, z) = GraphBuilder::new(ctx, store, true, planar);
+    let (mut g, z) = GraphBuilder::new(ctx, store, image, planar);
     let zc = cfg.z_dim;
     let w = load_pointwise(ctx, store, "post_quant_conv", zc, zc, !planar)?;
     let w = g.b.weights(w);
@@ -79,6 +141,9 @@ pub(crate) fn residual_frame_graph(
         } else {
             1
         };
+        // A video's time up-sample: its cache slot tells the shortcut
+        // whether the chunk starts the video.
+        let time_slot = (ft == 2 && !image).then(|| g.next_slot());
         // The shortcut is taken first: the first residual block adds into
         // its input in place (diffusers keeps a low-resolution clone).
         let shortcut = if up_flag {
@@ -88,7 +153,7 @@ pub(crate) fn residual_frame_graph(
                     format!("up block {i}: DupUp3D needs {d_out}·{ft}·4 to be a multiple of {d_in} (dim_mult {:?})", cfg.dim_mult),
                 ));
             }
-            Some(g.b.dup_up(x, d_out, ft))
+            Some(g.b.dup_up_video(x, d_out, ft, time_slot))
         } else {
             None
         };
@@ -101,6 +166,27 @@ pub(crate) fn residual_frame_graph(
         let Some(shortcut) = shortcut else {
             break;
         };
+        let up = load_conv(
+            ctx,
+            store,
+            &format!("{p}.resample.1"),
+            d_out,
+            d_out,
+            3,
+            true,
+        )?;
+        let up = g.b.weights(up);
+        if let Some(slot) = time_slot {
+            let time = load_causal(
+                ctx,
+                store,
+                &format!("{p}.time_conv"),
+                [2 * d_out, d_out, 3, 1],
+            )?;
+            let time = g.b.causal_weights(time);
+            x = g.b.time_upsample(x, (time, slot), up, Some(shortcut));
+            continue;
+        }
         if ft == 2 {
             // A first frame skips the time conv (diffusers' "Rep").
             let c = 2 * d_out;
@@ -112,20 +198,23 @@ pub(crate) fn residual_frame_graph(
             store.take(&format!("{p}.time_conv.weight"), shape)?;
             store.take(&format!("{p}.time_conv.bias"), &[c])?;
         }
-        let up = crate::models::layers::load_conv(
-            ctx,
-            store,
-            &format!("{p}.resample.1"),
-            d_out,
-            d_out,
-            3,
-            true,
-        )?;
-        let up = g.b.weights(up);
         let conv = Conv::new(x, up, Geometry::Upsample).residual(Residual::InPlace(shortcut));
         x = g.b.conv(conv);
     }
-    x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
+    Ok((g, x, width))
+}
+
+/// norm_out and the kept channels of conv_out's current-frame tap: the
+/// image graph of one frame.
+fn frame_output(
+    ctx: &Context,
+    store: &WeightStore,
+    mut g: GraphBuilder<'_>,
+    x: TensorId,
+    (width, planar): (usize, bool),
+    output: ResidualOutput,
+) -> Result<Graph> {
+    let mut x = g.rms(x, "decoder.norm_out.gamma", width, false, true)?;
     // conv_out: only the kept channels (the image's RGB).
     let (co, k) = (output.out_channels, 3);
     let shape: &[usize] = if planar {

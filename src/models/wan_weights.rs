@@ -11,9 +11,11 @@ use crate::models::taehv::TaehvDecoder;
 use crate::models::weights::{HostWeight, Layout, WeightStore};
 use crate::tensor::DType;
 
-/// The original `wan/modules/vae.py` key of a decoder weight → its diffusers
-/// name (as diffusers' `convert_wan_to_diffusers.py`); `per_block`: residual
-/// blocks per up stage. `None`: not a decoder key.
+/// The original `wan/modules/vae.py` (Wan 2.1: `decoder.upsamples.N`) or
+/// `vae2_2.py` (Wan 2.2: `decoder.upsamples.I.upsamples.J`) key of a
+/// decoder weight → its diffusers name (as diffusers'
+/// `convert_wan_to_diffusers.py`); `per_block`: residual blocks per up
+/// stage. `None`: not a decoder key.
 fn original_to_diffusers(key: &str, per_block: usize) -> Option<String> {
     let residual = |rest: &str| -> Option<String> {
         let map = [
@@ -51,6 +53,20 @@ fn original_to_diffusers(key: &str, per_block: usize) -> Option<String> {
     let t = rest.strip_prefix("upsamples.")?;
     let (f, t) = t.split_once('.')?;
     let f: usize = f.parse().ok()?;
+    if let Some(t) = t.strip_prefix("upsamples.") {
+        // Wan 2.2 (`vae2_2.py`): stage `f` holds `per_block` residual
+        // blocks, then its Resample.
+        let (j, t) = t.split_once('.')?;
+        let j: usize = j.parse().ok()?;
+        return if j < per_block {
+            Some(format!(
+                "decoder.up_blocks.{f}.resnets.{j}.{}",
+                residual(t)?
+            ))
+        } else {
+            Some(format!("decoder.up_blocks.{f}.upsampler.{t}"))
+        };
+    }
     // Stages of `per_block` residual blocks and one Resample (the last
     // stage has none, which the division does not see).
     let (stage, at) = (f / (per_block + 1), f % (per_block + 1));
@@ -80,7 +96,7 @@ pub(crate) fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeigh
     if TaehvDecoder::is_taehv_file(path) {
         return Err(bad(
             path,
-            "this is a TAEHV file (a tiny video decoder, `decoder.N…` keys), not a Wan 2.1 VAE: load it with `TaehvDecoder`",
+            "this is a TAEHV file (a tiny video decoder, `decoder.N…` keys), not a Wan VAE: load it with `TaehvDecoder`",
         ));
     }
     let bytes = std::fs::read(path).map_err(|source| Error::Io {
@@ -100,17 +116,22 @@ pub(crate) fn read_wan_weights(path: &Path) -> Result<BTreeMap<String, HostWeigh
         return Err(bad(
             path,
             format!(
-                "not a Wan 2.1 VAE: no `decoder.mid_block.…` (diffusers) or `decoder.middle.…` (original) keys; found keys like {}",
+                "not a Wan VAE: no `decoder.mid_block.…` (diffusers) or `decoder.middle.…` (original) keys; found keys like {}",
                 sample.join(", ")
             ),
         ));
     }
-    // Residual blocks per stage: the upsamples index of the first Resample.
+    // Residual blocks per stage: the upsamples index of the first Resample
+    // (Wan 2.2: within its stage).
     let per_block = names
         .iter()
         .filter_map(|n| {
             let t = n.strip_prefix("decoder.upsamples.")?;
             let (f, rest) = t.split_once('.')?;
+            let (f, rest) = match rest.strip_prefix("upsamples.") {
+                Some(inner) => inner.split_once('.')?,
+                None => (f, rest),
+            };
             (rest.starts_with("resample.") || rest.starts_with("time_conv."))
                 .then(|| f.parse::<usize>().ok())
                 .flatten()
@@ -202,5 +223,28 @@ mod tests {
             Some("decoder.conv_out.weight")
         );
         assert_eq!(m("encoder.conv1.weight"), None);
+    }
+
+    /// Wan 2.2's nested `decoder.upsamples.I.upsamples.J` (`vae2_2.py`):
+    /// J < per_block residual blocks, then the stage's Resample.
+    #[test]
+    fn wan22_original_keys_map_to_residual_up_blocks() {
+        let m = |k: &str| original_to_diffusers(k, 3);
+        assert_eq!(
+            m("decoder.upsamples.1.upsamples.2.residual.6.weight").as_deref(),
+            Some("decoder.up_blocks.1.resnets.2.conv2.weight")
+        );
+        assert_eq!(
+            m("decoder.upsamples.0.upsamples.0.shortcut.bias").as_deref(),
+            Some("decoder.up_blocks.0.resnets.0.conv_shortcut.bias")
+        );
+        assert_eq!(
+            m("decoder.upsamples.0.upsamples.3.time_conv.weight").as_deref(),
+            Some("decoder.up_blocks.0.upsampler.time_conv.weight")
+        );
+        assert_eq!(
+            m("decoder.upsamples.2.upsamples.3.resample.1.bias").as_deref(),
+            Some("decoder.up_blocks.2.upsampler.resample.1.bias")
+        );
     }
 }

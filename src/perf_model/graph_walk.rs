@@ -175,8 +175,16 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
             }
             Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                 let [n, c, h, w] = shape(*x)?;
-                let (channels, (_, f)) = op.space_factors(c)?;
-                let s = [n, channels, f * h, f * w];
+                let (channels, (ft, f)) = op.space_factors(c)?;
+                // The whole video at once: its first frame is a first chunk.
+                let lead = match op {
+                    Op::DupUp {
+                        first_of: Some(_), ..
+                    } => n.min(1),
+                    _ => n,
+                };
+                let frames = crate::kernels::dup_up::frames_out(n, ft, lead);
+                let s = [frames, channels, f * h, f * w];
                 let name = if matches!(op, Op::DupUp { .. }) {
                     "dup_up"
                 } else {
@@ -234,7 +242,9 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 }
                 Some([n, cout, h, wd])
             }
-            Op::TimeUpsample { x, w, up, .. } => {
+            Op::TimeUpsample {
+                x, w, up, residual, ..
+            } => {
                 // The whole video at once: the first frame skips the time
                 // conv; every other frame gives two.
                 let [t, c, h, wd] = shape(*x)?;
@@ -251,6 +261,7 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
                 let frames = t.min(1) + 2 * later;
                 let mut g = Gemm::conv(c, upw.cout(), upw.k(), (h, wd));
                 g.upsample = true;
+                g.residual = residual.is_some();
                 (g.ho, g.wo, g.frames) = (2 * h, 2 * wd, frames);
                 push(LayerKind::Conv, Work::Gemm(g));
                 Some([frames, upw.cout(), 2 * h, 2 * wd])

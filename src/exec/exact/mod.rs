@@ -555,14 +555,17 @@ impl Executor {
     /// [`crate::models::graph::Op::PixelShuffle`] (`(1, f)`): `x` to
     /// `channels` at `f`× its resolution, each output tile from the window
     /// of `x` under it (whole-image coordinates, so tiles equal the untiled
-    /// result).
+    /// result); the first `lead` frames are a video's first chunk (see
+    /// [`crate::kernels::dup_up::dup_up_video`]).
     pub(crate) fn channels_to_space(
         &mut self,
         x: &Act,
         channels: usize,
         (ft, f): (usize, usize),
+        lead: usize,
     ) -> Result<Act> {
-        let mut out = self.empty_act(x.n, channels, f * x.h, f * x.w, x.dtype);
+        let n = crate::kernels::dup_up::frames_out(x.n, ft, lead);
+        let mut out = self.empty_act(n, channels, f * x.h, f * x.w, x.dtype);
         for i in 0..out.grid.len() {
             let r = out.grid.rect(i);
             let (y0, x0) = (r.y / f, r.x / f);
@@ -575,7 +578,7 @@ impl Executor {
             let src = self.read_window(x, win)?;
             let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
             let at = (r.y, r.x);
-            crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f))?;
+            crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f), lead)?;
             drop(src);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;
         }

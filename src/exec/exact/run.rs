@@ -104,11 +104,21 @@ impl Executor {
                             .into(),
                     ))
                 }
-                Op::TimeUpsample { x, w, cache, up } => {
+                Op::TimeUpsample {
+                    x,
+                    w,
+                    cache,
+                    up,
+                    residual,
+                } => {
                     let caches = video_caches(&mut caches)?;
+                    let res = match residual {
+                        Some(r) => ExResidual::Take(take_act(&mut slots, *r)?),
+                        None => ExResidual::None,
+                    };
                     let x = act(&slots, *x)?;
-                    let y =
-                        self.time_upsample(x, graph.causal(*w), graph.conv(*up), *cache, caches)?;
+                    let (w, up) = (graph.causal(*w), graph.conv(*up));
+                    let y = self.time_upsample(x, (w, up), res, *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
                 Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
@@ -118,8 +128,15 @@ impl Executor {
                         ));
                     }
                     let x = act(&slots, *x)?;
+                    let lead = match op {
+                        Op::DupUp {
+                            first_of: Some(slot),
+                            ..
+                        } => usize::from(!video_caches(&mut caches)?.has(*slot)),
+                        _ => x.n,
+                    };
                     let (channels, factors) = op.space_factors(x.c)?;
-                    let y = self.channels_to_space(x, channels, factors)?;
+                    let y = self.channels_to_space(x, channels, factors, lead)?;
                     (Some(Value::Act(y)), None)
                 }
                 Op::FrameAttention {

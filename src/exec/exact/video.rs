@@ -40,7 +40,7 @@ impl VideoCaches {
         }
         self.slots[slot] = Some(a);
     }
-    fn has(&self, slot: usize) -> bool {
+    pub(super) fn has(&self, slot: usize) -> bool {
         self.slots.get(slot).is_some_and(Option::is_some)
     }
     /// Bytes the caches hold on the device (pool memory) and in host memory.
@@ -360,12 +360,13 @@ impl Executor {
     /// [`Op::TimeUpsample`] (Wan's `upsample3d`): the time conv on the
     /// frames after a video's first, its 2·C channels read as two frames
     /// (a view), then the nearest-2× up-sample conv tile by tile over the
-    /// frames in order (the first frame itself at a video's start).
+    /// frames in order (the first frame itself at a video's start), adding
+    /// `residual`.
     pub(super) fn time_upsample(
         &mut self,
         x: &Act,
-        w: &CausalWeights,
-        up: &Conv2dWeights,
+        (w, up): (&CausalWeights, &Conv2dWeights),
+        residual: Residual,
         slot: usize,
         caches: &mut VideoCaches,
     ) -> Result<Act> {
@@ -410,7 +411,7 @@ impl Executor {
                 z
             }
         };
-        let (out, _) = self.conv(&z, ConvSpec::new(up).upsample(), Residual::None)?;
+        let (out, _) = self.conv(&z, ConvSpec::new(up).upsample(), residual)?;
         Ok(out)
     }
 
