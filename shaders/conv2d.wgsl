@@ -121,8 +121,14 @@ fn plane_affine(plane: u32, ok: bool) -> vec2<f32> {
 }
 
 // The input value at column ix of the (upsampled) frame in the row starting at x[rowbase];
-// 0 outside the frame or when !ok. The index is clamped, so the load is always valid.
-fn xrow(rowbase: u32, ix: i32, ok: bool, ss: vec2<f32>) -> f32 {
+// 0 outside the frame (REPLICATE: the edge column's) or when !ok. The index is clamped, so
+// the load is always valid.
+fn xrow(rowbase: u32, ix_in: i32, ok: bool, ss: vec2<f32>) -> f32 {
+#ifdef REPLICATE
+    let ix = clamp(ix_in, 0, i32(p.win) - 1);
+#else
+    let ix = ix_in;
+#endif
     let inside = ok && u32(ix) < p.win;
 #ifdef UPSAMPLE
     let sx = u32(ix) >> 1u;
@@ -136,8 +142,14 @@ fn xrow(rowbase: u32, ix: i32, ok: bool, ss: vec2<f32>) -> f32 {
     return select(0.0, v, inside);
 }
 
-// Row `iy` of the (upsampled) frame of a channel plane: (offset of the row in x, inside).
-fn xrow_base(plane: u32, iy: i32, ok: bool) -> vec2<u32> {
+// Row `iy` of the (upsampled) frame of a channel plane: (offset of the row in x, inside);
+// REPLICATE: rows outside are the edge row.
+fn xrow_base(plane: u32, iy_in: i32, ok: bool) -> vec2<u32> {
+#ifdef REPLICATE
+    let iy = clamp(iy_in, 0, i32(p.hin) - 1);
+#else
+    let iy = iy_in;
+#endif
     let inside = ok && u32(iy) < p.hin;
 #ifdef UPSAMPLE
     let sy = u32(iy) >> 1u;

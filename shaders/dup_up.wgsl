@@ -1,4 +1,4 @@
-// Channels to space by a factor F: the shortcut of a residual Wan up block (diffusers'
+// Channels to space by a factor F (ORDER 1: HunyuanVideo 1.5's DCAE order, below): the shortcut of a residual Wan up block (diffusers'
 // DupUp3D on a video's first frame, as Wan 2.2 and Qwen-Image 2.1 decode it; F = 2) and
 // PyTorch's pixel_shuffle (FT = 1, repeats = 1):
 //   out[n, o, Y, X] = src[n, c, Y / F, X / F],
@@ -27,7 +27,14 @@ struct Params {
     repeats: u32,
     f: u32,
     lead: u32, // source frames that are first chunks
+    order: u32, // 0: DupUp3D / pixel_shuffle order; 1: DCAE (sub-position slowest)
+    g_first: u32, // DCAE: channels per sub-position of a first-chunk frame
+    r_first: u32, // DCAE: repeats of a first-chunk frame
+    g_next: u32,
+    r_next: u32,
+    _p1: u32,
     _p2: u32,
+    _p3: u32,
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -54,7 +61,17 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     let gy = p.oy + y;
     let gx = p.ox + x;
-    let c = (((o * p.ft + dt) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
+    var c = (((o * p.ft + dt) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
+    if p.order == 1u {
+        // HunyuanVideo 1.5's DCAE rearrange: packed channel (sub * G + o) / R, the
+        // sub-pixel offset (dt, dy, dx) slowest; a first-chunk frame has no dt.
+        let sub = gy % p.f * p.f + gx % p.f;
+        if b < p.lead {
+            c = (sub * p.g_first + o) / p.r_first;
+        } else {
+            c = ((dt * p.f * p.f + sub) * p.g_next + o) / p.r_next;
+        }
+    }
     let ly = gy / p.f - p.sy;
     let lx = gx / p.f - p.sx;
     out_st(i, src_ld(((sb * p.ci + c) * p.sh + ly) * p.sw + lx));

@@ -68,6 +68,7 @@ impl Chain {
         let same = Conv2dOptions::same(3);
         let up = Conv2dOptions {
             upsample: true,
+            replicate: false,
             ..same
         };
 

@@ -26,6 +26,11 @@ use crate::tensor::{DType, Tensor};
 #[derive(Default)]
 pub(crate) struct VideoState {
     caches: Vec<Option<Cache>>,
+    /// Per block-causal attention slot: each earlier frame's keys and
+    /// values `[1, C, h, w]` (f32), in order.
+    kv: std::collections::BTreeMap<usize, Vec<(Tensor, Tensor)>>,
+    /// Slots of ops that have seen a video's first frame (no cache kept).
+    marks: std::collections::BTreeSet<usize>,
 }
 
 /// One cache slot: `[kt − 1, C, H, W]` frames used as a ring (the oldest
@@ -42,9 +47,18 @@ impl VideoState {
         self.caches.get(slot).is_some_and(Option::is_some)
     }
 
+    fn marked(&self, slot: usize) -> bool {
+        self.marks.contains(&slot)
+    }
+
+    fn mark(&mut self, slot: usize) {
+        self.marks.insert(slot);
+    }
+
     /// Cache tensors held.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
-        self.caches.iter().flatten().map(|c| &c.frames)
+        let kv = self.kv.values().flatten().flat_map(|(k, v)| [k, v]);
+        self.caches.iter().flatten().map(|c| &c.frames).chain(kv)
     }
 }
 
@@ -295,13 +309,26 @@ fn step(
                 Op::DupUp {
                     first_of: Some(slot),
                     ..
-                } => usize::from(!state.started(*slot)),
+                } => {
+                    let started = state.started(*slot) || state.marked(*slot);
+                    state.mark(*slot);
+                    usize::from(!started)
+                }
                 _ => n,
             };
             let shape = [frames_out(n, ft, lead), channels, f * h, f * w];
             let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
-            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), lead)?;
-            Some(out)
+            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), (lead, op.dcae()))?;
+            match op {
+                Op::DupUp {
+                    residual: Some(r), ..
+                } => {
+                    let r = take(slots, *r)?;
+                    crate::kernels::elementwise::add(rec, &r, &out, &r)?;
+                    Some(r)
+                }
+                _ => Some(out),
+            }
         }
         Op::FrameAttention {
             x,
@@ -310,11 +337,15 @@ fn step(
             k,
             v,
             out,
+            causal,
         } => {
             let x = take(slots, *x)?;
             let normed = get(slots, *normed)?;
             let convs = [*q, *k, *v, *out].map(|id| graph.conv(id));
-            Some(self_attention(rec, x, Some(normed), None, convs)?)
+            match causal {
+                None => Some(self_attention(rec, x, Some(normed), None, convs)?),
+                Some(slot) => Some(causal_attention(rec, x, normed, convs, *slot, state)?),
+            }
         }
         Op::Tap { x, name, activated } => {
             let x = get(slots, *x)?;
@@ -352,7 +383,7 @@ fn time_shift(
 ) -> Result<Tensor> {
     let [t, c, h, w] = dims4(x)?;
     let frame = c * h * w;
-    let cache = cache_frames(rec, state, slot, [1, c, h, w], x)?;
+    let cache = cache_frames(rec, state, slot, [1, c, h, w], (x, None))?;
     let past = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "previous frames")?;
     let rows = |v: &Tensor, n: usize| v.reshape(&[1, n, frame]);
     let (x3, past3, cache3) = (rows(x, t)?, rows(&past, t)?, rows(&cache.frames, 1)?);
@@ -412,7 +443,10 @@ fn causal_conv(
         return Err(Error::Internal("causal conv without taps".into()));
     };
     let hist = earlier.len();
-    let opts = Conv2dOptions::same(current.k() as u32);
+    let opts = Conv2dOptions {
+        replicate: w.replicate,
+        ..Conv2dOptions::same(current.k() as u32)
+    };
     let (ho, wo) = output_size(h, wd, current.k(), &opts);
     let frames = |in_frame, out_frame, count| Frames {
         in_frame,
@@ -438,7 +472,8 @@ fn causal_conv(
     if hist == 0 {
         return Ok(y);
     }
-    let mut cache = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
+    let start = w.replicate.then_some(x0);
+    let mut cache = cache_frames(rec, state, slot, [hist, c, h, wd], (x, start))?;
     for (j, tap) in earlier.iter().enumerate() {
         let back = hist - j;
         if count > back {
@@ -486,14 +521,16 @@ fn causal_conv(
     Ok(y)
 }
 
-/// Cache slot `slot`'s frames `shape` (taken out of the state; zeros when
-/// the slot is empty); an error when a previous chunk left another shape.
+/// Cache slot `slot`'s frames `shape` (taken out of the state; when the
+/// slot is empty, zeros, or copies of frame `f` of `x` for `(x, Some(f))`:
+/// replicate padding in time); an error when a previous chunk left another
+/// shape.
 fn cache_frames(
     rec: &mut Recorder,
     state: &mut VideoState,
     slot: usize,
     shape: [usize; 4],
-    x: &Tensor,
+    (x, replicate): (&Tensor, Option<usize>),
 ) -> Result<Cache> {
     if state.caches.len() <= slot {
         state.caches.resize_with(slot + 1, || None);
@@ -510,7 +547,15 @@ fn cache_frames(
         ))),
         None => {
             let k = Tensor::empty(rec.ctx(), &shape, x.dtype(), "time cache")?;
-            rec.zero(&k, "clear::time_cache")?;
+            match replicate {
+                Some(f) => {
+                    let ((src, frame), (dst, _)) = (frame_rows(x)?, frame_rows(&k)?);
+                    for at in 0..shape[0] {
+                        copy_window(rec, &src, (f, 0), &dst, (at, 0), (1, frame))?;
+                    }
+                }
+                None => rec.zero(&k, "clear::time_cache")?,
+            }
             Ok(Cache {
                 frames: k,
                 start: 0,
@@ -536,7 +581,7 @@ fn time_upsample(
     let pass = usize::from(first);
     if first {
         let hist = w.taps.len().saturating_sub(1);
-        let k = cache_frames(rec, state, slot, [hist, c, h, wd], x)?;
+        let k = cache_frames(rec, state, slot, [hist, c, h, wd], (x, None))?;
         state.caches[slot] = Some(k);
     }
     let count = t.saturating_sub(pass);
@@ -622,6 +667,72 @@ fn self_attention(
         f16_operands,
     )?;
     drop((q, k, v));
+    conv_add(rec, &o, out, None, x, &same1)
+}
+
+/// Block-causal single-head attention over a video's frames (see
+/// [`Op::FrameAttention`]): q, k, v are 1×1 convs of `normed` in f32; this
+/// chunk's keys and values join cache slot `slot`, and each frame's
+/// queries attend every frame up to their own, one key frame per block of
+/// the flash kernel (its online-softmax state carried between blocks); the
+/// output projection is added onto `x` in place.
+fn causal_attention(
+    rec: &mut Recorder,
+    x: Tensor,
+    normed: &Tensor,
+    [q, k, v, out]: [&Conv2dWeights; 4],
+    slot: usize,
+    state: &mut VideoState,
+) -> Result<Tensor> {
+    use crate::kernels::attention::{
+        flash_attention_block, state_len, AttentionProblem, BlockRole, KvInput, Strides,
+    };
+    let [n, c, h, w] = dims4(&x)?;
+    let same1 = Conv2dOptions::same(1);
+    let f32 = DType::F32;
+    let q = conv_as(rec, normed, q, None, &same1, f32)?;
+    let k = conv_as(rec, normed, k, None, &same1, f32)?;
+    let v = conv_as(rec, normed, v, None, &same1, f32)?;
+    let kv = state.kv.entry(slot).or_default();
+    let prior = kv.len();
+    for f in 0..n {
+        kv.push((frame_of(rec, &k, f)?, frame_of(rec, &v, f)?));
+    }
+    drop((k, v));
+    let hw = h * w;
+    // One frame [1, C, hw]: channel-major tokens.
+    let strides = Strides {
+        batch: c * hw,
+        head: c * hw,
+        token: 1,
+        channel: hw,
+    };
+    let mut prob = AttentionProblem::self_attention(1, 1, hw, c, strides, 1.0 / (c as f32).sqrt());
+    prob.kv_strides = strides;
+    let stats = Tensor::empty(
+        rec.ctx(),
+        &[state_len(&prob, false, rec.ctx().caps()).max(1)],
+        f32,
+        "attention stats",
+    )?;
+    let o = Tensor::empty(rec.ctx(), &[n, c, h, w], f32, "attention out")?;
+    let (o_rows, frame) = frame_rows(&o)?;
+    for f in 0..n {
+        let qf = frame_of(rec, &q, f)?;
+        let of = Tensor::empty(rec.ctx(), &[1, c, h, w], f32, "attention frame out")?;
+        let last = prior + f;
+        for (j, (kj, vj)) in kv.iter().take(last + 1).enumerate() {
+            let role = BlockRole {
+                first: j == 0,
+                last: j == last,
+            };
+            let kvin = KvInput::F32 { k: kj, v: vj };
+            flash_attention_block(rec, &prob, &qf, kvin, &of, Some(&stats), role)?;
+        }
+        let (of_rows, _) = frame_rows(&of)?;
+        copy_window(rec, &of_rows, (0, 0), &o_rows, (f, 0), (1, frame))?;
+    }
+    drop(q);
     conv_add(rec, &o, out, None, x, &same1)
 }
 

@@ -51,8 +51,31 @@ pub struct Params {
     /// Source frames that are a video's first chunk (each gives only its
     /// last sub-frame); every later one gives `ft` frames.
     pub lead: u32,
-    /// Padding to 64 bytes.
-    pub _pad: u32,
+    /// 0: DupUp3D / pixel_shuffle order; 1: DCAE ([`Dcae`]).
+    pub order: u32,
+    /// [`Dcae::first`].
+    pub g_first: u32,
+    /// See `g_first`.
+    pub r_first: u32,
+    /// [`Dcae::next`].
+    pub g_next: u32,
+    /// See `g_next`.
+    pub r_next: u32,
+    /// Padding to 80 bytes.
+    pub _pad: [u32; 3],
+}
+
+/// HunyuanVideo 1.5's DCAE channel order: output channel `o` at sub-pixel
+/// `sub = dy·f + dx` of a first-chunk frame reads source channel `(sub·G +
+/// o) / R` with `(G, R) = first`; of a later frame, sub-frame `dt`, `((dt·f²
+/// + sub)·G + o) / R` with `(G, R) = next` (the conv output's rearrange: R
+/// = 1; the shortcut's `repeat_interleave`: R = repeats).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct Dcae {
+    /// (channels per sub-position, repeats) of a first-chunk frame.
+    pub first: (usize, usize),
+    /// (channels per sub-position, repeats) of a later frame.
+    pub next: (usize, usize),
 }
 
 /// The kernel.
@@ -92,7 +115,7 @@ pub fn dup_up(
     ft: usize,
 ) -> Result<()> {
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (ft, 2), n)
+    to_space(rec, src, from, out, at, (ft, 2), (n, None))
 }
 
 /// [`dup_up`] of a video's frames `[T, CI, SH, SW]` (time as the batch)
@@ -109,7 +132,7 @@ pub fn dup_up_video(
     ft: usize,
     lead: usize,
 ) -> Result<()> {
-    to_space(rec, src, from, out, at, (ft, 2), lead)
+    to_space(rec, src, from, out, at, (ft, 2), (lead, None))
 }
 
 /// Output frames of channels to space with time factor `ft` over `n`
@@ -140,7 +163,7 @@ pub fn pixel_shuffle(
         ));
     }
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (1, factor), n)
+    to_space(rec, src, from, out, at, (1, factor), (n, None))
 }
 
 /// Channels a pixel shuffle by `factor` leaves of `c`.
@@ -157,7 +180,8 @@ pub fn shuffled_channels(c: usize, factor: usize) -> Result<usize> {
 
 /// Channels to space with time factor `ft` and space factor `f` (see the
 /// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`; the first
-/// `lead` source frames are first chunks (see [`dup_up_video`]).
+/// `lead` source frames are first chunks (see [`dup_up_video`]); `dcae`:
+/// HunyuanVideo 1.5's channel order instead of DupUp3D's.
 pub fn to_space(
     rec: &mut Recorder,
     src: &Tensor,
@@ -165,7 +189,7 @@ pub fn to_space(
     out: &Tensor,
     (oy, ox): (usize, usize),
     (ft, f): (usize, usize),
-    lead: usize,
+    (lead, dcae): (usize, Option<Dcae>),
 ) -> Result<()> {
     const OP: &str = "dup_up";
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
@@ -186,7 +210,7 @@ pub fn to_space(
     {
         return Err(Error::shape(
             OP,
-            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}, {lead} first-chunk frames): {} output frames, the same dtype, out channels · {ft} · {f}² a multiple of src channels", frames_out(n, ft, lead)),
+            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}, {lead} first-chunk frames, {dcae:?}): {} output frames, the same dtype, out channels · {ft} · {f}² a multiple of src channels, DCAE channels within the source", frames_out(n, ft, lead)),
         ));
     }
     let covers = oh == 0
@@ -223,7 +247,12 @@ pub fn to_space(
         repeats: u(factor / ci)?,
         f: u(f)?,
         lead: u(lead)?,
-        _pad: 0,
+        order: u32::from(dcae.is_some()),
+        g_first: u(dcae.map_or(0, |d| d.first.0))?,
+        r_first: u(dcae.map_or(1, |d| d.first.1))?,
+        g_next: u(dcae.map_or(0, |d| d.next.0))?,
+        r_next: u(dcae.map_or(1, |d| d.next.1))?,
+        _pad: [0; 3],
     };
     let groups = linear_groups(rec.ctx(), (total as u64).div_ceil(WG as u64))?;
     let st = storage_of(rec, &[("src", src)])?;
@@ -258,6 +287,40 @@ pub fn cpu_dup_up_video(
                 for y in 0..oh {
                     for x in 0..ow {
                         let c = source_channel(o, (ft, dt), repeats, y % 2, x % 2);
+                        out.push(src[((t * ci + c) * h + y / 2) * w + x / 2]);
+                    }
+                }
+            }
+        }
+    }
+    out
+}
+
+/// CPU reference of the DCAE order ([`Dcae`]) by 2, written as diffusers'
+/// `HunyuanVideo15Upsample` is (view `[r1, 2, 2, G]` of the channels,
+/// permute to `[G, T, r1, H, 2, W, 2]`, a `repeat_interleave` by R before
+/// it): `src` `[n, ci, h, w]` → `[lead + ft·(n − lead), co, 2h, 2w]`.
+pub fn cpu_dcae(
+    src: &[f32],
+    [n, ci, h, w]: [usize; 4],
+    co: usize,
+    ft: usize,
+    (lead, d): (usize, Dcae),
+) -> Vec<f32> {
+    let (oh, ow) = (2 * h, 2 * w);
+    let mut out = Vec::with_capacity(frames_out(n, ft, lead) * co * oh * ow);
+    for t in 0..n {
+        let first = t < lead;
+        for dt in 0..if first { 1 } else { ft } {
+            for o in 0..co {
+                for y in 0..oh {
+                    for x in 0..ow {
+                        let sub = (y % 2) * 2 + x % 2;
+                        let c = if first {
+                            (sub * d.first.0 + o) / d.first.1
+                        } else {
+                            ((dt * 4 + sub) * d.next.0 + o) / d.next.1
+                        };
                         out.push(src[((t * ci + c) * h + y / 2) * w + x / 2]);
                     }
                 }

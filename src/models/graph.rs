@@ -59,6 +59,9 @@ pub(crate) struct RmsId(usize);
 /// from the executor's cache slot (zeros at a video's start).
 pub(crate) struct CausalWeights {
     pub taps: Vec<Conv2dWeights>,
+    /// Replicate padding (HunyuanVideo 1.5): the edge pixel in space, and
+    /// copies of a video's first frame before it in time, instead of zeros.
+    pub replicate: bool,
 }
 
 /// Which executor a lifetime is for.
@@ -91,11 +94,13 @@ impl Geometry {
             Geometry::Same => Conv2dOptions::same(k as u32),
             Geometry::Upsample => Conv2dOptions {
                 upsample: true,
+                replicate: false,
                 ..Conv2dOptions::same(3)
             },
             Geometry::Down(pad) => Conv2dOptions {
                 stride: 2,
                 pad,
+                replicate: false,
                 upsample: false,
             },
         }
@@ -193,18 +198,27 @@ pub(crate) enum Op {
     /// video graph, the cache slot of the block's [`Op::TimeUpsample`]:
     /// while it is empty, the chunk starts the video and its first frame
     /// gives one frame (the last sub-frame), every other `ft`, as the time
-    /// up-sample does. `None`: every frame is a first chunk (an image).
+    /// up-sample does (the slot is marked started once the op has run,
+    /// for ops whose slot holds no cache). `None`: every frame is a first
+    /// chunk (an image).
     DupUp {
         x: TensorId,
         channels: usize,
         ft: usize,
         first_of: Option<usize>,
+        /// HunyuanVideo 1.5's channel order instead of DupUp3D's.
+        dcae: Option<crate::kernels::dup_up::Dcae>,
+        /// Added to the output in place (consumed; untiled only).
+        residual: Option<TensorId>,
     },
     /// PyTorch's `pixel_shuffle` of `x` `[T, C·f², H, W]` into a new tensor
     /// `[T, C, H·f, W·f]` (a patch-size-f TAEHV decoder's output).
     PixelShuffle { x: TensorId, factor: usize },
     /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
-    /// of `normed`, `out` projection added into `x` (consumed).
+    /// of `normed`, `out` projection added into `x` (consumed). `causal`:
+    /// block-causal over the video instead (HunyuanVideo 1.5's mid block:
+    /// a frame's tokens see every token of its own and earlier frames), the
+    /// earlier chunks' keys and values kept in cache slot `causal`.
     FrameAttention {
         x: TensorId,
         normed: TensorId,
@@ -212,6 +226,7 @@ pub(crate) enum Op {
         k: ConvId,
         v: ConvId,
         out: ConvId,
+        causal: Option<usize>,
     },
     /// A golden-check copy of `x` (with `affine` + activation applied when
     /// given); untiled only, not a use.
@@ -231,6 +246,14 @@ impl Op {
             Op::DupUp { channels, ft, .. } => Ok((*channels, (*ft, 2))),
             Op::PixelShuffle { factor, .. } => Ok((shuffled_channels(c, *factor)?, (1, *factor))),
             op => Err(Error::Internal(format!("{op:?} is not channels to space"))),
+        }
+    }
+
+    /// The DCAE channel order of an [`Op::DupUp`] that has one.
+    pub(crate) fn dcae(&self) -> Option<crate::kernels::dup_up::Dcae> {
+        match self {
+            Op::DupUp { dcae, .. } => *dcae,
+            _ => None,
         }
     }
 }
@@ -473,6 +496,30 @@ impl Builder {
             channels,
             ft,
             first_of,
+            dcae: None,
+            residual: None,
+        };
+        self.push(op, true)
+    }
+
+    /// HunyuanVideo 1.5's channels to space of `x` into `channels` with
+    /// time factor `ft` in `dcae`'s order, `first_of` as [`Op::DupUp`]'s,
+    /// added into `residual`.
+    pub(crate) fn dcae_up(
+        &mut self,
+        x: TensorId,
+        (channels, ft): (usize, usize),
+        dcae: crate::kernels::dup_up::Dcae,
+        first_of: Option<usize>,
+        residual: Option<TensorId>,
+    ) -> TensorId {
+        let op = Op::DupUp {
+            x,
+            channels,
+            ft,
+            first_of,
+            dcae: Some(dcae),
+            residual,
         };
         self.push(op, true)
     }
@@ -501,9 +548,11 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. } | Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
-                (vec![*x], None)
-            }
+            Op::RmsNorm { x, .. } | Op::PixelShuffle { x, .. } => (vec![*x], None),
+            Op::DupUp { x, residual, .. } => match residual {
+                Some(r) => (vec![*x, *r], Some(*r)),
+                None => (vec![*x], None),
+            },
             Op::TimeUpsample { x, residual, .. } => match residual {
                 Some(r) => (vec![*x, *r], Some(*r)),
                 None => (vec![*x], None),

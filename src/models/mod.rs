@@ -10,6 +10,7 @@ pub mod encoder;
 #[allow(clippy::indexing_slicing)]
 pub(crate) mod graph;
 #[doc(hidden)]
+pub mod hunyuan_video15;
 pub mod layers;
 pub mod qwen_image;
 pub mod qwen_image21;

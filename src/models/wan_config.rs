@@ -174,12 +174,14 @@ impl WanConfig {
         let is_residual = match v.get("is_residual") {
             None | Some(serde_json::Value::Null) => false,
             Some(serde_json::Value::Bool(b)) => *b,
-            Some(x) => return Err(bad(
-                path,
-                format!(
+            Some(x) => {
+                return Err(bad(
+                    path,
+                    format!(
                     "config.json: `is_residual` is {x}; expected true (Wan 2.2) or false (Wan 2.1)"
                 ),
-            )),
+                ))
+            }
         };
         let patch_size = int("patch_size", 1, 1, 4)?;
         if let Some(x) = v.get("out_channels").filter(|x| !x.is_null()) {

@@ -69,7 +69,10 @@ pub(crate) fn causal_from_host(
             upload_tap(ctx, store, prefix, w, [cout, cin, kt, k], j, bias)
         })
         .collect::<Result<Vec<_>>>()?;
-    Ok(CausalWeights { taps })
+    Ok(CausalWeights {
+        taps,
+        replicate: false,
+    })
 }
 
 /// Tap `j` of the causal conv weights `w` `[cout, cin, kt, k, k]` as a 2-D
@@ -288,6 +291,7 @@ impl<'a> GraphBuilder<'a> {
             k,
             v,
             out,
+            causal: None,
         }))
     }
 }

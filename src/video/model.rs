@@ -7,6 +7,7 @@ use super::VideoLayout;
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::models::graph::Graph;
+use crate::models::hunyuan_video15::HunyuanVideo15Decoder;
 use crate::models::taehv::TaehvDecoder;
 use crate::models::video_info::VideoInfo;
 use crate::models::wan::WanDecoder;
@@ -31,6 +32,15 @@ impl<'a> From<&'a TaehvDecoder> for VideoModel<'a> {
 
 impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
     fn from(d: &'a WanDecoder) -> Self {
+        VideoModel {
+            graph: d.graph(),
+            info: d.video_info(),
+        }
+    }
+}
+
+impl<'a> From<&'a HunyuanVideo15Decoder> for VideoModel<'a> {
+    fn from(d: &'a HunyuanVideo15Decoder) -> Self {
         VideoModel {
             graph: d.graph(),
             info: d.video_info(),
@@ -94,6 +104,13 @@ pub struct VideoVae(Network);
 enum Network {
     Taehv(TaehvDecoder),
     Wan(WanDecoder),
+    HunyuanVideo15(HunyuanVideo15Decoder),
+}
+
+impl From<HunyuanVideo15Decoder> for VideoVae {
+    fn from(d: HunyuanVideo15Decoder) -> Self {
+        VideoVae(Network::HunyuanVideo15(d))
+    }
 }
 
 impl From<TaehvDecoder> for VideoVae {
@@ -125,6 +142,7 @@ impl VideoVae {
     pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
         match &self.0 {
             Network::Wan(d) => d.unnormalize(latents),
+            Network::HunyuanVideo15(d) => d.unnormalize(latents),
             Network::Taehv(_) => Ok(()),
         }
     }
@@ -134,7 +152,7 @@ impl VideoVae {
     pub fn latents_stats_note(&self) -> Option<&str> {
         match &self.0 {
             Network::Wan(d) => d.latents_stats_note.as_deref(),
-            Network::Taehv(_) => None,
+            Network::Taehv(_) | Network::HunyuanVideo15(_) => None,
         }
     }
 
@@ -143,6 +161,7 @@ impl VideoVae {
         match &self.0 {
             Network::Taehv(d) => d.into(),
             Network::Wan(d) => d.into(),
+            Network::HunyuanVideo15(d) => d.into(),
         }
     }
 }
@@ -153,7 +172,9 @@ pub use crate::models::wan::is_wan_video as is_wan;
 /// headers and configs only.
 pub fn is_video_vae(spec: &str) -> bool {
     let path = std::path::Path::new(spec);
-    (path.is_file() && TaehvDecoder::is_taehv_file(path)) || is_wan(spec)
+    (path.is_file() && TaehvDecoder::is_taehv_file(path))
+        || is_wan(spec)
+        || crate::models::hunyuan_video15::is_hunyuan_video15(spec)
 }
 
 /// Loads the video decoder at `spec` (a TAEHV `.safetensors` file, a Wan
@@ -164,6 +185,11 @@ pub fn load_video_decoder(
     spec: &str,
     load: &crate::models::LoadOptions,
 ) -> Result<VideoVae> {
+    if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
+        let dtype = load.precision.resolve(false, ctx.caps());
+        let dec = HunyuanVideo15Decoder::open(ctx, spec, dtype, load.seed)?;
+        return Ok(VideoVae::from(dec));
+    }
     if is_wan(spec) {
         let dtype = load.precision.resolve(false, ctx.caps());
         return Ok(VideoVae::from(WanDecoder::open(

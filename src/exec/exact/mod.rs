@@ -144,6 +144,7 @@ impl<'a> ConvSpec<'a> {
             stride: self.stride as u32,
             pad: self.pad.unwrap_or([self.w.k() as u32 / 2; 4]),
             upsample: self.upsample,
+            replicate: false,
         }
     }
     pub(crate) fn epilogue(mut self, f: Unary) -> Self {
@@ -562,7 +563,7 @@ impl Executor {
         x: &Act,
         channels: usize,
         (ft, f): (usize, usize),
-        lead: usize,
+        (lead, dcae): (usize, Option<crate::kernels::dup_up::Dcae>),
     ) -> Result<Act> {
         let n = crate::kernels::dup_up::frames_out(x.n, ft, lead);
         let mut out = self.empty_act(n, channels, f * x.h, f * x.w, x.dtype);
@@ -578,7 +579,8 @@ impl Executor {
             let src = self.read_window(x, win)?;
             let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
             let at = (r.y, r.x);
-            crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f), lead)?;
+            let map = (lead, dcae);
+            crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f), map)?;
             drop(src);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;
         }

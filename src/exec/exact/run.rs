@@ -121,6 +121,13 @@ impl Executor {
                     let y = self.time_upsample(x, (w, up), res, *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
+                Op::DupUp {
+                    residual: Some(_), ..
+                } => {
+                    return Err(Error::Unsupported(
+                        "exact tiles of a DCAE up-sample with its shortcut (HunyuanVideo 1.5): decode it untiled".into(),
+                    ))
+                }
                 Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                     if lookahead.is_some() {
                         return Err(Error::Unsupported(
@@ -132,12 +139,22 @@ impl Executor {
                         Op::DupUp {
                             first_of: Some(slot),
                             ..
-                        } => usize::from(!video_caches(&mut caches)?.has(*slot)),
+                        } => {
+                            let caches = video_caches(&mut caches)?;
+                            let started = caches.has(*slot) || caches.marked(*slot);
+                            caches.mark(*slot);
+                            usize::from(!started)
+                        }
                         _ => x.n,
                     };
                     let (channels, factors) = op.space_factors(x.c)?;
-                    let y = self.channels_to_space(x, channels, factors, lead)?;
+                    let y = self.channels_to_space(x, channels, factors, (lead, op.dcae()))?;
                     (Some(Value::Act(y)), None)
+                }
+                Op::FrameAttention { causal: Some(_), .. } => {
+                    return Err(Error::Unsupported(
+                        "exact tiles of block-causal attention (HunyuanVideo 1.5): decode it untiled".into(),
+                    ))
                 }
                 Op::FrameAttention {
                     x,
@@ -146,6 +163,7 @@ impl Executor {
                     k,
                     v,
                     out: o,
+                    causal: None,
                 } => {
                     let x = take_act(&mut slots, *x)?;
                     let spec = AttentionSpec {

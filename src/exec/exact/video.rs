@@ -28,6 +28,8 @@ use crate::tensor::{DType, Tensor};
 #[derive(Default)]
 pub(crate) struct VideoCaches {
     slots: Vec<Option<Act>>,
+    /// Slots of ops that have seen a video's first frame (no cache kept).
+    marks: std::collections::BTreeSet<usize>,
 }
 
 impl VideoCaches {
@@ -39,6 +41,12 @@ impl VideoCaches {
             self.slots.resize_with(slot + 1, || None);
         }
         self.slots[slot] = Some(a);
+    }
+    pub(super) fn marked(&self, slot: usize) -> bool {
+        self.marks.contains(&slot)
+    }
+    pub(super) fn mark(&mut self, slot: usize) {
+        self.marks.insert(slot);
     }
     pub(super) fn has(&self, slot: usize) -> bool {
         self.slots.get(slot).is_some_and(Option::is_some)
@@ -231,6 +239,12 @@ impl Executor {
         slot: usize,
         caches: &mut VideoCaches,
     ) -> Result<Act> {
+        if w.replicate {
+            return Err(Error::Unsupported(
+                "exact tiles of a causal conv with replicate padding (HunyuanVideo 1.5): decode it untiled"
+                    .into(),
+            ));
+        }
         let Some((current, earlier)) = w.taps.split_last() else {
             return Err(Error::Internal("causal conv without taps".into()));
         };
@@ -262,6 +276,7 @@ impl Executor {
                 stride: 1,
                 pad: [pt, pl, pb, pr],
                 upsample: false,
+                replicate: false,
             };
             let res = match &mut residual {
                 Residual::None => None,

@@ -203,6 +203,8 @@ pub(super) struct Variant {
     pub(super) k: usize,
     pub(super) stride: u32,
     pub(super) upsample: bool,
+    /// Replicate padding instead of zeros.
+    pub(super) replicate: bool,
     pub(super) act: Option<Activation>,
     pub(super) bias: bool,
     pub(super) residual: bool,
@@ -226,6 +228,7 @@ impl Variant {
             k: w.k,
             stride: call.opts.stride,
             upsample: call.opts.upsample,
+            replicate: call.opts.replicate,
             act: call.prologue.map(|p| p.act),
             bias: w.bias.is_some(),
             residual: call.residual.is_some(),
@@ -264,6 +267,7 @@ impl Variant {
             .constant("STRIDE", format!("{}u", self.stride))
             .constant("ACT", format!("{}u", self.act.unwrap_or_default().code()))
             .flag_if(self.upsample, "UPSAMPLE")
+            .flag_if(self.replicate, "REPLICATE")
             .flag_if(self.act.is_some(), "PROLOGUE")
             .flag_if(self.bias, "HAS_BIAS")
             .flag_if(self.residual, "HAS_RESIDUAL")
@@ -338,7 +342,11 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     for &tiles in &tile_sets {
         for k in [1, 3] {
             for stride in [1, 2] {
-                for upsample in [false, true] {
+                // Replicate padding: HunyuanVideo 1.5's "same" 3×3 convs only.
+                for (upsample, replicate) in [(false, false), (true, false), (false, true)] {
+                    if replicate && (k != 3 || stride != 1) {
+                        continue;
+                    }
                     for act in acts {
                         for bias in [false, true] {
                             for residual in [false, true] {
@@ -353,6 +361,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                                         k,
                                         stride,
                                         upsample,
+                                        replicate,
                                         act,
                                         bias,
                                         residual,

@@ -49,12 +49,18 @@ pub fn cpu_conv2d(
                     let mut acc = 0.0f64;
                     for c in 0..cin {
                         for ky in 0..k {
-                            let iy = oy as i64 * s - pt + ky as i64;
+                            let mut iy = oy as i64 * s - pt + ky as i64;
+                            if opts.replicate {
+                                iy = iy.clamp(0, hu as i64 - 1);
+                            }
                             if iy < 0 || iy >= hu as i64 {
                                 continue;
                             }
                             for kx in 0..k {
-                                let ix = ox as i64 * s - pl + kx as i64;
+                                let mut ix = ox as i64 * s - pl + kx as i64;
+                                if opts.replicate {
+                                    ix = ix.clamp(0, wu as i64 - 1);
+                                }
                                 if ix < 0 || ix >= wu as i64 {
                                     continue;
                                 }

@@ -115,6 +115,9 @@ pub struct Conv2dOptions {
     pub pad: [u32; 4],
     /// Nearest-2x upsample of the input, fused into the load.
     pub upsample: bool,
+    /// Replicate padding (the edge pixel repeated, PyTorch's
+    /// `padding_mode="replicate"`) instead of zeros.
+    pub replicate: bool,
 }
 
 impl Conv2dOptions {
@@ -124,6 +127,7 @@ impl Conv2dOptions {
             stride: 1,
             pad: [k / 2; 4],
             upsample: false,
+            replicate: false,
         }
     }
 }

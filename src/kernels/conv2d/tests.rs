@@ -32,12 +32,14 @@ fn strided(stride: u32, pad: [u32; 4]) -> Conv2dOptions {
         stride,
         pad,
         upsample: false,
+        replicate: false,
     }
 }
 
 /// Nearest-2x upsample fused into a "same" k×k convolution (the decoder's upsampler).
 fn upsampled(k: u32) -> Conv2dOptions {
     Conv2dOptions {
+        replicate: false,
         upsample: true,
         ..Conv2dOptions::same(k)
     }
@@ -331,6 +333,27 @@ fn upsample_matches_cpu() {
         ..Case::new(1, 6, 5, 3, 9, 1)
     }
     .run_small(12);
+}
+
+/// Replicate padding (HunyuanVideo 1.5's convs) on odd shapes through
+/// both tile kinds and the naive kernel, with a residual.
+#[test]
+fn replicate_padding_matches_cpu() {
+    let rep = Conv2dOptions {
+        replicate: true,
+        ..Conv2dOptions::same(3)
+    };
+    Case {
+        opts: rep,
+        ..Case::new(2, 37, 7, 9, 67, 3)
+    }
+    .run_small(13);
+    Case {
+        opts: rep,
+        residual: true,
+        ..Case::new(1, 5, 1, 6, 4, 3)
+    }
+    .run_small(14);
 }
 
 #[test]
