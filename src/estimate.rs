@@ -213,10 +213,15 @@ pub struct VideoMemoryEstimate {
     /// The exact tiled run over the estimated chunks (`None`: untiled):
     /// tiles parked on the device and in host memory, uploads, syncs, steps.
     pub tiling: Option<crate::tiling::TilingReport>,
-    /// True when the video has at least three full chunks: every longer
-    /// video then has the same peaks (streaming holds only the caches
-    /// between chunks). False: a longer video may peak higher.
+    /// True when the video has at least three full chunks and the model's
+    /// caches do not grow: every longer video then has the same peaks
+    /// (streaming holds only the caches between chunks). False: a longer
+    /// video may peak higher.
     pub independent_of_frames: bool,
+    /// The model's caches grow with the video (every earlier frame's
+    /// attention keys and values: HunyuanVideo 1.5), so the peak grows
+    /// with `frames`; the estimate ran every chunk.
+    pub cache_grows: bool,
 }
 
 /// [`VideoMemoryEstimate::breakdown`]: the peak allocated bytes in parts
@@ -245,6 +250,9 @@ impl VideoMemoryEstimate {
         }
     }
 }
+
+/// Most chunks an estimate of a model whose caches grow runs (each on the null device).
+const MAX_GROWING_CHUNKS: usize = 1 << 14;
 
 /// Most latent frames a video estimate takes (frame counts stay far from overflow).
 #[doc(hidden)]
@@ -302,11 +310,20 @@ impl Estimate<'_> {
         stream.set_tiling(tiling.clone())?;
         // The first chunk (no caches yet, Wan's first frame skips its time
         // convs) and up to two more, as long as the video has frames for
-        // them: the second may still differ from the steady state.
+        // them: the second may still differ from the steady state. A model
+        // whose caches grow runs every chunk (the last peaks highest).
+        let grows = dec.cache_grows();
+        let chunks = frames.div_ceil(chunk);
+        if grows && chunks > MAX_GROWING_CHUNKS {
+            return Err(Error::InvalidInput(format!(
+                "{}: its memory grows with the video (every earlier frame's attention keys), so an estimate runs every chunk; {frames} latent frames in chunks of {chunk} are {chunks} chunks, more than {MAX_GROWING_CHUNKS}: estimate fewer frames or larger chunks",
+                dec.name()
+            )));
+        }
         let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
         let mut left = frames;
-        for peak in peaks.iter_mut() {
+        for i in 0..if grows { chunks } else { 3 } {
             if left == 0 {
                 break;
             }
@@ -316,7 +333,8 @@ impl Estimate<'_> {
             null.pool().reset_peak_stats();
             stream.decode(&z)?;
             let stats = null.pool().stats();
-            *peak = stats.allocated_bytes.peak;
+            let peak = &mut peaks[i.min(2)];
+            *peak = (*peak).max(stats.allocated_bytes.peak);
             reserved = reserved.max(stats.reserved_bytes.peak);
         }
         let first = peaks[0];
@@ -355,7 +373,8 @@ impl Estimate<'_> {
             peak_reserved_bytes: reserved,
             tile_size: stream.tile_size(),
             tiling: report,
-            independent_of_frames: frames / chunk >= 3,
+            independent_of_frames: frames / chunk >= 3 && !grows,
+            cache_grows: grows,
         })
     }
 }

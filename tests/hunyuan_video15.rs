@@ -108,3 +108,148 @@ fn hunyuanvideo15_tiny_whole_and_streamed() {
         assert!(err <= TOLERANCE, "chunks of {size}: {err} at {at}");
     }
 }
+
+/// Streaming memory: every chunk adds its frames' attention keys and
+/// values (f32 `[C, h·w]` each) and nothing else, and the null-device
+/// estimate equals the measured peak at each length.
+#[test]
+fn hunyuanvideo15_streaming_memory_grows_by_the_keys_only_and_is_predicted() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = open(&ctx, &dir);
+    let (h, w) = (2, 3);
+    let mut runs = Vec::new();
+    for frames in [3, 6] {
+        ctx.pool().reset_peak_stats();
+        let mut s = VideoDecoder::new(&ctx, &dec);
+        for t in 0..frames {
+            let z = HostTensor::new(
+                vec![1, 32, h, w],
+                wgvae::testing::rand_vec(32 * h * w, t as u64, 1.0),
+            )
+            .unwrap();
+            s.decode(&z).unwrap();
+        }
+        runs.push((
+            frames,
+            ctx.pool().stats().allocated_bytes.peak,
+            s.cache_bytes(),
+        ));
+    }
+    // The mid block is 64 channels wide at the latent size.
+    let kv_per_frame = 2 * 64 * (h * w) as u64 * 4;
+    let [(_, p3, c3), (_, p6, c6)] = runs[..] else {
+        unreachable!()
+    };
+    println!("hunyuanvideo15-tiny streaming: peaks {p3} / {p6} B, caches {c3} / {c6} B");
+    assert_eq!(c6 - c3, 3 * kv_per_frame);
+    assert_eq!(p6 - p3, 3 * kv_per_frame);
+    for (frames, peak, caches) in runs {
+        let e = wgvae::estimate::Estimate::new(
+            ctx.caps(),
+            wgvae::memory::Policy::Exact,
+            dir.to_str().unwrap(),
+            &wgvae::LoadOptions::default(),
+        )
+        .video((16 * h, 16 * w), frames, 1)
+        .unwrap();
+        assert!(e.cache_grows && !e.independent_of_frames, "{e:?}");
+        assert_eq!(
+            (e.peak_allocated_bytes, e.cache_bytes),
+            (peak, caches),
+            "{frames} frames"
+        );
+    }
+}
+
+fn message<T>(r: wgvae::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A Wan latent (48 channels), a 4-D latent, T = 0, exact tiles, and the
+/// folder given as an image VAE: clear errors.
+#[test]
+fn hunyuanvideo15_bad_inputs_are_errors() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let dec = open(&ctx, &dir);
+    let lat = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        HostTensor::new(shape, vec![0.1; n]).unwrap()
+    };
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 48, 2, 2, 2])));
+    assert!(m.contains("48 channels") && m.contains("32"), "{m}");
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 32, 0, 2, 2])));
+    assert!(m.contains("T=0"), "{m}");
+    let m = message(decode_video(&ctx, &dec, &lat(vec![32, 2, 2, 2])));
+    assert!(m.contains("N×C×T×h×w"), "{m}");
+    let tiling = wgvae::tiling::Tiling::exact().with_tile_size(32);
+    let mut s = VideoDecoder::new(&ctx, &dec).with_tiling(tiling).unwrap();
+    let m = message(s.decode(&lat(vec![1, 32, 4, 6])));
+    assert!(
+        m.contains("HunyuanVideo 1.5") && m.contains("untiled"),
+        "{m}"
+    );
+    let m = message(wgvae::Vae::load(
+        &ctx,
+        dir.to_str().unwrap(),
+        &wgvae::LoadOptions::default(),
+    ));
+    assert!(m.contains("HunyuanVideo 1.5 video VAE"), "{m}");
+}
+
+/// `preset:hunyuanvideo15` (the released config, seeded random weights)
+/// loads and runs one latent frame into one 16×16 frame on a null device
+/// with a 24 GB GPU's limits (its widest weights exceed lavapipe's 128 MiB
+/// binding).
+#[test]
+fn hunyuanvideo15_preset_loads() {
+    let caps = wgvae::gpu::Capabilities::reference_gpu();
+    let null = wgvae::Context::null(caps, wgvae::memory::Policy::Planned.new_pool());
+    let dec =
+        HunyuanVideo15Decoder::open(&null, "preset:hunyuanvideo15", wgvae::DType::BF16, 0).unwrap();
+    assert_eq!(
+        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (32, 16, 4)
+    );
+    let z = HostTensor::new(vec![1, 32, 1, 1, 1], vec![0.5; 32]).unwrap();
+    let out = decode_video(&null, &dec, &z).unwrap();
+    assert_eq!(out.shape, vec![1, 3, 1, 16, 16]);
+}
+
+/// `wgvae decode latents.npy --vae hunyuanvideo15-tiny --save-raw`
+/// (pipeline latents: divided by the scaling factor) equals the golden.
+#[test]
+fn hunyuanvideo15_cli_save_raw() {
+    let Some(dir) = golden() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let raw = scratch.path().join("raw.npy");
+    let frames = scratch.path().join("frames");
+    let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+        .args(["decode", dir.join("latents.npy").to_str().unwrap(), "--vae"])
+        .arg(&dir)
+        .arg("--save-raw")
+        .arg(&raw)
+        .arg("--frames-out")
+        .arg(&frames)
+        .args(["--chunk", "2", "--json"])
+        .env(
+            "WGPU_BACKEND",
+            std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+        )
+        .output()
+        .unwrap();
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(v["frames"], 9, "{v}");
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let got = read_npy(&raw).unwrap();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = max_abs_diff(&got.data, &want.data);
+    println!("hunyuanvideo15-tiny CLI --save-raw: max |diff| = {e:.3e} at {at}");
+    assert!(e <= TOLERANCE, "--save-raw differs by {e} at {at}");
+    assert_eq!(std::fs::read_dir(&frames).unwrap().count(), 9);
+}

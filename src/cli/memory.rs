@@ -276,7 +276,12 @@ fn run_video(
             mib(e.peak_allocated_bytes + e.staging_bytes)
         );
         println!("  time caches: what the caches hold at the peak; chunk working memory: the rest of the peak (activations of the chunk that peaks)");
-        if e.independent_of_frames {
+        if e.cache_grows {
+            println!(
+                "  the caches grow with the video (its attention keeps every earlier latent frame's keys and values): this is the peak of {} latent frames, a longer video peaks higher",
+                e.frames
+            );
+        } else if e.independent_of_frames {
             println!(
                 "  every video of {} or more latent frames in chunks of {} has this peak; shorter ones peak at most this{}",
                 bound,

@@ -117,12 +117,14 @@ impl HunyuanVideo15Config {
                         "config.json: `block_out_channels` must hold whole numbers from 1 to 8192",
                     )
                 })?,
-            Some(x) => return Err(bad(
-                path,
-                format!(
+            Some(x) => {
+                return Err(bad(
+                    path,
+                    format!(
                     "config.json: `block_out_channels` is {x}; expected a list of 1 to 8 widths"
                 ),
-            )),
+                ))
+            }
         };
         let upsample_match_channel = match v.get("upsample_match_channel") {
             None | Some(serde_json::Value::Null) => true,
@@ -307,6 +309,7 @@ impl HunyuanVideo15Decoder {
             host_trim: 0,
             layout: crate::latents::VideoLayout::Ncthw,
             range: ImageRange::MinusOneToOne,
+            cache_grows: true,
         }
     }
 

@@ -476,6 +476,11 @@ impl Vae {
             let name = format!("{} [{}]", dec.name, dec.latent_stats);
             return Ok(Vae::new(Decoder::QwenImage(dec), name, dtype, random));
         }
+        if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
+            return Err(Error::InvalidInput(format!(
+                "`{spec}` is a HunyuanVideo 1.5 video VAE: it decodes video latents N×C×T×h×w (`wgvae::decode_video` / `VideoDecoder`; CLI: --frames-out), not images"
+            )));
+        }
         if crate::models::wan::is_wan_video(spec) {
             return Err(Error::InvalidInput(format!(
                 "`{spec}` is a Wan video VAE: it decodes video latents N×C×T×h×w with `WanDecoder` and `wgvae::decode_video` / `VideoDecoder` (CLI: --frames-out), not images. A Qwen-Image VAE file has the same keys: name it qwen_image_vae.safetensors or give its config.json (`{}`, `LoadOptions::config`) to decode images with it",

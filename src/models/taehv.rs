@@ -280,6 +280,7 @@ impl TaehvDecoder {
             host_trim: self.frames_to_trim(),
             layout: self.latent_layout(),
             range: crate::kernels::image::ImageRange::ZeroToOne,
+            cache_grows: false,
         }
     }
 

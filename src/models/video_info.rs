@@ -23,6 +23,10 @@ pub(crate) struct VideoInfo<'a> {
     pub layout: VideoLayout,
     /// The range of the decoded frames.
     pub range: ImageRange,
+    /// Its caches grow with the video (HunyuanVideo 1.5's block-causal
+    /// attention keeps every earlier frame's keys and values), so memory
+    /// is not flat in the video's length.
+    pub cache_grows: bool,
 }
 
 impl VideoInfo<'_> {

@@ -314,6 +314,7 @@ impl WanDecoder {
             host_trim: 0,
             layout: crate::latents::VideoLayout::Ncthw,
             range: ImageRange::MinusOneToOne,
+            cache_grows: false,
         }
     }
 

@@ -90,6 +90,12 @@ impl<'a> VideoModel<'a> {
         self.info.upscale
     }
 
+    /// True when its caches grow with the video's length (see
+    /// [`crate::models::hunyuan_video15`]): streaming memory is then not flat.
+    pub fn cache_grows(&self) -> bool {
+        self.info.cache_grows
+    }
+
     /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
     pub fn range(&self) -> crate::kernels::image::ImageRange {
         self.info.range
