@@ -344,7 +344,10 @@ fn step(
             let convs = [*q, *k, *v, *out].map(|id| graph.conv(id));
             match causal {
                 None => Some(self_attention(rec, x, Some(normed), None, convs)?),
-                Some(slot) => Some(causal_attention(rec, x, normed, convs, *slot, state)?),
+                Some(slot) => {
+                    let kv = state.kv.entry(*slot).or_default();
+                    Some(causal_attention(rec, x, normed, convs, kv)?)
+                }
             }
         }
         Op::Tap { x, name, activated } => {
@@ -672,17 +675,16 @@ fn self_attention(
 
 /// Block-causal single-head attention over a video's frames (see
 /// [`Op::FrameAttention`]): q, k, v are 1×1 convs of `normed` in f32; this
-/// chunk's keys and values join cache slot `slot`, and each frame's
+/// chunk's keys and values join `kv` (the earlier frames'), and each frame's
 /// queries attend every frame up to their own, one key frame per block of
 /// the flash kernel (its online-softmax state carried between blocks); the
 /// output projection is added onto `x` in place.
-fn causal_attention(
+pub(crate) fn causal_attention(
     rec: &mut Recorder,
     x: Tensor,
     normed: &Tensor,
     [q, k, v, out]: [&Conv2dWeights; 4],
-    slot: usize,
-    state: &mut VideoState,
+    kv: &mut Vec<(Tensor, Tensor)>,
 ) -> Result<Tensor> {
     use crate::kernels::attention::{
         flash_attention_block, state_len, AttentionProblem, BlockRole, KvInput, Strides,
@@ -693,7 +695,6 @@ fn causal_attention(
     let q = conv_as(rec, normed, q, None, &same1, f32)?;
     let k = conv_as(rec, normed, k, None, &same1, f32)?;
     let v = conv_as(rec, normed, v, None, &same1, f32)?;
-    let kv = state.kv.entry(slot).or_default();
     let prior = kv.len();
     for f in 0..n {
         kv.push((frame_of(rec, &k, f)?, frame_of(rec, &v, f)?));

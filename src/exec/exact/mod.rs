@@ -587,6 +587,29 @@ impl Executor {
         Ok(out)
     }
 
+    /// `y` added into `r` tile by tile (same shape and tiles; `r` in place).
+    pub(crate) fn add_into(&mut self, mut r: Act, y: Act) -> Result<Act> {
+        if (r.n, r.c, r.h, r.w) != (y.n, y.c, y.h, y.w) || r.grid != y.grid {
+            return Err(Error::Internal(format!(
+                "tiled add of [{}, {}, {}, {}] into [{}, {}, {}, {}]",
+                y.n, y.c, y.h, y.w, r.n, r.c, r.h, r.w
+            )));
+        }
+        let mut out = Act {
+            pieces: (0..r.grid.len()).map(|_| Piece::Empty).collect(),
+            ..r
+        };
+        for i in 0..r.grid.len() {
+            let t = self.take_piece(&mut r, i)?;
+            let yt = self.read_window(&y, r.grid.rect(i))?;
+            crate::kernels::elementwise::add(self.rec(), &t, &yt, &t)?;
+            drop(yt);
+            self.park(&mut out, i, t)?;
+            self.step_done(stage::MAP)?;
+        }
+        Ok(out)
+    }
+
     /// `f` applied to every element of `x` (tile by tile, in place).
     pub(crate) fn map(&mut self, mut x: Act, f: Unary) -> Result<Act> {
         let mut out = Act {

@@ -121,13 +121,6 @@ impl Executor {
                     let y = self.time_upsample(x, (w, up), res, *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
-                Op::DupUp {
-                    residual: Some(_), ..
-                } => {
-                    return Err(Error::Unsupported(
-                        "exact tiles of a DCAE up-sample with its shortcut (HunyuanVideo 1.5): decode it untiled".into(),
-                    ))
-                }
                 Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
                     if lookahead.is_some() {
                         return Err(Error::Unsupported(
@@ -149,12 +142,32 @@ impl Executor {
                     };
                     let (channels, factors) = op.space_factors(x.c)?;
                     let y = self.channels_to_space(x, channels, factors, (lead, op.dcae()))?;
+                    let y = match op {
+                        Op::DupUp {
+                            residual: Some(r), ..
+                        } => {
+                            let r = take_act(&mut slots, *r)?;
+                            self.add_into(r, y)?
+                        }
+                        _ => y,
+                    };
                     (Some(Value::Act(y)), None)
                 }
-                Op::FrameAttention { causal: Some(_), .. } => {
-                    return Err(Error::Unsupported(
-                        "exact tiles of block-causal attention (HunyuanVideo 1.5): decode it untiled".into(),
-                    ))
+                Op::FrameAttention {
+                    x,
+                    normed,
+                    q,
+                    k,
+                    v,
+                    out: o,
+                    causal: Some(slot),
+                } => {
+                    let caches = video_caches(&mut caches)?;
+                    let x = take_act(&mut slots, *x)?;
+                    let convs = [*q, *k, *v, *o].map(|id| graph.conv(id));
+                    let normed = act(&slots, *normed)?;
+                    let y = self.causal_attention(x, normed, convs, *slot, caches)?;
+                    (Some(Value::Act(y)), None)
                 }
                 Op::FrameAttention {
                     x,

@@ -30,6 +30,9 @@ pub(crate) struct VideoCaches {
     slots: Vec<Option<Act>>,
     /// Slots of ops that have seen a video's first frame (no cache kept).
     marks: std::collections::BTreeSet<usize>,
+    /// Per block-causal attention slot: the earlier frames' keys and
+    /// values `[1, C, h, w]` (whole: the attention sits at the latent size).
+    kv: std::collections::BTreeMap<usize, Vec<(Tensor, Tensor)>>,
 }
 
 impl VideoCaches {
@@ -53,11 +56,17 @@ impl VideoCaches {
     }
     /// Bytes the caches hold on the device (pool memory) and in host memory.
     pub(crate) fn bytes(&self) -> (u64, u64) {
+        let kv: u64 = self
+            .kv
+            .values()
+            .flatten()
+            .map(|(k, v)| k.byte_size() + v.byte_size())
+            .sum();
         self.slots
             .iter()
             .flatten()
             .map(Act::parked_bytes)
-            .fold((0, 0), |(d, h), (pd, ph)| (d + pd, h + ph))
+            .fold((kv, 0), |(d, h), (pd, ph)| (d + pd, h + ph))
     }
 }
 
@@ -70,6 +79,11 @@ pub(crate) fn video_levels(graph: &Graph) -> usize {
         .map(|op| match op {
             Op::Conv(c) if c.geometry == Geometry::Upsample => 1,
             Op::TimeUpsample { .. } => 1,
+            // HunyuanVideo 1.5's up-sampler: its conv's channels to space,
+            // the shortcut added (a Wan 2.2 shortcut is beside an up-sample).
+            Op::DupUp {
+                residual: Some(_), ..
+            } => 1,
             Op::PixelShuffle { factor, .. } => factor.max(&1).ilog2() as usize,
             _ => 0,
         })
@@ -132,13 +146,14 @@ impl Executor {
         Ok(a)
     }
 
-    /// Cache slot `slot` (`k` frames like `x`'s), zeros when empty.
+    /// Cache slot `slot` (`k` frames like `x`'s); when empty, zeros, or `k`
+    /// copies of frame `f` of `x` for `(x, Some(f))` (replicate padding).
     fn cache_of(
         &mut self,
         caches: &mut VideoCaches,
         slot: usize,
         k: usize,
-        x: &Act,
+        (x, replicate): (&Act, Option<usize>),
     ) -> Result<Act> {
         match caches.take(slot) {
             Some(a) if a.n == k && a.c == x.c && a.h == x.h && a.w == x.w && a.dtype == x.dtype => {
@@ -154,7 +169,24 @@ impl Executor {
                 a.h,
                 a.w
             ))),
-            None => self.zeros(k, x.c, x.h, x.w, x.dtype),
+            None => match replicate {
+                None => self.zeros(k, x.c, x.h, x.w, x.dtype),
+                Some(f) => {
+                    let mut a = self.empty_act(k, x.c, x.h, x.w, x.dtype);
+                    for i in 0..a.grid.len() {
+                        let r = a.grid.rect(i);
+                        let t = Tensor::empty(&self.ctx, &a.shape_of(&r), x.dtype, "time cache")?;
+                        let xt = self.read_window(x, r)?;
+                        for at in 0..k {
+                            copy_frames(self, &xt, f, &t, at, 1)?;
+                        }
+                        drop(xt);
+                        self.park(&mut a, i, t)?;
+                        self.step_done(stage::TIME)?;
+                    }
+                    Ok(a)
+                }
+            },
         }
     }
 
@@ -166,7 +198,7 @@ impl Executor {
         slot: usize,
         caches: &mut VideoCaches,
     ) -> Result<Act> {
-        let mut cache = self.cache_of(caches, slot, 1, x)?;
+        let mut cache = self.cache_of(caches, slot, 1, (x, None))?;
         let mut past = self.empty_act(x.n, x.c, x.h, x.w, x.dtype);
         let mut next = self.empty_act(1, x.c, x.h, x.w, x.dtype);
         for i in 0..x.grid.len() {
@@ -239,19 +271,14 @@ impl Executor {
         slot: usize,
         caches: &mut VideoCaches,
     ) -> Result<Act> {
-        if w.replicate {
-            return Err(Error::Unsupported(
-                "exact tiles of a causal conv with replicate padding (HunyuanVideo 1.5): decode it untiled"
-                    .into(),
-            ));
-        }
         let Some((current, earlier)) = w.taps.split_last() else {
             return Err(Error::Internal("causal conv without taps".into()));
         };
         let hist = earlier.len();
         let k = current.k();
         let cache = if hist > 0 {
-            Some(self.cache_of(caches, slot, hist, x)?)
+            let start = w.replicate.then_some(x0);
+            Some(self.cache_of(caches, slot, hist, (x, start))?)
         } else {
             None
         };
@@ -276,7 +303,9 @@ impl Executor {
                 stride: 1,
                 pad: [pt, pl, pb, pr],
                 upsample: false,
-                replicate: false,
+                // The window stops at the frame's edges, so clamping to it
+                // repeats the edge as the whole frame's padding does.
+                replicate: w.replicate,
             };
             let res = match &mut residual {
                 Residual::None => None,
@@ -349,8 +378,9 @@ impl Executor {
         // tile: every tile read the old frames of its halo).
         if let Some(mut old) = cache {
             let mut next = self.empty_act(hist, x.c, x.h, x.w, x.dtype);
-            for i in 0..x.grid.len() {
-                let r = x.grid.rect(i);
+            // The caches' tiles (the input may be the latents, one piece).
+            for i in 0..next.grid.len() {
+                let r = next.grid.rect(i);
                 let xt = self.read_window(x, r)?;
                 let kt = self.take_piece(&mut old, i)?;
                 let nk = if count >= hist {
@@ -368,6 +398,38 @@ impl Executor {
                 self.step_done(stage::TIME)?;
             }
             caches.put(slot, next);
+        }
+        Ok(out)
+    }
+
+    /// Block-causal attention ([`Op::FrameAttention`] with `causal`): it
+    /// sits at the latent size, so it runs whole (the untiled executor's)
+    /// on `x` and `normed` gathered from their tiles, its result tiled again.
+    pub(super) fn causal_attention(
+        &mut self,
+        x: Act,
+        normed: &Act,
+        convs: [&Conv2dWeights; 4],
+        slot: usize,
+        caches: &mut VideoCaches,
+    ) -> Result<Act> {
+        let (n, c, h, w, dtype) = (x.n, x.c, x.h, x.w, x.dtype);
+        let whole = Window::new(0, 0, h, w);
+        let xt = self.read_window(&x, whole)?;
+        drop(x);
+        let nt = self.read_window(normed, whole)?;
+        let kv = caches.kv.entry(slot).or_default();
+        let y = crate::exec::untiled::causal_attention(self.rec(), xt, &nt, convs, kv)?;
+        drop(nt);
+        let mut out = self.empty_act(n, c, h, w, dtype);
+        let planes = y.reshape(&[n * c, h, w])?;
+        for i in 0..out.grid.len() {
+            let r = out.grid.rect(i);
+            let t = Tensor::empty(&self.ctx, &out.shape_of(&r), dtype, "attention tile")?;
+            let dst = t.reshape(&[n * c, r.h, r.w])?;
+            copy_window(self.rec(), &planes, (r.y, r.x), &dst, (0, 0), (r.h, r.w))?;
+            self.park(&mut out, i, t)?;
+            self.step_done(stage::MAP)?;
         }
         Ok(out)
     }
