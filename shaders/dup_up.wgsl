@@ -27,7 +27,7 @@ struct Params {
     repeats: u32,
     f: u32,
     lead: u32, // source frames that are first chunks
-    order: u32, // 0: DupUp3D / pixel_shuffle order; 1: DCAE (sub-position slowest)
+    order: u32, // 0: DupUp3D / pixel_shuffle order; 1: DCAE (sub-position slowest); 2: tiled
     g_first: u32, // DCAE: channels per sub-position of a first-chunk frame
     r_first: u32, // DCAE: repeats of a first-chunk frame
     g_next: u32,
@@ -62,6 +62,10 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let gy = p.oy + y;
     let gx = p.ox + x;
     var c = (((o * p.ft + dt) * p.f + gy % p.f) * p.f + gx % p.f) / p.repeats;
+    if p.order == 2u {
+        // LTX-2's residual: g_next channels of FT * F * F sub-pixels, tiled.
+        c = ((((o % p.g_next) * p.ft + dt) * p.f + gy % p.f) * p.f + gx % p.f);
+    }
     if p.order == 1u {
         // HunyuanVideo 1.5's DCAE rearrange: packed channel (sub * G + o) / R, the
         // sub-pixel offset (dt, dy, dx) slowest; a first-chunk frame has no dt.

@@ -69,6 +69,7 @@ impl Chain {
         let up = Conv2dOptions {
             upsample: true,
             replicate: false,
+            reflect: false,
             ..same
         };
 

@@ -28,6 +28,7 @@ fn cpu_tae(m: &BTreeMap<String, HostWeight>, z: &[f32], c: usize, h: usize, w: u
     let up = Conv2dOptions {
         upsample: true,
         replicate: false,
+        reflect: false,
         ..same
     };
     let relu = |v: Vec<f32>| v.into_iter().map(|x| x.max(0.0)).collect::<Vec<f32>>();

@@ -318,7 +318,7 @@ fn step(
             };
             let shape = [frames_out(n, ft, lead), channels, f * h, f * w];
             let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
-            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), (lead, op.dcae()))?;
+            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), (lead, op.order()))?;
             match op {
                 Op::DupUp {
                     residual: Some(r), ..
@@ -445,12 +445,28 @@ fn causal_conv(
     let Some((current, earlier)) = w.taps.split_last() else {
         return Err(Error::Internal("causal conv without taps".into()));
     };
+    let residual_given = residual.is_some();
     let hist = earlier.len();
     let opts = Conv2dOptions {
         replicate: w.replicate,
+        reflect: w.reflect,
         ..Conv2dOptions::same(current.k() as u32)
     };
     let (ho, wo) = output_size(h, wd, current.k(), &opts);
+    if w.centered {
+        let y = match residual {
+            Some(r) => r,
+            None => Tensor::empty(
+                rec.ctx(),
+                &[count, current.cout(), ho, wo],
+                x.dtype(),
+                "time conv out",
+            )?,
+        };
+        let added = residual_given;
+        centered_conv(rec, (x, x0), &w.taps, (&y, added), count, &opts)?;
+        return Ok(y);
+    }
     let frames = |in_frame, out_frame, count| Frames {
         in_frame,
         out_frame,
@@ -522,6 +538,48 @@ fn causal_conv(
     }
     state.caches[slot] = Some(cache);
     Ok(y)
+}
+
+/// A non-causal time conv (LTX-2: [`CausalWeights::centered`]) of frames
+/// `x0..x0 + count` of `x`, the whole clip, into `y`: tap `j` of `kt` reads
+/// frame `t + j − kt/2` clamped to the clip (its first and last frames
+/// repeated beyond its ends). The first tap writes `y` unless `added` (then
+/// every tap adds into it).
+pub(crate) fn centered_conv(
+    rec: &mut Recorder,
+    (x, x0): (&Tensor, usize),
+    taps: &[Conv2dWeights],
+    (y, added): (&Tensor, bool),
+    count: usize,
+    opts: &Conv2dOptions,
+) -> Result<()> {
+    if count == 0 {
+        return Ok(());
+    }
+    let half = taps.len() / 2;
+    // The last tap (with the bias) first.
+    for (i, (j, tap)) in taps.iter().enumerate().rev().enumerate() {
+        let res = (added || i > 0).then_some(y);
+        let d = j as isize - half as isize;
+        let lo = (-d).max(0) as usize;
+        let hi = (count as isize - d).clamp(0, count as isize) as usize;
+        let mut run = |in_frame: usize, out_frame: usize, n: usize| {
+            let f = Frames {
+                in_frame,
+                out_frame,
+                count: n,
+            };
+            conv2d_frames(rec, x, tap, res, y, opts, f)
+        };
+        if hi > lo {
+            run((x0 as isize + lo as isize + d) as usize, lo, hi - lo)?;
+        }
+        for t in (0..lo.min(count)).chain(hi.max(lo)..count) {
+            let src = if t < lo { x0 } else { x0 + count - 1 };
+            run(src, t, 1)?;
+        }
+    }
+    Ok(())
 }
 
 /// Cache slot `slot`'s frames `shape` (taken out of the state; when the

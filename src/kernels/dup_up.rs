@@ -51,7 +51,8 @@ pub struct Params {
     /// Source frames that are a video's first chunk (each gives only its
     /// last sub-frame); every later one gives `ft` frames.
     pub lead: u32,
-    /// 0: DupUp3D / pixel_shuffle order; 1: DCAE ([`Dcae`]).
+    /// 0: DupUp3D / pixel_shuffle order; 1: DCAE ([`Dcae`]); 2: tiled
+    /// ([`Order::Tile`], `g_next` channels).
     pub order: u32,
     /// [`Dcae::first`].
     pub g_first: u32,
@@ -63,6 +64,22 @@ pub struct Params {
     pub r_next: u32,
     /// Padding to 80 bytes.
     pub _pad: [u32; 3],
+}
+
+/// Which source channel each output channel of a channels-to-space map
+/// reads.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Default)]
+pub enum Order {
+    /// DupUp3D's `repeat_interleave` + view (and PyTorch's `pixel_shuffle`):
+    /// `(((o · ft + dt) · f + dy) · f + dx) / repeats`.
+    #[default]
+    Interleave,
+    /// HunyuanVideo 1.5's ([`Dcae`]).
+    Dcae(Dcae),
+    /// LTX-2's residual: the source viewed as `g` channels of `ft·f²`
+    /// sub-pixels, tiled along channels (`torch.repeat`): `((((o mod g) ·
+    /// ft + dt) · f + dy) · f + dx)`.
+    Tile(usize),
 }
 
 /// HunyuanVideo 1.5's DCAE channel order: output channel `o` at sub-pixel
@@ -115,7 +132,7 @@ pub fn dup_up(
     ft: usize,
 ) -> Result<()> {
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (ft, 2), (n, None))
+    to_space(rec, src, from, out, at, (ft, 2), (n, Order::Interleave))
 }
 
 /// [`dup_up`] of a video's frames `[T, CI, SH, SW]` (time as the batch)
@@ -132,7 +149,7 @@ pub fn dup_up_video(
     ft: usize,
     lead: usize,
 ) -> Result<()> {
-    to_space(rec, src, from, out, at, (ft, 2), (lead, None))
+    to_space(rec, src, from, out, at, (ft, 2), (lead, Order::Interleave))
 }
 
 /// Output frames of channels to space with time factor `ft` over `n`
@@ -163,7 +180,7 @@ pub fn pixel_shuffle(
         ));
     }
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (1, factor), (n, None))
+    to_space(rec, src, from, out, at, (1, factor), (n, Order::Interleave))
 }
 
 /// Channels a pixel shuffle by `factor` leaves of `c`.
@@ -180,8 +197,8 @@ pub fn shuffled_channels(c: usize, factor: usize) -> Result<usize> {
 
 /// Channels to space with time factor `ft` and space factor `f` (see the
 /// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`; the first
-/// `lead` source frames are first chunks (see [`dup_up_video`]); `dcae`:
-/// HunyuanVideo 1.5's channel order instead of DupUp3D's.
+/// `lead` source frames are first chunks (see [`dup_up_video`]), `order`
+/// which channel each output channel reads.
 pub fn to_space(
     rec: &mut Recorder,
     src: &Tensor,
@@ -189,7 +206,7 @@ pub fn to_space(
     out: &Tensor,
     (oy, ox): (usize, usize),
     (ft, f): (usize, usize),
-    (lead, dcae): (usize, Option<Dcae>),
+    (lead, order): (usize, Order),
 ) -> Result<()> {
     const OP: &str = "dup_up";
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
@@ -210,7 +227,7 @@ pub fn to_space(
     {
         return Err(Error::shape(
             OP,
-            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}, {lead} first-chunk frames, {dcae:?}): {} output frames, the same dtype, out channels · {ft} · {f}² a multiple of src channels, DCAE channels within the source", frames_out(n, ft, lead)),
+            format!("src {src:?} → out {out:?} (time factor {ft}, space factor {f}, {lead} first-chunk frames, {order:?}): {} output frames, the same dtype, out channels · {ft} · {f}² a multiple of src channels, DCAE channels within the source", frames_out(n, ft, lead)),
         ));
     }
     let covers = oh == 0
@@ -247,11 +264,31 @@ pub fn to_space(
         repeats: u(factor / ci)?,
         f: u(f)?,
         lead: u(lead)?,
-        order: u32::from(dcae.is_some()),
-        g_first: u(dcae.map_or(0, |d| d.first.0))?,
-        r_first: u(dcae.map_or(1, |d| d.first.1))?,
-        g_next: u(dcae.map_or(0, |d| d.next.0))?,
-        r_next: u(dcae.map_or(1, |d| d.next.1))?,
+        order: match order {
+            Order::Interleave => 0,
+            Order::Dcae(_) => 1,
+            Order::Tile(_) => 2,
+        },
+        g_first: u(if let Order::Dcae(d) = order {
+            d.first.0
+        } else {
+            0
+        })?,
+        r_first: u(if let Order::Dcae(d) = order {
+            d.first.1
+        } else {
+            1
+        })?,
+        g_next: u(match order {
+            Order::Dcae(d) => d.next.0,
+            Order::Tile(g) => g,
+            Order::Interleave => 0,
+        })?,
+        r_next: u(if let Order::Dcae(d) = order {
+            d.next.1
+        } else {
+            1
+        })?,
         _pad: [0; 3],
     };
     let groups = linear_groups(rec.ctx(), (total as u64).div_ceil(WG as u64))?;

@@ -62,6 +62,12 @@ pub(crate) struct CausalWeights {
     /// Replicate padding (HunyuanVideo 1.5): the edge pixel in space, and
     /// copies of a video's first frame before it in time, instead of zeros.
     pub replicate: bool,
+    /// Reflect padding in space (LTX-2's decoder).
+    pub reflect: bool,
+    /// Not causal (LTX-2's decoder): the taps are centred on the frame, the
+    /// clip's first and last frames repeated beyond its ends. No cache: a
+    /// whole clip is one chunk.
+    pub centered: bool,
 }
 
 /// Which executor a lifetime is for.
@@ -95,12 +101,14 @@ impl Geometry {
             Geometry::Upsample => Conv2dOptions {
                 upsample: true,
                 replicate: false,
+                reflect: false,
                 ..Conv2dOptions::same(3)
             },
             Geometry::Down(pad) => Conv2dOptions {
                 stride: 2,
                 pad,
                 replicate: false,
+                reflect: false,
                 upsample: false,
             },
         }
@@ -206,8 +214,9 @@ pub(crate) enum Op {
         channels: usize,
         ft: usize,
         first_of: Option<usize>,
-        /// HunyuanVideo 1.5's channel order instead of DupUp3D's.
-        dcae: Option<crate::kernels::dup_up::Dcae>,
+        /// Which source channel each output channel reads (DupUp3D's,
+        /// HunyuanVideo 1.5's DCAE, LTX-2's tiled).
+        order: crate::kernels::dup_up::Order,
         /// Added to the output in place (consumed; untiled only).
         residual: Option<TensorId>,
     },
@@ -249,11 +258,12 @@ impl Op {
         }
     }
 
-    /// The DCAE channel order of an [`Op::DupUp`] that has one.
-    pub(crate) fn dcae(&self) -> Option<crate::kernels::dup_up::Dcae> {
+    /// The channel order of an [`Op::DupUp`] (a pixel shuffle's is
+    /// [`crate::kernels::dup_up::Order::Interleave`]).
+    pub(crate) fn order(&self) -> crate::kernels::dup_up::Order {
         match self {
-            Op::DupUp { dcae, .. } => *dcae,
-            _ => None,
+            Op::DupUp { order, .. } => *order,
+            _ => crate::kernels::dup_up::Order::Interleave,
         }
     }
 }
@@ -496,20 +506,20 @@ impl Builder {
             channels,
             ft,
             first_of,
-            dcae: None,
+            order: crate::kernels::dup_up::Order::Interleave,
             residual: None,
         };
         self.push(op, true)
     }
 
-    /// HunyuanVideo 1.5's channels to space of `x` into `channels` with
-    /// time factor `ft` in `dcae`'s order, `first_of` as [`Op::DupUp`]'s,
-    /// added into `residual`.
-    pub(crate) fn dcae_up(
+    /// Channels to space of `x` into `channels` with time factor `ft` in
+    /// `order` (HunyuanVideo 1.5's and LTX-2's up-samplers), `first_of` as
+    /// [`Op::DupUp`]'s, added into `residual`.
+    pub(crate) fn to_space(
         &mut self,
         x: TensorId,
         (channels, ft): (usize, usize),
-        dcae: crate::kernels::dup_up::Dcae,
+        order: crate::kernels::dup_up::Order,
         first_of: Option<usize>,
         residual: Option<TensorId>,
     ) -> TensorId {
@@ -518,7 +528,7 @@ impl Builder {
             channels,
             ft,
             first_of,
-            dcae: Some(dcae),
+            order,
             residual,
         };
         self.push(op, true)

@@ -20,7 +20,7 @@ use std::path::{Path, PathBuf};
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
-use crate::kernels::dup_up::Dcae;
+use crate::kernels::dup_up::{Dcae, Order};
 use crate::kernels::image::ImageRange;
 use crate::models::diffusers_folder::bad;
 use crate::models::graph::{CausalWeights, Graph, Op, Residual, TensorId};
@@ -310,6 +310,7 @@ impl HunyuanVideo15Decoder {
             layout: crate::latents::VideoLayout::Ncthw,
             range: ImageRange::MinusOneToOne,
             cache_grows: true,
+            whole_clip: false,
         }
     }
 
@@ -501,7 +502,8 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &HunyuanVideo15Config) -> Resu
             first: (up_out, first_repeats),
             next: (up_out, repeats),
         };
-        let sc = g.b.dcae_up(x, (up_out, ft), shortcut, marks(mark_a), None);
+        let sc =
+            g.b.to_space(x, (up_out, ft), Order::Dcae(shortcut), marks(mark_a), None);
         let h = causal_conv(
             &mut g,
             x,
@@ -515,8 +517,13 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &HunyuanVideo15Config) -> Resu
             first: (if time { 2 * up_out } else { up_out }, 1),
             next: (up_out, 1),
         };
-        x =
-            g.b.dcae_up(h, (up_out, ft), conv_map, marks(mark_b), Some(sc));
+        x = g.b.to_space(
+            h,
+            (up_out, ft),
+            Order::Dcae(conv_map),
+            marks(mark_b),
+            Some(sc),
+        );
         cin = up_out;
     }
     x = g.rms(x, "decoder.norm_out.gamma", cin, false, true)?;

@@ -281,6 +281,7 @@ impl TaehvDecoder {
             layout: self.latent_layout(),
             range: crate::kernels::image::ImageRange::ZeroToOne,
             cache_grows: false,
+            whole_clip: false,
         }
     }
 

@@ -27,6 +27,9 @@ pub(crate) struct VideoInfo<'a> {
     /// attention keeps every earlier frame's keys and values), so memory
     /// is not flat in the video's length.
     pub cache_grows: bool,
+    /// Not causal (LTX-2): a frame depends on later ones, so a video decodes
+    /// as one chunk.
+    pub whole_clip: bool,
 }
 
 impl VideoInfo<'_> {

@@ -315,6 +315,7 @@ impl WanDecoder {
             layout: crate::latents::VideoLayout::Ncthw,
             range: ImageRange::MinusOneToOne,
             cache_grows: false,
+            whole_clip: false,
         }
     }
 

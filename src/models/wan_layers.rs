@@ -72,6 +72,8 @@ pub(crate) fn causal_from_host(
     Ok(CausalWeights {
         taps,
         replicate: false,
+        reflect: false,
+        centered: false,
     })
 }
 

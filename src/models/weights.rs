@@ -152,6 +152,9 @@ fn is_vae_key(k: &str) -> bool {
         // FLUX.2's latent BatchNorm statistics (not `bn.num_batches_tracked`, an int64).
         || k == BN_MEAN
         || k == BN_VAR
+        // LTX-2's latent statistics buffers.
+        || k == "latents_mean"
+        || k == "latents_std"
 }
 
 /// FLUX.2's latent BatchNorm running mean (`AutoencoderKLFlux2.bn`).

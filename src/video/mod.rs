@@ -206,7 +206,15 @@ impl<'a> VideoDecoder<'a> {
                 )))
             }
         };
-        check_frame(self.decoder.get(), [t, c, h, w])?;
+        let model = self.decoder.get();
+        check_frame(model, [t, c, h, w])?;
+        if model.whole_clip() && self.latent_frames > 0 {
+            return Err(Error::InvalidInput(format!(
+                "the {} decoder is not causal (a frame depends on later ones): it decodes a video's whole clip in one chunk, and this decoder already decoded {} latent frames; give all latent frames at once (CLI: drop --chunk)",
+                model.name(),
+                self.latent_frames
+            )));
+        }
         if let Some(f) = self.frame.filter(|f| *f != [c, h, w]) {
             return Err(Error::InvalidInput(format!(
                 "latent chunk frames are {c}×{h}×{w}, the video's first chunk had {}×{}×{}: every chunk of one video has the same latent size",

@@ -8,6 +8,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::models::graph::Graph;
 use crate::models::hunyuan_video15::HunyuanVideo15Decoder;
+use crate::models::ltx2::Ltx2Decoder;
 use crate::models::taehv::TaehvDecoder;
 use crate::models::video_info::VideoInfo;
 use crate::models::wan::WanDecoder;
@@ -41,6 +42,15 @@ impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
 
 impl<'a> From<&'a HunyuanVideo15Decoder> for VideoModel<'a> {
     fn from(d: &'a HunyuanVideo15Decoder) -> Self {
+        VideoModel {
+            graph: d.graph(),
+            info: d.video_info(),
+        }
+    }
+}
+
+impl<'a> From<&'a Ltx2Decoder> for VideoModel<'a> {
+    fn from(d: &'a Ltx2Decoder) -> Self {
         VideoModel {
             graph: d.graph(),
             info: d.video_info(),
@@ -96,6 +106,12 @@ impl<'a> VideoModel<'a> {
         self.info.cache_grows
     }
 
+    /// True when the decoder is not causal (LTX-2): a video decodes in one
+    /// chunk, its whole clip.
+    pub fn whole_clip(&self) -> bool {
+        self.info.whole_clip
+    }
+
     /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
     pub fn range(&self) -> crate::kernels::image::ImageRange {
         self.info.range
@@ -111,6 +127,13 @@ enum Network {
     Taehv(TaehvDecoder),
     Wan(WanDecoder),
     HunyuanVideo15(HunyuanVideo15Decoder),
+    Ltx2(Ltx2Decoder),
+}
+
+impl From<Ltx2Decoder> for VideoVae {
+    fn from(d: Ltx2Decoder) -> Self {
+        VideoVae(Network::Ltx2(d))
+    }
 }
 
 impl From<HunyuanVideo15Decoder> for VideoVae {
@@ -149,6 +172,7 @@ impl VideoVae {
         match &self.0 {
             Network::Wan(d) => d.unnormalize(latents),
             Network::HunyuanVideo15(d) => d.unnormalize(latents),
+            Network::Ltx2(d) => d.unnormalize(latents),
             Network::Taehv(_) => Ok(()),
         }
     }
@@ -158,7 +182,7 @@ impl VideoVae {
     pub fn latents_stats_note(&self) -> Option<&str> {
         match &self.0 {
             Network::Wan(d) => d.latents_stats_note.as_deref(),
-            Network::Taehv(_) | Network::HunyuanVideo15(_) => None,
+            Network::Taehv(_) | Network::HunyuanVideo15(_) | Network::Ltx2(_) => None,
         }
     }
 
@@ -168,6 +192,7 @@ impl VideoVae {
             Network::Taehv(d) => d.into(),
             Network::Wan(d) => d.into(),
             Network::HunyuanVideo15(d) => d.into(),
+            Network::Ltx2(d) => d.into(),
         }
     }
 }
@@ -181,6 +206,7 @@ pub fn is_video_vae(spec: &str) -> bool {
     (path.is_file() && TaehvDecoder::is_taehv_file(path))
         || is_wan(spec)
         || crate::models::hunyuan_video15::is_hunyuan_video15(spec)
+        || crate::models::ltx2::is_ltx2(spec)
 }
 
 /// Loads the video decoder at `spec` (a TAEHV `.safetensors` file, a Wan
@@ -191,6 +217,12 @@ pub fn load_video_decoder(
     spec: &str,
     load: &crate::models::LoadOptions,
 ) -> Result<VideoVae> {
+    if crate::models::ltx2::is_ltx2(spec) {
+        let dtype = load.precision.resolve(false, ctx.caps());
+        return Ok(VideoVae::from(Ltx2Decoder::open(
+            ctx, spec, dtype, load.seed,
+        )?));
+    }
     if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
         let dtype = load.precision.resolve(false, ctx.caps());
         let dec = HunyuanVideo15Decoder::open(ctx, spec, dtype, load.seed)?;

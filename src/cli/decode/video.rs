@@ -286,6 +286,12 @@ pub(crate) fn decode_video(
     )?;
     let dtype = loaded.dtype_for(precision, ctx.caps());
     let decoder = loaded.model();
+    if decoder.whole_clip() && a.chunk.is_some() {
+        return Err(Error::InvalidInput(format!(
+            "--chunk: the {} decoder is not causal (a frame depends on later ones), so it decodes each video's whole clip in one chunk; drop --chunk",
+            decoder.name()
+        )));
+    }
     let layout = layout_flag.unwrap_or_else(|| decoder.latent_layout());
     let given = match a
         .latents
@@ -423,6 +429,7 @@ pub(crate) fn decode_video(
         }
         let mut stream = VideoDecoder::new(ctx, decoder);
         stream.set_tiling(tiling.clone())?;
+        let step = if decoder.whole_clip() { t } else { step };
         for t0 in (0..t).step_by(step) {
             let t1 = (t0 + step).min(t);
             let at = (v * t + t0) * frame;

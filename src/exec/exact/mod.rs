@@ -145,6 +145,7 @@ impl<'a> ConvSpec<'a> {
             pad: self.pad.unwrap_or([self.w.k() as u32 / 2; 4]),
             upsample: self.upsample,
             replicate: false,
+            reflect: false,
         }
     }
     pub(crate) fn epilogue(mut self, f: Unary) -> Self {
@@ -563,7 +564,7 @@ impl Executor {
         x: &Act,
         channels: usize,
         (ft, f): (usize, usize),
-        (lead, dcae): (usize, Option<crate::kernels::dup_up::Dcae>),
+        (lead, order): (usize, crate::kernels::dup_up::Order),
     ) -> Result<Act> {
         let n = crate::kernels::dup_up::frames_out(x.n, ft, lead);
         let mut out = self.empty_act(n, channels, f * x.h, f * x.w, x.dtype);
@@ -579,7 +580,7 @@ impl Executor {
             let src = self.read_window(x, win)?;
             let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
             let at = (r.y, r.x);
-            let map = (lead, dcae);
+            let map = (lead, order);
             crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f), map)?;
             drop(src);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;

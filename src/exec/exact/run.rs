@@ -141,7 +141,7 @@ impl Executor {
                         _ => x.n,
                     };
                     let (channels, factors) = op.space_factors(x.c)?;
-                    let y = self.channels_to_space(x, channels, factors, (lead, op.dcae()))?;
+                    let y = self.channels_to_space(x, channels, factors, (lead, op.order()))?;
                     let y = match op {
                         Op::DupUp {
                             residual: Some(r), ..

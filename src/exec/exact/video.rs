@@ -276,7 +276,7 @@ impl Executor {
         };
         let hist = earlier.len();
         let k = current.k();
-        let cache = if hist > 0 {
+        let cache = if hist > 0 && !w.centered {
             let start = w.replicate.then_some(x0);
             Some(self.cache_of(caches, slot, hist, (x, start))?)
         } else {
@@ -306,6 +306,7 @@ impl Executor {
                 // The window stops at the frame's edges, so clamping to it
                 // repeats the edge as the whole frame's padding does.
                 replicate: w.replicate,
+                reflect: w.reflect,
             };
             let res = match &mut residual {
                 Residual::None => None,
@@ -323,6 +324,30 @@ impl Executor {
                 }
             };
             let xw = self.read_window(x, win)?;
+            if w.centered {
+                let added = res.is_some();
+                let y = match res {
+                    Some(y) => y,
+                    None => Tensor::empty(
+                        &self.ctx,
+                        &[count, current.cout(), r.h, r.w],
+                        x.dtype,
+                        "time conv tile",
+                    )?,
+                };
+                let taps = &w.taps;
+                crate::exec::untiled::centered_conv(
+                    self.rec(),
+                    (&xw, x0),
+                    taps,
+                    (&y, added),
+                    count,
+                    &opts,
+                )?;
+                drop(xw);
+                self.emit_tile(&mut out, None, i, y, stage::CONV)?;
+                continue;
+            }
             let y = match res {
                 Some(y) => {
                     conv2d_frames(

@@ -205,6 +205,8 @@ pub(super) struct Variant {
     pub(super) upsample: bool,
     /// Replicate padding instead of zeros.
     pub(super) replicate: bool,
+    /// Reflect padding instead of zeros.
+    pub(super) reflect: bool,
     pub(super) act: Option<Activation>,
     pub(super) bias: bool,
     pub(super) residual: bool,
@@ -229,6 +231,7 @@ impl Variant {
             stride: call.opts.stride,
             upsample: call.opts.upsample,
             replicate: call.opts.replicate,
+            reflect: call.opts.reflect,
             act: call.prologue.map(|p| p.act),
             bias: w.bias.is_some(),
             residual: call.residual.is_some(),
@@ -268,6 +271,7 @@ impl Variant {
             .constant("ACT", format!("{}u", self.act.unwrap_or_default().code()))
             .flag_if(self.upsample, "UPSAMPLE")
             .flag_if(self.replicate, "REPLICATE")
+            .flag_if(self.reflect, "REFLECT")
             .flag_if(self.act.is_some(), "PROLOGUE")
             .flag_if(self.bias, "HAS_BIAS")
             .flag_if(self.residual, "HAS_RESIDUAL")
@@ -342,9 +346,15 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     for &tiles in &tile_sets {
         for k in [1, 3] {
             for stride in [1, 2] {
-                // Replicate padding: HunyuanVideo 1.5's "same" 3×3 convs only.
-                for (upsample, replicate) in [(false, false), (true, false), (false, true)] {
-                    if replicate && (k != 3 || stride != 1) {
+                // Replicate / reflect padding: HunyuanVideo 1.5's and
+                // LTX-2's "same" 3×3 convs only.
+                for (upsample, replicate, reflect) in [
+                    (false, false, false),
+                    (true, false, false),
+                    (false, true, false),
+                    (false, false, true),
+                ] {
+                    if (replicate || reflect) && (k != 3 || stride != 1) {
                         continue;
                     }
                     for act in acts {
@@ -362,6 +372,7 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
                                         stride,
                                         upsample,
                                         replicate,
+                                        reflect,
                                         act,
                                         bias,
                                         residual,

@@ -3,6 +3,13 @@
 use super::{output_size, Conv2dOptions};
 use crate::kernels::Activation;
 
+/// PyTorch's reflect padding of index `i` in `0..n` (pads below `n`).
+fn reflect(i: i64, n: i64) -> i64 {
+    let r = if i < 0 { -i } else { i };
+    let r = if r >= n { 2 * (n - 1) - r } else { r };
+    r.clamp(0, n - 1)
+}
+
 /// Plain CPU reference with the semantics of [`conv2d`](super::conv2d).
 ///
 /// input `[N, Cin, H, W]` (`in_shape`), weight PyTorch `[Cout, Cin, k, k]`, bias `[Cout]`,
@@ -53,6 +60,9 @@ pub fn cpu_conv2d(
                             if opts.replicate {
                                 iy = iy.clamp(0, hu as i64 - 1);
                             }
+                            if opts.reflect {
+                                iy = reflect(iy, hu as i64);
+                            }
                             if iy < 0 || iy >= hu as i64 {
                                 continue;
                             }
@@ -60,6 +70,9 @@ pub fn cpu_conv2d(
                                 let mut ix = ox as i64 * s - pl + kx as i64;
                                 if opts.replicate {
                                     ix = ix.clamp(0, wu as i64 - 1);
+                                }
+                                if opts.reflect {
+                                    ix = reflect(ix, wu as i64);
                                 }
                                 if ix < 0 || ix >= wu as i64 {
                                     continue;

@@ -174,12 +174,14 @@ fn matrix_conv_fused_paths_match_cpu() {
     let up = |k: u32| Conv2dOptions {
         upsample: true,
         replicate: false,
+        reflect: false,
         ..same(k)
     };
     let strided = |stride: u32, pad: [u32; 4]| Conv2dOptions {
         stride,
         pad,
         replicate: false,
+        reflect: false,
         upsample: false,
     };
     let (silu, relu) = (Some(Activation::Silu), Some(Activation::Relu));

@@ -118,6 +118,9 @@ pub struct Conv2dOptions {
     /// Replicate padding (the edge pixel repeated, PyTorch's
     /// `padding_mode="replicate"`) instead of zeros.
     pub replicate: bool,
+    /// Reflect padding (PyTorch's `padding_mode="reflect"`) instead of
+    /// zeros; pads must be smaller than the frame.
+    pub reflect: bool,
 }
 
 impl Conv2dOptions {
@@ -128,6 +131,7 @@ impl Conv2dOptions {
             pad: [k / 2; 4],
             upsample: false,
             replicate: false,
+            reflect: false,
         }
     }
 }

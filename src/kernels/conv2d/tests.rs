@@ -33,6 +33,7 @@ fn strided(stride: u32, pad: [u32; 4]) -> Conv2dOptions {
         pad,
         upsample: false,
         replicate: false,
+        reflect: false,
     }
 }
 
@@ -40,6 +41,7 @@ fn strided(stride: u32, pad: [u32; 4]) -> Conv2dOptions {
 fn upsampled(k: u32) -> Conv2dOptions {
     Conv2dOptions {
         replicate: false,
+        reflect: false,
         upsample: true,
         ..Conv2dOptions::same(k)
     }
@@ -354,6 +356,26 @@ fn replicate_padding_matches_cpu() {
         ..Case::new(1, 5, 1, 6, 4, 3)
     }
     .run_small(14);
+}
+
+/// Reflect padding (LTX-2's decoder convs) on odd shapes, with a residual.
+#[test]
+fn reflect_padding_matches_cpu() {
+    let refl = Conv2dOptions {
+        reflect: true,
+        ..Conv2dOptions::same(3)
+    };
+    Case {
+        opts: refl,
+        ..Case::new(2, 37, 7, 9, 67, 3)
+    }
+    .run_small(15);
+    Case {
+        opts: refl,
+        residual: true,
+        ..Case::new(1, 5, 2, 6, 4, 3)
+    }
+    .run_small(16);
 }
 
 #[test]

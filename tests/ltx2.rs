@@ -1,0 +1,149 @@
+//! The LTX-2 video VAE decoder against diffusers 0.42.1's
+//! `AutoencoderKLLTX2Video` on the `ltx2-tiny` golden (seeded random
+//! weights, f32 CPU, the released non-causal decoder with reflect padding):
+//! the whole clip (its decoder is not causal: one chunk), exact spatial
+//! tiles, pipeline latents, and the errors streaming gets.
+
+use std::path::PathBuf;
+
+use wgvae::io::{read_npy, HostTensor};
+use wgvae::models::ltx2::Ltx2Decoder;
+use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::{decode_video, Context, VideoDecoder};
+
+/// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
+const TOLERANCE: f32 = 1e-4;
+
+fn golden() -> Option<PathBuf> {
+    shared_dir().map(|s| s.join("golden").join("ltx2-tiny"))
+}
+
+fn open(ctx: &Context, dir: &std::path::Path) -> Ltx2Decoder {
+    Ltx2Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
+}
+
+/// Latent frames `t0..t1` of latents [1, C, T, h, w] as a [T, C, h, w] chunk.
+fn chunk(latents: &HostTensor, t0: usize, t1: usize) -> HostTensor {
+    let [_, c, t, h, w] = latents.shape[..] else {
+        panic!("latents are not 5-D")
+    };
+    let mut data = Vec::new();
+    for f in t0..t1 {
+        for ch in 0..c {
+            let at = (ch * t + f) * h * w;
+            data.extend_from_slice(&latents.data[at..at + h * w]);
+        }
+    }
+    HostTensor::new(vec![t1 - t0, c, h, w], data).unwrap()
+}
+
+/// Frames [T', 3, H, W] → diffusers' [3, T', H, W].
+fn channels_first(frames: &[f32], [c, t, h, w]: [usize; 4]) -> Vec<f32> {
+    let plane = h * w;
+    let mut data = Vec::with_capacity(frames.len());
+    for ch in 0..c {
+        for f in 0..t {
+            let at = (f * c + ch) * plane;
+            data.extend_from_slice(&frames[at..at + plane]);
+        }
+    }
+    data
+}
+
+/// The whole clip from raw z, and pipeline latents un-normalised to z
+/// (the safetensors' latents_mean / latents_std buffers).
+#[test]
+fn ltx2_tiny_whole_clip() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let dec = open(&ctx, &dir);
+    let latents = read_npy(&dir.join("latents.npy")).unwrap();
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let mut unnormalised = latents.clone();
+    dec.unnormalize(&mut unnormalised).unwrap();
+    let (e, at) = max_abs_diff(&unnormalised.data, &z.data);
+    assert!(
+        e <= 1e-6,
+        "latents · std / scaling + mean vs z.npy: {e} at {at}"
+    );
+    let got = decode_video(&ctx, &dec, &z).unwrap();
+    assert_eq!(got.shape, want.shape, "output shape");
+    let (err, at) = max_abs_diff(&got.data, &want.data);
+    println!("ltx2-tiny: whole clip: max abs error {err:.3e} at {at}");
+    assert!(err <= TOLERANCE, "whole clip: {err} at {at}");
+}
+
+/// Exact tiles of 32 output pixels (3×4 tiles of the 96×128 frames, every
+/// level tiled; reflect padding at each frame edge) against the untiled
+/// decode.
+#[test]
+fn ltx2_tiny_exact_tiles() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let dec = open(&ctx, &dir);
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let t = z.shape[2];
+    let clip = chunk(&z, 0, t);
+    let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
+    let tiling = wgvae::tiling::Tiling::exact().with_tile_size(32);
+    let mut s = VideoDecoder::new(&ctx, &dec).with_tiling(tiling).unwrap();
+    let tiled = s.decode(&clip).unwrap().data;
+    assert!(s.tile_size().is_some(), "the decode ran untiled");
+    let [_, c, tt, h, w] = want.shape[..] else {
+        panic!("decoded is not 5-D")
+    };
+    let (e, at) = max_abs_diff(&tiled, &untiled);
+    let (g, gat) = max_abs_diff(&channels_first(&tiled, [c, tt, h, w]), &want.data);
+    println!("ltx2-tiny: exact tiles: {e:.3e} from untiled (at {at}), {g:.3e} from the golden (at {gat})");
+    assert!(e <= 1e-5, "{e} from untiled at {at}");
+    assert!(g <= TOLERANCE, "{g} from the golden at {gat}");
+}
+
+fn message<T>(r: wgvae::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("accepted"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// A second chunk (the decoder is not causal), a HunyuanVideo 1.5 latent
+/// (32 channels), T = 0, the folder given as an image VAE, and a
+/// HunyuanVideo 1.5 folder where an LTX-2 VAE is expected: clear errors.
+#[test]
+fn ltx2_bad_inputs_are_errors() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let dec = open(&ctx, &dir);
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let mut s = VideoDecoder::new(&ctx, &dec);
+    s.decode(&chunk(&z, 0, 1)).unwrap();
+    let m = message(s.decode(&chunk(&z, 1, 2)));
+    assert!(m.contains("not causal") && m.contains("whole clip"), "{m}");
+    let lat = |shape: Vec<usize>| {
+        let n = shape.iter().product();
+        HostTensor::new(shape, vec![0.1; n]).unwrap()
+    };
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 32, 2, 2, 2])));
+    assert!(m.contains("32 channels") && m.contains("takes 4"), "{m}");
+    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 4, 0, 2, 2])));
+    assert!(m.contains("T=0"), "{m}");
+    let m = message(wgvae::Vae::load(
+        &ctx,
+        dir.to_str().unwrap(),
+        &wgvae::LoadOptions::default(),
+    ));
+    assert!(m.contains("LTX-2 video VAE"), "{m}");
+    let hv = dir.with_file_name("hunyuanvideo15-tiny");
+    let m = message(Ltx2Decoder::open(
+        &ctx,
+        hv.to_str().unwrap(),
+        wgvae::DType::F32,
+        0,
+    ));
+    assert!(
+        m.contains("AutoencoderKLHunyuanVideo15") && m.contains("AutoencoderKLLTX2Video"),
+        "{m}"
+    );
+}
