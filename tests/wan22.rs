@@ -13,6 +13,8 @@ use wgvae::{decode_video, Context, LoadOptions, VideoDecoder};
 
 /// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
 const TOLERANCE: f32 = 1e-4;
+/// f16, bf16 bounds against the f32 golden (measured, then about 3× that).
+const HALF_BOUND: (f32, f32) = (1e-2, 8e-2);
 /// Exact tiles against the untiled decode.
 const TILED_TOLERANCE: f32 = 1e-5;
 
@@ -229,4 +231,28 @@ fn wan22_preset_decodes() {
     let out = decode_video(&ctx, &dec, &z).unwrap();
     assert_eq!(out.shape, vec![1, 3, 1, 16, 16]);
     assert!(out.data.iter().all(|v| v.is_finite() && v.abs() <= 1.0));
+}
+
+/// f16 and bf16 storage (activations and weights rounded, f32 arithmetic)
+/// against the f32 golden: the error each precision gives, bounded.
+#[test]
+fn half_precisions_stay_close() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    for (dtype, bound) in [
+        (wgvae::DType::F16, HALF_BOUND.0),
+        (wgvae::DType::BF16, HALF_BOUND.1),
+    ] {
+        let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+        let got = decode_video(&ctx, &dec, &z).unwrap();
+        let (err, at) = max_abs_diff(&got.data, &want.data);
+        let peak = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
+        println!(
+            "{}: {dtype:?}: max abs error {err:.3e} at {at} (values up to {peak:.2})",
+            dir.display()
+        );
+        assert!(err <= bound, "{dtype:?}: {err} at {at}");
+    }
 }
