@@ -127,6 +127,12 @@ impl VideoModelPy {
         self.loaded.model().latent_channels()
     }
 
+    /// True for a decoder that is not causal (LTX-2): a video decodes as one chunk.
+    #[getter]
+    fn whole_clip(&self) -> bool {
+        self.loaded.model().whole_clip()
+    }
+
     #[getter]
     fn upscale(&self) -> usize {
         self.loaded.model().upscale()

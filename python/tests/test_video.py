@@ -160,3 +160,36 @@ def test_bad_video_inputs_raise_value_error(taehv, shared):
     with pytest.raises(ValueError, match="same latent size"):
         s.push(np.zeros((1, 16, 4, 4), np.float32))
     assert s.finish().shape == (1, 16, 24, 3)
+
+
+# The 2026 video VAEs (diffusers 0.42.1 goldens, pipeline latents in, vae.decode(z).sample out).
+@pytest.mark.parametrize(
+    "name, channels, upscale, causal",
+    [("wan22-tiny", 48, 16, True), ("hunyuanvideo15-tiny", 32, 16, True), ("ltx2-tiny", 4, 32, False)],
+)
+def test_2026_video_goldens(shared, name, channels, upscale, causal):
+    d = shared / "golden" / name
+    vae = wgvae.Vae(d, dtype="f32")
+    assert vae.is_video and vae.layout == "ncthw"
+    assert vae.latent_channels == channels and vae.upscale == upscale
+    latents = np.load(d / "latents.npy")
+    want = np.load(d / "decoded.npy")
+    got = vae.decode_video(latents, output="float")
+    assert got.shape == want.shape
+    assert np.abs(got - want).max() <= WAN_TOLERANCE
+    raw = vae.decode_video(np.load(d / "z.npy"), output="float", raw_latents=True)
+    assert np.abs(raw - want).max() <= WAN_TOLERANCE
+    s = vae.stream(output="float")
+    if causal:
+        parts = [s.push(latents[0, :, j : j + 1]) for j in range(latents.shape[2])]
+        parts.append(s.finish())
+        streamed = np.concatenate(parts, axis=1)
+        assert np.abs(streamed - want[0]).max() <= WAN_TOLERANCE
+    else:
+        s.push(latents[0, :, :1])
+        with pytest.raises(Exception, match="not causal"):
+            s.push(latents[0, :, 1:2])
+    # The progress path streams too (the whole clip at once where not causal).
+    seen = []
+    prog = vae.decode_video(latents, output="float", progress=lambda d, t, s: seen.append((d, t)))
+    assert np.abs(prog - want).max() <= WAN_TOLERANCE and seen[-1] == (latents.shape[2], latents.shape[2])

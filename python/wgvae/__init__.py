@@ -516,15 +516,18 @@ class Vae:
         n, t = a.shape[0], a.shape[t_axis]
         # The frame axis of one video's output: Wan float 3×T'×H×W, else T' first.
         f_axis = 1 if (output == "float" and layout == "ncthw") else 0
+        # A decoder that is not causal (LTX-2) takes each video's whole clip at once.
+        step = t if self._model.whole_clip else 1
         videos = []
         for i in range(n):
             s = self.stream(layout, output, raw_latents)
             parts = []
-            for j in range(t):
-                chunk = a[i, :, j : j + 1] if layout == "ncthw" else a[i, j : j + 1]
+            for j in range(0, t, step):
+                chunk = a[i, :, j : j + step] if layout == "ncthw" else a[i, j : j + step]
                 parts.append(s.push(chunk))
-                if progress(i * t + j + 1, n * t, "video chunk") is False:
-                    raise Cancelled(f"stopped: the progress callback returned False after latent frame {i * t + j + 1} of {n * t}")
+                done = i * t + min(j + step, t)
+                if progress(done, n * t, "video chunk") is False:
+                    raise Cancelled(f"stopped: the progress callback returned False after latent frame {done} of {n * t}")
             parts.append(s.finish())
             videos.append(np.concatenate(parts, axis=f_axis))
         return np.stack(videos)
@@ -540,7 +543,9 @@ class Vae:
         """A streaming decode of one video: ``push(chunk)`` latent chunks in
         order (each returns the frames ready so far), then ``finish()``. The
         frames equal :meth:`decode_video`'s up to float rounding, with memory
-        that does not grow with the video's length. ``layout``, ``output``
+        that does not grow with the video's length (HunyuanVideo 1.5 keeps
+        each earlier latent frame's attention keys; LTX-2's decoder is not
+        causal and takes the whole clip in one push). ``layout``, ``output``
         and ``raw_latents`` as :meth:`decode_video`. ``progress(done, total,
         stage)`` is called after each push with the latent frames pushed so
         far and ``total`` (the latent frames the video will have; default the
