@@ -222,6 +222,9 @@ pub struct VideoMemoryEstimate {
     /// attention keys and values: HunyuanVideo 1.5), so the peak grows
     /// with `frames`; the estimate ran every chunk.
     pub cache_grows: bool,
+    /// The decoder is not causal (LTX-2): the whole clip is one chunk, so
+    /// the peak grows with `frames`.
+    pub whole_clip: bool,
 }
 
 /// [`VideoMemoryEstimate::breakdown`]: the peak allocated bytes in parts
@@ -303,6 +306,8 @@ impl Estimate<'_> {
                 dec.name()
             )));
         }
+        // A decoder that is not causal (LTX-2) takes the whole clip at once.
+        let chunk = if dec.whole_clip() { frames } else { chunk };
         let c = dec.latent_channels();
         let latent = [c, h / up, w / up];
         let weights_bytes = null.pool().stats().allocated_bytes.current;
@@ -373,8 +378,9 @@ impl Estimate<'_> {
             peak_reserved_bytes: reserved,
             tile_size: stream.tile_size(),
             tiling: report,
-            independent_of_frames: frames / chunk >= 3 && !grows,
+            independent_of_frames: frames / chunk >= 3 && !grows && !dec.whole_clip(),
             cache_grows: grows,
+            whole_clip: dec.whole_clip(),
         })
     }
 }

@@ -173,3 +173,37 @@ fn half_precisions_stay_close() {
         assert!(err <= bound, "{dtype:?}: {err} at {at}");
     }
 }
+
+/// The null-device estimate of the whole clip equals the measured peak,
+/// and says the clip is one chunk.
+#[test]
+fn ltx2_estimate_equals_the_measured_peak() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = open(&ctx, &dir);
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let t = z.shape[2];
+    ctx.pool().reset_peak_stats();
+    VideoDecoder::new(&ctx, &dec)
+        .decode(&chunk(&z, 0, t))
+        .unwrap();
+    let peak = ctx.pool().stats().allocated_bytes.peak;
+    let e = wgvae::estimate::Estimate::new(
+        ctx.caps(),
+        wgvae::memory::Policy::Exact,
+        dir.to_str().unwrap(),
+        &wgvae::LoadOptions::default(),
+    )
+    .video((96, 128), t, 1)
+    .unwrap();
+    println!(
+        "ltx2-tiny whole clip: peak allocated {peak} B, estimated {} B",
+        e.peak_allocated_bytes
+    );
+    assert!(
+        e.whole_clip && !e.independent_of_frames && e.chunk == t,
+        "{e:?}"
+    );
+    assert_eq!(e.peak_allocated_bytes, peak);
+    assert_eq!(e.output_frames, 1 + 8 * (t - 1));
+}

@@ -276,7 +276,12 @@ fn run_video(
             mib(e.peak_allocated_bytes + e.staging_bytes)
         );
         println!("  time caches: what the caches hold at the peak; chunk working memory: the rest of the peak (activations of the chunk that peaks)");
-        if e.cache_grows {
+        if e.whole_clip {
+            println!(
+                "  the decoder is not causal: the whole clip of {} latent frames is one chunk, so a longer video peaks higher (exact tiles bound the working memory where the clip does not fit)",
+                e.frames
+            );
+        } else if e.cache_grows {
             println!(
                 "  the caches grow with the video (its attention keeps every earlier latent frame's keys and values): this is the peak of {} latent frames, a longer video peaks higher",
                 e.frames
