@@ -515,7 +515,7 @@ impl Builder {
     /// Channels to space of `x` into `channels` with time factor `ft` in
     /// `order` (HunyuanVideo 1.5's and LTX-2's up-samplers), `first_of` as
     /// [`Op::DupUp`]'s, added into `residual`.
-    pub(crate) fn to_space(
+    pub(crate) fn channels_to_space(
         &mut self,
         x: TensorId,
         (channels, ft): (usize, usize),

@@ -438,7 +438,9 @@ fn repeat_channels(
     let cout = cin * r;
     let mut w = vec![0.0; cout * cin];
     for o in 0..cout {
-        w[o * cin + o / r] = 1.0;
+        if let Some(v) = w.get_mut(o * cin + o / r) {
+            *v = 1.0;
+        }
     }
     let host = PytorchConv {
         weight: &w,
@@ -503,7 +505,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &HunyuanVideo15Config) -> Resu
             next: (up_out, repeats),
         };
         let sc =
-            g.b.to_space(x, (up_out, ft), Order::Dcae(shortcut), marks(mark_a), None);
+            g.b.channels_to_space(x, (up_out, ft), Order::Dcae(shortcut), marks(mark_a), None);
         let h = causal_conv(
             &mut g,
             x,
@@ -517,7 +519,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &HunyuanVideo15Config) -> Resu
             first: (if time { 2 * up_out } else { up_out }, 1),
             next: (up_out, 1),
         };
-        x = g.b.to_space(
+        x = g.b.channels_to_space(
             h,
             (up_out, ft),
             Order::Dcae(conv_map),

@@ -23,7 +23,7 @@ use crate::kernels::dup_up::Order;
 use crate::kernels::image::ImageRange;
 use crate::models::diffusers_folder::bad;
 use crate::models::graph::{CausalWeights, Graph, Residual, TensorId};
-use crate::models::wan_layers::{causal_from_host, GraphBuilder};
+use crate::models::wan_layers::{causal_from_host, pixel_shuffle_order, GraphBuilder};
 use crate::models::weights::WeightStore;
 use crate::tensor::{DType, Tensor};
 
@@ -357,7 +357,10 @@ impl Ltx2Decoder {
         let s = self.config.scaling_factor;
         for (i, chunk) in latents.data.chunks_mut(plane.max(1)).enumerate() {
             let ch = i % c;
-            let (m, sd) = (self.latents_mean[ch], self.latents_std[ch]);
+            let (Some(&m), Some(&sd)) = (self.latents_mean.get(ch), self.latents_std.get(ch))
+            else {
+                continue;
+            };
             chunk.iter_mut().for_each(|v| *v = *v * sd / s + m);
         }
         Ok(())
@@ -459,7 +462,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
         // conv's; each drops the clip's first frame.
         let (mark_a, mark_b) = (g.next_slot(), g.next_slot());
         let sc =
-            g.b.to_space(x, (out, 2), Order::Tile(c / 8), Some(mark_a), None);
+            g.b.channels_to_space(x, (out, 2), Order::Tile(c / 8), Some(mark_a), None);
         let h = time_conv(
             &mut g,
             x,
@@ -467,7 +470,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
             Residual::None,
         )?;
         x =
-            g.b.to_space(h, (out, 2), Order::Interleave, Some(mark_b), Some(sc));
+            g.b.channels_to_space(h, (out, 2), Order::Interleave, Some(mark_b), Some(sc));
         c = out;
         for j in 0..layers.get(i + 1).copied().unwrap_or(0) {
             x = resnet(&mut g, x, &format!("{p}.resnets.{j}"), c)?;
@@ -480,15 +483,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
     let co = 3 * p * p;
     let wt = store.take("decoder.conv_out.conv.weight", &[co, c, 3, 3, 3])?;
     let bias = store.take("decoder.conv_out.conv.bias", &[co])?;
-    let row = wt.len() / co;
-    let from = |o: usize| {
-        let (ch, q) = (o / (p * p), o % (p * p));
-        ch * p * p + (q % p) * p + q / p
-    };
-    let w: Vec<f32> = (0..co)
-        .flat_map(|o| wt[from(o) * row..(from(o) + 1) * row].iter().copied())
-        .collect();
-    let b: Vec<f32> = (0..co).map(|o| bias[from(o)]).collect();
+    let (w, b) = pixel_shuffle_order(&wt, &bias, p);
     let mut cw = causal_from_host(ctx, store, "decoder.conv_out", (&w, &b), [co, c, 3, 3])?;
     cw.reflect = true;
     cw.centered = true;

@@ -105,6 +105,33 @@ fn upload_tap(
     Conv2dWeights::upload(ctx, &host, None, store.dtype(), prefix)
 }
 
+/// A conv's weights `w` and bias `b` whose output channels come in
+/// diffusers' unpatchify order `(c, q_x, q_y)` (Wan 2.2, LTX-2) reordered
+/// to a pixel shuffle's `(c, q_y, q_x)` for patch size `p`, so that
+/// [`crate::models::graph::Op::PixelShuffle`] unpacks them.
+pub(crate) fn pixel_shuffle_order(w: &[f32], b: &[f32], p: usize) -> (Vec<f32>, Vec<f32>) {
+    let co = b.len();
+    let row = w.len() / co.max(1);
+    let rows: Vec<&[f32]> = w.chunks(row.max(1)).collect();
+    let from = |o: usize| {
+        let (c, q) = (o / (p * p), o % (p * p));
+        c * p * p + (q % p) * p + q / p
+    };
+    let w = (0..co)
+        .flat_map(|o| {
+            rows.get(from(o))
+                .copied()
+                .unwrap_or_default()
+                .iter()
+                .copied()
+        })
+        .collect();
+    let b = (0..co)
+        .map(|o| b.get(from(o)).copied().unwrap_or(0.0))
+        .collect();
+    (w, b)
+}
+
 /// A 1×1(×1) conv `{prefix}` (weights of any rank with trailing 1s).
 pub(crate) fn load_pointwise(
     ctx: &Context,

@@ -29,7 +29,8 @@ use crate::models::graph::{Conv, Geometry, Graph, Residual, TensorId};
 use crate::models::layers::load_conv;
 use crate::models::wan_config::WanConfig;
 use crate::models::wan_layers::{
-    causal_from_host, decoder_stages, load_causal, load_pointwise, GraphBuilder,
+    causal_from_host, decoder_stages, load_causal, load_pointwise, pixel_shuffle_order,
+    GraphBuilder,
 };
 use crate::models::weights::WeightStore;
 
@@ -87,15 +88,7 @@ pub(crate) fn residual_video_graph(
     let (key, dims) = ("decoder.conv_out", [co, width, 3, 3]);
     let wt = store.take(&format!("{key}.weight"), &[co, width, 3, 3, 3])?;
     let bias = store.take(&format!("{key}.bias"), &[co])?;
-    let row = wt.len() / co.max(1);
-    let from = |o: usize| {
-        let (c, q) = (o / (p * p), o % (p * p));
-        c * p * p + (q % p) * p + q / p
-    };
-    let w: Vec<f32> = (0..co)
-        .flat_map(|o| wt[from(o) * row..(from(o) + 1) * row].iter().copied())
-        .collect();
-    let b: Vec<f32> = (0..co).map(|o| bias[from(o)]).collect();
+    let (w, b) = pixel_shuffle_order(&wt, &bias, p);
     let cw = causal_from_host(ctx, store, key, (&w, &b), dims)?;
     let cw = g.b.causal_weights(cw);
     let slot = g.next_slot();

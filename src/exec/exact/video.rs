@@ -336,7 +336,7 @@ impl Executor {
                     )?,
                 };
                 let taps = &w.taps;
-                crate::exec::untiled::centered_conv(
+                crate::exec::video_ops::centered_conv(
                     self.rec(),
                     (&xw, x0),
                     taps,
@@ -444,7 +444,7 @@ impl Executor {
         drop(x);
         let nt = self.read_window(normed, whole)?;
         let kv = caches.kv.entry(slot).or_default();
-        let y = crate::exec::untiled::causal_attention(self.rec(), xt, &nt, convs, kv)?;
+        let y = crate::exec::video_ops::causal_attention(self.rec(), xt, &nt, convs, kv)?;
         drop(nt);
         let mut out = self.empty_act(n, c, h, w, dtype);
         let planes = y.reshape(&[n * c, h, w])?;
