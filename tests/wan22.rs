@@ -256,3 +256,145 @@ fn half_precisions_stay_close() {
         assert!(err <= bound, "{dtype:?}: {err} at {at}");
     }
 }
+
+/// The diffusers name of a Wan 2.2 decoder weight → its `vae2_2.py` name
+/// (`per_block` residual blocks per up stage), as `wan2.2_vae.safetensors`
+/// holds it; `None` for the encoder's.
+fn original_key(key: &str, per_block: usize) -> Option<String> {
+    let res = |t: &str| {
+        [
+            ("norm1.gamma", "residual.0.gamma"),
+            ("conv1.", "residual.2."),
+            ("norm2.gamma", "residual.3.gamma"),
+            ("conv2.", "residual.6."),
+            ("conv_shortcut.", "shortcut."),
+        ]
+        .iter()
+        .find_map(|(a, b)| t.strip_prefix(a).map(|r| format!("{b}{r}")))
+    };
+    if let Some(t) = key.strip_prefix("post_quant_conv.") {
+        return Some(format!("conv2.{t}"));
+    }
+    let d = key.strip_prefix("decoder.")?;
+    for (from, to) in [
+        ("conv_in.", "conv1."),
+        ("norm_out.", "head.0."),
+        ("conv_out.", "head.2."),
+        ("mid_block.attentions.0.", "middle.1."),
+    ] {
+        if let Some(t) = d.strip_prefix(from) {
+            return Some(format!("decoder.{to}{t}"));
+        }
+    }
+    if let Some(t) = d.strip_prefix("mid_block.resnets.") {
+        let (i, t) = t.split_once('.')?;
+        let m = if i == "0" { 0 } else { 2 };
+        return Some(format!("decoder.middle.{m}.{}", res(t)?));
+    }
+    let t = d.strip_prefix("up_blocks.")?;
+    let (i, t) = t.split_once('.')?;
+    if let Some(t) = t.strip_prefix("resnets.") {
+        let (j, t) = t.split_once('.')?;
+        return Some(format!("decoder.upsamples.{i}.upsamples.{j}.{}", res(t)?));
+    }
+    let t = t.strip_prefix("upsampler.")?;
+    Some(format!("decoder.upsamples.{i}.upsamples.{per_block}.{t}"))
+}
+
+/// The golden's weights under `vae2_2.py`'s key names in one `.safetensors`
+/// file without a config.json (as ComfyUI ships `wan2.2_vae.safetensors`):
+/// the shape is read off the weights (residual, patch size 2, z_dim 48,
+/// decoder width 12), Wan 2.2's published latent statistics are assumed
+/// with a note, and it decodes exactly as the diffusers folder.
+#[test]
+fn wan22_original_single_file_loads() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context();
+    let dec = open(&ctx, &dir);
+    let bytes = std::fs::read(dir.join("diffusion_pytorch_model.safetensors")).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    let tensors: Vec<_> = st
+        .names()
+        .into_iter()
+        .filter_map(|n| Some((original_key(n, 2)?, st.tensor(n).unwrap())))
+        .collect();
+    assert!(tensors
+        .iter()
+        .any(|(k, _)| k == "decoder.upsamples.0.upsamples.2.time_conv.weight"));
+    let scratch = tempfile::tempdir().unwrap();
+    let file = scratch.path().join("wan2.2_vae.safetensors");
+    safetensors::serialize_to_file(tensors, None, &file).unwrap();
+    let orig = WanDecoder::open(&ctx, file.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    let c = orig.config();
+    assert!(
+        c.is_residual && c.patch_size == 2 && c.base_dim == 12 && c.z_dim == 48,
+        "{c:?}"
+    );
+    assert_eq!(
+        (c.num_res_blocks, c.temperal_downsample.clone()),
+        (1, vec![false, true, true])
+    );
+    assert_eq!(
+        c.latents_mean,
+        wgvae::models::wan::WAN22_LATENTS_MEAN.to_vec()
+    );
+    let vae = wgvae::video::VideoVae::from(orig);
+    assert!(vae
+        .latents_stats_note()
+        .unwrap()
+        .contains("Wan 2.2's published"));
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let a = decode_video(&ctx, vae.model(), &z).unwrap();
+    let b = decode_video(&ctx, &dec, &z).unwrap();
+    assert_eq!(a.data, b.data);
+}
+
+/// `wgvae decode latents.npy --vae wan22-tiny --frames-out DIR --save-raw`
+/// (pipeline latents by default) equals the golden; `--raw-latents` with
+/// z.npy and exact 32-pixel tiles too.
+#[test]
+fn wan22_cli() {
+    let Some(dir) = golden() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let run = |input: &str, extra: &[&str], tag: &str| {
+        let raw = scratch.path().join(format!("{tag}.npy"));
+        let frames = scratch.path().join(tag);
+        let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(["decode", dir.join(input).to_str().unwrap(), "--vae"])
+            .arg(&dir)
+            .arg("--save-raw")
+            .arg(&raw)
+            .arg("--frames-out")
+            .arg(&frames)
+            .arg("--json")
+            .args(extra)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .unwrap();
+        assert!(
+            o.status.success(),
+            "{tag}: {}",
+            String::from_utf8_lossy(&o.stderr)
+        );
+        let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+        assert_eq!(v["frames"], 9, "{v}");
+        assert_eq!(v["frame_shape"], serde_json::json!([3, 64, 96]), "{v}");
+        assert_eq!(std::fs::read_dir(&frames).unwrap().count(), 9);
+        let got = read_npy(&raw).unwrap();
+        assert_eq!(got.shape, want.shape);
+        let (e, at) = max_abs_diff(&got.data, &want.data);
+        println!("wan22-tiny CLI {tag}: max |diff| = {e:.3e} at {at}");
+        assert!(e <= TOLERANCE, "{tag}: {e} at {at}");
+    };
+    run("latents.npy", &[], "pipeline");
+    run("z.npy", &["--raw-latents", "--chunk", "2"], "raw");
+    run(
+        "z.npy",
+        &["--raw-latents", "--tile", "exact", "--tile-size", "32"],
+        "tiled",
+    );
+}

@@ -27,7 +27,9 @@ use crate::kernels::image::ImageRange;
 use crate::models::diffusers_folder::bad;
 use crate::models::graph::{Conv, Geometry, Graph, Residual};
 use crate::models::wan_config::{is_wan_config, names_a_class};
-pub use crate::models::wan_config::{WanConfig, WAN21_LATENTS_MEAN, WAN21_LATENTS_STD};
+pub use crate::models::wan_config::{
+    WanConfig, WAN21_LATENTS_MEAN, WAN21_LATENTS_STD, WAN22_LATENTS_MEAN, WAN22_LATENTS_STD,
+};
 use crate::models::wan_layers::{decoder_stages, load_causal, load_pointwise, GraphBuilder};
 use crate::models::wan_weights::header_keys;
 pub(crate) use crate::models::wan_weights::wan_store;
