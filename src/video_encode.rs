@@ -26,9 +26,18 @@ pub fn load_video_encoder(
     spec: &str,
     load: &crate::models::LoadOptions,
 ) -> Result<TaehvEncoder> {
-    if crate::models::wan::is_wan_video(spec) {
+    let family = if crate::models::wan::is_wan_video(spec) {
+        Some("a Wan 2.1 / 2.2 VAE")
+    } else if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
+        Some("a HunyuanVideo 1.5 VAE")
+    } else if crate::models::ltx2::is_ltx2(spec) {
+        Some("an LTX-2 VAE")
+    } else {
+        None
+    };
+    if let Some(family) = family {
         return Err(Error::Unsupported(format!(
-            "{spec} is a Wan 2.1 VAE: only the TAEHV video encoders (taew2_1, taehv, taew2_2) are implemented; encode with a TAEHV .safetensors file"
+            "{spec} is {family}: its encoder is not implemented; only the TAEHV video encoders (taew2_1, taehv, taew2_2) are; encode with a TAEHV .safetensors file"
         )));
     }
     let store = WeightStore::from_safetensors_part(std::path::Path::new(spec), TaePart::Encoder)?;

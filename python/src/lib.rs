@@ -482,7 +482,7 @@ fn _wgvae(m: &Bound<'_, PyModule>) -> PyResult<()> {
     m.add_class::<video::VideoStream>()?;
     m.add_function(wrap_pyfunction!(video::is_video_vae, m)?)?;
     m.add("Cancelled", m.py().get_type::<progress::Cancelled>())?;
-    // `preset:NAME` models (random weights): the image presets, Qwen-Image's, Wan 2.1's and 2.2's, HunyuanVideo 1.5's.
+    // `preset:NAME` models (random weights): the image presets, Qwen-Image's, the video presets.
     let mut presets: Vec<&str> = wgvae::models::config::PRESETS.to_vec();
     presets.extend([
         wgvae::models::qwen_image::PRESET,

@@ -136,8 +136,9 @@ class Vae:
     live elsewhere (TAE ``encoder.safetensors``); default ``path_or_preset``.
 
     Video VAEs load through the same class (``is_video`` is then True): a
-    TAEHV ``.safetensors`` (taew2_1, taew2_2…), a Wan 2.1 VAE (diffusers
-    folder or file) or ``preset:wan21``. They decode with
+    TAEHV ``.safetensors`` (taew2_1, taew2_2…), a Wan 2.1 / 2.2, HunyuanVideo
+    1.5 or LTX-2 VAE (diffusers folder or file) or ``preset:wan21`` /
+    ``wan22`` / ``hunyuanvideo15`` / ``ltx2``. They decode with
     :meth:`decode_video` (whole clips) and :meth:`stream` (chunk by chunk);
     ``decode``, ``encode`` and ``memory`` are for image VAEs.
     """

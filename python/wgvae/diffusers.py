@@ -4,7 +4,8 @@
 makes a diffusers pipeline decode (and encode) on wgvae's device. Classes:
 :class:`AutoencoderKL`, :class:`AutoencoderKLFlux2`, :class:`AutoencoderKLQwenImage`
 and :class:`AutoencoderKLQwenImage21` (decode only; 2.1's images are RGBA, 4 channels, as
-diffusers'), :class:`AutoencoderKLWan` (Wan 2.1, decode only) and
+diffusers'), :class:`AutoencoderKLWan` (Wan 2.1 and 2.2, decode only),
+:class:`AutoencoderKLHunyuanVideo15` and :class:`AutoencoderKLLTX2Video` (decode only) and
 :class:`AutoencoderTiny`. They take what diffusers' own take and give what they give:
 
 - ``decode(z, return_dict=True)``: *raw* latents, exactly as diffusers' VAE
@@ -55,6 +56,8 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
     _Module = object
 
 __all__ = [
+    "AutoencoderKLHunyuanVideo15",
+    "AutoencoderKLLTX2Video",
     "AutoencoderKL",
     "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage",
@@ -538,9 +541,10 @@ class AutoencoderKLQwenImage21(AutoencoderKLQwenImage):
 
 
 class AutoencoderKLWan(_WgvaeVae):
-    """diffusers' ``AutoencoderKLWan`` (Wan 2.1 VAE): decodes raw z N×16×T×h×w to
-    N×3×T'×H×W (T' = 1 + 4 (T − 1)), clamped to [−1, 1] as diffusers. Untiled
-    (tiling switches are accepted and change nothing). No encoder yet."""
+    """diffusers' ``AutoencoderKLWan`` (Wan 2.1 VAE, and Wan 2.2's residual one with
+    ``is_residual`` / ``patch_size`` 2 / z_dim 48 from its config): decodes raw z
+    N×C×T×h×w to N×3×T'×H×W (T' = 1 + 4 (T − 1)), clamped to [−1, 1] as diffusers.
+    Untiled (tiling switches are accepted and change nothing). No encoder yet."""
 
     _classes = ("AutoencoderKLWan",)
     _encodes = False
@@ -565,6 +569,57 @@ class AutoencoderKLWan(_WgvaeVae):
         if z.ndim != 5:
             raise ValueError(f"z: expected N×C×T×h×w Wan latents, got shape {tuple(z.shape)}")
         return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True)
+
+
+class _VideoDecoderOnly(_WgvaeVae):
+    """A video VAE wgvae decodes (no encoder): raw z N×C×T×h×w in, ``vae.decode(z).sample``
+    out as diffusers returns it."""
+
+    _encodes = False
+
+    @classmethod
+    def _load(cls, folder: str, precision: str, adapter: Any, max_memory: Any) -> Vae:
+        if max_memory is not None:
+            raise ValueError(f"{cls.__name__} decodes untiled: max_memory is not supported")
+        vae = Vae(folder, dtype=precision, adapter=adapter)
+        if not vae.is_video:
+            raise ValueError(f"{folder}: wgvae did not load it as a video VAE ({vae.name})")
+        return vae
+
+    def _decode(self, z: np.ndarray) -> np.ndarray:
+        if z.ndim != 5:
+            raise ValueError(f"z: expected N×C×T×h×w latents, got shape {tuple(z.shape)}")
+        return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True)
+
+
+class AutoencoderKLHunyuanVideo15(_VideoDecoderOnly):
+    """diffusers' ``AutoencoderKLHunyuanVideo15``: decodes raw z N×32×T×h×w to
+    N×3×T'×H×W (T' = 1 + 4 (T − 1)), not clamped, as diffusers' whole-clip decode
+    (wgvae streams it; the same values). No encoder yet."""
+
+    _classes = ("AutoencoderKLHunyuanVideo15",)
+    _no_encoder = "wgvae has no HunyuanVideo 1.5 encoder yet: decode works; encode with diffusers' own class"
+    _defaults = {
+        "in_channels": 3, "out_channels": 3, "latent_channels": 32,
+        "block_out_channels": [128, 256, 512, 1024, 1024], "layers_per_block": 2,
+        "spatial_compression_ratio": 16, "temporal_compression_ratio": 4,
+        "downsample_match_channel": True, "upsample_match_channel": True, "scaling_factor": 1.03682,
+    }  # fmt: skip
+
+
+class AutoencoderKLLTX2Video(_VideoDecoderOnly):
+    """diffusers' ``AutoencoderKLLTX2Video`` (the released non-causal decoder, no timestep
+    conditioning): decodes raw z N×128×T×h×w to N×3×T'×H×W (T' = 1 + 8 (T − 1)), not
+    clamped; each video's whole clip at once, as diffusers' untiled decode. No encoder yet."""
+
+    _classes = ("AutoencoderKLLTX2Video",)
+    _no_encoder = "wgvae has no LTX-2 encoder yet: decode works; encode with diffusers' own class"
+    _defaults = {
+        "in_channels": 3, "out_channels": 3, "latent_channels": 128,
+        "decoder_block_out_channels": [256, 512, 1024], "decoder_layers_per_block": [5, 5, 5, 5],
+        "patch_size": 4, "patch_size_t": 1, "scaling_factor": 1.0, "decoder_causal": False,
+        "timestep_conditioning": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8,
+    }  # fmt: skip
 
 
 class AutoencoderTinyOutput(_Output):
