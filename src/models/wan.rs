@@ -2,7 +2,7 @@
 //! `wan/modules/vae.py` / `vae2_2.py` keys as ComfyUI's
 //! `wan_2.1_vae.safetensors` / `wan2.2_vae.safetensors`). Wan 2.2's
 //! residual decoder (`is_residual`, `patch_size` 2) is built by
-//! [`crate::models::wan_residual`]; this file is Wan 2.1's.
+//! `models::wan_residual`; this file is Wan 2.1's.
 //!
 //! Decoder: post_quant_conv (1×1×1) → causal conv_in → mid block (residual
 //! block, per-frame attention, residual block) → up blocks (residual blocks,
