@@ -279,10 +279,13 @@ pub fn run_video_bench(
                 dtype.name()
             ));
             // A failure here shows up again in the rows' status.
-            if let Some(first) = chunked(chunk, chunk)?.first() {
+            let prime = if model.whole_clip() { longest } else { chunk };
+            if let Some(first) = chunked(prime, prime)?.first() {
                 let _ = VideoDecoder::new(&ctx, model).decode(first);
             }
             for &t in &b.latent_frames {
+                // A decoder that is not causal (LTX-2) takes each video whole.
+                let chunk = if model.whole_clip() { t } else { chunk };
                 cells.push(Cell {
                     chunk,
                     latent_frames: t,
