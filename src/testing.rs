@@ -6,6 +6,7 @@
 use std::sync::OnceLock;
 
 use crate::gpu::{Context, ContextOptions};
+use crate::io::HostTensor;
 
 /// One device per test process (tests share it; pools can be swapped per test).
 /// Panics with a clear message when no adapter exists: CI installs lavapipe.
@@ -282,4 +283,106 @@ pub fn synthetic_tae_decoder(
     put("19.weight".into(), vec![3, W, 3, 3], W * 9);
     put("19.bias".into(), vec![3], 1);
     m
+}
+
+/// Latent frames `t0..t1` of video 0 of N×C×T×h×w latents as the
+/// `[T, C, h, w]` chunk a [`crate::VideoDecoder`] takes.
+pub fn ncthw_chunk(latents: &HostTensor, t0: usize, t1: usize) -> HostTensor {
+    let [_, c, t, h, w] = latents.shape[..] else {
+        panic!("latents {:?} are not 5-D", latents.shape)
+    };
+    let mut data = Vec::with_capacity((t1 - t0) * c * h * w);
+    for f in t0..t1 {
+        for ch in 0..c {
+            let at = (ch * t + f) * h * w;
+            data.extend_from_slice(&latents.data[at..at + h * w]);
+        }
+    }
+    HostTensor::new(vec![t1 - t0, c, h, w], data).expect("a chunk of the latents")
+}
+
+/// A video decoder's frames `[T', C, H, W]` in diffusers' `[C, T', H, W]`
+/// (`dims` = `[C, T', H, W]`).
+pub fn channels_first(frames: &[f32], [c, t, h, w]: [usize; 4]) -> Vec<f32> {
+    let plane = h * w;
+    assert_eq!(frames.len(), c * t * plane, "frame values");
+    let mut data = Vec::with_capacity(frames.len());
+    for ch in 0..c {
+        for f in 0..t {
+            let at = (f * c + ch) * plane;
+            data.extend_from_slice(&frames[at..at + plane]);
+        }
+    }
+    data
+}
+
+/// The message of an error a test expects (panics when it succeeded).
+pub fn error_message<T>(r: crate::Result<T>) -> String {
+    match r {
+        Ok(_) => panic!("accepted; an error was expected"),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Decodes `latents` (N×C×T×h×w, video 0) through a [`crate::VideoDecoder`]
+/// in chunks of `size` latent frames, `tiling` as given: the frames, and
+/// the exact tile size the decode used (`None`: untiled).
+pub fn stream_ncthw<'a>(
+    ctx: &Context,
+    model: impl Into<crate::VideoModel<'a>>,
+    latents: &HostTensor,
+    size: usize,
+    tiling: Option<crate::tiling::Tiling>,
+) -> (Vec<f32>, Option<usize>) {
+    let t = latents.shape[2];
+    let mut s = crate::VideoDecoder::new(ctx, model);
+    if let Some(tiling) = tiling {
+        s.set_tiling(tiling).expect("a tiling");
+    }
+    let mut frames = Vec::new();
+    for t0 in (0..t).step_by(size) {
+        let chunk = ncthw_chunk(latents, t0, (t0 + size).min(t));
+        frames.extend(s.decode(&chunk).expect("a decoded chunk").data);
+    }
+    (frames, s.tile_size())
+}
+
+/// Checks exact tiles of `px` output pixels of a causal N×C×T×h×w video
+/// decoder: the whole clip, and chunks of 1 latent frame within a tight
+/// budget (tiles parked in host memory), each within `tiled` of the
+/// untiled decode and `golden` of `want` (diffusers' N×3×T'×H×W). `ctx`
+/// should have a pool of its own (tests run side by side).
+pub fn check_exact_video_tiles<'a>(
+    ctx: &Context,
+    model: impl Into<crate::VideoModel<'a>> + Copy,
+    (z, want): (&HostTensor, &HostTensor),
+    px: usize,
+    (tiled, golden): (f32, f32),
+    name: &str,
+) {
+    let t = z.shape[2];
+    let [_, c, tt, h, w] = want.shape[..] else {
+        panic!("{name}: the golden is not 5-D")
+    };
+    let (untiled, none) = stream_ncthw(ctx, model, z, t, None);
+    assert!(none.is_none(), "{name}: the untiled decode ran in tiles");
+    let tight = crate::tiling::Tiling::exact()
+        .with_tile_size(px)
+        .with_max_memory(ctx.pool().stats().allocated_bytes.current + (2 << 20));
+    for (what, size, tiling) in [
+        (
+            "whole clip",
+            t,
+            crate::tiling::Tiling::exact().with_tile_size(px),
+        ),
+        ("chunks of 1, parked", 1, tight),
+    ] {
+        let (got, tile) = stream_ncthw(ctx, model, z, size, Some(tiling));
+        assert!(tile.is_some(), "{name}: {what}: the decode ran untiled");
+        let (e, at) = max_abs_diff(&got, &untiled);
+        let (g, gat) = max_abs_diff(&channels_first(&got, [c, tt, h, w]), &want.data);
+        println!("{name}: exact tiles, {what}: {e:.3e} from untiled (at {at}), {g:.3e} from the golden (at {gat})");
+        assert!(e <= tiled, "{name}: {what}: {e} from untiled at {at}");
+        assert!(g <= golden, "{name}: {what}: {g} from the golden at {gat}");
+    }
 }

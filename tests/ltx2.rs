@@ -8,7 +8,9 @@ use std::path::PathBuf;
 
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::models::ltx2::Ltx2Decoder;
-use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::testing::{
+    channels_first, error_message, max_abs_diff, ncthw_chunk, shared_dir, test_context,
+};
 use wgvae::{decode_video, Context, VideoDecoder};
 
 /// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
@@ -22,34 +24,6 @@ fn golden() -> Option<PathBuf> {
 
 fn open(ctx: &Context, dir: &std::path::Path) -> Ltx2Decoder {
     Ltx2Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
-}
-
-/// Latent frames `t0..t1` of latents [1, C, T, h, w] as a [T, C, h, w] chunk.
-fn chunk(latents: &HostTensor, t0: usize, t1: usize) -> HostTensor {
-    let [_, c, t, h, w] = latents.shape[..] else {
-        panic!("latents are not 5-D")
-    };
-    let mut data = Vec::new();
-    for f in t0..t1 {
-        for ch in 0..c {
-            let at = (ch * t + f) * h * w;
-            data.extend_from_slice(&latents.data[at..at + h * w]);
-        }
-    }
-    HostTensor::new(vec![t1 - t0, c, h, w], data).unwrap()
-}
-
-/// Frames [T', 3, H, W] → diffusers' [3, T', H, W].
-fn channels_first(frames: &[f32], [c, t, h, w]: [usize; 4]) -> Vec<f32> {
-    let plane = h * w;
-    let mut data = Vec::with_capacity(frames.len());
-    for ch in 0..c {
-        for f in 0..t {
-            let at = (f * c + ch) * plane;
-            data.extend_from_slice(&frames[at..at + plane]);
-        }
-    }
-    data
 }
 
 /// The whole clip from raw z, and pipeline latents un-normalised to z
@@ -87,7 +61,7 @@ fn ltx2_tiny_exact_tiles() {
     let z = read_npy(&dir.join("z.npy")).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let t = z.shape[2];
-    let clip = chunk(&z, 0, t);
+    let clip = ncthw_chunk(&z, 0, t);
     let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
     let tiling = wgvae::tiling::Tiling::exact().with_tile_size(32);
     let mut s = VideoDecoder::new(&ctx, &dec).with_tiling(tiling).unwrap();
@@ -103,13 +77,6 @@ fn ltx2_tiny_exact_tiles() {
     assert!(g <= TOLERANCE, "{g} from the golden at {gat}");
 }
 
-fn message<T>(r: wgvae::Result<T>) -> String {
-    match r {
-        Ok(_) => panic!("accepted"),
-        Err(e) => e.to_string(),
-    }
-}
-
 /// A second chunk (the decoder is not causal), a HunyuanVideo 1.5 latent
 /// (32 channels), T = 0, the folder given as an image VAE, and a
 /// HunyuanVideo 1.5 folder where an LTX-2 VAE is expected: clear errors.
@@ -120,25 +87,25 @@ fn ltx2_bad_inputs_are_errors() {
     let dec = open(&ctx, &dir);
     let z = read_npy(&dir.join("z.npy")).unwrap();
     let mut s = VideoDecoder::new(&ctx, &dec);
-    s.decode(&chunk(&z, 0, 1)).unwrap();
-    let m = message(s.decode(&chunk(&z, 1, 2)));
+    s.decode(&ncthw_chunk(&z, 0, 1)).unwrap();
+    let m = error_message(s.decode(&ncthw_chunk(&z, 1, 2)));
     assert!(m.contains("not causal") && m.contains("whole clip"), "{m}");
     let lat = |shape: Vec<usize>| {
         let n = shape.iter().product();
         HostTensor::new(shape, vec![0.1; n]).unwrap()
     };
-    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 32, 2, 2, 2])));
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 32, 2, 2, 2])));
     assert!(m.contains("32 channels") && m.contains("takes 4"), "{m}");
-    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 4, 0, 2, 2])));
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 4, 0, 2, 2])));
     assert!(m.contains("T=0"), "{m}");
-    let m = message(wgvae::Vae::load(
+    let m = error_message(wgvae::Vae::load(
         &ctx,
         dir.to_str().unwrap(),
         &wgvae::LoadOptions::default(),
     ));
     assert!(m.contains("LTX-2 video VAE"), "{m}");
     let hv = dir.with_file_name("hunyuanvideo15-tiny");
-    let m = message(Ltx2Decoder::open(
+    let m = error_message(Ltx2Decoder::open(
         &ctx,
         hv.to_str().unwrap(),
         wgvae::DType::F32,
@@ -185,7 +152,7 @@ fn ltx2_estimate_equals_the_measured_peak() {
     let t = z.shape[2];
     ctx.pool().reset_peak_stats();
     VideoDecoder::new(&ctx, &dec)
-        .decode(&chunk(&z, 0, t))
+        .decode(&ncthw_chunk(&z, 0, t))
         .unwrap();
     let peak = ctx.pool().stats().allocated_bytes.peak;
     let e = wgvae::estimate::Estimate::new(

@@ -8,7 +8,10 @@ use std::path::PathBuf;
 
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::models::WanDecoder;
-use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::testing::{
+    channels_first, check_exact_video_tiles, error_message, max_abs_diff, shared_dir, stream_ncthw,
+    test_context,
+};
 use wgvae::{decode_video, Context, LoadOptions, VideoDecoder};
 
 /// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
@@ -26,55 +29,11 @@ fn open(ctx: &Context, dir: &std::path::Path) -> WanDecoder {
     WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
 }
 
-/// Latent frames `t0..t1` of Wan latents [1, C, T, h, w] as the [T, C, h, w]
-/// chunk a [`VideoDecoder`] takes.
-fn chunk(latents: &HostTensor, t0: usize, t1: usize) -> HostTensor {
-    let [_, c, t, h, w] = latents.shape[..] else {
-        panic!("latents are not 5-D")
-    };
-    let mut data = Vec::new();
-    for f in t0..t1 {
-        for ch in 0..c {
-            let at = (ch * t + f) * h * w;
-            data.extend_from_slice(&latents.data[at..at + h * w]);
-        }
-    }
-    HostTensor::new(vec![t1 - t0, c, h, w], data).unwrap()
-}
-
-/// Frames [T', 3, H, W] → diffusers' [3, T', H, W].
-fn channels_first(frames: &[f32], [c, t, h, w]: [usize; 4]) -> Vec<f32> {
-    let plane = h * w;
-    assert_eq!(frames.len(), c * t * plane, "frame values");
-    let mut data = Vec::with_capacity(frames.len());
-    for ch in 0..c {
-        for f in 0..t {
-            let at = (f * c + ch) * plane;
-            data.extend_from_slice(&frames[at..at + plane]);
-        }
-    }
-    data
-}
-
 fn out_dims(want: &HostTensor) -> [usize; 4] {
     let [_, c, t, h, w] = want.shape[..] else {
         panic!("decoded is not 5-D")
     };
     [c, t, h, w]
-}
-
-fn stream(ctx: &Context, dec: &WanDecoder, latents: &HostTensor, size: usize) -> Vec<f32> {
-    let t = latents.shape[2];
-    let mut s = VideoDecoder::new(ctx, dec);
-    let mut frames = Vec::new();
-    for t0 in (0..t).step_by(size) {
-        frames.extend(
-            s.decode(&chunk(latents, t0, (t0 + size).min(t)))
-                .unwrap()
-                .data,
-        );
-    }
-    frames
 }
 
 /// Raw z as one clip and streamed in chunks of 1 and 2 latent frames; the
@@ -101,7 +60,7 @@ fn wan22_tiny_whole_and_streamed() {
     println!("wan22-tiny: whole clip: max abs error {err:.3e} at {at}");
     assert!(err <= TOLERANCE, "whole clip: {err} at {at}");
     for size in [1, 2] {
-        let data = channels_first(&stream(&ctx, &dec, &z, size), out_dims(&want));
+        let data = channels_first(&stream_ncthw(&ctx, &dec, &z, size, None).0, out_dims(&want));
         let (err, at) = max_abs_diff(&data, &want.data);
         println!("wan22-tiny: chunks of {size}: max abs error {err:.3e} at {at}");
         assert!(err <= TOLERANCE, "chunks of {size}: {err} at {at}");
@@ -114,36 +73,13 @@ fn wan22_tiny_whole_and_streamed() {
 #[test]
 fn wan22_tiny_exact_tiles() {
     let Some(dir) = golden() else { return };
-    let ctx = test_context();
+    // Its own pool: the tight budget counts this decode's tensors only.
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
     let dec = open(&ctx, &dir);
     let z = read_npy(&dir.join("z.npy")).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
-    let t = z.shape[2];
-    let untiled = stream(&ctx, &dec, &z, t);
-    let run = |chunks: &[HostTensor], tight: bool| {
-        let mut tiling = wgvae::tiling::Tiling::exact().with_tile_size(32);
-        if tight {
-            tiling = tiling.with_max_memory(ctx.pool().stats().allocated_bytes.current + (2 << 20));
-        }
-        let mut s = VideoDecoder::new(&ctx, &dec).with_tiling(tiling).unwrap();
-        let mut out = Vec::new();
-        for c in chunks {
-            out.extend(s.decode(c).unwrap().data);
-        }
-        assert!(s.tile_size().is_some(), "the decode ran untiled");
-        out
-    };
-    let whole = run(std::slice::from_ref(&chunk(&z, 0, t)), false);
-    let ones: Vec<HostTensor> = (0..t).map(|f| chunk(&z, f, f + 1)).collect();
-    let streamed = run(&ones, true);
-    let dims = out_dims(&want);
-    for (what, got) in [("whole clip", whole), ("chunks of 1, parked", streamed)] {
-        let (e, at) = max_abs_diff(&got, &untiled);
-        let (g, gat) = max_abs_diff(&channels_first(&got, dims), &want.data);
-        println!("wan22-tiny: exact tiles, {what}: {e:.3e} from untiled (at {at}), {g:.3e} from the golden (at {gat})");
-        assert!(e <= TILED_TOLERANCE, "{what}: {e} from untiled at {at}");
-        assert!(g <= TOLERANCE, "{what}: {g} from the golden at {gat}");
-    }
+    let bounds = (TILED_TOLERANCE, TOLERANCE);
+    check_exact_video_tiles(&ctx, &dec, (&z, &want), 32, bounds, "wan22-tiny");
 }
 
 /// Streaming peak allocated is the same for 3 and 9 latent frames (the
@@ -191,13 +127,6 @@ fn wan22_streaming_memory_is_flat_and_predicted() {
     assert_eq!(e.output_frames, 4 * 9 - 3);
 }
 
-fn message<T>(r: wgvae::Result<T>) -> String {
-    match r {
-        Ok(_) => panic!("accepted"),
-        Err(e) => e.to_string(),
-    }
-}
-
 /// A Wan 2.1 latent (16 channels), a 4-D latent, T = 0: clear errors.
 #[test]
 fn wan22_bad_latents_are_errors() {
@@ -208,11 +137,11 @@ fn wan22_bad_latents_are_errors() {
         let n = shape.iter().product();
         HostTensor::new(shape, vec![0.1; n]).unwrap()
     };
-    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 16, 2, 2, 2])));
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 16, 2, 2, 2])));
     assert!(m.contains("16 channels") && m.contains("48"), "{m}");
-    let m = message(decode_video(&ctx, &dec, &lat(vec![1, 48, 0, 2, 2])));
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 48, 0, 2, 2])));
     assert!(m.contains("T=0"), "{m}");
-    let m = message(decode_video(&ctx, &dec, &lat(vec![48, 2, 2, 2])));
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![48, 2, 2, 2])));
     assert!(m.contains("N×C×T×h×w"), "{m}");
     println!("errors read: {m}");
 }

@@ -141,7 +141,7 @@ fn run_from(
 }
 
 /// Frame `f` of `x` [T, C, H, W] copied into its own `[1, C, H, W]`.
-fn frame_of(rec: &mut Recorder, x: &Tensor, f: usize) -> Result<Tensor> {
+pub(crate) fn frame_of(rec: &mut Recorder, x: &Tensor, f: usize) -> Result<Tensor> {
     let [_, c, h, w] = dims4(x)?;
     let one = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "one frame")?;
     let ((rows, frame), (dst, _)) = (frame_rows(x)?, frame_rows(&one)?);
@@ -414,7 +414,7 @@ fn time_shift(
 }
 
 /// `x` [.., C, H, W] viewed as rows of whole frames `[1, T, C·H·W]`.
-fn frame_rows(x: &Tensor) -> Result<(Tensor, usize)> {
+pub(crate) fn frame_rows(x: &Tensor) -> Result<(Tensor, usize)> {
     let [t, c, h, w] = dims4(x)?;
     Ok((x.reshape(&[1, t, c * h * w])?, c * h * w))
 }

@@ -2,27 +2,13 @@
 //! the whole latent-size activation): LTX-2's non-causal time convs and
 //! HunyuanVideo 1.5's block-causal attention.
 
+use super::untiled::{frame_of, frame_rows};
 use crate::error::Result;
 use crate::gpu::Recorder;
 use crate::kernels::conv2d::{conv2d_frames, Conv2dOptions, Conv2dWeights, Frames};
 use crate::kernels::tensor_ops::copy_window;
 use crate::models::layers::{conv_add, conv_as, dims4};
 use crate::tensor::{DType, Tensor};
-
-/// Frame `f` of `x` [T, C, H, W] copied into its own `[1, C, H, W]`.
-fn frame_of(rec: &mut Recorder, x: &Tensor, f: usize) -> Result<Tensor> {
-    let [_, c, h, w] = dims4(x)?;
-    let one = Tensor::empty(rec.ctx(), &[1, c, h, w], x.dtype(), "one frame")?;
-    let ((rows, frame), (dst, _)) = (frame_rows(x)?, frame_rows(&one)?);
-    copy_window(rec, &rows, (f, 0), &dst, (0, 0), (1, frame))?;
-    Ok(one)
-}
-
-/// `x` [T, C, H, W] as `[1, T, C·H·W]` rows (one per frame), and a row's length.
-fn frame_rows(x: &Tensor) -> Result<(Tensor, usize)> {
-    let [t, c, h, w] = dims4(x)?;
-    Ok((x.reshape(&[1, t, c * h * w])?, c * h * w))
-}
 
 /// A non-causal time conv (LTX-2: [`CausalWeights::centered`]) of frames
 /// `x0..x0 + count` of `x`, the whole clip, into `y`: tap `j` of `kt` reads

@@ -64,3 +64,27 @@ pub(crate) fn locate(
     };
     Ok((file, config))
 }
+
+/// The weights file and `config.json` of a video VAE of `class` at `path`:
+/// a diffusers folder (`diffusion_pytorch_model.safetensors` + its
+/// `config.json`), or a `.safetensors` file with the `config.json` beside
+/// it when that one is of `class` (`None`: none of it).
+pub(crate) fn weights_and_config(
+    path: &Path,
+    class: &str,
+) -> crate::error::Result<(std::path::PathBuf, Option<std::path::PathBuf>)> {
+    if path.is_dir() {
+        let file = path.join("diffusion_pytorch_model.safetensors");
+        if !file.is_file() {
+            return Err(bad(
+                path,
+                format!("a diffusers {class} folder holds `diffusion_pytorch_model.safetensors`; it is not there"),
+            ));
+        }
+        return Ok((file, Some(path.join("config.json"))));
+    }
+    let beside = path.with_file_name("config.json");
+    let ours = beside.is_file()
+        && std::fs::read_to_string(&beside).is_ok_and(|t| t.contains(&format!("\"{class}\"")));
+    Ok((path.to_path_buf(), ours.then_some(beside)))
+}

@@ -232,22 +232,8 @@ impl HunyuanVideo15Decoder {
             dec.name = format!("hunyuanvideo15 preset (random weights, seed {seed})");
             return Ok(dec);
         }
-        let path = Path::new(spec);
-        let (file, config) = if path.is_dir() {
-            let file = path.join("diffusion_pytorch_model.safetensors");
-            if !file.is_file() {
-                return Err(bad(
-                    path,
-                    format!("a diffusers {CLASS_NAME} folder holds `diffusion_pytorch_model.safetensors`; it is not there"),
-                ));
-            }
-            (file, Some(path.join("config.json")))
-        } else {
-            let beside = path.with_file_name("config.json");
-            let ours = beside.is_file()
-                && std::fs::read_to_string(&beside).is_ok_and(|t| t.contains(CLASS_NAME));
-            (path.to_path_buf(), ours.then_some(beside))
-        };
+        let (file, config) =
+            crate::models::diffusers_folder::weights_and_config(Path::new(spec), CLASS_NAME)?;
         let config = match config {
             Some(c) => HunyuanVideo15Config::from_file(&c)?,
             None => {
