@@ -386,3 +386,29 @@ pub fn check_exact_video_tiles<'a>(
         assert!(g <= golden, "{name}: {what}: {g} from the golden at {gat}");
     }
 }
+
+/// Streams `frames` random latent frames `[1, C, h, w]` (the model's `C`)
+/// one at a time through a fresh [`crate::VideoDecoder`] on `ctx` (whose
+/// pool's peak is reset first): (output frames, peak allocated, cache bytes).
+pub fn stream_random_frames<'a>(
+    ctx: &Context,
+    model: impl Into<crate::VideoModel<'a>>,
+    (h, w): (usize, usize),
+    frames: usize,
+) -> (usize, u64, u64) {
+    let model = model.into();
+    let c = model.latent_channels();
+    ctx.pool().reset_peak_stats();
+    let mut s = crate::VideoDecoder::new(ctx, model);
+    let mut out = 0;
+    for t in 0..frames {
+        let z = HostTensor::new(vec![1, c, h, w], rand_vec(c * h * w, t as u64, 1.0))
+            .expect("a latent frame");
+        out += s.decode(&z).expect("a decoded frame").shape[0];
+    }
+    (
+        out,
+        ctx.pool().stats().allocated_bytes.peak,
+        s.cache_bytes(),
+    )
+}

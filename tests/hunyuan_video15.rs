@@ -10,9 +10,9 @@ use wgvae::io::{read_npy, HostTensor};
 use wgvae::models::hunyuan_video15::HunyuanVideo15Decoder;
 use wgvae::testing::{
     channels_first, check_exact_video_tiles, error_message, max_abs_diff, shared_dir, stream_ncthw,
-    test_context,
+    stream_random_frames, test_context,
 };
-use wgvae::{decode_video, Context, VideoDecoder};
+use wgvae::{decode_video, Context};
 
 /// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
 const TOLERANCE: f32 = 1e-4;
@@ -74,24 +74,13 @@ fn hunyuanvideo15_streaming_memory_grows_by_the_keys_only_and_is_predicted() {
     let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
     let dec = open(&ctx, &dir);
     let (h, w) = (2, 3);
-    let mut runs = Vec::new();
-    for frames in [3, 6] {
-        ctx.pool().reset_peak_stats();
-        let mut s = VideoDecoder::new(&ctx, &dec);
-        for t in 0..frames {
-            let z = HostTensor::new(
-                vec![1, 32, h, w],
-                wgvae::testing::rand_vec(32 * h * w, t as u64, 1.0),
-            )
-            .unwrap();
-            s.decode(&z).unwrap();
-        }
-        runs.push((
-            frames,
-            ctx.pool().stats().allocated_bytes.peak,
-            s.cache_bytes(),
-        ));
-    }
+    let runs: Vec<_> = [3, 6]
+        .into_iter()
+        .map(|frames| {
+            let (_, peak, caches) = stream_random_frames(&ctx, &dec, (h, w), frames);
+            (frames, peak, caches)
+        })
+        .collect();
     // The mid block is 64 channels wide at the latent size.
     let kv_per_frame = 2 * 64 * (h * w) as u64 * 4;
     let [(_, p3, c3), (_, p6, c6)] = runs[..] else {

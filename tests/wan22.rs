@@ -10,9 +10,9 @@ use wgvae::io::{read_npy, HostTensor};
 use wgvae::models::WanDecoder;
 use wgvae::testing::{
     channels_first, check_exact_video_tiles, error_message, max_abs_diff, shared_dir, stream_ncthw,
-    test_context,
+    stream_random_frames, test_context,
 };
-use wgvae::{decode_video, Context, LoadOptions, VideoDecoder};
+use wgvae::{decode_video, Context, LoadOptions};
 
 /// f32 against diffusers' f32 CPU decode (the bound is 1e-3).
 const TOLERANCE: f32 = 1e-4;
@@ -93,20 +93,10 @@ fn wan22_streaming_memory_is_flat_and_predicted() {
     let mut peaks = Vec::new();
     let mut caches = Vec::new();
     for frames in [3, 9] {
-        ctx.pool().reset_peak_stats();
-        let mut s = VideoDecoder::new(&ctx, &dec);
-        let mut out = 0;
-        for t in 0..frames {
-            let z = HostTensor::new(
-                vec![1, 48, h, w],
-                wgvae::testing::rand_vec(48 * h * w, t as u64, 1.0),
-            )
-            .unwrap();
-            out += s.decode(&z).unwrap().shape[0];
-        }
+        let (out, peak, cache) = stream_random_frames(&ctx, &dec, (h, w), frames);
         assert_eq!(out, 4 * frames - 3);
-        caches.push(s.cache_bytes());
-        peaks.push(ctx.pool().stats().allocated_bytes.peak);
+        peaks.push(peak);
+        caches.push(cache);
     }
     println!(
         "wan22-tiny streaming peak allocated: 3 frames {} B, 9 frames {} B; caches {} B",

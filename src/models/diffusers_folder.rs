@@ -88,3 +88,41 @@ pub(crate) fn weights_and_config(
         && std::fs::read_to_string(&beside).is_ok_and(|t| t.contains(&format!("\"{class}\"")));
     Ok((path.to_path_buf(), ours.then_some(beside)))
 }
+
+/// A model's released config and its reader of a `config.json`.
+pub(crate) type Configs<C> = (fn() -> C, fn(&Path) -> crate::error::Result<C>);
+
+/// The weights (as `dtype`), config and display name of a video VAE named
+/// by `spec`: `preset:{preset}` (`public()`, seeded random weights `seed`),
+/// a diffusers folder or a `.safetensors` file of `class` (see
+/// [`weights_and_config`]; without a config of `class`, `public()` with a
+/// warning). `family` names the model.
+pub(crate) fn open_video_vae<C>(
+    ctx: &crate::gpu::Context,
+    spec: &str,
+    (class, preset, family): (&str, &str, &str),
+    (dtype, seed): (crate::tensor::DType, u64),
+    (public, from_file): Configs<C>,
+) -> crate::error::Result<(crate::models::weights::WeightStore, C, String)> {
+    use crate::models::weights::WeightStore;
+    if spec.strip_prefix("preset:") == Some(preset) {
+        let store = WeightStore::random_for(ctx, seed);
+        store.set_dtype(dtype);
+        let name = format!("{preset} preset (random weights, seed {seed})");
+        return Ok((store, public(), name));
+    }
+    let (file, config) = weights_and_config(Path::new(spec), class)?;
+    let config = match config {
+        Some(c) => from_file(&c)?,
+        None => {
+            log::warn!(
+                "`{}` has no {class} config.json beside it: the released configuration is assumed",
+                file.display()
+            );
+            public()
+        }
+    };
+    let store = WeightStore::from_safetensors(&file)?;
+    store.set_dtype(dtype);
+    Ok((store, config, format!("{family} ({})", file.display())))
+}

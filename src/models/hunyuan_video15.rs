@@ -22,7 +22,7 @@ use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::kernels::dup_up::{Dcae, Order};
 use crate::kernels::image::ImageRange;
-use crate::models::diffusers_folder::bad;
+use crate::models::diffusers_folder::{bad, Configs};
 use crate::models::graph::{CausalWeights, Graph, Op, Residual, TensorId};
 use crate::models::wan_layers::{causal_from_host, load_pointwise, GraphBuilder};
 use crate::models::weights::WeightStore;
@@ -225,29 +225,20 @@ impl HunyuanVideo15Decoder {
     /// `config.json` beside it is read, else the released config is
     /// assumed). Weights are stored as `dtype`.
     pub fn open(ctx: &Context, spec: &str, dtype: DType, seed: u64) -> Result<Self> {
-        if spec == "preset:hunyuanvideo15" {
-            let store = WeightStore::random_for(ctx, seed);
-            store.set_dtype(dtype);
-            let mut dec = Self::load(ctx, &store, HunyuanVideo15Config::public())?;
-            dec.name = format!("hunyuanvideo15 preset (random weights, seed {seed})");
-            return Ok(dec);
-        }
-        let (file, config) =
-            crate::models::diffusers_folder::weights_and_config(Path::new(spec), CLASS_NAME)?;
-        let config = match config {
-            Some(c) => HunyuanVideo15Config::from_file(&c)?,
-            None => {
-                log::warn!(
-                    "`{}` has no {CLASS_NAME} config.json beside it: the released configuration is assumed",
-                    file.display()
-                );
-                HunyuanVideo15Config::public()
-            }
-        };
-        let store = WeightStore::from_safetensors(&file)?;
-        store.set_dtype(dtype);
+        let names = (CLASS_NAME, "hunyuanvideo15", "HunyuanVideo 1.5 VAE");
+        let configs: Configs<HunyuanVideo15Config> = (
+            HunyuanVideo15Config::public,
+            HunyuanVideo15Config::from_file,
+        );
+        let (store, config, name) = crate::models::diffusers_folder::open_video_vae(
+            ctx,
+            spec,
+            names,
+            (dtype, seed),
+            configs,
+        )?;
         let mut dec = Self::load(ctx, &store, config)?;
-        dec.name = format!("HunyuanVideo 1.5 VAE ({})", file.display());
+        dec.name = name;
         Ok(dec)
     }
 

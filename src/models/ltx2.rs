@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::dup_up::Order;
 use crate::kernels::image::ImageRange;
-use crate::models::diffusers_folder::bad;
+use crate::models::diffusers_folder::{bad, Configs};
 use crate::models::graph::{CausalWeights, Graph, Residual, TensorId};
 use crate::models::wan_layers::{causal_from_host, pixel_shuffle_order, GraphBuilder};
 use crate::models::weights::WeightStore;
@@ -238,29 +238,17 @@ impl Ltx2Decoder {
     /// `config.json` of this class beside it is read, else the released
     /// config is assumed). Weights are stored as `dtype`.
     pub fn open(ctx: &Context, spec: &str, dtype: DType, seed: u64) -> Result<Self> {
-        if spec == "preset:ltx2" {
-            let store = WeightStore::random_for(ctx, seed);
-            store.set_dtype(dtype);
-            let mut dec = Self::load(ctx, &store, Ltx2Config::public())?;
-            dec.name = format!("ltx2 preset (random weights, seed {seed})");
-            return Ok(dec);
-        }
-        let (file, config) =
-            crate::models::diffusers_folder::weights_and_config(Path::new(spec), CLASS_NAME)?;
-        let config = match config {
-            Some(c) => Ltx2Config::from_file(&c)?,
-            None => {
-                log::warn!(
-                    "`{}` has no {CLASS_NAME} config.json beside it: the released configuration is assumed",
-                    file.display()
-                );
-                Ltx2Config::public()
-            }
-        };
-        let store = WeightStore::from_safetensors(&file)?;
-        store.set_dtype(dtype);
+        let names = (CLASS_NAME, "ltx2", "LTX-2 VAE");
+        let configs: Configs<Ltx2Config> = (Ltx2Config::public, Ltx2Config::from_file);
+        let (store, config, name) = crate::models::diffusers_folder::open_video_vae(
+            ctx,
+            spec,
+            names,
+            (dtype, seed),
+            configs,
+        )?;
         let mut dec = Self::load(ctx, &store, config)?;
-        dec.name = format!("LTX-2 VAE ({})", file.display());
+        dec.name = name;
         Ok(dec)
     }
 
