@@ -174,3 +174,71 @@ fn ltx2_estimate_equals_the_measured_peak() {
     assert_eq!(e.peak_allocated_bytes, peak);
     assert_eq!(e.output_frames, 1 + 8 * (t - 1));
 }
+
+/// Config fields checked by name (the file, the field, what it holds), and
+/// the decoder variants not implemented refused by name.
+#[test]
+fn ltx2_and_hunyuan_configs_are_checked_by_field() {
+    use wgvae::models::hunyuan_video15::HunyuanVideo15Config;
+    use wgvae::models::ltx2::Ltx2Config;
+    let scratch = tempfile::tempdir().unwrap();
+    let write = |class: &str, fields: &str| {
+        let p = scratch.path().join(format!("{class}.json"));
+        std::fs::write(&p, format!("{{\"_class_name\": \"{class}\", {fields}}}")).unwrap();
+        p
+    };
+    for (fields, says) in [
+        (r#""latent_channels": 0"#, "`latent_channels` is 0"),
+        (
+            r#""decoder_block_out_channels": [8, -1]"#,
+            "`decoder_block_out_channels` is -1",
+        ),
+        (r#""scaling_factor": 0"#, "`scaling_factor` is 0"),
+        (r#""decoder_causal": true"#, "decoder_causal is true"),
+        (
+            r#""timestep_conditioning": true"#,
+            "timestep_conditioning is true",
+        ),
+        (
+            r#""upsample_type": ["spatial", "spatiotemporal", "spatiotemporal"]"#,
+            "upsample_type",
+        ),
+        (
+            r#""decoder_layers_per_block": [1, 1]"#,
+            "decoder_layers_per_block",
+        ),
+    ] {
+        let p = write("AutoencoderKLLTX2Video", fields);
+        let m = error_message(Ltx2Config::from_file(&p));
+        assert!(
+            m.contains(says) && m.contains(&*p.to_string_lossy()),
+            "{fields}: {m}"
+        );
+    }
+    for (fields, says) in [
+        (
+            r#""latent_channels": 1e12"#,
+            "`latent_channels` is 1000000000000.0",
+        ),
+        (r#""block_out_channels": 64"#, "`block_out_channels` is 64"),
+        (
+            r#""upsample_match_channel": 1"#,
+            "`upsample_match_channel` is 1",
+        ),
+        (r#""spatial_compression_ratio": 12"#, "powers of two"),
+        (r#""latent_channels": 48"#, "multiple of latent_channels"),
+    ] {
+        let p = write("AutoencoderKLHunyuanVideo15", fields);
+        let m = error_message(HunyuanVideo15Config::from_file(&p));
+        assert!(
+            m.contains(says) && m.contains(&*p.to_string_lossy()),
+            "{fields}: {m}"
+        );
+    }
+    let p = write("AutoencoderKLWan", r#""z_dim": 16"#);
+    let m = error_message(Ltx2Config::from_file(&p));
+    assert!(
+        m.contains("`AutoencoderKLWan`, not an `AutoencoderKLLTX2Video`"),
+        "{m}"
+    );
+}

@@ -126,3 +126,109 @@ pub(crate) fn open_video_vae<C>(
     store.set_dtype(dtype);
     Ok((store, config, format!("{family} ({})", file.display())))
 }
+
+/// A diffusers `config.json` of `class` read field by field: each getter
+/// takes a field's default when it is missing or null and names the file,
+/// the field, what it holds and what is expected otherwise.
+pub(crate) struct ConfigFields<'a> {
+    path: &'a Path,
+    v: serde_json::Value,
+}
+
+impl<'a> ConfigFields<'a> {
+    /// Reads `path`, refusing invalid JSON and another `_class_name`.
+    pub(crate) fn read(path: &'a Path, class: &str) -> crate::error::Result<Self> {
+        let text = crate::io::read_text_file(path)?;
+        let v: serde_json::Value = serde_json::from_str(&text)
+            .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
+        if !v.is_object() {
+            return Err(bad(
+                path,
+                format!("config.json holds {v}, not an object of {class} fields"),
+            ));
+        }
+        if let Some(c) = v
+            .get("_class_name")
+            .and_then(|c| c.as_str())
+            .filter(|c| *c != class)
+        {
+            return Err(bad(
+                path,
+                format!("config.json is a `{c}`, not an `{class}`"),
+            ));
+        }
+        Ok(ConfigFields { path, v })
+    }
+
+    /// The field `k`, `None` when missing or null.
+    pub(crate) fn get(&self, k: &str) -> Option<&serde_json::Value> {
+        self.v.get(k).filter(|x| !x.is_null())
+    }
+
+    fn bad(&self, k: &str, x: &serde_json::Value, expected: &str) -> crate::error::Error {
+        bad(
+            self.path,
+            format!("config.json: `{k}` is {x}; expected {expected}"),
+        )
+    }
+
+    fn whole_of(
+        &self,
+        k: &str,
+        x: &serde_json::Value,
+        (lo, hi): (u64, u64),
+    ) -> crate::error::Result<usize> {
+        x.as_u64()
+            .filter(|n| (lo..=hi).contains(n))
+            .and_then(|n| usize::try_from(n).ok())
+            .ok_or_else(|| self.bad(k, x, &format!("a whole number from {lo} to {hi}")))
+    }
+
+    /// A whole number in `lo..=hi`.
+    pub(crate) fn int(
+        &self,
+        k: &str,
+        default: usize,
+        range: (u64, u64),
+    ) -> crate::error::Result<usize> {
+        self.get(k)
+            .map_or(Ok(default), |x| self.whole_of(k, x, range))
+    }
+
+    /// A list of 1 to 8 whole numbers in `lo..=hi`.
+    pub(crate) fn ints(
+        &self,
+        k: &str,
+        default: &[usize],
+        range: (u64, u64),
+    ) -> crate::error::Result<Vec<usize>> {
+        match self.get(k) {
+            None => Ok(default.to_vec()),
+            Some(serde_json::Value::Array(a)) if (1..=8).contains(&a.len()) => {
+                a.iter().map(|x| self.whole_of(k, x, range)).collect()
+            }
+            Some(x) => Err(self.bad(k, x, "a list of 1 to 8 whole numbers")),
+        }
+    }
+
+    /// A boolean.
+    pub(crate) fn flag(&self, k: &str, default: bool) -> crate::error::Result<bool> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(serde_json::Value::Bool(b)) => Ok(*b),
+            Some(x) => Err(self.bad(k, x, "true or false")),
+        }
+    }
+
+    /// A finite non-zero number.
+    pub(crate) fn factor(&self, k: &str, default: f32) -> crate::error::Result<f32> {
+        match self.get(k) {
+            None => Ok(default),
+            Some(x) => x
+                .as_f64()
+                .map(|f| f as f32)
+                .filter(|f| f.is_finite() && *f != 0.0)
+                .ok_or_else(|| self.bad(k, x, "a finite non-zero number")),
+        }
+    }
+}

@@ -22,7 +22,7 @@ use crate::gpu::Context;
 use crate::kernels::conv2d::{Conv2dWeights, PytorchConv};
 use crate::kernels::dup_up::{Dcae, Order};
 use crate::kernels::image::ImageRange;
-use crate::models::diffusers_folder::{bad, Configs};
+use crate::models::diffusers_folder::{bad, ConfigFields, Configs};
 use crate::models::graph::{CausalWeights, Graph, Op, Residual, TensorId};
 use crate::models::wan_layers::{causal_from_host, load_pointwise, GraphBuilder};
 use crate::models::weights::WeightStore;
@@ -68,82 +68,15 @@ impl HunyuanVideo15Config {
 
     /// A diffusers `config.json`, every field checked by name.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = crate::io::read_text_file(path)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
-        let class = v.get("_class_name").and_then(|c| c.as_str());
-        if class.is_some_and(|c| c != CLASS_NAME) {
-            return Err(bad(
-                path,
-                format!(
-                    "config.json is a `{}`, not an `{CLASS_NAME}`",
-                    class.unwrap_or("")
-                ),
-            ));
-        }
+        let f = ConfigFields::read(path, CLASS_NAME)?;
         let d = Self::public();
-        let int = |k: &str, default: usize, lo: u64, hi: u64| -> Result<usize> {
-            match v.get(k) {
-                None | Some(serde_json::Value::Null) => Ok(default),
-                Some(x) => x
-                    .as_u64()
-                    .filter(|n| (lo..=hi).contains(n))
-                    .and_then(|n| usize::try_from(n).ok())
-                    .ok_or_else(|| {
-                        bad(
-                            path,
-                            format!("config.json: `{k}` is {x}; expected a whole number from {lo} to {hi} (the released VAE has {default})"),
-                        )
-                    }),
-            }
-        };
-        let latent_channels = int("latent_channels", d.latent_channels, 1, 1024)?;
-        let layers_per_block = int("layers_per_block", d.layers_per_block, 1, 16)?;
-        let spatial = int("spatial_compression_ratio", 16, 1, 64)?;
-        let temporal = int("temporal_compression_ratio", 4, 1, 16)?;
-        let block_out_channels = match v.get("block_out_channels") {
-            None | Some(serde_json::Value::Null) => d.block_out_channels.clone(),
-            Some(serde_json::Value::Array(a)) if (1..=8).contains(&a.len()) => a
-                .iter()
-                .map(|x| {
-                    x.as_u64()
-                        .filter(|n| (1..=8192).contains(n))
-                        .map(|n| n as usize)
-                })
-                .collect::<Option<Vec<_>>>()
-                .ok_or_else(|| {
-                    bad(
-                        path,
-                        "config.json: `block_out_channels` must hold whole numbers from 1 to 8192",
-                    )
-                })?,
-            Some(x) => {
-                return Err(bad(
-                    path,
-                    format!(
-                    "config.json: `block_out_channels` is {x}; expected a list of 1 to 8 widths"
-                ),
-                ))
-            }
-        };
-        let upsample_match_channel = match v.get("upsample_match_channel") {
-            None | Some(serde_json::Value::Null) => true,
-            Some(serde_json::Value::Bool(b)) => *b,
-            Some(x) => {
-                return Err(bad(
-                    path,
-                    format!("config.json: `upsample_match_channel` is {x}; expected true or false"),
-                ))
-            }
-        };
-        let scaling_factor = match v.get("scaling_factor") {
-            None | Some(serde_json::Value::Null) => d.scaling_factor,
-            Some(x) => x
-                .as_f64()
-                .map(|f| f as f32)
-                .filter(|f| f.is_finite() && *f != 0.0)
-                .ok_or_else(|| bad(path, format!("config.json: `scaling_factor` is {x}; expected a finite non-zero number")))?,
-        };
+        let latent_channels = f.int("latent_channels", d.latent_channels, (1, 1024))?;
+        let layers_per_block = f.int("layers_per_block", d.layers_per_block, (1, 16))?;
+        let spatial = f.int("spatial_compression_ratio", 16, (1, 64))?;
+        let temporal = f.int("temporal_compression_ratio", 4, (1, 16))?;
+        let block_out_channels = f.ints("block_out_channels", &d.block_out_channels, (1, 8192))?;
+        let upsample_match_channel = f.flag("upsample_match_channel", true)?;
+        let scaling_factor = f.factor("scaling_factor", d.scaling_factor)?;
         let cfg = HunyuanVideo15Config {
             latent_channels,
             block_out_channels,

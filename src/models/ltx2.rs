@@ -21,7 +21,7 @@ use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::kernels::dup_up::Order;
 use crate::kernels::image::ImageRange;
-use crate::models::diffusers_folder::{bad, Configs};
+use crate::models::diffusers_folder::{bad, ConfigFields, Configs};
 use crate::models::graph::{CausalWeights, Graph, Residual, TensorId};
 use crate::models::wan_layers::{causal_from_host, pixel_shuffle_order, GraphBuilder};
 use crate::models::weights::WeightStore;
@@ -65,51 +65,10 @@ impl Ltx2Config {
     /// A diffusers `config.json`, every field this decoder uses checked by
     /// name; the variants it does not implement are refused by name.
     pub fn from_file(path: &Path) -> Result<Self> {
-        let text = crate::io::read_text_file(path)?;
-        let v: serde_json::Value = serde_json::from_str(&text)
-            .map_err(|e| bad(path, format!("config.json is not valid JSON: {e}")))?;
-        let class = v.get("_class_name").and_then(|c| c.as_str());
-        if class.is_some_and(|c| c != CLASS_NAME) {
-            return Err(bad(
-                path,
-                format!(
-                    "config.json is a `{}`, not an `{CLASS_NAME}`",
-                    class.unwrap_or("")
-                ),
-            ));
-        }
+        let f = ConfigFields::read(path, CLASS_NAME)?;
         let d = Self::public();
-        let get = |k: &str| v.get(k).filter(|x| !x.is_null());
-        let whole = |k: &str, x: &serde_json::Value, hi: u64| -> Result<usize> {
-            x.as_u64()
-                .filter(|n| (1..=hi).contains(n))
-                .map(|n| n as usize)
-                .ok_or_else(|| {
-                    bad(
-                        path,
-                        format!(
-                            "config.json: `{k}` holds {x}; expected whole numbers from 1 to {hi}"
-                        ),
-                    )
-                })
-        };
-        let int = |k: &str, default: usize, hi: u64| -> Result<usize> {
-            get(k).map_or(Ok(default), |x| whole(k, x, hi))
-        };
-        let list = |k: &str, default: &[usize], hi: u64| -> Result<Vec<usize>> {
-            match get(k) {
-                None => Ok(default.to_vec()),
-                Some(serde_json::Value::Array(a)) if (1..=8).contains(&a.len()) => {
-                    a.iter().map(|x| whole(k, x, hi)).collect()
-                }
-                Some(x) => Err(bad(
-                    path,
-                    format!("config.json: `{k}` is {x}; expected a list of 1 to 8 whole numbers"),
-                )),
-            }
-        };
         let flags = |k: &str| -> Vec<serde_json::Value> {
-            match get(k) {
+            match f.get(k) {
                 Some(serde_json::Value::Array(a)) => a.clone(),
                 Some(x) => vec![x.clone()],
                 None => Vec::new(),
@@ -122,10 +81,10 @@ impl Ltx2Config {
             )))
         };
         let yes = serde_json::Value::Bool(true);
-        if get("decoder_causal") == Some(&yes) {
+        if f.get("decoder_causal") == Some(&yes) {
             return refuse("decoder_causal is true".into());
         }
-        if get("timestep_conditioning") == Some(&yes) {
+        if f.get("timestep_conditioning") == Some(&yes) {
             return refuse("timestep_conditioning is true".into());
         }
         if flags("decoder_inject_noise").contains(&yes) {
@@ -144,29 +103,26 @@ impl Ltx2Config {
         {
             return refuse(format!("upsample_type {:?}", flags("upsample_type")));
         }
-        if let Some(m) =
-            get("decoder_spatial_padding_mode").filter(|m| m.as_str() != Some("reflect"))
+        if let Some(m) = f
+            .get("decoder_spatial_padding_mode")
+            .filter(|m| m.as_str() != Some("reflect"))
         {
             return refuse(format!("decoder_spatial_padding_mode {m}"));
         }
-        if int("patch_size_t", 1, 8)? != 1 {
+        if f.int("patch_size_t", 1, (1, 8))? != 1 {
             return refuse("patch_size_t is not 1".into());
         }
-        let scaling_factor = match get("scaling_factor") {
-            None => d.scaling_factor,
-            Some(x) => x
-                .as_f64()
-                .map(|f| f as f32)
-                .filter(|f| f.is_finite() && *f != 0.0)
-                .ok_or_else(|| bad(path, format!("config.json: `scaling_factor` is {x}; expected a finite non-zero number")))?,
-        };
         let cfg = Ltx2Config {
-            latent_channels: int("latent_channels", d.latent_channels, 4096)?,
-            block_out_channels: list("decoder_block_out_channels", &d.block_out_channels, 8192)?,
-            layers_per_block: list("decoder_layers_per_block", &d.layers_per_block, 32)?,
-            upsample_factor: list("upsample_factor", &d.upsample_factor, 8)?,
-            patch_size: int("patch_size", d.patch_size, 8)?,
-            scaling_factor,
+            latent_channels: f.int("latent_channels", d.latent_channels, (1, 4096))?,
+            block_out_channels: f.ints(
+                "decoder_block_out_channels",
+                &d.block_out_channels,
+                (1, 8192),
+            )?,
+            layers_per_block: f.ints("decoder_layers_per_block", &d.layers_per_block, (1, 32))?,
+            upsample_factor: f.ints("upsample_factor", &d.upsample_factor, (1, 8))?,
+            patch_size: f.int("patch_size", d.patch_size, (1, 8))?,
+            scaling_factor: f.factor("scaling_factor", d.scaling_factor)?,
         };
         cfg.check()
             .map_err(|m| bad(path, format!("config.json: {m}")))?;
