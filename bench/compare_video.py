@@ -10,9 +10,12 @@ lengths and storage dtype, warm (--warmup untimed runs, then the median of
   TAEHV file (taew2_1.safetensors, ...):
     taehv.py  TAEHV.decode_video(parallel=True)   all frames at once
     taehv.py  TAEHV.decode_video(parallel=False)  frame by frame
-  Wan 2.1 VAE (a diffusers folder, or preset:wan21 with random weights):
-    diffusers AutoencoderKLWan.decode             latent frame by frame (its causal cache)
-  and wgvae bench video (VideoDecoder, --chunk latent frames per chunk).
+  A diffusers video VAE (a folder, or preset:wan21 / wan22 / hunyuanvideo15 / ltx2 with
+  random weights of the public config):
+    diffusers AutoencoderKLWan.decode             Wan 2.1 / 2.2: latent frame by frame (its causal cache)
+    diffusers AutoencoderKLHunyuanVideo15.decode  the whole clip in one pass
+    diffusers AutoencoderKLLTX2Video.decode       the whole clip in one pass (not causal)
+  and wgvae bench video (VideoDecoder, --chunk latent frames per chunk; LTX-2 a whole clip).
 
 taehv.py (MIT, github.com/madebyollin/taehv) is not bundled: give --taehv-py
 PATH, or have `taehv` importable; without it the taehv.py peers are skipped
@@ -25,6 +28,7 @@ CPU time includes the device's work). Writes compare_video.csv and .md to
     python3 bench/compare_video.py --vae ../shared/golden/taew2_1-rand/taew2_1.safetensors \\
         --size 64 --latent-frames 2,4 --taehv-py /path/to/taehv.py
     python3 bench/compare_video.py --vae ../shared/golden/wan21-tiny --size 64 --latent-frames 2,4
+    python3 bench/compare_video.py --vae ../shared/golden/hunyuanvideo15-tiny --size 64 --latent-frames 2,4
 """
 import argparse
 import csv
@@ -55,14 +59,36 @@ def load_taehv_module(path):
         return None
 
 
-def is_wan(spec):
-    if spec == "preset:wan21":
-        return True
+# The diffusers video VAEs wgvae decodes, and the public configs of its presets.
+DIFFUSERS_VIDEO = ("AutoencoderKLWan", "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTX2Video")
+PRESETS = {
+    "preset:wan21": ("AutoencoderKLWan", {}),
+    "preset:wan22": ("AutoencoderKLWan", {
+        "base_dim": 160, "decoder_base_dim": 256, "z_dim": 48, "is_residual": True, "in_channels": 12,
+        "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4}),
+    "preset:hunyuanvideo15": ("AutoencoderKLHunyuanVideo15", {}),
+    "preset:ltx2": ("AutoencoderKLLTX2Video", {"decoder_causal": False}),
+}
+
+
+def diffusers_class(spec):
+    """The diffusers class of a preset or folder, None for anything else (a TAEHV file)."""
+    if spec in PRESETS:
+        return PRESETS[spec][0]
     cfg = os.path.join(spec, "config.json")
     if os.path.isdir(spec) and os.path.isfile(cfg):
         with open(cfg) as f:
-            return json.load(f).get("_class_name") == "AutoencoderKLWan"
-    return False
+            name = json.load(f).get("_class_name")
+        return name if name in DIFFUSERS_VIDEO else None
+    return None
+
+
+def latent_geometry(model):
+    """(latent channels, output pixels per latent pixel) of a diffusers video VAE."""
+    c = model.config
+    if "z_dim" in c:  # AutoencoderKLWan: 8× (2.1), 16× with patch size 2 (2.2)
+        return c.z_dim, c.get("scale_factor_spatial", 8)
+    return c.latent_channels, c.spatial_compression_ratio
 
 
 def taehv_model(mod, path, torch):
@@ -124,8 +150,9 @@ def run_wgvae(args, lengths):
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vae", required=True,
-                    help="a TAEHV .safetensors file, a diffusers AutoencoderKLWan folder or preset:wan21")
-    ap.add_argument("--size", type=int, default=64, help="output pixels per side (multiple of 8)")
+                    help="a TAEHV .safetensors file, a diffusers video VAE folder (Wan 2.1 / 2.2, HunyuanVideo 1.5, "
+                         "LTX-2) or preset:wan21|wan22|hunyuanvideo15|ltx2")
+    ap.add_argument("--size", type=int, default=64, help="output pixels per side (a multiple of the VAE's upscale)")
     ap.add_argument("--latent-frames", default="2,4", help="video lengths in latent frames, comma-separated")
     ap.add_argument("--chunk", type=int, default=1, help="wgvae's latent frames per streamed chunk")
     ap.add_argument("--dtype", default="f32", choices=sorted(TORCH_DTYPES))
@@ -150,19 +177,21 @@ def main():
             torch.cuda.synchronize()
 
     peers = []  # (name, layout, fn(z) -> output)
-    wan = is_wan(args.vae)
-    if wan:
-        from diffusers import AutoencoderKLWan
+    cls_name = diffusers_class(args.vae)
+    upscale = 8
+    if cls_name:
+        import diffusers
 
-        if args.vae == "preset:wan21":
+        cls = getattr(diffusers, cls_name)
+        if args.vae in PRESETS:
             torch.manual_seed(args.seed)
-            model = AutoencoderKLWan()
+            model = cls(**PRESETS[args.vae][1])
         else:
-            model = AutoencoderKLWan.from_pretrained(args.vae)
+            model = cls.from_pretrained(args.vae)
         model = model.to(args.device, dtype).eval()
-        channels = model.config.z_dim
-        peers.append(("diffusers AutoencoderKLWan.decode", "ncthw", lambda z: model.decode(z).sample))
-        torch_version = f"torch {torch.__version__}, diffusers {__import__('diffusers').__version__}"
+        channels, upscale = latent_geometry(model)
+        peers.append((f"diffusers {cls_name}.decode", "ncthw", lambda z: model.decode(z).sample))
+        torch_version = f"torch {torch.__version__}, diffusers {diffusers.__version__}"
     else:
         mod = load_taehv_module(args.taehv_py)
         if mod is None:
@@ -176,7 +205,9 @@ def main():
         torch_version = f"torch {torch.__version__}, taehv.py {getattr(mod, '__file__', '?')}"
 
     rng = np.random.default_rng(args.seed)
-    l = args.size // 8
+    if args.size % upscale:
+        sys.exit(f"--size {args.size}: this VAE's frames are multiples of {upscale} pixels")
+    l = args.size // upscale
     results = []  # (peer, T, frames, wall ms, cpu ms/frame, peak MiB)
     with torch.no_grad():
         for t in lengths:
@@ -218,7 +249,7 @@ def main():
         for row in table:
             f.write(",".join(f'"{v}"' if isinstance(v, str) and "," in v else str(v) for v in row) + "\n")
     md = "# Video decode: wgvae against PyTorch\n\n" + "".join(f"- {line[2:]}\n" for line in head.splitlines())
-    md += (f"\nwgvae: `bench video`, chunks of {args.chunk} latent frame(s). Ratios: wgvae over the peer "
+    md += (f"\nwgvae: `bench video`, chunks of {args.chunk} latent frame(s) (a non-causal VAE: its whole clip). Ratios: wgvae over the peer "
            "(below 1: wgvae faster). CPU: process CPU time per frame.\n\n")
     md += ("| peer | latent frames | frames | size | peer ms | wgvae ms | wall ratio | peer CPU ms/frame "
            "| wgvae CPU ms/frame | CPU ratio | peer peak MiB | wgvae peak allocated MiB |\n")
