@@ -18,14 +18,10 @@ use crate::models::{TaePart, WeightStore};
 use crate::run::video::VideoRun;
 use crate::tensor::Tensor;
 
-/// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
-/// `encoder.N…` half) in the storage precision `load` asks for. A Wan VAE
-/// is refused (its encoder is not implemented).
-pub fn load_video_encoder(
-    ctx: &Context,
-    spec: &str,
-    load: &crate::models::LoadOptions,
-) -> Result<TaehvEncoder> {
+/// Refuses a video VAE whose encoder wgvae does not implement (Wan 2.1 /
+/// 2.2, HunyuanVideo 1.5, LTX-2), naming its family, before any input is
+/// read; only TAEHV files encode.
+pub fn check_has_encoder(spec: &str) -> Result<()> {
     let family = if crate::models::wan::is_wan_video(spec) {
         Some("a Wan 2.1 / 2.2 VAE")
     } else if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
@@ -40,6 +36,18 @@ pub fn load_video_encoder(
             "{spec} is {family}: its encoder is not implemented; only the TAEHV video encoders (taew2_1, taehv, taew2_2) are; encode with a TAEHV .safetensors file"
         )));
     }
+    Ok(())
+}
+
+/// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
+/// `encoder.N…` half) in the storage precision `load` asks for. A Wan VAE
+/// is refused (its encoder is not implemented).
+pub fn load_video_encoder(
+    ctx: &Context,
+    spec: &str,
+    load: &crate::models::LoadOptions,
+) -> Result<TaehvEncoder> {
+    check_has_encoder(spec)?;
     let store = WeightStore::from_safetensors_part(std::path::Path::new(spec), TaePart::Encoder)?;
     store.set_dtype(load.precision.resolve(true, ctx.caps()));
     TaehvEncoder::load(ctx, &store)

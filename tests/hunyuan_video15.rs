@@ -224,3 +224,28 @@ fn half_precisions_stay_close() {
         assert!(err <= bound, "{dtype:?}: {err} at {at}");
     }
 }
+
+/// `wgvae encode` with a HunyuanVideo 1.5 or LTX-2 VAE names the family and
+/// says its encoder is not implemented, before reading the input.
+#[test]
+fn encoders_of_the_new_video_vaes_are_refused_by_family() {
+    let Some(dir) = golden() else { return };
+    for (name, family) in [
+        ("hunyuanvideo15-tiny", "HunyuanVideo 1.5 VAE"),
+        ("ltx2-tiny", "LTX-2 VAE"),
+    ] {
+        let o = std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(["encode", "no-such-input.png", "--vae"])
+            .arg(dir.with_file_name(name))
+            .args(["-o", "never-written.npy"])
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(
+            !o.status.success()
+                && err.contains(family)
+                && err.contains("encoder is not implemented"),
+            "{err}"
+        );
+    }
+}

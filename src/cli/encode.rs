@@ -143,6 +143,7 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
         ("--max-host-memory", t.max_host_memory.is_some()),
         ("--tile-mid-block", t.tile_mid_block),
     ];
+    wgvae::video_encode::check_has_encoder(&a.vae)?;
     if let Some((flag, _)) = image_only.iter().find(|(_, set)| *set) {
         return Err(wgvae::Error::InvalidInput(format!(
             "{flag} applies to image encoders; {} is a video VAE (TAEHV latents are deterministic, unscaled and encoded untiled)",
