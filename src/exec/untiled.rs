@@ -77,7 +77,8 @@ pub(crate) fn run(
 ///
 /// Every op is per frame except the time ops, which are causal, so the
 /// graph after an op that grows time ([`Op::TimeUpsample`],
-/// [`Op::TimeGrow`]) runs one of its frames at a time, each through the
+/// [`Op::TimeGrow`], a time-growing [`Op::DupUp`] on the main path) runs
+/// one of its frames at a time, each through the
 /// caches as the whole chunk would (same kernels, same sums: identical
 /// output) with the activations of one frame instead of all. A split
 /// needs the grown tensor to be the only one alive; taps (named whole
@@ -92,7 +93,8 @@ pub(crate) fn run_video(
     let n = dims4(&input)?[0];
     let mut slots: Vec<Option<Tensor>> = (0..graph.tensors()).map(|_| None).collect();
     slots[graph.input().0] = Some(input);
-    let split = !taps.is_enabled();
+    // A frame at a time needs every later op to be causal.
+    let split = !taps.is_enabled() && graph.is_causal();
     run_from(graph, rec, slots, (0, n), split, taps, state)
 }
 
@@ -109,7 +111,18 @@ fn run_from(
     let ops = graph.ops();
     for i in start..ops.len() {
         step(graph, rec, &mut slots, i, n, taps, state)?;
-        let grows = matches!(ops[i], Op::TimeUpsample { .. } | Op::TimeGrow { .. });
+        // HunyuanVideo 1.5's up-samplers grow time by channels to space with
+        // the shortcut added (its main path).
+        let grows = matches!(
+            ops[i],
+            Op::TimeUpsample { .. }
+                | Op::TimeGrow { .. }
+                | Op::DupUp {
+                    ft: 2..,
+                    residual: Some(_),
+                    ..
+                }
+        );
         let Some(id) = graph.out(i) else { continue };
         if !split || !grows || i + 1 == ops.len() {
             continue;

@@ -322,6 +322,12 @@ impl Graph {
     pub(crate) fn norm(&self, n: NormId) -> &Norm {
         &self.norms[n.0]
     }
+    /// True unless a time conv is centred (LTX-2): then a frame depends on
+    /// later ones and the graph runs a clip's frames together.
+    pub(crate) fn is_causal(&self) -> bool {
+        !self.causal.iter().any(|w| w.centered)
+    }
+
     pub(crate) fn causal(&self, w: CausalId) -> &CausalWeights {
         &self.causal[w.0]
     }
