@@ -698,6 +698,39 @@ fn wan21_preset_480p_estimate_is_flat_and_under_2_5_gib() {
     assert_eq!(peaks[0], peaks[1]);
 }
 
+/// Wan 2.2 at 720p in bf16 with the reference GPU's limits: streamed peak is
+/// flat in the number of latent frames (causal caches) and stays under 5 GiB
+/// (docs/video.md: 5 039 MiB measured 2026-11-29).
+#[test]
+fn wan22_preset_720p_estimate_is_flat_and_under_5_gib() {
+    let caps = wgvae::gpu::Capabilities::reference_gpu();
+    let load = LoadOptions {
+        precision: wgvae::models::Precision::BF16,
+        ..Default::default()
+    };
+    let mut peaks = Vec::new();
+    for frames in [31, 61] {
+        let e = wgvae::estimate::Estimate::new(
+            &caps,
+            wgvae::memory::Policy::Planned,
+            "preset:wan22",
+            &load,
+        )
+        .video((720, 1280), frames, wgvae::video::DEFAULT_CHUNK)
+        .unwrap();
+        println!(
+            "preset:wan22 720x1280 bf16, {frames} latent frames ({} out): peak allocated {:.1} MiB, reserved {:.1} MiB",
+            e.output_frames,
+            e.peak_allocated_bytes as f64 / 1048576.0,
+            e.peak_reserved_bytes as f64 / 1048576.0,
+        );
+        assert_eq!(e.output_frames, 4 * frames - 3);
+        assert!(e.peak_allocated_bytes <= 5120 << 20, "{e:?}");
+        peaks.push((e.peak_allocated_bytes, e.peak_reserved_bytes));
+    }
+    assert_eq!(peaks[0], peaks[1]);
+}
+
 /// f16 storage (f32 arithmetic) of the Wan decoder against the f32
 /// diffusers golden.
 #[test]
