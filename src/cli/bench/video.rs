@@ -9,10 +9,10 @@ use crate::cli::report::{bench as rb, video as rv};
 
 #[derive(clap::Args)]
 pub(crate) struct VideoBenchArgs {
-    /// A TAEHV `.safetensors` file, a Wan 2.1 VAE (diffusers folder or file) or preset:wan21.
+    /// A TAEHV `.safetensors` file, a video VAE (diffusers folder or file) or preset:wan21 / wan22 / hunyuanvideo15 / ltx2.
     #[arg(long)]
     vae: String,
-    /// Seed of preset:wan21's random weights.
+    /// Seed of a preset's random weights.
     #[arg(long, default_value_t = 0)]
     seed: u64,
     /// Square output size in pixels (seeded random latents).
