@@ -22,9 +22,9 @@ use wgvae::VideoDecoder;
 /// What to benchmark.
 #[derive(Clone, Debug)]
 pub struct VideoBench {
-    /// Video VAE spec (TAEHV file, Wan folder or file, `preset:wan21`).
+    /// Video VAE spec (TAEHV file, a diffusers video VAE folder or file, `preset:wan21|wan22|hunyuanvideo15|ltx2`).
     pub vae: String,
-    /// Seed of `preset:wan21`'s random weights.
+    /// Seed of a preset's random weights.
     pub seed: u64,
     /// Square output size in pixels.
     pub size: usize,
