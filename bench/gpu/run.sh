@@ -435,14 +435,15 @@ stage_memory() {
   return "$rc"
 }
 
-# Video cells: "label vae" per line (weights from ../shared; the full run's Wan is the
-# preset's seeded random weights at the real architecture).
+# Video cells: "label vae" per line (weights from ../shared; the full run's Wan 2.1 / 2.2,
+# HunyuanVideo 1.5 and LTX-2 are the presets' seeded random weights at the real architectures).
 video_cells() {
   [ -n "$shared" ] && echo "taew2_1 $shared/golden/taew2_1-rand/taew2_1.safetensors"
+  local m
   if [ "$quick" = 1 ]; then
-    [ -n "$shared" ] && echo "wan21-tiny $shared/golden/wan21-tiny"
+    [ -n "$shared" ] && for m in wan21 wan22 hunyuanvideo15 ltx2; do echo "$m-tiny $shared/golden/$m-tiny"; done
   else
-    echo "wan21 preset:wan21"
+    for m in wan21 wan22 hunyuanvideo15 ltx2; do echo "$m preset:$m"; done
   fi
 }
 
