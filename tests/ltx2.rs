@@ -98,6 +98,8 @@ fn ltx2_bad_inputs_are_errors() {
     assert!(m.contains("32 channels") && m.contains("takes 4"), "{m}");
     let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 4, 0, 2, 2])));
     assert!(m.contains("T=0"), "{m}");
+    let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 4, 2, 1, 3])));
+    assert!(m.contains("1×3") && m.contains("reflect padding"), "{m}");
     let m = error_message(wgvae::Vae::load(
         &ctx,
         dir.to_str().unwrap(),

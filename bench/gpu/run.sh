@@ -137,7 +137,7 @@ if [ "$quick" = 1 ]; then
   criterion_args=(--warm-up-time 0.1 --measurement-time 0.5)
   # Video: the smallest sizes the decoders take, 2 latent frames (5 frames with Wan's
   # causal first frame, 8 with TAEHV's).
-  video_size=32
+  video_size=64  # LTX-2's reflect padding needs 2 latent pixels (32× per pixel)
   video_frames=2
   video_chunks=1
   video_dtypes=f32

@@ -221,6 +221,7 @@ impl HunyuanVideo15Decoder {
             range: ImageRange::MinusOneToOne,
             cache_grows: true,
             whole_clip: false,
+            min_side: 1,
         }
     }
 

@@ -255,6 +255,7 @@ impl Ltx2Decoder {
             range: ImageRange::MinusOneToOne,
             cache_grows: false,
             whole_clip: true,
+            min_side: 2,
         }
     }
 

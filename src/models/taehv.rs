@@ -282,6 +282,7 @@ impl TaehvDecoder {
             range: crate::kernels::image::ImageRange::ZeroToOne,
             cache_grows: false,
             whole_clip: false,
+            min_side: 1,
         }
     }
 

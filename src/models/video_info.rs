@@ -30,6 +30,9 @@ pub(crate) struct VideoInfo<'a> {
     /// Not causal (LTX-2): a frame depends on later ones, so a video decodes
     /// as one chunk.
     pub whole_clip: bool,
+    /// Fewest latent pixels per side a frame needs (LTX-2's reflect padding
+    /// needs 2, as PyTorch's does).
+    pub min_side: usize,
 }
 
 impl VideoInfo<'_> {

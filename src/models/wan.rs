@@ -318,6 +318,7 @@ impl WanDecoder {
             range: ImageRange::MinusOneToOne,
             cache_grows: false,
             whole_clip: false,
+            min_side: 1,
         }
     }
 

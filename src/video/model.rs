@@ -274,5 +274,12 @@ pub(super) fn check_frame(decoder: VideoModel, [t, c, h, w]: [usize; 4]) -> Resu
             "video latents need at least one frame of at least 1×1: got T={t}, h={h}, w={w}"
         )));
     }
+    let side = decoder.info.min_side;
+    if h < side || w < side {
+        return Err(Error::InvalidInput(format!(
+            "latent frames of {h}×{w}: the {} decoder's reflect padding needs at least {side}×{side} latent pixels (as PyTorch's)",
+            decoder.name()
+        )));
+    }
     Ok(())
 }
