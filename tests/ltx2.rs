@@ -196,7 +196,7 @@ fn ltx2_and_hunyuan_configs_are_checked_by_field() {
             "`decoder_block_out_channels` is -1",
         ),
         (r#""scaling_factor": 0"#, "`scaling_factor` is 0"),
-        (r#""decoder_causal": true"#, "decoder_causal is true"),
+        (r#""decoder_causal": 1"#, "`decoder_causal` is 1"),
         (
             r#""timestep_conditioning": true"#,
             "timestep_conditioning is true",
@@ -243,4 +243,41 @@ fn ltx2_and_hunyuan_configs_are_checked_by_field() {
         m.contains("`AutoencoderKLWan`, not an `AutoencoderKLLTX2Video`"),
         "{m}"
     );
+}
+
+/// The golden's weights with `decoder_causal: true` in its config: a
+/// causal decoder (two frames before each conv's, the first repeated)
+/// streams, chunks of 1 and 2 equal to the whole clip, and its memory is
+/// flat in the video's length (diffusers' own causal decode is compared in
+/// python/tests/test_video.py where torch imports).
+#[test]
+fn ltx2_causal_decoder_streams() {
+    let Some(dir) = golden() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let folder = scratch.path().join("ltx2-causal");
+    std::fs::create_dir(&folder).unwrap();
+    let config = std::fs::read_to_string(dir.join("config.json")).unwrap();
+    let config = config.replace("\"decoder_causal\": false", "\"decoder_causal\": true");
+    assert!(config.contains("\"decoder_causal\": true"));
+    std::fs::write(folder.join("config.json"), config).unwrap();
+    let weights = "diffusion_pytorch_model.safetensors";
+    std::fs::copy(dir.join(weights), folder.join(weights)).unwrap();
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = open(&ctx, &folder);
+    assert!(dec.config().causal);
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let t = z.shape[2];
+    let (whole, _) = wgvae::testing::stream_ncthw(&ctx, &dec, &z, t, None);
+    for size in [1, 2] {
+        let (streamed, _) = wgvae::testing::stream_ncthw(&ctx, &dec, &z, size, None);
+        let (e, at) = max_abs_diff(&streamed, &whole);
+        println!("ltx2 causal: chunks of {size}: {e:.3e} from the whole clip (at {at})");
+        assert!(e <= 1e-5, "chunks of {size}: {e} at {at}");
+    }
+    let runs: Vec<_> = [3, 6]
+        .into_iter()
+        .map(|frames| wgvae::testing::stream_random_frames(&ctx, &dec, (2, 3), frames))
+        .collect();
+    assert_eq!((runs[0].0, runs[1].0), (1 + 8 * 2, 1 + 8 * 5));
+    assert_eq!(runs[0].1, runs[1].1, "streamed peak allocated");
 }

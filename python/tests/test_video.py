@@ -193,3 +193,30 @@ def test_2026_video_goldens(shared, name, channels, upscale, causal):
     seen = []
     prog = vae.decode_video(latents, output="float", progress=lambda d, t, s: seen.append((d, t)))
     assert np.abs(prog - want).max() <= WAN_TOLERANCE and seen[-1] == (latents.shape[2], latents.shape[2])
+
+
+def test_ltx2_causal_decoder_matches_diffusers(shared, tmp_path):
+    """The ltx2-tiny weights with decoder_causal true: wgvae's whole clip and its stream
+    against diffusers' own causal decode (only where torch and diffusers import)."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    import shutil
+
+    d = shared / "golden" / "ltx2-tiny"
+    folder = tmp_path / "ltx2-causal"
+    folder.mkdir()
+    cfg = json.loads((d / "config.json").read_text())
+    cfg["decoder_causal"] = True
+    (folder / "config.json").write_text(json.dumps(cfg))
+    shutil.copy(d / "diffusion_pytorch_model.safetensors", folder / "diffusion_pytorch_model.safetensors")
+    z = np.load(d / "z.npy")
+    ref = diffusers.AutoencoderKLLTX2Video.from_pretrained(folder).eval()
+    with torch.no_grad():
+        want = ref.decode(torch.from_numpy(z)).sample.numpy()
+    vae = wgvae.Vae(folder, dtype="f32")
+    got = vae.decode_video(z, output="float", raw_latents=True)
+    assert got.shape == want.shape and np.abs(got - want).max() <= WAN_TOLERANCE
+    s = vae.stream(output="float", raw_latents=True)
+    parts = [s.push(z[0, :, j : j + 1]) for j in range(z.shape[2])]
+    parts.append(s.finish())
+    assert np.abs(np.concatenate(parts, axis=1) - want[0]).max() <= WAN_TOLERANCE

@@ -506,7 +506,7 @@ fn causal_conv(
     if hist == 0 {
         return Ok(y);
     }
-    let start = w.replicate.then_some(x0);
+    let start = w.repeat_first.then_some(x0);
     let mut cache = cache_frames(rec, state, slot, [hist, c, h, wd], (x, start))?;
     for (j, tap) in earlier.iter().enumerate() {
         let back = hist - j;

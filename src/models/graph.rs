@@ -59,9 +59,11 @@ pub(crate) struct RmsId(usize);
 /// from the executor's cache slot (zeros at a video's start).
 pub(crate) struct CausalWeights {
     pub taps: Vec<Conv2dWeights>,
-    /// Replicate padding (HunyuanVideo 1.5): the edge pixel in space, and
-    /// copies of a video's first frame before it in time, instead of zeros.
+    /// Replicate padding in space (HunyuanVideo 1.5): the edge pixel.
     pub replicate: bool,
+    /// A video's first frame repeated before it in time instead of zero
+    /// frames (HunyuanVideo 1.5, a causal LTX-2 decoder).
+    pub repeat_first: bool,
     /// Reflect padding in space (LTX-2's decoder).
     pub reflect: bool,
     /// Not causal (LTX-2's decoder): the taps are centred on the frame, the

@@ -267,6 +267,7 @@ fn causal(
     let b = g.store.take(&format!("{prefix}.conv.bias"), &[cout])?;
     let mut cw = causal_from_host(g.ctx, g.store, prefix, (&w, &b), [cout, cin, 3, 3])?;
     cw.replicate = true;
+    cw.repeat_first = true;
     Ok(cw)
 }
 

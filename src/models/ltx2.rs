@@ -5,7 +5,9 @@
 //! 3×3×3 conv sees one frame on each side, the clip's first and last frames
 //! repeated beyond its ends, and pads space by reflection. A frame's output
 //! depends on frames after it, so the whole clip is one chunk (decoding a
-//! clip's first latent frames alone changes their frames).
+//! clip's first latent frames alone changes their frames). A causal
+//! decoder (`decoder_causal: true`, diffusers' class default) sees two
+//! frames before each (the video's first repeated) and streams.
 //!
 //! Decoder: conv_in → mid block (residual blocks) → up blocks (a conv to
 //! 8·C / f channels read as 2×2×2 sub-pixels, the clip's first frame
@@ -46,6 +48,9 @@ pub struct Ltx2Config {
     pub patch_size: usize,
     /// Pipeline latents are `(z − mean) · scaling_factor / std`.
     pub scaling_factor: f32,
+    /// `decoder_causal`: each conv sees two frames before it (the video's
+    /// first repeated), not one on each side; the decoder then streams.
+    pub causal: bool,
 }
 
 impl Ltx2Config {
@@ -59,6 +64,7 @@ impl Ltx2Config {
             upsample_factor: vec![2, 2, 2],
             patch_size: 4,
             scaling_factor: 1.0,
+            causal: false,
         }
     }
 
@@ -76,14 +82,11 @@ impl Ltx2Config {
         };
         let refuse = |what: String| -> Result<Self> {
             Err(Error::Unsupported(format!(
-                "{}: {what}; the engine implements the released LTX-2 decoder (non-causal, reflect padding, spatio-temporal residual up-samplers, no timestep conditioning or noise injection)",
+                "{}: {what}; the engine implements LTX-2 decoders with reflect padding and spatio-temporal residual up-samplers, causal or not, without timestep conditioning or noise injection",
                 path.display()
             )))
         };
         let yes = serde_json::Value::Bool(true);
-        if f.get("decoder_causal") == Some(&yes) {
-            return refuse("decoder_causal is true".into());
-        }
         if f.get("timestep_conditioning") == Some(&yes) {
             return refuse("timestep_conditioning is true".into());
         }
@@ -123,6 +126,8 @@ impl Ltx2Config {
             upsample_factor: f.ints("upsample_factor", &d.upsample_factor, (1, 8))?,
             patch_size: f.int("patch_size", d.patch_size, (1, 8))?,
             scaling_factor: f.factor("scaling_factor", d.scaling_factor)?,
+            // diffusers' class default is causal; the released config says false.
+            causal: f.flag("decoder_causal", true)?,
         };
         cfg.check()
             .map_err(|m| bad(path, format!("config.json: {m}")))?;
@@ -254,7 +259,7 @@ impl Ltx2Decoder {
             layout: crate::latents::VideoLayout::Ncthw,
             range: ImageRange::MinusOneToOne,
             cache_grows: false,
-            whole_clip: true,
+            whole_clip: !self.config.causal,
             min_side: 2,
         }
     }
@@ -303,26 +308,37 @@ impl Ltx2Decoder {
     }
 }
 
-/// The conv `{prefix}.conv` `[cout, cin, 3, 3, 3]`, centred in time,
-/// reflect-padded in space.
-fn conv(g: &mut GraphBuilder<'_>, prefix: &str, [cout, cin]: [usize; 2]) -> Result<CausalWeights> {
+/// Reflect padding in space and, in time, centred taps (the clip's ends
+/// repeated) or, `causal`, two frames before (the video's first repeated).
+fn time_padding(cw: &mut CausalWeights, causal: bool) {
+    cw.reflect = true;
+    cw.centered = !causal;
+    cw.repeat_first = causal;
+}
+
+/// The conv `{prefix}.conv` `[cout, cin, 3, 3, 3]` (see [`time_padding`]).
+fn conv(
+    g: &mut GraphBuilder<'_>,
+    prefix: &str,
+    [cout, cin]: [usize; 2],
+    causal: bool,
+) -> Result<CausalWeights> {
     let w = g
         .store
         .take(&format!("{prefix}.conv.weight"), &[cout, cin, 3, 3, 3])?;
     let b = g.store.take(&format!("{prefix}.conv.bias"), &[cout])?;
     let mut cw = causal_from_host(g.ctx, g.store, prefix, (&w, &b), [cout, cin, 3, 3])?;
-    cw.reflect = true;
-    cw.centered = true;
+    time_padding(&mut cw, causal);
     Ok(cw)
 }
 
 fn time_conv(
     g: &mut GraphBuilder<'_>,
     x: TensorId,
-    (prefix, dims): (&str, [usize; 2]),
+    (prefix, dims, causal): (&str, [usize; 2], bool),
     residual: Residual,
 ) -> Result<TensorId> {
-    let w = conv(g, prefix, dims)?;
+    let w = conv(g, prefix, dims, causal)?;
     let w = g.b.causal_weights(w);
     let slot = g.next_slot();
     Ok(g.b.causal_conv(x, w, slot, residual))
@@ -336,7 +352,11 @@ fn rms(g: &mut GraphBuilder<'_>, x: TensorId, c: usize) -> Result<TensorId> {
     Ok(g.b.rms_norm(x, id, true))
 }
 
-fn resnet(g: &mut GraphBuilder<'_>, x: TensorId, prefix: &str, c: usize) -> Result<TensorId> {
+fn resnet(
+    g: &mut GraphBuilder<'_>,
+    x: TensorId,
+    (prefix, c, causal): (&str, usize, bool),
+) -> Result<TensorId> {
     for k in [
         "norm3.weight",
         "conv_shortcut.weight",
@@ -351,12 +371,17 @@ fn resnet(g: &mut GraphBuilder<'_>, x: TensorId, prefix: &str, c: usize) -> Resu
         }
     }
     let n1 = rms(g, x, c)?;
-    let c1 = time_conv(g, n1, (&format!("{prefix}.conv1"), [c, c]), Residual::None)?;
+    let c1 = time_conv(
+        g,
+        n1,
+        (&format!("{prefix}.conv1"), [c, c], causal),
+        Residual::None,
+    )?;
     let n2 = rms(g, c1, c)?;
     time_conv(
         g,
         n2,
-        (&format!("{prefix}.conv2"), [c, c]),
+        (&format!("{prefix}.conv2"), [c, c], causal),
         Residual::InPlace(x),
     )
 }
@@ -371,14 +396,15 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
     };
     let (mut g, z) = GraphBuilder::new(ctx, store, false, false);
     let mut c = widths.first().copied().unwrap_or(0);
-    let mut x = time_conv(
-        &mut g,
-        z,
-        ("decoder.conv_in", [c, cfg.latent_channels]),
-        Residual::None,
-    )?;
+    let causal = cfg.causal;
+    let conv_in = ("decoder.conv_in", [c, cfg.latent_channels], causal);
+    let mut x = time_conv(&mut g, z, conv_in, Residual::None)?;
     for j in 0..layers.first().copied().unwrap_or(0) {
-        x = resnet(&mut g, x, &format!("decoder.mid_block.resnets.{j}"), c)?;
+        x = resnet(
+            &mut g,
+            x,
+            (&format!("decoder.mid_block.resnets.{j}"), c, causal),
+        )?;
     }
     for (i, (&width, &f)) in widths.iter().zip(&factors).enumerate() {
         let p = format!("decoder.up_blocks.{i}");
@@ -397,14 +423,14 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
         let h = time_conv(
             &mut g,
             x,
-            (&format!("{p}.upsamplers.0.conv"), [c * 8 / f, c]),
+            (&format!("{p}.upsamplers.0.conv"), [c * 8 / f, c], causal),
             Residual::None,
         )?;
         x =
             g.b.channels_to_space(h, (out, 2), Order::Interleave, Some(mark_b), Some(sc));
         c = out;
         for j in 0..layers.get(i + 1).copied().unwrap_or(0) {
-            x = resnet(&mut g, x, &format!("{p}.resnets.{j}"), c)?;
+            x = resnet(&mut g, x, (&format!("{p}.resnets.{j}"), c, causal))?;
         }
     }
     x = rms(&mut g, x, c)?;
@@ -416,8 +442,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &Ltx2Config) -> Result<Graph> 
     let bias = store.take("decoder.conv_out.conv.bias", &[co])?;
     let (w, b) = pixel_shuffle_order(&wt, &bias, p);
     let mut cw = causal_from_host(ctx, store, "decoder.conv_out", (&w, &b), [co, c, 3, 3])?;
-    cw.reflect = true;
-    cw.centered = true;
+    time_padding(&mut cw, causal);
     let cw = g.b.causal_weights(cw);
     let slot = g.next_slot();
     x = g.b.causal_conv(x, cw, slot, Residual::None);

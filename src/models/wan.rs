@@ -68,7 +68,8 @@ impl WanDecoder {
         })
     }
 
-    /// Opens `spec`: `preset:wan21` (seeded random weights, `seed`), a
+    /// Opens `spec`: `preset:wan21` or `preset:wan22` (the public configs,
+    /// seeded random weights `seed`), a
     /// diffusers folder (`config.json` + `diffusion_pytorch_model.safetensors`)
     /// or a `.safetensors` file (diffusers or original keys; a `config.json`
     /// beside it is read). Weights are stored as `dtype`.

@@ -1,6 +1,7 @@
 //! The Wan VAE's config (diffusers `AutoencoderKLWan` fields): read from a
 //! `config.json` with every field checked by name, or inferred from a weight
-//! file's shapes, with Wan 2.1's latent statistics where none are given.
+//! file's shapes, with Wan 2.1's or 2.2's latent statistics (by z_dim) where
+//! none are given.
 
 use std::path::{Path, PathBuf};
 
@@ -290,7 +291,8 @@ impl WanConfig {
     }
 
     /// The config of a file without `config.json`, read off its shapes
-    /// (the Wan 2.1 latents' statistics assumed for z_dim 16), and the note
+    /// (Wan 2.1's latent statistics assumed for z_dim 16, Wan 2.2's for 48;
+    /// `is_residual` and `patch_size` from the key names and `conv_out`), and the note
     /// saying so.
     pub(crate) fn infer(store: &WeightStore, why: &str) -> Result<(Self, Option<String>)> {
         let origin = PathBuf::from(store.origin());

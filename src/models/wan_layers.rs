@@ -72,6 +72,7 @@ pub(crate) fn causal_from_host(
     Ok(CausalWeights {
         taps,
         replicate: false,
+        repeat_first: false,
         reflect: false,
         centered: false,
     })

@@ -277,7 +277,7 @@ impl Executor {
         let hist = earlier.len();
         let k = current.k();
         let cache = if hist > 0 && !w.centered {
-            let start = w.replicate.then_some(x0);
+            let start = w.repeat_first.then_some(x0);
             Some(self.cache_of(caches, slot, hist, (x, start))?)
         } else {
             None
