@@ -120,28 +120,29 @@ fn plane_affine(plane: u32, ok: bool) -> vec2<f32> {
 #endif
 }
 
-// Reflect padding (PyTorch's "reflect", the edge not repeated) of index i in 0..n, for
-// pads smaller than n; one-pixel frames have nothing to reflect and read their pixel.
-fn reflect(i: i32, n: i32) -> i32 {
+// Index i of a row or column of n after padding: REPLICATE clamps it to the edge, REFLECT
+// reflects it (PyTorch's "reflect", the edge not repeated; pads smaller than n), otherwise it
+// stays (out of range reads zero).
+fn padded(i: i32, n: i32) -> i32 {
+#ifdef REPLICATE
+    return clamp(i, 0, n - 1);
+#else
+#ifdef REFLECT
     var r = i;
     if r < 0 { r = -r; }
     if r >= n { r = 2 * (n - 1) - r; }
     return clamp(r, 0, n - 1);
+#else
+    return i;
+#endif
+#endif
 }
 
 // The input value at column ix of the (upsampled) frame in the row starting at x[rowbase];
-// 0 outside the frame (REPLICATE: the edge column's) or when !ok. The index is clamped, so
+// 0 outside the frame (unless padded()) or when !ok. The index is clamped, so
 // the load is always valid.
 fn xrow(rowbase: u32, ix_in: i32, ok: bool, ss: vec2<f32>) -> f32 {
-#ifdef REPLICATE
-    let ix = clamp(ix_in, 0, i32(p.win) - 1);
-#else
-#ifdef REFLECT
-    let ix = reflect(ix_in, i32(p.win));
-#else
-    let ix = ix_in;
-#endif
-#endif
+    let ix = padded(ix_in, i32(p.win));
     let inside = ok && u32(ix) < p.win;
 #ifdef UPSAMPLE
     let sx = u32(ix) >> 1u;
@@ -156,17 +157,9 @@ fn xrow(rowbase: u32, ix_in: i32, ok: bool, ss: vec2<f32>) -> f32 {
 }
 
 // Row `iy` of the (upsampled) frame of a channel plane: (offset of the row in x, inside);
-// REPLICATE: rows outside are the edge row.
+// rows outside as padded() says.
 fn xrow_base(plane: u32, iy_in: i32, ok: bool) -> vec2<u32> {
-#ifdef REPLICATE
-    let iy = clamp(iy_in, 0, i32(p.hin) - 1);
-#else
-#ifdef REFLECT
-    let iy = reflect(iy_in, i32(p.hin));
-#else
-    let iy = iy_in;
-#endif
-#endif
+    let iy = padded(iy_in, i32(p.hin));
     let inside = ok && u32(iy) < p.hin;
 #ifdef UPSAMPLE
     let sy = u32(iy) >> 1u;

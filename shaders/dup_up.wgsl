@@ -32,7 +32,7 @@ struct Params {
     r_first: u32, // DCAE: repeats of a first-chunk frame
     g_next: u32,
     r_next: u32,
-    _p1: u32,
+    add: u32, // 1: add into out (a residual) instead of overwriting it
     _p2: u32,
     _p3: u32,
 }
@@ -78,5 +78,7 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     let ly = gy / p.f - p.sy;
     let lx = gx / p.f - p.sx;
-    out_st(i, src_ld(((sb * p.ci + c) * p.sh + ly) * p.sw + lx));
+    var v = src_ld(((sb * p.ci + c) * p.sh + ly) * p.sw + lx);
+    if p.add == 1u { v += out_ld(i); }
+    out_st(i, v);
 }

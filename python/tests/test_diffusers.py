@@ -281,6 +281,7 @@ def _tiny_unet(torch, diffusers):
 def test_stable_diffusion_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_diffusers):
     """A tiny random StableDiffusionPipeline assembled offline (prompt embeddings given, so no
     tokenizer / text encoder); its VAE is the aekl-tiny-sd golden, loaded by diffusers, then by wgvae."""
+    pytest.importorskip("transformers", reason="SKIPPED: diffusers pipelines need transformers")
     torch, diffusers = torch_diffusers
     d = shared / "golden" / "aekl-tiny-sd"
     pipe = diffusers.StableDiffusionPipeline(
@@ -327,6 +328,7 @@ def test_stable_diffusion_pipeline_with_wgvae_vae_gives_diffusers_images(shared,
 
 def test_wan_pipeline_with_wgvae_vae_gives_diffusers_frames(shared, torch_diffusers):
     """A tiny random WanPipeline (prompt embeddings given) with the wan21-tiny VAE, diffusers' then wgvae's."""
+    pytest.importorskip("transformers", reason="SKIPPED: diffusers pipelines need transformers")
     torch, diffusers = torch_diffusers
     d = shared / "golden" / "wan21-tiny"
     torch.manual_seed(0)
@@ -407,6 +409,7 @@ def test_autoencoder_tiny_equals_diffusers(torch_diffusers, tmp_path):
 def test_flux2_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_diffusers):
     """A tiny random Flux2Pipeline (prompt embeddings given) with the flux2-tiny VAE, diffusers' then
     wgvae's: text to image, and with a reference image, which goes through vae.encode and vae.bn."""
+    pytest.importorskip("transformers", reason="SKIPPED: diffusers pipelines need transformers")
     torch, diffusers = torch_diffusers
     from PIL import Image
 
@@ -474,6 +477,7 @@ def test_encode_takes_diffusers_range_without_hints(shared):
 
 def test_qwenimage_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_diffusers):
     """A tiny random QwenImagePipeline (prompt embeddings given) with the qwenimage-tiny VAE."""
+    pytest.importorskip("transformers", reason="SKIPPED: diffusers pipelines need transformers")
     torch, diffusers = torch_diffusers
     d = shared / "golden" / "qwenimage-tiny"
     torch.manual_seed(0)

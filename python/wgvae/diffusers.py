@@ -540,37 +540,6 @@ class AutoencoderKLQwenImage21(AutoencoderKLQwenImage):
     }  # fmt: skip
 
 
-class AutoencoderKLWan(_WgvaeVae):
-    """diffusers' ``AutoencoderKLWan`` (Wan 2.1 VAE, and Wan 2.2's residual one with
-    ``is_residual`` / ``patch_size`` 2 / z_dim 48 from its config): decodes raw z
-    N×C×T×h×w to N×3×T'×H×W (T' = 1 + 4 (T − 1)), clamped to [−1, 1] as diffusers.
-    Untiled (tiling switches are accepted and change nothing). No encoder yet."""
-
-    _classes = ("AutoencoderKLWan",)
-    _encodes = False
-    _no_encoder = "wgvae has no Wan encoder yet: AutoencoderKLWan.decode works; encode with diffusers' own class"
-    _defaults = {
-        "base_dim": 96, "decoder_base_dim": None, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
-        "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
-        "latents_mean": _WAN_MEAN, "latents_std": _WAN_STD, "is_residual": False, "in_channels": 3,
-        "out_channels": 3, "patch_size": None, "scale_factor_temporal": 4, "scale_factor_spatial": 8,
-    }  # fmt: skip
-
-    @classmethod
-    def _load(cls, folder: str, precision: str, adapter: Any, max_memory: Any) -> Vae:
-        if max_memory is not None:
-            raise ValueError("AutoencoderKLWan decodes untiled: max_memory is not supported")
-        vae = Vae(folder, dtype=precision, adapter=adapter)
-        if not vae.is_video:
-            raise ValueError(f"{folder}: wgvae did not load it as a Wan video VAE ({vae.name})")
-        return vae
-
-    def _decode(self, z: np.ndarray) -> np.ndarray:
-        if z.ndim != 5:
-            raise ValueError(f"z: expected N×C×T×h×w Wan latents, got shape {tuple(z.shape)}")
-        return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True)
-
-
 class _VideoDecoderOnly(_WgvaeVae):
     """A video VAE wgvae decodes (no encoder): raw z N×C×T×h×w in, ``vae.decode(z).sample``
     out as diffusers returns it."""
@@ -590,6 +559,22 @@ class _VideoDecoderOnly(_WgvaeVae):
         if z.ndim != 5:
             raise ValueError(f"z: expected N×C×T×h×w latents, got shape {tuple(z.shape)}")
         return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True)
+
+
+class AutoencoderKLWan(_VideoDecoderOnly):
+    """diffusers' ``AutoencoderKLWan`` (Wan 2.1 VAE, and Wan 2.2's residual one with
+    ``is_residual`` / ``patch_size`` 2 / z_dim 48 from its config): decodes raw z
+    N×C×T×h×w to N×3×T'×H×W (T' = 1 + 4 (T − 1)), clamped to [−1, 1] as diffusers.
+    Untiled (tiling switches are accepted and change nothing). No encoder yet."""
+
+    _classes = ("AutoencoderKLWan",)
+    _no_encoder = "wgvae has no Wan encoder yet: AutoencoderKLWan.decode works; encode with diffusers' own class"
+    _defaults = {
+        "base_dim": 96, "decoder_base_dim": None, "z_dim": 16, "dim_mult": [1, 2, 4, 4], "num_res_blocks": 2,
+        "attn_scales": [], "temperal_downsample": [False, True, True], "dropout": 0.0,
+        "latents_mean": _WAN_MEAN, "latents_std": _WAN_STD, "is_residual": False, "in_channels": 3,
+        "out_channels": 3, "patch_size": None, "scale_factor_temporal": 4, "scale_factor_spatial": 8,
+    }  # fmt: skip
 
 
 class AutoencoderKLHunyuanVideo15(_VideoDecoderOnly):

@@ -315,6 +315,13 @@ fn step(
             Some(time_upsample(rec, x, (w, up), residual, *cache, state)?)
         }
         Op::DupUp { x, .. } | Op::PixelShuffle { x, .. } => {
+            // A shortcut to add (HunyuanVideo's, LTX-2's) is summed in the same pass.
+            let residual = match op {
+                Op::DupUp {
+                    residual: Some(r), ..
+                } => Some(take(slots, *r)?),
+                _ => None,
+            };
             let x = get(slots, *x)?;
             let [n, c, h, w] = dims4(x)?;
             let (channels, (ft, f)) = op.space_factors(c)?;
@@ -330,18 +337,30 @@ fn step(
                 _ => n,
             };
             let shape = [frames_out(n, ft, lead), channels, f * h, f * w];
-            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?;
-            to_space(rec, x, (0, 0), &out, (0, 0), (ft, f), (lead, op.order()))?;
-            match op {
-                Op::DupUp {
-                    residual: Some(r), ..
-                } => {
-                    let r = take(slots, *r)?;
-                    crate::kernels::elementwise::add(rec, &r, &out, &r)?;
-                    Some(r)
+            let (out, add) = match residual {
+                Some(r) => {
+                    if r.shape() != shape {
+                        return Err(Error::Internal(format!(
+                            "channels-to-space residual {r:?}: the output is {shape:?}"
+                        )));
+                    }
+                    (r, true)
                 }
-                _ => Some(out),
-            }
+                _ => (
+                    Tensor::empty(rec.ctx(), &shape, x.dtype(), "channels to space")?,
+                    false,
+                ),
+            };
+            to_space(
+                rec,
+                x,
+                (0, 0),
+                &out,
+                (0, 0),
+                (ft, f),
+                (lead, op.order(), add),
+            )?;
+            Some(out)
         }
         Op::FrameAttention {
             x,

@@ -62,8 +62,10 @@ pub struct Params {
     pub g_next: u32,
     /// See `g_next`.
     pub r_next: u32,
+    /// 1: add into `out` (a residual) instead of overwriting it.
+    pub add: u32,
     /// Padding to 80 bytes.
-    pub _pad: [u32; 3],
+    pub _pad: [u32; 2],
 }
 
 /// Which source channel each output channel of a channels-to-space map
@@ -132,7 +134,7 @@ pub fn dup_up(
     ft: usize,
 ) -> Result<()> {
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (ft, 2), (n, Order::Interleave))
+    dup_up_video(rec, src, from, out, at, ft, n)
 }
 
 /// [`dup_up`] of a video's frames `[T, CI, SH, SW]` (time as the batch)
@@ -149,7 +151,15 @@ pub fn dup_up_video(
     ft: usize,
     lead: usize,
 ) -> Result<()> {
-    to_space(rec, src, from, out, at, (ft, 2), (lead, Order::Interleave))
+    to_space(
+        rec,
+        src,
+        from,
+        out,
+        at,
+        (ft, 2),
+        (lead, Order::Interleave, false),
+    )
 }
 
 /// Output frames of channels to space with time factor `ft` over `n`
@@ -180,7 +190,15 @@ pub fn pixel_shuffle(
         ));
     }
     let n = src.shape().first().copied().unwrap_or(0);
-    to_space(rec, src, from, out, at, (1, factor), (n, Order::Interleave))
+    to_space(
+        rec,
+        src,
+        from,
+        out,
+        at,
+        (1, factor),
+        (n, Order::Interleave, false),
+    )
 }
 
 /// Channels a pixel shuffle by `factor` leaves of `c`.
@@ -198,7 +216,8 @@ pub fn shuffled_channels(c: usize, factor: usize) -> Result<usize> {
 /// Channels to space with time factor `ft` and space factor `f` (see the
 /// shader): [`dup_up`] is `(ft, 2)`, [`pixel_shuffle`] `(1, f)`; the first
 /// `lead` source frames are first chunks (see [`dup_up_video`]), `order`
-/// which channel each output channel reads.
+/// which channel each output channel reads; `add`: the result is added to
+/// what `out` holds (a shortcut summed in the same pass).
 pub fn to_space(
     rec: &mut Recorder,
     src: &Tensor,
@@ -206,7 +225,7 @@ pub fn to_space(
     out: &Tensor,
     (oy, ox): (usize, usize),
     (ft, f): (usize, usize),
-    (lead, order): (usize, Order),
+    (lead, order, add): (usize, Order, bool),
 ) -> Result<()> {
     const OP: &str = "dup_up";
     let dims = |t: &Tensor| -> Result<[usize; 4]> {
@@ -289,7 +308,8 @@ pub fn to_space(
         } else {
             1
         })?,
-        _pad: [0; 3],
+        add: u32::from(add),
+        _pad: [0; 2],
     };
     let groups = linear_groups(rec.ctx(), (total as u64).div_ceil(WG as u64))?;
     let st = storage_of(rec, &[("src", src)])?;
@@ -540,6 +560,42 @@ mod tests {
                 );
                 assert_eq!(out.to_f32(&ctx).unwrap(), want_win, "{what} window");
             }
+        }
+    }
+
+    /// `add`: the map is summed into what `out` holds (a residual), in
+    /// every storage type, DCAE order, a first-chunk frame and later ones.
+    #[test]
+    fn to_space_adds_into_a_residual() {
+        for (ctx, dt) in crate::testing::dtype_contexts() {
+            let (n, ci, h, w, co, ft, lead) = (3, 16, 3, 5, 2, 2, 1);
+            let round = |v: Vec<f32>| -> Vec<f32> {
+                v.into_iter()
+                    .map(|x| crate::gpu::storage::round_through(x, dt))
+                    .collect()
+            };
+            let data = round(rand_vec(n * ci * h * w, 11, 1.0));
+            let d = Dcae {
+                first: (2 * co, 1),
+                next: (co, 1),
+            };
+            let map = cpu_dcae(&data, [n, ci, h, w], co, ft, (lead, d));
+            let base = round(rand_vec(map.len(), 12, 1.0));
+            let no = frames_out(n, ft, lead);
+            let src = Tensor::from_f32_as(&ctx, &[n, ci, h, w], &data, dt, "src").unwrap();
+            let out = Tensor::from_f32_as(&ctx, &[no, co, 2 * h, 2 * w], &base, dt, "out").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            let order = (lead, Order::Dcae(d), true);
+            to_space(&mut rec, &src, (0, 0), &out, (0, 0), (ft, 2), order).unwrap();
+            rec.submit().unwrap();
+            let want: Vec<f32> = map.iter().zip(&base).map(|(a, b)| a + b).collect();
+            crate::testing::assert_close(
+                &out.to_f32(&ctx).unwrap(),
+                &want,
+                1e-6,
+                1e-2,
+                &format!("{dt:?}"),
+            );
         }
     }
 

@@ -23,6 +23,12 @@ pub(crate) fn vae_dir(dir: &Path) -> PathBuf {
     }
 }
 
+/// True when `spec` is a diffusers folder (or a pipeline folder with `vae/`)
+/// whose `config.json` names `class`.
+pub(crate) fn is_class_folder(spec: &Path, class: &str) -> bool {
+    spec.is_dir() && class_of(&vae_dir(spec).join("config.json")).as_deref() == Some(class)
+}
+
 /// The `_class_name` of a diffusers `config.json` (`None`: not a regular
 /// file, unreadable, not JSON, or without one).
 pub(crate) fn class_of(path: &Path) -> Option<String> {
@@ -65,38 +71,14 @@ pub(crate) fn locate(
     Ok((file, config))
 }
 
-/// The weights file and `config.json` of a video VAE of `class` at `path`:
-/// a diffusers folder (`diffusion_pytorch_model.safetensors` + its
-/// `config.json`), or a `.safetensors` file with the `config.json` beside
-/// it when that one is of `class` (`None`: none of it).
-pub(crate) fn weights_and_config(
-    path: &Path,
-    class: &str,
-) -> crate::error::Result<(std::path::PathBuf, Option<std::path::PathBuf>)> {
-    if path.is_dir() {
-        let file = path.join("diffusion_pytorch_model.safetensors");
-        if !file.is_file() {
-            return Err(bad(
-                path,
-                format!("a diffusers {class} folder holds `diffusion_pytorch_model.safetensors`; it is not there"),
-            ));
-        }
-        return Ok((file, Some(path.join("config.json"))));
-    }
-    let beside = path.with_file_name("config.json");
-    let ours = beside.is_file()
-        && std::fs::read_to_string(&beside).is_ok_and(|t| t.contains(&format!("\"{class}\"")));
-    Ok((path.to_path_buf(), ours.then_some(beside)))
-}
-
 /// A model's released config and its reader of a `config.json`.
 pub(crate) type Configs<C> = (fn() -> C, fn(&Path) -> crate::error::Result<C>);
 
 /// The weights (as `dtype`), config and display name of a video VAE named
 /// by `spec`: `preset:{preset}` (`public()`, seeded random weights `seed`),
-/// a diffusers folder or a `.safetensors` file of `class` (see
-/// [`weights_and_config`]; without a config of `class`, `public()` with a
-/// warning). `family` names the model.
+/// a diffusers folder (or a pipeline folder with `vae/`) or a
+/// `.safetensors` file of `class` (see [`locate`]; without a config of
+/// `class`, `public()` with a warning). `family` names the model.
 pub(crate) fn open_video_vae<C>(
     ctx: &crate::gpu::Context,
     spec: &str,
@@ -111,7 +93,7 @@ pub(crate) fn open_video_vae<C>(
         let name = format!("{preset} preset (random weights, seed {seed})");
         return Ok((store, public(), name));
     }
-    let (file, config) = weights_and_config(Path::new(spec), class)?;
+    let (file, config) = locate(Path::new(spec), class, None)?;
     let config = match config {
         Some(c) => from_file(&c)?,
         None => {

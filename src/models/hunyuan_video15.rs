@@ -143,9 +143,7 @@ pub fn is_hunyuan_video15(spec: &str) -> bool {
     }
     let path = Path::new(spec);
     if path.is_dir() {
-        let config = path.join("config.json");
-        return config.is_file()
-            && std::fs::read_to_string(&config).is_ok_and(|t| t.contains(CLASS_NAME));
+        return crate::models::diffusers_folder::is_class_folder(path, CLASS_NAME);
     }
     path.is_file()
         && crate::models::wan_weights::header_keys(path).is_some_and(|k| has_decoder_keys(&k))

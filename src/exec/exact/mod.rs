@@ -558,16 +558,26 @@ impl Executor {
     /// `channels` at `f`× its resolution, each output tile from the window
     /// of `x` under it (whole-image coordinates, so tiles equal the untiled
     /// result); the first `lead` frames are a video's first chunk (see
-    /// [`crate::kernels::dup_up::dup_up_video`]).
+    /// [`crate::kernels::dup_up::dup_up_video`]). With `residual` the tiles
+    /// are added into its tiles (in place, in the same pass).
     pub(crate) fn channels_to_space(
         &mut self,
         x: &Act,
         channels: usize,
         (ft, f): (usize, usize),
         (lead, order): (usize, crate::kernels::dup_up::Order),
+        mut residual: Option<Act>,
     ) -> Result<Act> {
         let n = crate::kernels::dup_up::frames_out(x.n, ft, lead);
         let mut out = self.empty_act(n, channels, f * x.h, f * x.w, x.dtype);
+        if let Some(r) = &residual {
+            if (r.n, r.c, r.h, r.w) != (out.n, out.c, out.h, out.w) || r.grid != out.grid {
+                return Err(Error::Internal(format!(
+                    "tiled channels-to-space residual [{}, {}, {}, {}]: the output is [{}, {}, {}, {}]",
+                    r.n, r.c, r.h, r.w, out.n, out.c, out.h, out.w
+                )));
+            }
+        }
         for i in 0..out.grid.len() {
             let r = out.grid.rect(i);
             let (y0, x0) = (r.y / f, r.x / f);
@@ -578,35 +588,19 @@ impl Executor {
                 r.right().div_ceil(f) - x0,
             );
             let src = self.read_window(x, win)?;
-            let o = Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
+            let (o, add) = match &mut residual {
+                Some(res) => (self.take_piece(res, i)?, true),
+                None => {
+                    let o =
+                        Tensor::empty(&self.ctx, &out.shape_of(&r), x.dtype, "channels to space")?;
+                    (o, false)
+                }
+            };
             let at = (r.y, r.x);
-            let map = (lead, order);
+            let map = (lead, order, add);
             crate::kernels::dup_up::to_space(self.rec(), &src, (y0, x0), &o, at, (ft, f), map)?;
             drop(src);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;
-        }
-        Ok(out)
-    }
-
-    /// `y` added into `r` tile by tile (same shape and tiles; `r` in place).
-    pub(crate) fn add_into(&mut self, mut r: Act, y: Act) -> Result<Act> {
-        if (r.n, r.c, r.h, r.w) != (y.n, y.c, y.h, y.w) || r.grid != y.grid {
-            return Err(Error::Internal(format!(
-                "tiled add of [{}, {}, {}, {}] into [{}, {}, {}, {}]",
-                y.n, y.c, y.h, y.w, r.n, r.c, r.h, r.w
-            )));
-        }
-        let mut out = Act {
-            pieces: (0..r.grid.len()).map(|_| Piece::Empty).collect(),
-            ..r
-        };
-        for i in 0..r.grid.len() {
-            let t = self.take_piece(&mut r, i)?;
-            let yt = self.read_window(&y, r.grid.rect(i))?;
-            crate::kernels::elementwise::add(self.rec(), &t, &yt, &t)?;
-            drop(yt);
-            self.park(&mut out, i, t)?;
-            self.step_done(stage::MAP)?;
         }
         Ok(out)
     }

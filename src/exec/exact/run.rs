@@ -127,6 +127,12 @@ impl Executor {
                             "GroupNorm statistics over a DupUp shortcut or a pixel shuffle".into(),
                         ));
                     }
+                    let residual = match op {
+                        Op::DupUp {
+                            residual: Some(r), ..
+                        } => Some(take_act(&mut slots, *r)?),
+                        _ => None,
+                    };
                     let x = act(&slots, *x)?;
                     let lead = match op {
                         Op::DupUp {
@@ -141,16 +147,8 @@ impl Executor {
                         _ => x.n,
                     };
                     let (channels, factors) = op.space_factors(x.c)?;
-                    let y = self.channels_to_space(x, channels, factors, (lead, op.order()))?;
-                    let y = match op {
-                        Op::DupUp {
-                            residual: Some(r), ..
-                        } => {
-                            let r = take_act(&mut slots, *r)?;
-                            self.add_into(r, y)?
-                        }
-                        _ => y,
-                    };
+                    let map = (lead, op.order());
+                    let y = self.channels_to_space(x, channels, factors, map, residual)?;
                     (Some(Value::Act(y)), None)
                 }
                 Op::FrameAttention {
