@@ -17,6 +17,7 @@ pub mod latent_affine;
 pub mod matmul;
 pub mod rms_norm;
 pub mod tensor_ops;
+pub(crate) mod tokens;
 
 use crate::gpu::{BindingKind, KernelSpec, WgslSource};
 
@@ -83,6 +84,7 @@ pub fn all_variants() -> Vec<(crate::gpu::KernelSpec, crate::gpu::PipelineKey)> 
     v.extend(matmul::variants());
     v.extend(rms_norm::variants());
     v.extend(tensor_ops::variants());
+    v.extend(tokens::variants());
     v
 }
 

@@ -1,5 +1,7 @@
-//! `shaders/rms_norm.wgsl`: RMS norm over channels per position (Wan 2.1's
-//! `WanRMS_norm`: `normalize(x, dim=C) · √C · gamma`), SiLU fused.
+//! `shaders/rms_norm.wgsl`: norms over channels per position, SiLU fused:
+//! Wan 2.1's `WanRMS_norm` (`normalize(x, dim=C) · √C · gamma`), PyTorch's
+//! `nn.RMSNorm` and `nn.LayerNorm` (without its bias) — per token when the
+//! positions are a transformer's channel-major tokens.
 
 use bytemuck::{Pod, Zeroable};
 
@@ -24,17 +26,39 @@ pub struct Params {
     pub c: u32,
     /// `H · W`.
     pub hw: u32,
-    /// Padding to 16 bytes.
-    pub _pad: u32,
+    /// The epsilon of [`NormKind::Rms`] and [`NormKind::Layer`].
+    pub eps: f32,
+}
+
+/// Which norm over channels.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub enum NormKind {
+    /// `x / max(‖x‖, 1e-12)` (`F.normalize`, Wan's RMS_norm; `√C` in gamma).
+    Wan,
+    /// `x / sqrt(mean(x²) + eps)` (`nn.RMSNorm`).
+    Rms(f32),
+    /// `(x − mean) / sqrt(var + eps)` (`nn.LayerNorm`'s scale only).
+    Layer(f32),
+}
+
+impl NormKind {
+    fn eps(self) -> f32 {
+        match self {
+            NormKind::Wan => 0.0,
+            NormKind::Rms(e) | NormKind::Layer(e) => e,
+        }
+    }
 }
 
 /// The kernel.
 pub const RMS_NORM: KernelSpec =
     spec::<Params>("rms_norm", SOURCE, "rms_norm", &[Read, Read, ReadWrite]);
 
-fn key(x: StorageType, out: StorageType, silu: bool) -> PipelineKey {
+fn key(x: StorageType, out: StorageType, silu: bool, kind: NormKind) -> PipelineKey {
     PipelineKey::new(&RMS_NORM)
         .flag_if(silu, "SILU")
+        .flag_if(matches!(kind, NormKind::Rms(_)), "MEAN_EPS")
+        .flag_if(matches!(kind, NormKind::Layer(_)), "CENTER")
         .constant("WG", format!("{WG}u"))
         .storage("x", x)
         .storage("out", out)
@@ -46,6 +70,18 @@ pub fn rms_norm(
     rec: &mut Recorder,
     x: &Tensor,
     gamma: &Tensor,
+    silu: bool,
+    out: &Tensor,
+) -> Result<()> {
+    norm(rec, x, (gamma, NormKind::Wan), silu, out)
+}
+
+/// The norm `kind` over channels at each position of `x`, times `gamma`
+/// (f32 `[C]`), SiLU after when `silu`, into `out` (same shape, not aliased).
+pub fn norm(
+    rec: &mut Recorder,
+    x: &Tensor,
+    (gamma, kind): (&Tensor, NormKind),
     silu: bool,
     out: &Tensor,
 ) -> Result<()> {
@@ -71,14 +107,14 @@ pub fn rms_norm(
         positions: u(positions)?,
         c: u(c)?,
         hw: u(h * w)?,
-        _pad: 0,
+        eps: kind.eps(),
     };
     let groups = linear_groups(rec.ctx(), (positions as u64).div_ceil(WG as u64))?;
     let st = storage_of(rec, &[("x", x), ("out", out)])?;
     let ty = |i: usize| st.get(i).map(|s| s.1).unwrap_or(StorageType::F32);
     rec.dispatch(
         &RMS_NORM,
-        &key(ty(0), ty(1), silu),
+        &key(ty(0), ty(1), silu, kind),
         &params,
         &[x, gamma, out],
         groups,
@@ -95,14 +131,32 @@ pub fn cpu_rms_norm(
     gamma: &[f32],
     silu: bool,
 ) -> Vec<f32> {
+    cpu_norm(x, [n, c, hw], gamma, NormKind::Wan, silu)
+}
+
+/// CPU reference of [`norm`] on `[n, c, hw]` data.
+pub fn cpu_norm(
+    x: &[f32],
+    [n, c, hw]: [usize; 3],
+    gamma: &[f32],
+    kind: NormKind,
+    silu: bool,
+) -> Vec<f32> {
     let mut out = vec![0.0; x.len()];
     for b in 0..n {
         for i in 0..hw {
             let at = |ch: usize| (b * c + ch) * hw + i;
-            let ss: f32 = (0..c).map(|ch| x[at(ch)] * x[at(ch)]).sum();
-            let inv = 1.0 / ss.sqrt().max(1e-12);
+            let mean = match kind {
+                NormKind::Layer(_) => (0..c).map(|ch| x[at(ch)]).sum::<f32>() / c as f32,
+                _ => 0.0,
+            };
+            let ss: f32 = (0..c).map(|ch| (x[at(ch)] - mean).powi(2)).sum();
+            let inv = match kind {
+                NormKind::Wan => 1.0 / ss.sqrt().max(1e-12),
+                NormKind::Rms(e) | NormKind::Layer(e) => 1.0 / (ss / c as f32 + e).sqrt(),
+            };
             for ch in 0..c {
-                let v = x[at(ch)] * inv * gamma[ch];
+                let v = (x[at(ch)] - mean) * inv * gamma[ch];
                 out[at(ch)] = if silu { v / (1.0 + (-v).exp()) } else { v };
             }
         }
@@ -114,7 +168,9 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
     let mut v = Vec::new();
     for t in StorageType::ALL {
         for silu in [false, true] {
-            v.push((RMS_NORM, key(t, t, silu)));
+            for kind in [NormKind::Wan, NormKind::Rms(0.0), NormKind::Layer(0.0)] {
+                v.push((RMS_NORM, key(t, t, silu, kind)));
+            }
         }
     }
     v
@@ -140,6 +196,33 @@ mod tests {
             rec.submit().unwrap();
             let want = cpu_rms_norm(&data, n, c, h * w, &g, silu);
             assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-5, "rms_norm");
+        }
+    }
+
+    /// `nn.RMSNorm` and `nn.LayerNorm` (scale only) on odd shapes, data off
+    /// centre so the mean matters.
+    #[test]
+    fn rms_and_layer_norms_match_cpu() {
+        let ctx = test_context();
+        let [n, c, h, w] = [3, 13, 5, 3];
+        let data: Vec<f32> = rand_vec(n * c * h * w, 8, 2.0)
+            .iter()
+            .map(|v| v + 0.7)
+            .collect();
+        let g = rand_vec(c, 9, 1.0);
+        for kind in [
+            NormKind::Rms(1e-5),
+            NormKind::Layer(1e-5),
+            NormKind::Layer(0.5),
+        ] {
+            let x = Tensor::from_f32(&ctx, &[n, c, h, w], &data, "x").unwrap();
+            let gamma = Tensor::from_f32(&ctx, &[c], &g, "g").unwrap();
+            let out = Tensor::empty(&ctx, &[n, c, h, w], DType::F32, "out").unwrap();
+            let mut rec = Recorder::new(&ctx);
+            norm(&mut rec, &x, (&gamma, kind), false, &out).unwrap();
+            rec.submit().unwrap();
+            let want = cpu_norm(&data, [n, c, h * w], &g, kind, false);
+            assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-5, 1e-5, "norm");
         }
     }
 }
