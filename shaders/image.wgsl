@@ -18,6 +18,8 @@
 // RANGE (const from the key):
 //   0 MinusOneToOne  diffusers: round(clamp(x / 2 + 0.5, 0, 1) * 255)
 //   1 ZeroToOne      TAE:       round(clamp(x, 0, 1) * 255)
+//   2 ImageNet       MiniMax-H3: round(clamp(x * std[c] + mean[c], 0, 1) * 255), ImageNet's
+//                    per-channel statistics (an alpha channel as ZeroToOne)
 // WGSL round() is round-half-to-even (naga emits SPIR-V RoundEven), which is
 // what numpy's `.round()` does, so bytes match diffusers exactly.
 // x * 0.5 is bit-identical to x / 2 (exact power-of-two scaling) and avoids a
@@ -45,9 +47,14 @@ struct Params {
 @group(0) @binding(2) var<storage, read_write> out: array<u32>;
 #endif
 
-fn to_unit(v: f32) -> f32 {
+fn to_unit(v: f32, ch: u32) -> f32 {
     if RANGE == 0u {
         return clamp(v * 0.5 + 0.5, 0.0, 1.0);
+    }
+    if RANGE == 2u && ch < 3u {
+        var sd = array<f32, 3>(0.229, 0.224, 0.225);
+        var mu = array<f32, 3>(0.485, 0.456, 0.406);
+        return clamp(v * sd[ch] + mu[ch], 0.0, 1.0);
     }
     return clamp(v, 0.0, 1.0);
 }
@@ -67,7 +74,7 @@ fn alpha(base: u32, r: f32, g: f32, b: f32) -> f32 {
     if CHANNELS == 4u {
         let v = x_ld(base + 3u * p.plane);
         ok = ok && finite(v);
-        a = to_unit(v);
+        a = to_unit(v, 3u);
     }
     return select(0.0, a, ok);
 }
@@ -76,8 +83,8 @@ fn unit_byte(u: f32) -> u32 {
     return u32(round(u * 255.0));
 }
 
-fn to_byte(v: f32) -> u32 {
-    return unit_byte(to_unit(v));
+fn to_byte(v: f32, ch: u32) -> u32 {
+    return unit_byte(to_unit(v, ch));
 }
 
 #ifdef TEXTURE
@@ -90,10 +97,10 @@ fn to_texture(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg
     let g = x_ld(pixel + p.plane);
     let b = x_ld(pixel + 2u * p.plane);
 #ifdef RGBA16F
-    let texel = vec4<f32>(to_unit(r), to_unit(g), to_unit(b), alpha(pixel, r, g, b));
+    let texel = vec4<f32>(to_unit(r, 0u), to_unit(g, 1u), to_unit(b, 2u), alpha(pixel, r, g, b));
 #else
     let a = unit_byte(alpha(pixel, r, g, b));
-    let texel = vec4<f32>(vec4<f32>(vec4<u32>(to_byte(r), to_byte(g), to_byte(b), a)) / 255.0);
+    let texel = vec4<f32>(vec4<f32>(vec4<u32>(to_byte(r, 0u), to_byte(g, 1u), to_byte(b, 2u), a)) / 255.0);
 #endif
     textureStore(out_tex, vec2<u32>(pixel % p.width, pixel / p.width), texel);
 }
@@ -114,7 +121,7 @@ fn to_rgb8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
             let within = byte - image * image_bytes;
             let pixel = within / 3u;
             let ch = within - pixel * 3u;
-            let v = to_byte(x_ld((image * 3u + ch) * p.plane + pixel));
+            let v = to_byte(x_ld((image * 3u + ch) * p.plane + pixel), ch);
             packed |= v << (8u * k);
         }
     }
@@ -131,7 +138,7 @@ fn to_rgba8(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
     let g = x_ld(base + p.plane);
     let b = x_ld(base + 2u * p.plane);
     let a = unit_byte(alpha(base, r, g, b));
-    out[wg.z * p.plane + pixel] = to_byte(r) | (to_byte(g) << 8u) | (to_byte(b) << 16u) | (a << 24u);
+    out[wg.z * p.plane + pixel] = to_byte(r, 0u) | (to_byte(g, 1u) << 8u) | (to_byte(b, 2u) << 16u) | (a << 24u);
 }
 #endif
 #endif

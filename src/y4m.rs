@@ -243,10 +243,14 @@ impl<W: Write> Y4mWriter<W> {
         let (rs, rest) = rgb.split_at(plane);
         let (gs, bs) = rest.split_at(plane);
         let range = self.range;
-        let level = |v: f32| -> f32 {
+        let level = |v: f32, ch: usize| -> f32 {
             let unit = match range {
                 ImageRange::ZeroToOne => v,
                 ImageRange::MinusOneToOne => v / 2.0 + 0.5,
+                ImageRange::ImageNet => {
+                    v * crate::kernels::image::IMAGENET_STD[ch]
+                        + crate::kernels::image::IMAGENET_MEAN[ch]
+                }
             };
             // NaN becomes black, as in the PNGs' RGB.
             if unit.is_nan() {
@@ -256,8 +260,8 @@ impl<W: Write> Y4mWriter<W> {
             }
         };
         let pixel = |i: usize| -> [f32; 3] {
-            let at = |s: &[f32]| level(s.get(i).copied().unwrap_or(0.0));
-            [at(rs), at(gs), at(bs)]
+            let at = |s: &[f32], ch| level(s.get(i).copied().unwrap_or(0.0), ch);
+            [at(rs, 0), at(gs, 1), at(bs, 2)]
         };
         self.planes.clear();
         self.planes.extend(b"FRAME\n");

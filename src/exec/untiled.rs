@@ -14,7 +14,6 @@ use crate::kernels::conv2d::{
 };
 use crate::kernels::dup_up::{frames_out, to_space};
 use crate::kernels::elementwise::unary;
-use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::copy_window;
 use crate::kernels::Activation;
 use crate::models::graph::{CausalWeights, Geometry, Graph, Mode, Op, Residual, TensorId};
@@ -31,6 +30,8 @@ pub(crate) struct VideoState {
     kv: std::collections::BTreeMap<usize, Vec<(Tensor, Tensor)>>,
     /// Slots of ops that have seen a video's first frame (no cache kept).
     marks: std::collections::BTreeSet<usize>,
+    /// Clip-chunked decoders' tails between clips.
+    pub(crate) clips: super::token_ops::ClipState,
 }
 
 /// One cache slot: `[kt − 1, C, H, W]` frames used as a ring (the oldest
@@ -58,7 +59,13 @@ impl VideoState {
     /// Cache tensors held.
     pub(crate) fn tensors(&self) -> impl Iterator<Item = &Tensor> {
         let kv = self.kv.values().flatten().flat_map(|(k, v)| [k, v]);
-        self.caches.iter().flatten().map(|c| &c.frames).chain(kv)
+        let clips = self.clips.tensors();
+        self.caches
+            .iter()
+            .flatten()
+            .map(|c| &c.frames)
+            .chain(kv)
+            .chain(clips)
     }
 }
 
@@ -277,7 +284,8 @@ fn step(
         Op::RmsNorm { x, norm, silu } => {
             let x = get(slots, *x)?;
             let out = Tensor::empty(rec.ctx(), x.shape(), x.dtype(), "rms norm")?;
-            rms_norm(rec, x, graph.rms(*norm), *silu, &out)?;
+            let gamma = (graph.rms(*norm), graph.rms_kind(*norm));
+            crate::kernels::rms_norm::norm(rec, x, gamma, *silu, &out)?;
             Some(out)
         }
         Op::CausalConv {
@@ -383,6 +391,23 @@ fn step(
                     )?)
                 }
             }
+        }
+        Op::Tokens(t) => {
+            let mut access = |id: TensorId, consume: bool| -> Result<Tensor> {
+                if consume {
+                    take(slots, id)
+                } else {
+                    get(slots, id).cloned()
+                }
+            };
+            let clips = &mut state.clips;
+            Some(super::token_ops::token_op(
+                graph,
+                rec,
+                t,
+                &mut access,
+                clips,
+            )?)
         }
         Op::Tap { x, name, activated } => {
             let x = get(slots, *x)?;

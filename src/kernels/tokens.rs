@@ -281,6 +281,7 @@ pub fn crossfade(
 }
 
 /// CPU reference of [`tokens`] to tokens: `[t, c, hw]` → `[c, plane]`.
+#[cfg(test)]
 pub fn cpu_to_tokens(x: &[f32], (t, c, hw): (usize, usize, usize), plane: usize) -> Vec<f32> {
     let mut out = vec![0.0; c * plane];
     for ti in 0..t {
@@ -296,6 +297,7 @@ pub fn cpu_to_tokens(x: &[f32], (t, c, hw): (usize, usize, usize), plane: usize)
 /// CPU reference of [`rope`] on `[heads, d, plane]`, written as diffusers
 /// writes it: `cat(x_rot · cos + cat(−second, first) · sin, x_pass)` per
 /// token, the angle of channel `j` that of axis `(j mod half) / nf`.
+#[cfg(test)]
 pub fn cpu_rope(
     x: &[f32],
     (heads, d, plane): (usize, usize, usize),

@@ -30,6 +30,7 @@ use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
 use crate::kernels::dup_up::shuffled_channels;
 use crate::kernels::elementwise::Unary;
 use crate::kernels::image::ImageRange;
+use crate::kernels::rms_norm::NormKind;
 use crate::kernels::Activation;
 use crate::models::layers::Norm;
 
@@ -52,6 +53,69 @@ pub(crate) struct CausalId(usize);
 /// An RMS norm's gamma (`√C` folded in, f32 `[C]`) in the graph's table.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct RmsId(usize);
+
+/// A constant tensor in the graph's table (a transformer's register tokens).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ConstId(usize);
+
+/// A transformer decoder's ops over channel-major tokens `[1, C, rows, w]`
+/// (see [`crate::kernels::tokens`]: a latent grid's `T·h·w` tokens first,
+/// then extra ones, then padding to whole rows). `grid` is the latent
+/// `[T, C, h, w]` whose frame tokens they are, read for its shape only.
+#[derive(Clone, Debug, PartialEq)]
+pub(crate) enum TokenOp {
+    /// Frames `x` to tokens, with room for `extra` more after the grid's
+    /// (zeroed) into a new tensor.
+    From { x: TensorId, extra: usize },
+    /// The tokens after the grid's set in place (consumes `x`): the
+    /// constants `reg` (`[R, C]`), then zeros (a zero token, padding).
+    Registers {
+        x: TensorId,
+        grid: TensorId,
+        reg: ConstId,
+    },
+    /// Multi-head self-attention over the grid's and `extra` tokens
+    /// (padding excluded): q, k, v 1×1 convs of `normed`, q and k
+    /// RMS-normed per head (`eps`) and rotated (3-axis RoPE on `2·half`
+    /// channels of each head, `theta`), the `out` projection added into `x`
+    /// (consumed).
+    Attention {
+        x: TensorId,
+        normed: TensorId,
+        grid: TensorId,
+        qkvo: [ConvId; 4],
+        heads: usize,
+        extra: usize,
+        eps: f32,
+        rope: (usize, f32),
+    },
+    /// SwiGLU: the first half of `x`'s channels times SiLU of the second,
+    /// into a new tensor.
+    Glu { x: TensorId },
+    /// The grid's tokens back to frames, each token's channels unpacked in
+    /// `(c, dt, dy, dx)` order into `channels` × `ft` frames × `f`² pixels:
+    /// `[T·ft, channels, h·f, w·f]`.
+    Unpatchify {
+        x: TensorId,
+        grid: TensorId,
+        channels: usize,
+        ft: usize,
+        f: usize,
+    },
+    /// One clip of a clip-chunked video decode (MiniMax-H3): of `x`'s
+    /// frames, `[skip, split)` are the clip's (the first `fade` cross-faded
+    /// with the previous clip's tail, kept in cache slot `slot`), and
+    /// `[split + skip, ..)` the tail the next clip fades from. The video's
+    /// last clip (the executor's state says so) appends its tail instead,
+    /// less the frames made from padding.
+    Clip {
+        x: TensorId,
+        slot: usize,
+        split: usize,
+        skip: usize,
+        fade: usize,
+    },
+}
 
 /// A causal conv over time: `taps[j]` is the 2-D conv of the frame
 /// `kt − 1 − j` steps back (`kt = taps.len()`; only the last tap, the
@@ -239,6 +303,8 @@ pub(crate) enum Op {
         out: ConvId,
         causal: Option<usize>,
     },
+    /// A transformer decoder's token op.
+    Tokens(TokenOp),
     /// A golden-check copy of `x` (with `affine` + activation applied when
     /// given); untiled only, not a use.
     Tap {
@@ -278,7 +344,8 @@ pub(crate) struct Graph {
     convs: Vec<Conv2dWeights>,
     norms: Vec<Norm>,
     causal: Vec<CausalWeights>,
-    rms: Vec<crate::tensor::Tensor>,
+    rms: Vec<(crate::tensor::Tensor, NormKind)>,
+    consts: Vec<crate::tensor::Tensor>,
     input: TensorId,
     output: TensorId,
     image: Option<ImageRange>,
@@ -334,7 +401,14 @@ impl Graph {
         &self.causal[w.0]
     }
     pub(crate) fn rms(&self, n: RmsId) -> &crate::tensor::Tensor {
-        &self.rms[n.0]
+        &self.rms[n.0].0
+    }
+    /// Which norm an [`Op::RmsNorm`] is.
+    pub(crate) fn rms_kind(&self, n: RmsId) -> NormKind {
+        self.rms[n.0].1
+    }
+    pub(crate) fn constant(&self, c: ConstId) -> &crate::tensor::Tensor {
+        &self.consts[c.0]
     }
     /// Tensors to free after op `i` in `mode`, in order.
     pub(crate) fn frees(&self, mode: Mode, i: usize) -> &[TensorId] {
@@ -414,7 +488,8 @@ pub(crate) struct Builder {
     convs: Vec<Conv2dWeights>,
     norms: Vec<Norm>,
     causal: Vec<CausalWeights>,
-    rms: Vec<crate::tensor::Tensor>,
+    rms: Vec<(crate::tensor::Tensor, NormKind)>,
+    consts: Vec<crate::tensor::Tensor>,
     /// Per tensor: the op producing it (`None`: the input).
     producer: Vec<Option<usize>>,
     last_use: Vec<Option<usize>>,
@@ -432,6 +507,7 @@ impl Builder {
             norms: Vec::new(),
             causal: Vec::new(),
             rms: Vec::new(),
+            consts: Vec::new(),
             producer: vec![None],
             last_use: vec![None],
             held: [vec![None], vec![None]],
@@ -454,8 +530,24 @@ impl Builder {
 
     /// Moves an RMS norm's gamma into the graph.
     pub(crate) fn rms_gamma(&mut self, g: crate::tensor::Tensor) -> RmsId {
-        self.rms.push(g);
+        self.norm_gamma(g, NormKind::Wan)
+    }
+
+    /// Moves the gamma of a norm of `kind` into the graph.
+    pub(crate) fn norm_gamma(&mut self, g: crate::tensor::Tensor, kind: NormKind) -> RmsId {
+        self.rms.push((g, kind));
         RmsId(self.rms.len() - 1)
+    }
+
+    /// Moves a constant tensor into the graph.
+    pub(crate) fn constant(&mut self, t: crate::tensor::Tensor) -> ConstId {
+        self.consts.push(t);
+        ConstId(self.consts.len() - 1)
+    }
+
+    /// A token op (see [`TokenOp`]).
+    pub(crate) fn tokens(&mut self, op: TokenOp) -> TensorId {
+        self.push(Op::Tokens(op), true)
     }
 
     /// RMS norm of `x` (then SiLU when `silu`).
@@ -582,6 +674,16 @@ impl Builder {
                 Residual::Shortcut(sc, _) => (vec![*x, *sc], None),
             },
             Op::Attention { x, affine, .. } => (vec![*x, *affine], Some(*x)),
+            Op::Tokens(t) => match t {
+                TokenOp::From { x, .. } | TokenOp::Glu { x } | TokenOp::Clip { x, .. } => {
+                    (vec![*x], None)
+                }
+                TokenOp::Registers { x, grid, .. } => (vec![*x, *grid], Some(*x)),
+                TokenOp::Attention {
+                    x, normed, grid, ..
+                } => (vec![*x, *normed, *grid], Some(*x)),
+                TokenOp::Unpatchify { x, grid, .. } => (vec![*x, *grid], None),
+            },
             Op::Conv(c) => {
                 let mut u = vec![c.x];
                 u.extend(c.prologue.map(|p| p.0));
@@ -740,6 +842,7 @@ impl Builder {
             norms: self.norms,
             causal: self.causal,
             rms: self.rms,
+            consts: self.consts,
             input: TensorId(0),
             output,
             image,

@@ -154,6 +154,11 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
         };
         let out: Option<[usize; 4]> = match op {
             Op::Identity { .. } | Op::Tap { .. } => None,
+            Op::Tokens(_) => {
+                return Err(Error::Unsupported(
+                    "the paper GPU model covers convolutional decoders, not transformer decoders (MiniMax-H3)".into(),
+                ))
+            }
             Op::Map { x, .. } | Op::TimeShift { x, .. } => {
                 let s = shape(*x)?;
                 let name = if matches!(op, Op::Map { .. }) {

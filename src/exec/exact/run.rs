@@ -71,8 +71,14 @@ impl Executor {
                     let x = take_act(&mut slots, *x)?;
                     (Some(Value::Act(self.time_grow(x, *stride)?)), None)
                 }
+                Op::Tokens(_) => {
+                    return Err(Error::Unsupported(
+                        "exact tiles of a transformer decoder (MiniMax-H3): every token attends to every other, so a tile's pixels depend on the whole frame; it decodes untiled".into(),
+                    ))
+                }
                 Op::RmsNorm { x, norm, silu } => {
-                    let y = self.rms_norm(act(&slots, *x)?, graph.rms(*norm), *silu)?;
+                    let gamma = (graph.rms(*norm), graph.rms_kind(*norm));
+                    let y = self.rms_norm(act(&slots, *x)?, gamma, *silu)?;
                     (Some(Value::Act(y)), None)
                 }
                 Op::CausalConv {

@@ -18,7 +18,6 @@ use super::{stage, ConvSpec, Executor, Residual};
 use crate::error::{Error, Result};
 use crate::io::HostTensor;
 use crate::kernels::conv2d::{conv2d, conv2d_frames, Conv2dOptions, Conv2dWeights, Frames};
-use crate::kernels::rms_norm::rms_norm;
 use crate::kernels::tensor_ops::{copy_window, Window};
 use crate::models::graph::{CausalWeights, Geometry, Graph, Op};
 use crate::tensor::{DType, Tensor};
@@ -244,13 +243,18 @@ impl Executor {
     }
 
     /// [`Op::RmsNorm`]: per position, so per tile.
-    pub(super) fn rms_norm(&mut self, x: &Act, gamma: &Tensor, silu: bool) -> Result<Act> {
+    pub(super) fn rms_norm(
+        &mut self,
+        x: &Act,
+        gamma: (&Tensor, crate::kernels::rms_norm::NormKind),
+        silu: bool,
+    ) -> Result<Act> {
         let mut out = self.empty_act(x.n, x.c, x.h, x.w, x.dtype);
         for i in 0..x.grid.len() {
             let r = x.grid.rect(i);
             let xt = self.read_window(x, r)?;
             let o = Tensor::empty(&self.ctx, &x.shape_of(&r), x.dtype, "rms norm")?;
-            rms_norm(self.rec(), &xt, gamma, silu, &o)?;
+            crate::kernels::rms_norm::norm(self.rec(), &xt, gamma, silu, &o)?;
             drop(xt);
             self.emit_tile(&mut out, None, i, o, stage::MAP)?;
         }

@@ -68,29 +68,50 @@ pub enum ImageRange {
     MinusOneToOne,
     /// TAE decoders: round(clamp(x, 0, 1)*255)
     ZeroToOne,
+    /// ImageNet-normalised RGB (MiniMax-H3):
+    /// round(clamp(x·std[c] + mean[c], 0, 1)*255)
+    ImageNet,
 }
+
+/// ImageNet's per-channel mean and std (RGB), as torchvision gives them.
+pub const IMAGENET_MEAN: [f32; 3] = [0.485, 0.456, 0.406];
+/// See [`IMAGENET_MEAN`].
+pub const IMAGENET_STD: [f32; 3] = [0.229, 0.224, 0.225];
 
 impl ImageRange {
     fn code(self) -> u32 {
         match self {
             ImageRange::MinusOneToOne => 0,
             ImageRange::ZeroToOne => 1,
+            ImageRange::ImageNet => 2,
         }
     }
 
     /// CPU reference of one channel value in [0, 1] before quantisation:
     /// `x / 2 + 0.5` (diffusers' order) or `x`, clamped.
     pub fn to_unit(self, x: f32) -> f32 {
-        match self {
-            ImageRange::MinusOneToOne => (x / 2.0 + 0.5).clamp(0.0, 1.0),
-            ImageRange::ZeroToOne => x.clamp(0.0, 1.0),
+        self.to_unit_at(x, 0)
+    }
+
+    /// [`ImageRange::to_unit`] of a value of channel `ch` (ImageNet's
+    /// statistics differ per channel; an alpha channel maps as `ZeroToOne`).
+    pub fn to_unit_at(self, x: f32, ch: usize) -> f32 {
+        match (self, IMAGENET_STD.get(ch)) {
+            (ImageRange::MinusOneToOne, _) => (x / 2.0 + 0.5).clamp(0.0, 1.0),
+            (ImageRange::ImageNet, Some(&s)) => (x * s + IMAGENET_MEAN[ch]).clamp(0.0, 1.0),
+            _ => x.clamp(0.0, 1.0),
         }
     }
 
     /// CPU reference of one channel value, in f32 and in diffusers' order:
     /// `x / 2 + 0.5`, clamp, `* 255`, round half to even.
     pub fn to_byte(self, x: f32) -> u8 {
-        (self.to_unit(x) * 255.0).round_ties_even() as u8
+        self.to_byte_at(x, 0)
+    }
+
+    /// [`ImageRange::to_byte`] of a value of channel `ch`.
+    pub fn to_byte_at(self, x: f32, ch: usize) -> u8 {
+        (self.to_unit_at(x, ch) * 255.0).round_ties_even() as u8
     }
 }
 
@@ -235,7 +256,7 @@ fn cpu_bytes(x: &[f32], [n, c, h, w]: [usize; 4], range: ImageRange) -> Vec<u8> 
     for b in 0..n {
         for i in 0..plane {
             for ch in 0..c {
-                out.push(range.to_byte(x[(b * c + ch) * plane + i]));
+                out.push(range.to_byte_at(x[(b * c + ch) * plane + i], ch));
             }
         }
     }
@@ -371,7 +392,7 @@ pub fn cpu_to_unit_rgba(x: &[f32], c: usize, h: usize, w: usize, range: ImageRan
     let mut out = Vec::with_capacity(plane * 4);
     for i in 0..plane {
         for ch in 0..3 {
-            out.push(range.to_unit(x[ch * plane + i]));
+            out.push(range.to_unit_at(x[ch * plane + i], ch));
         }
         let a = if c == 4 {
             range.to_unit(x[3 * plane + i])

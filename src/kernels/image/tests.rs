@@ -45,7 +45,7 @@ fn rgba8_matches_cpu_exactly_including_halves() {
                 let unit = (k as f32 + 0.5) / 255.0;
                 if unit * 255.0 == k as f32 + 0.5 {
                     halves.push(match range {
-                        ImageRange::ZeroToOne => unit,
+                        ImageRange::ZeroToOne | ImageRange::ImageNet => unit,
                         // x / 2 + 0.5 == unit exactly when x = 2 * (unit - 0.5) is exact.
                         ImageRange::MinusOneToOne => (unit - 0.5) * 2.0,
                     });
@@ -276,7 +276,7 @@ fn texture_rgba8_equals_packed_bytes() {
         for (k, d) in data.iter_mut().take(255).enumerate() {
             let unit = (k as f32 + 0.5) / 255.0;
             *d = match range {
-                ImageRange::ZeroToOne => unit,
+                ImageRange::ZeroToOne | ImageRange::ImageNet => unit,
                 ImageRange::MinusOneToOne => (unit - 0.5) * 2.0,
             };
         }
@@ -455,7 +455,7 @@ fn four_channels_keep_alpha() {
                     *d = match (k % 5, range) {
                         (0, _) => -7.0,
                         (1, _) => 7.0,
-                        (_, ImageRange::ZeroToOne) => unit,
+                        (_, ImageRange::ZeroToOne | ImageRange::ImageNet) => unit,
                         (_, ImageRange::MinusOneToOne) => (unit - 0.5) * 2.0,
                     };
                 }
@@ -499,4 +499,20 @@ fn four_channels_keep_alpha() {
             }
         }
     }
+}
+
+/// MiniMax-H3's ImageNet-normalised output: each channel through its own
+/// std and mean, bytes and RGB8 equal to the CPU reference; y4m frames the same.
+#[test]
+fn imagenet_range_maps_each_channel() {
+    let ctx = test_context();
+    let (n, h, w) = (2, 3, 5);
+    let data = crate::testing::rand_vec(n * 3 * h * w, 12, 2.5);
+    let x = Tensor::from_f32(&ctx, &[n, 3, h, w], &data, "x").unwrap();
+    let got = gpu_rgba(&ctx, &x, ImageRange::ImageNet);
+    let want = cpu_to_rgba8(&data, n, h, w, ImageRange::ImageNet);
+    assert_eq!(got, want);
+    // Channel 1 of value 0 is its mean: round(0.456 · 255) = 116.
+    assert_eq!(ImageRange::ImageNet.to_byte_at(0.0, 1), 116);
+    assert_eq!(ImageRange::ImageNet.to_byte_at(0.0, 2), 104);
 }
