@@ -328,6 +328,25 @@ impl Estimate<'_> {
         let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
         let mut left = frames;
+        if let Some(geo) = dec.clip() {
+            // Clip by clip: the first clip (no tail to fade from), the ones
+            // after it (all alike) and the last (its tail appended). A video
+            // shortened by whole clips, its length the same modulo a clip,
+            // has each of them.
+            let spare = frames.saturating_sub(3 * geo.k + geo.overlap + 1) / geo.k;
+            let mut rest = frames - spare * geo.k;
+            null.pool().reset_peak_stats();
+            while rest > 0 {
+                let t = chunk.min(rest);
+                rest -= t;
+                stream.push(&zeros([t, latent[0], latent[1], latent[2]])?)?;
+            }
+            stream.finish()?;
+            let stats = null.pool().stats();
+            peaks = [stats.allocated_bytes.peak; 3];
+            reserved = stats.reserved_bytes.peak;
+            left = 0;
+        }
         for i in 0..if grows { chunks } else { 3 } {
             if left == 0 {
                 break;
@@ -378,7 +397,12 @@ impl Estimate<'_> {
             peak_reserved_bytes: reserved,
             tile_size: stream.tile_size(),
             tiling: report,
-            independent_of_frames: frames / chunk >= 3 && !grows && !dec.whole_clip(),
+            // A clip-based decoder's peak is bounded by a clip; its last clip
+            // varies with the length modulo a clip.
+            independent_of_frames: frames / chunk >= 3
+                && !grows
+                && !dec.whole_clip()
+                && !dec.clip_based(),
             cache_grows: grows,
             whole_clip: dec.whole_clip(),
         })

@@ -19,7 +19,7 @@ use crate::run::video::VideoRun;
 use crate::tensor::Tensor;
 
 /// Refuses a video VAE whose encoder wgvae does not implement (Wan 2.1 /
-/// 2.2, HunyuanVideo 1.5, LTX-2), naming its family, before any input is
+/// 2.2, HunyuanVideo 1.5, LTX-2, MiniMax-H3), naming its family, before any input is
 /// read; only TAEHV files encode.
 pub fn check_has_encoder(spec: &str) -> Result<()> {
     let family = if crate::models::wan::is_wan_video(spec) {
@@ -28,6 +28,8 @@ pub fn check_has_encoder(spec: &str) -> Result<()> {
         Some("a HunyuanVideo 1.5 VAE")
     } else if crate::models::ltx2::is_ltx2(spec) {
         Some("an LTX-2 VAE")
+    } else if crate::models::minimax_h3::is_minimax_h3(spec) {
+        Some("a MiniMax-H3 VAE")
     } else {
         None
     };

@@ -202,6 +202,32 @@ impl<'a> ConfigFields<'a> {
         }
     }
 
+    /// A list of `n` finite numbers.
+    pub(crate) fn floats(
+        &self,
+        k: &str,
+        default: &[f32],
+        n: usize,
+    ) -> crate::error::Result<Vec<f32>> {
+        match self.get(k) {
+            None => Ok(default.to_vec()),
+            Some(serde_json::Value::Array(a)) if a.len() == n => a
+                .iter()
+                .map(|x| {
+                    x.as_f64()
+                        .map(|f| f as f32)
+                        .filter(|f| f.is_finite())
+                        .ok_or_else(|| self.bad(k, x, "a finite number"))
+                })
+                .collect(),
+            Some(x) => Err(self.bad(
+                k,
+                x,
+                &format!("a list of {n} numbers (one per latent channel)"),
+            )),
+        }
+    }
+
     /// A finite non-zero number.
     pub(crate) fn factor(&self, k: &str, default: f32) -> crate::error::Result<f32> {
         match self.get(k) {

@@ -220,6 +220,7 @@ impl HunyuanVideo15Decoder {
             cache_grows: true,
             whole_clip: false,
             min_side: 1,
+            clip: None,
         }
     }
 

@@ -258,6 +258,7 @@ impl Ltx2Decoder {
             cache_grows: false,
             whole_clip: !self.config.causal,
             min_side: 2,
+            clip: None,
         }
     }
 

@@ -13,6 +13,7 @@ pub(crate) mod graph;
 pub mod hunyuan_video15;
 pub mod layers;
 pub mod ltx2;
+pub mod minimax_h3;
 pub mod qwen_image;
 pub mod qwen_image21;
 #[doc(hidden)]
@@ -476,6 +477,11 @@ impl Vae {
             let random = spec.starts_with("preset:");
             let name = format!("{} [{}]", dec.name, dec.latent_stats);
             return Ok(Vae::new(Decoder::QwenImage(dec), name, dtype, random));
+        }
+        if crate::models::minimax_h3::is_minimax_h3(spec) {
+            return Err(Error::InvalidInput(format!(
+                "`{spec}` is a MiniMax-H3 video VAE: it decodes video latents N×C×T×h×w (`wgvae::decode_video` / `VideoDecoder`; CLI: --frames-out), not images"
+            )));
         }
         if crate::models::ltx2::is_ltx2(spec) {
             return Err(Error::InvalidInput(format!(

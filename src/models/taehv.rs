@@ -283,6 +283,7 @@ impl TaehvDecoder {
             cache_grows: false,
             whole_clip: false,
             min_side: 1,
+            clip: None,
         }
     }
 

@@ -320,6 +320,7 @@ impl WanDecoder {
             cache_grows: false,
             whole_clip: false,
             min_side: 1,
+            clip: None,
         }
     }
 

@@ -349,10 +349,11 @@ impl WeightStore {
             .any(|(_, k)| k.starts_with("decoder.mid.") || k.starts_with("encoder.mid."))
         {
             Layout::Ldm
-        } else if selected
-            .iter()
-            .any(|(_, k)| k.starts_with("decoder.mid_block.") || k.starts_with("decoder.conv_in."))
-        {
+        } else if selected.iter().any(|(_, k)| {
+            k.starts_with("decoder.mid_block.")
+                || k.starts_with("decoder.conv_in.")
+                || k.starts_with("decoder.transformer_blocks.")
+        }) {
             Layout::Diffusers
         } else if selected.iter().all(|(_, k)| is_tae_key(k)) {
             Layout::Tae

@@ -11,6 +11,7 @@ use crate::exec::untiled::{run_video, VideoState};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::models::graph::Graph;
+use crate::models::video_info::ClipGeometry;
 use crate::models::Taps;
 use crate::tensor::Tensor;
 use crate::tiling::TilingReport;
@@ -83,6 +84,12 @@ impl VideoRun {
         Ok(())
     }
 
+    /// Marks the next chunk a clip-based decoder's last clip (MiniMax-H3):
+    /// its tail is appended, less `cut` frames made from padding.
+    pub(crate) fn set_last_clip(&mut self, cut: Option<usize>) {
+        self.untiled.clips.last = cut;
+    }
+
     /// The exact tile side in output pixels once tiles were started.
     pub(crate) fn tile_size(&self) -> Option<usize> {
         self.tiled.as_ref().map(|t| t.px)
@@ -133,4 +140,104 @@ pub(crate) fn untiled_chunk_fits(
         rec.finish();
         Ok(())
     })
+}
+
+/// The latent frames a clip-based decoder (MiniMax-H3) has been given and
+/// not yet decoded: clips go out once complete and known not to be the
+/// video's last (a frame past them arrived); [`ClipFeed::finish`] pads the
+/// video's end as diffusers does and gives the rest, the last marked.
+pub(crate) struct ClipFeed {
+    geo: ClipGeometry,
+    /// Latent frame `[C, h, w]`.
+    frame: [usize; 3],
+    /// Latent frames from the next clip's first on.
+    buf: Vec<f32>,
+    /// Latent frames given so far.
+    pushed: usize,
+    /// Clips given out so far.
+    clips: usize,
+}
+
+/// A clip's latent frames `[k + overlap, C, h, w]`, and for the video's
+/// last clip the frames to cut off its end.
+pub(crate) type Clip = (HostTensor, Option<usize>);
+
+impl ClipFeed {
+    pub(crate) fn new(geo: ClipGeometry, frame: [usize; 3]) -> Self {
+        ClipFeed {
+            geo,
+            frame,
+            buf: Vec::new(),
+            pushed: 0,
+            clips: 0,
+        }
+    }
+
+    fn per_frame(&self) -> usize {
+        self.frame.iter().product::<usize>().max(1)
+    }
+
+    fn clip_frames(&self) -> usize {
+        self.geo.k + self.geo.overlap
+    }
+
+    /// Takes `chunk` `[T, C, h, w]` (checked): the clips it completes.
+    pub(crate) fn push(&mut self, chunk: &HostTensor) -> Result<Vec<Clip>> {
+        self.buf.extend_from_slice(&chunk.data);
+        self.pushed += chunk.shape.first().copied().unwrap_or(0);
+        let mut out = Vec::new();
+        // A clip is not the last once a frame past it has come.
+        while self.buf.len() / self.per_frame() > self.clip_frames() {
+            out.push((self.next_clip()?, None));
+        }
+        Ok(out)
+    }
+
+    fn next_clip(&mut self) -> Result<HostTensor> {
+        let n = self.clip_frames();
+        let per = self.per_frame();
+        let data = self.buf.get(..n * per).unwrap_or_default().to_vec();
+        self.buf.drain(..(self.geo.k * per).min(self.buf.len()));
+        self.clips += 1;
+        let [c, h, w] = self.frame;
+        HostTensor::new(vec![n, c, h, w], data)
+    }
+
+    /// The video ended: its remaining clips, the end padded with copies of
+    /// its last latent frame; an error when it is too short for one clip.
+    pub(crate) fn finish(&mut self, name: &str) -> Result<Vec<Clip>> {
+        let t = self.pushed;
+        if t == 0 {
+            return Ok(Vec::new());
+        }
+        let total = self.geo.clips(t);
+        if total == 0 {
+            return Err(Error::InvalidInput(format!(
+                "{t} latent frames: the {name} decodes clips of {} latent frames and needs at least {} (diffusers decodes no clip below that and fails)",
+                self.clip_frames(),
+                self.geo.min_frames()
+            )));
+        }
+        let per = self.per_frame();
+        let last = self
+            .buf
+            .len()
+            .checked_sub(per)
+            .map(|at| self.buf[at..].to_vec());
+        let Some(last) = last else {
+            return Err(Error::Internal(
+                "a clip-based video ended with no frame".into(),
+            ));
+        };
+        let mut out = Vec::new();
+        while self.clips < total {
+            while self.buf.len() / per < self.clip_frames() {
+                self.buf.extend_from_slice(&last);
+            }
+            let cut = (self.clips + 1 == total).then(|| self.geo.cut(t));
+            out.push((self.next_clip()?, cut));
+        }
+        self.buf.clear();
+        Ok(out)
+    }
 }

@@ -28,7 +28,7 @@ use std::sync::Arc;
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::io::HostTensor;
-use crate::run::video::VideoRun;
+use crate::run::video::{ClipFeed, VideoRun};
 use crate::tiling::Tiling;
 
 use model::{check_frame, ModelRef};
@@ -90,6 +90,8 @@ pub struct VideoDecoder<'a> {
     broken: Option<String>,
     /// How frames are tiled (`Off`: untiled, the default).
     tiling: Tiling,
+    /// A clip-based decoder's latent frames not yet decoded (MiniMax-H3).
+    clips: Option<ClipFeed>,
 }
 
 impl VideoDecoder<'static> {
@@ -127,6 +129,7 @@ impl<'a> VideoDecoder<'a> {
             pending: None,
             broken: None,
             tiling: Tiling::off(),
+            clips: None,
         }
     }
 
@@ -158,12 +161,25 @@ impl<'a> VideoDecoder<'a> {
     /// Submits the next `chunk` (as [`VideoDecoder::decode`]) and returns
     /// the frames of the chunk submitted before it (`None` for the first),
     /// waiting for them only after this chunk is on the device's queue.
+    ///
+    /// A clip-based decoder (MiniMax-H3) keeps latent frames until they
+    /// complete a clip that is not the video's last: a push submits the
+    /// clips it completes (maybe none) and returns the frames of those
+    /// submitted before the last of them.
     pub fn push(&mut self, chunk: &HostTensor) -> Result<Option<VideoFrames>> {
         self.check_usable()?;
         // Bad input is refused before any state changes; the decoder stays usable.
         self.check_chunk(chunk)?;
         // A host's stop (`Context::with_cancel`) between chunks: usable too.
         self.ctx.check_cancel()?;
+        if let Some(geo) = self.decoder.get().clip() {
+            let frame = [chunk.shape[1], chunk.shape[2], chunk.shape[3]];
+            let feed = self.clips.get_or_insert_with(|| ClipFeed::new(geo, frame));
+            let clips = feed.push(chunk).map_err(|e| self.poison(e))?;
+            self.latent_frames += chunk.shape[0];
+            self.frame = Some(frame);
+            return self.submit_clips(clips);
+        }
         let next = self.submit(chunk).map_err(|e| self.poison(e))?;
         let done = match self.pending.replace(next) {
             Some(p) => Some(self.take(p).map_err(|e| self.poison(e))?),
@@ -172,13 +188,36 @@ impl<'a> VideoDecoder<'a> {
         Ok(done)
     }
 
-    /// The frames of the last pushed chunk (`None` when all were taken).
+    /// The frames of the last pushed chunk (`None` when all were taken); a
+    /// clip-based decoder first decodes the video's remaining clips (its end
+    /// padded as diffusers pads it).
     pub fn finish(&mut self) -> Result<Option<VideoFrames>> {
         self.check_usable()?;
-        match self.pending.take() {
-            Some(p) => self.take(p).map(Some).map_err(|e| self.poison(e)),
-            None => Ok(None),
+        let mut done = Vec::new();
+        if let Some(mut feed) = self.clips.take() {
+            let name = self.decoder.get().name().to_string();
+            let clips = feed.finish(&name).map_err(|e| self.poison(e))?;
+            done.extend(self.submit_clips(clips)?);
         }
+        if let Some(p) = self.pending.take() {
+            done.push(self.take(p).map_err(|e| self.poison(e))?);
+        }
+        Ok(merge(done))
+    }
+
+    /// Submits `clips` in order: the frames of those submitted before the
+    /// last (and of the chunk pending before them).
+    fn submit_clips(&mut self, clips: Vec<crate::run::video::Clip>) -> Result<Option<VideoFrames>> {
+        let mut done = Vec::new();
+        for (clip, cut) in clips {
+            self.run.set_last_clip(cut);
+            let next = self.submit(&clip).map_err(|e| self.poison(e))?;
+            self.run.set_last_clip(None);
+            if let Some(p) = self.pending.replace(next) {
+                done.push(self.take(p).map_err(|e| self.poison(e))?);
+            }
+        }
+        Ok(merge(done))
     }
 
     fn check_usable(&self) -> Result<()> {
@@ -255,6 +294,21 @@ impl<'a> VideoDecoder<'a> {
     pub fn cache_bytes(&self) -> u64 {
         self.run.cache_bytes()
     }
+}
+
+/// Frames of consecutive submissions as one: the first's index, the
+/// slowest latency.
+fn merge(parts: Vec<VideoFrames>) -> Option<VideoFrames> {
+    let mut parts = parts.into_iter();
+    let mut out = parts.next()?;
+    for p in parts {
+        if let (Some(a), Some(b)) = (out.frames.shape.first_mut(), p.frames.shape.first()) {
+            *a += b;
+        }
+        out.frames.data.extend(p.frames.data);
+        out.latency_ms = out.latency_ms.max(p.latency_ms);
+    }
+    Some(out)
 }
 
 /// Latent frames per streamed chunk when the caller gives none (the CLI's

@@ -9,6 +9,7 @@ use crate::gpu::Context;
 use crate::models::graph::Graph;
 use crate::models::hunyuan_video15::HunyuanVideo15Decoder;
 use crate::models::ltx2::Ltx2Decoder;
+use crate::models::minimax_h3::MiniMaxH3Decoder;
 use crate::models::taehv::TaehvDecoder;
 use crate::models::video_info::VideoInfo;
 use crate::models::wan::WanDecoder;
@@ -51,6 +52,15 @@ impl<'a> From<&'a HunyuanVideo15Decoder> for VideoModel<'a> {
 
 impl<'a> From<&'a Ltx2Decoder> for VideoModel<'a> {
     fn from(d: &'a Ltx2Decoder) -> Self {
+        VideoModel {
+            graph: d.graph(),
+            info: d.video_info(),
+        }
+    }
+}
+
+impl<'a> From<&'a MiniMaxH3Decoder> for VideoModel<'a> {
+    fn from(d: &'a MiniMaxH3Decoder) -> Self {
         VideoModel {
             graph: d.graph(),
             info: d.video_info(),
@@ -112,6 +122,17 @@ impl<'a> VideoModel<'a> {
         self.info.whole_clip
     }
 
+    /// How a clip-based decoder (MiniMax-H3) cuts a video into clips.
+    pub(crate) fn clip(&self) -> Option<crate::models::video_info::ClipGeometry> {
+        self.info.clip
+    }
+
+    /// True when it decodes clip by clip (MiniMax-H3): frames come out a
+    /// clip at a time, lagging the latent frames pushed.
+    pub fn clip_based(&self) -> bool {
+        self.info.clip.is_some()
+    }
+
     /// The range of the decoded frames (TAEHV [0, 1], Wan [−1, 1]).
     pub fn range(&self) -> crate::kernels::image::ImageRange {
         self.info.range
@@ -128,6 +149,13 @@ enum Network {
     Wan(WanDecoder),
     HunyuanVideo15(HunyuanVideo15Decoder),
     Ltx2(Ltx2Decoder),
+    MiniMaxH3(MiniMaxH3Decoder),
+}
+
+impl From<MiniMaxH3Decoder> for VideoVae {
+    fn from(d: MiniMaxH3Decoder) -> Self {
+        VideoVae(Network::MiniMaxH3(d))
+    }
 }
 
 impl From<Ltx2Decoder> for VideoVae {
@@ -173,6 +201,7 @@ impl VideoVae {
             Network::Wan(d) => d.unnormalize(latents),
             Network::HunyuanVideo15(d) => d.unnormalize(latents),
             Network::Ltx2(d) => d.unnormalize(latents),
+            Network::MiniMaxH3(d) => d.unnormalize(latents),
             Network::Taehv(_) => Ok(()),
         }
     }
@@ -182,7 +211,10 @@ impl VideoVae {
     pub fn latents_stats_note(&self) -> Option<&str> {
         match &self.0 {
             Network::Wan(d) => d.latents_stats_note.as_deref(),
-            Network::Taehv(_) | Network::HunyuanVideo15(_) | Network::Ltx2(_) => None,
+            Network::Taehv(_)
+            | Network::HunyuanVideo15(_)
+            | Network::Ltx2(_)
+            | Network::MiniMaxH3(_) => None,
         }
     }
 
@@ -193,6 +225,7 @@ impl VideoVae {
             Network::Wan(d) => d.into(),
             Network::HunyuanVideo15(d) => d.into(),
             Network::Ltx2(d) => d.into(),
+            Network::MiniMaxH3(d) => d.into(),
         }
     }
 }
@@ -207,6 +240,7 @@ pub fn is_video_vae(spec: &str) -> bool {
         || is_wan(spec)
         || crate::models::hunyuan_video15::is_hunyuan_video15(spec)
         || crate::models::ltx2::is_ltx2(spec)
+        || crate::models::minimax_h3::is_minimax_h3(spec)
 }
 
 /// Loads the video decoder at `spec` (a TAEHV `.safetensors` file, a Wan
@@ -217,6 +251,11 @@ pub fn load_video_decoder(
     spec: &str,
     load: &crate::models::LoadOptions,
 ) -> Result<VideoVae> {
+    if crate::models::minimax_h3::is_minimax_h3(spec) {
+        let dtype = load.precision.resolve(false, ctx.caps());
+        let dec = MiniMaxH3Decoder::open(ctx, spec, dtype, load.seed)?;
+        return Ok(VideoVae::from(dec));
+    }
     if crate::models::ltx2::is_ltx2(spec) {
         let dtype = load.precision.resolve(false, ctx.caps());
         return Ok(VideoVae::from(Ltx2Decoder::open(

@@ -90,6 +90,12 @@ impl VideoDecoder<'_> {
         self.check_usable()?;
         self.check_chunk(chunk)?;
         let model = self.decoder.get();
+        if model.clip_based() {
+            return Err(Error::Unsupported(format!(
+                "recording into the host's encoder is chunk by chunk; the {} decodes clip by clip, its frames lagging the latent frames given (use push and finish)",
+                model.name()
+            )));
+        }
         if self.tiling.mode != TileMode::Off || self.run.tile_size().is_some() {
             return Err(Error::Unsupported(
                 "recording a video chunk into the host's encoder runs untiled: this VideoDecoder has tiling set (use push)".into(),

@@ -35,6 +35,12 @@ impl VideoDecoder<'_> {
                 "fast (blended) tiles of a video decode: use exact tiles (`TileMode::Exact`), equal to the untiled decode".into(),
             ));
         }
+        if tiling.mode == TileMode::Exact && self.decoder.get().clip_based() {
+            return Err(Error::Unsupported(format!(
+                "exact tiles of the {}: its transformer's tokens attend to every other token of a clip, so a tile's pixels depend on the whole frame; it decodes untiled (diffusers' own 256-px tiles blend approximations)",
+                self.decoder.get().name()
+            )));
+        }
         if tiling.tile_size == Some(0) {
             return Err(Error::InvalidInput("a tile size of 0 pixels".into()));
         }
@@ -71,6 +77,15 @@ impl VideoDecoder<'_> {
                 let base = self.ctx.pool().stats().allocated_bytes.current;
                 let graph = self.decoder.get().graph();
                 let fits = untiled_chunk_fits(&self.ctx, budget, base, graph, chunk)?;
+                let model = self.decoder.get();
+                if !fits && model.clip_based() {
+                    return Err(Error::OverBudget(format!(
+                        "a clip of the {} at {}×{} latent pixels needs more than the memory budget of {budget} bytes (`Tiling::max_memory`), and its frames cannot be tiled: raise the budget or decode smaller frames",
+                        model.name(),
+                        chunk.shape.get(2).copied().unwrap_or(0),
+                        chunk.shape.get(3).copied().unwrap_or(0)
+                    )));
+                }
                 Ok(!fits)
             }
         }
