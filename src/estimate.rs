@@ -225,6 +225,9 @@ pub struct VideoMemoryEstimate {
     /// The decoder is not causal (LTX-2): the whole clip is one chunk, so
     /// the peak grows with `frames`.
     pub whole_clip: bool,
+    /// Clip-based (MiniMax-H3): latent frames per clip. Memory is bounded
+    /// by one clip (and the previous clip's tail) whatever the length.
+    pub clip_frames: Option<usize>,
 }
 
 /// [`VideoMemoryEstimate::breakdown`]: the peak allocated bytes in parts
@@ -328,6 +331,7 @@ impl Estimate<'_> {
         let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
         let mut left = frames;
+        let mut clip_cache = 0u64;
         if let Some(geo) = dec.clip() {
             // Clip by clip: the first clip (no tail to fade from), the ones
             // after it (all alike) and the last (its tail appended). A video
@@ -340,6 +344,8 @@ impl Estimate<'_> {
                 let t = chunk.min(rest);
                 rest -= t;
                 stream.push(&zeros([t, latent[0], latent[1], latent[2]])?)?;
+                // The tail a clip leaves for the next (the last clip leaves none).
+                clip_cache = clip_cache.max(stream.cache_bytes());
             }
             stream.finish()?;
             let stats = null.pool().stats();
@@ -368,7 +374,7 @@ impl Estimate<'_> {
         } else {
             first
         };
-        let cache_bytes = stream.cache_bytes();
+        let cache_bytes = stream.cache_bytes().max(clip_cache);
         let peak = first.max(steady);
         let report = stream.tiling_report().map(|r| crate::tiling::TilingReport {
             max_memory: tiling.budget(null.caps()),
@@ -405,6 +411,7 @@ impl Estimate<'_> {
                 && !dec.clip_based(),
             cache_grows: grows,
             whole_clip: dec.whole_clip(),
+            clip_frames: dec.clip().map(|g| g.k + g.overlap),
         })
     }
 }

@@ -276,7 +276,11 @@ fn run_video(
             mib(e.peak_allocated_bytes + e.staging_bytes)
         );
         println!("  time caches: what the caches hold at the peak; chunk working memory: the rest of the peak (activations of the chunk that peaks)");
-        if e.whole_clip {
+        if let Some(clip) = e.clip_frames {
+            println!(
+                "  the decoder runs clip by clip ({clip} latent frames each, overlapping clips cross-faded): memory is bounded by one clip whatever the video's length"
+            );
+        } else if e.whole_clip {
             println!(
                 "  the decoder is not causal: the whole clip of {} latent frames is one chunk, so a longer video peaks higher (exact tiles bound the working memory where the clip does not fit)",
                 e.frames
