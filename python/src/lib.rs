@@ -125,6 +125,8 @@ pub(crate) fn range_bounds(r: wgvae::kernels::image::ImageRange) -> (f32, f32) {
     match r {
         ImageRange::MinusOneToOne => (-1.0, 1.0),
         ImageRange::ZeroToOne => (0.0, 1.0),
+        // ImageNet-normalised RGB (MiniMax-H3): where 0 and 1 map to, widest channel.
+        ImageRange::ImageNet => (-0.485 / 0.229, (1.0 - 0.406) / 0.225),
     }
 }
 

@@ -528,7 +528,7 @@ def test_qwenimage_pipeline_with_wgvae_vae_gives_diffusers_images(shared, torch_
 @pytest.mark.parametrize(
     "cls, name",
     [("AutoencoderKLWan", "wan22-tiny"), ("AutoencoderKLHunyuanVideo15", "hunyuanvideo15-tiny"),
-     ("AutoencoderKLLTX2Video", "ltx2-tiny")],
+     ("AutoencoderKLLTX2Video", "ltx2-tiny"), ("AutoencoderKLMiniMaxH3", "minimax-h3-tiny")],
 )
 def test_2026_video_classes_decode_like_diffusers(shared, cls, name):
     d = shared / "golden" / name
@@ -538,3 +538,19 @@ def test_2026_video_classes_decode_like_diffusers(shared, cls, name):
     assert got.shape == want.shape and np.abs(got - want).max() <= 1e-4
     with pytest.raises(NotImplementedError, match="decode works"):
         vae.encode(np.zeros((1, 3, 1, 16, 16), np.float32))
+
+
+def test_minimax_h3_warns_where_diffusers_would_tile(shared):
+    d = shared / "golden" / "minimax-h3-tiny"
+    vae = wd.AutoencoderKLMiniMaxH3.from_pretrained(d, precision="f32")
+    assert vae.use_tiling  # diffusers ships it with tiling on
+    z = np.random.default_rng(0).standard_normal((1, 8, 3, 20, 20)).astype(np.float32)
+    with pytest.warns(UserWarning, match="untiled"):
+        out = vae.decode(z).sample
+    assert out.shape == (1, 3, 9, 320, 320)
+    vae.disable_tiling()
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        vae.decode(z[:, :, :, :16, :16])

@@ -165,7 +165,8 @@ def test_bad_video_inputs_raise_value_error(taehv, shared):
 # The 2026 video VAEs (diffusers 0.42.1 goldens, pipeline latents in, vae.decode(z).sample out).
 @pytest.mark.parametrize(
     "name, channels, upscale, causal",
-    [("wan22-tiny", 48, 16, True), ("hunyuanvideo15-tiny", 32, 16, True), ("ltx2-tiny", 4, 32, False)],
+    [("wan22-tiny", 48, 16, True), ("hunyuanvideo15-tiny", 32, 16, True), ("ltx2-tiny", 4, 32, False),
+     ("minimax-h3-tiny", 8, 16, True)],
 )
 def test_2026_video_goldens(shared, name, channels, upscale, causal):
     d = shared / "golden" / name
@@ -218,5 +219,28 @@ def test_ltx2_causal_decoder_matches_diffusers(shared, tmp_path):
     assert got.shape == want.shape and np.abs(got - want).max() <= WAN_TOLERANCE
     s = vae.stream(output="float", raw_latents=True)
     parts = [s.push(z[0, :, j : j + 1]) for j in range(z.shape[2])]
+    parts.append(s.finish())
+    assert np.abs(np.concatenate(parts, axis=1) - want[0]).max() <= WAN_TOLERANCE
+
+
+@pytest.mark.parametrize("t", [4, 5, 13])
+def test_minimax_h3_matches_diffusers_on_longer_videos(shared, t):
+    """More clips than the golden's two, every padding case (T mod 3), frames over 256 px:
+    wgvae's whole video and its stream against diffusers' own decode with tiling off (only
+    where torch and diffusers import)."""
+    torch = pytest.importorskip("torch")
+    diffusers = pytest.importorskip("diffusers")
+    pytest.importorskip("accelerate")  # diffusers loads this class with low_cpu_mem_usage only
+    d = shared / "golden" / "minimax-h3-tiny"
+    z = np.random.default_rng(t).standard_normal((1, 8, t, 17, 5)).astype(np.float32)
+    ref = diffusers.AutoencoderKLMiniMaxH3.from_pretrained(d).eval()
+    ref.disable_tiling()
+    with torch.no_grad():
+        want = ref.decode(torch.from_numpy(z)).sample.numpy()
+    vae = wgvae.Vae(d, dtype="f32")
+    got = vae.decode_video(z, output="float", raw_latents=True)
+    assert got.shape == want.shape and np.abs(got - want).max() <= WAN_TOLERANCE
+    s = vae.stream(output="float", raw_latents=True)
+    parts = [s.push(z[0, :, j : j + 2]) for j in range(0, t, 2)]
     parts.append(s.finish())
     assert np.abs(np.concatenate(parts, axis=1) - want[0]).max() <= WAN_TOLERANCE

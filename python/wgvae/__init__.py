@@ -137,8 +137,9 @@ class Vae:
 
     Video VAEs load through the same class (``is_video`` is then True): a
     TAEHV ``.safetensors`` (taew2_1, taew2_2…), a Wan 2.1 / 2.2, HunyuanVideo
-    1.5 or LTX-2 VAE (diffusers folder or file) or ``preset:wan21`` /
-    ``wan22`` / ``hunyuanvideo15`` / ``ltx2``. They decode with
+    1.5, LTX-2 or MiniMax-H3 VAE (diffusers folder or file) or
+    ``preset:wan21`` / ``wan22`` / ``hunyuanvideo15`` / ``ltx2`` /
+    ``minimax-h3``. They decode with
     :meth:`decode_video` (whole clips) and :meth:`stream` (chunk by chunk);
     ``decode``, ``encode`` and ``memory`` are for image VAEs.
     """
@@ -546,7 +547,9 @@ class Vae:
         frames equal :meth:`decode_video`'s up to float rounding, with memory
         that does not grow with the video's length (HunyuanVideo 1.5 keeps
         each earlier latent frame's attention keys; LTX-2's decoder is not
-        causal and takes the whole clip in one push). ``layout``, ``output``
+        causal and takes the whole clip in one push; MiniMax-H3 decodes clip
+        by clip, so its frames arrive a clip at a time, the last at
+        ``finish()``). ``layout``, ``output``
         and ``raw_latents`` as :meth:`decode_video`. ``progress(done, total,
         stage)`` is called after each push with the latent frames pushed so
         far and ``total`` (the latent frames the video will have; default the

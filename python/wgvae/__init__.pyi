@@ -16,7 +16,7 @@ Returning False stops the run at the next tile or chunk with Cancelled; an excep
 and is re-raised; a pending signal (Ctrl-C) stops a tiled run with KeyboardInterrupt. None or True go on."""
 
 PRESETS: List[str]
-"""The NAMEs of Vae("preset:NAME") (random weights): image presets, qwenimage, wan21, wan22, hunyuanvideo15, ltx2."""
+"""The NAMEs of Vae("preset:NAME") (random weights): image presets, qwenimage, wan21, wan22, hunyuanvideo15, ltx2, minimax-h3."""
 
 class Cancelled(RuntimeError):
     """A run stopped because its progress callback returned False. The Vae stays usable."""
@@ -71,7 +71,7 @@ class Vae:
     def random_weights(self) -> bool: ...
     @property
     def is_video(self) -> bool:
-        """True for a video VAE (TAEHV file; Wan 2.1 / 2.2, HunyuanVideo 1.5 or LTX-2 VAE; their presets)."""
+        """True for a video VAE (TAEHV file; Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2 or MiniMax-H3 VAE; their presets)."""
     @property
     def layout(self) -> Optional[str]:
         """"ntchw" (TAEHV) or "ncthw" (Wan) for a video VAE; None for an image VAE."""

@@ -5,7 +5,8 @@ makes a diffusers pipeline decode (and encode) on wgvae's device. Classes:
 :class:`AutoencoderKL`, :class:`AutoencoderKLFlux2`, :class:`AutoencoderKLQwenImage`
 and :class:`AutoencoderKLQwenImage21` (decode only; 2.1's images are RGBA, 4 channels, as
 diffusers'), :class:`AutoencoderKLWan` (Wan 2.1 and 2.2, decode only),
-:class:`AutoencoderKLHunyuanVideo15` and :class:`AutoencoderKLLTX2Video` (decode only) and
+:class:`AutoencoderKLHunyuanVideo15`, :class:`AutoencoderKLLTX2Video` and
+:class:`AutoencoderKLMiniMaxH3` (decode only) and
 :class:`AutoencoderTiny`. They take what diffusers' own take and give what they give:
 
 - ``decode(z, return_dict=True)``: *raw* latents, exactly as diffusers' VAE
@@ -58,6 +59,7 @@ except ImportError:  # pragma: no cover - exercised where torch is absent
 __all__ = [
     "AutoencoderKLHunyuanVideo15",
     "AutoencoderKLLTX2Video",
+    "AutoencoderKLMiniMaxH3",
     "AutoencoderKL",
     "AutoencoderKLFlux2",
     "AutoencoderKLQwenImage",
@@ -605,6 +607,40 @@ class AutoencoderKLLTX2Video(_VideoDecoderOnly):
         "patch_size": 4, "patch_size_t": 1, "scaling_factor": 1.0, "decoder_causal": False,
         "timestep_conditioning": False, "spatial_compression_ratio": 32, "temporal_compression_ratio": 8,
     }  # fmt: skip
+
+
+class AutoencoderKLMiniMaxH3(_VideoDecoderOnly):
+    """diffusers' ``AutoencoderKLMiniMaxH3`` (its ViT decoder): decodes raw z N×C×T×h×w to
+    N×3×T'×H×W in ImageNet-normalised RGB, not clamped, clip by clip as diffusers' ``_decode``
+    chunks it (overlapping clips cross-faded). Untiled: diffusers' output with
+    ``disable_tiling()``, and its default output for frames of at most 256 px (diffusers tiles
+    larger frames by default, blending 256-px tiles; a warning says so). No encoder yet."""
+
+    _classes = ("AutoencoderKLMiniMaxH3",)
+    _no_encoder = "wgvae has no MiniMax-H3 encoder yet: decode works; encode with diffusers' own class"
+    _defaults = {
+        "in_channels": 3, "out_channels": 3, "latent_channels": 24,
+        "block_out_channels": [128, 256, 256, 512, 512, 1024], "layers_per_block": 2,
+        "spatial_downsample_factors": [2, 2, 2, 2, 1, 1], "temporal_downsample_factors": [1, 2, 2, 1, 1, 1],
+        "decoder_num_layers": 36, "decoder_num_attention_heads": 32, "decoder_attention_head_dim": 64,
+        "decoder_num_register_tokens": 4, "decoder_ffn_mult": 4, "decoder_rope_theta": 100.0,
+        "decoder_rope_dim_ratio": 0.75, "decoder_norm_eps": 1e-5, "clip_length": 17, "token_drop": 3,
+        "latents_mean": [0.0] * 24, "latents_std": [1.0] * 24,
+    }  # fmt: skip
+
+    def __init__(self, vae: Vae, config: Dict[str, Any], torch_dtype: Any = None) -> None:
+        super().__init__(vae, config, torch_dtype)
+        # diffusers ships this model with tiling on.
+        self.use_tiling = True
+
+    def _decode(self, z: np.ndarray) -> np.ndarray:
+        if self.use_tiling and z.ndim == 5 and max(z.shape[-2:]) * self._vae.upscale > 256:
+            warnings.warn(
+                "wgvae decodes MiniMax-H3 untiled (diffusers' output after vae.disable_tiling()); diffusers' "
+                "default blends 256-px tiles for frames over 256 px, so its output differs there",
+                stacklevel=3,
+            )
+        return super()._decode(z)
 
 
 class AutoencoderTinyOutput(_Output):

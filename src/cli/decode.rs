@@ -29,8 +29,9 @@ pub(crate) struct DecodeArgs {
     size: Option<String>,
     /// VAE: a diffusers folder, a .safetensors file (diffusers, LDM or TAE layout) or preset:NAME
     /// (sd15, sdxl, sd3, flux1, flux2, flux2-small with seeded random weights). A video decoder (TAEHV: taew2_1,
-    /// taew2_2, N×T×C×h×w latents; Wan 2.1 / 2.2, HunyuanVideo 1.5 and LTX-2 VAEs: a diffusers
-    /// folder, a single file or preset:wan21 / wan22 / hunyuanvideo15 / ltx2, N×C×T×h×w) writes
+    /// taew2_2, N×T×C×h×w latents; Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2 and MiniMax-H3 VAEs: a
+    /// diffusers folder, a single file or preset:wan21 / wan22 / hunyuanvideo15 / ltx2 /
+    /// minimax-h3, N×C×T×h×w) writes
     /// --frames-out, --video-out and/or --save-raw.
     #[arg(long)]
     vae: String,
@@ -238,7 +239,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
     let vae = Vae::load(&ctx, &a.vae, &load)?;
     if let Some(flag) = video_only {
         return Err(wgvae::Error::InvalidInput(format!(
-            "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2); `{}` is an image VAE ({}): write its frames with --frames-out DIR",
+            "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2, MiniMax-H3); `{}` is an image VAE ({}): write its frames with --frames-out DIR",
             a.vae, vae.name()
         )));
     }

@@ -9,7 +9,7 @@ use crate::cli::report::{bench as rb, video as rv};
 
 #[derive(clap::Args)]
 pub(crate) struct VideoBenchArgs {
-    /// A TAEHV `.safetensors` file, a video VAE (diffusers folder or file) or preset:wan21 / wan22 / hunyuanvideo15 / ltx2.
+    /// A TAEHV `.safetensors` file, a video VAE (diffusers folder or file) or preset:wan21 / wan22 / hunyuanvideo15 / ltx2 / minimax-h3.
     #[arg(long)]
     vae: String,
     /// Seed of a preset's random weights.

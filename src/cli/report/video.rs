@@ -22,7 +22,7 @@ use wgvae::VideoDecoder;
 /// What to benchmark.
 #[derive(Clone, Debug)]
 pub struct VideoBench {
-    /// Video VAE spec (TAEHV file, a diffusers video VAE folder or file, `preset:wan21|wan22|hunyuanvideo15|ltx2`).
+    /// Video VAE spec (TAEHV file, a diffusers video VAE folder or file, `preset:wan21|wan22|hunyuanvideo15|ltx2|minimax-h3`).
     pub vae: String,
     /// Seed of a preset's random weights.
     pub seed: u64,
