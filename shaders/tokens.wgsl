@@ -17,6 +17,10 @@
 //   crossfade   frames [src0, src0 + n) of x [F, e] copied to out at dst0; the first `fade` of
 //               them, with PREV, blended with prev's: prev * (1 - j / fade) + x * (j / fade),
 //               as diffusers cross-fades the clips of a chunked video decode.
+//   stitch      one spatial tile [P, th, tw] of a tiled clip decode into out [P, H, W] at (y0, x0),
+//               its first `eh` rows blended with the tile above's last ones, then its first `ew`
+//               columns with the left tile's last ones (both as decoded, unblended), cropped to
+//               ch x cw: MiniMax-H3's `_stitch_tiles`.
 // One output element (rope: one channel pair) per invocation; storage through `#storage`
 // accessors (f32, f16, packed f16/bf16), arithmetic in f32. All storage is read_write: pooled
 // tensors share buffers (see BindingKind).
@@ -32,8 +36,12 @@ struct Params {
     extra: u32,  // set_tokens: register tokens; crossfade: dst0
     half: u32,   // rope: rotated pairs per head
     nf: u32,     // rope: frequencies per axis
-    fade: u32,   // crossfade: blended frames
-    frame: u32,  // crossfade: elements per frame
+    fade: u32,   // crossfade: blended frames; stitch: eh
+    frame: u32,  // crossfade: elements per frame; stitch: ew
+    oh: u32,     // stitch: out rows
+    ow: u32,     // stitch: out columns
+    ch: u32,     // stitch: rows written
+    cw: u32,     // stitch: columns written
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -165,5 +173,34 @@ fn crossfade(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
     }
 #endif
     out_st((p.extra + j) * p.frame + e, v);
+}
+#endif
+
+#ifdef STITCH
+#storage x 1 read
+#storage above 2 read
+#storage left 3 read
+#storage out 4 write
+
+// h, w: the tile's rows and columns; t, c: y0, x0.
+@compute @workgroup_size(WG)
+fn stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+          @builtin(local_invocation_index) li: u32) {
+    let i = index(wg, nwg, li);
+    if i >= p.total { return; }
+    let x = i % p.cw;
+    let y = (i / p.cw) % p.ch;
+    let plane = i / (p.cw * p.ch);
+    let row = plane * p.h;
+    var v = x_ld((row + y) * p.w + x);
+    if y < p.fade {
+        let wb = f32(y) / f32(p.fade);
+        v = above_ld((row + p.h - p.fade + y) * p.w + x) * (1.0 - wb) + v * wb;
+    }
+    if x < p.frame {
+        let wb = f32(x) / f32(p.frame);
+        v = left_ld((row + y) * p.w + p.w - p.frame + x) * (1.0 - wb) + v * wb;
+    }
+    out_st((plane * p.oh + p.t + y) * p.ow + p.c + x, v);
 }
 #endif

@@ -228,6 +228,9 @@ pub struct VideoMemoryEstimate {
     /// Clip-based (MiniMax-H3): latent frames per clip. Memory is bounded
     /// by one clip (and the previous clip's tail) whatever the length.
     pub clip_frames: Option<usize>,
+    /// A clip-based decoder's reference tiles (MiniMax-H3's default, as
+    /// diffusers decodes it): tile and least overlap in output pixels.
+    pub reference_tiles: Option<(usize, usize)>,
 }
 
 /// [`VideoMemoryEstimate::breakdown`]: the peak allocated bytes in parts
@@ -275,7 +278,7 @@ impl Estimate<'_> {
         frames: usize,
         chunk: usize,
     ) -> Result<VideoMemoryEstimate> {
-        self.video_tiled(size, frames, chunk, &crate::tiling::Tiling::off())
+        self.video_with(size, frames, chunk, None)
     }
 
     /// [`Estimate::video`] with frames tiled as `tiling` asks
@@ -287,6 +290,18 @@ impl Estimate<'_> {
         frames: usize,
         chunk: usize,
         tiling: &crate::tiling::Tiling,
+    ) -> Result<VideoMemoryEstimate> {
+        self.video_with(size, frames, chunk, Some(tiling))
+    }
+
+    /// [`Estimate::video_tiled`]; `None`: the model's default tiling
+    /// (untiled, MiniMax-H3 in its reference's tiles).
+    fn video_with(
+        &self,
+        size: (usize, usize),
+        frames: usize,
+        chunk: usize,
+        tiling: Option<&crate::tiling::Tiling>,
     ) -> Result<VideoMemoryEstimate> {
         let (h, w) = size;
         if frames == 0 || chunk == 0 || frames > MAX_VIDEO_FRAMES {
@@ -315,7 +330,9 @@ impl Estimate<'_> {
         let latent = [c, h / up, w / up];
         let weights_bytes = null.pool().stats().allocated_bytes.current;
         let mut stream = crate::VideoDecoder::new(&null, dec);
-        stream.set_tiling(tiling.clone())?;
+        if let Some(t) = tiling {
+            stream.set_tiling(t.clone())?;
+        }
         // The first chunk (no caches yet, Wan's first frame skips its time
         // convs) and up to two more, as long as the video has frames for
         // them: the second may still differ from the steady state. A model
@@ -377,7 +394,7 @@ impl Estimate<'_> {
         let cache_bytes = stream.cache_bytes().max(clip_cache);
         let peak = first.max(steady);
         let report = stream.tiling_report().map(|r| crate::tiling::TilingReport {
-            max_memory: tiling.budget(null.caps()),
+            max_memory: tiling.cloned().unwrap_or_default().budget(null.caps()),
             tiles: crate::run::tiles_of(&r, h, w),
             ..r
         });
@@ -412,6 +429,9 @@ impl Estimate<'_> {
             cache_grows: grows,
             whole_clip: dec.whole_clip(),
             clip_frames: dec.clip().map(|g| g.k + g.overlap),
+            reference_tiles: stream
+                .reference_tiles((h / up, w / up))
+                .map(|(t, o, _)| (t, o)),
         })
     }
 }

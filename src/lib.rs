@@ -136,7 +136,10 @@ pub use memory::{MemoryPool, MemoryStats, Policy, Stat};
 pub use models::{LoadOptions, Precision, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
-pub use video::{decode_video, PendingFrames, VideoDecoder, VideoFrames, VideoLayout, VideoModel};
+pub use video::{
+    decode_video, decode_video_tiled, PendingFrames, VideoDecoder, VideoFrames, VideoLayout,
+    VideoModel,
+};
 
 /// The Rust examples of README.md and docs/, compiled by `cargo test --doc`
 /// (`no_run`: they need a GPU and model files), so they stay true.

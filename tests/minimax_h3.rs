@@ -204,3 +204,90 @@ fn minimax_h3_streams_in_bounded_memory() {
     assert_eq!(e.output_frames, long.1);
     assert_eq!(e.peak_allocated_bytes, long.2);
 }
+
+/// Frames over 256 px decode by default in the reference's tiles (as
+/// diffusers ships the model): each 256-px tile decoded on its own and
+/// stitched, the first rows / columns of a tile blended with the tiles
+/// above / to the left as decoded. Checked against the tiles decoded
+/// untiled one by one and stitched here on the host; the estimate equals
+/// the measured peak.
+#[test]
+fn minimax_h3_reference_tiles() {
+    let Some(dir) = golden() else { return };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let dec = open(&ctx, &dir, wgvae::DType::F32);
+    let (t, h, w) = (5, 20, 17);
+    let z = HostTensor::new(
+        vec![1, 8, t, h, w],
+        wgvae::testing::rand_vec(8 * t * h * w, 11, 1.0),
+    )
+    .unwrap();
+    ctx.pool().reset_peak_stats();
+    let tiled = decode_video(&ctx, &dec, &z).unwrap();
+    let peak = ctx.pool().stats().allocated_bytes.peak;
+    let off = wgvae::tiling::Tiling::off();
+    let untiled = wgvae::decode_video_tiled(&ctx, &dec, &z, Some(&off)).unwrap();
+    let (d, _) = max_abs_diff(&tiled.data, &untiled.data);
+    assert!(d > 1e-3, "tiles decode independently: {d} from untiled");
+    // 320 rows: tiles at rows 0 and 64 (overlap 192); 272 columns: at 0 and 16 (overlap 240).
+    let [_, c, f, oh, ow] = tiled.shape[..] else {
+        panic!("not 5-D")
+    };
+    let (ys, yo, xs, xo) = ([0usize, 64], 192usize, [0usize, 16], 240usize);
+    let tile = |y0: usize, x0: usize| {
+        // z [1, 8, t, h, w] cropped to the tile's latents.
+        let (lh, lw) = (16.min(h - y0 / 16), 16.min(w - x0 / 16));
+        let mut data = Vec::new();
+        for p in 0..8 * t {
+            for y in 0..lh {
+                let at = (p * h + y0 / 16 + y) * w + x0 / 16;
+                data.extend_from_slice(&z.data[at..at + lw]);
+            }
+        }
+        let part = HostTensor::new(vec![1, 8, t, lh, lw], data).unwrap();
+        wgvae::decode_video_tiled(&ctx, &dec, &part, Some(&off)).unwrap()
+    };
+    let tiles: Vec<Vec<HostTensor>> = ys
+        .iter()
+        .map(|&y| xs.iter().map(|&x| tile(y, x)).collect())
+        .collect();
+    let (th, tw) = (tiles[0][0].shape[3], tiles[0][0].shape[4]);
+    let at = |t: &HostTensor, p: usize, y: usize, x: usize| t.data[(p * th + y) * tw + x];
+    let mut want = vec![0.0f32; c * f * oh * ow];
+    for (i, &y0) in ys.iter().enumerate() {
+        for (j, &x0) in xs.iter().enumerate() {
+            let tl = &tiles[i][j];
+            let ch = if i == 0 { th - yo } else { th };
+            let cw = if j == 0 { tw - xo } else { tw };
+            for p in 0..c * f {
+                for y in 0..ch {
+                    for x in 0..cw {
+                        let mut v = at(tl, p, y, x);
+                        if i > 0 && y < yo {
+                            let wb = y as f32 / yo as f32;
+                            v = at(&tiles[0][j], p, th - yo + y, x) * (1.0 - wb) + v * wb;
+                        }
+                        if j > 0 && x < xo {
+                            let wb = x as f32 / xo as f32;
+                            v = at(&tiles[i][0], p, y, tw - xo + x) * (1.0 - wb) + v * wb;
+                        }
+                        want[(p * oh + y0 + y) * ow + x0 + x] = v;
+                    }
+                }
+            }
+        }
+    }
+    let (e, at_) = max_abs_diff(&tiled.data, &want);
+    println!("minimax-h3 reference tiles: {e:.3e} from the tiles stitched on the host (untiled differs by {d:.3e})");
+    assert!(e <= 1e-5, "{e} at {at_}");
+    let est = wgvae::estimate::Estimate::new(
+        ctx.caps(),
+        wgvae::memory::Policy::Exact,
+        dir.to_str().unwrap(),
+        &wgvae::LoadOptions::default(),
+    )
+    .video((h * 16, w * 16), t, t)
+    .unwrap();
+    assert_eq!(est.reference_tiles, Some((256, 64)));
+    assert_eq!(est.peak_allocated_bytes, peak, "estimate vs measured peak");
+}

@@ -174,7 +174,7 @@ impl VideoModelPy {
     /// Decodes f32 latents `data` of `shape` (5-D, the model's layout).
     /// Returns (bytes, shape): f32 frames as `decode_video` gives them, or
     /// with `uint8` RGB bytes `[N, T', H, W, 3]`.
-    #[pyo3(signature = (data, shape, raw_latents=false, uint8=false))]
+    #[pyo3(signature = (data, shape, raw_latents=false, uint8=false, tile="auto"))]
     fn decode<'py>(
         &self,
         py: Python<'py>,
@@ -182,8 +182,10 @@ impl VideoModelPy {
         shape: Vec<usize>,
         raw_latents: bool,
         uint8: bool,
+        tile: &str,
     ) -> PyResult<Frames<'py>> {
         let loaded = &self.loaded;
+        let tiling = video_tiling(tile)?;
         let (bytes, shape) = py.detach(|| -> PyResult<_> {
             let mut latents = host_tensor(data, shape)?;
             let model = loaded.model();
@@ -208,7 +210,8 @@ impl VideoModelPy {
                 loaded.unnormalize(&mut latents).map_err(to_py_err)?;
             }
             let _one_at_a_time = loaded.run.lock().unwrap_or_else(|e| e.into_inner());
-            let out = wgvae::decode_video(&loaded.ctx, model, &latents).map_err(to_py_err)?;
+            let out = wgvae::decode_video_tiled(&loaded.ctx, model, &latents, tiling.as_ref())
+                .map_err(to_py_err)?;
             if !uint8 {
                 let bytes = bytemuck::cast_slice::<f32, u8>(&out.data).to_vec();
                 return Ok((bytes, out.shape));
@@ -219,15 +222,33 @@ impl VideoModelPy {
     }
 
     /// A streaming decode of one video (see `VideoStream`).
-    #[pyo3(signature = (raw_latents=false, uint8=false))]
-    fn stream(&self, raw_latents: bool, uint8: bool) -> VideoStream {
+    #[pyo3(signature = (raw_latents=false, uint8=false, tile="auto"))]
+    fn stream(&self, raw_latents: bool, uint8: bool, tile: &str) -> PyResult<VideoStream> {
         let loaded = Arc::clone(&self.loaded);
-        VideoStream {
-            decoder: Mutex::new(VideoDecoder::shared(&loaded.ctx, Arc::clone(&loaded.vae))),
+        let mut decoder = VideoDecoder::shared(&loaded.ctx, Arc::clone(&loaded.vae));
+        if let Some(t) = video_tiling(tile)? {
+            decoder.set_tiling(t).map_err(to_py_err)?;
+        }
+        Ok(VideoStream {
+            decoder: Mutex::new(decoder),
             raw_latents,
             uint8,
             _loaded: loaded,
-        }
+        })
+    }
+}
+
+/// A video decode's `tile`: `"auto"` (the model's default: untiled, but
+/// MiniMax-H3's reference tiles), `"off"` or `"fast"` (MiniMax-H3's
+/// reference tiles; refused for other video VAEs).
+fn video_tiling(tile: &str) -> PyResult<Option<wgvae::tiling::Tiling>> {
+    match tile {
+        "auto" => Ok(None),
+        "off" => Ok(Some(wgvae::tiling::Tiling::off())),
+        "fast" => Ok(Some(wgvae::tiling::Tiling::fast())),
+        t => Err(value_err(format!(
+            "tile {t:?}: a video decode takes 'auto' (the model's default), 'off' or 'fast' (MiniMax-H3's reference tiles)"
+        ))),
     }
 }
 

@@ -226,21 +226,24 @@ def test_ltx2_causal_decoder_matches_diffusers(shared, tmp_path):
 @pytest.mark.parametrize("t", [4, 5, 13])
 def test_minimax_h3_matches_diffusers_on_longer_videos(shared, t):
     """More clips than the golden's two, every padding case (T mod 3), frames over 256 px:
-    wgvae's whole video and its stream against diffusers' own decode with tiling off (only
-    where torch and diffusers import)."""
+    wgvae's whole video and its stream against diffusers' own decode, tiled as it ships
+    and with tiling off (only where torch and diffusers import)."""
     torch = pytest.importorskip("torch")
     diffusers = pytest.importorskip("diffusers")
     pytest.importorskip("accelerate")  # diffusers loads this class with low_cpu_mem_usage only
     d = shared / "golden" / "minimax-h3-tiny"
     z = np.random.default_rng(t).standard_normal((1, 8, t, 17, 5)).astype(np.float32)
     ref = diffusers.AutoencoderKLMiniMaxH3.from_pretrained(d).eval()
-    ref.disable_tiling()
-    with torch.no_grad():
-        want = ref.decode(torch.from_numpy(z)).sample.numpy()
     vae = wgvae.Vae(d, dtype="f32")
-    got = vae.decode_video(z, output="float", raw_latents=True)
-    assert got.shape == want.shape and np.abs(got - want).max() <= WAN_TOLERANCE
-    s = vae.stream(output="float", raw_latents=True)
-    parts = [s.push(z[0, :, j : j + 2]) for j in range(0, t, 2)]
-    parts.append(s.finish())
-    assert np.abs(np.concatenate(parts, axis=1) - want[0]).max() <= WAN_TOLERANCE
+    # Its default (256-px tiles, here 2×1 of them) and untiled, each as diffusers.
+    for tile in ("auto", "off"):
+        if tile == "off":
+            ref.disable_tiling()
+        with torch.no_grad():
+            want = ref.decode(torch.from_numpy(z)).sample.numpy()
+        got = vae.decode_video(z, output="float", raw_latents=True, tile=tile)
+        assert got.shape == want.shape and np.abs(got - want).max() <= WAN_TOLERANCE, tile
+        s = vae.stream(output="float", raw_latents=True, tile=tile)
+        parts = [s.push(z[0, :, j : j + 2]) for j in range(0, t, 2)]
+        parts.append(s.finish())
+        assert np.abs(np.concatenate(parts, axis=1) - want[0]).max() <= WAN_TOLERANCE, tile

@@ -469,6 +469,7 @@ class Vae:
         output: str = "uint8",
         raw_latents: bool = False,
         progress: Optional[Progress] = None,
+        tile: str = "auto",
     ) -> np.ndarray:
         """Decodes a batch of videos whole.
 
@@ -486,6 +487,9 @@ class Vae:
         :meth:`stream`, one latent frame per chunk, and it is called after each
         chunk (done and total count latent frames of the whole batch); False
         stops between chunks with :class:`Cancelled`.
+        ``tile``: ``"auto"`` (the model's default: untiled, but MiniMax-H3 in
+        its reference's 256-px tiles, as diffusers decodes it), ``"off"``
+        (untiled) or ``"fast"`` (MiniMax-H3's reference tiles).
         """
         self._video_only("decode_video")
         if output not in ("uint8", "float"):
@@ -504,14 +508,16 @@ class Vae:
             a = a.transpose(0, 2, 1, 3, 4)
         a = _f32(a, "latents")
         if progress is not None:
-            out = self._decode_video_chunked(a, output, raw_latents, progress)
+            out = self._decode_video_chunked(a, output, raw_latents, progress, tile)
             return out[0] if single else out
-        data, shape = self._model.decode(a.tobytes(), list(a.shape), bool(raw_latents), output == "uint8")
+        data, shape = self._model.decode(a.tobytes(), list(a.shape), bool(raw_latents), output == "uint8", tile)
         dtype = np.uint8 if output == "uint8" else "<f4"
         out = np.frombuffer(data, dtype=dtype).reshape(shape)
         return out[0] if single else out
 
-    def _decode_video_chunked(self, a: np.ndarray, output: str, raw_latents: bool, progress: Progress) -> np.ndarray:
+    def _decode_video_chunked(
+        self, a: np.ndarray, output: str, raw_latents: bool, progress: Progress, tile: str = "auto"
+    ) -> np.ndarray:
         """:meth:`decode_video` of ``a`` (the model's layout, 5-D) one latent frame at a time."""
         layout = self._model.layout
         t_axis = 2 if layout == "ncthw" else 1
@@ -522,7 +528,7 @@ class Vae:
         step = t if self._model.whole_clip else 1
         videos = []
         for i in range(n):
-            s = self.stream(layout, output, raw_latents)
+            s = self.stream(layout, output, raw_latents, tile=tile)
             parts = []
             for j in range(0, t, step):
                 chunk = a[i, :, j : j + step] if layout == "ncthw" else a[i, j : j + step]
@@ -541,6 +547,7 @@ class Vae:
         raw_latents: bool = False,
         progress: Optional[Progress] = None,
         total: Optional[int] = None,
+        tile: str = "auto",
     ) -> "VideoStream":
         """A streaming decode of one video: ``push(chunk)`` latent chunks in
         order (each returns the frames ready so far), then ``finish()``. The
@@ -559,7 +566,7 @@ class Vae:
         if output not in ("uint8", "float"):
             raise ValueError(f"output {output!r}: expected 'uint8' or 'float'")
         layout = self._video_layout(layout)
-        native = self._model.stream(bool(raw_latents), output == "uint8")
+        native = self._model.stream(bool(raw_latents), output == "uint8", tile)
         stream = VideoStream(native, layout, self._model.layout, output, self.upscale)
         stream._progress, stream._total = progress, total
         return stream

@@ -83,8 +83,10 @@ class Vae:
         output: str = "uint8",
         raw_latents: bool = False,
         progress: Optional[Progress] = None,
+        tile: str = "auto",
     ) -> Union[npt.NDArray[np.uint8], npt.NDArray[np.float32]]:
         """With progress: decoded through stream() one latent frame per chunk, progress after each.
+        tile: "auto" (the model's default; MiniMax-H3 in its reference's 256-px tiles), "off", "fast".
         uint8 N×T'×H×W×3, or float32 TAEHV N×T'×3×H×W (raw) / Wan N×3×T'×H×W (clamped); 4-D in, no N out."""
     def stream(
         self,
@@ -93,6 +95,7 @@ class Vae:
         raw_latents: bool = False,
         progress: Optional[Progress] = None,
         total: Optional[int] = None,
+        tile: str = "auto",
     ) -> VideoStream:
         """progress(latent frames pushed, total or pushed, "video chunk") after each push; False: Cancelled."""
     def decode(

@@ -612,9 +612,8 @@ class AutoencoderKLLTX2Video(_VideoDecoderOnly):
 class AutoencoderKLMiniMaxH3(_VideoDecoderOnly):
     """diffusers' ``AutoencoderKLMiniMaxH3`` (its ViT decoder): decodes raw z N×C×T×h×w to
     N×3×T'×H×W in ImageNet-normalised RGB, not clamped, clip by clip as diffusers' ``_decode``
-    chunks it (overlapping clips cross-faded). Untiled: diffusers' output with
-    ``disable_tiling()``, and its default output for frames of at most 256 px (diffusers tiles
-    larger frames by default, blending 256-px tiles; a warning says so). No encoder yet."""
+    chunks it (overlapping clips cross-faded), in its 256-px tiles as diffusers ships it
+    (``disable_tiling()``: untiled, as diffusers then). No encoder yet."""
 
     _classes = ("AutoencoderKLMiniMaxH3",)
     _no_encoder = "wgvae has no MiniMax-H3 encoder yet: decode works; encode with diffusers' own class"
@@ -630,17 +629,17 @@ class AutoencoderKLMiniMaxH3(_VideoDecoderOnly):
 
     def __init__(self, vae: Vae, config: Dict[str, Any], torch_dtype: Any = None) -> None:
         super().__init__(vae, config, torch_dtype)
-        # diffusers ships this model with tiling on.
+        # diffusers ships this model with tiling on, in 256-px tiles.
         self.use_tiling = True
+        self.tile_sample_min_size = 256
 
     def _decode(self, z: np.ndarray) -> np.ndarray:
-        if self.use_tiling and z.ndim == 5 and max(z.shape[-2:]) * self._vae.upscale > 256:
-            warnings.warn(
-                "wgvae decodes MiniMax-H3 untiled (diffusers' output after vae.disable_tiling()); diffusers' "
-                "default blends 256-px tiles for frames over 256 px, so its output differs there",
-                stacklevel=3,
-            )
-        return super()._decode(z)
+        if z.ndim != 5:
+            raise ValueError(f"z: expected N×C×T×h×w latents, got shape {tuple(z.shape)}")
+        if self.use_tiling and self.tile_sample_min_size != 256:
+            raise ValueError("wgvae tiles MiniMax-H3 in its reference's 256-px tiles only (tile_sample_min_height/width 256)")
+        tile = "fast" if self.use_tiling else "off"
+        return self._vae.decode_video(z, layout="ncthw", output="float", raw_latents=True, tile=tile)
 
 
 class AutoencoderTinyOutput(_Output):

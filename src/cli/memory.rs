@@ -202,19 +202,12 @@ fn run_video(
             a.vae
         )));
     }
+    // As `wgvae decode` of a video: exact, auto or off; blended tiles are
+    // MiniMax-H3's reference tiling only (the library refuses them otherwise).
     let tiling = a.tiles.tiling()?;
-    // As `wgvae decode` of a video: exact, auto or off; no blended tiles.
-    if tiling.mode == wgvae::TileMode::Fast {
+    if tiling.tile_size.is_some() && tiling.mode == wgvae::TileMode::Off {
         return Err(wgvae::Error::InvalidInput(
-            "a video decode takes --tile exact (equal to untiled), auto or off, not --tile fast"
-                .into(),
-        ));
-    }
-    if tiling.tile_size.is_some()
-        && !matches!(tiling.mode, wgvae::TileMode::Exact | wgvae::TileMode::Auto)
-    {
-        return Err(wgvae::Error::InvalidInput(
-            "--tile-size applies to --tile exact or auto".into(),
+            "--tile-size applies to --tile exact, fast (MiniMax-H3) or auto".into(),
         ));
     }
     let caps = if a.reference_gpu {
@@ -243,9 +236,12 @@ fn run_video(
         println!("{v}");
     } else {
         let mib = |b: u64| b as f64 / 1048576.0;
-        let tiles = match e.tile_size {
-            Some(px) => format!(", exact tiles of {px} px"),
-            None => ", untiled".to_string(),
+        let tiles = match (e.tile_size, e.reference_tiles) {
+            (Some(px), _) => format!(", exact tiles of {px} px"),
+            (None, Some((px, ov))) => {
+                format!(", the reference's tiles of {px} px overlapping by at least {ov} px")
+            }
+            _ => ", untiled".to_string(),
         };
         println!(
             "{} streaming video decode {}x{}, {} latent frames -> {} frames, chunks of {}{tiles} ({}, {} policy) on {}:",

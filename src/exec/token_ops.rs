@@ -127,6 +127,28 @@ pub(crate) fn token_op(
     }
 }
 
+/// The clip op ending `graph` (a clip-based decoder's last op) on the
+/// clip's frames `x`, stitched from tiles by the runner.
+pub(crate) fn clip_step(
+    graph: &Graph,
+    rec: &mut Recorder,
+    x: &Tensor,
+    clips: &mut ClipState,
+) -> Result<Tensor> {
+    match graph.ops().last() {
+        Some(crate::models::graph::Op::Tokens(TokenOp::Clip {
+            slot,
+            split,
+            skip,
+            fade,
+            ..
+        })) => clip(rec, x, (*slot, *split, *skip, *fade), clips),
+        _ => Err(Error::Internal(
+            "the graph does not end with a clip op".into(),
+        )),
+    }
+}
+
 /// A multi-head attention's shape: heads, tokens attended (the grid's and
 /// the extra ones), the q/k norm's eps, and the RoPE grid, pairs and theta.
 struct Heads {

@@ -105,6 +105,28 @@ pub(crate) fn run_video(
     run_from(graph, rec, slots, (0, n), split, taps, state)
 }
 
+/// Records `graph`'s ops before op `end` on `input` (no taps, no caches):
+/// the output of op `end − 1` (which op `end` would read).
+pub(crate) fn run_until(
+    graph: &Graph,
+    rec: &mut Recorder,
+    input: Tensor,
+    end: usize,
+) -> Result<Tensor> {
+    let n = dims4(&input)?[0];
+    let mut slots: Vec<Option<Tensor>> = (0..graph.tensors()).map(|_| None).collect();
+    slots[graph.input().0] = Some(input);
+    let (mut taps, mut state) = (Taps::default(), VideoState::default());
+    for i in 0..end {
+        step(graph, rec, &mut slots, i, n, &mut taps, &mut state)?;
+    }
+    let last = end
+        .checked_sub(1)
+        .and_then(|i| graph.out(i))
+        .ok_or_else(|| Error::Internal(format!("no op {end} to stop before")))?;
+    take(&mut slots, last)
+}
+
 /// Runs ops `start..` on `slots` (`n` frames); see [`run_video`].
 fn run_from(
     graph: &Graph,

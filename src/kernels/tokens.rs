@@ -33,6 +33,10 @@ pub struct Params {
     nf: u32,
     fade: u32,
     frame: u32,
+    oh: u32,
+    ow: u32,
+    ch: u32,
+    cw: u32,
 }
 
 const TOKENS: KernelSpec = spec::<Params>("tokens", SOURCE, "tokens", &[Read, ReadWrite]);
@@ -41,6 +45,9 @@ const ROPE: KernelSpec = spec::<Params>("tokens", SOURCE, "rope", &[ReadWrite, R
 const GLU: KernelSpec = spec::<Params>("tokens", SOURCE, "glu", &[Read, ReadWrite]);
 const CROSSFADE: KernelSpec =
     spec::<Params>("tokens", SOURCE, "crossfade", &[Read, Read, ReadWrite]);
+
+const STITCH: KernelSpec =
+    spec::<Params>("tokens", SOURCE, "stitch", &[Read, Read, Read, ReadWrite]);
 
 const OP: &str = "tokens";
 
@@ -280,6 +287,81 @@ pub fn crossfade(
     run(rec, (&CROSSFADE, k), params, &[x, p, out])
 }
 
+/// A tile's place in a stitched frame: where it goes and how much of it,
+/// and how many of its first rows / columns blend with the tile above /
+/// to the left (`(neighbour, extent)`).
+pub struct Stitch<'a> {
+    /// Output row and column of the tile's corner.
+    pub at: (usize, usize),
+    /// Rows and columns written (the tile cropped).
+    pub crop: (usize, usize),
+    /// The tile above and the rows blended with its last ones.
+    pub above: Option<(&'a Tensor, usize)>,
+    /// The tile to the left and the columns blended with its last ones.
+    pub left: Option<(&'a Tensor, usize)>,
+}
+
+/// One tile `x` `[F, C, th, tw]` of a tiled decode into `out` `[F, C, H,
+/// W]`, blended with its neighbours as decoded (diffusers' MiniMax-H3
+/// `_stitch_tiles`: vertical blend first, then horizontal).
+pub fn stitch(rec: &mut Recorder, x: &Tensor, s: &Stitch, out: &Tensor) -> Result<()> {
+    let [f, c, th, tw] = dims4(OP, x)?;
+    let [of, oc, oh, ow] = dims4(OP, out)?;
+    let (y0, x0) = s.at;
+    let (ch, cw) = s.crop;
+    let (eh, ew) = (s.above.map_or(0, |a| a.1), s.left.map_or(0, |l| l.1));
+    let same = |t: Option<(&Tensor, usize)>| {
+        t.is_none_or(|(t, _)| t.shape() == x.shape() && t.dtype() == x.dtype() && !t.overlaps(out))
+    };
+    if [f, c] != [of, oc]
+        || ch > th
+        || cw > tw
+        || y0 + ch > oh
+        || x0 + cw > ow
+        || eh > th
+        || ew > tw
+        || x.dtype() != out.dtype()
+        || x.overlaps(out)
+        || !same(s.above)
+        || !same(s.left)
+    {
+        return Err(Error::shape(
+            OP,
+            format!(
+                "stitch of tile {x:?} at {:?} cropped to {:?} into {out:?}, blends {eh}/{ew}",
+                s.at, s.crop
+            ),
+        ));
+    }
+    let above = s.above.map_or(x, |a| a.0);
+    let left = s.left.map_or(x, |l| l.0);
+    let st = storage_of(
+        rec,
+        &[("x", x), ("above", above), ("left", left), ("out", out)],
+    )?;
+    let params = Params {
+        total: u(f * c * ch * cw)?,
+        t: u(y0)?,
+        c: u(x0)?,
+        h: u(th)?,
+        w: u(tw)?,
+        fade: u(eh)?,
+        frame: u(ew)?,
+        oh: u(oh)?,
+        ow: u(ow)?,
+        ch: u(ch)?,
+        cw: u(cw)?,
+        ..Params::default()
+    };
+    u(out.numel())?;
+    run(
+        rec,
+        (&STITCH, key(&STITCH, "STITCH", &st)),
+        params,
+        &[x, above, left, out],
+    )
+}
+
 /// CPU reference of [`tokens`] to tokens: `[t, c, hw]` → `[c, plane]`.
 #[cfg(test)]
 pub fn cpu_to_tokens(x: &[f32], (t, c, hw): (usize, usize, usize), plane: usize) -> Vec<f32> {
@@ -353,6 +435,8 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
             );
             v.push((CROSSFADE, if prev { k.flag("PREV") } else { k }));
         }
+        let four = [("x", t), ("above", t), ("left", t), ("out", t)];
+        v.push((STITCH, key(&STITCH, "STITCH", &four)));
     }
     v
 }
@@ -457,6 +541,71 @@ mod tests {
             })
             .collect();
         assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-6, 1e-6, "glu");
+    }
+
+    /// Two rows of two tiles stitched as diffusers' `_stitch_tiles` does
+    /// (vertical blend with the tile above, then horizontal with the left
+    /// one, both as decoded), cropped by the overlaps.
+    #[test]
+    fn stitch_matches_diffusers_order() {
+        let ctx = test_context();
+        let (f, c, th, tw) = (2, 3, 6, 5);
+        let (ov_h, ov_w) = (3, 2);
+        let (oh, ow) = (2 * th - ov_h, 2 * tw - ov_w);
+        let tiles: Vec<Vec<f32>> = (0..4)
+            .map(|i| rand_vec(f * c * th * tw, 20 + i, 1.0))
+            .collect();
+        let gpu: Vec<Tensor> = tiles
+            .iter()
+            .map(|d| Tensor::from_f32(&ctx, &[f, c, th, tw], d, "tile").unwrap())
+            .collect();
+        let out = Tensor::empty(&ctx, &[f, c, oh, ow], DType::F32, "out").unwrap();
+        let crop = |i: usize, j: usize| {
+            (
+                if i == 0 { th - ov_h } else { th },
+                if j == 0 { tw - ov_w } else { tw },
+            )
+        };
+        let mut rec = Recorder::new(&ctx);
+        for i in 0..2 {
+            for j in 0..2 {
+                let s = Stitch {
+                    at: (i * (th - ov_h), j * (tw - ov_w)),
+                    crop: crop(i, j),
+                    above: (i > 0).then(|| (&gpu[j], ov_h)),
+                    left: (j > 0).then(|| (&gpu[2 * i], ov_w)),
+                };
+                stitch(&mut rec, &gpu[2 * i + j], &s, &out).unwrap();
+            }
+        }
+        rec.submit().unwrap();
+        // The reference, element by element as `_blend` / `_stitch_tiles` compute it.
+        let at = |t: &[f32], p: usize, y: usize, x: usize| t[(p * th + y) * tw + x];
+        let mut want = vec![0.0; f * c * oh * ow];
+        for i in 0..2 {
+            for j in 0..2 {
+                let t = &tiles[2 * i + j];
+                let (ch, cw) = crop(i, j);
+                for p in 0..f * c {
+                    for y in 0..ch {
+                        for x in 0..cw {
+                            let mut v = at(t, p, y, x);
+                            if i > 0 && y < ov_h {
+                                let wb = y as f32 / ov_h as f32;
+                                v = at(&tiles[j], p, th - ov_h + y, x) * (1.0 - wb) + v * wb;
+                            }
+                            if j > 0 && x < ov_w {
+                                let wb = x as f32 / ov_w as f32;
+                                v = at(&tiles[2 * i], p, y, tw - ov_w + x) * (1.0 - wb) + v * wb;
+                            }
+                            let (oy, ox) = (i * (th - ov_h) + y, j * (tw - ov_w) + x);
+                            want[(p * oh + oy) * ow + ox] = v;
+                        }
+                    }
+                }
+            }
+        }
+        assert_close(&out.to_f32(&ctx).unwrap(), &want, 1e-6, 1e-6, "stitch");
     }
 
     #[test]

@@ -466,3 +466,58 @@ fn pad_rows(mut reg: Vec<f32>, d: usize) -> Vec<f32> {
     }
     reg
 }
+
+/// diffusers' `_split_tiles` of MiniMax-H3: `tile`-pixel tiles over
+/// `length` pixels, the fewest that keep every overlap at least
+/// `min_overlap`, the slack spread over the overlaps in steps of `ratio`
+/// (so tiles start on latent pixels): each tile's start, then the overlap
+/// with the next. One tile of `length` when it fits in one.
+pub(crate) fn split_tiles(
+    length: usize,
+    tile: usize,
+    min_overlap: usize,
+    ratio: usize,
+) -> (Vec<usize>, usize, Vec<usize>) {
+    if tile >= length || min_overlap >= tile {
+        return (vec![0], length, Vec::new());
+    }
+    let mut n = length.div_ceil(tile);
+    while tile * n < min_overlap * (n - 1) + length {
+        n += 1;
+    }
+    let mut overlaps = vec![min_overlap; n - 1];
+    let remaining = tile * n - min_overlap * (n - 1) - length;
+    for i in 0..remaining / ratio.max(1) {
+        overlaps[i % (n - 1)] += ratio;
+    }
+    let mut starts = vec![0];
+    for o in &overlaps {
+        starts.push(starts[starts.len() - 1] + tile - o);
+    }
+    (starts, tile, overlaps)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// `_split_tiles` worked through by hand: 720 and 1280 pixels in
+    /// 256-pixel tiles overlapping by at least 64, steps of 16.
+    #[test]
+    fn tiles_split_as_diffusers() {
+        assert_eq!(
+            split_tiles(720, 256, 64, 16),
+            (vec![0, 144, 304, 464], 256, vec![112, 96, 96])
+        );
+        assert_eq!(
+            split_tiles(1280, 256, 64, 16),
+            (
+                vec![0, 160, 320, 496, 672, 848, 1024],
+                256,
+                vec![96, 96, 80, 80, 80, 80]
+            )
+        );
+        assert_eq!(split_tiles(256, 256, 64, 16), (vec![0], 256, vec![]));
+        assert_eq!(split_tiles(64, 256, 64, 16), (vec![0], 64, vec![]));
+    }
+}

@@ -84,6 +84,71 @@ impl VideoRun {
         Ok(())
     }
 
+    /// Records a clip-based decoder's `clip` `[T, C, h, w]` as its
+    /// reference tiles it (MiniMax-H3's default, diffusers'
+    /// `_decode_clip`): spatial tiles of `tile` output pixels overlapping
+    /// by at least `min_overlap` (laid out by
+    /// [`crate::models::minimax_h3::split_tiles`]), each through the graph
+    /// but its clip op, stitched blending each tile with the decoded tiles
+    /// above and to its left, then the clip op on the whole frames. Tiles
+    /// are decoded independently, so the result is the reference's, not the
+    /// untiled decode.
+    pub(crate) fn record_reference_tiles(
+        &mut self,
+        graph: &Graph,
+        rec: &mut Recorder,
+        clip: &HostTensor,
+        (tile, min_overlap, up): (usize, usize, usize),
+    ) -> Result<Tensor> {
+        use crate::kernels::tokens::{stitch, Stitch};
+        let [_, _, h, w] = match clip.shape[..] {
+            [t, c, h, w] => [t, c, h, w],
+            _ => return Err(Error::Internal("an unchecked video clip".into())),
+        };
+        let end = graph.ops().len().saturating_sub(1);
+        let split = |len| crate::models::minimax_h3::split_tiles(len * up, tile, min_overlap, up);
+        let (ys, th, yo) = split(h);
+        let (xs, tw, xo) = split(w);
+        let mut out: Option<Tensor> = None;
+        let mut above: Vec<Tensor> = Vec::new();
+        for (i, &y0) in ys.iter().enumerate() {
+            let mut row: Vec<Tensor> = Vec::with_capacity(xs.len());
+            for (j, &x0) in xs.iter().enumerate() {
+                let part = clip.crop(y0 / up, (y0 + th) / up, x0 / up, (x0 + tw) / up);
+                let input =
+                    Tensor::from_f32_in(rec, &part.shape, &part.data, "video latents tile")?;
+                let y = crate::exec::untiled::run_until(graph, rec, input, end)?;
+                let [f, c, oh, ow] = crate::models::layers::dims4(&y)?;
+                let o = match out.take() {
+                    Some(o) => o,
+                    None => {
+                        Tensor::empty(rec.ctx(), &[f, c, h * up, w * up], y.dtype(), "clip frames")?
+                    }
+                };
+                let s = Stitch {
+                    at: (y0, x0),
+                    crop: (
+                        oh - yo.get(i).copied().unwrap_or(0),
+                        ow - xo.get(j).copied().unwrap_or(0),
+                    ),
+                    above: above
+                        .get(j)
+                        .zip(i.checked_sub(1).and_then(|k| yo.get(k)).copied()),
+                    left: row
+                        .last()
+                        .zip(j.checked_sub(1).and_then(|k| xo.get(k)).copied()),
+                };
+                stitch(rec, &y, &s, &o)?;
+                out = Some(o);
+                row.push(y);
+            }
+            above = row;
+        }
+        drop(above);
+        let frames = out.ok_or_else(|| Error::Internal("a clip with no tiles".into()))?;
+        crate::exec::token_ops::clip_step(graph, rec, &frames, &mut self.untiled.clips)
+    }
+
     /// Marks the next chunk a clip-based decoder's last clip (MiniMax-H3):
     /// its tail is appended, less `cut` frames made from padding.
     pub(crate) fn set_last_clip(&mut self, cut: Option<usize>) {

@@ -38,7 +38,7 @@ pub use crate::latents::VideoLayout;
 pub use model::{is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae};
 pub use textures::PendingFrames;
 #[doc(hidden)]
-pub use tiles::VIDEO_DEFAULT_TILE;
+pub use tiles::{REFERENCE_OVERLAP, REFERENCE_TILE, VIDEO_DEFAULT_TILE};
 
 /// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
 #[derive(Debug)]
@@ -115,6 +115,15 @@ impl<'a> VideoDecoder<'a> {
 
     fn with_model(ctx: &Context, decoder: ModelRef<'a>) -> Self {
         let to_trim = decoder.get().frames_to_trim();
+        // A clip-based decoder (MiniMax-H3) tiles as its reference does by default.
+        let tiling = if decoder.get().clip_based() {
+            Tiling {
+                mode: crate::tiling::TileMode::Auto,
+                ..Tiling::default()
+            }
+        } else {
+            Tiling::off()
+        };
         VideoDecoder {
             ctx: ctx.clone(),
             decoder,
@@ -128,7 +137,7 @@ impl<'a> VideoDecoder<'a> {
             largest_chunk_bytes: 0,
             pending: None,
             broken: None,
-            tiling: Tiling::off(),
+            tiling,
             clips: None,
         }
     }
@@ -338,6 +347,18 @@ pub fn decode_video<'a>(
     decoder: impl Into<VideoModel<'a>>,
     latents: &HostTensor,
 ) -> Result<HostTensor> {
+    decode_video_tiled(ctx, decoder, latents, None)
+}
+
+/// [`decode_video`] with each video's frames tiled as `tiling` says
+/// ([`VideoDecoder::set_tiling`]; `None`: the model's default, untiled but
+/// for MiniMax-H3, which tiles as its reference does).
+pub fn decode_video_tiled<'a>(
+    ctx: &Context,
+    decoder: impl Into<VideoModel<'a>>,
+    latents: &HostTensor,
+    tiling: Option<&Tiling>,
+) -> Result<HostTensor> {
     let decoder = decoder.into();
     let wan = decoder.channels_first();
     let [n, t, c, h, w] = match (&latents.shape[..], wan) {
@@ -371,7 +392,11 @@ pub fn decode_video<'a>(
             video.to_vec()
         };
         let chunk = HostTensor::new(vec![t, c, h, w], video)?;
-        let frames = VideoDecoder::new(ctx, decoder).decode(&chunk)?;
+        let mut stream = VideoDecoder::new(ctx, decoder);
+        if let Some(t) = tiling {
+            stream.set_tiling(t.clone())?;
+        }
+        let frames = stream.decode(&chunk)?;
         match (wan, &frames.shape[..]) {
             (true, &[ft, fc, fh, fw]) => {
                 data.extend(swap_axes(&frames.data, ft, fc, fh * fw));

@@ -64,10 +64,17 @@ impl VideoDecoder<'_> {
                     label: Some("wgvae video chunk"),
                 });
         let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
-        let input = Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
-        let raw = self
-            .run
-            .record(self.decoder.get().graph(), &mut rec, input)?;
+        let graph = self.decoder.get().graph();
+        let raw = match self.reference_tiles((h, w)) {
+            Some(tiles) => self
+                .run
+                .record_reference_tiles(graph, &mut rec, chunk, tiles)?,
+            None => {
+                let input =
+                    Tensor::from_f32_in(&mut rec, &chunk.shape, &chunk.data, "video latents")?;
+                self.run.record(graph, &mut rec, input)?
+            }
+        };
         let shape = match raw.shape() {
             &[a, b, c, d] => [a, b, c, d],
             s => return Err(Error::Internal(format!("video decoder output {s:?}"))),

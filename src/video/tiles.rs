@@ -10,6 +10,14 @@ use crate::tiling::{TileMode, Tiling};
 /// Default tile side of an exact tiled video decode, in output pixels.
 pub const VIDEO_DEFAULT_TILE: usize = 256;
 
+/// MiniMax-H3's reference tiles (diffusers' defaults): 256 pixels,
+/// overlapping by at least [`REFERENCE_OVERLAP`].
+#[doc(hidden)]
+pub const REFERENCE_TILE: usize = 256;
+/// See [`REFERENCE_TILE`].
+#[doc(hidden)]
+pub const REFERENCE_OVERLAP: usize = 64;
+
 impl VideoDecoder<'_> {
     /// Tiles every frame spatially (set before the first chunk).
     /// [`TileMode::Exact`]: each layer runs tile by tile over its output
@@ -30,10 +38,22 @@ impl VideoDecoder<'_> {
                 "a VideoDecoder's tiling is set before its first chunk".into(),
             ));
         }
-        if tiling.mode == TileMode::Fast {
+        let model = self.decoder.get();
+        if tiling.mode == TileMode::Fast && !model.clip_based() {
             return Err(Error::Unsupported(
                 "fast (blended) tiles of a video decode: use exact tiles (`TileMode::Exact`), equal to the untiled decode".into(),
             ));
+        }
+        if model.clip_based() {
+            let up = model.upscale();
+            let tile = tiling.tile_size.unwrap_or(REFERENCE_TILE);
+            let overlap = tiling.overlap.unwrap_or(REFERENCE_OVERLAP);
+            if tile == 0 || tile % up != 0 || overlap % up != 0 || overlap >= tile {
+                return Err(Error::InvalidInput(format!(
+                    "tiles of {tile} pixels overlapping by at least {overlap}: the {}'s tiles are whole latent pixels ({up} pixels), the overlap below the tile (its reference: {REFERENCE_TILE} and {REFERENCE_OVERLAP})",
+                    model.name()
+                )));
+            }
         }
         if tiling.mode == TileMode::Exact && self.decoder.get().clip_based() {
             return Err(Error::Unsupported(format!(
@@ -69,6 +89,9 @@ impl VideoDecoder<'_> {
     /// [`TileMode::Exact`]; for [`TileMode::Auto`] when the untiled chunk
     /// does not fit the budget or a device limit (a null-device dry run).
     pub(super) fn wants_tiles(&self, chunk: &HostTensor) -> Result<bool> {
+        if self.decoder.get().clip_based() {
+            return Ok(false);
+        }
         match self.tiling.mode {
             TileMode::Off | TileMode::Fast => Ok(false),
             TileMode::Exact => Ok(true),
@@ -77,18 +100,24 @@ impl VideoDecoder<'_> {
                 let base = self.ctx.pool().stats().allocated_bytes.current;
                 let graph = self.decoder.get().graph();
                 let fits = untiled_chunk_fits(&self.ctx, budget, base, graph, chunk)?;
-                let model = self.decoder.get();
-                if !fits && model.clip_based() {
-                    return Err(Error::OverBudget(format!(
-                        "a clip of the {} at {}×{} latent pixels needs more than the memory budget of {budget} bytes (`Tiling::max_memory`), and its frames cannot be tiled: raise the budget or decode smaller frames",
-                        model.name(),
-                        chunk.shape.get(2).copied().unwrap_or(0),
-                        chunk.shape.get(3).copied().unwrap_or(0)
-                    )));
-                }
                 Ok(!fits)
             }
         }
+    }
+
+    /// A clip-based decoder's reference tiles for latent frames `h × w`
+    /// (MiniMax-H3, under [`TileMode::Auto`] or [`TileMode::Fast`]): the
+    /// tile and least overlap in output pixels; `None` when untiled (tiling
+    /// off, or one tile covers the frame: the same values).
+    pub(crate) fn reference_tiles(&self, (h, w): (usize, usize)) -> Option<(usize, usize, usize)> {
+        let model = self.decoder.get();
+        if !model.clip_based() || !matches!(self.tiling.mode, TileMode::Auto | TileMode::Fast) {
+            return None;
+        }
+        let tile = self.tiling.tile_size.unwrap_or(REFERENCE_TILE);
+        let overlap = self.tiling.overlap.unwrap_or(REFERENCE_OVERLAP);
+        let up = model.upscale();
+        (h * up > tile || w * up > tile).then_some((tile, overlap, up))
     }
 
     /// Runs the video in exact tiles from its first chunk, whose latent

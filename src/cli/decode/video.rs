@@ -252,17 +252,9 @@ pub(crate) fn decode_video(
         )));
     }
     let tiling = a.tiles.tiling()?;
-    // Exact tiles (or auto: exact when the untiled frame exceeds the budget
-    // or a binding limit); blended fast tiles are refused.
-    if tiling.mode == TileMode::Fast {
+    if tiling.tile_size.is_some() && tiling.mode == TileMode::Off {
         return Err(Error::InvalidInput(
-            "a video decode takes --tile exact (equal to untiled), auto or off, not --tile fast"
-                .into(),
-        ));
-    }
-    if tiling.tile_size.is_some() && !matches!(tiling.mode, TileMode::Exact | TileMode::Auto) {
-        return Err(Error::InvalidInput(
-            "--tile-size applies to --tile exact or auto".into(),
+            "--tile-size applies to --tile exact, fast (MiniMax-H3) or auto".into(),
         ));
     }
     let rate: FrameRate = a.fps.parse()?;
@@ -286,6 +278,15 @@ pub(crate) fn decode_video(
     )?;
     let dtype = loaded.dtype_for(precision, ctx.caps());
     let decoder = loaded.model();
+    // Exact tiles (or auto: exact when the untiled frame exceeds the budget
+    // or a binding limit); blended fast tiles are a clip-based decoder's
+    // reference tiling only (MiniMax-H3's default).
+    if tiling.mode == TileMode::Fast && !decoder.clip_based() {
+        return Err(Error::InvalidInput(
+            "a video decode takes --tile exact (equal to untiled), auto or off, not --tile fast (MiniMax-H3's reference tiles only)"
+                .into(),
+        ));
+    }
     if decoder.whole_clip() && a.chunk.is_some() {
         return Err(Error::InvalidInput(format!(
             "--chunk: the {} decoder is not causal (a frame depends on later ones), so it decodes each video's whole clip in one chunk; drop --chunk",
@@ -463,6 +464,18 @@ pub(crate) fn decode_video(
         bar.finish_and_clear();
     }
     let ms = start.elapsed().as_secs_f64() * 1e3;
+    // A clip-based decoder's reference tiles (MiniMax-H3's default) where one tile does not cover a frame.
+    let reference = (decoder.clip_based() && tiling.mode != TileMode::Off)
+        .then(|| {
+            let t = tiling.tile_size.unwrap_or(wgvae::video::REFERENCE_TILE);
+            (t, tiling.overlap.unwrap_or(wgvae::video::REFERENCE_OVERLAP))
+        })
+        .filter(|(px, _)| h * decoder.upscale() > *px || w * decoder.upscale() > *px);
+    let tiled_as = match (tile_px, reference) {
+        (Some(_), _) => "exact",
+        (None, Some(_)) => "reference",
+        _ => "untiled",
+    };
     ctx.save_pipeline_cache();
     write_memory_snapshot(ctx, a)?;
     let stats = ctx.pool().stats();
@@ -485,8 +498,8 @@ pub(crate) fn decode_video(
                 "frames": frames,
                 "frame_shape": [3, height, width],
                 "chunk_latent_frames": step,
-                "tiling": if tile_px.is_some() { "exact" } else { "untiled" },
-                "tile_size": tile_px,
+                "tiling": tiled_as,
+                "tile_size": tile_px.or(reference.map(|r| r.0)),
                 "decode_ms": ms,
                 "frames_per_s": fps,
                 "latency": latency,
@@ -517,9 +530,12 @@ pub(crate) fn decode_video(
             wrote.push(format!("{} (raw float32)", p.display()));
         }
         println!("wrote {}", wrote.join(", "));
-        let tiles = match tile_px {
-            Some(px) => format!(", exact tiles of {px} px"),
-            None => String::new(),
+        let tiles = match (tile_px, reference) {
+            (Some(px), _) => format!(", exact tiles of {px} px"),
+            (None, Some((px, ov))) => {
+                format!(", the reference's tiles of {px} px overlapping by at least {ov} px")
+            }
+            _ => String::new(),
         };
         println!(
             "{} ({}): {frames} frames of {width}×{height} in {ms:.1} ms on {} (chunks of {step} latent frames{tiles}): {fps:.2} frames/s; latency per frame mean {:.1} ms, P99 {:.1} ms, max {:.1} ms; peak allocated {:.1} MiB",
