@@ -10,11 +10,12 @@ lengths and storage dtype, warm (--warmup untimed runs, then the median of
   TAEHV file (taew2_1.safetensors, ...):
     taehv.py  TAEHV.decode_video(parallel=True)   all frames at once
     taehv.py  TAEHV.decode_video(parallel=False)  frame by frame
-  A diffusers video VAE (a folder, or preset:wan21 / wan22 / hunyuanvideo15 / ltx2 with
-  random weights of the public config):
+  A diffusers video VAE (a folder, or preset:wan21 / wan22 / hunyuanvideo15 / ltx2 /
+  minimax-h3 with random weights of the public config):
     diffusers AutoencoderKLWan.decode             Wan 2.1 / 2.2: latent frame by frame (its causal cache)
     diffusers AutoencoderKLHunyuanVideo15.decode  the whole clip in one pass
     diffusers AutoencoderKLLTX2Video.decode       the whole clip in one pass (not causal)
+    diffusers AutoencoderKLMiniMaxH3.decode       clip by clip, in 256-px tiles (its default; needs accelerate)
   and wgvae bench video (VideoDecoder, --chunk latent frames per chunk; LTX-2 a whole clip).
 
 taehv.py (MIT, github.com/madebyollin/taehv) is not bundled: give --taehv-py
@@ -29,6 +30,7 @@ CPU time includes the device's work). Writes compare_video.csv and .md to
         --size 64 --latent-frames 2,4 --taehv-py /path/to/taehv.py
     python3 bench/compare_video.py --vae ../shared/golden/wan21-tiny --size 64 --latent-frames 2,4
     python3 bench/compare_video.py --vae ../shared/golden/hunyuanvideo15-tiny --size 64 --latent-frames 2,4
+    python3 bench/compare_video.py --vae ../shared/golden/minimax-h3-tiny --size 64 --latent-frames 4,7
 """
 import argparse
 import csv
@@ -60,7 +62,8 @@ def load_taehv_module(path):
 
 
 # The diffusers video VAEs wgvae decodes, and the public configs of its presets.
-DIFFUSERS_VIDEO = ("AutoencoderKLWan", "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTX2Video")
+DIFFUSERS_VIDEO = ("AutoencoderKLWan", "AutoencoderKLHunyuanVideo15", "AutoencoderKLLTX2Video",
+                   "AutoencoderKLMiniMaxH3")
 PRESETS = {
     "preset:wan21": ("AutoencoderKLWan", {}),
     "preset:wan22": ("AutoencoderKLWan", {
@@ -68,6 +71,7 @@ PRESETS = {
         "out_channels": 12, "patch_size": 2, "scale_factor_spatial": 16, "scale_factor_temporal": 4}),
     "preset:hunyuanvideo15": ("AutoencoderKLHunyuanVideo15", {}),
     "preset:ltx2": ("AutoencoderKLLTX2Video", {"decoder_causal": False}),
+    "preset:minimax-h3": ("AutoencoderKLMiniMaxH3", {}),
 }
 
 
@@ -88,7 +92,8 @@ def latent_geometry(model):
     c = model.config
     if "z_dim" in c:  # AutoencoderKLWan: 8× (2.1), 16× with patch size 2 (2.2)
         return c.z_dim, c.get("scale_factor_spatial", 8)
-    return c.latent_channels, c.spatial_compression_ratio
+    # MiniMax-H3 derives its ratio from the down-sampling factors (an attribute, not a config field).
+    return c.latent_channels, getattr(model, "spatial_compression_ratio", None) or c.spatial_compression_ratio
 
 
 def taehv_model(mod, path, torch):
@@ -151,7 +156,7 @@ def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--vae", required=True,
                     help="a TAEHV .safetensors file, a diffusers video VAE folder (Wan 2.1 / 2.2, HunyuanVideo 1.5, "
-                         "LTX-2) or preset:wan21|wan22|hunyuanvideo15|ltx2")
+                         "LTX-2, MiniMax-H3) or preset:wan21|wan22|hunyuanvideo15|ltx2|minimax-h3")
     ap.add_argument("--size", type=int, default=64, help="output pixels per side (a multiple of the VAE's upscale)")
     ap.add_argument("--latent-frames", default="2,4", help="video lengths in latent frames, comma-separated")
     ap.add_argument("--chunk", type=int, default=1, help="wgvae's latent frames per streamed chunk")

@@ -435,15 +435,17 @@ stage_memory() {
   return "$rc"
 }
 
-# Video cells: "label vae" per line (weights from ../shared; the full run's Wan 2.1 / 2.2,
-# HunyuanVideo 1.5 and LTX-2 are the presets' seeded random weights at the real architectures).
+# Video cells: "label vae [latent frames]" per line (weights from ../shared; the full run's
+# Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2 and MiniMax-H3 are the presets' seeded random weights at
+# the real architectures). MiniMax-H3 decodes clips and needs 3 latent frames at least.
 video_cells() {
   [ -n "$shared" ] && echo "taew2_1 $shared/golden/taew2_1-rand/taew2_1.safetensors"
   local m
   if [ "$quick" = 1 ]; then
     [ -n "$shared" ] && for m in wan21 wan22 hunyuanvideo15 ltx2; do echo "$m-tiny $shared/golden/$m-tiny"; done
+    [ -n "$shared" ] && echo "minimax-h3-tiny $shared/golden/minimax-h3-tiny 3"
   else
-    for m in wan21 wan22 hunyuanvideo15 ltx2; do echo "$m preset:$m"; done
+    for m in wan21 wan22 hunyuanvideo15 ltx2 minimax-h3; do echo "$m preset:$m"; done
   fi
 }
 
@@ -463,12 +465,13 @@ stage_video() {
   fi
   local pvm=$dir/predicted_vs_measured.csv
   echo "model,dtype,chunk,latent_frames,size,predicted_allocated_mib,predicted_reserved_mib,measured_allocated_mib,measured_reserved_mib,agree" >"$pvm"
-  local label vae
-  while read -r label vae; do
+  local label vae lengths
+  while read -r label vae lengths; do
     local cell=$dir/$label
-    echo "--- $label ${video_size}px latent frames $video_frames $video_dtypes"
+    lengths=${lengths:-$video_frames}
+    echo "--- $label ${video_size}px latent frames $lengths $video_dtypes"
     if ! "$wgvae" "${adapter_args[@]}" bench video --vae "$vae" --size "$video_size" \
-        --latent-frames "$video_frames" --chunk "$video_chunks" --dtypes "$video_dtypes" \
+        --latent-frames "$lengths" --chunk "$video_chunks" --dtypes "$video_dtypes" \
         --warmup "$warmup" --runs "$runs" --out "$cell"; then
       rc=1; echo "FAILED: $label"; continue
     fi
@@ -509,15 +512,15 @@ stage_video() {
     local device
     device=$(python3 -c "import torch; print('cuda' if torch.cuda.is_available() else 'cpu')")
     peers="PyTorch peers on torch $device (bench/compare_video.py, ${video_dtypes%%,*}${TAEHV_PY:+, taehv.py $TAEHV_PY})"
-    while read -r label vae; do
+    while read -r label vae lengths; do
       echo "--- compare_video.py $label on $device"
       python3 "$root/bench/compare_video.py" --vae "$vae" --size "$video_size" \
-        --latent-frames "$video_frames" --chunk "${video_chunks%%,*}" --dtype "${video_dtypes%%,*}" \
+        --latent-frames "${lengths:-$video_frames}" --chunk "${video_chunks%%,*}" --dtype "${video_dtypes%%,*}" \
         --device "$device" --warmup "$warmup" --runs "$runs" --wgvae "$wgvae" \
         ${TAEHV_PY:+--taehv-py "$TAEHV_PY"} --out "$dir/compare_$label" || rc=1
     done <<<"$cells"
   fi
-  say_note video "$n of $(echo "$cells" | wc -l) video cells ($(echo $cells | awk '{for (i=1;i<=NF;i+=2) printf "%s%s", (i>1?", ":""), $i}')) at ${video_size}x${video_size}, latent frames $video_frames, chunk $video_chunks, $video_dtypes; $not_ok rows not ok (reasons in video.csv); $rows rows predicted by wgvae memory --frames: $((rows - mismatches)) equal to the measured peak; $peers"
+  say_note video "$n of $(echo "$cells" | wc -l) video cells ($(echo "$cells" | awk '{printf "%s%s", (NR > 1 ? ", " : ""), $1}')) at ${video_size}x${video_size}, latent frames $video_frames, chunk $video_chunks, $video_dtypes; $not_ok rows not ok (reasons in video.csv); $rows rows predicted by wgvae memory --frames: $((rows - mismatches)) equal to the measured peak; $peers"
   [ "$mismatches" = 0 ] || rc=1
   return "$rc"
 }
