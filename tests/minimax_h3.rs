@@ -291,3 +291,71 @@ fn minimax_h3_reference_tiles() {
     assert_eq!(est.reference_tiles, Some((256, 64)));
     assert_eq!(est.peak_allocated_bytes, peak, "estimate vs measured peak");
 }
+
+/// `wgvae decode latents.npy --vae minimax-h3-tiny --save-raw --frames-out`
+/// (pipeline latents: `· std + mean`) equals the golden; the PNGs are its
+/// ImageNet-normalised frames mapped back to RGB; `--tile exact` and
+/// `encode` are refused by name.
+#[test]
+fn minimax_h3_cli() {
+    let Some(dir) = golden() else { return };
+    let scratch = tempfile::tempdir().unwrap();
+    let raw = scratch.path().join("raw.npy");
+    let frames = scratch.path().join("frames");
+    let run = |extra: &[&str]| {
+        std::process::Command::new(wgvae::testing::wgvae_exe(env!("CARGO_BIN_EXE_wgvae")))
+            .args(["decode", dir.join("latents.npy").to_str().unwrap(), "--vae"])
+            .arg(&dir)
+            .args(extra)
+            .env(
+                "WGPU_BACKEND",
+                std::env::var("WGPU_BACKEND").unwrap_or_else(|_| "vulkan".into()),
+            )
+            .output()
+            .unwrap()
+    };
+    let o = run(&[
+        "--save-raw",
+        raw.to_str().unwrap(),
+        "--frames-out",
+        frames.to_str().unwrap(),
+        "--chunk",
+        "2",
+        "--json",
+    ]);
+    assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
+    let v: serde_json::Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(
+        (v["frames"].as_u64(), v["tiling"].as_str()),
+        (Some(19), Some("untiled")),
+        "{v}"
+    );
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let got = read_npy(&raw).unwrap();
+    assert_eq!(got.shape, want.shape);
+    let (e, at) = max_abs_diff(&got.data, &want.data);
+    println!("minimax-h3-tiny CLI --save-raw: max |diff| = {e:.3e} at {at}");
+    assert!(e <= TOLERANCE, "--save-raw differs by {e} at {at}");
+    // Frame 5's PNG: clamp(x · std + mean, 0, 1) per channel, rounded.
+    let png = image::open(frames.join("frame_00005.png"))
+        .unwrap()
+        .to_rgb8();
+    let [_, _, t, h, w] = want.shape[..] else {
+        panic!("not 5-D")
+    };
+    let (mean, std) = ([0.485f32, 0.456, 0.406], [0.229f32, 0.224, 0.225]);
+    for (i, px) in png.pixels().enumerate() {
+        for c in 0..3 {
+            let x = want.data[((c * t) + 5) * h * w + i];
+            let b = ((x * std[c] + mean[c]).clamp(0.0, 1.0) * 255.0).round_ties_even() as i32;
+            assert!(
+                (px[c] as i32 - b).abs() <= 1,
+                "pixel {i} channel {c}: {} vs {b}",
+                px[c]
+            );
+        }
+    }
+    let o = run(&["--save-raw", raw.to_str().unwrap(), "--tile", "exact"]);
+    let m = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && m.contains("exact tiles"), "{m}");
+}
