@@ -247,10 +247,7 @@ impl<W: Write> Y4mWriter<W> {
             let unit = match range {
                 ImageRange::ZeroToOne => v,
                 ImageRange::MinusOneToOne => v / 2.0 + 0.5,
-                ImageRange::ImageNet => {
-                    v * crate::kernels::image::IMAGENET_STD[ch]
-                        + crate::kernels::image::IMAGENET_MEAN[ch]
-                }
+                ImageRange::ImageNet => range.to_unit_at(v, ch),
             };
             // NaN becomes black, as in the PNGs' RGB.
             if unit.is_nan() {

@@ -191,7 +191,7 @@ pub fn rope(rec: &mut Recorder, x: &Tensor, table: &Tensor, grid: Grid, half: us
     if x.dtype() != DType::F32
         || table.dtype() != DType::F32
         || half == 0
-        || half % 3 != 0
+        || !half.is_multiple_of(3)
         || 2 * half > d
         || t * gh * gw > plane
         || table.numel() != (t + gh + gw) * nf * 2

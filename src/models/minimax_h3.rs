@@ -1,6 +1,6 @@
 //! The MiniMax-H3 video VAE decoder (diffusers `AutoencoderKLMiniMaxH3`):
 //! a ViT over a clip's latent voxels, as a graph over channel-major tokens
-//! (see [`crate::models::graph::TokenOp`]).
+//! (`models::graph::TokenOp`).
 //!
 //! One clip: post_quant_conv → every latent voxel a token (`proj_in`), the
 //! register tokens and one zero token appended (RoPE position 0) → blocks
@@ -15,7 +15,7 @@
 //! of its last frame), the first `p` frames of each clip dropped, each
 //! clip's first `f` frames cross-faded with the previous clip's tail, the
 //! last tail appended and the frames made from padding cut off
-//! ([`crate::models::video_info::ClipGeometry`]). `scale1` / `scale2` are
+//! (`ClipGeometry` in `models::video_info`). `scale1` / `scale2` are
 //! folded into the projections before them, and `norm_out`'s bias into
 //! `proj_out`'s.
 //!
@@ -144,7 +144,7 @@ impl MiniMaxH3Config {
 
     fn check(&self) -> std::result::Result<(), String> {
         let rot = self.rope_dim();
-        if rot % 6 != 0 || rot > self.head_dim {
+        if !rot.is_multiple_of(6) || rot > self.head_dim {
             return Err(format!(
                 "decoder_rope_dim_ratio {} of decoder_attention_head_dim {} gives {rot} rotated channels per head; MiniMax-H3's 3-axis RoPE needs a multiple of 6 (as diffusers checks)",
                 self.rope_dim_ratio, self.head_dim
@@ -322,9 +322,9 @@ fn linear(
     let mut w = store.take(&format!("{prefix}.weight"), &[cout, cin])?;
     let mut b = store.take(&format!("{prefix}.bias"), &[cout])?;
     if let Some(s) = scale {
-        for (o, &so) in s.iter().enumerate().take(cout) {
-            w[o * cin..(o + 1) * cin].iter_mut().for_each(|v| *v *= so);
-            b[o] *= so;
+        for ((row, bias), &so) in w.chunks_mut(cin.max(1)).zip(b.iter_mut()).zip(s) {
+            row.iter_mut().for_each(|v| *v *= so);
+            *bias *= so;
         }
     }
     let host = PytorchConv {
@@ -425,8 +425,7 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &MiniMaxH3Config) -> Result<Gr
     let beta = store.take("decoder.norm_out.bias", &[d])?;
     let wo = store.take("decoder.proj_out.weight", &[co, d])?;
     let mut bo = store.take("decoder.proj_out.bias", &[co])?;
-    for (o, bias) in bo.iter_mut().enumerate() {
-        let row = &wo[o * d..(o + 1) * d];
+    for (row, bias) in wo.chunks(d.max(1)).zip(bo.iter_mut()) {
         *bias += row.iter().zip(&beta).map(|(a, b)| a * b).sum::<f32>();
     }
     let host = PytorchConv {
@@ -485,14 +484,16 @@ pub(crate) fn split_tiles(
     while tile * n < min_overlap * (n - 1) + length {
         n += 1;
     }
-    let mut overlaps = vec![min_overlap; n - 1];
-    let remaining = tile * n - min_overlap * (n - 1) - length;
-    for i in 0..remaining / ratio.max(1) {
-        overlaps[i % (n - 1)] += ratio;
-    }
+    // Each overlap gets `min_overlap` and its round-robin share of the slack.
+    let steps = (tile * n - min_overlap * (n - 1) - length) / ratio.max(1);
+    let overlaps: Vec<usize> = (0..n - 1)
+        .map(|i| min_overlap + ratio * (steps / (n - 1) + usize::from(i < steps % (n - 1))))
+        .collect();
     let mut starts = vec![0];
+    let mut at = 0;
     for o in &overlaps {
-        starts.push(starts[starts.len() - 1] + tile - o);
+        at += tile - o;
+        starts.push(at);
     }
     (starts, tile, overlaps)
 }

@@ -181,11 +181,11 @@ impl<'a> VideoDecoder<'a> {
         self.check_chunk(chunk)?;
         // A host's stop (`Context::with_cancel`) between chunks: usable too.
         self.ctx.check_cancel()?;
-        if let Some(geo) = self.decoder.get().clip() {
-            let frame = [chunk.shape[1], chunk.shape[2], chunk.shape[3]];
+        if let (Some(geo), &[t, c, h, w]) = (self.decoder.get().clip(), &chunk.shape[..]) {
+            let frame = [c, h, w];
             let feed = self.clips.get_or_insert_with(|| ClipFeed::new(geo, frame));
             let clips = feed.push(chunk).map_err(|e| self.poison(e))?;
-            self.latent_frames += chunk.shape[0];
+            self.latent_frames += t;
             self.frame = Some(frame);
             return self.submit_clips(clips);
         }

@@ -48,7 +48,11 @@ impl VideoDecoder<'_> {
             let up = model.upscale();
             let tile = tiling.tile_size.unwrap_or(REFERENCE_TILE);
             let overlap = tiling.overlap.unwrap_or(REFERENCE_OVERLAP);
-            if tile == 0 || tile % up != 0 || overlap % up != 0 || overlap >= tile {
+            if tile == 0
+                || !tile.is_multiple_of(up)
+                || !overlap.is_multiple_of(up)
+                || overlap >= tile
+            {
                 return Err(Error::InvalidInput(format!(
                     "tiles of {tile} pixels overlapping by at least {overlap}: the {}'s tiles are whole latent pixels ({up} pixels), the overlap below the tile (its reference: {REFERENCE_TILE} and {REFERENCE_OVERLAP})",
                     model.name()

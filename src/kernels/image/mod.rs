@@ -69,7 +69,7 @@ pub enum ImageRange {
     /// TAE decoders: round(clamp(x, 0, 1)*255)
     ZeroToOne,
     /// ImageNet-normalised RGB (MiniMax-H3):
-    /// round(clamp(x·std[c] + mean[c], 0, 1)*255)
+    /// `round(clamp(x·std[c] + mean[c], 0, 1)*255)`
     ImageNet,
 }
 
