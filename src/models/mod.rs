@@ -20,6 +20,7 @@ pub mod qwen_image21;
 pub mod tae;
 pub mod taehv;
 pub mod taehv_encoder;
+pub(crate) mod token_graph;
 pub mod vae_encoder;
 pub(crate) mod video_info;
 pub mod wan;
