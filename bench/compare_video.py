@@ -254,7 +254,7 @@ def main():
         for row in table:
             f.write(",".join(f'"{v}"' if isinstance(v, str) and "," in v else str(v) for v in row) + "\n")
     md = "# Video decode: wgvae against PyTorch\n\n" + "".join(f"- {line[2:]}\n" for line in head.splitlines())
-    md += (f"\nwgvae: `bench video`, chunks of {args.chunk} latent frame(s) (a non-causal VAE: its whole clip). Ratios: wgvae over the peer "
+    md += (f"\nwgvae: `bench video`, chunks of {args.chunk} latent frame(s) (a non-causal VAE: its whole clip; MiniMax-H3: clip by clip). Ratios: wgvae over the peer "
            "(below 1: wgvae faster). CPU: process CPU time per frame.\n\n")
     md += ("| peer | latent frames | frames | size | peer ms | wgvae ms | wall ratio | peer CPU ms/frame "
            "| wgvae CPU ms/frame | CPU ratio | peer peak MiB | wgvae peak allocated MiB |\n")

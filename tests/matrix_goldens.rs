@@ -183,3 +183,34 @@ fn wan_golden_in_f16_on_matrices() {
     assert!(errs[0].0.is_some() && errs[1].0.is_none());
     assert!(errs[0].1 <= 1e-2, "matrices: {}", errs[0].1);
 }
+
+/// MiniMax-H3's transformer decoder (diffusers, seeded weights) in f16: its linear layers
+/// are 1×1 convs on the matrices and its attention (head dim 16, padding tokens left out
+/// by strides) the cooperative attention kernel. Raw max abs error against diffusers; bound
+/// 2.5e-2 (`tests/minimax_h3.rs`: the scalar f16 path measured 7.5e-3 on Mesa 25).
+#[test]
+fn minimax_h3_golden_in_f16_on_matrices() {
+    let Some((coop, scalar)) = contexts("minimax_h3_golden_in_f16_on_matrices") else {
+        return;
+    };
+    let dir = golden("minimax-h3-tiny").unwrap();
+    let z = read_npy(&dir.join("z.npy")).unwrap();
+    let want = read_npy(&dir.join("decoded.npy")).unwrap();
+    let mut errs = Vec::new();
+    for ctx in [&coop, &scalar] {
+        let spec = dir.to_str().unwrap();
+        let dec =
+            wgvae::models::minimax_h3::MiniMaxH3Decoder::open(ctx, spec, DType::F16, 0).unwrap();
+        let used = VideoModel::from(&dec).cooperative_matrix();
+        let got = decode_video(ctx, &dec, &z).unwrap();
+        errs.push((used, max_abs_diff(&got.data, &want.data).0));
+    }
+    println!(
+        "minimax-h3-tiny f16: max abs error vs diffusers: matrices ({}) {:.3e}, scalar {:.3e}",
+        errs[0].0.as_deref().unwrap_or("?"),
+        errs[0].1,
+        errs[1].1
+    );
+    assert!(errs[0].0.is_some() && errs[1].0.is_none());
+    assert!(errs[0].1 <= 2.5e-2, "matrices: {}", errs[0].1);
+}
