@@ -227,24 +227,8 @@ impl HunyuanVideo15Decoder {
     /// Pipeline latents `[N, C, T, h, w]` → the raw z the decoder takes, in
     /// place: `z = latents / scaling_factor` (HunyuanVideo15Pipeline).
     pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
-        match latents.shape[..] {
-            [_, c, _, _, _] if c == self.config.latent_channels => {}
-            [_, c, _, _, _] => {
-                return Err(Error::InvalidInput(format!(
-                    "latents have {c} channels; this HunyuanVideo 1.5 VAE takes {} (latents are N×C×T×h×w)",
-                    self.config.latent_channels
-                )))
-            }
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "HunyuanVideo 1.5 latents are N×C×T×h×w, got shape {:?}",
-                    latents.shape
-                )))
-            }
-        }
-        let s = self.config.scaling_factor;
-        latents.data.iter_mut().for_each(|v| *v /= s);
-        Ok(())
+        let (c, s) = (self.config.latent_channels, self.config.scaling_factor);
+        crate::latents::map_ncthw_channels(latents, "HunyuanVideo 1.5 VAE", c, |_, v| v / s)
     }
 
     /// The decoder's layers (one video, time as the batch dimension).

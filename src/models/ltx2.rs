@@ -267,37 +267,22 @@ impl Ltx2Decoder {
     /// (`LTX2Pipeline._denormalize_latents`).
     pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
         let c = self.config.latent_channels;
-        let [_, lc, t, h, w] = match latents.shape[..] {
-            [n, lc, t, h, w] => [n, lc, t, h, w],
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "LTX-2 latents are N×C×T×h×w, got shape {:?}",
-                    latents.shape
-                )))
-            }
-        };
-        if lc != c {
-            return Err(Error::InvalidInput(format!(
-                "latents have {lc} channels; this LTX-2 VAE takes {c} (latents are N×C×T×h×w)"
-            )));
-        }
         if self.latents_mean.len() != c || self.latents_std.len() != c {
+            // The shape is still checked first: a wrong latent is the clearer message.
+            crate::latents::map_ncthw_channels(latents, "LTX-2 VAE", c, |_, v| v)?;
             return Err(Error::InvalidInput(format!(
                 "{}: its weights hold no latents_mean / latents_std, so pipeline latents cannot be un-normalised; decode raw latents (`DecodeOptions::raw_latents`, CLI --raw-latents)",
                 self.name
             )));
         }
-        let plane = t * h * w;
-        let s = self.config.scaling_factor;
-        for (i, chunk) in latents.data.chunks_mut(plane.max(1)).enumerate() {
-            let ch = i % c;
-            let (Some(&m), Some(&sd)) = (self.latents_mean.get(ch), self.latents_std.get(ch))
-            else {
-                continue;
-            };
-            chunk.iter_mut().for_each(|v| *v = *v * sd / s + m);
-        }
-        Ok(())
+        let (mean, std, s) = (
+            &self.latents_mean,
+            &self.latents_std,
+            self.config.scaling_factor,
+        );
+        crate::latents::map_ncthw_channels(latents, "LTX-2 VAE", c, |ch, v| {
+            v * std.get(ch).copied().unwrap_or(1.0) / s + mean.get(ch).copied().unwrap_or(0.0)
+        })
     }
 
     /// The decoder's layers (one whole clip, time as the batch dimension).

@@ -276,31 +276,11 @@ impl MiniMaxH3Decoder {
     /// Pipeline latents `[N, C, T, h, w]` → the raw z, in place: `z =
     /// latents · latents_std + latents_mean` (`MiniMaxH3VideoDecodeStep`).
     pub fn unnormalize(&self, latents: &mut crate::io::HostTensor) -> Result<()> {
-        let c = self.config.latent_channels;
-        let [_, lc, t, h, w] = match latents.shape[..] {
-            [n, lc, t, h, w] => [n, lc, t, h, w],
-            _ => {
-                return Err(Error::InvalidInput(format!(
-                    "MiniMax-H3 latents are N×C×T×h×w, got shape {:?}",
-                    latents.shape
-                )))
-            }
-        };
-        if lc != c {
-            return Err(Error::InvalidInput(format!(
-                "latents have {lc} channels; this MiniMax-H3 VAE takes {c} (latents are N×C×T×h×w)"
-            )));
-        }
-        let plane = (t * h * w).max(1);
         let (mean, std) = (&self.config.latents_mean, &self.config.latents_std);
-        for (i, chunk) in latents.data.chunks_mut(plane).enumerate() {
-            let ch = i % c;
-            let (Some(&m), Some(&s)) = (mean.get(ch), std.get(ch)) else {
-                continue;
-            };
-            chunk.iter_mut().for_each(|v| *v = *v * s + m);
-        }
-        Ok(())
+        let c = self.config.latent_channels;
+        crate::latents::map_ncthw_channels(latents, "MiniMax-H3 VAE", c, |ch, v| {
+            v * std.get(ch).copied().unwrap_or(1.0) + mean.get(ch).copied().unwrap_or(0.0)
+        })
     }
 
     /// One clip's layers (its latent frames as the batch).
