@@ -412,6 +412,37 @@ impl std::str::FromStr for VideoLayout {
     }
 }
 
+/// Video latents `[N, C, T, h, w]` mapped in place channel by channel:
+/// `v → f(channel, v)` (a video VAE's pipeline form to its raw z), after
+/// checking they are 5-D with the `c` channels `model` takes.
+pub(crate) fn map_ncthw_channels(
+    latents: &mut crate::io::HostTensor,
+    model: &str,
+    c: usize,
+    f: impl Fn(usize, f32) -> f32,
+) -> crate::error::Result<()> {
+    use crate::error::Error;
+    let plane = match latents.shape[..] {
+        [_, lc, t, h, w] if lc == c => t * h * w,
+        [_, lc, _, _, _] => {
+            return Err(Error::InvalidInput(format!(
+                "latents have {lc} channels; this {model} takes {c} (latents are N×C×T×h×w)"
+            )))
+        }
+        _ => {
+            return Err(Error::InvalidInput(format!(
+                "{model} latents are N×C×T×h×w, got shape {:?}",
+                latents.shape
+            )))
+        }
+    };
+    for (i, chunk) in latents.data.chunks_mut(plane.max(1)).enumerate() {
+        let ch = i % c.max(1);
+        chunk.iter_mut().for_each(|v| *v = f(ch, *v));
+    }
+    Ok(())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -496,35 +527,4 @@ mod tests {
             assert!((a - b).abs() < 1e-4, "{a} {b}");
         }
     }
-}
-
-/// Video latents `[N, C, T, h, w]` mapped in place channel by channel:
-/// `v → f(channel, v)` (a video VAE's pipeline form to its raw z), after
-/// checking they are 5-D with the `c` channels `model` takes.
-pub(crate) fn map_ncthw_channels(
-    latents: &mut crate::io::HostTensor,
-    model: &str,
-    c: usize,
-    f: impl Fn(usize, f32) -> f32,
-) -> crate::error::Result<()> {
-    use crate::error::Error;
-    let plane = match latents.shape[..] {
-        [_, lc, t, h, w] if lc == c => t * h * w,
-        [_, lc, _, _, _] => {
-            return Err(Error::InvalidInput(format!(
-                "latents have {lc} channels; this {model} takes {c} (latents are N×C×T×h×w)"
-            )))
-        }
-        _ => {
-            return Err(Error::InvalidInput(format!(
-                "{model} latents are N×C×T×h×w, got shape {:?}",
-                latents.shape
-            )))
-        }
-    };
-    for (i, chunk) in latents.data.chunks_mut(plane.max(1)).enumerate() {
-        let ch = i % c.max(1);
-        chunk.iter_mut().for_each(|v| *v = f(ch, *v));
-    }
-    Ok(())
 }
