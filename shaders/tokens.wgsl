@@ -6,6 +6,8 @@
 //
 //   tokens      DIR 0: frames [T, C, h, w] -> tokens [1, C, plane], tokens past T * h * w zeroed;
 //               DIR 1: back (the first T * h * w tokens).
+//   unpatchify  the grid's tokens [F, plane] (F = C * ft * f * f, (c, dt, dy, dx) order) straight to
+//               frames [T * ft, C, h * f, w * f] (ft in `half`, f in `nf`).
 //   set_tokens  tokens l in [first, plane): reg[(l - first) * C + c] for the first `extra`
 //               (register tokens, f32 [extra, C]), zero after (the zero token, padding).
 //   rope        rotary embedding in place on f32 q or k viewed as [heads, d, plane]: for the
@@ -77,6 +79,33 @@ fn tokens(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     }
     out_st(i, v);
 #endif
+}
+#endif
+
+#ifdef UNPATCHIFY
+#storage x 1 read
+#storage out 2 write
+
+@compute @workgroup_size(WG)
+fn unpatchify(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+              @builtin(local_invocation_index) li: u32) {
+    // One output row segment of f pixels (one token's dx) per invocation.
+    let i = index(wg, nwg, li);
+    if i >= p.total { return; }
+    let f = p.nf;
+    let oh = p.h * f;
+    let x = i % p.w;
+    let yo = (i / p.w) % oh;
+    let c = (i / (p.w * oh)) % p.c;
+    let tf = i / (p.w * oh * p.c);
+    let t = tf / p.half;
+    let dt = tf - t * p.half;
+    let ch = ((c * p.half + dt) * f + yo % f) * f;
+    let l = (t * p.h + yo / f) * p.w + x;
+    let o = i * f;
+    for (var dx = 0u; dx < f; dx++) {
+        out_st(o + dx, x_ld((ch + dx) * p.plane + l));
+    }
 }
 #endif
 

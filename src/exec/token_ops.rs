@@ -8,7 +8,7 @@ use crate::gpu::Recorder;
 use crate::kernels::attention::{flash_attention, AttentionProblem, KvInput, Strides};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
 use crate::kernels::rms_norm::{norm, NormKind};
-use crate::kernels::tokens::{crossfade, glu, rope, rope_table, set_tokens, tokens};
+use crate::kernels::tokens::{crossfade, glu, rope, rope_table, set_tokens, tokens, unpatchify};
 use crate::models::graph::{Graph, TokenOp};
 use crate::models::layers::{conv_add, conv_as, dims4};
 use crate::tensor::{DType, Tensor};
@@ -93,25 +93,13 @@ pub(crate) fn token_op(
         } => {
             let [t, _, h, w] = grid(get, *g)?;
             let x = get(*x, false)?;
-            let c = dims4(&x)?[1];
-            let frames = Tensor::empty(rec.ctx(), &[t, c, h, w], x.dtype(), "token frames")?;
-            tokens(rec, &x, &frames, true)?;
             let out = Tensor::empty(
                 rec.ctx(),
                 &[t * ft, *channels, h * f, w * f],
                 x.dtype(),
                 "unpatchified",
             )?;
-            let order = crate::kernels::dup_up::Order::Interleave;
-            crate::kernels::dup_up::to_space(
-                rec,
-                &frames,
-                (0, 0),
-                &out,
-                (0, 0),
-                (*ft, *f),
-                (0, order, false),
-            )?;
+            unpatchify(rec, &x, (t, h, w), (*ft, *f), &out)?;
             Ok(out)
         }
         TokenOp::Clip {

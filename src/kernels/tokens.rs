@@ -40,6 +40,7 @@ pub struct Params {
 }
 
 const TOKENS: KernelSpec = spec::<Params>("tokens", SOURCE, "tokens", &[Read, ReadWrite]);
+const UNPATCHIFY: KernelSpec = spec::<Params>("tokens", SOURCE, "unpatchify", &[Read, ReadWrite]);
 const SET_TOKENS: KernelSpec = spec::<Params>("tokens", SOURCE, "set_tokens", &[ReadWrite, Read]);
 const ROPE: KernelSpec = spec::<Params>("tokens", SOURCE, "rope", &[ReadWrite, Read]);
 const GLU: KernelSpec = spec::<Params>("tokens", SOURCE, "glu", &[Read, ReadWrite]);
@@ -125,6 +126,50 @@ pub fn tokens(rec: &mut Recorder, x: &Tensor, out: &Tensor, back: bool) -> Resul
     };
     u(x.numel())?;
     run(rec, (&TOKENS, k), params, &[x, out])
+}
+
+/// The frame tokens of `grid` in `x` `[1, C·ft·f², rows, w']` (each
+/// token's channels in `(c, dt, dy, dx)` order) unpacked into `out`
+/// `[T·ft, C, h·f, w·f]` in one pass.
+pub fn unpatchify(
+    rec: &mut Recorder,
+    x: &Tensor,
+    grid: Grid,
+    (ft, f): (usize, usize),
+    out: &Tensor,
+) -> Result<()> {
+    let (cin, plane) = plane_of(x)?;
+    let (t, h, w) = grid;
+    let [of, c, oh, ow] = dims4(OP, out)?;
+    if [of, oh, ow] != [t * ft, h * f, w * f]
+        || cin != c * ft * f * f
+        || plane < t * h * w
+        || x.dtype() != out.dtype()
+        || x.overlaps(out)
+    {
+        return Err(Error::shape(
+            OP,
+            format!("unpatchify of {x:?} over a {grid:?} grid by ({ft}, {f}) into {out:?}"),
+        ));
+    }
+    let st = storage_of(rec, &[("x", x), ("out", out)])?;
+    let params = Params {
+        total: u(out.numel() / f.max(1))?,
+        c: u(c)?,
+        h: u(h)?,
+        w: u(w)?,
+        plane: u(plane)?,
+        half: u(ft)?,
+        nf: u(f)?,
+        ..Params::default()
+    };
+    u(x.numel())?;
+    run(
+        rec,
+        (&UNPATCHIFY, key(&UNPATCHIFY, "UNPATCHIFY", &st)),
+        params,
+        &[x, out],
+    )
 }
 
 /// Tokens `first..` of `x` `[1, C, rows, w]` set in place: the register
@@ -426,6 +471,8 @@ pub(crate) fn variants() -> Vec<(KernelSpec, PipelineKey)> {
             v.push((TOKENS, if back { k.flag("BACK") } else { k }));
         }
         v.push((SET_TOKENS, key(&SET_TOKENS, "SET_TOKENS", &[("x", t)])));
+        let two = [("x", t), ("out", t)];
+        v.push((UNPATCHIFY, key(&UNPATCHIFY, "UNPATCHIFY", &two)));
         v.push((GLU, key(&GLU, "GLU", &[("x", t), ("out", t)])));
         for prev in [false, true] {
             let k = key(
@@ -475,6 +522,46 @@ mod tests {
         let small = Tensor::empty(&ctx, &[1, c, t * h - 1, w], DType::F32, "s").unwrap();
         let mut rec = Recorder::new(&ctx);
         assert!(tokens(&mut rec, &x, &small, false).is_err());
+    }
+
+    /// Tokens back to frames by (ft, f) against the view / permute diffusers
+    /// writes (`[T, h, w, C, ft, f, f]` → `[T, ft, C, h, f, w, f]`), odd sizes.
+    #[test]
+    fn unpatchify_matches_diffusers_permute() {
+        let ctx = test_context();
+        let (t, h, w, c, ft, f) = (2, 3, 5, 3, 2, 4);
+        let (rows, rw) = (t * h + 1, w);
+        let plane = rows * rw;
+        let fc = c * ft * f * f;
+        let data = rand_vec(fc * plane, 13, 1.0);
+        let x = Tensor::from_f32(&ctx, &[1, fc, rows, rw], &data, "tok").unwrap();
+        let out = Tensor::empty(&ctx, &[t * ft, c, h * f, w * f], DType::F32, "o").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        unpatchify(&mut rec, &x, (t, h, w), (ft, f), &out).unwrap();
+        rec.submit().unwrap();
+        let mut want = vec![0.0; out.numel()];
+        for ti in 0..t {
+            for y in 0..h {
+                for xx in 0..w {
+                    let l = (ti * h + y) * w + xx;
+                    for ci in 0..c {
+                        for dt in 0..ft {
+                            for dy in 0..f {
+                                for dx in 0..f {
+                                    let ch = ((ci * ft + dt) * f + dy) * f + dx;
+                                    let o =
+                                        (((ti * ft + dt) * c + ci) * h * f + y * f + dy) * w * f
+                                            + xx * f
+                                            + dx;
+                                    want[o] = data[ch * plane + l];
+                                }
+                            }
+                        }
+                    }
+                }
+            }
+        }
+        assert_close(&out.to_f32(&ctx).unwrap(), &want, 0.0, 0.0, "unpatchify");
     }
 
     #[test]
