@@ -41,6 +41,27 @@ struct Params {
 #storage src 1 read
 #storage out 2 write
 
+#ifdef UNSHUFFLE
+// PyTorch's pixel_unshuffle, space to channels (a patch-size-p TAEHV encoder's input):
+//   out[n, c * F * F + dy * F + dx, y, x] = src[n, c, y * F + dy, x * F + dx]
+// (out [N, CO, OH, OW], src [N, CI, SH, SW], CO = CI * F * F).
+@compute @workgroup_size(WG)
+fn pixel_unshuffle(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+                   @builtin(local_invocation_index) li: u32) {
+    let i = (wg.x + wg.y * nwg.x) * WG + li;
+    if i >= p.total { return; }
+    let x = i % p.ow;
+    let r1 = i / p.ow;
+    let y = r1 % p.oh;
+    let r2 = r1 / p.oh;
+    let o = r2 % p.co;
+    let b = r2 / p.co;
+    let c = o / (p.f * p.f);
+    let dy = (o / p.f) % p.f;
+    let dx = o % p.f;
+    out_st(i, src_ld(((b * p.ci + c) * p.sh + y * p.f + dy) * p.sw + x * p.f + dx));
+}
+#else
 @compute @workgroup_size(WG)
 fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -82,3 +103,4 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     if p.add == 1u { v += out_ld(i); }
     out_st(i, v);
 }
+#endif

@@ -191,15 +191,14 @@ impl<'a> VideoEncoder<'a> {
         let Some([c, h, w]) = self.frame else {
             return Err(Error::Internal("an unchecked video chunk".into()));
         };
-        let (p, e) = (self.encoder.patch_size, &*self.encoder);
+        let e = &*self.encoder;
         let (lh, lw) = latent_size(e, h, w);
         if n == 0 {
             return HostTensor::new(vec![0, e.latent_channels, lh, lw], Vec::new());
         }
-        let data = pixel_unshuffle(&frames, n, c, p, h, w);
-        let shape = [n, c * p * p, h / p, w / p];
+        // The graph pixel-unshuffles patch-size-p models' frames itself.
         let mut rec = Recorder::new(&self.ctx);
-        let input = Tensor::from_f32_in(&mut rec, &shape, &data, "video frames")?;
+        let input = Tensor::from_f32_in(&mut rec, &[n, c, h, w], &frames, "video frames")?;
         let y = self.run.record(e.graph(), &mut rec, input)?;
         rec.submit()?;
         let shape = y.shape().to_vec();
@@ -239,24 +238,6 @@ fn check_frames(e: &TaehvEncoder, [t, c, h, w]: [usize; 4]) -> Result<()> {
         )));
     }
     Ok(())
-}
-
-/// `[T, C, H, W]` → `[T, C·p², H/p, W/p]` (PyTorch `pixel_unshuffle`).
-fn pixel_unshuffle(x: &[f32], t: usize, c: usize, p: usize, h: usize, w: usize) -> Vec<f32> {
-    if p == 1 {
-        return x.to_vec();
-    }
-    let (oh, ow) = (h / p, w / p);
-    let mut out = vec![0.0; t * c * h * w];
-    for (o, v) in out.iter_mut().enumerate() {
-        let (xo, rest) = (o % ow, o / ow);
-        let (yo, rest) = (rest % oh, rest / oh);
-        let (oc, f) = (rest % (c * p * p), rest / (c * p * p));
-        let (ch, i, j) = (oc / (p * p), (oc / p) % p, oc % p);
-        let src = ((f * c + ch) * h + yo * p + i) * w + xo * p + j;
-        *v = x.get(src).copied().unwrap_or(0.0);
-    }
-    out
 }
 
 /// Encodes videos whole: frames `[N, T, 3, H, W]` in [0, 1] → latents
@@ -352,13 +333,5 @@ mod tests {
         );
         let e = check_range(&[-3.0, 400.0]).unwrap_err().to_string();
         assert!(e.contains("rescale or clip"), "{e}");
-    }
-
-    #[test]
-    fn pixel_unshuffle_matches_pytorch_order() {
-        // One frame, one channel, 2×4, p = 2: out channel i·2 + j holds x[2y+i][2x+j].
-        let x: Vec<f32> = (0..8).map(|v| v as f32).collect();
-        let y = pixel_unshuffle(&x, 1, 1, 2, 2, 4);
-        assert_eq!(y, vec![0.0, 2.0, 1.0, 3.0, 4.0, 6.0, 5.0, 7.0]);
     }
 }

@@ -414,6 +414,15 @@ fn step(
                 }
             }
         }
+        Op::PixelUnshuffle { x, factor } => {
+            let x = get(slots, *x)?;
+            let [n, c, h, w] = dims4(x)?;
+            let f = (*factor).max(1);
+            let shape = [n, c * f * f, h / f, w / f];
+            let out = Tensor::empty(rec.ctx(), &shape, x.dtype(), "pixel unshuffle")?;
+            crate::kernels::dup_up::pixel_unshuffle(rec, x, f, &out)?;
+            Some(out)
+        }
         Op::Tokens(t) => {
             let mut access = |id: TensorId, consume: bool| -> Result<Tensor> {
                 if consume {

@@ -232,6 +232,9 @@ pub(crate) enum Op {
     /// PyTorch's `pixel_shuffle` of `x` `[T, C·f², H, W]` into a new tensor
     /// `[T, C, H·f, W·f]` (a patch-size-f TAEHV decoder's output).
     PixelShuffle { x: TensorId, factor: usize },
+    /// PyTorch's `pixel_unshuffle` of `x` `[T, C, H·f, W·f]` into a new
+    /// tensor `[T, C·f², H, W]` (a patch-size-f TAEHV encoder's input).
+    PixelUnshuffle { x: TensorId, factor: usize },
     /// Per-frame single-head self-attention over all tokens: q/k/v 1×1 convs
     /// of `normed`, `out` projection added into `x` (consumed). `causal`:
     /// block-causal over the video instead (HunyuanVideo 1.5's mid block:
@@ -577,6 +580,11 @@ impl Builder {
         self.push(op, true)
     }
 
+    /// `x` pixel-unshuffled by `factor` (see [`Op::PixelUnshuffle`]).
+    pub(crate) fn pixel_unshuffle(&mut self, x: TensorId, factor: usize) -> TensorId {
+        self.push(Op::PixelUnshuffle { x, factor }, true)
+    }
+
     /// `x` pixel-shuffled by `factor` (see [`Op::PixelShuffle`]).
     pub(crate) fn pixel_shuffle(&mut self, x: TensorId, factor: usize) -> TensorId {
         self.push(Op::PixelShuffle { x, factor }, true)
@@ -601,7 +609,9 @@ impl Builder {
             Op::Map { x, .. } => (vec![*x], Some(*x)),
             Op::Stats { x, .. } | Op::TimeShift { x, .. } => (vec![*x], None),
             Op::TimeGrow { x, .. } | Op::TimePool { x, .. } => (vec![*x], Some(*x)),
-            Op::RmsNorm { x, .. } | Op::PixelShuffle { x, .. } => (vec![*x], None),
+            Op::RmsNorm { x, .. } | Op::PixelShuffle { x, .. } | Op::PixelUnshuffle { x, .. } => {
+                (vec![*x], None)
+            }
             Op::DupUp { x, residual, .. } => match residual {
                 Some(r) => (vec![*x, *r], Some(*r)),
                 None => (vec![*x], None),

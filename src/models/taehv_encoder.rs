@@ -2,7 +2,7 @@
 //! `encoder.N…` half of the same `.safetensors` files as
 //! [`crate::models::TaehvDecoder`] (held without the prefix).
 //!
-//! Encoder (`taehv.py`'s `TAEHV.encoder`): (pixel unshuffle p) → conv(3·p²→64)
+//! Encoder (`taehv.py`'s `TAEHV.encoder`): pixel unshuffle p (in the graph) → conv(3·p²→64)
 //! → ReLU → 3 × [TPool(s) → conv(stride 2, no bias) → 3 MemBlocks] →
 //! conv(64→latent). TPool(s) is a 1×1 conv of `s` consecutive frames side by
 //! side on channels: in the graph a free view `[T·s, C] → [T, s·C]`
@@ -80,7 +80,11 @@ impl TaehvEncoder {
                 ))
             }
         };
-        let (mut b, x) = Builder::new();
+        let (mut b, mut x) = Builder::new();
+        // RGB frames in; a patch-size-p model packs p×p pixels into channels first.
+        if patch_size > 1 {
+            x = b.pixel_unshuffle(x, patch_size);
+        }
         let w = b.weights(load_conv(ctx, store, "0", WIDTH, cin, 3, true)?);
         let mut x = b.conv(Conv::new(x, w, Geometry::Same).epilogue(Unary::Relu));
         let mut slot = 0;

@@ -154,6 +154,13 @@ pub(crate) fn layers(graph: &Graph, input: [usize; 4]) -> Result<Vec<Layer>> {
         };
         let out: Option<[usize; 4]> = match op {
             Op::Identity { .. } | Op::Tap { .. } => None,
+            Op::PixelUnshuffle { x, factor } => {
+                let [n, c, h, w] = shape(*x)?;
+                let f = (*factor).max(1);
+                let s = [n, c * f * f, h / f, w / f];
+                push(LayerKind::Pass, pass("pixel_unshuffle", s, 1, 1));
+                Some(s)
+            }
             Op::Tokens(_) => {
                 return Err(Error::Unsupported(
                     "the paper GPU model covers convolutional decoders, not transformer decoders (MiniMax-H3)".into(),

@@ -104,7 +104,7 @@ impl Executor {
                     let y = self.causal_conv(x, (0, t), graph.causal(*w), res, *cache, caches)?;
                     (Some(Value::Act(y)), None)
                 }
-                Op::TimePool { .. } => {
+                Op::TimePool { .. } | Op::PixelUnshuffle { .. } => {
                     return Err(Error::Unsupported(
                         "exact tiles of a video encoder (its time pooling runs untiled only)"
                             .into(),
