@@ -110,9 +110,10 @@ impl VideoRun {
         let (ys, th, yo) = split(h);
         let (xs, tw, xo) = split(w);
         let mut out: Option<Tensor> = None;
-        let mut above: Vec<Tensor> = Vec::new();
+        // The row above, each tile dropped once the tile below it is stitched.
+        let mut above: Vec<Option<Tensor>> = Vec::new();
         for (i, &y0) in ys.iter().enumerate() {
-            let mut row: Vec<Tensor> = Vec::with_capacity(xs.len());
+            let mut row: Vec<Option<Tensor>> = Vec::with_capacity(xs.len());
             for (j, &x0) in xs.iter().enumerate() {
                 let part = clip.crop(y0 / up, (y0 + th) / up, x0 / up, (x0 + tw) / up);
                 let input =
@@ -133,14 +134,19 @@ impl VideoRun {
                     ),
                     above: above
                         .get(j)
+                        .and_then(Option::as_ref)
                         .zip(i.checked_sub(1).and_then(|k| yo.get(k)).copied()),
                     left: row
                         .last()
+                        .and_then(Option::as_ref)
                         .zip(j.checked_sub(1).and_then(|k| xo.get(k)).copied()),
                 };
                 stitch(rec, &y, &s, &o)?;
+                if let Some(a) = above.get_mut(j) {
+                    *a = None;
+                }
                 out = Some(o);
-                row.push(y);
+                row.push(Some(y));
             }
             above = row;
         }
