@@ -520,7 +520,9 @@ stage_video() {
         ${TAEHV_PY:+--taehv-py "$TAEHV_PY"} --out "$dir/compare_$label" || rc=1
     done <<<"$cells"
   fi
-  say_note video "$n of $(echo "$cells" | wc -l) video cells ($(echo "$cells" | awk '{printf "%s%s", (NR > 1 ? ", " : ""), $1}')) at ${video_size}x${video_size}, latent frames $video_frames, chunk $video_chunks, $video_dtypes; $not_ok rows not ok (reasons in video.csv); $rows rows predicted by wgvae memory --frames: $((rows - mismatches)) equal to the measured peak; $peers"
+  local own
+  own=$(echo "$cells" | awk 'NF > 2 {printf "%s%s: %s", (n++ ? ", " : ""), $1, $3}')
+  say_note video "$n of $(echo "$cells" | wc -l) video cells ($(echo "$cells" | awk '{printf "%s%s", (NR > 1 ? ", " : ""), $1}')) at ${video_size}x${video_size}, latent frames $video_frames${own:+ ($own)}, chunk $video_chunks, $video_dtypes; $not_ok rows not ok (reasons in video.csv); $rows rows predicted by wgvae memory --frames: $((rows - mismatches)) equal to the measured peak; $peers"
   [ "$mismatches" = 0 ] || rc=1
   return "$rc"
 }
