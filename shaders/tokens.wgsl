@@ -38,12 +38,16 @@ struct Params {
     extra: u32,  // set_tokens: register tokens; crossfade: dst0
     half: u32,   // rope: rotated pairs per head
     nf: u32,     // rope: frequencies per axis
-    fade: u32,   // crossfade: blended frames; stitch: eh
-    frame: u32,  // crossfade: elements per frame; stitch: ew
+    fade: u32,   // crossfade: blended frames
+    frame: u32,  // crossfade: elements per frame
     oh: u32,     // stitch: out rows
     ow: u32,     // stitch: out columns
     ch: u32,     // stitch: rows written
     cw: u32,     // stitch: columns written
+    y0: u32,     // stitch: the tile's corner in out
+    x0: u32,
+    eh: u32,     // stitch: rows blended with the tile above
+    ew: u32,     // stitch: columns blended with the tile to the left
 }
 
 @group(0) @binding(0) var<uniform> p: Params;
@@ -211,7 +215,7 @@ fn crossfade(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg:
 #storage left 3 read
 #storage out 4 write
 
-// h, w: the tile's rows and columns; t, c: y0, x0.
+// h, w: the tile's rows and columns.
 @compute @workgroup_size(WG)
 fn stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
           @builtin(local_invocation_index) li: u32) {
@@ -222,14 +226,14 @@ fn stitch(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
     let plane = i / (p.cw * p.ch);
     let row = plane * p.h;
     var v = x_ld((row + y) * p.w + x);
-    if y < p.fade {
-        let wb = f32(y) / f32(p.fade);
-        v = above_ld((row + p.h - p.fade + y) * p.w + x) * (1.0 - wb) + v * wb;
+    if y < p.eh {
+        let wb = f32(y) / f32(p.eh);
+        v = above_ld((row + p.h - p.eh + y) * p.w + x) * (1.0 - wb) + v * wb;
     }
-    if x < p.frame {
-        let wb = f32(x) / f32(p.frame);
-        v = left_ld((row + y) * p.w + p.w - p.frame + x) * (1.0 - wb) + v * wb;
+    if x < p.ew {
+        let wb = f32(x) / f32(p.ew);
+        v = left_ld((row + y) * p.w + p.w - p.ew + x) * (1.0 - wb) + v * wb;
     }
-    out_st((plane * p.oh + p.t + y) * p.ow + p.c + x, v);
+    out_st((plane * p.oh + p.y0 + y) * p.ow + p.x0 + x, v);
 }
 #endif

@@ -429,9 +429,7 @@ impl Estimate<'_> {
             cache_grows: grows,
             whole_clip: dec.whole_clip(),
             clip_frames: dec.clip().map(|g| g.k + g.overlap),
-            reference_tiles: stream
-                .reference_tiles((h / up, w / up))
-                .map(|(t, o, _)| (t, o)),
+            reference_tiles: stream.reference_tiles((h / up, w / up)),
         })
     }
 }

@@ -3,11 +3,13 @@
 //! linear layers the graph's 1×1 convs, and the cross-fade of a
 //! clip-chunked video decode.
 
+use super::untiled::frame_rows;
 use crate::error::{Error, Result};
 use crate::gpu::Recorder;
 use crate::kernels::attention::{flash_attention, AttentionProblem, KvInput, Strides};
 use crate::kernels::conv2d::{Conv2dOptions, Conv2dWeights};
 use crate::kernels::rms_norm::{norm, NormKind};
+use crate::kernels::tensor_ops::copy_window;
 use crate::kernels::tokens::{crossfade, glu, rope, rope_table, set_tokens, tokens, unpatchify};
 use crate::models::graph::{Graph, TokenOp};
 use crate::models::layers::{conv_add, conv_as, dims4};
@@ -55,25 +57,36 @@ pub(crate) fn token_op(
             set_tokens(rec, &x, t * h * w, graph.constant(*reg))?;
             Ok(x)
         }
+        TokenOp::Rope {
+            grid: g,
+            half,
+            theta,
+        } => {
+            let [t, _, h, w] = grid(get, *g)?;
+            let table = rope_table((t, h, w), half / 3, *theta);
+            Tensor::from_f32_in(rec, &[table.len()], &table, "rope")
+        }
         TokenOp::Attention {
             x,
             normed,
             grid: g,
+            rope,
             qkvo,
             heads,
             extra,
-            eps,
-            rope: (half, theta),
+            qk_norm: (ones, eps),
+            half,
         } => {
             let [t, _, h, w] = grid(get, *g)?;
+            let table = get(*rope, false)?;
             let normed = get(*normed, false)?;
             let x = get(*x, true)?;
             let convs = qkvo.map(|id| graph.conv(id));
             let spec = Heads {
                 heads: *heads,
                 tokens: t * h * w + extra,
-                eps: *eps,
-                rope: ((t, h, w), *half, *theta),
+                qk_norm: (graph.constant(*ones), *eps),
+                rope: ((t, h, w), *half, &table),
             };
             attention(rec, x, &normed, convs, &spec)
         }
@@ -138,12 +151,13 @@ pub(crate) fn clip_step(
 }
 
 /// A multi-head attention's shape: heads, tokens attended (the grid's and
-/// the extra ones), the q/k norm's eps, and the RoPE grid, pairs and theta.
-struct Heads {
+/// the extra ones), the q/k norm's gamma (ones) and eps, and the RoPE grid,
+/// pairs and table.
+struct Heads<'a> {
     heads: usize,
     tokens: usize,
-    eps: f32,
-    rope: ((usize, usize, usize), usize, f32),
+    qk_norm: (&'a Tensor, f32),
+    rope: ((usize, usize, usize), usize, &'a Tensor),
 }
 
 /// [`TokenOp::Attention`]: q, k, v in f32 `[heads, d, rows, w]`, q and k
@@ -155,7 +169,7 @@ fn attention(
     x: Tensor,
     normed: &Tensor,
     [q, k, v, out]: [&Conv2dWeights; 4],
-    s: &Heads,
+    s: &Heads<'_>,
 ) -> Result<Tensor> {
     let [_, dm, rows, w] = dims4(&x)?;
     let plane = rows * w;
@@ -168,10 +182,8 @@ fn attention(
     }
     let same1 = Conv2dOptions::same(1);
     let per_head = [s.heads, dh, rows, w];
-    let ones = Tensor::from_f32_in(rec, &[dh], &vec![1.0; dh], "qk norm")?;
-    let (grid, half, theta) = s.rope;
-    let table = rope_table(grid, half / 3, theta);
-    let table = Tensor::from_f32_in(rec, &[table.len()], &table, "rope")?;
+    let (ones, eps) = s.qk_norm;
+    let (grid, half, table) = s.rope;
     // q and k: projected, normed per head, rotated.
     let mut qk = Vec::with_capacity(2);
     for wt in [q, k] {
@@ -180,15 +192,14 @@ fn attention(
         norm(
             rec,
             &p.reshape(&per_head)?,
-            (&ones, NormKind::Rms(s.eps)),
+            (ones, NormKind::Rms(eps)),
             false,
             &n,
         )?;
         drop(p);
-        rope(rec, &n, &table, grid, half)?;
+        rope(rec, &n, table, grid, half)?;
         qk.push(n);
     }
-    drop((ones, table));
     let v = conv_as(rec, normed, v, None, &same1, DType::F32)?;
     let o = Tensor::empty(rec.ctx(), &[1, dm, rows, w], DType::F32, "attention out")?;
     // Padding tokens get no output: zero them so the projection reads zeros.
@@ -245,14 +256,32 @@ fn clip(
         None => (keep, 0),
     };
     let out = Tensor::empty(rec.ctx(), &[emitted + tail_out, c, h, w], x.dtype(), "clip")?;
-    crossfade(rec, x, (skip, emitted), &out, 0, prev.filter(|p| p.1 > 0))?;
+    match prev.filter(|p| p.1 > 0) {
+        Some(p) => crossfade(rec, x, (skip, emitted), &out, 0, Some(p))?,
+        None => copy_frames(rec, (x, skip), (&out, 0), emitted)?,
+    }
     if tail_out > 0 {
-        crossfade(rec, x, (split + skip, tail_out), &out, emitted, None)?;
+        copy_frames(rec, (x, split + skip), (&out, emitted), tail_out)?;
     }
     if state.last.is_none() && tail > 0 {
         let t = Tensor::empty(rec.ctx(), &[tail, c, h, w], x.dtype(), "clip tail")?;
-        crossfade(rec, x, (split + skip, tail), &t, 0, None)?;
+        copy_frames(rec, (x, split + skip), (&t, 0), tail)?;
         state.tails.insert(slot, t);
     }
     Ok(out)
+}
+
+/// Frames `s0..s0 + n` of `src` `[F, C, H, W]` into `dst` from frame `d0`
+/// (whole frames as rows of the window-copy kernel).
+fn copy_frames(
+    rec: &mut Recorder,
+    (src, s0): (&Tensor, usize),
+    (dst, d0): (&Tensor, usize),
+    n: usize,
+) -> Result<()> {
+    if n == 0 {
+        return Ok(());
+    }
+    let ((s, frame), (d, _)) = (frame_rows(src)?, frame_rows(dst)?);
+    copy_window(rec, &s, (s0, 0), &d, (d0, 0), (n, frame))
 }

@@ -119,14 +119,19 @@ fn unshuffle_key(t: StorageType) -> PipelineKey {
         .storage("out", t)
 }
 
+fn dims4(op: &str, t: &Tensor) -> Result<[usize; 4]> {
+    <[usize; 4]>::try_from(t.shape()).map_err(|_| Error::shape(op, format!("{t:?} is not N×C×H×W")))
+}
+
+fn to_u32(op: &str, v: usize) -> Result<u32> {
+    u32::try_from(v).map_err(|_| Error::shape(op, format!("{v} exceeds u32")))
+}
+
 /// PyTorch's `pixel_unshuffle` of `src` `[N, C, H·f, W·f]` into `out`
 /// `[N, C·f², H, W]` (channel `c·f² + dy·f + dx`).
 pub fn pixel_unshuffle(rec: &mut Recorder, src: &Tensor, f: usize, out: &Tensor) -> Result<()> {
     const OP: &str = "pixel_unshuffle";
-    let dims = |t: &Tensor| -> Result<[usize; 4]> {
-        <[usize; 4]>::try_from(t.shape())
-            .map_err(|_| Error::shape(OP, format!("{t:?} is not N×C×H×W")))
-    };
+    let dims = |t: &Tensor| dims4(OP, t);
     let [n, ci, sh, sw] = dims(src)?;
     let [on, co, oh, ow] = dims(out)?;
     if f == 0
@@ -142,7 +147,7 @@ pub fn pixel_unshuffle(rec: &mut Recorder, src: &Tensor, f: usize, out: &Tensor)
             format!("{src:?} → {out:?} by {f}: N×C×H·f×W·f → N×C·f²×H×W, one dtype"),
         ));
     }
-    let u = |v: usize| u32::try_from(v).map_err(|_| Error::shape(OP, format!("{v} exceeds u32")));
+    let u = |v: usize| to_u32(OP, v);
     u(src.numel())?;
     let params = Params {
         total: u(out.numel())?,
@@ -291,10 +296,7 @@ pub fn to_space(
     (lead, order, add): (usize, Order, bool),
 ) -> Result<()> {
     const OP: &str = "dup_up";
-    let dims = |t: &Tensor| -> Result<[usize; 4]> {
-        <[usize; 4]>::try_from(t.shape())
-            .map_err(|_| Error::shape(OP, format!("{t:?} is not N×C×H×W")))
-    };
+    let dims = |t: &Tensor| dims4(OP, t);
     let [n, ci, sh, sw] = dims(src)?;
     let [on, co, oh, ow] = dims(out)?;
     let factor = co * ft.max(1) * f * f;
@@ -328,7 +330,7 @@ pub fn to_space(
     if total == 0 {
         return Ok(());
     }
-    let u = |v: usize| u32::try_from(v).map_err(|_| Error::shape(OP, format!("{v} exceeds u32")));
+    let u = |v: usize| to_u32(OP, v);
     u(src.numel())?;
     let params = Params {
         total: u(total)?,

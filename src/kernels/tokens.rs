@@ -37,6 +37,10 @@ pub struct Params {
     ow: u32,
     ch: u32,
     cw: u32,
+    y0: u32,
+    x0: u32,
+    eh: u32,
+    ew: u32,
 }
 
 const TOKENS: KernelSpec = spec::<Params>("tokens", SOURCE, "tokens", &[Read, ReadWrite]);
@@ -386,12 +390,12 @@ pub fn stitch(rec: &mut Recorder, x: &Tensor, s: &Stitch, out: &Tensor) -> Resul
     )?;
     let params = Params {
         total: u(f * c * ch * cw)?,
-        t: u(y0)?,
-        c: u(x0)?,
         h: u(th)?,
         w: u(tw)?,
-        fade: u(eh)?,
-        frame: u(ew)?,
+        y0: u(y0)?,
+        x0: u(x0)?,
+        eh: u(eh)?,
+        ew: u(ew)?,
         oh: u(oh)?,
         ow: u(ow)?,
         ch: u(ch)?,

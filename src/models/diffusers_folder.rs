@@ -79,7 +79,7 @@ pub(crate) type Configs<C> = (fn() -> C, fn(&Path) -> crate::error::Result<C>);
 /// a diffusers folder (or a pipeline folder with `vae/`) or a
 /// `.safetensors` file of `class` (see [`locate`]; without a config of
 /// `class`, `public()` with a warning). `family` names the model.
-pub(crate) fn open_video_vae<C>(
+fn open_video_vae<C>(
     ctx: &crate::gpu::Context,
     spec: &str,
     (class, preset, family): (&str, &str, &str),
@@ -107,6 +107,24 @@ pub(crate) fn open_video_vae<C>(
     let store = WeightStore::from_safetensors(&file)?;
     store.set_dtype(dtype);
     Ok((store, config, format!("{family} ({})", file.display())))
+}
+
+/// [`open_video_vae`], then `load` on the weights and config it read: the
+/// model and its display name.
+pub(crate) fn open_video_model<C, M>(
+    ctx: &crate::gpu::Context,
+    spec: &str,
+    names: (&str, &str, &str),
+    load_as: (crate::tensor::DType, u64),
+    configs: Configs<C>,
+    load: fn(
+        &crate::gpu::Context,
+        &crate::models::weights::WeightStore,
+        C,
+    ) -> crate::error::Result<M>,
+) -> crate::error::Result<(M, String)> {
+    let (store, config, name) = open_video_vae(ctx, spec, names, load_as, configs)?;
+    Ok((load(ctx, &store, config)?, name))
 }
 
 /// A diffusers `config.json` of `class` read field by field: each getter

@@ -632,9 +632,14 @@ impl Builder {
                     (vec![*x], None)
                 }
                 TokenOp::Registers { x, grid, .. } => (vec![*x, *grid], Some(*x)),
+                TokenOp::Rope { grid, .. } => (vec![*grid], None),
                 TokenOp::Attention {
-                    x, normed, grid, ..
-                } => (vec![*x, *normed, *grid], Some(*x)),
+                    x,
+                    normed,
+                    grid,
+                    rope,
+                    ..
+                } => (vec![*x, *normed, *grid, *rope], Some(*x)),
                 TokenOp::Unpatchify { x, grid, .. } => (vec![*x, *grid], None),
             },
             Op::Conv(c) => {

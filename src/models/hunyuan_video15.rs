@@ -161,14 +161,14 @@ impl HunyuanVideo15Decoder {
             HunyuanVideo15Config::public,
             HunyuanVideo15Config::from_file,
         );
-        let (store, config, name) = crate::models::diffusers_folder::open_video_vae(
+        let (mut dec, name) = crate::models::diffusers_folder::open_video_model(
             ctx,
             spec,
             names,
             (dtype, seed),
             configs,
+            Self::load,
         )?;
-        let mut dec = Self::load(ctx, &store, config)?;
         dec.name = name;
         Ok(dec)
     }

@@ -198,14 +198,14 @@ impl Ltx2Decoder {
     pub fn open(ctx: &Context, spec: &str, dtype: DType, seed: u64) -> Result<Self> {
         let names = (CLASS_NAME, "ltx2", "LTX-2 VAE");
         let configs: Configs<Ltx2Config> = (Ltx2Config::public, Ltx2Config::from_file);
-        let (store, config, name) = crate::models::diffusers_folder::open_video_vae(
+        let (mut dec, name) = crate::models::diffusers_folder::open_video_model(
             ctx,
             spec,
             names,
             (dtype, seed),
             configs,
+            Self::load,
         )?;
-        let mut dec = Self::load(ctx, &store, config)?;
         dec.name = name;
         Ok(dec)
     }

@@ -224,14 +224,14 @@ impl MiniMaxH3Decoder {
         let names = (CLASS_NAME, "minimax-h3", "MiniMax-H3 VAE");
         let configs: Configs<MiniMaxH3Config> =
             (MiniMaxH3Config::public, MiniMaxH3Config::from_file);
-        let (store, config, name) = crate::models::diffusers_folder::open_video_vae(
+        let (mut dec, name) = crate::models::diffusers_folder::open_video_model(
             ctx,
             spec,
             names,
             (dtype, seed),
             configs,
+            Self::load,
         )?;
-        let mut dec = Self::load(ctx, &store, config)?;
         dec.name = name;
         Ok(dec)
     }
@@ -344,6 +344,16 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &MiniMaxH3Config) -> Result<Gr
         Ok(b.norm_gamma(Tensor::from_f32(ctx, &[d], &g, key)?, kind))
     };
     let inner = d * cfg.ffn_mult;
+    // Shared by every layer: the q/k norms' gamma and the pass's RoPE table.
+    let ones = Tensor::from_f32(ctx, &[cfg.head_dim], &vec![1.0; cfg.head_dim], "qk norm")?;
+    let ones = b.constant(ones);
+    let half = cfg.rope_dim() / 2;
+    let theta = cfg.rope_theta;
+    let rope = b.tokens(TokenOp::Rope {
+        grid: z,
+        half,
+        theta,
+    });
     for i in 0..cfg.layers {
         let p = format!("decoder.transformer_blocks.{i}");
         let scale1 = store.take(&format!("{p}.scale1"), &[d])?;
@@ -366,11 +376,12 @@ fn build(ctx: &Context, store: &WeightStore, cfg: &MiniMaxH3Config) -> Result<Gr
             x,
             normed,
             grid: z,
+            rope,
             qkvo,
             heads: cfg.heads,
             extra,
-            eps,
-            rope: (cfg.rope_dim() / 2, cfg.rope_theta),
+            qk_norm: (ones, eps),
+            half,
         });
         let n2 = gamma(&mut b, &format!("{p}.norm2.weight"), NormKind::Rms(eps))?;
         let normed = b.rms_norm(x, n2, false);

@@ -19,20 +19,29 @@ pub(crate) enum TokenOp {
         grid: TensorId,
         reg: ConstId,
     },
+    /// The grid's 3-axis RoPE table (`half / 3` frequencies of base
+    /// `theta` per axis, see [`crate::kernels::tokens::rope_table`]) into a
+    /// new tensor, made once for every attention of a pass.
+    Rope {
+        grid: TensorId,
+        half: usize,
+        theta: f32,
+    },
     /// Multi-head self-attention over the grid's and `extra` tokens
     /// (padding excluded): q, k, v 1×1 convs of `normed`, q and k
-    /// RMS-normed per head (`eps`) and rotated (3-axis RoPE on `2·half`
-    /// channels of each head, `theta`), the `out` projection added into `x`
-    /// (consumed).
+    /// RMS-normed per head (`eps`, the constant `ones` as gamma) and rotated
+    /// (RoPE on `2·half` channels of each head from the table `rope`), the
+    /// `out` projection added into `x` (consumed).
     Attention {
         x: TensorId,
         normed: TensorId,
         grid: TensorId,
+        rope: TensorId,
         qkvo: [ConvId; 4],
         heads: usize,
         extra: usize,
-        eps: f32,
-        rope: (usize, f32),
+        qk_norm: (ConstId, f32),
+        half: usize,
     },
     /// SwiGLU: the first half of `x`'s channels times SiLU of the second,
     /// into a new tensor.

@@ -38,7 +38,7 @@ pub use crate::latents::VideoLayout;
 pub use model::{is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae};
 pub use textures::PendingFrames;
 #[doc(hidden)]
-pub use tiles::{REFERENCE_OVERLAP, REFERENCE_TILE, VIDEO_DEFAULT_TILE};
+pub use tiles::VIDEO_DEFAULT_TILE;
 
 /// Frames one streamed chunk completed, as [`VideoDecoder::push`] hands them over.
 #[derive(Debug)]

@@ -65,7 +65,7 @@ impl VideoDecoder<'_> {
                 });
         let mut rec = Recorder::with_encoder(&self.ctx, &mut encoder);
         let graph = self.decoder.get().graph();
-        let raw = match self.reference_tiles((h, w)) {
+        let raw = match self.reference_tiling((h, w)) {
             Some(tiles) => self
                 .run
                 .record_reference_tiles(graph, &mut rec, chunk, tiles)?,

@@ -11,12 +11,9 @@ use crate::tiling::{TileMode, Tiling};
 pub const VIDEO_DEFAULT_TILE: usize = 256;
 
 /// MiniMax-H3's reference tiles (diffusers' defaults): 256 pixels,
-/// overlapping by at least [`REFERENCE_OVERLAP`].
-#[doc(hidden)]
-pub const REFERENCE_TILE: usize = 256;
-/// See [`REFERENCE_TILE`].
-#[doc(hidden)]
-pub const REFERENCE_OVERLAP: usize = 64;
+/// overlapping by at least `REFERENCE_OVERLAP`.
+const REFERENCE_TILE: usize = 256;
+const REFERENCE_OVERLAP: usize = 64;
 
 impl VideoDecoder<'_> {
     /// Tiles every frame spatially (set before the first chunk).
@@ -61,7 +58,7 @@ impl VideoDecoder<'_> {
         }
         if tiling.mode == TileMode::Exact && self.decoder.get().clip_based() {
             return Err(Error::Unsupported(format!(
-                "exact tiles of the {}: its transformer's tokens attend to every other token of a clip, so a tile's pixels depend on the whole frame; it decodes untiled (diffusers' own 256-px tiles blend approximations)",
+                "exact tiles of the {}: its transformer's tokens attend to every other token of a clip, so a tile's pixels depend on the whole frame; it decodes in its reference's blended tiles (`TileMode::Auto`, `TileMode::Fast`) or untiled",
                 self.decoder.get().name()
             )));
         }
@@ -113,7 +110,12 @@ impl VideoDecoder<'_> {
     /// (MiniMax-H3, under [`TileMode::Auto`] or [`TileMode::Fast`]): the
     /// tile and least overlap in output pixels; `None` when untiled (tiling
     /// off, or one tile covers the frame: the same values).
-    pub(crate) fn reference_tiles(&self, (h, w): (usize, usize)) -> Option<(usize, usize, usize)> {
+    pub fn reference_tiles(&self, hw: (usize, usize)) -> Option<(usize, usize)> {
+        self.reference_tiling(hw).map(|(t, o, _)| (t, o))
+    }
+
+    /// [`VideoDecoder::reference_tiles`] and the model's upscale.
+    pub(super) fn reference_tiling(&self, (h, w): (usize, usize)) -> Option<(usize, usize, usize)> {
         let model = self.decoder.get();
         if !model.clip_based() || !matches!(self.tiling.mode, TileMode::Auto | TileMode::Fast) {
             return None;

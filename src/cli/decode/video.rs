@@ -380,6 +380,8 @@ pub(crate) fn decode_video(
     let mut chroma = None;
     // Exact tile side of the run (`None`: untiled).
     let mut tile_px = None;
+    // A clip-based decoder's reference tiles (MiniMax-H3's default) where one tile does not cover a frame.
+    let mut reference = None;
     for v in 0..n {
         let dir = match &sinks.pngs {
             Some(d) if n == 1 => Some(d.clone()),
@@ -450,6 +452,7 @@ pub(crate) fn decode_video(
             sinks.take(&got, dir.as_deref())?;
         }
         tile_px = tile_px.or(stream.tile_size());
+        reference = reference.or(stream.reference_tiles((h, w)));
         sinks.end_video();
         if let Some((video, staged)) = sinks.video.take() {
             video.finish()?;
@@ -464,13 +467,6 @@ pub(crate) fn decode_video(
         bar.finish_and_clear();
     }
     let ms = start.elapsed().as_secs_f64() * 1e3;
-    // A clip-based decoder's reference tiles (MiniMax-H3's default) where one tile does not cover a frame.
-    let reference = (decoder.clip_based() && tiling.mode != TileMode::Off)
-        .then(|| {
-            let t = tiling.tile_size.unwrap_or(wgvae::video::REFERENCE_TILE);
-            (t, tiling.overlap.unwrap_or(wgvae::video::REFERENCE_OVERLAP))
-        })
-        .filter(|(px, _)| h * decoder.upscale() > *px || w * decoder.upscale() > *px);
     let tiled_as = match (tile_px, reference) {
         (Some(_), _) => "exact",
         (None, Some(_)) => "reference",
