@@ -1,5 +1,5 @@
 // GroupNorm (PyTorch semantics: biased variance, eps inside the sqrt) in
-// three entry points, one per pipeline (the flag PARTIALS / COMBINE / APPLY
+// four entry points, one per pipeline (the flag PARTIALS / COMBINE / FOLD / APPLY
 // picks the bindings and entry):
 //
 //   partials  x [N, C, H, W] -> scratch [N, G, S, 4] = (count, mean, M2, 0)
@@ -14,7 +14,11 @@
 //             With REGION only the rectangle [y0, y0+rh) x [x0, x0+rw) of each
 //             plane counts (a tile's own pixels, without its halo).
 //   combine   scratch -> affine [N, C, 2] = (gamma*rstd, beta - mean*gamma*rstd)
-//             One workgroup per (n, g) merges its S partials (Chan).
+//             One workgroup per (n, g) merges its first `slots` partials (Chan).
+//   fold      scratch -> scratch: merges each (n, g) row's first `slots`
+//             partials into its slot 0, so a bounded scratch takes the
+//             partials of any number of tiles (each row is one workgroup's:
+//             every read precedes workgroup_merge's barriers, the write follows).
 //   apply     out = act(x * affine[n,c,0] + affine[n,c,1]); out may alias x.
 //             Workgroups tile one plane each (no per-element division).
 //
@@ -159,7 +163,7 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
     let ng = wg.x + wg.y * nwg.x;
     if ng >= p.groups_total { return; }
     var acc = vec3<f32>(0.0);
-    for (var s = li; s < p.slot_capacity; s += WG) {
+    for (var s = li; s < p.slots; s += WG) {
         acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
     }
     let total = workgroup_merge(li, acc);
@@ -171,6 +175,25 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
         let c = g * p.cpg + j;
         let scale = gamma[c] * mr.y;
         affine[n * p.channels + c] = vec2<f32>(scale, beta[c] - mr.x * scale);
+    }
+}
+#endif
+
+#ifdef FOLD
+@group(0) @binding(1) var<storage, read_write> scratch: array<vec4<f32>>;
+
+@compute @workgroup_size(WG)
+fn fold(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
+        @builtin(local_invocation_index) li: u32) {
+    let ng = wg.x + wg.y * nwg.x;
+    if ng >= p.groups_total { return; }
+    var acc = vec3<f32>(0.0);
+    for (var s = li; s < p.slots; s += WG) {
+        acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
+    }
+    let total = workgroup_merge(li, acc);
+    if li == 0u {
+        scratch[ng * p.slot_capacity] = vec4<f32>(total, 0.0);
     }
 }
 #endif

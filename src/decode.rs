@@ -391,6 +391,25 @@ fn decode_exact(
     plan: ExactPlan,
     opts: &DecodeOptions,
 ) -> Result<Decoded> {
+    // An estimate of a plan made on a few rows of tiles runs those rows:
+    // their peaks are the whole run's, its counts come with the plan.
+    let by_rows = plan.by_rows.filter(|_| ctx.is_null());
+    let shown = job.z;
+    let mut plan = plan;
+    let (rows_z, rows_job);
+    let job = match by_rows {
+        Some(b) => {
+            plan.latent.0 = b.latent_rows;
+            rows_z = input_of(job.z, &plan, 1).into_owned();
+            rows_job = DecodeJob {
+                vae: job.vae,
+                z: &rows_z,
+                keep_raw: job.keep_raw,
+            };
+            &rows_job
+        }
+        None => job,
+    };
     let (vae, z) = (job.vae, job.z);
     let key = || {
         format!(
@@ -418,6 +437,14 @@ fn decode_exact(
         None => None,
     };
     let mut report = run.report;
+    let (height, width) = match by_rows {
+        Some(b) => {
+            b.counts.apply(&mut report);
+            let up = height / z.shape[2].max(1);
+            (shown.shape[2] * up, shown.shape[3] * up)
+        }
+        None => (height, width),
+    };
     report.tiles = tiles_of(&report, height, width);
     let decode_ms = ms_since(start);
     Ok(Decoded {

@@ -9,6 +9,7 @@
 //!   a clip-chunked video decode (untiled only).
 
 pub(crate) mod exact;
+pub(crate) use exact::{ByRows, FOLD_TILES};
 pub mod report;
 pub(crate) mod token_ops;
 pub(crate) mod untiled;

@@ -94,6 +94,9 @@ pub const COMBINE: KernelSpec = spec::<Params>(
     &[Read, Read, Read, ReadWrite],
 );
 
+/// Between passes 1 and 2: merges a row's partials into its first slot.
+pub const FOLD: KernelSpec = spec::<Params>("group_norm", SOURCE, "fold", &[ReadWrite]);
+
 /// Pass 3: applies scale, shift and the activation.
 pub const APPLY: KernelSpec =
     spec::<Params>("group_norm", SOURCE, "apply", &[Read, Read, ReadWrite]);
@@ -125,6 +128,12 @@ fn partials_key(x: StorageType, region: bool) -> PipelineKey {
 fn combine_key() -> PipelineKey {
     PipelineKey::new(&COMBINE)
         .flag("COMBINE")
+        .constant("WG", format!("{WG}u"))
+}
+
+fn fold_key() -> PipelineKey {
+    PipelineKey::new(&FOLD)
+        .flag("FOLD")
         .constant("WG", format!("{WG}u"))
 }
 
@@ -328,18 +337,20 @@ impl<'a> GroupNormParams<'a> {
     }
 }
 
-/// Combine pass: merges the `slot_capacity` partials of every `(n, g)` in
-/// `scratch` (f32 `[N, groups, slot_capacity, 4]`, all slots written) and
-/// writes `affine_out` f32 `[N, C, 2]` = `(gamma[c] * rstd, beta[c] - mean * gamma[c] * rstd)`.
+/// Combine pass: merges the first `used` of the `slot_capacity` partials of
+/// every `(n, g)` in `scratch` (f32 `[N, groups, slot_capacity, 4]`, those
+/// slots written) and writes `affine_out` f32 `[N, C, 2]` =
+/// `(gamma[c] * rstd, beta[c] - mean * gamma[c] * rstd)`.
 pub fn group_norm_combine(
     rec: &mut Recorder,
     scratch: &Tensor,
     n: usize,
-    slot_capacity: usize,
+    (used, slot_capacity): (usize, usize),
     norm: &GroupNormParams,
     affine_out: &Tensor,
 ) -> Result<()> {
     const OP: &str = "group_norm_combine";
+    check_used(OP, used, slot_capacity)?;
     let GroupNormParams {
         groups,
         gamma,
@@ -357,6 +368,7 @@ pub fn group_norm_combine(
         groups: groups as u32,
         channels: c as u32,
         cpg: (c / groups) as u32,
+        slots: used as u32,
         slot_capacity: u32_of(OP, slot_capacity)?,
         eps,
         planes: u32_of(OP, n * c)?,
@@ -371,6 +383,39 @@ pub fn group_norm_combine(
         groups_xy,
         0,
     )
+}
+
+/// Fold pass: merges the first `used` partials of every row of `scratch`
+/// (f32 `[rows, slot_capacity, 4]`, `rows` = N · groups) into the row's
+/// slot 0, freeing slots `1..` for more partials: a scratch of a few tiles'
+/// slots takes the statistics of any number of tiles.
+pub fn group_norm_fold(
+    rec: &mut Recorder,
+    scratch: &Tensor,
+    rows: usize,
+    (used, slot_capacity): (usize, usize),
+) -> Result<()> {
+    const OP: &str = "group_norm_fold";
+    check_used(OP, used, slot_capacity)?;
+    check_f32(OP, "scratch", scratch, rows * slot_capacity * 4)?;
+    let params = Params {
+        groups_total: u32_of(OP, rows)?,
+        slots: used as u32,
+        slot_capacity: u32_of(OP, slot_capacity)?,
+        ..Params::default()
+    };
+    let groups_xy = linear_groups(rec.ctx(), rows as u64)?;
+    rec.dispatch(&FOLD, &fold_key(), &params, &[scratch], groups_xy, 0)
+}
+
+fn check_used(op: &str, used: usize, capacity: usize) -> Result<()> {
+    if used > capacity {
+        return Err(Error::shape(
+            op,
+            format!("{used} slots used of a capacity of {capacity}"),
+        ));
+    }
+    u32_of(op, capacity).map(|_| ())
 }
 
 /// Statistics pass: writes per-(n, channel) affine coefficients so that
@@ -396,7 +441,7 @@ pub fn group_norm_stats(
     }
     let slots = partial_slots(c, h, w, norm.groups);
     group_norm_partials(rec, x, norm.groups, None, scratch, 0, slots)?;
-    group_norm_combine(rec, scratch, n, slots, norm, affine_out)
+    group_norm_combine(rec, scratch, n, (slots, slots), norm, affine_out)
 }
 
 /// Apply pass: `out = act(x * affine[n,c,0] + affine[n,c,1])`; x, out

@@ -144,7 +144,8 @@ fn group_norm_statistics_are_stable_with_large_mean() {
 }
 
 /// Tiled statistics: partials of four disjoint regions into one scratch
-/// give the same affine coefficients as the whole tensor.
+/// (or a bounded one, folded) give the same affine coefficients as the
+/// whole tensor.
 #[test]
 fn partials_from_regions_combine_to_full_statistics() {
     let ctx = test_context();
@@ -185,40 +186,64 @@ fn partials_from_regions_combine_to_full_statistics() {
             w: 21,
         },
     ];
-    let capacity: usize = regions
+    let total: usize = regions
         .iter()
         .map(|r| partial_slots(c, r.h, r.w, groups))
         .sum();
-    let scratch = Tensor::empty(&ctx, &[n * groups * capacity * 4], DType::F32, "scratch").unwrap();
-    let affine = Tensor::empty(&ctx, &[n, c, 2], DType::F32, "affine").unwrap();
-    let mut rec = Recorder::new(&ctx);
-    let mut offset = 0;
-    for r in regions {
-        group_norm_partials(&mut rec, &x, groups, Some(r), &scratch, offset, capacity).unwrap();
-        offset += partial_slots(c, r.h, r.w, groups);
-    }
-    group_norm_combine(
-        &mut rec,
-        &scratch,
-        n,
-        capacity,
-        &GroupNormParams::new(groups, &gt, &bt, 1e-6),
-        &affine,
-    )
-    .unwrap();
-    rec.submit().unwrap();
-    let got = affine.to_f32(&ctx).unwrap();
-    let stats = cpu_group_stats(&data, shape, groups, 1e-6);
-    let mut want = Vec::new();
-    for b in 0..n {
-        for ch in 0..c {
-            let (mean, rstd) = stats[b * groups + ch / (c / groups)];
-            let scale = gamma[ch] as f64 * rstd;
-            want.push(scale as f32);
-            want.push((beta[ch] as f64 - mean * scale) as f32);
+    let largest = regions
+        .iter()
+        .map(|r| partial_slots(c, r.h, r.w, groups))
+        .max()
+        .unwrap();
+    // Every region its own slots; then a scratch of one region and a slot,
+    // folded whenever the next region's slots do not fit (stale slots past
+    // the used ones must not count).
+    for capacity in [total, largest + 1] {
+        let scratch =
+            Tensor::empty(&ctx, &[n * groups * capacity * 4], DType::F32, "scratch").unwrap();
+        let affine = Tensor::empty(&ctx, &[n, c, 2], DType::F32, "affine").unwrap();
+        let mut rec = Recorder::new(&ctx);
+        let (mut used, mut folds) = (0, 0);
+        for r in regions {
+            let k = partial_slots(c, r.h, r.w, groups);
+            if used + k > capacity {
+                group_norm_fold(&mut rec, &scratch, n * groups, (used, capacity)).unwrap();
+                used = 1;
+                folds += 1;
+            }
+            group_norm_partials(&mut rec, &x, groups, Some(r), &scratch, used, capacity).unwrap();
+            used += k;
         }
+        assert_eq!(folds > 0, capacity < total);
+        group_norm_combine(
+            &mut rec,
+            &scratch,
+            n,
+            (used, capacity),
+            &GroupNormParams::new(groups, &gt, &bt, 1e-6),
+            &affine,
+        )
+        .unwrap();
+        rec.submit().unwrap();
+        let got = affine.to_f32(&ctx).unwrap();
+        let stats = cpu_group_stats(&data, shape, groups, 1e-6);
+        let mut want = Vec::new();
+        for b in 0..n {
+            for ch in 0..c {
+                let (mean, rstd) = stats[b * groups + ch / (c / groups)];
+                let scale = gamma[ch] as f64 * rstd;
+                want.push(scale as f32);
+                want.push((beta[ch] as f64 - mean * scale) as f32);
+            }
+        }
+        assert_close(
+            &got,
+            &want,
+            1e-5,
+            1e-4,
+            &format!("tiled partials, capacity {capacity}"),
+        );
     }
-    assert_close(&got, &want, 1e-5, 1e-4, "tiled partials");
 }
 
 /// Half storage (native f16, packed f16, packed bf16), in place:

@@ -5,6 +5,8 @@
 use std::sync::Arc;
 
 use crate::error::{Error, Result};
+use crate::exec::report::Counts;
+use crate::exec::ByRows;
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::memory::{round_up, AllocationTrace, LimitedPool, MemoryPool, Policy, TracingPool};
@@ -33,6 +35,9 @@ pub(crate) struct Geometry<'a> {
     divisor: usize,
     /// Bytes an exact tiled run parks at least ([`crate::models::graph::Graph::parked_floor`]).
     parked_floor: u64,
+    /// Plans of more than [`MAX_TILES`] tiles may be made on a few rows of
+    /// them ([`fit_plan_by_rows`]): the job's estimates run such plans so.
+    by_rows: bool,
 }
 
 impl<'a> Geometry<'a> {
@@ -47,6 +52,7 @@ impl<'a> Geometry<'a> {
             scale: up,
             divisor: up,
             parked_floor: 0,
+            by_rows: true,
         }
     }
 
@@ -61,6 +67,7 @@ impl<'a> Geometry<'a> {
             scale: down,
             divisor: 1,
             parked_floor: 0,
+            by_rows: false,
         }
     }
 
@@ -293,6 +300,19 @@ pub(crate) fn fits_budget(
     }
 }
 
+/// Most tiles a plan is made on ([`fit_plan`] runs every one on a null device).
+const MAX_TILES: usize = 4096;
+/// Most tiles in a row of a plan made on a few rows ([`fit_plan_by_rows`]).
+const MAX_ROW_TILES: usize = 1024;
+
+/// [`MAX_TILES`], or `WGVAE_MAX_PLAN_TILES` (tests plan small images by rows).
+fn max_tiles() -> usize {
+    std::env::var("WGVAE_MAX_PLAN_TILES")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(MAX_TILES)
+}
+
 /// Tile sizes (output pixels) tried when none is given, largest first.
 const TILE_CANDIDATES: [usize; 16] = [
     4096, 3072, 2048, 1536, 1024, 768, 512, 384, 256, 192, 128, 96, 64, 48, 32, 16,
@@ -366,7 +386,6 @@ fn choose_exact(
     // as moving STEP_COST bytes. Stops at the first plan that parks nothing
     // on the host, or when smaller tiles stop helping.
     const STEP_COST: u64 = 1 << 20;
-    const MAX_TILES: usize = 4096;
     let score = |r: &TilingReport| r.uploaded_bytes + r.readback_bytes + r.steps as u64 * STEP_COST;
     let mut best: Option<(u64, ExactPlan, u64)> = None;
     let mut worse = 0;
@@ -374,9 +393,11 @@ fn choose_exact(
     let mut over_cap = None;
     for px in candidates {
         // Planning runs every tile on a null device: beyond MAX_TILES it
-        // would take minutes (smaller candidates only have more tiles).
+        // would take minutes (smaller candidates only have more tiles), so
+        // it runs a few rows of them, if a row is not that long itself.
         let tiles = out_h.div_ceil(px).saturating_mul(out_w.div_ceil(px));
-        if tiles > MAX_TILES {
+        let by_rows = tiles > max_tiles();
+        if by_rows && (!geometry.by_rows || out_w.div_ceil(px) > MAX_ROW_TILES) {
             over_cap = Some((px, tiles));
             break;
         }
@@ -404,7 +425,12 @@ fn choose_exact(
                 attention_state_budget: avail / 4,
                 total_steps: 0,
                 staging_limit: staging_limit(avail),
+                by_rows: None,
             };
+            // A whole mid-block grows with the image: no rows stand for it.
+            if by_rows && plan.levels[0].is_none() {
+                continue;
+            }
             // A candidate whose top-left corner alone allocates a tensor
             // over the budget cannot fit: skip its dry run over every tile.
             // (Only where the full dry run would walk many more tiles.)
@@ -415,7 +441,11 @@ fn choose_exact(
             {
                 continue;
             }
-            match fit_plan(ctx, plan, avail, run) {
+            let fitted = match by_rows {
+                true => fit_plan_by_rows(ctx, plan, avail, run),
+                false => fit_plan(ctx, plan, avail, run),
+            };
+            match fitted {
                 Ok(Some((plan, report))) => {
                     if report.host_parked_peak_bytes == 0 {
                         return Ok(plan);
@@ -463,8 +493,15 @@ fn choose_exact(
                 human_bytes(geometry.parked_floor)
             ),
         };
+        let rows = match geometry.by_rows {
+            true => format!(
+                ", or a few rows of tiles where a row has at most {MAX_ROW_TILES}; this one has {}",
+                out_w.div_ceil(px)
+            ),
+            false => String::new(),
+        };
         let msg = format!(
-            "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device){parks}; {}",
+            "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device{rows}){parks}; {}",
             if tiling.tile_size.is_some() {
                 format!("in {px}-pixel tiles")
             } else {
@@ -655,6 +692,94 @@ fn fit_plan(
         cap = cap.saturating_sub(peak - avail);
     }
     Ok(None)
+}
+
+/// Rows of tiles that stand for any number of them: the first, interior
+/// ones (with interior rows on both sides), the last but one and the last.
+const MIN_ROWS: usize = 4;
+
+/// [`fit_plan`] for an image of more than [`MAX_TILES`] tiles, from runs of a
+/// few rows of its tiles. Every tile parks in host memory (device cap 0:
+/// beside terabytes of host parking the device's share saves nothing), so
+/// what a tile step allocates depends on its kind of tile alone (edge or
+/// interior; the GroupNorm scratch is bounded and attention passes have a
+/// fixed size, see `exec::exact`). Runs of `r`, `r + q` and `r + 2q` rows
+/// (`q` the rows of an attention pass, `r` ≡ the image's rows mod `q`)
+/// must peak alike, which is then the whole run's peak; the counts (steps,
+/// bytes moved, host parking) are extrapolated through them (at most
+/// quadratic in the rows). A plan of few rows falls back to [`fit_plan`].
+fn fit_plan_by_rows(
+    ctx: &Context,
+    mut plan: ExactPlan,
+    avail: u64,
+    run: &TiledRun,
+) -> Result<Option<(ExactPlan, TilingReport)>> {
+    let Some(t) = plan.levels.first().copied().flatten() else {
+        return fit_plan(ctx, plan, avail, run);
+    };
+    plan.device_cap = 0;
+    let (h, w) = plan.latent;
+    let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
+    let walk = |r: usize| -> Result<Option<(u64, TilingReport)>> {
+        let mut p = plan.clone();
+        p.latent = (h - (rows - r) * t, w);
+        Ok(null_peak_within(ctx, avail, |null| run(null, &p))?
+            .map(|(peak, rep)| (peak + rep.staging_peak_bytes, rep)))
+    };
+    // Enough tiles to fill a GroupNorm scratch (which then folds).
+    let first = MIN_ROWS.max(crate::exec::FOLD_TILES / cols.max(1) + 1);
+    if first + 2 >= rows {
+        return fit_plan(ctx, plan, avail, run);
+    }
+    let Some((peak, report)) = walk(first)? else {
+        return Ok(None);
+    };
+    if peak > avail {
+        return Ok(None);
+    }
+    let m = report.attention_rows_per_pass;
+    let q = m.max(1);
+    let low = first.max(m.saturating_add(2));
+    if low.saturating_add(3 * q) >= rows {
+        return fit_plan(ctx, plan, avail, run);
+    }
+    let r = low + (rows - low) % q;
+    if r + 2 * q >= rows {
+        return fit_plan(ctx, plan, avail, run);
+    }
+    let mut samples = Vec::with_capacity(3);
+    for rr in [r, r + q, r + 2 * q] {
+        let sample = match rr == first {
+            true => (peak, report.clone()),
+            false => match walk(rr)? {
+                Some(s) => s,
+                None => return Ok(None),
+            },
+        };
+        samples.push(sample);
+    }
+    if samples.iter().any(|(p, _)| *p != samples[0].0) {
+        log::warn!(
+            "a plan on {r}, {} and {} of {rows} rows of tiles peaked at {:?}: planning every tile",
+            r + q,
+            r + 2 * q,
+            samples.iter().map(|s| s.0).collect::<Vec<_>>()
+        );
+        return fit_plan(ctx, plan, avail, run);
+    }
+    let at = [0, 1, 2].map(|i| Counts::of(&samples[i].1));
+    let counts = Counts::quadratic(at, ((rows - r) / q) as u64);
+    let (peak, mut report) = samples.swap_remove(0);
+    if peak > avail {
+        return Ok(None);
+    }
+    counts.apply(&mut report);
+    plan.total_steps = report.steps;
+    plan.by_rows = Some(ByRows {
+        latent_rows: h - (rows - r) * t,
+        counts,
+    });
+    Ok(Some((plan, report)))
 }
 
 #[cfg(test)]

@@ -75,6 +75,7 @@ impl VideoRun {
             attention_state_budget: avail / 4,
             total_steps: 0,
             staging_limit: crate::run::strategy::staging_limit(avail),
+            by_rows: None,
         };
         self.tiled = Some(TiledVideo {
             exec: Executor::new(ctx, plan, None),

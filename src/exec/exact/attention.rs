@@ -51,7 +51,7 @@ impl Executor {
         });
         let tiles = x.grid.len();
         let mut out = self.empty_act(n, spec.out.cout(), x.h, x.w, spec.out.dtype());
-        let stats = match spec.stats {
+        let mut stats = match spec.stats {
             Some(norm) => Some(self.stats_acc(norm, &out)?),
             None => None,
         };
@@ -88,7 +88,7 @@ impl Executor {
             drop((q, k, v));
             let res = self.take_piece(&mut x, 0)?;
             conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
-            self.emit_tile(&mut out, stats.as_ref(), 0, res, stage::ATTENTION)?;
+            self.emit_tile(&mut out, stats.as_mut(), 0, res, stage::ATTENTION)?;
         } else {
             let mut ks = self.empty_act(n, c, x.h, x.w, DType::F32);
             let mut vs = self.empty_act(n, c, x.h, x.w, DType::F32);
@@ -120,21 +120,17 @@ impl Executor {
             // f32 of a query tile's (max, sum) state (per output chunk of a wide head).
             let ml_len = |ex: &Executor, t: usize| state_len(&problem(t, 1), false, ex.ctx.caps());
             let peaks_only = self.counts_peaks_only();
-            // Query tiles per pass: as many states (q, acc, ml) as the budget holds.
-            let mut groups: Vec<Vec<usize>> = Vec::new();
-            let mut used = u64::MAX;
-            for i in 0..tiles {
-                let r = x.grid.rect(i);
-                let state = (2 * n * c * r.area() + ml_len(self, r.area())) as u64 * 4;
-                if used.saturating_add(state) > self.plan.attention_state_budget
-                    || groups.is_empty()
-                {
-                    groups.push(Vec::new());
-                    used = 0;
-                }
-                used += state;
-                groups.last_mut().expect("pushed").push(i);
-            }
+            // Query tiles per pass (their q, acc and ml states within the budget).
+            let states: Vec<u64> = (0..tiles)
+                .map(|i| {
+                    let t = x.grid.rect(i).area();
+                    (2 * n * c * t + ml_len(self, t)) as u64 * 4
+                })
+                .collect();
+            let groups = query_passes(&states, x.grid.cols(), self.plan.attention_state_budget);
+            self.report.attention_rows_per_pass = self.report.attention_rows_per_pass.max(
+                rows_per_pass(&states, x.grid.cols(), self.plan.attention_state_budget),
+            );
             for group in groups {
                 let mut states = Vec::new();
                 for &i in &group {
@@ -158,6 +154,13 @@ impl Executor {
                 let mut seen: Vec<(usize, usize, bool, bool)> = Vec::new();
                 for b in 0..tiles {
                     let rb = ks.grid.rect(b);
+                    // Each row of K/V tiles starts with empty staging: what
+                    // a row stages then depends on its kind alone, as in a
+                    // plan made on a few rows (the staging peak otherwise
+                    // creeps up with the rows streamed between waits).
+                    if b % ks.grid.cols() == 0 && self.staging > 0 {
+                        self.sync()?;
+                    }
                     if peaks_only {
                         let class = (rb.h, rb.w, ks.on_host(b), vs.on_host(b));
                         if seen.contains(&class) {
@@ -207,12 +210,101 @@ impl Executor {
                     let res = self.take_piece(&mut x, i)?;
                     conv2d(self.rec(), &o, spec.out, None, Some(&res), &res, &same1)?;
                     drop(o);
-                    self.emit_tile(&mut out, stats.as_ref(), i, res, stage::ATTENTION)?;
+                    self.emit_tile(&mut out, stats.as_mut(), i, res, stage::ATTENTION)?;
                 }
             }
         }
         drop(x);
         let affine = self.stats_finish(stats, n)?;
         Ok((out, affine))
+    }
+}
+
+/// The query tiles of each attention pass, from every tile's state bytes
+/// (row-major, `cols` a row): all in one pass when they fit `budget`; else
+/// passes of the same number of whole rows, as many as the first (largest)
+/// row's states fit; else, where one row does not fit, chunks of each row
+/// of the same number of tiles, as many as the first (largest) tile's fit.
+/// Fixed pass sizes make every pass of an image no larger than its first
+/// full one (wherever the row or chunk falls), which is what lets the
+/// planner plan a tall image on a few of its rows.
+fn query_passes(states: &[u64], cols: usize, budget: u64) -> Vec<Vec<usize>> {
+    let tiles = states.len();
+    if states.iter().sum::<u64>() <= budget || cols == 0 {
+        return vec![(0..tiles).collect()];
+    }
+    let rows = tiles.div_ceil(cols);
+    match rows_per_pass(states, cols, budget).min(rows) {
+        0 => {
+            let per = (budget / states[0].max(1)).max(1) as usize;
+            (0..rows)
+                .flat_map(|r| {
+                    let row: Vec<usize> = (r * cols..((r + 1) * cols).min(tiles)).collect();
+                    row.chunks(per).map(<[usize]>::to_vec).collect::<Vec<_>>()
+                })
+                .collect()
+        }
+        m => (0..rows)
+            .step_by(m)
+            .map(|r| (r * cols..((r + m) * cols).min(tiles)).collect())
+            .collect(),
+    }
+}
+
+/// Whole rows of query tiles (of the first, largest row) `budget` holds
+/// (0: not even one): the rows of a pass where the tiles do not all fit.
+pub(super) fn rows_per_pass(states: &[u64], cols: usize, budget: u64) -> usize {
+    let first_row: u64 = states.iter().take(cols.max(1)).sum();
+    (budget / first_row.max(1)) as usize
+}
+
+#[cfg(test)]
+mod tests {
+    use super::query_passes;
+
+    /// Every tile in exactly one pass, in order; no pass over the budget
+    /// unless it is a single tile; no pass larger than the first full one.
+    #[test]
+    fn query_passes_cover_every_tile_within_the_budget() {
+        // 5 rows × 7 columns, the last row and column smaller.
+        let (rows, cols) = (5, 7);
+        let states: Vec<u64> = (0..rows * cols)
+            .map(|i| {
+                let (r, c) = (i / cols, i % cols);
+                (if r + 1 == rows { 3 } else { 10 }) * (if c + 1 == cols { 2 } else { 5 })
+            })
+            .collect();
+        let total: u64 = states.iter().sum();
+        for budget in [
+            1,
+            49,
+            50,
+            99,
+            150,
+            320,
+            321,
+            700,
+            1000,
+            total - 1,
+            total,
+            total + 5,
+        ] {
+            let passes = query_passes(&states, cols, budget);
+            let flat: Vec<usize> = passes.iter().flatten().copied().collect();
+            assert_eq!(
+                flat,
+                (0..rows * cols).collect::<Vec<_>>(),
+                "budget {budget}"
+            );
+            let sums: Vec<u64> = passes
+                .iter()
+                .map(|p| p.iter().map(|&i| states[i]).sum())
+                .collect();
+            for (p, s) in passes.iter().zip(&sums) {
+                assert!(*s <= budget || p.len() == 1, "budget {budget}: {passes:?}");
+                assert!(s <= &sums[0], "budget {budget}: pass {p:?} over the first");
+            }
+            assert_eq!(passes.len() == 1, total <= budget, "budget {budget}");
+        }
     }
 }

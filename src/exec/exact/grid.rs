@@ -32,6 +32,10 @@ impl Grid {
     pub(crate) fn len(&self) -> usize {
         self.rows * self.cols
     }
+    /// Tiles in a row.
+    pub(crate) fn cols(&self) -> usize {
+        self.cols
+    }
     pub(crate) fn rect(&self, i: usize) -> Window {
         let (r, c) = (i / self.cols, i % self.cols);
         let (y, x) = (r * self.th, c * self.tw);

@@ -30,6 +30,7 @@ pub(crate) use attention::AttentionSpec;
 use grid::{conv_span, upsample_span, Grid};
 pub(crate) use parking::Act;
 use parking::{HostPiece, Piece, Shared};
+pub(crate) use stats::FOLD_TILES;
 pub(crate) use video::{level_tiles, video_levels, VideoCaches};
 
 /// Everything a tiled run needs to allocate identically in dry and real runs.
@@ -50,6 +51,20 @@ pub(crate) struct ExactPlan {
     /// Most bytes of upload staging in flight, and of one read-back of
     /// several tiles (a single tile is read back whole): part of the budget.
     pub staging_limit: u64,
+    /// Planned on a few rows of tiles, not every tile (a huge image).
+    pub by_rows: Option<ByRows>,
+}
+
+/// How a plan made on a few rows of tiles stands for the whole run
+/// (see `run::strategy::fit_plan_by_rows`): a run on a null device (an
+/// estimate) runs `latent_rows` rows of the latent, whose peaks are the
+/// whole run's, and reports `counts`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(crate) struct ByRows {
+    /// Latent rows of the run that stands for the whole one.
+    pub latent_rows: usize,
+    /// The whole run's counts, extrapolated.
+    pub counts: crate::exec::report::Counts,
 }
 
 impl ExactPlan {
@@ -482,7 +497,7 @@ impl Executor {
                 ));
             }
         }
-        let stats = match spec.stats {
+        let mut stats = match spec.stats {
             Some(norm) => Some(self.stats_acc(norm, &out)?),
             None => None,
         };
@@ -504,7 +519,7 @@ impl Executor {
                 }
             };
             let tile = self.conv_tile(x, &spec, r, res)?;
-            self.emit_tile(&mut out, stats.as_ref(), i, tile, stage::CONV)?;
+            self.emit_tile(&mut out, stats.as_mut(), i, tile, stage::CONV)?;
         }
         drop(residual);
         let affine = self.stats_finish(stats, x.n)?;
@@ -607,6 +622,18 @@ impl Executor {
 
     /// `f` applied to every element of `x` (tile by tile, in place).
     pub(crate) fn map(&mut self, mut x: Act, f: Unary) -> Result<Act> {
+        if x.grid != self.grid_for(x.h, x.w) {
+            // The caller's latents are one host piece: mapped whole, they
+            // would be uploaded whole; map them tile by tile instead.
+            let mut out = self.empty_act(x.n, x.c, x.h, x.w, x.dtype);
+            for i in 0..out.grid.len() {
+                let t = self.read_window(&x, out.grid.rect(i))?;
+                unary(self.rec(), f, &t, &t)?;
+                self.park(&mut out, i, t)?;
+                self.step_done(stage::MAP)?;
+            }
+            return Ok(out);
+        }
         let mut out = Act {
             pieces: (0..x.grid.len()).map(|_| Piece::Empty).collect(),
             ..x

@@ -1,0 +1,103 @@
+//! Exact tiled plans made on a few rows of tiles, as huge images get them
+//! (more tiles than a plan walks one by one): the estimate equals the
+//! measured run, peaks and counts, and the run still equals the untiled
+//! decode. `WGVAE_MAX_PLAN_TILES` lowers the tile count that switches to
+//! such plans (its own test binary: the variable is process-wide).
+
+use wgvae::estimate::Estimate;
+use wgvae::io::{read_npy, HostTensor};
+use wgvae::memory::Policy;
+use wgvae::testing::{max_abs_diff, shared_dir, test_context};
+use wgvae::{decode, DecodeOptions, LoadOptions, Tiling, Vae};
+
+/// The golden latents stacked `k` times along the height (a tall image of
+/// many rows of tiles).
+fn tall(z: &HostTensor, k: usize) -> HostTensor {
+    let [n, c, h, w] = [z.shape[0], z.shape[1], z.shape[2], z.shape[3]];
+    let mut data = Vec::with_capacity(z.data.len() * k);
+    for plane in z.data.chunks(h * w) {
+        for _ in 0..k {
+            data.extend_from_slice(plane);
+        }
+    }
+    HostTensor::new(vec![n, c, h * k, w], data).unwrap()
+}
+
+#[test]
+fn a_plan_by_rows_predicts_the_run() {
+    let Some(dir) = shared_dir().map(|s| s.join("golden/aekl-tiny-sd")) else {
+        return;
+    };
+    std::env::set_var("WGVAE_MAX_PLAN_TILES", "16");
+    let spec = dir.to_str().unwrap();
+    let z = tall(&read_npy(&dir.join("latents.npy")).unwrap(), 6);
+    let shape: [usize; 4] = z.shape.clone().try_into().unwrap();
+    let ctx = test_context();
+    let vae = Vae::load(&ctx, spec, &LoadOptions::default()).unwrap();
+    let reference = decode(&ctx, &vae, &z, &DecodeOptions::default()).unwrap();
+    for policy in [Policy::Exact, Policy::Planned] {
+        let ctx = ctx.with_pool(policy.new_pool());
+        let vae = Vae::load(&ctx, spec, &LoadOptions::default()).unwrap();
+        // 16-px tiles (2 latent pixels): 36 rows of 8; a budget that
+        // holds a few rows of attention queries per pass.
+        let mut tiling = Tiling::exact()
+            .with_tile_size(16)
+            .with_max_memory(vae.weights_bytes() + (1 << 19));
+        tiling.tile_mid_block = true;
+        let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
+            .tiled(&tiling)
+            .decode(shape)
+            .unwrap();
+        // The estimate is of a decode without the raw output (as the CLI's).
+        let out = decode(
+            &ctx,
+            &vae,
+            &z,
+            &DecodeOptions {
+                tiling: tiling.clone(),
+                ..Default::default()
+            },
+        )
+        .unwrap();
+        let t = &out.tiling;
+        println!(
+            "{}: estimate {} B, measured {} B; {} tiles; estimate {:?}; run {t:?}",
+            policy.name(),
+            est.peak_allocated_bytes,
+            out.memory.allocated_bytes.peak,
+            t.tiles,
+            est.tiling
+        );
+        assert!(est.tiling.extrapolated, "planned by rows: {:?}", est.tiling);
+        assert_eq!(t.tiles, 36 * 8);
+        assert_eq!(t.device_parked_peak_bytes, 0, "every tile on the host");
+        assert_eq!(est.peak_allocated_bytes, out.memory.allocated_bytes.peak);
+        assert_eq!(est.peak_reserved_bytes, out.memory.reserved_bytes.peak);
+        // Counts extrapolated from three row counts are the run's; waits
+        // for staging space (a floor of bytes over the limit) within 0.5%.
+        let mut run = t.clone();
+        run.extrapolated = true;
+        run.syncs = est.tiling.syncs;
+        assert_eq!(est.tiling, run);
+        let off = est.tiling.syncs.abs_diff(t.syncs) as f64 / t.syncs as f64;
+        assert!(off <= 0.005, "syncs {} vs {}", est.tiling.syncs, t.syncs);
+        let raw = |tiling: Tiling| {
+            let opts = DecodeOptions {
+                tiling,
+                keep_raw: true,
+                ..Default::default()
+            };
+            decode(&ctx, &vae, &z, &opts).unwrap().raw.unwrap().data
+        };
+        let (err, at) = max_abs_diff(&raw(tiling.clone()), &raw(Tiling::off()));
+        println!("{}: max abs vs untiled {err:.3e}", policy.name());
+        assert!(err <= 1e-3, "{}: {err} at {at}", policy.name());
+        let worst = out.rgba[0]
+            .iter()
+            .zip(&reference.rgba[0])
+            .map(|(p, q)| p.abs_diff(*q))
+            .max()
+            .unwrap();
+        assert!(worst <= 1, "pixels differ by {worst}");
+    }
+}
