@@ -135,23 +135,28 @@ pub fn encode(
             ));
         }
     }
-    // diffusers: png / 127.5 − 1; TAE: png / 255.
-    let x = HostTensor {
-        shape: pixels.shape.clone(),
-        data: match enc.encoder {
-            EncoderKind::Kl(_) => pixels.data.iter().map(|v| v / 127.5 - 1.0).collect(),
-            EncoderKind::Tae(_) => pixels.data.iter().map(|v| v / 255.0).collect(),
-        },
+    // diffusers: png / 127.5 − 1; TAE: png / 255. A null device reads no
+    // values (an estimate's zeros are not copied).
+    let x = match ctx.is_null() {
+        true => std::borrow::Cow::Borrowed(pixels),
+        false => std::borrow::Cow::Owned(HostTensor {
+            shape: pixels.shape.clone(),
+            data: match enc.encoder {
+                EncoderKind::Kl(_) => pixels.data.iter().map(|v| v / 127.5 - 1.0).collect(),
+                EncoderKind::Tae(_) => pixels.data.iter().map(|v| v / 255.0).collect(),
+            },
+        }),
     };
-    let job = EncodeJob { enc, x: &x };
+    let x = x.as_ref();
+    let job = EncodeJob { enc, x };
     let floor = enc
         .encoder
         .graph()
         .parked_floor(x.shape[0], (x.shape[2], x.shape[3]));
-    let geometry = Geometry::encode(&x, enc.levels(), enc.downscale()).with_parked_floor(floor);
+    let geometry = Geometry::encode(x, enc.levels(), enc.downscale()).with_parked_floor(floor);
     let down = enc.downscale();
     let exact = |null: &Context, plan: &ExactPlan| {
-        let x = input_of(&x, plan, down);
+        let x = input_of(x, plan, down);
         let job = EncodeJob { x: &x, ..job };
         job.exact(null, plan.clone(), None).map(|r| r.report)
     };
@@ -216,6 +221,24 @@ fn encode_exact(
     plan: ExactPlan,
     progress: Option<Progress>,
 ) -> Result<EncodeRun> {
+    // An estimate of a plan made on a few rows of tiles runs those rows
+    // (see `decode_exact`).
+    let by_rows = plan.by_rows.filter(|_| ctx.is_null());
+    let full = job.x;
+    let mut plan = plan;
+    let (rows_x, rows_job);
+    let job = match by_rows {
+        Some(b) => {
+            plan.latent.0 = b.latent_rows;
+            rows_x = input_of(job.x, &plan, job.enc.downscale()).into_owned();
+            rows_job = EncodeJob {
+                enc: job.enc,
+                x: &rows_x,
+            };
+            &rows_job
+        }
+        None => job,
+    };
     let (enc, x) = (job.enc, job.x);
     let key = || format!("enc{}:{:?}:{}", enc.id, x.shape, plan.key());
     let replay = Replay::begin(ctx, key, |null| {
@@ -227,8 +250,12 @@ fn encode_exact(
     let run = result?;
     let memory = ctx.pool().stats();
     let mut report = run.report;
-    report.tiles = tiles_of(&report, x.shape[2], x.shape[3]);
-    let (shape, data) = run.out;
+    let (mut shape, data) = run.out;
+    if let Some(b) = by_rows {
+        b.counts.apply(&mut report);
+        shape[2] = full.shape[2] / enc.downscale();
+    }
+    report.tiles = tiles_of(&report, full.shape[2], full.shape[3]);
     let values = match data {
         Some(b) => bytemuck::pod_collect_to_vec::<u8, f32>(&b),
         None => vec![0.0; shape.iter().product()],

@@ -1,9 +1,10 @@
 //! Exact tiled plans made on a few rows of tiles, as huge images get them
 //! (more tiles than a plan walks one by one): the estimate equals the
 //! measured run, peaks and counts, and the run still equals the untiled
-//! decode. `WGVAE_MAX_PLAN_TILES` lowers the tile count that switches to
+//! decode (or encode). `WGVAE_MAX_PLAN_TILES` lowers the tile count that switches to
 //! such plans (its own test binary: the variable is process-wide).
 
+use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
 use wgvae::estimate::Estimate;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
@@ -69,7 +70,7 @@ fn a_plan_by_rows_predicts_the_run() {
             est.tiling
         );
         assert!(est.tiling.extrapolated, "planned by rows: {:?}", est.tiling);
-        assert_eq!(t.tiles, 36 * 8);
+        assert_eq!(t.tiles, 64 * 8);
         assert_eq!(t.device_parked_peak_bytes, 0, "every tile on the host");
         assert_eq!(est.peak_allocated_bytes, out.memory.allocated_bytes.peak);
         assert_eq!(est.peak_reserved_bytes, out.memory.reserved_bytes.peak);
@@ -100,4 +101,52 @@ fn a_plan_by_rows_predicts_the_run() {
             .unwrap();
         assert!(worst <= 1, "pixels differ by {worst}");
     }
+}
+
+/// The same for an encode: a tall random image of 64 rows of 16-px tiles.
+#[test]
+fn an_encode_planned_by_rows_predicts_the_run() {
+    let Some(dir) = shared_dir().map(|s| s.join("golden/aekl-tiny-sd")) else {
+        return;
+    };
+    std::env::set_var("WGVAE_MAX_PLAN_TILES", "16");
+    let spec = dir.to_str().unwrap();
+    let (h, w) = (1024, 128);
+    let pixels: Vec<f32> = wgvae::testing::rand_vec(3 * h * w, 5, 127.5)
+        .into_iter()
+        .map(|v| v + 127.5)
+        .collect();
+    let img = HostTensor::new(vec![1, 3, h, w], pixels).unwrap();
+    let ctx = test_context();
+    let enc = VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
+    let mut tiling = Tiling::exact()
+        .with_tile_size(16)
+        .with_max_memory(enc.weights_bytes() + (1 << 20));
+    tiling.tile_mid_block = true;
+    let est = Estimate::new(ctx.caps(), Policy::Exact, spec, &LoadOptions::default())
+        .tiled(&tiling)
+        .encode([1, 3, h, w])
+        .unwrap();
+    let opts = |tiling: Tiling| EncodeOptions {
+        raw_latents: true,
+        tiling,
+        ..Default::default()
+    };
+    let out = encode(&ctx, &enc, &img, &opts(tiling.clone())).unwrap();
+    let t = &out.tiling;
+    println!("encode: estimate {est:?}; run {t:?}");
+    assert!(est.tiling.extrapolated, "planned by rows: {:?}", est.tiling);
+    assert_eq!(t.tiles, 64 * 8);
+    assert_eq!(est.latents_shape, out.latents.shape);
+    assert_eq!(est.peak_allocated_bytes, out.memory.allocated_bytes.peak);
+    let mut run = t.clone();
+    run.extrapolated = true;
+    run.syncs = est.tiling.syncs;
+    assert_eq!(est.tiling, run);
+    let off = est.tiling.syncs.abs_diff(t.syncs) as f64 / t.syncs.max(1) as f64;
+    assert!(off <= 0.005, "syncs {} vs {}", est.tiling.syncs, t.syncs);
+    let whole = encode(&ctx, &enc, &img, &opts(Tiling::off())).unwrap();
+    let (err, at) = max_abs_diff(&out.latents.data, &whole.latents.data);
+    println!("encode: max abs vs untiled {err:.3e}");
+    assert!(err <= 7.5e-6, "{err} at {at}");
 }

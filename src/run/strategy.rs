@@ -35,9 +35,6 @@ pub(crate) struct Geometry<'a> {
     divisor: usize,
     /// Bytes an exact tiled run parks at least ([`crate::models::graph::Graph::parked_floor`]).
     parked_floor: u64,
-    /// Plans of more than [`MAX_TILES`] tiles may be made on a few rows of
-    /// them ([`fit_plan_by_rows`]): the job's estimates run such plans so.
-    by_rows: bool,
 }
 
 impl<'a> Geometry<'a> {
@@ -52,7 +49,6 @@ impl<'a> Geometry<'a> {
             scale: up,
             divisor: up,
             parked_floor: 0,
-            by_rows: true,
         }
     }
 
@@ -67,7 +63,6 @@ impl<'a> Geometry<'a> {
             scale: down,
             divisor: 1,
             parked_floor: 0,
-            by_rows: false,
         }
     }
 
@@ -397,7 +392,7 @@ fn choose_exact(
         // it runs a few rows of them, if a row is not that long itself.
         let tiles = out_h.div_ceil(px).saturating_mul(out_w.div_ceil(px));
         let by_rows = tiles > max_tiles();
-        if by_rows && (!geometry.by_rows || out_w.div_ceil(px) > MAX_ROW_TILES) {
+        if by_rows && out_w.div_ceil(px) > MAX_ROW_TILES {
             over_cap = Some((px, tiles));
             break;
         }
@@ -493,13 +488,10 @@ fn choose_exact(
                 human_bytes(geometry.parked_floor)
             ),
         };
-        let rows = match geometry.by_rows {
-            true => format!(
-                ", or a few rows of tiles where a row has at most {MAX_ROW_TILES}; this one has {}",
-                out_w.div_ceil(px)
-            ),
-            false => String::new(),
-        };
+        let rows = format!(
+            ", or a few rows of tiles where a row has at most {MAX_ROW_TILES}; this one has {}",
+            out_w.div_ceil(px)
+        );
         let msg = format!(
             "an exact tiled run of this {out_h}×{out_w} image {}: {tiles} tiles, more than the {MAX_TILES} a plan may have (planning runs every tile on a null device{rows}){parks}; {}",
             if tiling.tile_size.is_some() {
