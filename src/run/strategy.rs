@@ -709,8 +709,14 @@ fn fit_plan_by_rows(
     let Some(t) = plan.levels.first().copied().flatten() else {
         return fit_plan(ctx, plan, avail, run);
     };
-    plan.device_cap = 0;
+    let every = plan.clone();
     let (h, w) = plan.latent;
+    plan.device_cap = 0;
+    // Marks the walks as runs of a plan by rows (see `exec::exact::attention`).
+    plan.by_rows = Some(ByRows {
+        latent_rows: h,
+        counts: Counts::default(),
+    });
     let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
     let walk = |r: usize| -> Result<Option<(u64, TilingReport)>> {
         let mut p = plan.clone();
@@ -721,7 +727,7 @@ fn fit_plan_by_rows(
     // Enough tiles to fill a GroupNorm scratch (which then folds).
     let first = MIN_ROWS.max(crate::exec::FOLD_TILES / cols.max(1) + 1);
     if first + 2 >= rows {
-        return fit_plan(ctx, plan, avail, run);
+        return fit_plan(ctx, every, avail, run);
     }
     let Some((peak, report)) = walk(first)? else {
         return Ok(None);
@@ -733,11 +739,11 @@ fn fit_plan_by_rows(
     let q = m.max(1);
     let low = first.max(m.saturating_add(2));
     if low.saturating_add(3 * q) >= rows {
-        return fit_plan(ctx, plan, avail, run);
+        return fit_plan(ctx, every, avail, run);
     }
     let r = low + (rows - low) % q;
     if r + 2 * q >= rows {
-        return fit_plan(ctx, plan, avail, run);
+        return fit_plan(ctx, every, avail, run);
     }
     let mut samples = Vec::with_capacity(3);
     for rr in [r, r + q, r + 2 * q] {
@@ -757,7 +763,7 @@ fn fit_plan_by_rows(
             r + 2 * q,
             samples.iter().map(|s| s.0).collect::<Vec<_>>()
         );
-        return fit_plan(ctx, plan, avail, run);
+        return fit_plan(ctx, every, avail, run);
     }
     let at = [0, 1, 2].map(|i| Counts::of(&samples[i].1));
     let counts = Counts::quadratic(at, ((rows - r) / q) as u64);

@@ -154,11 +154,12 @@ impl Executor {
                 let mut seen: Vec<(usize, usize, bool, bool)> = Vec::new();
                 for b in 0..tiles {
                     let rb = ks.grid.rect(b);
-                    // Each row of K/V tiles starts with empty staging: what
-                    // a row stages then depends on its kind alone, as in a
-                    // plan made on a few rows (the staging peak otherwise
+                    // In a plan made on a few rows, each row of K/V tiles
+                    // starts with empty staging: what a row stages then
+                    // depends on its kind alone (the staging peak otherwise
                     // creeps up with the rows streamed between waits).
-                    if b % ks.grid.cols() == 0 && self.staging > 0 {
+                    let by_rows = self.plan.by_rows.is_some();
+                    if by_rows && b % ks.grid.cols() == 0 && self.staging > 0 {
                         self.sync()?;
                     }
                     if peaks_only {
