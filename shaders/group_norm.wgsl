@@ -151,8 +151,23 @@ fn partials(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: 
 }
 #endif
 
-#ifdef COMBINE
+#ifndef PARTIALS
+#ifndef APPLY
+// COMBINE and FOLD: one workgroup per (n, g) row of the scratch.
 @group(0) @binding(1) var<storage, read_write> scratch: array<vec4<f32>>;
+
+// The merge of row ng's first p.slots partials (to every invocation).
+fn merged_row(ng: u32, li: u32) -> vec3<f32> {
+    var acc = vec3<f32>(0.0);
+    for (var s = li; s < p.slots; s += WG) {
+        acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
+    }
+    return workgroup_merge(li, acc);
+}
+#endif
+#endif
+
+#ifdef COMBINE
 @group(0) @binding(2) var<storage, read_write> gamma: array<f32>;
 @group(0) @binding(3) var<storage, read_write> beta: array<f32>;
 @group(0) @binding(4) var<storage, read_write> affine: array<vec2<f32>>;
@@ -162,11 +177,7 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
            @builtin(local_invocation_index) li: u32) {
     let ng = wg.x + wg.y * nwg.x;
     if ng >= p.groups_total { return; }
-    var acc = vec3<f32>(0.0);
-    for (var s = li; s < p.slots; s += WG) {
-        acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
-    }
-    let total = workgroup_merge(li, acc);
+    let total = merged_row(ng, li);
     let var_biased = select(0.0, total.z / total.x, total.x > 0.0);
     let mr = vec2<f32>(total.y, 1.0 / sqrt(max(var_biased, 0.0) + p.eps));
     let n = ng / p.groups;
@@ -180,18 +191,12 @@ fn combine(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: v
 #endif
 
 #ifdef FOLD
-@group(0) @binding(1) var<storage, read_write> scratch: array<vec4<f32>>;
-
 @compute @workgroup_size(WG)
 fn fold(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: vec3<u32>,
         @builtin(local_invocation_index) li: u32) {
     let ng = wg.x + wg.y * nwg.x;
     if ng >= p.groups_total { return; }
-    var acc = vec3<f32>(0.0);
-    for (var s = li; s < p.slots; s += WG) {
-        acc = chan(acc, scratch[ng * p.slot_capacity + s].xyz);
-    }
-    let total = workgroup_merge(li, acc);
+    let total = merged_row(ng, li);
     if li == 0u {
         scratch[ng * p.slot_capacity] = vec4<f32>(total, 0.0);
     }

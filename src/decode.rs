@@ -19,7 +19,7 @@ use crate::kernels::image::to_rgba8;
 use crate::memory::MemoryStats;
 use crate::models::{Taps, Vae};
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
-use crate::run::strategy::{choose, input_of, Geometry, Strategy};
+use crate::run::strategy::{choose, input_of, rows_to_run, Geometry, Strategy};
 use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, untiled_report, Replay};
 use crate::tensor::{DType, Tensor};
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
@@ -153,6 +153,7 @@ pub(crate) fn device_decode_replay<'a>(
 }
 
 /// A decode as the runner sees it.
+#[derive(Clone, Copy)]
 struct DecodeJob<'a> {
     vae: &'a Vae,
     z: &'a HostTensor,
@@ -393,23 +394,17 @@ fn decode_exact(
 ) -> Result<Decoded> {
     // An estimate of a plan made on a few rows of tiles runs those rows:
     // their peaks are the whole run's, its counts come with the plan.
-    let by_rows = plan.by_rows.filter(|_| ctx.is_null());
     let shown = job.z;
-    let mut plan = plan;
-    let (rows_z, rows_job);
-    let job = match by_rows {
-        Some(b) => {
-            plan.latent.0 = b.latent_rows;
-            rows_z = input_of(job.z, &plan, 1).into_owned();
-            rows_job = DecodeJob {
-                vae: job.vae,
-                z: &rows_z,
-                keep_raw: job.keep_raw,
-            };
+    let (plan, rows) = rows_to_run(ctx, plan, job.z, 1);
+    let rows_job;
+    let job = match &rows {
+        Some((_, z)) => {
+            rows_job = DecodeJob { z, ..*job };
             &rows_job
         }
         None => job,
     };
+    let by_rows = rows.as_ref().map(|r| r.0);
     let (vae, z) = (job.vae, job.z);
     let key = || {
         format!(

@@ -14,7 +14,7 @@ use crate::io::HostTensor;
 use crate::memory::MemoryStats;
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
 use crate::run::input::record_encoder;
-use crate::run::strategy::{choose, input_of, Geometry, Strategy};
+use crate::run::strategy::{choose, input_of, rows_to_run, Geometry, Strategy};
 use crate::run::{precision, run_exact, run_untiled, tiles_of, untiled_report, ExactRun, Replay};
 use crate::tensor::DType;
 use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
@@ -62,6 +62,7 @@ pub struct Encoded {
 }
 
 /// An encode as the runner sees it.
+#[derive(Clone, Copy)]
 struct EncodeJob<'a> {
     enc: &'a VaeEncoder,
     x: &'a HostTensor,
@@ -223,22 +224,17 @@ fn encode_exact(
 ) -> Result<EncodeRun> {
     // An estimate of a plan made on a few rows of tiles runs those rows
     // (see `decode_exact`).
-    let by_rows = plan.by_rows.filter(|_| ctx.is_null());
     let full = job.x;
-    let mut plan = plan;
-    let (rows_x, rows_job);
-    let job = match by_rows {
-        Some(b) => {
-            plan.latent.0 = b.latent_rows;
-            rows_x = input_of(job.x, &plan, job.enc.downscale()).into_owned();
-            rows_job = EncodeJob {
-                enc: job.enc,
-                x: &rows_x,
-            };
+    let (plan, rows) = rows_to_run(ctx, plan, job.x, job.enc.downscale());
+    let rows_job;
+    let job = match &rows {
+        Some((_, x)) => {
+            rows_job = EncodeJob { x, ..*job };
             &rows_job
         }
         None => job,
     };
+    let by_rows = rows.as_ref().map(|r| r.0);
     let (enc, x) = (job.enc, job.x);
     let key = || format!("enc{}:{:?}:{}", enc.id, x.shape, plan.key());
     let replay = Replay::begin(ctx, key, |null| {

@@ -625,6 +625,26 @@ pub(crate) fn input_of<'x>(
     })
 }
 
+/// What an estimate (a run on a null device) of `plan` runs: for a plan made
+/// on a few rows of tiles, the plan of those rows, their input (zeros of
+/// `x`'s width, `per_latent` input pixels per latent pixel) and how they
+/// stand for the whole run; else `plan` as it is.
+pub(crate) fn rows_to_run(
+    ctx: &Context,
+    mut plan: ExactPlan,
+    x: &HostTensor,
+    per_latent: usize,
+) -> (ExactPlan, Option<(ByRows, HostTensor)>) {
+    match plan.by_rows.filter(|_| ctx.is_null()) {
+        Some(b) => {
+            plan.latent.0 = b.latent_rows;
+            let x = input_of(x, &plan, per_latent).into_owned();
+            (plan, Some((b, x)))
+        }
+        None => (plan, None),
+    }
+}
+
 /// `bytes` in the largest unit that keeps it ≥ 1 (a tiny budget is not "0 MiB").
 fn human_bytes(bytes: u64) -> String {
     const UNITS: [(&str, f64); 4] = [
