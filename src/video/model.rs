@@ -82,7 +82,7 @@ impl<'a> VideoModel<'a> {
         self.info.host_trim
     }
     /// Frames a video of `t` latent frames decodes to.
-    pub(super) fn frames_for(&self, t: usize) -> usize {
+    pub(crate) fn frames_for(&self, t: usize) -> usize {
         self.info.frames_for(t)
     }
     /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
