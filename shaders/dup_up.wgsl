@@ -41,6 +41,13 @@ struct Params {
 #storage src 1 read
 #storage out 2 write
 
+// (x, y, channel, frame) of flat output element i of [N, CO, OH, OW].
+fn out_coords(i: u32) -> vec4<u32> {
+    let r1 = i / p.ow;
+    let r2 = r1 / p.oh;
+    return vec4<u32>(i % p.ow, r1 % p.oh, r2 % p.co, r2 / p.co);
+}
+
 #ifdef UNSHUFFLE
 // PyTorch's pixel_unshuffle, space to channels (a patch-size-p TAEHV encoder's input):
 //   out[n, c * F * F + dy * F + dx, y, x] = src[n, c, y * F + dy, x * F + dx]
@@ -50,12 +57,11 @@ fn pixel_unshuffle(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups
                    @builtin(local_invocation_index) li: u32) {
     let i = (wg.x + wg.y * nwg.x) * WG + li;
     if i >= p.total { return; }
-    let x = i % p.ow;
-    let r1 = i / p.ow;
-    let y = r1 % p.oh;
-    let r2 = r1 / p.oh;
-    let o = r2 % p.co;
-    let b = r2 / p.co;
+    let at = out_coords(i);
+    let x = at.x;
+    let y = at.y;
+    let o = at.z;
+    let b = at.w;
     let c = o / (p.f * p.f);
     let dy = (o / p.f) % p.f;
     let dx = o % p.f;
@@ -67,12 +73,11 @@ fn dup_up(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nwg: ve
           @builtin(local_invocation_index) li: u32) {
     let i = (wg.x + wg.y * nwg.x) * WG + li;
     if i >= p.total { return; }
-    let x = i % p.ow;
-    let r1 = i / p.ow;
-    let y = r1 % p.oh;
-    let r2 = r1 / p.oh;
-    let o = r2 % p.co;
-    let b = r2 / p.co;
+    let at = out_coords(i);
+    let x = at.x;
+    let y = at.y;
+    let o = at.z;
+    let b = at.w;
     var sb = b;
     var dt = p.ft - 1u;
     if b >= p.lead {

@@ -152,13 +152,13 @@ impl Executor {
                 // the same from the same live tensors: in dry runs that count
                 // only peaks, later ones only stage, step and sync.
                 let mut seen: Vec<(usize, usize, bool, bool)> = Vec::new();
+                // In a plan made on a few rows, each row of K/V tiles starts
+                // with empty staging: what a row stages then depends on its
+                // kind alone (the staging peak otherwise creeps up with the
+                // rows streamed between waits).
+                let by_rows = self.plan.by_rows.is_some();
                 for b in 0..tiles {
                     let rb = ks.grid.rect(b);
-                    // In a plan made on a few rows, each row of K/V tiles
-                    // starts with empty staging: what a row stages then
-                    // depends on its kind alone (the staging peak otherwise
-                    // creeps up with the rows streamed between waits).
-                    let by_rows = self.plan.by_rows.is_some();
                     if by_rows && b % ks.grid.cols() == 0 && self.staging > 0 {
                         self.sync()?;
                     }
