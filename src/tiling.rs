@@ -187,14 +187,8 @@ pub fn default_max_memory(caps: &Capabilities) -> u64 {
     }
 }
 
-/// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable).
 #[doc(hidden)]
-pub fn host_memory_available() -> Option<u64> {
-    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
-}
+pub use crate::gpu::host_memory_available;
 
 #[cfg(test)]
 mod tests {

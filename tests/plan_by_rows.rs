@@ -151,3 +151,68 @@ fn an_encode_planned_by_rows_predicts_the_run() {
     println!("encode: max abs vs untiled {err:.3e}");
     assert!(err <= 7.5e-6, "{err} at {at}");
 }
+
+/// A video whose frames have more tiles than an estimate runs one by one:
+/// Wan 2.1 (tiny) in 16-px tiles over tall frames (20 rows of 3 tiles),
+/// three chunks of one latent frame streamed for real. The estimate, made
+/// on a few rows of tiles, equals the measured peaks and counts, and the
+/// frames equal the untiled decode.
+#[test]
+fn a_video_planned_by_rows_predicts_the_run() {
+    let Some(dir) = shared_dir().map(|s| s.join("golden/wan21-tiny")) else {
+        return;
+    };
+    std::env::set_var("WGVAE_MAX_PLAN_TILES", "16");
+    let spec = dir.to_str().unwrap();
+    let load = LoadOptions::default();
+    let (h, w, frames) = (40, 6, 3);
+    let ctx = test_context().with_pool(Policy::Exact.new_pool());
+    let vae = wgvae::video::load_video_decoder(&ctx, spec, &load).unwrap();
+    let weights = ctx.pool().stats().allocated_bytes.current;
+    // A budget whose attention passes take parts of a row (q = 1 row).
+    let tiling = Tiling::exact()
+        .with_tile_size(16)
+        .with_max_memory(weights + (16 << 10));
+    let chunks: Vec<HostTensor> = (0..frames)
+        .map(|t| {
+            let z = wgvae::testing::rand_vec(16 * h * w, t as u64 + 7, 1.0);
+            HostTensor::new(vec![1, 16, h, w], z).unwrap()
+        })
+        .collect();
+    let decode = |tiling: Tiling| {
+        let mut stream = wgvae::VideoDecoder::new(&ctx, vae.model());
+        stream.set_tiling(tiling).unwrap();
+        ctx.pool().reset_peak_stats();
+        let out: Vec<f32> = chunks
+            .iter()
+            .flat_map(|z| stream.decode(z).unwrap().data)
+            .collect();
+        let stats = ctx.pool().stats();
+        (out, stats, stream.tiling_report())
+    };
+    let (tiled, stats, report) = decode(tiling.clone());
+    let t = report.expect("an exact tiled run reports its tiles");
+    let est = Estimate::new(ctx.caps(), Policy::Exact, spec, &load)
+        .video_tiled((8 * h, 8 * w), frames, 1, &tiling)
+        .unwrap();
+    let e = est.tiling.clone().expect("a tiled estimate");
+    println!("video: estimate {est:?}; run {t:?}");
+    assert!(e.extrapolated, "planned by rows: {e:?}");
+    assert_eq!(e.tiles, 20 * 3);
+    assert_eq!(t.device_parked_peak_bytes, 0, "every tile on the host");
+    assert_eq!(est.peak_allocated_bytes, stats.allocated_bytes.peak);
+    assert_eq!(est.peak_reserved_bytes, stats.reserved_bytes.peak);
+    assert_eq!(est.cache_bytes, 0, "the caches parked on the host");
+    let mut run = t.clone();
+    run.extrapolated = true;
+    run.syncs = e.syncs;
+    run.tiles = e.tiles;
+    run.max_memory = e.max_memory;
+    assert_eq!(e, run);
+    let off = e.syncs.abs_diff(t.syncs) as f64 / t.syncs.max(1) as f64;
+    assert!(off <= 0.005, "syncs {} vs {}", e.syncs, t.syncs);
+    let (untiled, _, _) = decode(Tiling::off());
+    let (err, at) = max_abs_diff(&tiled, &untiled);
+    println!("video: max abs vs untiled {err:.3e}");
+    assert!(err <= 1e-5, "{err} at {at}");
+}

@@ -1005,3 +1005,39 @@ fn exact_tiles_estimate_below_untiled() {
         untiled.peak_allocated_bytes
     );
 }
+
+/// Exact video tiles that would park more in host memory than the run may
+/// use (`Tiling::max_host_memory`, else what the host has available) stop
+/// with an error naming the limit, before the host runs out; with room the
+/// same video decodes.
+#[test]
+fn exact_video_tiles_keep_the_host_limit() {
+    let Some(dir) = golden("wan21-tiny") else {
+        return;
+    };
+    let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
+    let load = LoadOptions::default();
+    let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
+    let weights = ctx.pool().stats().allocated_bytes.current;
+    let z = HostTensor::new(
+        vec![2, 16, 8, 10],
+        wgvae::testing::rand_vec(2 * 16 * 80, 3, 1.0),
+    )
+    .unwrap();
+    let decode = |host: u64| {
+        let tiling = wgvae::tiling::Tiling::exact()
+            .with_tile_size(16)
+            .with_max_memory(weights + (64 << 10))
+            .with_max_host_memory(host);
+        let mut stream = VideoDecoder::new(&ctx, vae.model());
+        stream.set_tiling(tiling).unwrap();
+        stream.decode(&z).map(|_| stream.tiling_report().unwrap())
+    };
+    let m = message(decode(256 << 10));
+    assert!(
+        m.contains("max_host_memory") && m.contains("host memory"),
+        "{m}"
+    );
+    let report = decode(1 << 30).unwrap();
+    assert!(report.host_parked_peak_bytes > 256 << 10, "{report:?}");
+}

@@ -159,23 +159,17 @@ pub(crate) fn print_tiling(t: &TilingReport) {
             );
             println!("  tile side per level: {}", level_sides(&t.level_tiles));
             for (what, v) in [
-                (
-                    "device parking peak",
-                    format!("{:.1} MiB", mib(t.device_parked_peak_bytes)),
-                ),
-                (
-                    "host parking peak",
-                    format!("{:.1} MiB", mib(t.host_parked_peak_bytes)),
-                ),
-                (
-                    "staging peak",
-                    format!("{:.1} MiB", mib(t.staging_peak_bytes)),
-                ),
-                ("uploaded", format!("{:.1} MiB", mib(t.uploaded_bytes))),
+                ("device parking peak", amount(t.device_parked_peak_bytes)),
+                ("host parking peak", amount(t.host_parked_peak_bytes)),
+                ("staging peak", amount(t.staging_peak_bytes)),
+                ("uploaded", amount(t.uploaded_bytes)),
                 ("syncs", t.syncs.to_string()),
                 ("tile steps", t.steps.to_string()),
             ] {
                 println!("  {what:<22} {v:>14}");
+            }
+            if t.extrapolated {
+                println!("  (planned on a few rows of tiles, which peak as every row does; the counts above extrapolated to every row)");
             }
         }
         "fast" => println!(
@@ -189,6 +183,16 @@ pub(crate) fn print_tiling(t: &TilingReport) {
             "tiling: none (fits the budget of {:.0} MiB)",
             mib(t.max_memory)
         ),
+    }
+}
+
+/// `bytes` in MiB, or GiB / TiB from 10 of them (host parking at huge sizes).
+fn amount(bytes: u64) -> String {
+    let b = bytes as f64;
+    match b / 1048576.0 {
+        m if m >= 10.0 * 1048576.0 => format!("{:.1} TiB", m / 1048576.0),
+        m if m >= 10.0 * 1024.0 => format!("{:.1} GiB", m / 1024.0),
+        m => format!("{m:.1} MiB"),
     }
 }
 

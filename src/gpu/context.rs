@@ -409,13 +409,10 @@ impl Context {
     /// (`None`) on a null device, whose host buffers are never filled.
     #[doc(hidden)]
     pub fn host_memory_available(&self) -> Option<u64> {
-        if self.inner.null {
-            return None;
+        match self.inner.null {
+            true => None,
+            false => super::host::host_memory_available(),
         }
-        let text = std::fs::read_to_string("/proc/meminfo").ok()?;
-        let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
-        let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-        Some(kib * 1024)
     }
 
     /// A `MAP_READ | COPY_DST` buffer of `size` bytes outside the pool, for

@@ -73,3 +73,12 @@ pub fn read_back_host(ctx: &Context, tensors: &[&Tensor]) -> Result<Vec<HostByte
         })
         .collect())
 }
+
+/// `MemAvailable` of /proc/meminfo in bytes (`None` where unreadable): the
+/// host memory a run may still fill.
+pub fn host_memory_available() -> Option<u64> {
+    let text = std::fs::read_to_string("/proc/meminfo").ok()?;
+    let line = text.lines().find(|l| l.starts_with("MemAvailable:"))?;
+    let kib: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}

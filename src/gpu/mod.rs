@@ -24,6 +24,8 @@ pub use context::{
     ContextOptions,
 };
 pub(crate) use dry_run::{full_dry_runs, full_plan};
+#[doc(hidden)]
+pub use host::host_memory_available;
 pub(crate) use host::{read_back_host, HostBytes};
 #[doc(hidden)]
 pub use pipeline::{preprocess, BindingKind, KernelSpec, PipelineCache, PipelineKey, WgslSource};

@@ -9,6 +9,7 @@ pub(crate) mod fast;
 pub(crate) mod input;
 pub(crate) mod precision;
 pub(crate) mod replay;
+pub(crate) mod rows;
 pub(crate) mod strategy;
 pub(crate) mod video;
 

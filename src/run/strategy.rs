@@ -10,6 +10,7 @@ use crate::exec::ByRows;
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::memory::{round_up, AllocationTrace, LimitedPool, MemoryPool, Policy, TracingPool};
+use crate::run::rows::{rows_latent, sample_rows, Sampled};
 use crate::tiling::{ExactPlan, TileMode, Tiling, TilingReport, FAST_DEFAULT_TILE};
 
 /// How one run executes.
@@ -298,14 +299,15 @@ pub(crate) fn fits_budget(
 /// Most tiles a plan is made on ([`fit_plan`] runs every one on a null device).
 const MAX_TILES: usize = 4096;
 /// Most tiles in a row of a plan made on a few rows ([`fit_plan_by_rows`]).
-const MAX_ROW_TILES: usize = 1024;
+pub(crate) const MAX_ROW_TILES: usize = 1024;
 
-/// [`MAX_TILES`], or `WGVAE_MAX_PLAN_TILES` (tests plan small images by rows).
-fn max_tiles() -> usize {
+/// Most tiles a plan is made on tile by tile: `default`, or
+/// `WGVAE_MAX_PLAN_TILES` (tests plan small images and videos by rows).
+pub(crate) fn plan_tile_limit(default: usize) -> usize {
     std::env::var("WGVAE_MAX_PLAN_TILES")
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(MAX_TILES)
+        .unwrap_or(default)
 }
 
 /// Tile sizes (output pixels) tried when none is given, largest first.
@@ -391,7 +393,7 @@ fn choose_exact(
         // would take minutes (smaller candidates only have more tiles), so
         // it runs a few rows of them, if a row is not that long itself.
         let tiles = out_h.div_ceil(px).saturating_mul(out_w.div_ceil(px));
-        let by_rows = tiles > max_tiles();
+        let by_rows = tiles > plan_tile_limit(MAX_TILES);
         if by_rows && out_w.div_ceil(px) > MAX_ROW_TILES {
             over_cap = Some((px, tiles));
             break;
@@ -421,6 +423,7 @@ fn choose_exact(
                 total_steps: 0,
                 staging_limit: staging_limit(avail),
                 by_rows: None,
+                max_host: tiling.max_host_memory,
             };
             // A whole mid-block grows with the image: no rows stand for it.
             if by_rows && plan.levels[0].is_none() {
@@ -706,20 +709,13 @@ fn fit_plan(
     Ok(None)
 }
 
-/// Rows of tiles that stand for any number of them: the first, interior
-/// ones (with interior rows on both sides), the last but one and the last.
-const MIN_ROWS: usize = 4;
-
 /// [`fit_plan`] for an image of more than [`MAX_TILES`] tiles, from runs of a
-/// few rows of its tiles. Every tile parks in host memory (device cap 0:
-/// beside terabytes of host parking the device's share saves nothing), so
-/// what a tile step allocates depends on its kind of tile alone (edge or
-/// interior; the GroupNorm scratch is bounded and attention passes have a
-/// fixed size, see `exec::exact`). Runs of `r`, `r + q` and `r + 2q` rows
-/// (`q` the rows of an attention pass, `r` ≡ the image's rows mod `q`)
-/// must peak alike, which is then the whole run's peak; the counts (steps,
-/// bytes moved, host parking) are extrapolated through them (at most
-/// quadratic in the rows). A plan of few rows falls back to [`fit_plan`].
+/// few rows of its tiles ([`sample_rows`]). Every tile parks in host memory
+/// (device cap 0: beside terabytes of host parking the device's share saves
+/// nothing), so what a tile step allocates depends on its kind of tile
+/// alone (edge or interior; the GroupNorm scratch is bounded and attention
+/// passes have a fixed size, see `exec::exact`). A plan of few rows falls
+/// back to [`fit_plan`].
 fn fit_plan_by_rows(
     ctx: &Context,
     mut plan: ExactPlan,
@@ -737,64 +733,35 @@ fn fit_plan_by_rows(
         latent_rows: h,
         counts: Counts::default(),
     });
-    let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
     let walk = |r: usize| -> Result<Option<(u64, TilingReport)>> {
         let mut p = plan.clone();
-        p.latent = (h - (rows - r) * t, w);
+        p.latent = (rows_latent(h, t, r), w);
         Ok(null_peak_within(ctx, avail, |null| run(null, &p))?
-            .map(|(peak, rep)| (peak + rep.staging_peak_bytes, rep)))
+            .map(|(peak, rep)| (peak + rep.staging_peak_bytes, rep))
+            .filter(|(peak, _)| *peak <= avail))
     };
-    // Enough tiles to fill a GroupNorm scratch (which then folds).
-    let first = MIN_ROWS.max(crate::exec::FOLD_TILES / cols.max(1) + 1);
-    if first + 2 >= rows {
-        return fit_plan(ctx, every, avail, run);
-    }
-    let Some((peak, report)) = walk(first)? else {
-        return Ok(None);
+    let sampled = sample_rows(
+        (h.div_ceil(t), w.div_ceil(t)),
+        walk,
+        |s| s.1.attention_rows_per_pass,
+        |s| s.0,
+    )?;
+    let (peak, mut report, rows_run, counts) = match sampled {
+        Sampled::Every => return fit_plan(ctx, every, avail, run),
+        Sampled::Over => return Ok(None),
+        Sampled::Rows { samples, rows, x } => {
+            let counts = Counts::quadratic(samples.each_ref().map(|s| Counts::of(&s.1)), x);
+            let [(peak, report), _, _] = samples;
+            (peak, report, rows, counts)
+        }
     };
-    if peak > avail {
-        return Ok(None);
-    }
-    let m = report.attention_rows_per_pass;
-    let q = m.max(1);
-    let low = first.max(m.saturating_add(2));
-    if low.saturating_add(3 * q) >= rows {
-        return fit_plan(ctx, every, avail, run);
-    }
-    let r = low + (rows - low) % q;
-    if r + 2 * q >= rows {
-        return fit_plan(ctx, every, avail, run);
-    }
-    let mut samples = Vec::with_capacity(3);
-    for rr in [r, r + q, r + 2 * q] {
-        let sample = match rr == first {
-            true => (peak, report.clone()),
-            false => match walk(rr)? {
-                Some(s) => s,
-                None => return Ok(None),
-            },
-        };
-        samples.push(sample);
-    }
-    if samples.iter().any(|(p, _)| *p != samples[0].0) {
-        log::warn!(
-            "a plan on {r}, {} and {} of {rows} rows of tiles peaked at {:?}: planning every tile",
-            r + q,
-            r + 2 * q,
-            samples.iter().map(|s| s.0).collect::<Vec<_>>()
-        );
-        return fit_plan(ctx, every, avail, run);
-    }
-    let at = [0, 1, 2].map(|i| Counts::of(&samples[i].1));
-    let counts = Counts::quadratic(at, ((rows - r) / q) as u64);
-    let (peak, mut report) = samples.swap_remove(0);
     if peak > avail {
         return Ok(None);
     }
     counts.apply(&mut report);
     plan.total_steps = report.steps;
     plan.by_rows = Some(ByRows {
-        latent_rows: h - (rows - r) * t,
+        latent_rows: rows_latent(h, t, rows_run),
         counts,
     });
     Ok(Some((plan, report)))

@@ -8,6 +8,7 @@
 use crate::error::{Error, Result};
 use crate::exec::exact::{level_tiles, video_levels, ExactPlan, Executor, VideoCaches};
 use crate::exec::untiled::{run_video, VideoState};
+use crate::exec::ByRows;
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::models::graph::Graph;
@@ -22,6 +23,8 @@ use crate::tiling::TilingReport;
 pub(crate) struct VideoRun {
     untiled: VideoState,
     tiled: Option<TiledVideo>,
+    /// The latent height of the video a sample of its rows stands for.
+    stands_for: Option<usize>,
 }
 
 /// An exact tiled video run: its executor (kept for the whole video: the
@@ -48,34 +51,43 @@ impl VideoRun {
 
     /// Runs the rest of the video in exact tiles (set before its first
     /// chunk): latent frames `h × w`, tiles of about `px_out` output pixels,
-    /// within `budget` bytes of pool memory.
+    /// within `budget` bytes of pool memory and `max_host` of host parking
+    /// ([`ExactPlan::max_host`]). A video of more than
+    /// [`MAX_VIDEO_TILES`] tiles parks every tile in host memory
+    /// ([`video_rows_tile`]), as does one that stands for such a video
+    /// ([`VideoRun::stand_for_rows`]).
     pub(crate) fn start_tiles(
         &mut self,
         ctx: &Context,
         graph: &Graph,
         px_out: usize,
-        budget: u64,
+        (budget, max_host): (u64, Option<u64>),
         (h, w): (usize, usize),
     ) -> Result<()> {
         let levels = video_levels(graph);
-        let scale = 1usize << (levels - 1);
-        // A multiple of the scale: every level's tile is half the next one's.
-        let px = px_out.div_ceil(scale).max(1) * scale;
+        let px = video_tile_px(graph, px_out);
         let base = ctx.pool().stats().allocated_bytes.current;
         let avail = budget.checked_sub(base).ok_or_else(|| {
             Error::OverBudget(format!(
                 "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
             ))
         })?;
+        let by_rows = self.stands_for.is_some() || video_rows_tile(graph, px_out, (h, w)).is_some();
         let plan = ExactPlan {
             px,
             levels: level_tiles(px, levels, (h, w)),
             latent: (h, w),
-            device_cap: avail / 2,
+            device_cap: if by_rows { 0 } else { avail / 2 },
             attention_state_budget: avail / 4,
             total_steps: 0,
             staging_limit: crate::run::strategy::staging_limit(avail),
-            by_rows: None,
+            // Marks the run as one whose tiles' allocations depend only on
+            // their kind (see `exec::exact::attention`).
+            by_rows: by_rows.then_some(ByRows {
+                latent_rows: self.stands_for.unwrap_or(h),
+                counts: Default::default(),
+            }),
+            max_host,
         };
         self.tiled = Some(TiledVideo {
             exec: Executor::new(ctx, plan, None),
@@ -83,6 +95,13 @@ impl VideoRun {
             px,
         });
         Ok(())
+    }
+
+    /// Makes this run (an estimate's, on a null device) stand for a video
+    /// of latent frames `latent_rows` high planned by rows: its tiles are
+    /// planned as that video's ([`video_rows_tile`]).
+    pub(crate) fn stand_for_rows(&mut self, latent_rows: usize) {
+        self.stands_for = Some(latent_rows);
     }
 
     /// Records a clip-based decoder's `clip` `[T, C, h, w]` as its
@@ -193,6 +212,38 @@ impl VideoRun {
             ..t.exec.report()
         })
     }
+}
+
+/// Most tiles of a video an estimate runs every one of: an estimate runs
+/// a few chunks of several frames through each tile, so beyond this it
+/// runs a few rows of them ([`crate::run::rows::sample_rows`]).
+pub(crate) const MAX_VIDEO_TILES: usize = 1024;
+
+/// Exact tile side in output pixels for tiles of about `px_out`: a multiple
+/// of the graph's scale, every level's tile half the next one's.
+pub(crate) fn video_tile_px(graph: &Graph, px_out: usize) -> usize {
+    let scale = 1usize << (video_levels(graph) - 1);
+    px_out.div_ceil(scale).max(1) * scale
+}
+
+/// The latent tile side of exact tiles of about `px_out` output pixels over
+/// latent frames `(h, w)` when the video is planned by rows: more than
+/// [`MAX_VIDEO_TILES`] tiles (or `WGVAE_MAX_PLAN_TILES`), a tiled latent
+/// level, rows no longer than a plan by rows takes. Every tile of such a
+/// video parks in host memory, so its estimate runs a few rows of tiles.
+pub(crate) fn video_rows_tile(
+    graph: &Graph,
+    px_out: usize,
+    (h, w): (usize, usize),
+) -> Option<usize> {
+    let px = video_tile_px(graph, px_out);
+    let t = level_tiles(px, video_levels(graph), (h, w))
+        .first()
+        .copied()
+        .flatten()?;
+    let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
+    let limit = crate::run::strategy::plan_tile_limit(MAX_VIDEO_TILES);
+    (rows.saturating_mul(cols) > limit && cols <= crate::run::strategy::MAX_ROW_TILES).then_some(t)
 }
 
 /// Whether `graph` on the untiled chunk `[T, C, h, w]` fits `budget` above

@@ -75,7 +75,7 @@ impl<'a> VideoModel<'a> {
         self.graph().matrix_config()
     }
 
-    pub(super) fn graph(self) -> &'a Graph {
+    pub(crate) fn graph(self) -> &'a Graph {
         self.graph
     }
     pub(super) fn frames_to_trim(&self) -> usize {

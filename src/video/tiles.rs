@@ -82,14 +82,14 @@ impl VideoDecoder<'_> {
 
     /// What the exact tiles did so far (`None`: untiled): parking peaks,
     /// uploads, syncs, steps; `tiles` and `max_memory` are left at zero.
-    pub(crate) fn tiling_report(&self) -> Option<crate::tiling::TilingReport> {
+    pub fn tiling_report(&self) -> Option<crate::tiling::TilingReport> {
         self.run.tiling_report()
     }
 
     /// Whether the first chunk `[T, C, h, w]` runs exact tiles: always for
     /// [`TileMode::Exact`]; for [`TileMode::Auto`] when the untiled chunk
     /// does not fit the budget or a device limit (a null-device dry run).
-    pub(super) fn wants_tiles(&self, chunk: &HostTensor) -> Result<bool> {
+    pub(crate) fn wants_tiles(&self, chunk: &HostTensor) -> Result<bool> {
         if self.decoder.get().clip_based() {
             return Ok(false);
         }
@@ -126,13 +126,25 @@ impl VideoDecoder<'_> {
         (h * up > tile || w * up > tile).then_some((tile, overlap, up))
     }
 
+    /// Makes this decoder (an estimate's, on a null device) plan its tiles
+    /// as those of frames `latent_rows` high planned by rows: its frames are
+    /// a few rows of theirs ([`crate::run::rows::sample_rows`]).
+    pub(crate) fn stand_for_rows(&mut self, latent_rows: usize) {
+        self.run.stand_for_rows(latent_rows);
+    }
+
     /// Runs the video in exact tiles from its first chunk, whose latent
     /// frames are `h × w`.
     pub(super) fn start_tiles(&mut self, hw: (usize, usize)) -> Result<()> {
         let model = self.decoder.get();
         let px_out = self.tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
         let budget = self.tiling.budget(self.ctx.caps());
-        self.run
-            .start_tiles(&self.ctx, model.graph(), px_out, budget, hw)
+        self.run.start_tiles(
+            &self.ctx,
+            model.graph(),
+            px_out,
+            (budget, self.tiling.max_host_memory),
+            hw,
+        )
     }
 }

@@ -53,6 +53,10 @@ pub(crate) struct ExactPlan {
     pub staging_limit: u64,
     /// Planned on a few rows of tiles, not every tile (a huge image).
     pub by_rows: Option<ByRows>,
+    /// Most bytes of tiles parked in host memory in a real run
+    /// (`Tiling::max_host_memory`; `None`: the host's available memory
+    /// when the run starts). Null devices predict for any host.
+    pub max_host: Option<u64>,
 }
 
 /// How a plan made on a few rows of tiles stands for the whole run
@@ -190,11 +194,18 @@ pub(crate) struct Executor {
     profile: bool,
     /// MACs and GPU times summed over this run's submits.
     stats: SubmitStats,
+    /// Most bytes parked in host memory ([`ExactPlan::max_host`]).
+    host_limit: Option<u64>,
 }
 
 impl Executor {
     pub(crate) fn new(ctx: &Context, plan: ExactPlan, progress: Option<Progress>) -> Self {
+        let host_limit = match ctx.is_null() {
+            true => None,
+            false => plan.max_host.or_else(|| ctx.host_memory_available()),
+        };
         Executor {
+            host_limit,
             ctx: ctx.clone(),
             rec: None,
             plan,

@@ -165,6 +165,14 @@ pub(super) fn host_copy(
     }
 }
 
+/// `bytes` in GiB, or MiB below one.
+fn gib(bytes: u64) -> String {
+    match bytes as f64 / 1073741824.0 {
+        g if g >= 1.0 => format!("{g:.1} GiB"),
+        g => format!("{:.1} MiB", g * 1024.0),
+    }
+}
+
 impl Executor {
     /// Parks tile `i` of `act`: on the device while the cap allows, else in
     /// host memory (read back now, so no device bytes wait for a transfer).
@@ -175,6 +183,19 @@ impl Executor {
         act.pieces[i] = if device + bytes <= self.plan.device_cap {
             Piece::Device(DevicePiece::new(t, &self.counters))
         } else {
+            let parked = self.counters.borrow().host;
+            if let Some(limit) = self.host_limit.filter(|&l| parked + bytes > l) {
+                return Err(Error::OverBudget(format!(
+                    "exact tiles already park {} in host memory and the next tile would pass the {} this run may use ({}); use smaller frames or images, fewer latent frames per chunk (video), or a larger `Tiling::max_memory` where tiles are parked on the device",
+                    gib(parked),
+                    gib(limit),
+                    if self.plan.max_host.is_some() {
+                        "`Tiling::max_host_memory`"
+                    } else {
+                        "MemAvailable in /proc/meminfo when the run started"
+                    }
+                )));
+            }
             self.submit()?;
             let waiting = std::time::Instant::now();
             let data = read_back_host(&self.ctx, &[&t])?.pop().ok_or_else(|| {

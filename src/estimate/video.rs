@@ -1,169 +1,17 @@
-//! Memory estimates: the front ends' runs on a null device, whose pool
-//! replays the allocation sequence of a real run without running a kernel.
+//! Memory estimates of streamed video decodes: the first chunks of the
+//! video on a null device or, for frames of many tiles, the first chunks of
+//! a few rows of their tiles, which stand for all of them.
 
 use serde::Serialize;
 
-use crate::decode::{decode_checked, DecodeOptions};
-use crate::encode::{encode, EncodeOptions, VaeEncoder};
+use super::{zeros, Estimate};
 use crate::error::{Error, Result};
-use crate::gpu::{Capabilities, Context};
-use crate::io::HostTensor;
-use crate::memory::{MemoryStats, Policy};
-use crate::models::{LoadOptions, Vae};
-use crate::tiling::{Tiling, TilingReport};
-
-/// Predicted memory of a decode.
-#[derive(Clone, Debug, Serialize)]
-pub struct MemoryEstimate {
-    /// Memory policy the estimate is for.
-    pub policy: &'static str,
-    /// The model's description.
-    pub model: String,
-    /// Latent shape `[N, C, h, w]`.
-    pub latents_shape: Vec<usize>,
-    /// Image shape `[N, C, H, W]` (C: the decoder's image channels, or the
-    /// encoder's input's 3).
-    pub image_shape: Vec<usize>,
-    /// Bytes of weights (part of the peaks).
-    pub weights_bytes: u64,
-    /// Peaks over the decode, weights included.
-    pub peak_allocated_bytes: u64,
-    /// Predicted peak reserved bytes (pool capacity, weights included).
-    pub peak_reserved_bytes: u64,
-    /// How the decode would be tiled (host bytes for parking included).
-    pub tiling: TilingReport,
-}
-
-/// What a run on the null device tells: (model name, weight bytes),
-/// (latents shape, image shape), its memory and its tiling.
-type NullRun = (
-    (String, u64),
-    (Vec<usize>, Vec<usize>),
-    MemoryStats,
-    TilingReport,
-);
-
-impl MemoryEstimate {
-    /// Runs `job` on a null device with a fresh pool of `policy`.
-    fn predict(
-        caps: &Capabilities,
-        policy: Policy,
-        job: impl FnOnce(&Context) -> Result<NullRun>,
-    ) -> Result<Self> {
-        let null = Context::null(caps.clone(), policy.new_pool());
-        let ((model, weights_bytes), (latents_shape, image_shape), memory, tiling) = job(&null)?;
-        Ok(MemoryEstimate {
-            policy: policy.name(),
-            model,
-            latents_shape,
-            image_shape,
-            weights_bytes,
-            peak_allocated_bytes: memory.allocated_bytes.peak,
-            peak_reserved_bytes: memory.reserved_bytes.peak,
-            tiling,
-        })
-    }
-}
-
-/// Zeros of `shape`: the input a real run would hold on the host. A shape
-/// whose values could not exist on this host is an error, before anything
-/// is allocated (sizes with no real input behind them, e.g. a batch of 2^64).
-fn zeros(shape: [usize; 4]) -> Result<HostTensor> {
-    let bytes = shape
-        .iter()
-        .try_fold(4usize, |a, &d| a.checked_mul(d))
-        .map(|b| b as u64);
-    let limit = crate::tiling::host_memory_available().unwrap_or(u64::MAX);
-    match bytes {
-        Some(b) if b <= limit => {
-            HostTensor::new(shape.to_vec(), vec![0.0; shape.iter().product()])
-        }
-        _ => Err(Error::OverBudget(format!(
-            "an input of shape {shape:?} ({}) does not fit this host's available memory ({:.1} GiB); a run of that size needs it in host memory, so no estimate is made",
-            bytes.map_or("over 2^64 bytes".to_string(), |b| format!("{:.1} GiB of f32", b as f64 / (1u64 << 30) as f64)),
-            limit as f64 / (1u64 << 30) as f64
-        ))),
-    }
-}
-
-/// A memory prediction: a model (`vae`, loaded with `load`) on a device
-/// with `caps` under `policy`, tiled as `tiling` says. [`Estimate::decode`]
-/// and [`Estimate::encode`] run the front end on a null device
-/// ([`Context::null`]) whose pool replays the allocation sequence, without
-/// running a kernel or allocating device memory; the choices are the ones
-/// [`crate::decode()`] / [`crate::encode::encode()`] make with these options on such a device.
-#[derive(Clone, Debug)]
-pub struct Estimate<'a> {
-    /// The device the run is predicted for.
-    pub caps: &'a Capabilities,
-    /// Memory policy of the pool.
-    pub policy: Policy,
-    /// The model, as [`Vae::load`] takes it.
-    pub vae: &'a str,
-    /// How it is loaded (precision, config overrides, preset seed).
-    pub load: &'a LoadOptions,
-    /// How the run is tiled (untiled unless [`Estimate::tiled`]).
-    pub tiling: Tiling,
-}
-
-impl<'a> Estimate<'a> {
-    /// An untiled run of `vae` on `caps` under `policy`.
-    pub fn new(
-        caps: &'a Capabilities,
-        policy: Policy,
-        vae: &'a str,
-        load: &'a LoadOptions,
-    ) -> Self {
-        Estimate {
-            caps,
-            policy,
-            vae,
-            load,
-            tiling: Tiling::off(),
-        }
-    }
-
-    /// The same run tiled as `tiling` says.
-    pub fn tiled(mut self, tiling: &Tiling) -> Self {
-        self.tiling = tiling.clone();
-        self
-    }
-
-    /// Peaks of decoding latents of `latent_shape` `[N, C, h, w]`.
-    pub fn decode(&self, latent_shape: [usize; 4]) -> Result<MemoryEstimate> {
-        let latents = zeros(latent_shape)?;
-        MemoryEstimate::predict(self.caps, self.policy, |null| {
-            let vae = Vae::load(null, self.vae, self.load)?;
-            let opts = DecodeOptions {
-                raw_latents: true,
-                tiling: self.tiling.clone(),
-                ..Default::default()
-            };
-            // Zeros: nothing to scan for non-finite values.
-            let out = decode_checked(null, &vae, &latents, &opts, false)?;
-            let image = vec![latent_shape[0], out.channels, out.height, out.width];
-            let model = (vae.name.clone(), vae.weights_bytes);
-            let shapes = (latent_shape.to_vec(), image);
-            Ok((model, shapes, out.memory, out.tiling))
-        })
-    }
-
-    /// Peaks of encoding images of `image_shape` `[N, 3, H, W]`.
-    pub fn encode(&self, image_shape: [usize; 4]) -> Result<MemoryEstimate> {
-        let image = zeros(image_shape)?;
-        MemoryEstimate::predict(self.caps, self.policy, |null| {
-            let enc = VaeEncoder::load(null, self.vae, self.load)?;
-            let opts = EncodeOptions {
-                tiling: self.tiling.clone(),
-                ..Default::default()
-            };
-            let out = encode(null, &enc, &image, &opts)?;
-            let model = (enc.name.clone(), enc.weights_bytes);
-            let shapes = (out.latents.shape.clone(), image_shape.to_vec());
-            Ok((model, shapes, out.memory, out.tiling))
-        })
-    }
-}
+use crate::exec::report::Counts;
+use crate::gpu::Context;
+use crate::run::rows::{rows_latent, sample_rows, Sampled};
+use crate::run::video::video_rows_tile;
+use crate::tiling::{TileMode, Tiling, TilingReport};
+use crate::video::{VideoModel, VIDEO_DEFAULT_TILE};
 
 /// Predicted memory of a streaming video decode ([`crate::VideoDecoder`])
 /// of `frames` latent frames. From three chunks on the peak no longer grows
@@ -301,7 +149,7 @@ impl Estimate<'_> {
         size: (usize, usize),
         frames: usize,
         chunk: usize,
-        tiling: Option<&crate::tiling::Tiling>,
+        tiling: Option<&Tiling>,
     ) -> Result<VideoMemoryEstimate> {
         let (h, w) = size;
         if frames == 0 || chunk == 0 || frames > MAX_VIDEO_FRAMES {
@@ -343,17 +191,6 @@ impl Estimate<'_> {
                 limit as f64 / (1u64 << 30) as f64
             )));
         }
-        let c = dec.latent_channels();
-        let latent = [c, h / up, w / up];
-        let weights_bytes = null.pool().stats().allocated_bytes.current;
-        let mut stream = crate::VideoDecoder::new(&null, dec);
-        if let Some(t) = tiling {
-            stream.set_tiling(t.clone())?;
-        }
-        // The first chunk (no caches yet, Wan's first frame skips its time
-        // convs) and up to two more, as long as the video has frames for
-        // them: the second may still differ from the steady state. A model
-        // whose caches grow runs every chunk (the last peaks highest).
         let grows = dec.cache_grows();
         let chunks = frames.div_ceil(chunk);
         if grows && chunks > MAX_GROWING_CHUNKS {
@@ -362,6 +199,193 @@ impl Estimate<'_> {
                 dec.name()
             )));
         }
+        let latent = [dec.latent_channels(), h / up, w / up];
+        let weights_bytes = null.pool().stats().allocated_bytes.current;
+        let job = Chunks {
+            frames,
+            chunk,
+            tiling,
+        };
+        let run = match self.rows_tile(&null, dec, latent, &job)? {
+            // Frames of many tiles: a few rows of them stand for all.
+            Some(t) => self.sampled(latent, t, &job)?,
+            None => None,
+        };
+        let run = match run {
+            Some(r) => r,
+            None => job.run(&null, dec, latent, None)?,
+        };
+        let report = run.report.map(|r| TilingReport {
+            max_memory: tiling.cloned().unwrap_or_default().budget(null.caps()),
+            tiles: crate::run::tiles_of(&r, h, w),
+            ..r
+        });
+        // Upload staging of the tiles is device memory outside the pool too.
+        let staging_bytes =
+            run.readback_bytes + report.as_ref().map_or(0, |r| r.staging_peak_bytes);
+        Ok(VideoMemoryEstimate {
+            policy: self.policy.name(),
+            model: dec.name().to_string(),
+            dtype: vae.dtype_for(self.load.precision, null.caps()).name(),
+            frames,
+            output_frames: crate::VideoDecoder::frames_for(dec, frames),
+            chunk,
+            latent_frame: latent.to_vec(),
+            frame_shape: vec![3, h, w],
+            weights_bytes,
+            cache_bytes: run.cache_bytes,
+            activation_bytes: run.steady.saturating_sub(weights_bytes + run.cache_bytes),
+            staging_bytes,
+            first_chunk_peak_allocated_bytes: run.first,
+            chunk_peak_allocated_bytes: run.steady,
+            peak_allocated_bytes: run.first.max(run.steady),
+            peak_reserved_bytes: run.reserved,
+            tile_size: run.tile_size,
+            tiling: report,
+            // A clip-based decoder's peak is bounded by a clip; its last clip
+            // varies with the length modulo a clip.
+            independent_of_frames: frames / chunk >= 3
+                && !grows
+                && !dec.whole_clip()
+                && !dec.clip_based(),
+            cache_grows: grows,
+            whole_clip: dec.whole_clip(),
+            clip_frames: dec.clip().map(|g| g.k + g.overlap),
+            reference_tiles: run.reference_tiles,
+        })
+    }
+
+    /// The latent tile side when the video runs exact tiles planned by rows
+    /// ([`video_rows_tile`]; not for a model whose caches grow, whose
+    /// attention covers whole frames).
+    fn rows_tile(
+        &self,
+        null: &Context,
+        dec: VideoModel<'_>,
+        [c, h, w]: [usize; 3],
+        job: &Chunks,
+    ) -> Result<Option<usize>> {
+        let Some(tiling) = job
+            .tiling
+            .filter(|_| !dec.cache_grows() && !dec.clip_based())
+        else {
+            return Ok(None);
+        };
+        let px_out = tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
+        let Some(t) = video_rows_tile(dec.graph(), px_out, (h, w)) else {
+            return Ok(None);
+        };
+        let mut probe = crate::VideoDecoder::new(null, dec);
+        probe.set_tiling(tiling.clone())?;
+        let first = zeros([job.chunk.min(job.frames), c, h, w])?;
+        Ok(probe.wants_tiles(&first)?.then_some(t))
+    }
+
+    /// The video's chunks on a few rows of its tiles of latent side `t`
+    /// ([`sample_rows`]), each sample on a fresh null device in exact tiles
+    /// that stand for the whole frames: their peaks, and their counts
+    /// extrapolated to every row. `None`: too few rows, or samples that did
+    /// not peak alike (the caller runs every tile).
+    fn sampled(&self, [c, h, w]: [usize; 3], t: usize, job: &Chunks) -> Result<Option<NullVideo>> {
+        let exact = Tiling {
+            mode: TileMode::Exact,
+            ..job.tiling.cloned().unwrap_or_default()
+        };
+        let sample = Chunks {
+            tiling: Some(&exact),
+            ..*job
+        };
+        let walk = |rows: usize| -> Result<Option<NullVideo>> {
+            let null = Context::null(self.caps.clone(), self.policy.new_pool());
+            let vae = crate::video::load_video_decoder(&null, self.vae, self.load)?;
+            let latent = [c, rows_latent(h, t, rows), w];
+            sample.run(&null, vae.model(), latent, Some(h)).map(Some)
+        };
+        let peaks = |s: &NullVideo| {
+            let r = s.report.as_ref();
+            (
+                [
+                    s.first,
+                    s.steady,
+                    s.reserved,
+                    s.cache_bytes,
+                    s.readback_bytes,
+                ],
+                r.map(|r| (r.device_parked_peak_bytes, r.staging_peak_bytes)),
+            )
+        };
+        let pass_rows = |s: &NullVideo| s.report.as_ref().map_or(0, |r| r.attention_rows_per_pass);
+        match sample_rows((h.div_ceil(t), w.div_ceil(t)), walk, pass_rows, peaks)? {
+            Sampled::Rows { samples, x, .. } => {
+                let at = samples
+                    .each_ref()
+                    .map(|s| s.report.as_ref().map(Counts::of));
+                let [mut run, _, _] = samples;
+                if let (Some(r), [Some(a), Some(b), Some(c)]) = (run.report.as_mut(), at) {
+                    Counts::quadratic([a, b, c], x).apply(r);
+                }
+                Ok(Some(run))
+            }
+            Sampled::Every | Sampled::Over => Ok(None),
+        }
+    }
+}
+
+/// The chunks an estimate streams: `frames` latent frames, `chunk` at a
+/// time, tiled as `tiling` says (`None`: the model's default).
+#[derive(Clone, Copy)]
+struct Chunks<'t> {
+    frames: usize,
+    chunk: usize,
+    tiling: Option<&'t Tiling>,
+}
+
+/// What a null-device run of a video's first chunks tells.
+#[derive(Clone)]
+struct NullVideo {
+    /// Peak allocated over the first chunk, and over the steady state.
+    first: u64,
+    steady: u64,
+    reserved: u64,
+    /// Pool bytes of the time caches between chunks.
+    cache_bytes: u64,
+    /// Read-back staging buffers of an untiled run.
+    readback_bytes: u64,
+    tile_size: Option<usize>,
+    report: Option<TilingReport>,
+    /// A clip-based decoder's reference tiles (output pixels).
+    reference_tiles: Option<(usize, usize)>,
+}
+
+impl Chunks<'_> {
+    /// Streams the chunks of latent frames `[C, h, w]` through `dec` on the
+    /// null device `null`; `stands_for`: the latent height of the frames
+    /// these rows of tiles stand for.
+    fn run(
+        &self,
+        null: &Context,
+        dec: VideoModel<'_>,
+        latent: [usize; 3],
+        stands_for: Option<usize>,
+    ) -> Result<NullVideo> {
+        let Chunks {
+            frames,
+            chunk,
+            tiling,
+        } = *self;
+        let mut stream = crate::VideoDecoder::new(null, dec);
+        if let Some(t) = tiling {
+            stream.set_tiling(t.clone())?;
+        }
+        if let Some(h) = stands_for {
+            stream.stand_for_rows(h);
+        }
+        let zeros = |t: usize| zeros([t, latent[0], latent[1], latent[2]]);
+        // The first chunk (no caches yet, Wan's first frame skips its time
+        // convs) and up to two more, as long as the video has frames for
+        // them: the second may still differ from the steady state. A model
+        // whose caches grow runs every chunk (the last peaks highest).
+        let grows = dec.cache_grows();
         let mut peaks = [0u64; 3];
         let mut reserved = 0u64;
         let mut left = frames;
@@ -377,7 +401,7 @@ impl Estimate<'_> {
             while rest > 0 {
                 let t = chunk.min(rest);
                 rest -= t;
-                stream.push(&zeros([t, latent[0], latent[1], latent[2]])?)?;
+                stream.push(&zeros(t)?)?;
                 // The tail a clip leaves for the next (the last clip leaves none).
                 clip_cache = clip_cache.max(stream.cache_bytes());
             }
@@ -387,13 +411,13 @@ impl Estimate<'_> {
             reserved = stats.reserved_bytes.peak;
             left = 0;
         }
-        for i in 0..if grows { chunks } else { 3 } {
+        for i in 0..if grows { frames.div_ceil(chunk) } else { 3 } {
             if left == 0 {
                 break;
             }
             let t = chunk.min(left);
             left -= t;
-            let z = zeros([t, latent[0], latent[1], latent[2]])?;
+            let z = zeros(t)?;
             null.pool().reset_peak_stats();
             stream.decode(&z)?;
             let stats = null.pool().stats();
@@ -401,52 +425,21 @@ impl Estimate<'_> {
             *peak = (*peak).max(stats.allocated_bytes.peak);
             reserved = reserved.max(stats.reserved_bytes.peak);
         }
-        let first = peaks[0];
         // A one-chunk video has no steady state: its only chunk is it.
         let steady = if frames > chunk {
             peaks[1].max(peaks[2])
         } else {
-            first
+            peaks[0]
         };
-        let cache_bytes = stream.cache_bytes().max(clip_cache);
-        let peak = first.max(steady);
-        let report = stream.tiling_report().map(|r| crate::tiling::TilingReport {
-            max_memory: tiling.cloned().unwrap_or_default().budget(null.caps()),
-            tiles: crate::run::tiles_of(&r, h, w),
-            ..r
-        });
-        // Upload staging of the tiles is device memory outside the pool too.
-        let staging_bytes =
-            stream.staging_bytes() + report.as_ref().map_or(0, |r| r.staging_peak_bytes);
-        Ok(VideoMemoryEstimate {
-            policy: self.policy.name(),
-            model: dec.name().to_string(),
-            dtype: vae.dtype_for(self.load.precision, null.caps()).name(),
-            frames,
-            output_frames: crate::VideoDecoder::frames_for(dec, frames),
-            chunk,
-            latent_frame: latent.to_vec(),
-            frame_shape: vec![3, h, w],
-            weights_bytes,
-            cache_bytes,
-            activation_bytes: steady.saturating_sub(weights_bytes + cache_bytes),
-            staging_bytes,
-            first_chunk_peak_allocated_bytes: first,
-            chunk_peak_allocated_bytes: steady,
-            peak_allocated_bytes: peak,
-            peak_reserved_bytes: reserved,
+        Ok(NullVideo {
+            first: peaks[0],
+            steady,
+            reserved,
+            cache_bytes: stream.cache_bytes().max(clip_cache),
+            readback_bytes: stream.staging_bytes(),
             tile_size: stream.tile_size(),
-            tiling: report,
-            // A clip-based decoder's peak is bounded by a clip; its last clip
-            // varies with the length modulo a clip.
-            independent_of_frames: frames / chunk >= 3
-                && !grows
-                && !dec.whole_clip()
-                && !dec.clip_based(),
-            cache_grows: grows,
-            whole_clip: dec.whole_clip(),
-            clip_frames: dec.clip().map(|g| g.k + g.overlap),
-            reference_tiles: stream.reference_tiles((h / up, w / up)),
+            report: stream.tiling_report(),
+            reference_tiles: stream.reference_tiles((latent[1], latent[2])),
         })
     }
 }
