@@ -143,6 +143,21 @@ fn minimax_h3_bad_inputs_are_errors() {
         &wgvae::LoadOptions::default(),
     ));
     assert!(m.contains("video"), "{m}");
+    // Frames over a device limit: the advice fits a decoder that takes
+    // whole frames (no exact tiles).
+    let m = error_message(
+        wgvae::estimate::Estimate::new(
+            ctx.caps(),
+            wgvae::memory::Policy::Exact,
+            dir.to_str().unwrap(),
+            &wgvae::LoadOptions::default(),
+        )
+        .video((16384, 16384), 3, 3),
+    );
+    assert!(
+        m.contains("smaller frames") && !m.contains("TileMode::Exact`)"),
+        "{m}"
+    );
     // Three latent frames, the fewest: one clip (two latent frames of
     // padding), the 9 frames they were encoded from.
     let got = decode_video(&ctx, &dec, &lat(vec![1, 8, 3, 4, 4])).unwrap();

@@ -220,7 +220,9 @@ impl<'a> VideoDecoder<'a> {
         let mut done = Vec::new();
         for (clip, cut) in clips {
             self.run.set_last_clip(cut);
-            let next = self.submit(&clip).map_err(|e| self.poison(e))?;
+            let name = self.decoder.get().name().to_string();
+            let next = self.submit(&clip).map_err(|e| clip_limit(&name, e));
+            let next = next.map_err(|e| self.poison(e))?;
             self.run.set_last_clip(None);
             if let Some(p) = self.pending.replace(next) {
                 done.push(self.take(p).map_err(|e| self.poison(e))?);
@@ -303,6 +305,22 @@ impl<'a> VideoDecoder<'a> {
     pub fn cache_bytes(&self) -> u64 {
         self.run.cache_bytes()
     }
+}
+
+/// A device limit met by a clip-based decoder's whole frames, with the
+/// advice that applies to it: its attention spans whole clips, so exact
+/// tiles (the limit's usual advice) do not.
+fn clip_limit(name: &str, e: Error) -> Error {
+    let (what, bytes, limit, kind) = match &e {
+        Error::BufferTooLarge { what, bytes, limit } => (what, bytes, limit, "max_buffer_size"),
+        Error::BindingTooLarge { what, bytes, limit } => {
+            (what, bytes, limit, "max_storage_buffer_binding_size")
+        }
+        _ => return e,
+    };
+    Error::Unsupported(format!(
+        "{what} needs {bytes} bytes but the device's {kind} is {limit} bytes: the {name} decodes a clip's frames whole (its reference tiles bound only its transformer's tokens, and exact tiles do not apply: its attention spans whole clips); decode smaller frames or on a device with larger buffers"
+    ))
 }
 
 /// Frames of consecutive submissions as one: the first's index, the

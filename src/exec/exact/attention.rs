@@ -127,10 +127,18 @@ impl Executor {
                     (2 * n * c * t + ml_len(self, t)) as u64 * 4
                 })
                 .collect();
-            let groups = query_passes(&states, x.grid.cols(), self.plan.attention_state_budget);
-            self.report.attention_rows_per_pass = self.report.attention_rows_per_pass.max(
-                rows_per_pass(&states, x.grid.cols(), self.plan.attention_state_budget),
-            );
+            // A plan made on a few rows samples a few passes: they take at
+            // most BY_ROWS_PASS_ROWS rows, however many the budget holds.
+            let most_rows = match self.plan.by_rows {
+                Some(_) => BY_ROWS_PASS_ROWS,
+                None => usize::MAX,
+            };
+            let budget = self.plan.attention_state_budget;
+            let groups = query_passes(&states, x.grid.cols(), budget, most_rows);
+            self.report.attention_rows_per_pass = self
+                .report
+                .attention_rows_per_pass
+                .max(rows_per_pass(&states, x.grid.cols(), budget).min(most_rows));
             for group in groups {
                 let mut states = Vec::new();
                 for &i in &group {
@@ -228,14 +236,15 @@ impl Executor {
 /// of the same number of tiles, as many as the first (largest) tile's fit.
 /// Fixed pass sizes make every pass of an image no larger than its first
 /// full one (wherever the row or chunk falls), which is what lets the
-/// planner plan a tall image on a few of its rows.
-fn query_passes(states: &[u64], cols: usize, budget: u64) -> Vec<Vec<usize>> {
+/// planner plan a tall image on a few of its rows. A pass takes at most
+/// `most_rows` rows.
+fn query_passes(states: &[u64], cols: usize, budget: u64, most_rows: usize) -> Vec<Vec<usize>> {
     let tiles = states.len();
-    if states.iter().sum::<u64>() <= budget || cols == 0 {
+    let rows = tiles.div_ceil(cols.max(1));
+    if (states.iter().sum::<u64>() <= budget && rows <= most_rows) || cols == 0 {
         return vec![(0..tiles).collect()];
     }
-    let rows = tiles.div_ceil(cols);
-    match rows_per_pass(states, cols, budget).min(rows) {
+    match rows_per_pass(states, cols, budget).min(rows).min(most_rows) {
         0 => {
             let per = (budget / states[0].max(1)).max(1) as usize;
             (0..rows)
@@ -251,6 +260,11 @@ fn query_passes(states: &[u64], cols: usize, budget: u64) -> Vec<Vec<usize>> {
             .collect(),
     }
 }
+
+/// Most rows of query tiles in an attention pass of a plan made on a few
+/// rows of tiles: its samples then need only a few rows, and passes of
+/// more rows would save little beside the K/V tiles every pass streams.
+const BY_ROWS_PASS_ROWS: usize = 2;
 
 /// Whole rows of query tiles (of the first, largest row) `budget` holds
 /// (0: not even one): the rows of a pass where the tiles do not all fit.
@@ -290,22 +304,27 @@ mod tests {
             total,
             total + 5,
         ] {
-            let passes = query_passes(&states, cols, budget);
-            let flat: Vec<usize> = passes.iter().flatten().copied().collect();
-            assert_eq!(
-                flat,
-                (0..rows * cols).collect::<Vec<_>>(),
-                "budget {budget}"
-            );
-            let sums: Vec<u64> = passes
-                .iter()
-                .map(|p| p.iter().map(|&i| states[i]).sum())
-                .collect();
-            for (p, s) in passes.iter().zip(&sums) {
-                assert!(*s <= budget || p.len() == 1, "budget {budget}: {passes:?}");
-                assert!(s <= &sums[0], "budget {budget}: pass {p:?} over the first");
+            for most in [usize::MAX, 2, 1] {
+                let passes = query_passes(&states, cols, budget, most);
+                let flat: Vec<usize> = passes.iter().flatten().copied().collect();
+                assert_eq!(
+                    flat,
+                    (0..rows * cols).collect::<Vec<_>>(),
+                    "budget {budget}"
+                );
+                let sums: Vec<u64> = passes
+                    .iter()
+                    .map(|p| p.iter().map(|&i| states[i]).sum())
+                    .collect();
+                for (p, s) in passes.iter().zip(&sums) {
+                    assert!(*s <= budget || p.len() == 1, "budget {budget}: {passes:?}");
+                    assert!(s <= &sums[0], "budget {budget}: pass {p:?} over the first");
+                    let span = p.last().unwrap() / cols - p[0] / cols + 1;
+                    assert!(span <= most, "budget {budget}, {most} rows: {p:?}");
+                }
+                let one = total <= budget && rows <= most;
+                assert_eq!(passes.len() == 1, one, "budget {budget}, {most} rows");
             }
-            assert_eq!(passes.len() == 1, total <= budget, "budget {budget}");
         }
     }
 }
