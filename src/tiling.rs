@@ -118,7 +118,8 @@ pub struct Tiling {
     /// Most host bytes tiles may be parked in. `None`: the host's
     /// `MemAvailable` (/proc/meminfo) for real runs, unlimited for dry runs
     /// (estimates for another machine). A plan over it fails before any
-    /// kernel runs.
+    /// kernel runs; an exact tiled video (whose tile size is given, not
+    /// planned) fails when its next parked tile would pass it.
     pub max_host_memory: Option<u64>,
 }
 

@@ -1041,3 +1041,33 @@ fn exact_video_tiles_keep_the_host_limit() {
     let report = decode(1 << 30).unwrap();
     assert!(report.host_parked_peak_bytes > 256 << 10, "{report:?}");
 }
+
+/// A chunk whose decoded frames (f32, held in host memory) cannot fit the
+/// host's available memory is refused before it runs, naming the sizes.
+#[test]
+fn video_chunks_whose_frames_cannot_fit_the_host_are_refused() {
+    let Some(dir) = golden("wan21-tiny") else {
+        return;
+    };
+    let ctx = test_context();
+    let load = LoadOptions::default();
+    let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
+    let avail = wgvae::tiling::host_memory_available().unwrap_or(u64::MAX);
+    // Wan: a chunk of one latent frame gives 4 frames (8× up, 3 f32 planes)
+    // once the first has passed: the most a chunk of one gives.
+    let per_latent_pixel = 4 * 12 * 64u64;
+    let side = ((avail / per_latent_pixel) as f64).sqrt() as usize + 1;
+    if (64 * side * side) as u64 > avail / 4 {
+        println!("skipped: {avail} bytes available are too few for the latents");
+        return;
+    }
+    let z = HostTensor::new(vec![1, 16, side, side], vec![0.0; 16 * side * side]).unwrap();
+    let mut stream = VideoDecoder::new(&ctx, vae.model());
+    let started = std::time::Instant::now();
+    let m = message(stream.decode(&z));
+    assert!(
+        m.contains(&format!("{0}x{0}", 8 * side)) && m.contains("available memory"),
+        "{m}"
+    );
+    assert!(started.elapsed().as_secs() < 10, "{:?}", started.elapsed());
+}

@@ -177,20 +177,12 @@ impl Estimate<'_> {
         // A real run holds a chunk's decoded frames (f32) in host memory:
         // one the host cannot take gets no estimate (nor a dry run that
         // would build them).
-        let steady = dec
-            .frames_for(chunk.saturating_add(1))
-            .saturating_sub(dec.frames_for(1));
-        let out_frames = dec.frames_for(chunk).max(steady).max(1);
-        let frame_bytes = (3 * 4u64).saturating_mul(h as u64).saturating_mul(w as u64);
-        let chunk_bytes = frame_bytes.saturating_mul(out_frames as u64);
         let limit = crate::tiling::host_memory_available().unwrap_or(u64::MAX);
-        if chunk_bytes > limit {
-            return Err(Error::OverBudget(format!(
-                "a chunk of {chunk} latent frames decodes to {out_frames} frames of {h}x{w}, whose {:.1} GiB of f32 do not fit this host's available memory ({:.1} GiB); a run of that size holds them in host memory, so no estimate is made: use smaller frames or chunks",
-                chunk_bytes as f64 / (1u64 << 30) as f64,
-                limit as f64 / (1u64 << 30) as f64
-            )));
-        }
+        dec.check_chunk_frames(chunk, (h, w), limit)
+            .map_err(|e| match e {
+                Error::OverBudget(m) => Error::OverBudget(format!("{m}; no estimate is made")),
+                e => e,
+            })?;
         let grows = dec.cache_grows();
         let chunks = frames.div_ceil(chunk);
         if grows && chunks > MAX_GROWING_CHUNKS {

@@ -85,6 +85,34 @@ impl<'a> VideoModel<'a> {
     pub(crate) fn frames_for(&self, t: usize) -> usize {
         self.info.frames_for(t)
     }
+
+    /// Whether a chunk of `chunk` latent frames decodes to frames of
+    /// `(h, w)` pixels whose f32 values (the most any chunk of the video
+    /// gives) fit `limit` bytes of host memory, where a run holds them.
+    pub(crate) fn check_chunk_frames(
+        &self,
+        chunk: usize,
+        (h, w): (usize, usize),
+        limit: u64,
+    ) -> Result<()> {
+        let steady = self
+            .frames_for(chunk.saturating_add(1))
+            .saturating_sub(self.frames_for(1));
+        let frames = self.frames_for(chunk).max(steady).max(1);
+        let bytes = (3 * 4u64)
+            .saturating_mul(h as u64)
+            .saturating_mul(w as u64)
+            .saturating_mul(frames as u64);
+        if bytes <= limit {
+            return Ok(());
+        }
+        let gib = |b: u64| b as f64 / (1u64 << 30) as f64;
+        Err(Error::OverBudget(format!(
+            "a chunk of {chunk} latent frames decodes to {frames} frames of {h}x{w}, whose {:.1} GiB of f32 do not fit this host's available memory ({:.1} GiB), where a run holds them: use smaller frames or fewer latent frames per chunk",
+            gib(bytes),
+            gib(limit)
+        )))
+    }
     /// True when latents are N×C×T×h×w (Wan, diffusers), false for N×T×C×h×w (TAEHV).
     pub fn channels_first(&self) -> bool {
         self.info.layout == VideoLayout::Ncthw

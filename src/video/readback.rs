@@ -28,10 +28,17 @@ impl VideoDecoder<'_> {
     /// Records and submits `chunk` (checked by [`Self::check_chunk`]) with
     /// the copy of its output into a staging buffer.
     pub(super) fn submit(&mut self, chunk: &HostTensor) -> Result<Pending> {
-        let [_, c, h, w] = match chunk.shape[..] {
+        let [t, c, h, w] = match chunk.shape[..] {
             [t, c, h, w] => [t, c, h, w],
             _ => return Err(Error::Internal("an unchecked video chunk".into())),
         };
+        // Its frames land in host memory: refused before it runs when they cannot.
+        if let Some(limit) = self.ctx.host_memory_available() {
+            let up = self.decoder.get().upscale();
+            self.decoder
+                .get()
+                .check_chunk_frames(t, (h * up, w * up), limit)?;
+        }
         if self.submitted == 0 && self.wants_tiles(chunk)? {
             self.start_tiles((h, w))?;
         }
