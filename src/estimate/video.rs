@@ -248,8 +248,10 @@ impl Estimate<'_> {
     }
 
     /// The latent tile side when the video runs exact tiles planned by rows
-    /// ([`video_rows_tile`]; not for a model whose caches grow, whose
-    /// attention covers whole frames).
+    /// ([`video_rows_tile`]). Not for a model whose caches grow (its
+    /// attention keys cover whole frames, so rows do not stand for each
+    /// other): its estimate runs every tile, with every tile parked on the
+    /// host as its real run parks them.
     fn rows_tile(
         &self,
         null: &Context,

@@ -12,7 +12,7 @@ const MIN_ROWS: usize = 4;
 /// Latent rows of the first `rows` rows of tiles of side `t` of a latent
 /// `h` rows high, its last row as high as the whole latent's last row.
 pub(crate) fn rows_latent(h: usize, t: usize, rows: usize) -> usize {
-    h - (h.div_ceil(t) - rows) * t
+    h.saturating_sub(h.div_ceil(t).saturating_sub(rows) * t)
 }
 
 /// What [`sample_rows`] found.
@@ -24,7 +24,7 @@ pub(crate) enum Sampled<S> {
     Over,
     /// Samples of `rows`, `rows + q` and `rows + 2q` rows of tiles, which
     /// stand for the whole run: its counts are theirs extrapolated to `x`
-    /// ([`Counts::quadratic`]).
+    /// ([`crate::exec::report::Counts::quadratic`]).
     Rows {
         samples: [S; 3],
         rows: usize,

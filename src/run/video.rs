@@ -84,7 +84,7 @@ impl VideoRun {
             // Marks the run as one whose tiles' allocations depend only on
             // their kind (see `exec::exact::attention`).
             by_rows: by_rows.then_some(ByRows {
-                latent_rows: self.stands_for.unwrap_or(h),
+                latent_rows: h,
                 counts: Default::default(),
             }),
             max_host,
@@ -216,7 +216,10 @@ impl VideoRun {
 
 /// Most tiles of a video an estimate runs every one of: an estimate runs
 /// a few chunks of several frames through each tile, so beyond this it
-/// runs a few rows of them ([`crate::run::rows::sample_rows`]).
+/// runs a few rows of them ([`crate::run::rows::sample_rows`]). Real runs
+/// of such frames park every tile in host memory too (what the samples
+/// stand for): beside the host parking of frames this large (wan21 at
+/// 8192²: 0.9 TB) the device's share would save a few percent.
 pub(crate) const MAX_VIDEO_TILES: usize = 1024;
 
 /// Exact tile side in output pixels for tiles of about `px_out`: a multiple

@@ -262,8 +262,10 @@ fn query_passes(states: &[u64], cols: usize, budget: u64, most_rows: usize) -> V
 }
 
 /// Most rows of query tiles in an attention pass of a plan made on a few
-/// rows of tiles: its samples then need only a few rows, and passes of
-/// more rows would save little beside the K/V tiles every pass streams.
+/// rows of tiles: its samples then need only a few rows. The cost is in
+/// real runs whose budget would hold more rows: every pass streams every
+/// K/V tile, so they stream them more often. The full-size models' budgets
+/// hold 1–2 rows at these sizes (sd15, wan21); small-channel models pay.
 const BY_ROWS_PASS_ROWS: usize = 2;
 
 /// Whole rows of query tiles (of the first, largest row) `budget` holds

@@ -185,15 +185,21 @@ impl Executor {
         } else {
             let parked = self.counters.borrow().host;
             if let Some(limit) = self.host_limit.filter(|&l| parked + bytes > l) {
+                let (whose, raise) = match self.plan.max_host {
+                    Some(_) => (
+                        "`Tiling::max_host_memory`",
+                        ", raise `Tiling::max_host_memory`",
+                    ),
+                    None => ("MemAvailable in /proc/meminfo when the run started", ""),
+                };
+                let device = match self.plan.device_cap {
+                    0 => "",
+                    _ => ", or a larger `Tiling::max_memory` (more tiles parked on the device)",
+                };
                 return Err(Error::OverBudget(format!(
-                    "exact tiles already park {} in host memory and the next tile would pass the {} this run may use ({}); use smaller frames or images, fewer latent frames per chunk (video), or a larger `Tiling::max_memory` where tiles are parked on the device",
+                    "exact tiles already park {} in host memory and the next tile would pass the {} this run may use ({whose}): use smaller frames or images or fewer latent frames per chunk (video){raise}{device}",
                     gib(parked),
                     gib(limit),
-                    if self.plan.max_host.is_some() {
-                        "`Tiling::max_host_memory`"
-                    } else {
-                        "MemAvailable in /proc/meminfo when the run started"
-                    }
                 )));
             }
             self.submit()?;
