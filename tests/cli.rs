@@ -2062,10 +2062,29 @@ fn video_latent_shapes_are_clear_errors() {
     let (ok, err, _) = decode(&video, &taef2, &["--video-out", out.to_str().unwrap()]);
     assert!(!ok && err.contains("video decoders"), "{err}");
     // Image-only flags on a video decoder are refused, not ignored
-    // (--max-memory applies: it budgets exact video tiles).
+    // (--max-memory and --max-host-memory apply: they budget exact video tiles).
+    let (ok, err, _) = decode(
+        &transposed,
+        &vae,
+        &[
+            "--layout",
+            "ncthw",
+            "--tile",
+            "exact",
+            "--tile-size",
+            "16",
+            "--max-host-memory",
+            "4KiB",
+            "--max-memory",
+            "40MiB",
+        ],
+    );
+    assert!(
+        !ok && err.contains("--max-host-memory") && err.contains("host memory"),
+        "{err}"
+    );
     for flag in [
-        &["--max-host-memory", "1G"][..],
-        &["--scaling-factor", "0.5"],
+        &["--scaling-factor", "0.5"][..],
         &["--shift-factor", "0.1"],
         &["--profile"],
     ] {

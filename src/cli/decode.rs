@@ -209,7 +209,6 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
             ("--scaling-factor", a.scaling_factor.is_some()),
             ("--shift-factor", a.shift_factor.is_some()),
             ("--profile", a.profile),
-            ("--max-host-memory", a.tiles.max_host_memory.is_some()),
             ("--tile-mid-block", a.tiles.tile_mid_block),
         ];
         if let Some((flag, _)) = image_only.iter().find(|(_, given)| *given) {

@@ -23,7 +23,8 @@ pub(crate) struct TileArgs {
     #[arg(long)]
     pub(crate) max_memory: Option<String>,
     /// exact: most host memory for tiles parked off the device (bytes or K/M/G/KiB/MiB/GiB).
-    /// Default: MemAvailable of /proc/meminfo; a run that needs more fails before decoding.
+    /// Default: MemAvailable of /proc/meminfo; an image run that needs more fails before
+    /// decoding, a video when its next parked tile would pass it.
     #[arg(long)]
     pub(crate) max_host_memory: Option<String>,
     /// exact: tile the mid-block even when it fits whole.
