@@ -636,3 +636,69 @@ fn memory_sizes_follow_the_models_upscale() {
         "{err}"
     );
 }
+
+/// Video estimates that would run minutes of dry runs are errors in
+/// seconds that name the fix: rows of too many tiles (tiny tiles over huge
+/// frames), and a model whose caches grow run chunk by chunk in thousands
+/// of tiles; a device limit met in exact tiles does not advise exact tiles.
+#[test]
+fn video_estimates_out_of_reach_are_quick_errors() {
+    let Some(shared) = shared_dir() else { return };
+    let hunyuan = shared.join("golden/hunyuanvideo15-tiny");
+    let hunyuan = hunyuan.to_str().unwrap();
+    let cases: [(&[&str], &[&str]); 3] = [
+        (
+            &[
+                "--vae",
+                "preset:wan21",
+                "--size",
+                "16384x16384",
+                "--tile",
+                "exact",
+                "--tile-size",
+                "16",
+            ],
+            &["1048576 tiles", "at most 256 tiles", "--tile-size"],
+        ),
+        (
+            &[
+                "--vae",
+                hunyuan,
+                "--size",
+                "4096x4096",
+                "--frames",
+                "65",
+                "--tile",
+                "exact",
+            ],
+            &["caches grow", "65 chunks", "fewer latent frames"],
+        ),
+        (
+            &[
+                "--vae",
+                hunyuan,
+                "--size",
+                "16384x16384",
+                "--frames",
+                "1",
+                "--tile",
+                "exact",
+            ],
+            &["in exact 256-pixel tiles", "smaller frames", "--tile-size"],
+        ),
+    ];
+    for (args, want) in cases {
+        let started = std::time::Instant::now();
+        let (ok, _, err) = memory_json(args, None);
+        assert!(!ok, "{args:?}: {err}");
+        for w in want {
+            assert!(err.contains(w), "{args:?}: `{w}` not in {err}");
+        }
+        assert!(!err.contains("--tile exact"), "{args:?}: {err}");
+        assert!(
+            started.elapsed().as_secs() < 10,
+            "{args:?}: {:?}",
+            started.elapsed()
+        );
+    }
+}

@@ -6,10 +6,12 @@ use serde::Serialize;
 
 use super::{zeros, Estimate};
 use crate::error::{Error, Result};
+use crate::exec::exact::{level_tiles, video_levels};
 use crate::exec::report::Counts;
 use crate::gpu::Context;
 use crate::run::rows::{rows_latent, sample_rows, Sampled};
-use crate::run::video::video_rows_tile;
+use crate::run::strategy::plan_tile_limit;
+use crate::run::video::{video_rows_tile, video_tile_px, MAX_VIDEO_TILES, VIDEO_ROW_TILES};
 use crate::tiling::{TileMode, Tiling, TilingReport};
 use crate::video::{VideoModel, VIDEO_DEFAULT_TILE};
 
@@ -198,7 +200,7 @@ impl Estimate<'_> {
             chunk,
             tiling,
         };
-        let run = match self.rows_tile(&null, dec, latent, &job)? {
+        let run = match self.tile_run(&null, dec, latent, &job)? {
             // Frames of many tiles: a few rows of them stand for all.
             Some(t) => self.sampled(latent, t, &job)?,
             None => None,
@@ -247,32 +249,68 @@ impl Estimate<'_> {
         })
     }
 
-    /// The latent tile side when the video runs exact tiles planned by rows
-    /// ([`video_rows_tile`]). Not for a model whose caches grow (its
-    /// attention keys cover whole frames, so rows do not stand for each
-    /// other): its estimate runs every tile, with every tile parked on the
-    /// host as its real run parks them.
-    fn rows_tile(
+    /// How the estimate runs a tiled video's tiles: every one, or a few
+    /// rows of them (latent tile side `t`, see [`video_rows_tile`]) for
+    /// frames of more than [`MAX_VIDEO_TILES`] tiles. Frames of that many
+    /// tiles whose rows are longer than a sample takes
+    /// ([`VIDEO_ROW_TILES`]), or a model whose caches grow (its attention
+    /// keys cover whole frames, so rows do not stand for each other, and it
+    /// runs every chunk), get an error rather than minutes of dry runs.
+    fn tile_run(
         &self,
         null: &Context,
         dec: VideoModel<'_>,
         [c, h, w]: [usize; 3],
         job: &Chunks,
     ) -> Result<Option<usize>> {
-        let Some(tiling) = job
-            .tiling
-            .filter(|_| !dec.cache_grows() && !dec.clip_based())
+        let Some(tiling) = job.tiling.filter(|_| !dec.clip_based()) else {
+            return Ok(None);
+        };
+        let graph = dec.graph();
+        let px = video_tile_px(graph, tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE));
+        let Some(t) = level_tiles(px, video_levels(graph), (h, w))
+            .first()
+            .copied()
+            .flatten()
         else {
             return Ok(None);
         };
-        let px_out = tiling.tile_size.unwrap_or(VIDEO_DEFAULT_TILE);
-        let Some(t) = video_rows_tile(dec.graph(), px_out, (h, w)) else {
-            return Ok(None);
+        let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
+        let tiles = rows.saturating_mul(cols);
+        let limit = plan_tile_limit(MAX_VIDEO_TILES);
+        // A model whose caches grow runs every chunk; its dry runs of a tile
+        // cost little beside its whole-frame attention, so it runs more.
+        let (chunks, most) = match dec.cache_grows() {
+            true => (job.frames.div_ceil(job.chunk), 8 * limit),
+            false => (3, 3 * limit),
         };
+        if tiles.saturating_mul(chunks) <= most {
+            return Ok(None);
+        }
         let mut probe = crate::VideoDecoder::new(null, dec);
         probe.set_tiling(tiling.clone())?;
         let first = zeros([job.chunk.min(job.frames), c, h, w])?;
-        Ok(probe.wants_tiles(&first)?.then_some(t))
+        if !probe.wants_tiles(&first)? {
+            return Ok(None);
+        }
+        let up = dec.upscale();
+        let frames = format!(
+            "{}x{} frames in {px}-pixel exact tiles ({tiles} tiles, {rows} rows of {cols})",
+            h * up,
+            w * up
+        );
+        if dec.cache_grows() {
+            return Err(Error::InvalidInput(format!(
+                "{}: its caches grow with the video (attention keys of every earlier frame, over whole latent frames), so an estimate runs every chunk through every tile: {chunks} chunks of {frames} are more than it runs in seconds ({most} tile chunks); estimate fewer latent frames or larger chunks, or use larger tiles (`Tiling::tile_size`)",
+                dec.name(),
+            )));
+        }
+        match video_rows_tile(graph, px, (h, w)) {
+            Some(t) => Ok(Some(t)),
+            None => Err(Error::InvalidInput(format!(
+                "an estimate of {frames} runs a few rows of tiles, of at most {VIDEO_ROW_TILES} tiles each (each tile streams the estimated chunks): use larger tiles (`Tiling::tile_size`)"
+            ))),
+        }
     }
 
     /// The video's chunks on a few rows of its tiles of latent side `t`

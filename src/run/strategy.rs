@@ -299,7 +299,7 @@ pub(crate) fn fits_budget(
 /// Most tiles a plan is made on ([`fit_plan`] runs every one on a null device).
 const MAX_TILES: usize = 4096;
 /// Most tiles in a row of a plan made on a few rows ([`fit_plan_by_rows`]).
-pub(crate) const MAX_ROW_TILES: usize = 1024;
+const MAX_ROW_TILES: usize = 1024;
 
 /// Most tiles a plan is made on tile by tile: `default`, or
 /// `WGVAE_MAX_PLAN_TILES` (tests plan small images and videos by rows).

@@ -222,6 +222,10 @@ impl VideoRun {
 /// 8192²: 0.9 TB) the device's share would save a few percent.
 pub(crate) const MAX_VIDEO_TILES: usize = 1024;
 
+/// Most tiles in a row of a video planned by rows: a sample streams the
+/// estimated chunks through a few rows, which stay within seconds.
+pub(crate) const VIDEO_ROW_TILES: usize = 256;
+
 /// Exact tile side in output pixels for tiles of about `px_out`: a multiple
 /// of the graph's scale, every level's tile half the next one's.
 pub(crate) fn video_tile_px(graph: &Graph, px_out: usize) -> usize {
@@ -232,7 +236,7 @@ pub(crate) fn video_tile_px(graph: &Graph, px_out: usize) -> usize {
 /// The latent tile side of exact tiles of about `px_out` output pixels over
 /// latent frames `(h, w)` when the video is planned by rows: more than
 /// [`MAX_VIDEO_TILES`] tiles (or `WGVAE_MAX_PLAN_TILES`), a tiled latent
-/// level, rows no longer than a plan by rows takes. Every tile of such a
+/// level, rows of at most [`VIDEO_ROW_TILES`] tiles. Every tile of such a
 /// video parks in host memory, so its estimate runs a few rows of tiles.
 pub(crate) fn video_rows_tile(
     graph: &Graph,
@@ -246,7 +250,7 @@ pub(crate) fn video_rows_tile(
         .flatten()?;
     let (rows, cols) = (h.div_ceil(t), w.div_ceil(t));
     let limit = crate::run::strategy::plan_tile_limit(MAX_VIDEO_TILES);
-    (rows.saturating_mul(cols) > limit && cols <= crate::run::strategy::MAX_ROW_TILES).then_some(t)
+    (rows.saturating_mul(cols) > limit && cols <= VIDEO_ROW_TILES).then_some(t)
 }
 
 /// Whether `graph` on the untiled chunk `[T, C, h, w]` fits `budget` above

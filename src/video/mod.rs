@@ -189,7 +189,11 @@ impl<'a> VideoDecoder<'a> {
             self.frame = Some(frame);
             return self.submit_clips(clips);
         }
-        let next = self.submit(chunk).map_err(|e| self.poison(e))?;
+        let next = self.submit(chunk).map_err(|e| match self.run.tile_size() {
+            Some(px) => limit_advice("", Some(px), e),
+            None => e,
+        });
+        let next = next.map_err(|e| self.poison(e))?;
         let done = match self.pending.replace(next) {
             Some(p) => Some(self.take(p).map_err(|e| self.poison(e))?),
             None => None,
@@ -221,7 +225,7 @@ impl<'a> VideoDecoder<'a> {
         for (clip, cut) in clips {
             self.run.set_last_clip(cut);
             let name = self.decoder.get().name().to_string();
-            let next = self.submit(&clip).map_err(|e| clip_limit(&name, e));
+            let next = self.submit(&clip).map_err(|e| limit_advice(&name, None, e));
             let next = next.map_err(|e| self.poison(e))?;
             self.run.set_last_clip(None);
             if let Some(p) = self.pending.replace(next) {
@@ -307,10 +311,11 @@ impl<'a> VideoDecoder<'a> {
     }
 }
 
-/// A device limit met by a clip-based decoder's whole frames, with the
-/// advice that applies to it: its attention spans whole clips, so exact
-/// tiles (the limit's usual advice) do not.
-fn clip_limit(name: &str, e: Error) -> Error {
+/// A device limit a chunk met, with advice that applies where the limit's
+/// usual advice (exact tiles) does not: a clip-based decoder's (its
+/// attention spans whole clips, so it takes no exact tiles), or a run
+/// already in exact tiles of `tiled` pixels.
+fn limit_advice(name: &str, tiled: Option<usize>, e: Error) -> Error {
     let (what, bytes, limit, kind) = match &e {
         Error::BufferTooLarge { what, bytes, limit } => (what, bytes, limit, "max_buffer_size"),
         Error::BindingTooLarge { what, bytes, limit } => {
@@ -318,8 +323,16 @@ fn clip_limit(name: &str, e: Error) -> Error {
         }
         _ => return e,
     };
+    let why = match tiled {
+        Some(px) => format!(
+            "in exact {px}-pixel tiles, so it is a tensor the tiles do not split (a layer over whole latent frames, such as a whole-frame attention's) or one tile's; decode smaller frames, or use smaller tiles (`Tiling::tile_size`)"
+        ),
+        None => format!(
+            "the {name} decodes a clip's frames whole (its reference tiles bound only its transformer's tokens, and exact tiles do not apply: its attention spans whole clips); decode smaller frames or on a device with larger buffers"
+        ),
+    };
     Error::Unsupported(format!(
-        "{what} needs {bytes} bytes but the device's {kind} is {limit} bytes: the {name} decodes a clip's frames whole (its reference tiles bound only its transformer's tokens, and exact tiles do not apply: its attention spans whole clips); decode smaller frames or on a device with larger buffers"
+        "{what} needs {bytes} bytes but the device's {kind} is {limit} bytes: {why}"
     ))
 }
 
