@@ -130,7 +130,7 @@ impl<'a> VideoEncoder<'a> {
         let start = (t - 1) * size;
         self.last = chunk.data.get(start..).unwrap_or_default().to_vec();
         let frames = self.held.len() / size;
-        let whole = frames - frames % self.encoder.t_downscale;
+        let whole = frames - frames % self.encoder.t_downscale();
         let rest = self.held.split_off(whole * size);
         let ready = std::mem::replace(&mut self.held, rest);
         self.run(ready, whole).inspect_err(|e| {
@@ -150,7 +150,7 @@ impl<'a> VideoEncoder<'a> {
         let size = c * h * w;
         let held = self.held.len() / size;
         if held > 0 {
-            for _ in held..self.encoder.t_downscale {
+            for _ in held..self.encoder.t_downscale() {
                 self.held.extend_from_slice(&self.last);
             }
         }
@@ -194,7 +194,7 @@ impl<'a> VideoEncoder<'a> {
         let e = &*self.encoder;
         let (lh, lw) = latent_size(e, h, w);
         if n == 0 {
-            return HostTensor::new(vec![0, e.latent_channels, lh, lw], Vec::new());
+            return HostTensor::new(vec![0, e.latent_channels(), lh, lw], Vec::new());
         }
         // The graph pixel-unshuffles patch-size-p models' frames itself.
         let mut rec = Recorder::new(&self.ctx);
@@ -214,7 +214,7 @@ impl<'a> VideoEncoder<'a> {
 /// Latent height and width of `h × w` frames (convs of stride 2, pad 1).
 fn latent_size(e: &TaehvEncoder, h: usize, w: usize) -> (usize, usize) {
     let down = |mut v: usize| {
-        v /= e.patch_size;
+        v /= e.patch_size();
         for _ in 0..3 {
             v = v.div_ceil(2);
         }
@@ -231,7 +231,7 @@ fn check_frames(e: &TaehvEncoder, [t, c, h, w]: [usize; 4]) -> Result<()> {
             "frames have {c} channels; the {name} encoder takes RGB frames (3 channels, N×T×3×H×W in [0, 1])"
         )));
     }
-    let p = e.patch_size;
+    let p = e.patch_size();
     if t == 0 || h == 0 || w == 0 || h % p != 0 || w % p != 0 {
         return Err(Error::InvalidInput(format!(
             "video frames need at least one frame of a size divisible by {p} (the {name} patch size): got T={t}, H={h}, W={w}"

@@ -31,12 +31,9 @@ const IMAGE_CHANNELS: usize = 3;
 
 /// A TAEHV encoder with its weights on the device.
 pub struct TaehvEncoder {
-    /// Latent channels it produces.
-    pub latent_channels: usize,
-    /// Input pixel-unshuffle factor (taew2_2: 2).
-    pub patch_size: usize,
-    /// Input frames per latent frame (the product of the TPool strides).
-    pub t_downscale: usize,
+    latent_channels: usize,
+    patch_size: usize,
+    t_downscale: usize,
     graph: Graph,
 }
 
@@ -148,6 +145,21 @@ impl TaehvEncoder {
             t_downscale,
             graph: b.finish(y, None),
         })
+    }
+
+    /// Latent channels it produces.
+    pub fn latent_channels(&self) -> usize {
+        self.latent_channels
+    }
+
+    /// Input pixel-unshuffle factor (taew2_2: 2).
+    pub fn patch_size(&self) -> usize {
+        self.patch_size
+    }
+
+    /// Input frames per latent frame (the product of the TPool strides).
+    pub fn t_downscale(&self) -> usize {
+        self.t_downscale
     }
 
     /// Input pixels per latent pixel along each axis.
