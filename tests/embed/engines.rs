@@ -58,17 +58,7 @@ fn latents_from_a_host_buffer_match_host_latents() {
     assert!(worst <= 1);
 
     // Raw latents (decoder input already): the engine must not unscale them.
-    let raw_engine = Engine::with_options(
-        device.clone(),
-        queue.clone(),
-        dir.to_str().unwrap(),
-        &LoadOptions::default(),
-        EngineOptions {
-            raw_latents: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let raw_engine = raw_engine(&dir);
     let mut z = latents.clone();
     raw_engine.vae().unscale_latents(&mut z).unwrap();
     queue.write_buffer(&buffer, offset, bytemuck::cast_slice(&z.data));

@@ -94,6 +94,25 @@ fn engine(dir: &Path) -> Engine {
     .unwrap()
 }
 
+/// An engine on the host device that takes raw latents (decoder input
+/// already: no pipeline unscaling).
+fn raw_engine(dir: &Path) -> Engine {
+    let (device, queue) = host();
+    let options = EngineOptions {
+        raw_latents: true,
+        ..Default::default()
+    };
+    let load = LoadOptions::default();
+    Engine::with_options(
+        device.clone(),
+        queue.clone(),
+        dir.to_str().unwrap(),
+        &load,
+        options,
+    )
+    .unwrap()
+}
+
 fn target(
     device: &wgpu::Device,
     (width, height): (u32, u32),

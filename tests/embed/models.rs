@@ -110,17 +110,7 @@ fn flux2_engine_host_latents_and_device_latents() {
     };
     let e = engine.decode_to_image(on_device).unwrap_err().to_string();
     assert!(e.contains("128") && e.contains("raw_latents"), "{e}");
-    let raw_engine = Engine::with_options(
-        device.clone(),
-        queue.clone(),
-        dir.to_str().unwrap(),
-        &LoadOptions::default(),
-        EngineOptions {
-            raw_latents: true,
-            ..Default::default()
-        },
-    )
-    .unwrap();
+    let raw_engine = raw_engine(&dir);
     let from_z = raw_engine.decode_to_image(on_device).unwrap();
     let (worst, _) = compare(from_z.as_raw(), reference.as_raw());
     assert!(worst <= 1, "z from a buffer: {worst}");
