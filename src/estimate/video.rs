@@ -207,7 +207,7 @@ impl Estimate<'_> {
         };
         let run = match run {
             Some(r) => r,
-            None => job.run(&null, dec, latent, None)?,
+            None => job.run(&null, dec, latent, false)?,
         };
         let report = run.report.map(|r| TilingReport {
             max_memory: tiling.cloned().unwrap_or_default().budget(null.caps()),
@@ -331,7 +331,7 @@ impl Estimate<'_> {
             let null = Context::null(self.caps.clone(), self.policy.new_pool());
             let vae = crate::video::load_video_decoder(&null, self.vae, self.load)?;
             let latent = [c, rows_latent(h, t, rows), w];
-            sample.run(&null, vae.model(), latent, Some(h)).map(Some)
+            sample.run(&null, vae.model(), latent, true).map(Some)
         };
         let peaks = |s: &NullVideo| {
             let r = s.report.as_ref();
@@ -391,14 +391,14 @@ struct NullVideo {
 
 impl Chunks<'_> {
     /// Streams the chunks of latent frames `[C, h, w]` through `dec` on the
-    /// null device `null`; `stands_for`: the latent height of the frames
-    /// these rows of tiles stand for.
+    /// null device `null`; `rows_sample`: the frames are a few rows of
+    /// tiles of a video planned by rows.
     fn run(
         &self,
         null: &Context,
         dec: VideoModel<'_>,
         latent: [usize; 3],
-        stands_for: Option<usize>,
+        rows_sample: bool,
     ) -> Result<NullVideo> {
         let Chunks {
             frames,
@@ -409,8 +409,8 @@ impl Chunks<'_> {
         if let Some(t) = tiling {
             stream.set_tiling(t.clone())?;
         }
-        if let Some(h) = stands_for {
-            stream.stand_for_rows(h);
+        if rows_sample {
+            stream.sample_rows();
         }
         let zeros = |t: usize| zeros([t, latent[0], latent[1], latent[2]]);
         // The first chunk (no caches yet, Wan's first frame skips its time

@@ -23,8 +23,8 @@ use crate::tiling::TilingReport;
 pub(crate) struct VideoRun {
     untiled: VideoState,
     tiled: Option<TiledVideo>,
-    /// The latent height of the video a sample of its rows stands for.
-    stands_for: Option<usize>,
+    /// A sample of a few rows of tiles standing for a video planned by rows.
+    rows_sample: bool,
 }
 
 /// An exact tiled video run: its executor (kept for the whole video: the
@@ -55,7 +55,7 @@ impl VideoRun {
     /// ([`ExactPlan::max_host`]). A video of more than
     /// [`MAX_VIDEO_TILES`] tiles parks every tile in host memory
     /// ([`video_rows_tile`]), as does one that stands for such a video
-    /// ([`VideoRun::stand_for_rows`]).
+    /// ([`VideoRun::sample_rows`]).
     pub(crate) fn start_tiles(
         &mut self,
         ctx: &Context,
@@ -72,7 +72,7 @@ impl VideoRun {
                 "the weights and other live tensors already use {base} bytes, more than the memory budget of {budget} bytes (`Tiling::max_memory`)"
             ))
         })?;
-        let by_rows = self.stands_for.is_some() || video_rows_tile(graph, px_out, (h, w)).is_some();
+        let by_rows = self.rows_sample || video_rows_tile(graph, px_out, (h, w)).is_some();
         let plan = ExactPlan {
             px,
             levels: level_tiles(px, levels, (h, w)),
@@ -97,11 +97,11 @@ impl VideoRun {
         Ok(())
     }
 
-    /// Makes this run (an estimate's, on a null device) stand for a video
-    /// of latent frames `latent_rows` high planned by rows: its tiles are
-    /// planned as that video's ([`video_rows_tile`]).
-    pub(crate) fn stand_for_rows(&mut self, latent_rows: usize) {
-        self.stands_for = Some(latent_rows);
+    /// Makes this run (an estimate's, on a null device) a sample of a few
+    /// rows of a video planned by rows: its tiles are planned as that
+    /// video's ([`video_rows_tile`]).
+    pub(crate) fn sample_rows(&mut self) {
+        self.rows_sample = true;
     }
 
     /// Records a clip-based decoder's `clip` `[T, C, h, w]` as its

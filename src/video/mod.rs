@@ -190,7 +190,7 @@ impl<'a> VideoDecoder<'a> {
             return self.submit_clips(clips);
         }
         let next = self.submit(chunk).map_err(|e| match self.run.tile_size() {
-            Some(px) => limit_advice("", Some(px), e),
+            Some(px) => limit_advice(self.decoder.get().name(), Some(px), e),
             None => e,
         });
         let next = next.map_err(|e| self.poison(e))?;

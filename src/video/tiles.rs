@@ -127,10 +127,10 @@ impl VideoDecoder<'_> {
     }
 
     /// Makes this decoder (an estimate's, on a null device) plan its tiles
-    /// as those of frames `latent_rows` high planned by rows: its frames are
-    /// a few rows of theirs ([`crate::run::rows::sample_rows`]).
-    pub(crate) fn stand_for_rows(&mut self, latent_rows: usize) {
-        self.run.stand_for_rows(latent_rows);
+    /// as those of a video planned by rows, whose frames are a few rows of
+    /// ([`crate::run::rows::sample_rows`]).
+    pub(crate) fn sample_rows(&mut self) {
+        self.run.sample_rows();
     }
 
     /// Runs the video in exact tiles from its first chunk, whose latent
