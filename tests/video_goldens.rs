@@ -1054,9 +1054,10 @@ fn video_chunks_whose_frames_cannot_fit_the_host_are_refused() {
     let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
     let avail = wgvae::tiling::host_memory_available().unwrap_or(u64::MAX);
     // Wan: a chunk of one latent frame gives 4 frames (8× up, 3 f32 planes)
-    // once the first has passed: the most a chunk of one gives.
+    // once the first has passed: the most a chunk of one gives. Twice what is
+    // available, so that memory other tests free meanwhile cannot make it fit.
     let per_latent_pixel = 4 * 12 * 64u64;
-    let side = ((avail / per_latent_pixel) as f64).sqrt() as usize + 1;
+    let side = ((2 * avail / per_latent_pixel) as f64).sqrt() as usize + 1;
     if (64 * side * side) as u64 > avail / 4 {
         println!("skipped: {avail} bytes available are too few for the latents");
         return;
