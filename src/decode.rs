@@ -17,7 +17,7 @@ use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
 use crate::memory::MemoryStats;
-use crate::models::{Taps, Vae};
+use crate::models::{ImageDecoder, Taps, Vae};
 use crate::run::fast::{run_fast, FastGrid, FastTile, TileRun};
 use crate::run::strategy::{choose, input_of, rows_to_run, Geometry, Strategy};
 use crate::run::{ms_since, precision, run_exact, run_untiled, tiles_of, untiled_report, Replay};
@@ -100,6 +100,15 @@ pub struct Decoded {
 /// ([`Recorder::range_flag`]); read it after the submit.
 #[doc(hidden)]
 pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(Tensor, Tensor)> {
+    record_image_decode(rec, vae.image_decoder("decoding images")?, z)
+}
+
+/// [`record_decode`] of an image decoder.
+pub(crate) fn record_image_decode(
+    rec: &mut Recorder,
+    vae: &ImageDecoder,
+    z: &HostTensor,
+) -> Result<(Tensor, Tensor)> {
     crate::run::input::track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     let raw = vae.forward(rec, input, &mut Taps::default())?;
@@ -109,14 +118,14 @@ pub fn record_decode(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<(T
     Ok((raw, pixels))
 }
 
-pub(crate) fn plan_key(vae: &Vae, shape: &[usize]) -> String {
+pub(crate) fn plan_key(vae: &ImageDecoder, shape: &[usize]) -> String {
     format!("vae{}:{shape:?}", vae.id)
 }
 
 /// The replay of an untiled decode of latents of `shape` (see [`record_decode`]).
 pub(crate) fn decode_replay<'a>(
     ctx: &'a Context,
-    vae: &Vae,
+    vae: &ImageDecoder,
     shape: &[usize],
 ) -> Result<Replay<'a>> {
     let z = HostTensor {
@@ -126,7 +135,7 @@ pub(crate) fn decode_replay<'a>(
     Replay::recorded(
         ctx,
         || plan_key(vae, shape),
-        |rec| record_decode(rec, vae, &z),
+        |rec| record_image_decode(rec, vae, &z),
     )
 }
 
@@ -135,7 +144,7 @@ pub(crate) fn decode_replay<'a>(
 /// allocations differ from a host decode's when it un-normalises on the GPU).
 pub(crate) fn device_decode_replay<'a>(
     ctx: &'a Context,
-    vae: &Vae,
+    vae: &ImageDecoder,
     shape: [usize; 4],
     raw_latents: bool,
 ) -> Result<Replay<'a>> {
@@ -155,7 +164,7 @@ pub(crate) fn device_decode_replay<'a>(
 /// A decode as the runner sees it.
 #[derive(Clone, Copy)]
 struct DecodeJob<'a> {
-    vae: &'a Vae,
+    vae: &'a ImageDecoder,
     z: &'a HostTensor,
     keep_raw: bool,
 }
@@ -199,6 +208,16 @@ pub fn decode(
     latents: &HostTensor,
     opts: &DecodeOptions,
 ) -> Result<Decoded> {
+    decode_image(ctx, vae.image_decoder("decoding images")?, latents, opts)
+}
+
+/// [`decode`] with an image decoder (the model or its bf16 twin).
+pub(crate) fn decode_image(
+    ctx: &Context,
+    vae: &ImageDecoder,
+    latents: &HostTensor,
+    opts: &DecodeOptions,
+) -> Result<Decoded> {
     decode_checked(ctx, vae, latents, opts, true)
 }
 
@@ -207,7 +226,7 @@ pub fn decode(
 /// scanned for non-finite values.
 pub(crate) fn decode_checked(
     ctx: &Context,
-    vae: &Vae,
+    vae: &ImageDecoder,
     latents: &HostTensor,
     opts: &DecodeOptions,
     check_values: bool,
@@ -219,7 +238,7 @@ pub(crate) fn decode_checked(
         z: &z,
         keep_raw: opts.keep_raw,
     };
-    let record = |rec: &mut Recorder, z: &HostTensor| record_decode(rec, vae, z).map(|_| ());
+    let record = |rec: &mut Recorder, z: &HostTensor| record_image_decode(rec, vae, z).map(|_| ());
     let exact = |null: &Context, plan: &ExactPlan| {
         let z = input_of(&z, plan, 1);
         let job = DecodeJob { z: &z, ..job };
@@ -244,7 +263,7 @@ pub(crate) fn decode_checked(
         let twin = vae.bf16_twin(ctx)?;
         let (mut again, note) =
             precision::redo_in_bf16(out.f16_overflows, &vae.name, "re-decoded", || {
-                decode(ctx, twin, latents, opts).map_err(|e| match e {
+                decode_image(ctx, twin, latents, opts).map_err(|e| match e {
                     Error::NonFiniteOutput {
                         model,
                         count,
@@ -320,7 +339,7 @@ fn split_images(bytes: Vec<u8>, n: usize) -> Vec<Vec<u8>> {
 /// A decode's result before the front end's fields are filled in.
 fn decoded(
     ctx: &Context,
-    vae: &Vae,
+    vae: &ImageDecoder,
     (width, height): (usize, usize),
     tiling: TilingReport,
 ) -> Decoded {
@@ -351,7 +370,7 @@ fn decode_untiled(ctx: &Context, job: &DecodeJob, opts: &DecodeOptions) -> Resul
         ctx,
         replay,
         opts.profile,
-        |rec| record_decode(rec, vae, z),
+        |rec| record_image_decode(rec, vae, z),
         |(raw, pixels)| {
             let mut wanted = vec![pixels];
             wanted.extend(opts.keep_raw.then_some(raw));
@@ -498,7 +517,7 @@ fn decode_fast(
                 if opts.profile {
                     rec.enable_profiling();
                 }
-                record_decode(rec, vae, zt)
+                record_image_decode(rec, vae, zt)
             },
             |(raw, _)| vec![raw],
         )?;

@@ -57,7 +57,7 @@ use crate::kernels::image::{
     storage_texture, to_rgba8, to_texture, ImageRange, STORAGE_TEXTURE_FORMATS,
 };
 use crate::memory::Policy;
-use crate::models::{layers::dims4, LoadOptions, Vae};
+use crate::models::{layers::dims4, ImageDecoder, LoadOptions, Vae};
 use crate::run::input::{record_decoder, record_decoder_from_buffer};
 use crate::run::{precision, run_untiled, Replay};
 use crate::tensor::{DType, Tensor};
@@ -126,7 +126,12 @@ enum Prepared<'a> {
 
 impl Prepared<'_> {
     /// The memory plan of an untiled decode of these latents with `vae`.
-    fn replay<'c>(&self, ctx: &'c Context, vae: &Vae, raw_latents: bool) -> Result<Replay<'c>> {
+    fn replay<'c>(
+        &self,
+        ctx: &'c Context,
+        vae: &ImageDecoder,
+        raw_latents: bool,
+    ) -> Result<Replay<'c>> {
         match self {
             Prepared::Host(z) => decode_replay(ctx, vae, &z.shape),
             Prepared::Device(d, _) => device_decode_replay(ctx, vae, d.shape, raw_latents),
@@ -264,7 +269,7 @@ impl std::fmt::Debug for Engine {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Engine")
             .field("ctx", &self.ctx)
-            .field("vae", &self.vae.name)
+            .field("vae", &self.vae.name())
             .field("options", &self.options)
             .finish()
     }
@@ -335,6 +340,8 @@ impl Engine {
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.
         let vae = Vae::load(&ctx, vae, load)?;
+        // Refused here, so later calls find an image decoder.
+        vae.image_decoder("an Engine")?;
         Ok(Engine {
             ctx,
             vae,
@@ -347,6 +354,11 @@ impl Engine {
     /// The loaded VAE (name, latent channels, scaling).
     pub fn vae(&self) -> &Vae {
         &self.vae
+    }
+
+    /// The loaded image decoder (checked when the engine was built).
+    fn decoder(&self) -> Result<&ImageDecoder> {
+        self.vae.image_decoder("an Engine")
     }
 
     /// What the engine knows of the device (limits and features it uses).
@@ -397,13 +409,18 @@ impl Engine {
                 Ok(Prepared::Host(z))
             }
             Latents::Device(d) => {
-                let z = d.decoder_shape(&self.vae, self.options.raw_latents)?;
+                let z = d.decoder_shape(self.decoder()?, self.options.raw_latents)?;
                 Ok(Prepared::Device(d, z))
             }
         }
     }
 
-    fn record_raw(&self, rec: &mut Recorder, vae: &Vae, latents: &Prepared) -> Result<Tensor> {
+    fn record_raw(
+        &self,
+        rec: &mut Recorder,
+        vae: &ImageDecoder,
+        latents: &Prepared,
+    ) -> Result<Tensor> {
         match latents {
             Prepared::Host(z) => record_decoder(rec, vae, z),
             // Host latents were unscaled on the host; device latents on the GPU.
@@ -419,11 +436,11 @@ impl Engine {
 
     /// The model decodes run with: the loaded one, or its bf16 twin after
     /// [`Engine::fall_back_to_bf16`].
-    fn active_vae(&self) -> Result<&Vae> {
+    fn active_vae(&self) -> Result<&ImageDecoder> {
         if self.bf16.load(std::sync::atomic::Ordering::Acquire) {
-            self.vae.bf16_twin(&self.ctx)
+            self.decoder()?.bf16_twin(&self.ctx)
         } else {
-            Ok(&self.vae)
+            self.decoder()
         }
     }
 
@@ -433,7 +450,7 @@ impl Engine {
         if self.bf16.load(std::sync::atomic::Ordering::Acquire) {
             DType::BF16
         } else {
-            self.vae.dtype
+            self.vae.dtype()
         }
     }
 
@@ -444,7 +461,7 @@ impl Engine {
     /// (nothing to reload).
     pub fn fall_back_to_bf16(&self) -> Result<()> {
         let _guard = self.lock();
-        self.vae.bf16_twin(&self.ctx)?;
+        self.decoder()?.bf16_twin(&self.ctx)?;
         self.bf16.store(true, std::sync::atomic::Ordering::Release);
         Ok(())
     }
@@ -483,7 +500,7 @@ impl Engine {
                     raw_latents: self.options.raw_latents,
                     ..Default::default()
                 };
-                let out = crate::decode::decode(&self.ctx, vae, t, &opts)?;
+                let out = crate::decode::decode_image(&self.ctx, vae, t, &opts)?;
                 (out.rgba, out.width, out.height)
             }
             Latents::Device(_) => {
@@ -518,7 +535,7 @@ impl Engine {
     /// image, width, height, f16 overflow count), in one submit and one read.
     fn decode_device(
         &self,
-        vae: &Vae,
+        vae: &ImageDecoder,
         prepared: &Prepared,
     ) -> Result<(Vec<Vec<u8>>, usize, usize, u64)> {
         let replay = prepared.replay(&self.ctx, vae, self.options.raw_latents)?;

@@ -21,7 +21,8 @@ use crate::tiling::{ExactPlan, Progress, Tiling, TilingReport};
 
 pub use crate::io::load_image;
 pub(crate) use crate::models::vae_encoder::EncoderKind;
-pub use crate::models::vae_encoder::VaeEncoder;
+use crate::models::vae_encoder::VaeEncoder;
+use crate::models::Vae;
 
 /// Options for [`encode`].
 #[derive(Clone, Debug, Default)]
@@ -113,6 +114,16 @@ impl EncodeJob<'_> {
 /// only the memory figures are real.
 pub fn encode(
     ctx: &Context,
+    enc: &Vae,
+    pixels: &HostTensor,
+    opts: &EncodeOptions,
+) -> Result<Encoded> {
+    encode_image(ctx, enc.image_encoder("encoding images")?, pixels, opts)
+}
+
+/// [`encode`] with an image encoder (the model or its bf16 twin).
+pub(crate) fn encode_image(
+    ctx: &Context,
     enc: &VaeEncoder,
     pixels: &HostTensor,
     opts: &EncodeOptions,
@@ -175,7 +186,7 @@ pub fn encode(
         let twin = enc.bf16_twin(ctx)?;
         let (mut again, note) =
             precision::redo_in_bf16(overflows, &enc.name, "re-encoded", || {
-                encode(ctx, twin, pixels, opts)
+                encode_image(ctx, twin, pixels, opts)
             })?;
         again.f16_overflows = overflows;
         again.precision_note = Some(note);

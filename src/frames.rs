@@ -41,7 +41,7 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, MapAfter, Recorder};
 use crate::io::HostTensor;
 use crate::kernels::image::to_rgba8;
-use crate::models::{layers::dims4, Taps, Vae};
+use crate::models::{layers::dims4, ImageDecoder, Taps, Vae};
 use crate::run::strategy::{is_limit_error, null_peak_of};
 use crate::run::Replay;
 use crate::tensor::{DType, Tensor};
@@ -232,7 +232,7 @@ pub fn frames_shape(latents: &HostTensor, channels: usize) -> Result<[usize; 4]>
 /// so the two share memory plans.
 fn record_chunk(
     rec: &mut Recorder,
-    vae: &Vae,
+    vae: &ImageDecoder,
     shape: [usize; 4],
     latents: Option<&[f32]>,
 ) -> Result<Tensor> {
@@ -272,6 +272,17 @@ pub const MIN_CHUNKS: usize = 4;
 pub fn choose_chunk(
     ctx: &Context,
     vae: &Vae,
+    latent_shape: [usize; 4],
+    max_memory: Option<u64>,
+) -> Result<usize> {
+    let vae = vae.image_decoder("decoding frames")?;
+    choose_image_chunk(ctx, vae, latent_shape, max_memory)
+}
+
+/// [`choose_chunk`] of an image decoder.
+fn choose_image_chunk(
+    ctx: &Context,
+    vae: &ImageDecoder,
     latent_shape: [usize; 4],
     max_memory: Option<u64>,
 ) -> Result<usize> {
@@ -459,6 +470,7 @@ pub fn decode_frames(
     mut on_frame: impl FnMut(FrameOut<'_>) -> Result<()>,
 ) -> Result<FramesReport> {
     let start = Instant::now();
+    let vae = vae.image_decoder("decoding frames")?;
     // FLUX.2 pipeline latents are un-normalised and unpatchified on the host first.
     let converted;
     let (latents, opts) = if vae.flux2().is_some() && !opts.raw_latents {
@@ -483,7 +495,7 @@ pub fn decode_frames(
             ))
         }
         Some(b) => b.min(n),
-        None => choose_chunk(ctx, vae, shape, opts.max_memory)?,
+        None => choose_image_chunk(ctx, vae, shape, opts.max_memory)?,
     };
     let chunks = n.div_ceil(chunk);
     let up = vae.upscale();
@@ -534,7 +546,7 @@ pub fn decode_frames(
             raw_latents: opts.raw_latents,
             ..Default::default()
         };
-        Ok(crate::decode::decode(ctx, twin, &z, &opts)?.rgba)
+        Ok(crate::decode::decode_image(ctx, twin, &z, &opts)?.rgba)
     };
     let (mut record_ms, mut submit_ms, mut dispatches) = (0.0, 0.0, 0);
     let mut in_flight: VecDeque<InFlight> = VecDeque::with_capacity(2);

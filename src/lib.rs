@@ -133,12 +133,11 @@ pub use error::{Error, Result};
 pub use frames::{decode_frames, FrameOut, FramesOptions, FramesReport};
 pub use gpu::{Context, ContextOptions, CooperativeMatrix, MatrixConfig};
 pub use memory::{MemoryPool, MemoryStats, Policy, Stat};
-pub use models::{LoadOptions, Precision, Vae};
+pub use models::{LoadOptions, ModelKind, Precision, Vae};
 pub use tensor::{DType, Tensor};
 pub use tiling::{TileMode, Tiling};
 pub use video::{
     decode_video, decode_video_tiled, PendingFrames, VideoDecoder, VideoFrames, VideoLayout,
-    VideoModel,
 };
 
 /// The Rust examples of README.md and docs/, compiled by `cargo test --doc`

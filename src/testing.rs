@@ -324,18 +324,33 @@ pub fn error_message<T>(r: crate::Result<T>) -> String {
     }
 }
 
+/// `spec` loads as a video decoder ([`crate::Vae::load`] tells it by its
+/// files), and decoding images with it is refused naming the video front
+/// doors: the message, for further checks.
+pub fn video_decoder_refuses_images(ctx: &Context, spec: &str) -> String {
+    let vae = crate::Vae::load(ctx, spec, &Default::default()).expect("a video decoder");
+    assert_eq!(vae.kind(), crate::ModelKind::VideoDecoder, "{spec}");
+    let image = HostTensor::new(vec![1, 4, 2, 2], vec![0.0; 16]).expect("latents");
+    let m = error_message(crate::decode(ctx, &vae, &image, &Default::default()));
+    assert!(
+        m.contains("is a video decoder") && m.contains("decode_video"),
+        "{m}"
+    );
+    m
+}
+
 /// Decodes `latents` (N×C×T×h×w, video 0) through a [`crate::VideoDecoder`]
 /// in chunks of `size` latent frames, `tiling` as given: the frames, and
 /// the exact tile size the decode used (`None`: untiled).
-pub fn stream_ncthw<'a>(
+pub fn stream_ncthw(
     ctx: &Context,
-    model: impl Into<crate::VideoModel<'a>>,
+    model: &crate::Vae,
     latents: &HostTensor,
     size: usize,
     tiling: Option<crate::tiling::Tiling>,
 ) -> (Vec<f32>, Option<usize>) {
     let t = latents.shape[2];
-    let mut s = crate::VideoDecoder::new(ctx, model);
+    let mut s = crate::VideoDecoder::new(ctx, model).expect("a video decoder");
     if let Some(tiling) = tiling {
         s.set_tiling(tiling).expect("a tiling");
     }
@@ -352,9 +367,9 @@ pub fn stream_ncthw<'a>(
 /// budget (tiles parked in host memory), each within `tiled` of the
 /// untiled decode and `golden` of `want` (diffusers' N×3×T'×H×W). `ctx`
 /// should have a pool of its own (tests run side by side).
-pub fn check_exact_video_tiles<'a>(
+pub fn check_exact_video_tiles(
     ctx: &Context,
-    model: impl Into<crate::VideoModel<'a>> + Copy,
+    model: &crate::Vae,
     (z, want): (&HostTensor, &HostTensor),
     px: usize,
     (tiled, golden): (f32, f32),
@@ -390,16 +405,15 @@ pub fn check_exact_video_tiles<'a>(
 /// Streams `frames` random latent frames `[1, C, h, w]` (the model's `C`)
 /// one at a time through a fresh [`crate::VideoDecoder`] on `ctx` (whose
 /// pool's peak is reset first): (output frames, peak allocated, cache bytes).
-pub fn stream_random_frames<'a>(
+pub fn stream_random_frames(
     ctx: &Context,
-    model: impl Into<crate::VideoModel<'a>>,
+    model: &crate::Vae,
     (h, w): (usize, usize),
     frames: usize,
 ) -> (usize, u64, u64) {
-    let model = model.into();
     let c = model.latent_channels();
     ctx.pool().reset_peak_stats();
-    let mut s = crate::VideoDecoder::new(ctx, model);
+    let mut s = crate::VideoDecoder::new(ctx, model).expect("a video decoder");
     let mut out = 0;
     for t in 0..frames {
         let z = HostTensor::new(vec![1, c, h, w], rand_vec(c * h * w, t as u64, 1.0))

@@ -14,67 +14,17 @@ use crate::error::{Error, Result};
 use crate::gpu::{Context, Recorder};
 use crate::io::HostTensor;
 use crate::models::taehv_encoder::TaehvEncoder;
-use crate::models::{TaePart, WeightStore};
+use crate::models::Vae;
 use crate::run::video::VideoRun;
 use crate::tensor::Tensor;
 
-/// Refuses a video VAE whose encoder wgvae does not implement (Wan 2.1 /
-/// 2.2, HunyuanVideo 1.5, LTX-2, MiniMax-H3), naming its family, before any input is
-/// read; only TAEHV files encode.
-pub fn check_has_encoder(spec: &str) -> Result<()> {
-    let family = if crate::models::wan::is_wan_video(spec) {
-        Some("a Wan 2.1 / 2.2 VAE")
-    } else if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
-        Some("a HunyuanVideo 1.5 VAE")
-    } else if crate::models::ltx2::is_ltx2(spec) {
-        Some("an LTX-2 VAE")
-    } else if crate::models::minimax_h3::is_minimax_h3(spec) {
-        Some("a MiniMax-H3 VAE")
-    } else {
-        None
-    };
-    if let Some(family) = family {
-        return Err(Error::Unsupported(format!(
-            "{spec} is {family}: its encoder is not implemented; only the TAEHV video encoders (taew2_1, taehv, taew2_2) are; encode with a TAEHV .safetensors file"
-        )));
-    }
-    Ok(())
-}
-
-/// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
-/// `encoder.N…` half) in the storage precision `load` asks for. A Wan VAE
-/// is refused (its encoder is not implemented).
-pub fn load_video_encoder(
-    ctx: &Context,
-    spec: &str,
-    load: &crate::models::LoadOptions,
-) -> Result<TaehvEncoder> {
-    check_has_encoder(spec)?;
-    let store = WeightStore::from_safetensors_part(std::path::Path::new(spec), TaePart::Encoder)?;
-    store.set_dtype(load.precision.resolve(true, ctx.caps()));
-    TaehvEncoder::load(ctx, &store)
-}
-
-/// The encoder a [`VideoEncoder`] runs: borrowed or shared.
-enum EncoderRef<'a> {
-    Borrowed(&'a TaehvEncoder),
-    Shared(Arc<TaehvEncoder>),
-}
-
-impl std::ops::Deref for EncoderRef<'_> {
-    type Target = TaehvEncoder;
-    fn deref(&self) -> &TaehvEncoder {
-        match self {
-            EncoderRef::Borrowed(e) => e,
-            EncoderRef::Shared(e) => e,
-        }
-    }
-}
+#[doc(hidden)]
+pub use crate::models::taehv_encoder::{check_has_encoder, load_video_encoder};
 
 /// A TAEHV encoder streaming one video chunk by chunk.
-pub struct VideoEncoder<'a> {
+pub struct VideoEncoder {
     ctx: Context,
-    encoder: EncoderRef<'a>,
+    encoder: Arc<TaehvEncoder>,
     /// The runner's state between chunks (the time caches).
     run: VideoRun,
     /// Frame shape `[3, H, W]` of the first chunk.
@@ -87,21 +37,15 @@ pub struct VideoEncoder<'a> {
     broken: Option<String>,
 }
 
-impl VideoEncoder<'static> {
-    /// An encoder at the start of a video that shares ownership of
-    /// `encoder` (no borrow: it can live beside the `Arc`).
-    pub fn shared(ctx: &Context, encoder: Arc<TaehvEncoder>) -> Self {
-        Self::with_encoder(ctx, EncoderRef::Shared(encoder))
-    }
-}
-
-impl<'a> VideoEncoder<'a> {
-    /// An encoder at the start of a video.
-    pub fn new(ctx: &Context, encoder: &'a TaehvEncoder) -> Self {
-        Self::with_encoder(ctx, EncoderRef::Borrowed(encoder))
+impl VideoEncoder {
+    /// An encoder at the start of a video, sharing `vae`'s network (it may
+    /// outlive the borrow); an error unless `vae` is a video encoder.
+    pub fn new(ctx: &Context, vae: &Vae) -> Result<Self> {
+        let encoder = vae.video_encoder("a VideoEncoder")?;
+        Ok(Self::with_encoder(ctx, encoder))
     }
 
-    fn with_encoder(ctx: &Context, encoder: EncoderRef<'a>) -> Self {
+    fn with_encoder(ctx: &Context, encoder: Arc<TaehvEncoder>) -> Self {
         VideoEncoder {
             ctx: ctx.clone(),
             encoder,
@@ -243,11 +187,8 @@ fn check_frames(e: &TaehvEncoder, [t, c, h, w]: [usize; 4]) -> Result<()> {
 /// Encodes videos whole: frames `[N, T, 3, H, W]` in [0, 1] → latents
 /// `[N, ⌈T / t_downscale⌉, C, h, w]`, as `taehv.py`'s `encode_video`. Each
 /// video is one [`VideoEncoder`] chunk.
-pub fn encode_video(
-    ctx: &Context,
-    encoder: &TaehvEncoder,
-    frames: &HostTensor,
-) -> Result<HostTensor> {
+pub fn encode_video(ctx: &Context, vae: &Vae, frames: &HostTensor) -> Result<HostTensor> {
+    let encoder = vae.video_encoder("encoding video")?;
     let [n, t, c, h, w] = match frames.shape[..] {
         [n, t, c, h, w] => [n, t, c, h, w],
         _ => {
@@ -257,7 +198,7 @@ pub fn encode_video(
             )))
         }
     };
-    check_frames(encoder, [t, c, h, w])?;
+    check_frames(&encoder, [t, c, h, w])?;
     if n == 0 {
         return Err(Error::InvalidInput(
             "video frames hold no video (N = 0)".into(),
@@ -268,7 +209,7 @@ pub fn encode_video(
     let mut data = Vec::new();
     for video in frames.data.chunks(per_video).take(n) {
         let chunk = HostTensor::new(vec![t, c, h, w], video.to_vec())?;
-        let mut enc = VideoEncoder::new(ctx, encoder);
+        let mut enc = VideoEncoder::with_encoder(ctx, Arc::clone(&encoder));
         let a = enc.push(&chunk)?;
         let b = enc.finish()?;
         shape = a.shape.clone();
@@ -311,7 +252,7 @@ fn check_range(values: &[f32]) -> Result<()> {
 // Hosts move a streaming encoder between threads: keep it `Send`.
 const _: fn() = || {
     fn send<T: Send>() {}
-    send::<VideoEncoder<'static>>();
+    send::<VideoEncoder>();
 };
 
 #[cfg(test)]

@@ -1205,7 +1205,7 @@ fn encode_pad_replicates_edges_through_the_cli() {
 #[test]
 fn encode_sample_and_raw_latents_through_the_cli() {
     let tmp = scratch();
-    use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+    use wgvae::encode::{encode, load_image, EncodeOptions};
     let Some(shared) = shared_dir() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let img = dir.join("encode_input.png");
@@ -1231,7 +1231,7 @@ fn encode_sample_and_raw_latents_through_the_cli() {
     assert_eq!(v["f16_overflows"].as_u64(), Some(0));
     let got = wgvae::io::read_npy(&out).unwrap();
     let ctx = wgvae::testing::test_context();
-    let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &Default::default()).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &Default::default()).unwrap();
     let opts = EncodeOptions {
         sample: Some(11),
         raw_latents: true,

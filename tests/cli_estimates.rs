@@ -77,8 +77,8 @@ fn video_estimate_at_each_length_equals_the_measured_peak() {
         let mut peaks = Vec::new();
         for frames in [1usize, 2, 4] {
             let ctx = ctx.with_pool(wgvae::memory::Policy::Exact.new_pool());
-            let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
-            let mut stream = VideoDecoder::new(&ctx, vae.model());
+            let vae = wgvae::Vae::load(&ctx, dir.to_str().unwrap(), &load).unwrap();
+            let mut stream = VideoDecoder::new(&ctx, &vae).unwrap();
             stream.set_tiling(tiling.clone()).unwrap();
             for t in 0..frames {
                 let z = HostTensor::new(

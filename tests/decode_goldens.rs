@@ -69,11 +69,15 @@ fn check_aekl(name: &str, tolerance: f32, check_activations: bool) {
     }
     if check_activations {
         let mut z = latents.clone();
-        vae.unscale_latents(&mut z).unwrap();
+        vae.unnormalize(&mut z).unwrap();
         let mut rec = Recorder::new(&ctx);
         let mut taps = Taps::enabled();
         let input = Tensor::from_f32(&ctx, &z.shape, &z.data, "latents").unwrap();
-        let _raw = vae.forward(&mut rec, input, &mut taps).unwrap();
+        let _raw = vae
+            .image_decoder("taps")
+            .unwrap()
+            .forward(&mut rec, input, &mut taps)
+            .unwrap();
         rec.submit().unwrap();
         let acts = dir.join("activations.safetensors");
         // Every stage the golden recorded is tapped, and nothing else.
@@ -566,7 +570,7 @@ fn raw_latents_skip_the_unscaling() {
         let Some(dir) = golden(name) else { return };
         let ctx = test_context();
         let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
-        let (scale, shift) = vae.latent_scaling();
+        let (scale, shift) = vae.latent_scaling().unwrap();
         assert!(scale != 1.0, "{name}: scaling factor {scale}");
         let latents = read_npy(&dir.join("latents.npy")).unwrap();
         let mut unscaled = latents.clone();
@@ -638,10 +642,10 @@ fn diffusers_autoencoder_tiny_folder_matches_taesd_files() {
         "AutoencoderTiny decoder vs TAESD decoder file"
     );
 
-    use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
+    use wgvae::encode::{encode, EncodeOptions};
     let enc_tiny =
-        VaeEncoder::load(&ctx, folder.to_str().unwrap(), &LoadOptions::default()).unwrap();
-    let enc_direct = VaeEncoder::load(
+        wgvae::Vae::load_encoder(&ctx, folder.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc_direct = wgvae::Vae::load_encoder(
         &ctx,
         taef2.join("encoder.safetensors").to_str().unwrap(),
         &LoadOptions::default(),
@@ -1101,7 +1105,7 @@ fn flux1_tokens_decode_as_their_maps() {
     let ctx = test_context();
     let vae = Vae::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     assert_eq!(
-        vae.latent_form().tokens,
+        vae.latent_form().unwrap().tokens,
         Some(TokenPacking::Patch2x2 { channels: 16 })
     );
     let latents = read_npy(&dir.join("latents.npy")).unwrap();

@@ -3,7 +3,7 @@
 //! of the PyTorch encoder's, and the photo → latents → photo round trip at
 //! the published PSNR (±0.1 dB).
 
-use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+use wgvae::encode::{encode, load_image, EncodeOptions};
 use wgvae::io::read_npy;
 use wgvae::testing::{max_abs_diff, psnr, rgb_of, shared_dir, test_context};
 use wgvae::{decode, DecodeOptions, LoadOptions, Vae};
@@ -14,7 +14,8 @@ fn autoencoder_kl_encoders_match_diffusers() {
     let ctx = test_context();
     for name in ["aekl-tiny-sd", "aekl-tiny-flux"] {
         let dir = shared.join("golden").join(name);
-        let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        let enc =
+            wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
         let img = load_image(&dir.join("encode_input.png"), false).unwrap();
         let out = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
         let (mean, std) = (out.mean.unwrap(), out.std.unwrap());
@@ -71,7 +72,8 @@ fn taef2_encoder_matches_pytorch_and_round_trips() {
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     let enc_path = shared.join("weights/taef2/encoder.safetensors");
-    let enc = VaeEncoder::load(&ctx, enc_path.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, enc_path.to_str().unwrap(), &LoadOptions::default())
+        .unwrap();
     let dec_path = shared.join("weights/taef2/decoder.safetensors");
     let dec = Vae::load(&ctx, dec_path.to_str().unwrap(), &LoadOptions::default()).unwrap();
     for (photo, want_psnr) in [("chelsea", 32.7), ("coffee", 29.6), ("astronaut", 31.2)] {
@@ -114,7 +116,7 @@ fn image_sizes_must_be_multiples_of_8_unless_padded() {
     );
     let ctx = test_context();
     let dec = shared.join("weights/taef2/decoder.safetensors");
-    let e = VaeEncoder::load(&ctx, dec.to_str().unwrap(), &LoadOptions::default())
+    let e = wgvae::Vae::load_encoder(&ctx, dec.to_str().unwrap(), &LoadOptions::default())
         .err()
         .unwrap()
         .to_string();
@@ -131,7 +133,8 @@ fn kl_sample_is_mean_plus_std_times_standard_normal() {
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     let dir = shared.join("golden/aekl-tiny-flux");
-    let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc =
+        wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let img = load_image(&dir.join("encode_input.png"), false).unwrap();
     let run = |sample, raw_latents| {
         let opts = EncodeOptions {
@@ -147,7 +150,7 @@ fn kl_sample_is_mean_plus_std_times_standard_normal() {
     let eps = standard_normal(mean.len(), 9);
     let raw = run(Some(9), true).latents.data;
     let scaled = run(Some(9), false).latents.data;
-    let (sf, shift) = enc.scaling().expect("an AutoencoderKL encoder");
+    let (sf, shift) = enc.latent_scaling().expect("an AutoencoderKL encoder");
     assert!(shift != 0.0, "this test needs a shifted VAE");
     let mut implied = Vec::new();
     for i in 0..mean.len() {
@@ -178,7 +181,8 @@ fn tae_encoders_refuse_sample_and_ignore_raw_latents() {
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     let path = shared.join("weights/taef2/encoder.safetensors");
-    let enc = VaeEncoder::load(&ctx, path.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc =
+        wgvae::Vae::load_encoder(&ctx, path.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let img = wgvae::io::HostTensor::new(vec![1, 3, 8, 8], vec![128.0; 192]).unwrap();
     let sample = EncodeOptions {
         sample: Some(1),
@@ -211,7 +215,8 @@ fn flux2_encoders_match_diffusers() {
     let ctx = test_context();
     for name in ["flux2-tiny", "flux2-small-decoder-tiny"] {
         let dir = shared.join("golden").join(name);
-        let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+        let enc =
+            wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
         let img = load_image(&dir.join("encode_input.png"), false).unwrap();
         let out = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
         let (mean, std) = (out.mean.unwrap(), out.std.unwrap());

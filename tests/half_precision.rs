@@ -358,7 +358,7 @@ fn exact_tiles_in_half_precision_match_untiled() {
 /// Encoders in f16 / bf16 against diffusers' f32 distribution mean.
 #[test]
 fn aekl_encoders_in_half_precision() {
-    use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+    use wgvae::encode::{encode, load_image, EncodeOptions};
     let Some(shared) = shared_dir() else { return };
     let ctx = test_context();
     // 2.5× README's figures (f16 1.2e-3 / 3.2e-3, bf16 1.2e-2 / 2.6e-2).
@@ -374,7 +374,7 @@ fn aekl_encoders_in_half_precision() {
                 precision: p,
                 ..Default::default()
             };
-            let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &opts).unwrap();
+            let enc = wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &opts).unwrap();
             let out = encode(&ctx, &enc, &img, &EncodeOptions::default()).unwrap();
             let mean = out.mean.unwrap();
             let (err, _) = max_abs_diff(&mean.data, &want.data);
@@ -390,7 +390,7 @@ fn aekl_encoders_in_half_precision() {
 /// as a bf16 encode does; untiled and exact-tiled.
 #[test]
 fn f16_encoder_overflow_is_detected_and_reencoded_in_bf16() {
-    use wgvae::encode::{encode, load_image, EncodeOptions, VaeEncoder};
+    use wgvae::encode::{encode, load_image, EncodeOptions};
     let Some(shared) = shared_dir() else { return };
     let golden = shared.join("golden/aekl-tiny-sd");
     let copy = tempfile::tempdir().unwrap();
@@ -404,7 +404,7 @@ fn f16_encoder_overflow_is_detected_and_reencoded_in_bf16() {
             precision,
             ..Default::default()
         };
-        VaeEncoder::load(&ctx, spec, &opts).unwrap()
+        wgvae::Vae::load_encoder(&ctx, spec, &opts).unwrap()
     };
     let reference = encode(&ctx, &load(Precision::F32), &img, &EncodeOptions::default()).unwrap();
     assert_eq!(reference.f16_overflows, 0);

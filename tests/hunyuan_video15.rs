@@ -23,8 +23,10 @@ fn golden() -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join("hunyuanvideo15-tiny"))
 }
 
-fn open(ctx: &Context, dir: &std::path::Path) -> HunyuanVideo15Decoder {
-    HunyuanVideo15Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
+fn open(ctx: &Context, dir: &std::path::Path) -> wgvae::Vae {
+    wgvae::Vae::from(
+        HunyuanVideo15Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap(),
+    )
 }
 
 fn out_dims(want: &HostTensor) -> [usize; 4] {
@@ -42,7 +44,11 @@ fn hunyuanvideo15_tiny_whole_and_streamed() {
     let ctx = test_context();
     let dec = open(&ctx, &dir);
     assert_eq!(
-        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (
+            dec.latent_channels(),
+            dec.upscale(),
+            dec.frames_for(2).unwrap() - dec.frames_for(1).unwrap()
+        ),
         (32, 16, 4)
     );
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
@@ -140,12 +146,7 @@ fn hunyuanvideo15_bad_inputs_are_errors() {
     assert!(m.contains("T=0"), "{m}");
     let m = error_message(decode_video(&ctx, &dec, &lat(vec![32, 2, 2, 2])));
     assert!(m.contains("N×C×T×h×w"), "{m}");
-    let m = error_message(wgvae::Vae::load(
-        &ctx,
-        dir.to_str().unwrap(),
-        &wgvae::LoadOptions::default(),
-    ));
-    assert!(m.contains("HunyuanVideo 1.5 video VAE"), "{m}");
+    wgvae::testing::video_decoder_refuses_images(&ctx, dir.to_str().unwrap());
 }
 
 /// `preset:hunyuanvideo15` (the released config, seeded random weights)
@@ -156,10 +157,15 @@ fn hunyuanvideo15_bad_inputs_are_errors() {
 fn hunyuanvideo15_preset_loads() {
     let caps = wgvae::gpu::Capabilities::reference_gpu();
     let null = wgvae::Context::null(caps, wgvae::memory::Policy::Planned.new_pool());
-    let dec =
-        HunyuanVideo15Decoder::open(&null, "preset:hunyuanvideo15", wgvae::DType::BF16, 0).unwrap();
+    let dec = wgvae::Vae::from(
+        HunyuanVideo15Decoder::open(&null, "preset:hunyuanvideo15", wgvae::DType::BF16, 0).unwrap(),
+    );
     assert_eq!(
-        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (
+            dec.latent_channels(),
+            dec.upscale(),
+            dec.frames_for(2).unwrap() - dec.frames_for(1).unwrap()
+        ),
         (32, 16, 4)
     );
     let z = HostTensor::new(vec![1, 32, 1, 1, 1], vec![0.5; 32]).unwrap();
@@ -213,7 +219,9 @@ fn half_precisions_stay_close() {
         (wgvae::DType::F16, HALF_BOUND.0),
         (wgvae::DType::BF16, HALF_BOUND.1),
     ] {
-        let dec = HunyuanVideo15Decoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+        let dec = wgvae::Vae::from(
+            HunyuanVideo15Decoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap(),
+        );
         let got = decode_video(&ctx, &dec, &z).unwrap();
         let (err, at) = max_abs_diff(&got.data, &want.data);
         let peak = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));

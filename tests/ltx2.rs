@@ -22,8 +22,8 @@ fn golden() -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join("ltx2-tiny"))
 }
 
-fn open(ctx: &Context, dir: &std::path::Path) -> Ltx2Decoder {
-    Ltx2Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
+fn open(ctx: &Context, dir: &std::path::Path) -> wgvae::Vae {
+    wgvae::Vae::from(Ltx2Decoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap())
 }
 
 /// The whole clip from raw z, and pipeline latents un-normalised to z
@@ -62,9 +62,16 @@ fn ltx2_tiny_exact_tiles() {
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let t = z.shape[2];
     let clip = ncthw_chunk(&z, 0, t);
-    let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
+    let untiled = VideoDecoder::new(&ctx, &dec)
+        .unwrap()
+        .decode(&clip)
+        .unwrap()
+        .data;
     let tiling = wgvae::tiling::Tiling::exact().with_tile_size(32);
-    let mut s = VideoDecoder::new(&ctx, &dec).with_tiling(tiling).unwrap();
+    let mut s = VideoDecoder::new(&ctx, &dec)
+        .unwrap()
+        .with_tiling(tiling)
+        .unwrap();
     let tiled = s.decode(&clip).unwrap().data;
     assert!(s.tile_size().is_some(), "the decode ran untiled");
     let [_, c, tt, h, w] = want.shape[..] else {
@@ -86,7 +93,7 @@ fn ltx2_bad_inputs_are_errors() {
     let ctx = test_context();
     let dec = open(&ctx, &dir);
     let z = read_npy(&dir.join("z.npy")).unwrap();
-    let mut s = VideoDecoder::new(&ctx, &dec);
+    let mut s = VideoDecoder::new(&ctx, &dec).unwrap();
     s.decode(&ncthw_chunk(&z, 0, 1)).unwrap();
     let m = error_message(s.decode(&ncthw_chunk(&z, 1, 2)));
     assert!(m.contains("not causal") && m.contains("whole clip"), "{m}");
@@ -100,12 +107,7 @@ fn ltx2_bad_inputs_are_errors() {
     assert!(m.contains("T=0"), "{m}");
     let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 4, 2, 1, 3])));
     assert!(m.contains("1×3") && m.contains("reflect padding"), "{m}");
-    let m = error_message(wgvae::Vae::load(
-        &ctx,
-        dir.to_str().unwrap(),
-        &wgvae::LoadOptions::default(),
-    ));
-    assert!(m.contains("LTX-2 video VAE"), "{m}");
+    wgvae::testing::video_decoder_refuses_images(&ctx, dir.to_str().unwrap());
     let hv = dir.with_file_name("hunyuanvideo15-tiny");
     let m = error_message(Ltx2Decoder::open(
         &ctx,
@@ -131,7 +133,8 @@ fn half_precisions_stay_close() {
         (wgvae::DType::F16, HALF_BOUND.0),
         (wgvae::DType::BF16, HALF_BOUND.1),
     ] {
-        let dec = Ltx2Decoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+        let dec =
+            wgvae::Vae::from(Ltx2Decoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap());
         let got = decode_video(&ctx, &dec, &z).unwrap();
         let (err, at) = max_abs_diff(&got.data, &want.data);
         let peak = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -154,6 +157,7 @@ fn ltx2_estimate_equals_the_measured_peak() {
     let t = z.shape[2];
     ctx.pool().reset_peak_stats();
     VideoDecoder::new(&ctx, &dec)
+        .unwrap()
         .decode(&ncthw_chunk(&z, 0, t))
         .unwrap();
     let peak = ctx.pool().stats().allocated_bytes.peak;
@@ -263,8 +267,9 @@ fn ltx2_causal_decoder_streams() {
     let weights = "diffusion_pytorch_model.safetensors";
     std::fs::copy(dir.join(weights), folder.join(weights)).unwrap();
     let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
-    let dec = open(&ctx, &folder);
-    assert!(dec.config().causal);
+    let raw = Ltx2Decoder::open(&ctx, folder.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    assert!(raw.config().causal);
+    let dec = wgvae::Vae::from(raw);
     let z = read_npy(&dir.join("z.npy")).unwrap();
     let t = z.shape[2];
     let (whole, _) = wgvae::testing::stream_ncthw(&ctx, &dec, &z, t, None);

@@ -13,7 +13,6 @@ use wgvae::gpu::Context;
 use wgvae::io::read_npy;
 use wgvae::models::{Precision, TaehvDecoder, WanDecoder, WeightStore};
 use wgvae::testing::{matrix_test_context, max_abs_diff, psnr, scalar_context, shared_dir};
-use wgvae::video::VideoModel;
 use wgvae::{decode, decode_video, DType, DecodeOptions, LoadOptions, Vae};
 
 fn golden(name: &str) -> Option<PathBuf> {
@@ -141,8 +140,8 @@ fn taehv_golden_in_f16_on_matrices() {
     for ctx in [&coop, &scalar] {
         let store = WeightStore::from_safetensors(&dir.join("taew2_1.safetensors")).unwrap();
         store.set_dtype(DType::F16);
-        let dec = TaehvDecoder::load(ctx, &store).unwrap();
-        let used = VideoModel::from(&dec).cooperative_matrix();
+        let dec = wgvae::Vae::from(TaehvDecoder::load(ctx, &store).unwrap());
+        let used = dec.cooperative_matrix();
         let got = decode_video(ctx, &dec, &latents).unwrap();
         errs.push((used, max_abs_diff(&got.data, &want.data).0));
     }
@@ -169,8 +168,9 @@ fn wan_golden_in_f16_on_matrices() {
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let mut errs = Vec::new();
     for ctx in [&coop, &scalar] {
-        let dec = WanDecoder::open(ctx, dir.to_str().unwrap(), DType::F16, 0).unwrap();
-        let used = VideoModel::from(&dec).cooperative_matrix();
+        let dec =
+            wgvae::Vae::from(WanDecoder::open(ctx, dir.to_str().unwrap(), DType::F16, 0).unwrap());
+        let used = dec.cooperative_matrix();
         let got = decode_video(ctx, &dec, &latents).unwrap();
         errs.push((used, max_abs_diff(&got.data, &want.data).0));
     }
@@ -199,9 +199,10 @@ fn minimax_h3_golden_in_f16_on_matrices() {
     let mut errs = Vec::new();
     for ctx in [&coop, &scalar] {
         let spec = dir.to_str().unwrap();
-        let dec =
-            wgvae::models::minimax_h3::MiniMaxH3Decoder::open(ctx, spec, DType::F16, 0).unwrap();
-        let used = VideoModel::from(&dec).cooperative_matrix();
+        let dec = wgvae::Vae::from(
+            wgvae::models::minimax_h3::MiniMaxH3Decoder::open(ctx, spec, DType::F16, 0).unwrap(),
+        );
+        let used = dec.cooperative_matrix();
         let got = decode_video(ctx, &dec, &z).unwrap();
         errs.push((used, max_abs_diff(&got.data, &want.data).0));
     }

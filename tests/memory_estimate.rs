@@ -235,7 +235,7 @@ fn encode_estimate_equals_measured_for_every_policy() {
     let mut outputs = Vec::new();
     for policy in Policy::ALL {
         let ctx = base.with_pool(policy.new_pool());
-        let enc = wgvae::encode::VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
+        let enc = wgvae::Vae::load_encoder(&ctx, spec, &LoadOptions::default()).unwrap();
         let real = wgvae::encode::encode(&ctx, &enc, &img, &Default::default()).unwrap();
         let est = Estimate::new(ctx.caps(), policy, spec, &LoadOptions::default())
             .encode(shape)

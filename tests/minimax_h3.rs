@@ -23,20 +23,15 @@ fn golden() -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join("minimax-h3-tiny"))
 }
 
-fn open(ctx: &Context, dir: &std::path::Path, dtype: wgvae::DType) -> MiniMaxH3Decoder {
-    MiniMaxH3Decoder::open(ctx, dir.to_str().unwrap(), dtype, 0).unwrap()
+fn open(ctx: &Context, dir: &std::path::Path, dtype: wgvae::DType) -> wgvae::Vae {
+    wgvae::Vae::from(MiniMaxH3Decoder::open(ctx, dir.to_str().unwrap(), dtype, 0).unwrap())
 }
 
 /// Latents `[1, C, T, h, w]` pushed `size` latent frames at a time, then
 /// finished: every frame, `[T', 3, H, W]`, and how many each call gave.
-fn stream(
-    ctx: &Context,
-    dec: &MiniMaxH3Decoder,
-    z: &HostTensor,
-    size: usize,
-) -> (Vec<f32>, Vec<usize>) {
+fn stream(ctx: &Context, dec: &wgvae::Vae, z: &HostTensor, size: usize) -> (Vec<f32>, Vec<usize>) {
     let t = z.shape[2];
-    let mut s = VideoDecoder::new(ctx, dec);
+    let mut s = VideoDecoder::new(ctx, dec).unwrap();
     let (mut frames, mut counts) = (Vec::new(), Vec::new());
     for t0 in (0..t).step_by(size) {
         let got = s.push(&ncthw_chunk(z, t0, (t0 + size).min(t))).unwrap();
@@ -134,15 +129,13 @@ fn minimax_h3_bad_inputs_are_errors() {
     );
     let m = error_message(decode_video(&ctx, &dec, &lat(vec![1, 16, 3, 4, 4])));
     assert!(m.contains("16 channels") && m.contains("takes 8"), "{m}");
-    let m =
-        error_message(VideoDecoder::new(&ctx, &dec).with_tiling(wgvae::tiling::Tiling::exact()));
+    let m = error_message(
+        VideoDecoder::new(&ctx, &dec)
+            .unwrap()
+            .with_tiling(wgvae::tiling::Tiling::exact()),
+    );
     assert!(m.contains("exact tiles") && m.contains("untiled"), "{m}");
-    let m = error_message(wgvae::Vae::load(
-        &ctx,
-        dir.to_str().unwrap(),
-        &wgvae::LoadOptions::default(),
-    ));
-    assert!(m.contains("video"), "{m}");
+    wgvae::testing::video_decoder_refuses_images(&ctx, dir.to_str().unwrap());
     // Frames over a device limit: the advice fits a decoder that takes
     // whole frames (no exact tiles).
     let m = error_message(
@@ -166,14 +159,14 @@ fn minimax_h3_bad_inputs_are_errors() {
 
 /// Random latents `[1, 8, t, 4, 4]` pushed a frame at a time: the frames
 /// delivered before `finish`, all frames, and the pool's peak allocated.
-fn stream_random(ctx: &Context, dec: &MiniMaxH3Decoder, t: usize) -> (usize, usize, u64) {
+fn stream_random(ctx: &Context, dec: &wgvae::Vae, t: usize) -> (usize, usize, u64) {
     let z = HostTensor::new(
         vec![1, 8, t, 4, 4],
         wgvae::testing::rand_vec(8 * t * 16, 3, 1.0),
     )
     .unwrap();
     ctx.pool().reset_peak_stats();
-    let mut s = VideoDecoder::new(ctx, dec);
+    let mut s = VideoDecoder::new(ctx, dec).unwrap();
     let mut early = 0;
     for t0 in 0..t {
         early += s
@@ -202,7 +195,7 @@ fn minimax_h3_streams_in_bounded_memory() {
     );
     // 9 frames per 3 latent frames (clip_length 9), as diffusers' 19 for 7.
     assert_eq!((short.1, long.1), (3 * 13 - 2, 3 * 22 - 2));
-    assert_eq!(VideoDecoder::frames_for(&dec, 22), long.1);
+    assert_eq!(dec.frames_for(22).unwrap(), long.1);
     assert_eq!(short.2, long.2, "streamed peak allocated");
     let e = wgvae::estimate::Estimate::new(
         ctx.caps(),

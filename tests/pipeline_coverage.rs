@@ -5,7 +5,7 @@
 
 use std::collections::HashSet;
 
-use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
+use wgvae::encode::{encode, EncodeOptions};
 use wgvae::gpu::{Capabilities, Context, ContextOptions};
 use wgvae::io::HostTensor;
 use wgvae::memory::Policy;
@@ -98,7 +98,7 @@ fn run_paths(paths: &[(Context, DType)], everything: bool) {
         decode(c, &vae, &z, &tiled).unwrap();
         let store = WeightStore::random(8);
         store.set_dtype(*dt);
-        let enc = VaeEncoder::from_kl_config(c, &cfg, &store).unwrap();
+        let enc = wgvae::Vae::encoder_from_kl_config(c, &cfg, &store).unwrap();
         encode(c, &enc, &image, &EncodeOptions::default()).unwrap();
         // The Wan video decoder (RMS norm, causal conv taps, per-frame
         // attention), two latent frames so the time convs run.
@@ -108,7 +108,8 @@ fn run_paths(paths: &[(Context, DType)], everything: bool) {
             base_dim: 4,
             ..wgvae::models::WanConfig::wan21()
         };
-        let wan = wgvae::models::WanDecoder::load(c, &store, wan_cfg, true).unwrap();
+        let wan =
+            wgvae::Vae::from(wgvae::models::WanDecoder::load(c, &store, wan_cfg, true).unwrap());
         let zv = HostTensor::new(vec![1, 16, 2, 2, 3], rand_vec(16 * 12, 5, 1.0)).unwrap();
         wgvae::decode_video(c, &wan, &zv).unwrap();
     }

@@ -4,7 +4,7 @@
 //! decode (or encode). `WGVAE_MAX_PLAN_TILES` lowers the tile count that switches to
 //! such plans (its own test binary: the variable is process-wide).
 
-use wgvae::encode::{encode, EncodeOptions, VaeEncoder};
+use wgvae::encode::{encode, EncodeOptions};
 use wgvae::estimate::Estimate;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::memory::Policy;
@@ -119,7 +119,7 @@ fn an_encode_planned_by_rows_predicts_the_run() {
     let img = HostTensor::new(vec![1, 3, h, w], pixels).unwrap();
     // A pool of its own: the other test allocates in the shared context's.
     let ctx = test_context().with_pool(Policy::Exact.new_pool());
-    let enc = VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, spec, &LoadOptions::default()).unwrap();
     let mut tiling = Tiling::exact()
         .with_tile_size(16)
         .with_max_memory(enc.weights_bytes() + (1 << 20));
@@ -167,7 +167,7 @@ fn a_video_planned_by_rows_predicts_the_run() {
     let load = LoadOptions::default();
     let (h, w, frames) = (40, 6, 3);
     let ctx = test_context().with_pool(Policy::Exact.new_pool());
-    let vae = wgvae::video::load_video_decoder(&ctx, spec, &load).unwrap();
+    let vae = wgvae::Vae::load(&ctx, spec, &load).unwrap();
     let weights = ctx.pool().stats().allocated_bytes.current;
     // A budget whose attention passes take parts of a row (q = 1 row).
     let tiling = Tiling::exact()
@@ -180,7 +180,7 @@ fn a_video_planned_by_rows_predicts_the_run() {
         })
         .collect();
     let decode = |tiling: Tiling| {
-        let mut stream = wgvae::VideoDecoder::new(&ctx, vae.model());
+        let mut stream = wgvae::VideoDecoder::new(&ctx, &vae).unwrap();
         stream.set_tiling(tiling).unwrap();
         ctx.pool().reset_peak_stats();
         let out: Vec<f32> = chunks

@@ -254,12 +254,17 @@ fn single_file_in_original_keys() {
     let wan = tmp.join("wan_2.1_vae.safetensors");
     std::fs::copy(&file, &wan).unwrap();
     assert!(wgvae::video::is_video_vae(wan.to_str().unwrap()));
-    let e = Vae::load(&ctx, wan.to_str().unwrap(), &LoadOptions::default())
+    // Named as a Wan file, it loads as the Wan video decoder; decoding
+    // images with it says how to read it as Qwen-Image.
+    let as_wan = Vae::load(&ctx, wan.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    assert_eq!(as_wan.kind(), wgvae::ModelKind::VideoDecoder);
+    let image = HostTensor::new(vec![1, 16, 2, 2], vec![0.0; 64]).unwrap();
+    let e = wgvae::decode(&ctx, &as_wan, &image, &Default::default())
         .err()
         .unwrap()
         .to_string();
     assert!(
-        e.contains("video VAE") && e.contains("qwen_image_vae"),
+        e.contains("is a video decoder") && e.contains("qwen_image_vae"),
         "{e}"
     );
     // The same file with the Qwen-Image config given decodes images.
@@ -357,7 +362,7 @@ fn bad_latents_are_clear_errors() {
         .to_string();
     assert!(m.contains("latents_mean"), "{m}");
     for spec in [dir.to_str().unwrap(), "preset:qwenimage"] {
-        let m = wgvae::encode::VaeEncoder::load(&ctx, spec, &LoadOptions::default())
+        let m = wgvae::Vae::load_encoder(&ctx, spec, &LoadOptions::default())
             .err()
             .unwrap()
             .to_string();

@@ -378,7 +378,7 @@ fn bad_latents_are_clear_errors() {
     let maps = vae.unpack_tokens(&tokens, None).unwrap();
     assert_eq!(maps.shape, vec![1, 64, 4, 4]);
     // No encoder: a clear refusal, not an unknown preset.
-    let m = wgvae::encode::VaeEncoder::load(&ctx, PRESET, &LoadOptions::default())
+    let m = wgvae::Vae::load_encoder(&ctx, PRESET, &LoadOptions::default())
         .err()
         .map(|e| e.to_string())
         .unwrap_or_default();

@@ -8,7 +8,7 @@
 
 use std::path::PathBuf;
 
-use wgvae::encode::{encode, load_image, EncodeOptions, Encoded, VaeEncoder};
+use wgvae::encode::{encode, load_image, EncodeOptions, Encoded};
 use wgvae::estimate::Estimate;
 use wgvae::gpu::Context;
 use wgvae::io::{read_npy, HostTensor};
@@ -31,7 +31,7 @@ fn shared() -> Option<PathBuf> {
     shared_dir()
 }
 
-fn run(ctx: &Context, enc: &VaeEncoder, img: &HostTensor, tiling: Tiling) -> Encoded {
+fn run(ctx: &Context, enc: &wgvae::Vae, img: &HostTensor, tiling: Tiling) -> Encoded {
     let opts = EncodeOptions {
         raw_latents: true,
         tiling,
@@ -64,14 +64,14 @@ fn diff(a: &Encoded, b: &Encoded) -> f32 {
 
 /// A small random-weights AutoencoderKL (2 resnets per block, a channel
 /// change with a 1×1 shortcut, 3 stride-2 convs, mid-block attention).
-fn random_kl(ctx: &Context) -> VaeEncoder {
+fn random_kl(ctx: &Context) -> wgvae::Vae {
     let cfg = AutoencoderKlConfig {
         block_out_channels: vec![16, 32, 32, 32],
         layers_per_block: 2,
         norm_num_groups: 8,
         ..AutoencoderKlConfig::preset("sd15").unwrap()
     };
-    VaeEncoder::from_kl_config(ctx, &cfg, &WeightStore::random(17)).unwrap()
+    wgvae::Vae::encoder_from_kl_config(ctx, &cfg, &WeightStore::random(17)).unwrap()
 }
 
 /// A random image [1, 3, h, w] with values 0–255.
@@ -92,7 +92,8 @@ fn exact_matches_untiled_aekl_tiny_sd() {
     let Some(shared) = shared() else { return };
     let dir = shared.join("golden/aekl-tiny-sd");
     let ctx = test_context();
-    let enc = VaeEncoder::load(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc =
+        wgvae::Vae::load_encoder(&ctx, dir.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let img = load_image(&dir.join("encode_input.png"), false).unwrap();
     let whole = run(&ctx, &enc, &img, Tiling::off());
     assert_eq!(whole.tiling.mode, "untiled");
@@ -127,7 +128,8 @@ fn taef2_exact_matches_untiled_on_chelsea() {
     let Some(shared) = shared() else { return };
     let ctx = test_context();
     let weights = shared.join("weights/taef2/encoder.safetensors");
-    let enc = VaeEncoder::load(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
+    let enc =
+        wgvae::Vae::load_encoder(&ctx, weights.to_str().unwrap(), &LoadOptions::default()).unwrap();
     let img = load_image(&shared.join("images/chelsea.png"), false).unwrap();
     let whole = run(&ctx, &enc, &img, Tiling::off());
     let tiled = run(&ctx, &enc, &img, exact(120));
@@ -226,12 +228,12 @@ fn tiled_encode_estimate_matches_measured() {
     let shape: [usize; 4] = img.shape.clone().try_into().unwrap();
     let base = test_context();
     let reference = {
-        let enc = VaeEncoder::load(&base, spec, &LoadOptions::default()).unwrap();
+        let enc = wgvae::Vae::load_encoder(&base, spec, &LoadOptions::default()).unwrap();
         run(&base, &enc, &img, Tiling::off())
     };
     for policy in Policy::ALL {
         let ctx = base.with_pool(policy.new_pool());
-        let enc = VaeEncoder::load(&ctx, spec, &LoadOptions::default()).unwrap();
+        let enc = wgvae::Vae::load_encoder(&ctx, spec, &LoadOptions::default()).unwrap();
         let untiled = run(&ctx, &enc, &img, Tiling::off())
             .memory
             .allocated_bytes
@@ -356,7 +358,7 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
     assert_eq!(v["tiling"]["tiles"], 12, "{v}");
     let written = read_npy(&out).unwrap();
     let ctx = test_context();
-    let enc = VaeEncoder::load(&ctx, vae, &LoadOptions::default()).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, vae, &LoadOptions::default()).unwrap();
     let img = load_image(&image, false).unwrap();
     let opts = EncodeOptions {
         tiling: Tiling::off(),
@@ -394,7 +396,7 @@ fn cli_encode_tiles_and_memory_predicts_encodes() {
 #[test]
 fn sd15_encode_peak_untiled_vs_tiled() {
     let ctx = test_context().with_pool(Policy::Planned.new_pool());
-    let enc = VaeEncoder::load(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, "preset:sd15", &LoadOptions::default()).unwrap();
     let img = random_image(256, 256, 21);
     let time = |tiling: Tiling| {
         let t = std::time::Instant::now();

@@ -7,9 +7,8 @@
 use std::path::{Path, PathBuf};
 
 use wgvae::io::{read_npy, HostTensor};
-use wgvae::models::TaehvEncoder;
 use wgvae::testing::{max_abs_diff, project_dir, shared_dir, test_context};
-use wgvae::video_encode::{encode_video, load_video_encoder, VideoEncoder};
+use wgvae::video_encode::{encode_video, VideoEncoder};
 use wgvae::{Context, LoadOptions};
 
 /// 3× the measured 1.25e-6 of the whole clip (README; the issue asks 2e-3).
@@ -47,8 +46,8 @@ fn weights(name: &str) -> Option<PathBuf> {
     })
 }
 
-fn load(ctx: &Context, path: &Path) -> TaehvEncoder {
-    load_video_encoder(ctx, path.to_str().unwrap(), &LoadOptions::default()).unwrap()
+fn load(ctx: &Context, path: &Path) -> wgvae::Vae {
+    wgvae::Vae::load_encoder(ctx, path.to_str().unwrap(), &LoadOptions::default()).unwrap()
 }
 
 fn check(name: &str) {
@@ -70,7 +69,7 @@ fn check(name: &str) {
 
     let frame = 3 * H * W;
     for size in [3, 4] {
-        let mut stream = VideoEncoder::new(&ctx, &enc);
+        let mut stream = VideoEncoder::new(&ctx, &enc).unwrap();
         let mut data = Vec::new();
         for t0 in (0..T).step_by(size) {
             let t1 = (t0 + size).min(T);
@@ -131,18 +130,18 @@ fn bad_video_encoder_inputs_are_errors() {
     assert!(e.contains("finite"), "{e}");
 
     // A later chunk of another frame size is refused; the stream stays usable.
-    let mut stream = VideoEncoder::new(&ctx, &enc);
+    let mut stream = VideoEncoder::new(&ctx, &enc).unwrap();
     stream.push(&frames(vec![2, 3, 16, 16])).unwrap();
     let e = message(stream.push(&frames(vec![2, 3, 32, 16])));
     assert!(e.contains("same frame size"), "{e}");
     let out = stream.finish().unwrap();
     assert_eq!(out.shape, vec![1, 48, 1, 1]);
-    let e = message(VideoEncoder::new(&ctx, &enc).finish());
+    let e = message(VideoEncoder::new(&ctx, &enc).unwrap().finish());
     assert!(e.contains("at least one frame"), "{e}");
 
     // A Wan VAE has no encoder here: a clear refusal.
     if let Some(wan) = shared_dir().map(|s| s.join("golden/wan21-tiny")) {
-        let e = message(load_video_encoder(
+        let e = message(wgvae::Vae::load_encoder(
             &ctx,
             wan.to_str().unwrap(),
             &LoadOptions::default(),
@@ -162,7 +161,7 @@ fn taew2_1_rand_encoder_f16() {
         precision: "f16".parse().unwrap(),
         ..Default::default()
     };
-    let enc = load_video_encoder(&ctx, path.to_str().unwrap(), &opts).unwrap();
+    let enc = wgvae::Vae::load_encoder(&ctx, path.to_str().unwrap(), &opts).unwrap();
     let want =
         read_npy(&project_dir().join("tests/data/taehv_encoder/taew2_1_latents.npy")).unwrap();
     let got = encode_video(&ctx, &enc, &video()).unwrap();

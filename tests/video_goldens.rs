@@ -9,7 +9,7 @@ use std::path::PathBuf;
 use wgvae::io::{read_npy, HostTensor};
 use wgvae::models::{TaehvDecoder, WanDecoder, WeightStore};
 use wgvae::testing::{max_abs_diff, shared_dir, test_context};
-use wgvae::{decode_video, Context, LoadOptions, Vae, VideoDecoder};
+use wgvae::{decode_video, Context, LoadOptions, VideoDecoder};
 
 const TOLERANCE: f32 = 8e-6;
 
@@ -17,9 +17,9 @@ fn golden(name: &str) -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join(name))
 }
 
-fn load(ctx: &Context, dir: &std::path::Path, file: &str) -> TaehvDecoder {
+fn load(ctx: &Context, dir: &std::path::Path, file: &str) -> wgvae::Vae {
     let store = WeightStore::from_safetensors(&dir.join(file)).unwrap();
-    TaehvDecoder::load(ctx, &store).unwrap()
+    wgvae::Vae::from(TaehvDecoder::load(ctx, &store).unwrap())
 }
 
 /// Video `n` of `latents` [N, T, C, h, w], frames `t0..t1`, as [T, C, h, w].
@@ -57,7 +57,7 @@ fn check(name: &str, file: &str) {
     for size in [1, 2] {
         let mut data = Vec::new();
         for v in 0..n {
-            let mut stream = VideoDecoder::new(&ctx, &dec);
+            let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
             for t0 in (0..t).step_by(size) {
                 let frames = stream
                     .decode(&chunk(&latents, v, t0, (t0 + size).min(t)))
@@ -86,7 +86,7 @@ fn check(name: &str, file: &str) {
     let mut pushed = Vec::new();
     let mut firsts = Vec::new();
     for v in 0..n {
-        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
         for t0 in 0..t {
             if let Some(f) = stream.push(&chunk(&latents, v, t0, t0 + 1)).unwrap() {
                 firsts.push(f.first);
@@ -141,7 +141,7 @@ fn bad_video_inputs_are_errors() {
     assert!(m.contains("T=0"), "{m}");
     let m = message(decode_video(&ctx, &dec, &lat(vec![2, 16, 2, 2])));
     assert!(m.contains("N×T×C×h×w"), "{m}");
-    let mut stream = VideoDecoder::new(&ctx, &dec);
+    let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
     stream.decode(&lat(vec![1, 16, 2, 2])).unwrap();
     let m = message(stream.decode(&lat(vec![1, 16, 2, 3])));
     assert!(m.contains("same latent size"), "{m}");
@@ -150,20 +150,15 @@ fn bad_video_inputs_are_errors() {
     let m = message(stream.decode(&nan));
     assert!(m.contains("finite"), "{m}");
     let path = dir.join("taew2_1.safetensors");
-    let m = message(Vae::load(
-        &ctx,
-        path.to_str().unwrap(),
-        &LoadOptions::default(),
-    ));
-    assert!(m.contains("TAEHV video decoder"), "{m}");
+    wgvae::testing::video_decoder_refuses_images(&ctx, path.to_str().unwrap());
     println!("errors read: {m}");
-    let enc = wgvae::models::vae_encoder::VaeEncoder::load(
-        &ctx,
-        path.to_str().unwrap(),
-        &LoadOptions::default(),
-    );
-    let m = message(enc);
-    assert!(m.contains("TAEHV video autoencoder"), "{m}");
+    // The same file's encoder loads as a video encoder, which encodes no images.
+    let enc = wgvae::Vae::load_encoder(&ctx, path.to_str().unwrap(), &LoadOptions::default());
+    let enc = enc.unwrap();
+    assert_eq!(enc.kind(), wgvae::ModelKind::VideoEncoder);
+    let pixels = HostTensor::new(vec![1, 3, 16, 16], vec![0.0; 768]).unwrap();
+    let m = message(wgvae::encode(&ctx, &enc, &pixels, &Default::default()));
+    assert!(m.contains("is a video encoder"), "{m}");
 }
 
 /// An image TAE (taesd layout) where a TAEHV decoder is expected.
@@ -202,7 +197,7 @@ fn streaming_memory_is_flat_in_video_length() {
         )
         .unwrap();
         ctx.pool().reset_peak_stats();
-        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
         let mut out = 0;
         for t in 0..frames {
             out += stream.decode(&chunk(&latents, 0, t, t + 1)).unwrap().shape[0];
@@ -278,7 +273,7 @@ fn taew2_1_rand_f16() {
         .unwrap();
     let store = WeightStore::from_safetensors(&dir.join("taew2_1.safetensors")).unwrap();
     store.set_dtype(dtype);
-    let dec = TaehvDecoder::load(&ctx, &store).unwrap();
+    let dec = wgvae::Vae::from(TaehvDecoder::load(&ctx, &store).unwrap());
     let got = decode_video(&ctx, &dec, &latents).unwrap();
     let (err, at) = max_abs_diff(&got.data, &want.data);
     let native = ctx.caps().shader_f16;
@@ -300,7 +295,7 @@ fn a_cancel_flag_stops_a_stream_between_chunks() {
     let ctx = test_context().with_cancel(flag.clone());
     let dec = load(&ctx, &dir, "taew2_1.safetensors");
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
-    let mut stream = VideoDecoder::new(&ctx, &dec);
+    let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
     stream.push(&chunk(&latents, 0, 0, 1)).unwrap();
     flag.store(true, Ordering::SeqCst);
     let e = stream
@@ -316,9 +311,11 @@ fn a_cancel_flag_stops_a_stream_between_chunks() {
 /// diffusers golden: 3× the measured 3.4e-6 (the bound is 1e-3).
 const WAN_TOLERANCE: f32 = 1e-5;
 
-fn wan(ctx: &Context) -> Option<(PathBuf, WanDecoder)> {
+fn wan(ctx: &Context) -> Option<(PathBuf, wgvae::Vae)> {
     let dir = golden("wan21-tiny")?;
-    let dec = WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    let dec = wgvae::Vae::from(
+        WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap(),
+    );
     Some((dir, dec))
 }
 
@@ -361,7 +358,7 @@ fn wan21_tiny() {
         panic!("decoded is not 5-D")
     };
     for size in [1, 2] {
-        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
         let mut frames = Vec::new();
         for t0 in (0..t).step_by(size) {
             let out = stream
@@ -418,15 +415,15 @@ fn wan_bad_inputs_are_errors() {
     assert!(m.contains("T=0"), "{m}");
     let m = message(decode_video(&ctx, &dec, &lat(vec![16, 2, 2, 2])));
     assert!(m.contains("N×C×T×h×w"), "{m}");
-    let m = message(VideoDecoder::new(&ctx, &dec).decode(&lat(vec![0, 16, 2, 2])));
+    let m = message(
+        VideoDecoder::new(&ctx, &dec)
+            .unwrap()
+            .decode(&lat(vec![0, 16, 2, 2])),
+    );
     assert!(m.contains("T=0"), "{m}");
     let wan_dir = golden("wan21-tiny").unwrap();
-    let m = message(Vae::load(
-        &ctx,
-        wan_dir.to_str().unwrap(),
-        &LoadOptions::default(),
-    ));
-    assert!(m.contains("Wan video VAE"), "{m}");
+    let m = wgvae::testing::video_decoder_refuses_images(&ctx, wan_dir.to_str().unwrap());
+    assert!(m.contains("qwen_image_vae"), "{m}");
     println!("errors read: {m}");
 }
 
@@ -435,9 +432,14 @@ fn wan_bad_inputs_are_errors() {
 #[test]
 fn wan21_preset_decodes() {
     let ctx = test_context();
-    let dec = WanDecoder::open(&ctx, "preset:wan21", wgvae::DType::F32, 0).unwrap();
+    let dec =
+        wgvae::Vae::from(WanDecoder::open(&ctx, "preset:wan21", wgvae::DType::F32, 0).unwrap());
     assert_eq!(
-        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (
+            dec.latent_channels(),
+            dec.upscale(),
+            dec.frames_for(2).unwrap() - dec.frames_for(1).unwrap()
+        ),
         (16, 8, 4)
     );
     let z = HostTensor::new(vec![1, 16, 1, 1, 1], vec![0.5; 16]).unwrap();
@@ -599,6 +601,7 @@ fn wan_original_keys_load() {
     assert_eq!(orig.config().base_dim, 16);
     assert_eq!(orig.config().num_res_blocks, 1);
     assert_eq!(orig.config().temperal_downsample, vec![false, true, true]);
+    let orig = wgvae::Vae::from(orig);
     let z = HostTensor::new(
         vec![1, 16, 2, 4, 4],
         wgvae::testing::rand_vec(16 * 2 * 16, 3, 1.0),
@@ -617,13 +620,15 @@ fn wan_streaming_memory_is_flat_in_video_length() {
         return;
     };
     let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
-    let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap();
+    let dec = wgvae::Vae::from(
+        WanDecoder::open(&ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap(),
+    );
     let (h, w) = (2, 3);
     let mut peaks = Vec::new();
     let mut caches = Vec::new();
     for frames in [4, 12] {
         ctx.pool().reset_peak_stats();
-        let mut stream = VideoDecoder::new(&ctx, &dec);
+        let mut stream = VideoDecoder::new(&ctx, &dec).unwrap();
         let mut out = 0;
         for t in 0..frames {
             let z = HostTensor::new(
@@ -743,7 +748,7 @@ fn wan21_tiny_f16() {
         .into_iter()
         .find(|(_, d)| *d == wgvae::DType::F16)
         .unwrap();
-    let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+    let dec = wgvae::Vae::from(WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap());
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let want = read_npy(&dir.join("decoded.npy")).unwrap();
     let got = decode_video(&ctx, &dec, &latents).unwrap();
@@ -763,9 +768,9 @@ const TILED_TOLERANCE: f32 = 1e-3;
 /// with tiles of `px` output pixels; `tight`: a budget of 2 MiB beyond
 /// what is allocated (the weights), so most tiles and caches park in host
 /// memory.
-fn tiled_frames<'a>(
+fn tiled_frames(
     ctx: &Context,
-    dec: impl Into<wgvae::VideoModel<'a>>,
+    dec: &wgvae::Vae,
     chunks: &[HostTensor],
     px: usize,
     tight: bool,
@@ -774,7 +779,10 @@ fn tiled_frames<'a>(
     if tight {
         tiling = tiling.with_max_memory(ctx.pool().stats().allocated_bytes.current + (2 << 20));
     }
-    let mut stream = VideoDecoder::new(ctx, dec).with_tiling(tiling).unwrap();
+    let mut stream = VideoDecoder::new(ctx, dec)
+        .unwrap()
+        .with_tiling(tiling)
+        .unwrap();
     let mut out = Vec::new();
     for c in chunks {
         out.extend(stream.decode(c).unwrap().data);
@@ -811,7 +819,11 @@ fn check_tiled(name: &str, file: &str, px: usize) {
         panic!("one video expected")
     };
     let clip = chunk(&latents, 0, 0, t);
-    let untiled = VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data;
+    let untiled = VideoDecoder::new(&ctx, &dec)
+        .unwrap()
+        .decode(&clip)
+        .unwrap()
+        .data;
     let whole = tiled_frames(&ctx, &dec, std::slice::from_ref(&clip), px, false);
     check_close(name, "whole clip", &whole, &untiled, &want.data);
     let ones: Vec<HostTensor> = (0..t).map(|t0| chunk(&latents, 0, t0, t0 + 1)).collect();
@@ -867,7 +879,13 @@ fn wan21_tiny_exact_tiles() {
         data
     };
     let clip = wan_chunk(&latents, 0, t);
-    let untiled = channels_first(&VideoDecoder::new(&ctx, &dec).decode(&clip).unwrap().data);
+    let untiled = channels_first(
+        &VideoDecoder::new(&ctx, &dec)
+            .unwrap()
+            .decode(&clip)
+            .unwrap()
+            .data,
+    );
     let whole = channels_first(&tiled_frames(
         &ctx,
         &dec,
@@ -1017,7 +1035,7 @@ fn exact_video_tiles_keep_the_host_limit() {
     };
     let ctx = test_context().with_pool(wgvae::memory::Policy::Exact.new_pool());
     let load = LoadOptions::default();
-    let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
+    let vae = wgvae::Vae::load(&ctx, dir.to_str().unwrap(), &load).unwrap();
     let weights = ctx.pool().stats().allocated_bytes.current;
     let z = HostTensor::new(
         vec![2, 16, 8, 10],
@@ -1029,7 +1047,7 @@ fn exact_video_tiles_keep_the_host_limit() {
             .with_tile_size(16)
             .with_max_memory(weights + (64 << 10))
             .with_max_host_memory(host);
-        let mut stream = VideoDecoder::new(&ctx, vae.model());
+        let mut stream = VideoDecoder::new(&ctx, &vae).unwrap();
         stream.set_tiling(tiling).unwrap();
         stream.decode(&z).map(|_| stream.tiling_report().unwrap())
     };
@@ -1051,7 +1069,7 @@ fn video_chunks_whose_frames_cannot_fit_the_host_are_refused() {
     };
     let ctx = test_context();
     let load = LoadOptions::default();
-    let vae = wgvae::video::load_video_decoder(&ctx, dir.to_str().unwrap(), &load).unwrap();
+    let vae = wgvae::Vae::load(&ctx, dir.to_str().unwrap(), &load).unwrap();
     let avail = wgvae::tiling::host_memory_available().unwrap_or(u64::MAX);
     // Wan: a chunk of one latent frame gives 4 frames (8× up, 3 f32 planes)
     // once the first has passed: the most a chunk of one gives. Twice what is
@@ -1063,7 +1081,7 @@ fn video_chunks_whose_frames_cannot_fit_the_host_are_refused() {
         return;
     }
     let z = HostTensor::new(vec![1, 16, side, side], vec![0.0; 16 * side * side]).unwrap();
-    let mut stream = VideoDecoder::new(&ctx, vae.model());
+    let mut stream = VideoDecoder::new(&ctx, &vae).unwrap();
     let started = std::time::Instant::now();
     let m = message(stream.decode(&z));
     assert!(

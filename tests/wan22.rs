@@ -25,8 +25,8 @@ fn golden() -> Option<PathBuf> {
     shared_dir().map(|s| s.join("golden").join("wan22-tiny"))
 }
 
-fn open(ctx: &Context, dir: &std::path::Path) -> WanDecoder {
-    WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap()
+fn open(ctx: &Context, dir: &std::path::Path) -> wgvae::Vae {
+    wgvae::Vae::from(WanDecoder::open(ctx, dir.to_str().unwrap(), wgvae::DType::F32, 0).unwrap())
 }
 
 fn out_dims(want: &HostTensor) -> [usize; 4] {
@@ -44,7 +44,11 @@ fn wan22_tiny_whole_and_streamed() {
     let ctx = test_context();
     let dec = open(&ctx, &dir);
     assert_eq!(
-        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (
+            dec.latent_channels(),
+            dec.upscale(),
+            dec.frames_for(2).unwrap() - dec.frames_for(1).unwrap()
+        ),
         (48, 16, 4)
     );
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
@@ -141,9 +145,14 @@ fn wan22_bad_latents_are_errors() {
 #[test]
 fn wan22_preset_decodes() {
     let ctx = test_context();
-    let dec = WanDecoder::open(&ctx, "preset:wan22", wgvae::DType::F32, 0).unwrap();
+    let dec =
+        wgvae::Vae::from(WanDecoder::open(&ctx, "preset:wan22", wgvae::DType::F32, 0).unwrap());
     assert_eq!(
-        (dec.latent_channels(), dec.upscale(), dec.t_upscale()),
+        (
+            dec.latent_channels(),
+            dec.upscale(),
+            dec.frames_for(2).unwrap() - dec.frames_for(1).unwrap()
+        ),
         (48, 16, 4)
     );
     let z = HostTensor::new(vec![1, 48, 1, 1, 1], vec![0.5; 48]).unwrap();
@@ -164,7 +173,8 @@ fn half_precisions_stay_close() {
         (wgvae::DType::F16, HALF_BOUND.0),
         (wgvae::DType::BF16, HALF_BOUND.1),
     ] {
-        let dec = WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap();
+        let dec =
+            wgvae::Vae::from(WanDecoder::open(&ctx, dir.to_str().unwrap(), dtype, 0).unwrap());
         let got = decode_video(&ctx, &dec, &z).unwrap();
         let (err, at) = max_abs_diff(&got.data, &want.data);
         let peak = want.data.iter().fold(0f32, |m, v| m.max(v.abs()));
@@ -257,13 +267,13 @@ fn wan22_original_single_file_loads() {
         c.latents_mean,
         wgvae::models::wan::WAN22_LATENTS_MEAN.to_vec()
     );
-    let vae = wgvae::video::VideoVae::from(orig);
+    let vae = wgvae::Vae::from(orig);
     assert!(vae
         .latents_stats_note()
         .unwrap()
         .contains("Wan 2.2's published"));
     let z = read_npy(&dir.join("z.npy")).unwrap();
-    let a = decode_video(&ctx, vae.model(), &z).unwrap();
+    let a = decode_video(&ctx, &vae, &z).unwrap();
     let b = decode_video(&ctx, &dec, &z).unwrap();
     assert_eq!(a.data, b.data);
 }

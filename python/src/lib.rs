@@ -19,7 +19,7 @@ use pyo3::types::{PyByteArray, PyDict, PyList};
 
 use std::sync::Mutex;
 
-use wgvae::encode::{EncodeOptions, VaeEncoder};
+use wgvae::encode::EncodeOptions;
 use wgvae::estimate::Estimate;
 use wgvae::gpu::{AdapterChoice, AdapterSummary, Context, ContextOptions};
 use wgvae::io::HostTensor;
@@ -186,7 +186,7 @@ struct Model {
     policy: Policy,
     max_memory: Option<u64>,
     /// One run at a time per model; also holds the lazily loaded encoder.
-    encoder: Mutex<Option<VaeEncoder>>,
+    encoder: Mutex<Option<Vae>>,
 }
 
 #[pymethods]
@@ -382,7 +382,7 @@ impl Model {
             let mut slot = self.encoder.lock().unwrap_or_else(|e| e.into_inner());
             let enc = match slot.take() {
                 Some(e) => e,
-                None => VaeEncoder::load(&self.ctx, &self.encoder_spec, &self.load)
+                None => Vae::load_encoder(&self.ctx, &self.encoder_spec, &self.load)
                     .map_err(to_py_err)?,
             };
             let out = wgvae::encode::encode(&ctx, &enc, &pixels, &opts);

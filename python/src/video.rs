@@ -15,9 +15,10 @@ use pyo3::types::PyByteArray;
 use wgvae::gpu::{Context, ContextOptions};
 use wgvae::io::HostTensor;
 use wgvae::kernels::image::cpu_to_rgba8;
+use wgvae::kernels::image::ImageRange;
 use wgvae::memory::Policy;
 use wgvae::models::{LoadOptions, Precision};
-use wgvae::video::{VideoModel, VideoVae};
+use wgvae::video::VideoModel;
 use wgvae::{Error, VideoDecoder};
 
 use crate::{adapter_choice, host_tensor, to_py_err, value_err};
@@ -25,8 +26,8 @@ use crate::{adapter_choice, host_tensor, to_py_err, value_err};
 /// The loaded decoder a model and its streams share.
 struct Loaded {
     ctx: Context,
-    /// Shared with the streams' decoders.
-    vae: Arc<VideoVae>,
+    /// A video decoder (checked at load); streams share its network.
+    vae: wgvae::Vae,
     dtype: &'static str,
     random_weights: bool,
     /// One device run at a time per model (whole clips and stream chunks).
@@ -34,8 +35,9 @@ struct Loaded {
 }
 
 impl Loaded {
-    fn model(&self) -> VideoModel<'_> {
-        self.vae.model()
+    /// The range of its frames.
+    fn range(&self) -> ImageRange {
+        self.vae.output_range()
     }
 
     /// Wan pipeline latents → the raw z the decoder takes, in place;
@@ -50,7 +52,7 @@ type Frames<'py> = (Bound<'py, PyByteArray>, Vec<usize>);
 
 /// Frames `[T', 3, H, W]` of one video → uint8 bytes `[T', H, W, 3]` (the
 /// CLI's PNG frames: the model's output range, rounded).
-fn rgb8(frames: &HostTensor, model: VideoModel) -> wgvae::Result<Vec<u8>> {
+fn rgb8(frames: &HostTensor, range: ImageRange) -> wgvae::Result<Vec<u8>> {
     let [t, _, h, w] = match frames.shape[..] {
         [t, 3, h, w] => [t, 3, h, w],
         _ => {
@@ -60,7 +62,7 @@ fn rgb8(frames: &HostTensor, model: VideoModel) -> wgvae::Result<Vec<u8>> {
             )))
         }
     };
-    let rgba = cpu_to_rgba8(&frames.data, t, h, w, model.range());
+    let rgba = cpu_to_rgba8(&frames.data, t, h, w, range);
     Ok(rgba
         .chunks_exact(4)
         .flat_map(|p| [p[0], p[1], p[2]])
@@ -100,12 +102,13 @@ impl VideoModelPy {
                     ..Default::default()
                 })?
                 .with_pool(policy.new_pool());
-                let vae = wgvae::video::load_video_decoder(&ctx, &spec, &load)?;
+                let vae = wgvae::Vae::load(&ctx, &spec, &load)?;
+                vae.video_decoder("wgvae.VideoModel")?;
                 // As the CLI: TAEHV is f16-safe, Wan takes bf16 under auto.
-                let dtype = vae.dtype_for(precision, ctx.caps()).name();
+                let dtype = vae.dtype().name();
                 Ok(Loaded {
                     ctx,
-                    vae: Arc::new(vae),
+                    vae,
                     dtype,
                     random_weights: spec.starts_with("preset:"),
                     run: Mutex::new(()),
@@ -119,23 +122,24 @@ impl VideoModelPy {
 
     #[getter]
     fn name(&self) -> String {
-        self.loaded.model().name().to_string()
+        self.loaded.vae.name().to_string()
     }
 
     #[getter]
     fn latent_channels(&self) -> usize {
-        self.loaded.model().latent_channels()
+        self.loaded.vae.latent_channels()
     }
 
     /// True for a decoder that is not causal (LTX-2): a video decodes as one chunk.
     #[getter]
-    fn whole_clip(&self) -> bool {
-        self.loaded.model().whole_clip()
+    fn whole_clip(&self) -> PyResult<bool> {
+        let model = self.loaded.vae.video_decoder("whole_clip");
+        Ok(model.map_err(to_py_err)?.whole_clip())
     }
 
     #[getter]
     fn upscale(&self) -> usize {
-        self.loaded.model().upscale()
+        self.loaded.vae.upscale()
     }
 
     #[getter]
@@ -157,18 +161,18 @@ impl VideoModelPy {
     /// The range of the float frames: (-1, 1) (Wan) or (0, 1) (TAEHV).
     #[getter]
     fn output_range(&self) -> (f32, f32) {
-        crate::range_bounds(self.loaded.model().range())
+        crate::range_bounds(self.loaded.range())
     }
 
     /// The latent layout the model takes: `ntchw` (TAEHV) or `ncthw` (Wan).
     #[getter]
     fn layout(&self) -> &'static str {
-        self.loaded.model().latent_layout().name()
+        self.loaded.vae.latent_layout().map_or("", |l| l.name())
     }
 
     /// Frames a video of `t` latent frames decodes to.
-    fn frames_for(&self, t: usize) -> usize {
-        VideoDecoder::frames_for(self.loaded.model(), t)
+    fn frames_for(&self, t: usize) -> PyResult<usize> {
+        self.loaded.vae.frames_for(t).map_err(to_py_err)
     }
 
     /// Decodes f32 latents `data` of `shape` (5-D, the model's layout).
@@ -188,7 +192,7 @@ impl VideoModelPy {
         let tiling = video_tiling(tile)?;
         let (bytes, shape) = py.detach(|| -> PyResult<_> {
             let mut latents = host_tensor(data, shape)?;
-            let model = loaded.model();
+            let model = loaded.vae.video_decoder("decode").map_err(to_py_err)?;
             if latents.shape.len() != 5 {
                 return Err(value_err(format!(
                     "video latents are 5-D ({}), got shape {:?}",
@@ -210,8 +214,9 @@ impl VideoModelPy {
                 loaded.unnormalize(&mut latents).map_err(to_py_err)?;
             }
             let _one_at_a_time = loaded.run.lock().unwrap_or_else(|e| e.into_inner());
-            let out = wgvae::decode_video_tiled(&loaded.ctx, model, &latents, tiling.as_ref())
-                .map_err(to_py_err)?;
+            let out =
+                wgvae::decode_video_tiled(&loaded.ctx, &loaded.vae, &latents, tiling.as_ref())
+                    .map_err(to_py_err)?;
             if !uint8 {
                 let bytes = bytemuck::cast_slice::<f32, u8>(&out.data).to_vec();
                 return Ok((bytes, out.shape));
@@ -225,7 +230,7 @@ impl VideoModelPy {
     #[pyo3(signature = (raw_latents=false, uint8=false, tile="auto"))]
     fn stream(&self, raw_latents: bool, uint8: bool, tile: &str) -> PyResult<VideoStream> {
         let loaded = Arc::clone(&self.loaded);
-        let mut decoder = VideoDecoder::shared(&loaded.ctx, Arc::clone(&loaded.vae));
+        let mut decoder = VideoDecoder::shared(&loaded.ctx, &loaded.vae).map_err(to_py_err)?;
         if let Some(t) = video_tiling(tile)? {
             decoder.set_tiling(t).map_err(to_py_err)?;
         }
@@ -276,7 +281,10 @@ fn video_rgb8(out: HostTensor, model: VideoModel) -> wgvae::Result<(Vec<u8>, Vec
         } else {
             video.to_vec()
         };
-        bytes.extend(rgb8(&HostTensor::new(vec![t, 3, h, w], frames)?, model)?);
+        bytes.extend(rgb8(
+            &HostTensor::new(vec![t, 3, h, w], frames)?,
+            model.range(),
+        )?);
     }
     Ok((bytes, vec![n, t, h, w, 3]))
 }
@@ -311,7 +319,7 @@ impl VideoStream {
                 [t, c, h, w] => [t, c, h, w],
                 _ => return Err(Error::Internal("video frames are not 4-D".into())),
             };
-            let bytes = rgb8(&got.frames, self._loaded.model())?;
+            let bytes = rgb8(&got.frames, self._loaded.range())?;
             return Ok(Some((bytes, vec![t, h, w, 3], got.first)));
         }
         let bytes = bytemuck::cast_slice::<f32, u8>(&got.frames.data).to_vec();
@@ -328,8 +336,7 @@ impl VideoStream {
             let mut chunk = host_tensor(data, shape)?;
             let loaded = &self._loaded;
             if let (false, &[t, c, h, w]) = (self.raw_latents, &chunk.shape[..]) {
-                if c == loaded.model().latent_channels() && chunk.data.iter().all(|v| v.is_finite())
-                {
+                if c == loaded.vae.latent_channels() && chunk.data.iter().all(|v| v.is_finite()) {
                     // [T, C, h, w] read as [T, C, 1, h, w]: the same per-channel planes.
                     chunk.shape = vec![t, c, 1, h, w];
                     loaded.unnormalize(&mut chunk).map_err(to_py_err)?;

@@ -61,8 +61,9 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae
         precision: a.dtype.parse()?,
         ..Default::default()
     };
-    let enc = wgvae::encode::VaeEncoder::load(&ctx, &a.vae, &opts)?;
-    if a.raw_latents && enc.is_tae() {
+    let enc = wgvae::Vae::load_encoder(&ctx, &a.vae, &opts)?;
+    // TAE encoders give latents as they are: no scaling to undo.
+    if a.raw_latents && enc.latent_scaling().is_none() {
         return Err(wgvae::Error::InvalidInput(
             "--raw-latents: TAE latents carry no scaling or shift (they are the decoder's input as they are); the flag applies to AutoencoderKL encoders".into(),
         ));
@@ -165,7 +166,7 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
         precision: a.dtype.parse()?,
         ..Default::default()
     };
-    let enc = wgvae::video_encode::load_video_encoder(&ctx, &a.vae, &opts)?;
+    let enc = wgvae::Vae::load_encoder(&ctx, &a.vae, &opts)?;
     let start = std::time::Instant::now();
     let latents = wgvae::video_encode::encode_video(&ctx, &enc, &frames)?;
     let ms = start.elapsed().as_secs_f64() * 1e3;
@@ -177,7 +178,7 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
         println!(
             "{}",
             json!({"adapter": ctx.caps().adapter_name, "backend": format!("{:?}", ctx.caps().backend),
-                   "model": enc.variant_name(), "frames_shape": frames.shape,
+                   "model": enc.name(), "frames_shape": frames.shape,
                    "latents_shape": latents.shape, "encode_ms": ms, "output": a.output})
         );
     } else {
@@ -185,7 +186,7 @@ fn run_video(device_args: &crate::cli::DeviceArgs, a: &EncodeArgs) -> wgvae::Res
             "wrote {} ({:?}) — {} encoder in {ms:.1} ms",
             a.output.display(),
             latents.shape,
-            enc.variant_name(),
+            enc.name(),
         );
     }
     Ok(())

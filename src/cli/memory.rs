@@ -95,7 +95,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
             .encode(shape)?;
         // The dtype `--dtype` resolves to for this encoder (`auto`: by device and model).
         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
-        let enc = wgvae::encode::VaeEncoder::load(&probe, &a.vae, &load)?;
+        let enc = Vae::load_encoder(&probe, &a.vae, &load)?;
         (e, enc.dtype().name().to_string())
     } else {
         // The latent channel count comes from the model: load it once in a dry run.

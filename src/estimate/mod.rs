@@ -4,12 +4,13 @@
 use serde::Serialize;
 
 use crate::decode::{decode_checked, DecodeOptions};
-use crate::encode::{encode, EncodeOptions, VaeEncoder};
+use crate::encode::{encode_image, EncodeOptions};
 use crate::error::{Error, Result};
 use crate::gpu::{Capabilities, Context};
 use crate::io::HostTensor;
 use crate::memory::{MemoryStats, Policy};
-use crate::models::{LoadOptions, Vae};
+use crate::models::vae_encoder::VaeEncoder;
+use crate::models::{ImageDecoder, LoadOptions};
 use crate::tiling::{Tiling, TilingReport};
 
 mod video;
@@ -102,7 +103,7 @@ pub struct Estimate<'a> {
     pub caps: &'a Capabilities,
     /// Memory policy of the pool.
     pub policy: Policy,
-    /// The model, as [`Vae::load`] takes it.
+    /// The model, as [`Vae::load`](crate::Vae::load) takes it.
     pub vae: &'a str,
     /// How it is loaded (precision, config overrides, preset seed).
     pub load: &'a LoadOptions,
@@ -137,7 +138,7 @@ impl<'a> Estimate<'a> {
     pub fn decode(&self, latent_shape: [usize; 4]) -> Result<MemoryEstimate> {
         let latents = zeros(latent_shape)?;
         MemoryEstimate::predict(self.caps, self.policy, |null| {
-            let vae = Vae::load(null, self.vae, self.load)?;
+            let vae = ImageDecoder::load(null, self.vae, self.load)?;
             let opts = DecodeOptions {
                 raw_latents: true,
                 tiling: self.tiling.clone(),
@@ -146,7 +147,7 @@ impl<'a> Estimate<'a> {
             // Zeros: nothing to scan for non-finite values.
             let out = decode_checked(null, &vae, &latents, &opts, false)?;
             let image = vec![latent_shape[0], out.channels, out.height, out.width];
-            let model = (vae.name.clone(), vae.weights_bytes);
+            let model = (vae.name().to_string(), vae.weights_bytes());
             let shapes = (latent_shape.to_vec(), image);
             Ok((model, shapes, out.memory, out.tiling))
         })
@@ -161,7 +162,7 @@ impl<'a> Estimate<'a> {
                 tiling: self.tiling.clone(),
                 ..Default::default()
             };
-            let out = encode(null, &enc, &image, &opts)?;
+            let out = encode_image(null, &enc, &image, &opts)?;
             let model = (enc.name.clone(), enc.weights_bytes);
             let shapes = (out.latents.shape.clone(), image_shape.to_vec());
             Ok((model, shapes, out.memory, out.tiling))

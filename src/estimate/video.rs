@@ -222,7 +222,7 @@ impl Estimate<'_> {
             model: dec.name().to_string(),
             dtype: vae.dtype_for(self.load.precision, null.caps()).name(),
             frames,
-            output_frames: crate::VideoDecoder::frames_for(dec, frames),
+            output_frames: dec.frames_for(frames),
             chunk,
             latent_frame: latent.to_vec(),
             frame_shape: vec![3, h, w],
@@ -287,7 +287,7 @@ impl Estimate<'_> {
         if tiles.saturating_mul(chunks) <= most {
             return Ok(None);
         }
-        let mut probe = crate::VideoDecoder::new(null, dec);
+        let mut probe = crate::VideoDecoder::of(null, dec);
         probe.set_tiling(tiling.clone())?;
         let first = zeros([job.chunk.min(job.frames), c, h, w])?;
         if !probe.wants_tiles(&first)? {
@@ -405,7 +405,7 @@ impl Chunks<'_> {
             chunk,
             tiling,
         } = *self;
-        let mut stream = crate::VideoDecoder::new(null, dec);
+        let mut stream = crate::VideoDecoder::of(null, dec);
         if let Some(t) = tiling {
             stream.set_tiling(t.clone())?;
         }

@@ -781,7 +781,7 @@ fn self_attention(
 
 // Running a loaded model is the executors' business: the models describe graphs and never
 // import an executor, so these methods live here.
-impl crate::models::Vae {
+impl crate::models::ImageDecoder {
     /// Records the decoder on `z` [N, C, h, w] (decoder input) → raw [N, 3, H, W].
     #[doc(hidden)]
     pub fn forward(&self, rec: &mut Recorder, z: Tensor, taps: &mut Taps) -> Result<Tensor> {

@@ -327,6 +327,17 @@ impl Graph {
     }
     /// The cooperative-matrix configuration the convolutions run on (`8x8x8 f16->f32`),
     /// `None` when they all take the scalar path.
+    /// The storage dtype of its weights (its first convolution's; f32
+    /// for a graph without one).
+    pub(crate) fn weights_dtype(&self) -> crate::tensor::DType {
+        let causal = self.causal.iter().flat_map(|c| c.taps.iter());
+        self.convs
+            .iter()
+            .chain(causal)
+            .map(|w| w.dtype())
+            .next()
+            .unwrap_or(crate::tensor::DType::F32)
+    }
     pub(crate) fn matrix_config(&self) -> Option<String> {
         let causal = self.causal.iter().flat_map(|c| c.taps.iter());
         self.convs

@@ -56,7 +56,7 @@ impl TaehvEncoder {
     }
 
     /// Uploads an encoder from a store of TAEHV `encoder.N…` weights (see
-    /// [`crate::models::TaePart::Encoder`]).
+    /// [`crate::models::crate::models::TaePart::Encoder`]).
     pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
         let first = store.conv_shape(
             "0.weight",
@@ -171,4 +171,44 @@ impl TaehvEncoder {
     pub(crate) fn graph(&self) -> &Graph {
         &self.graph
     }
+}
+
+/// Refuses a video VAE whose encoder wgvae does not implement (Wan 2.1 /
+/// 2.2, HunyuanVideo 1.5, LTX-2, MiniMax-H3), naming its family, before any input is
+/// read; only TAEHV files encode.
+pub fn check_has_encoder(spec: &str) -> Result<()> {
+    let family = if crate::models::wan::is_wan_video(spec) {
+        Some("a Wan 2.1 / 2.2 VAE")
+    } else if crate::models::hunyuan_video15::is_hunyuan_video15(spec) {
+        Some("a HunyuanVideo 1.5 VAE")
+    } else if crate::models::ltx2::is_ltx2(spec) {
+        Some("an LTX-2 VAE")
+    } else if crate::models::minimax_h3::is_minimax_h3(spec) {
+        Some("a MiniMax-H3 VAE")
+    } else {
+        None
+    };
+    if let Some(family) = family {
+        return Err(Error::Unsupported(format!(
+            "{spec} is {family}: its encoder is not implemented; only the TAEHV video encoders (taew2_1, taehv, taew2_2) are; encode with a TAEHV .safetensors file"
+        )));
+    }
+    Ok(())
+}
+
+/// Loads the TAEHV encoder of the `.safetensors` file at `spec` (its
+/// `encoder.N…` half) in the storage precision `load` asks for. A Wan VAE
+/// is refused (its encoder is not implemented).
+pub fn load_video_encoder(
+    ctx: &Context,
+    spec: &str,
+    load: &super::LoadOptions,
+) -> Result<TaehvEncoder> {
+    check_has_encoder(spec)?;
+    let store = WeightStore::from_safetensors_part(
+        std::path::Path::new(spec),
+        crate::models::TaePart::Encoder,
+    )?;
+    store.set_dtype(load.precision.resolve(true, ctx.caps()));
+    TaehvEncoder::load(ctx, &store)
 }

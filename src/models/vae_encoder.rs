@@ -88,7 +88,7 @@ impl VaeEncoder {
         let store = WeightStore::from_safetensors_part(&weights, TaePart::Encoder)?;
         if store.layout() == Layout::Taehv {
             return Err(Error::Unsupported(format!(
-                "`{}` is a TAEHV video autoencoder: its (video) encoder is not supported yet",
+                "`{}` holds a TAEHV video encoder: it encodes video frames (`Vae::load_encoder` of the TAEHV file, `wgvae::video_encode::encode_video`), not images",
                 weights.display()
             )));
         }

@@ -11,7 +11,7 @@ use crate::gpu::{Capabilities, Context};
 use crate::kernels::conv2d::output_size;
 use crate::memory::Policy;
 use crate::models::graph::{Graph, Op, Residual};
-use crate::models::{LoadOptions, Precision, Vae, WanDecoder};
+use crate::models::{ImageDecoder, LoadOptions, Precision, WanDecoder};
 use crate::tensor::DType;
 
 /// Which decoder a workload runs.
@@ -82,7 +82,7 @@ pub fn workload(
                 precision: Precision::F16,
                 ..Default::default()
             };
-            let vae = Vae::load(&null, &format!("preset:{preset}"), &load)?;
+            let vae = ImageDecoder::load(&null, &format!("preset:{preset}"), &load)?;
             let up = vae.upscale();
             let input = [
                 latent_frames,

@@ -6,7 +6,7 @@ use crate::gpu::Recorder;
 use crate::io::HostTensor;
 use crate::kernels::latent_affine::{latent_affine, Affine};
 use crate::models::vae_encoder::VaeEncoder;
-use crate::models::{Taps, Vae};
+use crate::models::{ImageDecoder, Taps};
 use crate::tensor::{DType, Tensor};
 
 /// f32 latents in a buffer the host owns: `shape` = [N, C, h, w], contiguous
@@ -32,7 +32,7 @@ impl DeviceLatents<'_> {
     /// Checks shape, usage, alignment and bounds against `vae`, for
     /// pipeline latents or (`raw_latents`) decoder input; returns the shape
     /// the decoder gets (FLUX.2 pipeline maps N×128×h×w: N×32×2h×2w).
-    pub fn decoder_shape(&self, vae: &Vae, raw_latents: bool) -> Result<[usize; 4]> {
+    pub fn decoder_shape(&self, vae: &ImageDecoder, raw_latents: bool) -> Result<[usize; 4]> {
         let [n, c, h, w] = self.shape;
         if n == 0 || h == 0 || w == 0 {
             return Err(Error::InvalidInput(format!(
@@ -89,7 +89,11 @@ impl DeviceLatents<'_> {
 /// Records upload and decoder for decoder-input latents `z` [N, C, h, w] in
 /// host memory → raw output [N, 3, H, W] (the first half of
 /// [`crate::decode::record_decode`]).
-pub(crate) fn record_decoder(rec: &mut Recorder, vae: &Vae, z: &HostTensor) -> Result<Tensor> {
+pub(crate) fn record_decoder(
+    rec: &mut Recorder,
+    vae: &ImageDecoder,
+    z: &HostTensor,
+) -> Result<Tensor> {
     track_f16(rec, vae)?;
     let input = Tensor::from_f32_in(rec, &z.shape, &z.data, "latents")?;
     vae.forward(rec, input, &mut Taps::default())
@@ -131,7 +135,7 @@ pub(crate) fn record_encoder(
 /// NaN / infinite latents are not detected (that would need a read back).
 pub(crate) fn record_decoder_from_buffer(
     rec: &mut Recorder,
-    vae: &Vae,
+    vae: &ImageDecoder,
     shape: [usize; 4],
     source: Option<(&wgpu::Buffer, u64)>,
     raw_latents: bool,
@@ -150,7 +154,7 @@ pub(crate) fn record_decoder_from_buffer(
 
 /// Pipeline latents → decoder input on the device (see
 /// [`record_decoder_from_buffer`]).
-fn unnormalize(rec: &mut Recorder, vae: &Vae, x: Tensor) -> Result<Tensor> {
+fn unnormalize(rec: &mut Recorder, vae: &ImageDecoder, x: Tensor) -> Result<Tensor> {
     let [n, c, h, w] = <[usize; 4]>::try_from(x.shape())
         .map_err(|_| Error::shape("latents", format!("{x:?} is not N×C×h×w")))?;
     let per_channel = |op, r: usize, a: Vec<f32>, s: &[f32], rec: &mut Recorder| {
@@ -192,7 +196,7 @@ fn unnormalize(rec: &mut Recorder, vae: &Vae, x: Tensor) -> Result<Tensor> {
 /// f16 models count overflowing conv stores (see [`Recorder::track_f16_range`]).
 /// Every decode recording starts with it, so all of them allocate alike and
 /// share memory plans.
-pub(crate) fn track_f16(rec: &mut Recorder, vae: &Vae) -> Result<()> {
+pub(crate) fn track_f16(rec: &mut Recorder, vae: &ImageDecoder) -> Result<()> {
     if vae.dtype == DType::F16 && rec.range_flag().is_none() {
         rec.track_f16_range()?;
     }

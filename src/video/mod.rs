@@ -23,11 +23,10 @@ mod readback;
 mod textures;
 mod tiles;
 
-use std::sync::Arc;
-
 use crate::error::{Error, Result};
 use crate::gpu::Context;
 use crate::io::HostTensor;
+use crate::models::Vae;
 use crate::run::video::{ClipFeed, VideoRun};
 use crate::tiling::Tiling;
 
@@ -35,7 +34,11 @@ use model::{check_frame, ModelRef};
 use readback::Pending;
 
 pub use crate::latents::VideoLayout;
-pub use model::{is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae};
+// What the CLI, the Python crate and tests use of the model handle's inside.
+#[doc(hidden)]
+pub use crate::models::video_vae::{
+    is_video_vae, is_wan, load_video_decoder, VideoModel, VideoVae,
+};
 pub use textures::PendingFrames;
 #[doc(hidden)]
 pub use tiles::VIDEO_DEFAULT_TILE;
@@ -95,20 +98,30 @@ pub struct VideoDecoder<'a> {
 }
 
 impl VideoDecoder<'static> {
-    /// A decoder at the start of a video that shares ownership of `model`
-    /// (no borrow: it can live beside the `Arc` or outlive it).
-    pub fn shared(ctx: &Context, model: Arc<VideoVae>) -> Self {
-        Self::with_model(ctx, ModelRef::Shared(model))
+    /// A decoder at the start of a video that shares ownership of `vae`'s
+    /// network (no borrow: it can live beside the model or outlive it). An
+    /// error unless `vae` is a video decoder.
+    pub fn shared(ctx: &Context, vae: &Vae) -> Result<Self> {
+        let model = vae.shared_video_decoder("a VideoDecoder")?;
+        Ok(Self::with_model(ctx, ModelRef::Shared(model)))
     }
 }
 
 impl<'a> VideoDecoder<'a> {
-    /// A decoder at the start of a video.
-    pub fn new(ctx: &Context, decoder: impl Into<VideoModel<'a>>) -> Self {
-        Self::with_model(ctx, ModelRef::Borrowed(decoder.into()))
+    /// A decoder at the start of a video; an error unless `vae` is a video
+    /// decoder.
+    pub fn new(ctx: &Context, vae: &'a Vae) -> Result<Self> {
+        Ok(Self::of(ctx, vae.video_decoder("a VideoDecoder")?))
+    }
+
+    /// A decoder of the runner's view of a video decoder.
+    #[doc(hidden)]
+    pub fn of(ctx: &Context, model: VideoModel<'a>) -> Self {
+        Self::with_model(ctx, ModelRef::Borrowed(model))
     }
 
     /// The model it runs.
+    #[doc(hidden)]
     pub fn model(&self) -> VideoModel<'_> {
         self.decoder.get()
     }
@@ -289,13 +302,7 @@ impl<'a> VideoDecoder<'a> {
     pub fn frames_next(&self, t: usize) -> usize {
         let model = self.decoder.get();
         let done = self.latent_frames;
-        Self::frames_for(model, done.saturating_add(t)) - Self::frames_for(model, done)
-    }
-
-    /// Frames a video of `t` latent frames decodes to: `1 + t_upscale (t − 1)`
-    /// (TAEHV and Wan: 4 output frames per latent frame, one for the first).
-    pub fn frames_for<'m>(decoder: impl Into<VideoModel<'m>>, t: usize) -> usize {
-        decoder.into().frames_for(t)
+        model.frames_for(done.saturating_add(t)) - model.frames_for(done)
     }
 
     /// Host-visible read-back bytes (outside the pool): two staging
@@ -373,24 +380,20 @@ fn swap_axes(x: &[f32], a: usize, b: usize, rest: usize) -> Vec<f32> {
 /// `T' = t_upscale · T − frames_to_trim`. Wan: raw z `[N, C, T, h, w]` →
 /// `[N, 3, T', H, W]` clamped to [−1, 1], `T' = 1 + 4 (T − 1)` (as diffusers'
 /// `AutoencoderKLWan.decode`). Each video is one [`VideoDecoder`] chunk.
-pub fn decode_video<'a>(
-    ctx: &Context,
-    decoder: impl Into<VideoModel<'a>>,
-    latents: &HostTensor,
-) -> Result<HostTensor> {
-    decode_video_tiled(ctx, decoder, latents, None)
+pub fn decode_video(ctx: &Context, vae: &Vae, latents: &HostTensor) -> Result<HostTensor> {
+    decode_video_tiled(ctx, vae, latents, None)
 }
 
 /// [`decode_video`] with each video's frames tiled as `tiling` says
 /// ([`VideoDecoder::set_tiling`]; `None`: the model's default, untiled but
 /// for MiniMax-H3, which tiles as its reference does).
-pub fn decode_video_tiled<'a>(
+pub fn decode_video_tiled(
     ctx: &Context,
-    decoder: impl Into<VideoModel<'a>>,
+    vae: &Vae,
     latents: &HostTensor,
     tiling: Option<&Tiling>,
 ) -> Result<HostTensor> {
-    let decoder = decoder.into();
+    let decoder = vae.video_decoder("decoding video")?;
     let wan = decoder.channels_first();
     let [n, t, c, h, w] = match (&latents.shape[..], wan) {
         (&[n, t, c, h, w], false) => [n, t, c, h, w],
@@ -423,7 +426,7 @@ pub fn decode_video_tiled<'a>(
             video.to_vec()
         };
         let chunk = HostTensor::new(vec![t, c, h, w], video)?;
-        let mut stream = VideoDecoder::new(ctx, decoder);
+        let mut stream = VideoDecoder::of(ctx, decoder);
         if let Some(t) = tiling {
             stream.set_tiling(t.clone())?;
         }

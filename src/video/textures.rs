@@ -61,7 +61,7 @@ impl VideoDecoder<'_> {
     /// [`VideoDecoder::decode`]) into the host's `encoder`, writing its
     /// frames into the host's textures: frame `i` of the chunk into
     /// `targets[i]` (texels `(0..W, 0..H)` of mip level 0, array layer 0;
-    /// `W × H` = latent size × [`VideoModel::upscale`](super::VideoModel::upscale)). Needs at least
+    /// `W × H` = latent size × [`Vae::upscale`](crate::Vae::upscale)). Needs at least
     /// [`VideoDecoder::frames_next`]`(T)` targets (later ones are left
     /// alone); returns a [`PendingFrames`] saying how many were written.
     /// One texture per frame, so that a host can keep a ring of them and

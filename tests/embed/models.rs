@@ -157,3 +157,26 @@ fn qwen_image_pipeline_latents_from_a_device_buffer() {
     let (worst, _) = compare(&texture.texels, reference.as_raw());
     assert!(worst <= 1, "texture: {worst}");
 }
+
+/// An engine decodes images: a video decoder is refused when it is built,
+/// naming the video front doors.
+#[test]
+fn engine_refuses_a_video_decoder() {
+    let Some(shared) = shared_dir() else { return };
+    let file = shared.join("golden/taew2_1-rand/taew2_1.safetensors");
+    let (device, queue) = host();
+    let e = Engine::new(
+        device.clone(),
+        queue.clone(),
+        file.to_str().unwrap(),
+        &LoadOptions::default(),
+    )
+    .unwrap_err()
+    .to_string();
+    assert!(
+        e.starts_with("invalid input: an Engine")
+            && e.contains("is a video decoder")
+            && e.contains("VideoDecoder"),
+        "{e}"
+    );
+}

@@ -21,11 +21,9 @@ fn patch_size_2_video_chunks_recorded_into_host_textures_match_push() {
 }
 
 fn check_video_textures(name: &str, file: &str) {
-    use std::sync::Arc;
     use wgpu::{TextureFormat as F, TextureUsages as U};
     use wgvae::kernels::image::ImageRange;
     use wgvae::models::{TaehvDecoder, WeightStore};
-    use wgvae::video::VideoVae;
     use wgvae::{Context, VideoDecoder};
 
     let Some(shared) = shared_dir() else { return };
@@ -33,7 +31,7 @@ fn check_video_textures(name: &str, file: &str) {
     let (device, queue) = host();
     let ctx = Context::from_device(device.clone(), queue.clone());
     let store = WeightStore::from_safetensors(&dir.join(file)).unwrap();
-    let vae = Arc::new(VideoVae::from(TaehvDecoder::load(&ctx, &store).unwrap()));
+    let vae = wgvae::Vae::from(TaehvDecoder::load(&ctx, &store).unwrap());
     let latents = read_npy(&dir.join("latents.npy")).unwrap();
     let [_, t, c, h, w] = latents.shape[..] else {
         panic!("latents are not 5-D")
@@ -49,7 +47,7 @@ fn check_video_textures(name: &str, file: &str) {
     let chunks = [chunk(0, 1), chunk(1, t.min(3))];
 
     // Reference: push/finish, frames converted to RGBA8 on the host.
-    let mut reference = VideoDecoder::shared(&ctx, Arc::clone(&vae));
+    let mut reference = VideoDecoder::shared(&ctx, &vae).unwrap();
     let mut want: Vec<Vec<u8>> = Vec::new();
     for ch in &chunks {
         let f = reference.decode(ch).unwrap();
@@ -70,8 +68,8 @@ fn check_video_textures(name: &str, file: &str) {
         }
     }
 
-    let mut dec = VideoDecoder::shared(&ctx, Arc::clone(&vae));
-    let up = dec.model().upscale();
+    let mut dec = VideoDecoder::shared(&ctx, &vae).unwrap();
+    let up = vae.upscale();
     let size = ((w * up) as u32, (h * up) as u32);
     // Misuse first: refused before recording, the decoder stays usable.
     let n0 = dec.frames_next(1);
@@ -124,7 +122,7 @@ fn check_video_textures(name: &str, file: &str) {
         got.extend(texs.iter().map(|t| rgb_of(&read_rgba8(device, queue, t))));
     }
     assert_eq!(got.len(), want.len());
-    assert_eq!(got.len(), VideoDecoder::frames_for(vae.model(), t.min(3)));
+    assert_eq!(got.len(), vae.frames_for(t.min(3)).unwrap());
     for (i, (a, b)) in got.iter().zip(&want).enumerate() {
         let (worst, differing) = compare(a, b);
         assert!(
@@ -134,7 +132,8 @@ fn check_video_textures(name: &str, file: &str) {
     }
 
     // Tiled decoders are refused.
-    let mut tiled = VideoDecoder::shared(&ctx, vae)
+    let mut tiled = VideoDecoder::shared(&ctx, &vae)
+        .unwrap()
         .with_tiling(wgvae::tiling::Tiling::exact())
         .unwrap();
     let tex = target(device, size, F::Rgba8Unorm, U::STORAGE_BINDING);

@@ -267,7 +267,7 @@ pub(crate) fn decode_video(
     if step == 0 {
         return Err(Error::InvalidInput("--chunk must be at least 1".into()));
     }
-    let loaded = wgvae::video::load_video_decoder(
+    let loaded = wgvae::Vae::load(
         ctx,
         &a.vae,
         &wgvae::models::LoadOptions {
@@ -276,8 +276,8 @@ pub(crate) fn decode_video(
             ..Default::default()
         },
     )?;
-    let dtype = loaded.dtype_for(precision, ctx.caps());
-    let decoder = loaded.model();
+    let dtype = loaded.dtype();
+    let decoder = loaded.video_decoder("decoding video")?;
     // Exact tiles (or auto: exact when the untiled frame exceeds the budget
     // or a binding limit); blended fast tiles are a clip-based decoder's
     // reference tiling only (MiniMax-H3's default).
@@ -340,7 +340,7 @@ pub(crate) fn decode_video(
             check_file(&video_path(out, v, n), "--video-out", VIDEO_EXTS, inputs)?;
         }
     }
-    let per_video = VideoDecoder::frames_for(decoder, t);
+    let per_video = decoder.frames_for(t);
     let (height, width) = (h * decoder.upscale(), w * decoder.upscale());
     let mut sinks = Sinks {
         pngs: a.frames_out.clone(),
@@ -430,7 +430,7 @@ pub(crate) fn decode_video(
             sinks.video = Some((sink, staged));
             videos.push(path);
         }
-        let mut stream = VideoDecoder::new(ctx, decoder);
+        let mut stream = VideoDecoder::new(ctx, &loaded)?;
         stream.set_tiling(tiling.clone())?;
         let step = if decoder.whole_clip() { t } else { step };
         for t0 in (0..t).step_by(step) {

@@ -16,7 +16,7 @@ use wgvae::frames::LatencySummary;
 use wgvae::gpu::Context;
 use wgvae::io::HostTensor;
 use wgvae::models::{LoadOptions, Precision};
-use wgvae::video::{load_video_decoder, VideoModel};
+use wgvae::video::VideoModel;
 use wgvae::VideoDecoder;
 
 /// What to benchmark.
@@ -128,7 +128,7 @@ fn pass(ctx: &Context, model: VideoModel, chunks: &[HostTensor]) -> Result<Pass>
     ctx.pool().empty_cache();
     ctx.pool().reset_peak_stats();
     let start = Instant::now();
-    let mut stream = VideoDecoder::new(ctx, model);
+    let mut stream = VideoDecoder::of(ctx, model);
     let (mut latency_ms, mut frames, mut checksum) = (Vec::new(), 0, 0.0f32);
     let mut take = |got: Option<wgvae::VideoFrames>| {
         if let Some(f) = got {
@@ -229,9 +229,9 @@ pub fn run_video_bench(
             seed: b.seed,
             ..Default::default()
         };
-        let loaded = load_video_decoder(&ctx, &b.vae, &load)?;
-        let dtype = loaded.dtype_for(precision, ctx.caps());
-        let model = loaded.model();
+        let loaded = wgvae::Vae::load(&ctx, &b.vae, &load)?;
+        let dtype = loaded.dtype();
+        let model = loaded.video_decoder("a video bench")?;
         let up = model.upscale();
         if b.size == 0 || !b.size.is_multiple_of(up) {
             return Err(Error::InvalidInput(format!(
@@ -281,7 +281,7 @@ pub fn run_video_bench(
             // A failure here shows up again in the rows' status.
             let prime = if model.whole_clip() { longest } else { chunk };
             if let Some(first) = chunked(prime, prime)?.first() {
-                let _ = VideoDecoder::new(&ctx, model).decode(first);
+                let _ = VideoDecoder::of(&ctx, model).decode(first);
             }
             for &t in &b.latent_frames {
                 // A decoder that is not causal (LTX-2) takes each video whole.
@@ -351,7 +351,7 @@ pub fn run_video_bench(
                     .max()
                     .map_or(f64::NAN, |v| v as f64 / MIB)
             };
-            let frames = VideoDecoder::frames_for(model, cell.latent_frames);
+            let frames = model.frames_for(cell.latent_frames);
             rows.push(VideoRow {
                 model: model.name().to_string(),
                 dtype: dtype.name(),

@@ -660,7 +660,7 @@ impl Executor {
 }
 
 // See `exec::untiled`: models never import an executor.
-impl crate::models::Vae {
+impl crate::models::ImageDecoder {
     /// The decoder tile by tile (see [`crate::tiling`]): `z` unscaled latents; returns RGBA8
     /// pixels `[N, 1, H, W]` and the raw output when `keep_raw`.
     pub(crate) fn forward_tiled(
