@@ -339,7 +339,7 @@ impl Engine {
             .with_device_memory(memory);
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.
-        let vae = Vae::load(&ctx, vae, load)?;
+        let vae = Vae::load_image_decoder(&ctx, vae, load)?;
         // Refused here, so later calls find an image decoder.
         vae.image_decoder("an Engine")?;
         Ok(Engine {
@@ -409,7 +409,7 @@ impl Engine {
                 Ok(Prepared::Host(z))
             }
             Latents::Device(d) => {
-                let z = d.decoder_shape(self.decoder()?, self.options.raw_latents)?;
+                let z = d.image_decoder_shape(self.decoder()?, self.options.raw_latents)?;
                 Ok(Prepared::Device(d, z))
             }
         }

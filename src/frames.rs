@@ -519,7 +519,7 @@ pub fn decode_frames(
 
     let (scale, shift) = vae.latent_scaling();
     let unscale = !opts.raw_latents && (scale != 1.0 || shift != 0.0);
-    // Qwen-Image: per channel, as `Vae::unscale_latents`.
+    // Qwen-Image: per channel, as `ImageDecoder::unscale_latents`.
     let normalize = !opts.raw_latents && vae.latent_normalization().is_some();
     let mut unscaled = Vec::new();
     ctx.pool().reset_peak_stats();
@@ -558,7 +558,7 @@ pub fn decode_frames(
         let chunk_shape = [count, c, h, w];
         let mut data = &latents.data[first * frame_len..(first + count) * frame_len];
         if unscale {
-            // As Vae::unscale_latents (same f32 operations), chunk by chunk.
+            // As ImageDecoder::unscale_latents (same f32 operations), chunk by chunk.
             unscaled.clear();
             unscaled.extend(data.iter().map(|v| *v / scale + shift));
             crate::models::check_unscaled(&unscaled, scale, shift)?;

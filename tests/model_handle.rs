@@ -115,7 +115,7 @@ fn front_doors_refuse_other_kinds_by_name() {
     };
     let opts = DecodeOptions::default();
     for (vae, kind, instead) in [
-        (&encoder, "is an image encoder", "wgvae::encode"),
+        (&encoder, "is an image encoder", "decoder with `Vae::load`"),
         (&video, "is a video decoder", "decode_video"),
         (&video_encoder, "is a video encoder", "video_encode"),
     ] {
@@ -132,16 +132,20 @@ fn front_doors_refuse_other_kinds_by_name() {
     }
     for (vae, kind, instead) in [
         (&image, "is an image decoder", "Vae::load_encoder"),
-        (&video, "is a video decoder", "decode_video"),
-        (&video_encoder, "is a video encoder", "video_encode"),
+        (&video, "is a video decoder", "image models are"),
+        (&video_encoder, "is a video encoder", "image models are"),
     ] {
         let encoded = encode(&ctx, vae, &pixels, &EncodeOptions::default());
         check(error_message(encoded), "encoding images", kind, instead);
     }
     for (vae, kind, instead) in [
-        (&image, "is an image decoder", "wgvae::decode"),
-        (&encoder, "is an image encoder", "wgvae::encode"),
-        (&video_encoder, "is a video encoder", "video_encode"),
+        (&image, "is an image decoder", "needs a video model"),
+        (&encoder, "is an image encoder", "needs a video model"),
+        (
+            &video_encoder,
+            "is a video encoder",
+            "decoder of the same file",
+        ),
     ] {
         check(
             error_message(decode_video(&ctx, vae, &video_latents)),
@@ -163,9 +167,9 @@ fn front_doors_refuse_other_kinds_by_name() {
         );
     }
     for (vae, kind, instead) in [
-        (&image, "is an image decoder", "wgvae::decode"),
-        (&encoder, "is an image encoder", "wgvae::encode"),
-        (&video, "is a video decoder", "decode_video"),
+        (&image, "is an image decoder", "needs a video model"),
+        (&encoder, "is an image encoder", "needs a video model"),
+        (&video, "is a video decoder", "encoder of a TAEHV file"),
     ] {
         check(
             error_message(encode_video(&ctx, vae, &zeros(&[1, 4, 3, 16, 16]))),
@@ -180,6 +184,13 @@ fn front_doors_refuse_other_kinds_by_name() {
             instead,
         );
     }
+
+    // Hosts that decode images only refuse video files from their headers.
+    let m = error_message(Vae::load_image_decoder(&ctx, &taehv, &load));
+    assert!(
+        m.contains("TAEHV video decoder") && m.contains("decode_video"),
+        "{m}"
+    );
 
     // A Wan VAE file has a Qwen-Image VAE's keys: the refusal says how to
     // decode images with such a file.

@@ -1,7 +1,7 @@
 //! `wgvae._wgvae`: the native half of the `wgvae` Python package.
 //!
 //! It wraps the library's front doors only (`Vae::load`, `decode`, `encode`,
-//! `estimate::Estimate`, `Context::adapters`; video: `load_video_decoder`,
+//! `estimate::Estimate`, `Context::adapters`; video: `Vae::load` of a video VAE,
 //! `decode_video`, `VideoDecoder`). Arrays cross as little-endian
 //! f32 `bytes` plus a shape: the pure-Python layer (`python/wgvae/__init__.py`)
 //! turns numpy arrays, `__array__` objects and DLPack tensors into them, which
@@ -217,7 +217,7 @@ impl Model {
                     ..Default::default()
                 })?
                 .with_pool(policy.new_pool());
-                let vae = Vae::load(&ctx, &spec, &load)?;
+                let vae = Vae::load_image_decoder(&ctx, &spec, &load)?;
                 Ok((ctx, vae))
             })
             .map_err(to_py_err)?;
@@ -448,7 +448,10 @@ impl Model {
                     None => own_dtype.to_string(),
                     Some(_) => {
                         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
-                        Vae::load(&probe, spec, &load)?.dtype().name().to_string()
+                        Vae::load_image_decoder(&probe, spec, &load)?
+                            .dtype()
+                            .name()
+                            .to_string()
                     }
                 };
                 (e, dtype)

@@ -235,7 +235,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &DecodeArgs) -> wgvae
         seed: a.seed,
         precision,
     };
-    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    let vae = Vae::load_image_decoder(&ctx, &a.vae, &load)?;
     if let Some(flag) = video_only {
         return Err(wgvae::Error::InvalidInput(format!(
             "{flag} is for video decoders (TAEHV: taew2_1, taew2_2; Wan 2.1 / 2.2, HunyuanVideo 1.5, LTX-2, MiniMax-H3); `{}` is an image VAE ({}): write its frames with --frames-out DIR",

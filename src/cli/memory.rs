@@ -100,7 +100,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &MemoryArgs) -> wgvae
     } else {
         // The latent channel count comes from the model: load it once in a dry run.
         let probe = Context::null(caps.clone(), Policy::Exact.new_pool());
-        let probe = Vae::load(&probe, &a.vae, &load)?;
+        let probe = Vae::load_image_decoder(&probe, &a.vae, &load)?;
         let (channels, dtype) = (probe.latent_channels(), probe.dtype().name().to_string());
         // Pixels per latent pixel: 8, or 16 (Qwen-Image 2.1).
         let up = probe.upscale();

@@ -325,8 +325,6 @@ impl Graph {
     pub(crate) fn conv(&self, w: ConvId) -> &Conv2dWeights {
         &self.convs[w.0]
     }
-    /// The cooperative-matrix configuration the convolutions run on (`8x8x8 f16->f32`),
-    /// `None` when they all take the scalar path.
     /// The storage dtype of its weights (its first convolution's; f32
     /// for a graph without one).
     pub(crate) fn weights_dtype(&self) -> crate::tensor::DType {
@@ -338,6 +336,8 @@ impl Graph {
             .next()
             .unwrap_or(crate::tensor::DType::F32)
     }
+    /// The cooperative-matrix configuration the convolutions run on (`8x8x8 f16->f32`),
+    /// `None` when they all take the scalar path.
     pub(crate) fn matrix_config(&self) -> Option<String> {
         let causal = self.causal.iter().flat_map(|c| c.taps.iter());
         self.convs

@@ -56,7 +56,7 @@ impl TaehvEncoder {
     }
 
     /// Uploads an encoder from a store of TAEHV `encoder.N…` weights (see
-    /// [`crate::models::crate::models::TaePart::Encoder`]).
+    /// [`crate::models::TaePart::Encoder`]).
     pub fn load(ctx: &Context, store: &WeightStore) -> Result<Self> {
         let first = store.conv_shape(
             "0.weight",

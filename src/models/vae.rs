@@ -83,7 +83,7 @@ impl From<VaeEncoder> for Vae {
     fn from(e: VaeEncoder) -> Self {
         Vae {
             weights_bytes: e.weights_bytes(),
-            random_weights: e.name().contains("random weights"),
+            random_weights: false,
             dtype: e.dtype(),
             model: Loaded::ImageEncoder(e),
         }
@@ -139,14 +139,10 @@ impl Vae {
     /// decoder, or a video decoder (TAEHV, Wan, HunyuanVideo 1.5, LTX-2,
     /// MiniMax-H3) told apart by its files.
     pub fn load(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
-        // A Qwen-Image VAE has a Wan VAE's keys: its name or config says it is an image decoder.
-        let config = opts.config.as_deref();
-        let qwen = super::qwen_image::is_qwen_image(spec, config)
-            || super::qwen_image21::is_qwen_image21(spec, config);
-        if qwen || !super::video_vae::is_video_vae(spec) {
-            return Ok(ImageDecoder::load(ctx, spec, opts)?.into());
+        if Self::image_spec(spec, opts) {
+            return Self::load_image_decoder(ctx, spec, opts);
         }
-        if opts.scaling_factor.is_some() || opts.shift_factor.is_some() || config.is_some() {
+        if opts.scaling_factor.is_some() || opts.shift_factor.is_some() || opts.config.is_some() {
             return Err(Error::InvalidInput(format!(
                 "`{spec}` is a video decoder: it reads its configuration from its own files and normalises latents per channel; drop `LoadOptions::config`, `scaling_factor` and `shift_factor` (they apply to image VAEs)"
             )));
@@ -162,19 +158,39 @@ impl Vae {
         Ok(vae)
     }
 
+    /// [`Vae::load`] for hosts that decode images only: a video decoder is
+    /// refused from its files' names, config and tensor names, before any weight is uploaded.
+    pub fn load_image_decoder(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
+        Ok(ImageDecoder::load(ctx, spec, opts)?.into())
+    }
+
+    /// True unless `spec` names a video model. A Qwen-Image VAE has a Wan
+    /// VAE's keys: its name or config says it is an image model.
+    fn image_spec(spec: &str, opts: &LoadOptions) -> bool {
+        let config = opts.config.as_deref();
+        super::qwen_image::is_qwen_image(spec, config)
+            || super::qwen_image21::is_qwen_image21(spec, config)
+            || !super::video_vae::is_video_vae(spec)
+    }
+
     /// Loads the encoder at `spec`: an AutoencoderKL's (its diffusers
     /// folder or file, which also hold the decoder), a TAE encoder file, or
     /// a TAEHV file's video encoder.
     pub fn load_encoder(ctx: &Context, spec: &str, opts: &LoadOptions) -> Result<Vae> {
-        if super::video_vae::is_video_vae(spec) {
-            let (enc, bytes) = super::weights_loaded_by(ctx, || {
-                super::taehv_encoder::load_video_encoder(ctx, spec, opts)
-            })?;
-            let mut vae = Vae::from(enc);
-            vae.weights_bytes = bytes;
+        if Self::image_spec(spec, opts) {
+            let mut vae = Vae::from(VaeEncoder::load(ctx, spec, opts)?);
+            vae.random_weights = spec.starts_with("preset:");
             return Ok(vae);
         }
-        Ok(VaeEncoder::load(ctx, spec, opts)?.into())
+        let (enc, bytes) = super::weights_loaded_by(ctx, || {
+            super::taehv_encoder::load_video_encoder(ctx, spec, opts)
+        })?;
+        let mut vae = Vae::from(enc);
+        vae.weights_bytes = bytes;
+        vae.random_weights = spec.starts_with("preset:");
+        // TAEHV is f16-safe (as its decoder).
+        vae.dtype = opts.precision.resolve(true, ctx.caps());
+        Ok(vae)
     }
 
     /// An AutoencoderKL decoder of a custom configuration from `store` (its
@@ -198,7 +214,9 @@ impl Vae {
         config: &AutoencoderKlConfig,
         store: &WeightStore,
     ) -> Result<Vae> {
-        Ok(VaeEncoder::from_kl_config(ctx, config, store)?.into())
+        let mut vae = Vae::from(VaeEncoder::from_kl_config(ctx, config, store)?);
+        vae.random_weights = store.origin().starts_with("random");
+        Ok(vae)
     }
 
     /// What it is: which front doors take it.
@@ -380,7 +398,7 @@ impl Vae {
         match &self.model {
             Loaded::ImageDecoder(d) => d.unscale_latents(latents),
             Loaded::VideoDecoder(v) => v.unnormalize(latents),
-            _ => Err(self.wrong_kind("un-normalising pipeline latents")),
+            _ => Err(self.wrong_kind("un-normalising pipeline latents", ModelKind::ImageDecoder)),
         }
     }
 
@@ -417,7 +435,7 @@ impl Vae {
     pub fn image_decoder(&self, what: &str) -> Result<&ImageDecoder> {
         match &self.model {
             Loaded::ImageDecoder(d) => Ok(d),
-            _ => Err(self.wrong_kind(what)),
+            _ => Err(self.wrong_kind(what, ModelKind::ImageDecoder)),
         }
     }
 
@@ -425,7 +443,7 @@ impl Vae {
     pub(crate) fn image_encoder(&self, what: &str) -> Result<&VaeEncoder> {
         match &self.model {
             Loaded::ImageEncoder(e) => Ok(e),
-            _ => Err(self.wrong_kind(what)),
+            _ => Err(self.wrong_kind(what, ModelKind::ImageEncoder)),
         }
     }
 
@@ -435,7 +453,7 @@ impl Vae {
     pub fn video_decoder(&self, what: &str) -> Result<VideoModel<'_>> {
         match &self.model {
             Loaded::VideoDecoder(v) => Ok(v.model()),
-            _ => Err(self.wrong_kind(what)),
+            _ => Err(self.wrong_kind(what, ModelKind::VideoDecoder)),
         }
     }
 
@@ -443,7 +461,7 @@ impl Vae {
     pub(crate) fn shared_video_decoder(&self, what: &str) -> Result<Arc<VideoVae>> {
         match &self.model {
             Loaded::VideoDecoder(v) => Ok(Arc::clone(v)),
-            _ => Err(self.wrong_kind(what)),
+            _ => Err(self.wrong_kind(what, ModelKind::VideoDecoder)),
         }
     }
 
@@ -451,21 +469,29 @@ impl Vae {
     pub(crate) fn video_encoder(&self, what: &str) -> Result<Arc<TaehvEncoder>> {
         match &self.model {
             Loaded::VideoEncoder(e) => Ok(Arc::clone(e)),
-            _ => Err(self.wrong_kind(what)),
+            _ => Err(self.wrong_kind(what, ModelKind::VideoEncoder)),
         }
     }
 
-    /// `what` needs another kind of model than this one: the error says
-    /// which front door takes this one.
-    fn wrong_kind(&self, what: &str) -> Error {
-        let instead = match self.kind() {
-            ModelKind::ImageDecoder => "it decodes image latents N×C×h×w (`wgvae::decode`, `Engine`; CLI: `wgvae decode`); load an encoder with `Vae::load_encoder` (for AutoencoderKL the same file, for TAE its encoder file)",
-            ModelKind::ImageEncoder => "it encodes images (`wgvae::encode`; CLI: `wgvae encode`); load a decoder with `Vae::load`",
-            ModelKind::VideoDecoder => "it decodes video latents (`wgvae::decode_video` / `VideoDecoder`; CLI: --frames-out), not images",
-            ModelKind::VideoEncoder => "it encodes video frames N×T×3×H×W (`wgvae::video_encode`; CLI: `wgvae encode` of a .npy); load its decoder with `Vae::load`",
+    /// `what` needs a model of kind `wanted`, not this one: the error
+    /// names what this one is, the door that takes it and how to load what
+    /// `what` needs.
+    fn wrong_kind(&self, what: &str, wanted: ModelKind) -> Error {
+        use ModelKind::*;
+        const VIDEO_MODELS: &str =
+            "a TAEHV file, or a Wan, HunyuanVideo 1.5, LTX-2 or MiniMax-H3 VAE";
+        let instead = match (self.kind(), wanted) {
+            (ImageDecoder, ImageEncoder) => "it decodes image latents (`wgvae::decode`); load its encoder with `Vae::load_encoder` (for AutoencoderKL the same file or folder, for TAE its encoder file)".to_string(),
+            (ImageDecoder, _) => format!("it decodes image latents (`wgvae::decode`); video needs a video model ({VIDEO_MODELS}) from `Vae::load` / `Vae::load_encoder`"),
+            (ImageEncoder, ImageDecoder) => "it encodes images (`wgvae::encode`); load the decoder with `Vae::load`".to_string(),
+            (ImageEncoder, _) => format!("it encodes images (`wgvae::encode`); video needs a video model ({VIDEO_MODELS}) from `Vae::load` / `Vae::load_encoder`"),
+            (VideoDecoder, VideoEncoder) => "it decodes video latents (`wgvae::decode_video` / `VideoDecoder`); load the encoder of a TAEHV file with `Vae::load_encoder` (the video encoders implemented)".to_string(),
+            (VideoDecoder, _) => "it decodes video latents (`wgvae::decode_video` / `VideoDecoder`; CLI: --frames-out), not images; image models are AutoencoderKL, TAE and Qwen-Image VAEs".to_string(),
+            (VideoEncoder, VideoDecoder) => "it encodes video frames (`wgvae::video_encode::encode_video`); load the decoder of the same file with `Vae::load`".to_string(),
+            (VideoEncoder, _) => "it encodes video frames N×T×3×H×W (`wgvae::video_encode::encode_video`), not images; image models are AutoencoderKL, TAE and Qwen-Image VAEs".to_string(),
         };
         let qwen = match &self.model {
-            Loaded::VideoDecoder(v) if v.is_wan() => format!(
+            Loaded::VideoDecoder(v) if v.is_wan() && wanted == ImageDecoder => format!(
                 ". A Qwen-Image VAE file has a Wan VAE's keys: name it qwen_image_vae.safetensors or give its config.json (`{}`, `LoadOptions::config`) to decode images with it",
                 super::qwen_image::CLASS_NAME
             ),

@@ -1,4 +1,4 @@
-//! The video decoders a [`VideoDecoder`](crate::VideoDecoder)(crate::VideoDecoder) runs: the borrowed
+//! The video decoders a [`VideoDecoder`](crate::VideoDecoder) runs: the borrowed
 //! view ([`VideoModel`]), the owned one ([`VideoVae`]) and loading it.
 
 use crate::error::{Error, Result};
@@ -12,7 +12,7 @@ use crate::models::taehv::TaehvDecoder;
 use crate::models::video_info::VideoInfo;
 use crate::models::wan::WanDecoder;
 
-/// A causal video decoder [`VideoDecoder`](crate::VideoDecoder)(crate::VideoDecoder) and
+/// A causal video decoder [`VideoDecoder`](crate::VideoDecoder) and
 /// [`decode_video`](crate::decode_video) run: its graph and what it says
 /// of itself (latent form, frame arithmetic, output range), borrowed.
 #[derive(Clone, Copy)]
@@ -171,7 +171,7 @@ impl<'a> VideoModel<'a> {
 }
 
 /// A loaded video decoder, owned (see [`VideoModel`] for the borrowed view
-/// [`VideoDecoder`](crate::VideoDecoder)(crate::VideoDecoder) and [`decode_video`](crate::decode_video) take).
+/// [`VideoDecoder`](crate::VideoDecoder) and [`decode_video`](crate::decode_video) take).
 pub struct VideoVae(Network);
 
 /// The networks a [`VideoVae`] may hold.

@@ -29,10 +29,19 @@ impl DeviceLatents<'_> {
         self.shape.iter().product::<usize>() as u64 * 4
     }
 
-    /// Checks shape, usage, alignment and bounds against `vae`, for
-    /// pipeline latents or (`raw_latents`) decoder input; returns the shape
-    /// the decoder gets (FLUX.2 pipeline maps N×128×h×w: N×32×2h×2w).
-    pub fn decoder_shape(&self, vae: &ImageDecoder, raw_latents: bool) -> Result<[usize; 4]> {
+    /// Checks shape, usage, alignment and bounds against the image decoder
+    /// `vae`, for pipeline latents or (`raw_latents`) decoder input; returns
+    /// the shape the decoder gets (FLUX.2 pipeline maps N×128×h×w: N×32×2h×2w).
+    pub fn decoder_shape(&self, vae: &crate::models::Vae, raw_latents: bool) -> Result<[usize; 4]> {
+        self.image_decoder_shape(vae.image_decoder("device latents")?, raw_latents)
+    }
+
+    /// [`DeviceLatents::decoder_shape`] of an image decoder.
+    pub(crate) fn image_decoder_shape(
+        &self,
+        vae: &ImageDecoder,
+        raw_latents: bool,
+    ) -> Result<[usize; 4]> {
         let [n, c, h, w] = self.shape;
         if n == 0 || h == 0 || w == 0 {
             return Err(Error::InvalidInput(format!(

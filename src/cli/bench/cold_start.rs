@@ -102,7 +102,7 @@ pub(crate) fn run(device_args: &crate::cli::DeviceArgs, a: &ColdStartArgs) -> wg
         precision: a.dtype.parse()?,
         ..Default::default()
     };
-    let vae = Vae::load(&ctx, &a.vae, &load)?;
+    let vae = Vae::load_image_decoder(&ctx, &a.vae, &load)?;
     if a.size == 0 || !a.size.is_multiple_of(vae.upscale()) {
         return Err(wgvae::Error::InvalidInput(format!(
             "--size {}: expected a positive multiple of {}",

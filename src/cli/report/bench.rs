@@ -213,7 +213,7 @@ pub fn run_decode_bench(
             precision,
             ..Default::default()
         };
-        let vae = Vae::load(&ctx, &b.vae, &load)?;
+        let vae = Vae::load_image_decoder(&ctx, &b.vae, &load)?;
         // Every size before any decode: random latents of each fit the host.
         for &size in &b.sizes {
             let l = size / vae.upscale();

@@ -261,7 +261,7 @@ pub fn run_frames_bench(
         ));
     }
     let ctx = ctx.with_pool(b.timing.policy.new_pool());
-    let vae = Vae::load(&ctx, &b.vae, &LoadOptions::default())?;
+    let vae = Vae::load_image_decoder(&ctx, &b.vae, &LoadOptions::default())?;
     let (z, pipeline_latents) = bench_latents(&vae, b)?;
     let n = z.shape[0];
     let up = vae.upscale();
