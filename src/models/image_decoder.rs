@@ -205,14 +205,10 @@ impl ImageDecoder {
         Ok(ImageDecoder::new(Decoder::Kl(kl), name, dtype, false))
     }
 
-    /// An AutoencoderKL decoder of a custom configuration from `store` (its
-    /// weights in `store.dtype()`); without a file to reload, it has no bf16
-    /// twin, so an f16 overflow is reported, not redone.
-    #[doc(hidden)]
-    pub fn from_kl_config(
+    /// [`Vae::from_kl_config`](super::Vae::from_kl_config)'s decoder.
+    pub(crate) fn kl_from_store(
         ctx: &Context,
-        config: &AutoencoderKlConfig,
-        store: &WeightStore,
+        (config, store): (&AutoencoderKlConfig, &WeightStore),
         name: &str,
     ) -> Result<ImageDecoder> {
         let (kl, bytes) = weights_loaded_by(ctx, || AutoencoderKl::load(ctx, config, store))?;
@@ -405,19 +401,14 @@ impl ImageDecoder {
             .unpack_tokens(tokens, size, &self.family())
     }
 
-    /// Any accepted latent form → the decoder's input z `[N, C, h, w]`:
-    /// token sequences (3-D, see [`LatentForm::is_tokens`]) are unpacked on
-    /// the grid of `size`; pipeline latents un-normalised unless `raw`
-    /// (FLUX.2: `unpatchify(x · sqrt(var + eps) + mean)`; the others
-    /// `x / scaling_factor + shift_factor`). Shapes, channels and values are
-    /// checked here, with errors naming the model and the expected form.
-    pub fn decoder_input(
+    /// [`Vae::decoder_input`](super::Vae::decoder_input) of this decoder.
+    pub(crate) fn decoder_input(
         &self,
-        latents: &HostTensor,
+        x: &HostTensor,
         raw: bool,
         size: Option<(usize, usize)>,
     ) -> Result<HostTensor> {
-        self.decoder_input_cow(latents, raw, size, true)
+        self.decoder_input_cow(x, raw, size, true)
             .map(Cow::into_owned)
     }
 

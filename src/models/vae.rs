@@ -203,7 +203,7 @@ impl Vae {
         store: &WeightStore,
         name: &str,
     ) -> Result<Vae> {
-        Ok(ImageDecoder::from_kl_config(ctx, config, store, name)?.into())
+        Ok(ImageDecoder::kl_from_store(ctx, (config, store), name)?.into())
     }
 
     /// An AutoencoderKL encoder of `config` with the weights in `store`
