@@ -340,8 +340,6 @@ impl Engine {
         // Weights go up with queue writes, which wgpu executes before the
         // next submission on this queue, whoever submits it.
         let vae = Vae::load_image_decoder(&ctx, vae, load)?;
-        // Refused here, so later calls find an image decoder.
-        vae.image_decoder("an Engine")?;
         Ok(Engine {
             ctx,
             vae,
@@ -356,7 +354,7 @@ impl Engine {
         &self.vae
     }
 
-    /// The loaded image decoder (checked when the engine was built).
+    /// The loaded image decoder (`Vae::load_image_decoder` loaded no other kind).
     fn decoder(&self) -> Result<&ImageDecoder> {
         self.vae.image_decoder("an Engine")
     }

@@ -254,17 +254,6 @@ impl Vae {
         self.dtype
     }
 
-    /// Process-unique id (memory plans are cached per model and shape).
-    #[doc(hidden)]
-    pub fn id(&self) -> u64 {
-        match &self.model {
-            Loaded::ImageDecoder(d) => d.id(),
-            Loaded::ImageEncoder(e) => e.id,
-            // Video plans are not cached by model.
-            Loaded::VideoDecoder(_) | Loaded::VideoEncoder(_) => 0,
-        }
-    }
-
     /// Channels of one latent (frame): what a decoder takes, an encoder gives.
     pub fn latent_channels(&self) -> usize {
         match &self.model {
@@ -314,16 +303,6 @@ impl Vae {
             Loaded::ImageEncoder(e) => e.encoder.graph().matrix_config(),
             Loaded::VideoDecoder(v) => v.model().cooperative_matrix(),
             Loaded::VideoEncoder(e) => e.graph().matrix_config(),
-        }
-    }
-
-    /// Resolution levels: the latent and one per 2× resampling.
-    #[doc(hidden)]
-    pub fn levels(&self) -> usize {
-        match &self.model {
-            Loaded::ImageDecoder(d) => d.levels(),
-            Loaded::ImageEncoder(e) => e.levels(),
-            _ => self.upscale().trailing_zeros() as usize + 1,
         }
     }
 

@@ -21,50 +21,26 @@ pub struct VideoModel<'a> {
     info: VideoInfo<'a>,
 }
 
-impl<'a> From<&'a TaehvDecoder> for VideoModel<'a> {
-    fn from(d: &'a TaehvDecoder) -> Self {
-        VideoModel {
-            graph: d.graph(),
-            info: d.video_info(),
+/// Each video network gives its graph and what it says of itself.
+macro_rules! views {
+    ($($t:ty),*) => {$(
+        impl<'a> From<&'a $t> for VideoModel<'a> {
+            fn from(d: &'a $t) -> Self {
+                VideoModel {
+                    graph: d.graph(),
+                    info: d.video_info(),
+                }
+            }
         }
-    }
+    )*};
 }
-
-impl<'a> From<&'a WanDecoder> for VideoModel<'a> {
-    fn from(d: &'a WanDecoder) -> Self {
-        VideoModel {
-            graph: d.graph(),
-            info: d.video_info(),
-        }
-    }
-}
-
-impl<'a> From<&'a HunyuanVideo15Decoder> for VideoModel<'a> {
-    fn from(d: &'a HunyuanVideo15Decoder) -> Self {
-        VideoModel {
-            graph: d.graph(),
-            info: d.video_info(),
-        }
-    }
-}
-
-impl<'a> From<&'a Ltx2Decoder> for VideoModel<'a> {
-    fn from(d: &'a Ltx2Decoder) -> Self {
-        VideoModel {
-            graph: d.graph(),
-            info: d.video_info(),
-        }
-    }
-}
-
-impl<'a> From<&'a MiniMaxH3Decoder> for VideoModel<'a> {
-    fn from(d: &'a MiniMaxH3Decoder) -> Self {
-        VideoModel {
-            graph: d.graph(),
-            info: d.video_info(),
-        }
-    }
-}
+views!(
+    TaehvDecoder,
+    WanDecoder,
+    HunyuanVideo15Decoder,
+    Ltx2Decoder,
+    MiniMaxH3Decoder
+);
 
 impl<'a> VideoModel<'a> {
     /// The cooperative-matrix configuration its convolutions run on (`8x8x8 f16->f32`),
