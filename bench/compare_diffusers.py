@@ -26,6 +26,25 @@ PRESETS = {
 }
 
 
+def make_vae(preset):
+    """diffusers' AutoencoderKL with a preset's architecture (random weights), on the CPU."""
+    from diffusers import AutoencoderKL
+
+    cfg = PRESETS[preset]
+    return AutoencoderKL(
+        block_out_channels=[128, 256, 512, 512],
+        down_block_types=["DownEncoderBlock2D"] * 4,
+        up_block_types=["UpDecoderBlock2D"] * 4,
+        layers_per_block=2,
+        norm_num_groups=32,
+        latent_channels=cfg["latent_channels"],
+        scaling_factor=cfg["scaling_factor"],
+        shift_factor=cfg["shift_factor"],
+        use_quant_conv=cfg["use_quant_conv"],
+        use_post_quant_conv=cfg["use_post_quant_conv"],
+    )
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--preset", choices=sorted(PRESETS), default="sd15")
@@ -39,21 +58,9 @@ def main():
 
     import numpy as np
     import torch
-    from diffusers import AutoencoderKL
 
     cfg = PRESETS[args.preset]
-    vae = AutoencoderKL(
-        block_out_channels=[128, 256, 512, 512],
-        down_block_types=["DownEncoderBlock2D"] * 4,
-        up_block_types=["UpDecoderBlock2D"] * 4,
-        layers_per_block=2,
-        norm_num_groups=32,
-        latent_channels=cfg["latent_channels"],
-        scaling_factor=cfg["scaling_factor"],
-        shift_factor=cfg["shift_factor"],
-        use_quant_conv=cfg["use_quant_conv"],
-        use_post_quant_conv=cfg["use_post_quant_conv"],
-    ).to(args.device, getattr(torch, args.dtype)).eval()
+    vae = make_vae(args.preset).to(args.device, getattr(torch, args.dtype)).eval()
 
     l = args.size // 8
     rng = np.random.default_rng(0)

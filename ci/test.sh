@@ -13,7 +13,8 @@
 #   package  packaging checks: `cargo package --list` / `--no-verify` for the crate, the Python sdist,
 #            `twine check` of the wheel and the sdist (docs/release.md)
 #   coopmat  the cooperative-matrix (tensor-core) path in a Debian sid chroot (ci/coopmat.sh)
-#   gpu-kit  the GPU kit's --quick run (bench/gpu/run.sh) on whatever adapter is here
+#   gpu-kit  the GPU kit's --quick run (bench/gpu/run.sh) and the tuning run's --dry mode
+#            (bench/gpu/tune.sh) on whatever adapter is here
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -75,6 +76,9 @@ step_coopmat() { ci/coopmat.sh; }
 step_gpu-kit() {
   bench/gpu/run.sh --quick --cargo-profile dev --skip tests \
     --skip-reason "cargo test --workspace ran them" --out target/gpu-quick
+  # The GPU session's tuning run, every stage at 64² on lavapipe (docs/gpu.md).
+  rm -rf target/gpu-tune
+  bench/gpu/tune.sh --dry --cargo-profile dev --out target/gpu-tune
 }
 
 if [ "${1:-}" = "--list" ]; then

@@ -77,6 +77,10 @@ pub struct KernelSpec {
     pub bindings: &'static [BindingKind],
     /// `size_of` the uniform struct at binding 0 (checked against the shader in tests).
     pub uniform_size: u64,
+    /// Compiled without naga's runtime checks (index clamping, loop bounding): only for
+    /// generated kernels whose every index is in bounds by construction, argued where the
+    /// spec is made (`conv2d`'s cooperative kernel) and exercised by tests on odd shapes.
+    pub trusted: bool,
 }
 
 /// One define: a flag (for `#ifdef`), a `const` or an `alias`.
@@ -387,10 +391,20 @@ impl PipelineCache {
         // Innermost scope: validation (a bug in a shader); outer: out of memory.
         let oom = device.push_error_scope(wgpu::ErrorFilter::OutOfMemory);
         let validation = device.push_error_scope(wgpu::ErrorFilter::Validation);
-        let module = device.create_shader_module(wgpu::ShaderModuleDescriptor {
+        let desc = wgpu::ShaderModuleDescriptor {
             label: Some(&label),
             source: wgpu::ShaderSource::Wgsl(source.into()),
-        });
+        };
+        let module = if spec.trusted {
+            // SAFETY: `trusted` specs index only within their bindings and workgroup arrays
+            // and their loops terminate (the argument is written where such a spec is made);
+            // the checks cost the hot kernels a clamp per access and a counter per loop.
+            unsafe {
+                device.create_shader_module_trusted(desc, wgpu::ShaderRuntimeChecks::unchecked())
+            }
+        } else {
+            device.create_shader_module(desc)
+        };
         let layout = device.create_bind_group_layout(&wgpu::BindGroupLayoutDescriptor {
             label: Some(&label),
             entries: &Self::layout_entries(spec),

@@ -154,6 +154,20 @@ mod tests {
                 inv <= req.max_compute_invocations_per_workgroup,
                 "{name}: {inv} invocations"
             );
+            // Two-stage cooperative conv tiles use what the adapter offers beyond the
+            // required limits; on a device with only those the engine takes a one-stage set
+            // (conv2d::matrix_tests::matrix_tiles_only_for_f16_on_matrix_devices).
+            let optional = spec.entry == "conv2d_coop"
+                && key
+                    .defines
+                    .contains(&crate::gpu::pipeline::Define::Const("STAGES", "2u".into()));
+            if optional {
+                assert!(
+                    wg_bytes <= 48 << 10,
+                    "{name}: {wg_bytes} B workgroup memory"
+                );
+                continue;
+            }
             assert!(
                 wg_bytes <= req.max_compute_workgroup_storage_size,
                 "{name}: {wg_bytes} B workgroup memory"

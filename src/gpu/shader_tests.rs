@@ -139,6 +139,7 @@ fn preprocessor_handles_nesting_and_rejects_garbage() {
         entry: "e",
         bindings: &[],
         uniform_size: 0,
+        trusted: false,
     };
     let key = PipelineKey::new(&spec).flag("A").constant("N", "4u");
     let src = "#ifdef A\na\n#ifdef B\nb\n#else\nnotb\n#endif\n#else\nnota\n#endif\n#ifndef B\nc\n#endif\n";

@@ -35,6 +35,7 @@ const fn spec<P>(
         entry,
         bindings,
         uniform_size: std::mem::size_of::<P>() as u64,
+        trusted: false,
     }
 }
 

@@ -3,6 +3,7 @@
 
 mod attention;
 mod cold_start;
+mod conv;
 mod decode;
 mod frames;
 mod gpu_model;
@@ -61,6 +62,9 @@ pub(crate) enum BenchKind {
         #[command(subcommand)]
         which: attention::AttentionBenchKind,
     },
+    /// Convolution tile sets timed on this adapter (GPU timestamps) on the SD1.5-style
+    /// decoder's layer classes: per class the engine's pick beside the fastest candidate.
+    Conv(conv::ConvBenchArgs),
     /// A paper GPU model (roofline, not a measurement) of every conv layer of the SD1.5,
     /// SDXL, FLUX.1 and Wan 2.1 decoders on an H100 SXM and an RTX 4090, with and without
     /// matrix units: per-decode totals (and per layer with --layers). Needs no GPU.
@@ -101,6 +105,7 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &BenchKind) -> wgvae:
         BenchKind::ColdStart(a) => Some(a.out()),
         BenchKind::Frames(a) => Some(a.out()),
         BenchKind::Video(a) => Some(a.out()),
+        BenchKind::Conv(a) => Some(a.out()),
         BenchKind::Attention { .. } | BenchKind::GpuModel(_) => None,
     };
     // Before any work: a report that cannot be written should not cost the benchmark.
@@ -112,6 +117,7 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, which: &BenchKind) -> wgvae:
         BenchKind::ColdStart(a) => cold_start::run(adapter, a),
         BenchKind::Frames(a) => frames::run(adapter, a),
         BenchKind::Video(a) => video::run(adapter, a),
+        BenchKind::Conv(a) => conv::run(adapter, a),
         BenchKind::Attention { which } => attention::run(adapter, which),
         BenchKind::GpuModel(a) => gpu_model::run(a),
     }

@@ -137,34 +137,82 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
 ",
     );
     block.accumulators(&mut s);
+    // Each invocation's share of a K step's A and B vec4s (the prefetch registers).
+    let wg = tiles.workgroup_size();
+    let a_share = (tiles.tk * tiles.tm / 4).div_ceil(wg);
+    let b_share = (tiles.tk * tiles.tn / 4).div_ceil(wg);
+    // (operand, vec4s per invocation, the fetch's arguments after the K step).
+    let shares = [
+        ("a", a_share, "t.m0"),
+        ("b", b_share, "t.nbi, t.oy0, t.ox0"),
+    ];
+    let fetch = |s: &mut String, indent: &str, decl: &str, k0: &str| {
+        for (x, n, args) in shares {
+            for j in 0..n {
+                let _ = writeln!(
+                    s,
+                    "{indent}{decl}r{x}{j} = {x}_fetch(li, {j}u, {k0}, {args});"
+                );
+            }
+        }
+    };
+    let put = |s: &mut String, indent: &str, stage: &str| {
+        for (x, n, _) in shares {
+            for j in 0..n {
+                let _ = writeln!(s, "{indent}{x}_put({stage}, li, {j}u, r{x}{j});");
+            }
+        }
+    };
+    // The first K step is staged before the loop; each iteration fetches the next one into
+    // registers, runs the matrix products of the current one, then stages the next.
+    s.push_str("    {\n");
+    fetch(&mut s, "        ", "let ", "0u");
+    put(&mut s, "        ", "0u");
+    s.push_str("    }\n    workgroupBarrier();\n    var cur = 0u;\n");
+    s.push_str("    for (var k0 = 0u; k0 < p.ktot; k0 += TK) {\n");
+    s.push_str("        let more = k0 + TK < p.ktot;   // uniform\n");
+    for (x, n, _) in shares {
+        for j in 0..n {
+            let _ = writeln!(s, "        var r{x}{j}: vec4<f16>;");
+        }
+    }
+    s.push_str("        if more {\n");
+    fetch(&mut s, "            ", "", "k0 + TK");
     s.push_str(
-        "    for (var k0 = 0u; k0 < p.ktot; k0 += TK) {
-        coop_stage(li, k0, t.m0, t.nbi, t.oy0, t.ox0);
-        workgroupBarrier();
-",
+        "        }\n        let ab = cur * A_STAGE;\n        let bb = B_BASE + cur * B_STAGE;\n",
     );
-    // A is staged column-major ([k][m]), B row-major ([k][n]).
+    // A is staged column-major ([k][m]), B row-major ([k][n]), rows PA / PB apart.
     for kk in 0..tiles.tk / sz {
         block.step(
             &mut s,
             kk,
             |kk, i| {
                 format!(
-                    "        let a{kk}_{i} = coopLoad<CA>(&a_sh[{}u * TM + sm + {}u], TM);",
+                    "        let a{kk}_{i} = coopLoad<CA>(&ab_sh[ab + {}u * PA + sm + {}u], PA);",
                     kk * sz,
                     i * sz
                 )
             },
             |kk, j| {
                 format!(
-                    "        let b{kk}_{j} = coopLoadT<CB>(&b_sh[{}u * TN + sn + {}u], TN);",
+                    "        let b{kk}_{j} = coopLoadT<CB>(&ab_sh[bb + {}u * PB + sn + {}u], PB);",
                     kk * sz,
                     j * sz
                 )
             },
         );
     }
-    s.push_str("        workgroupBarrier();\n    }\n");
+    // One stage: every subgroup must be done reading before the next step overwrites it.
+    // Two stages: the next step goes to the other buffer, last read one iteration ago,
+    // before the previous iteration's barrier.
+    let stages = mt.stages;
+    if stages == 1 {
+        s.push_str("        workgroupBarrier();\n");
+    }
+    let _ = writeln!(s, "        let next = (cur + 1u) % {stages}u;");
+    s.push_str("        if more {\n");
+    put(&mut s, "            ", "next");
+    s.push_str("        }\n        workgroupBarrier();\n        cur = next;\n    }\n");
     block.epilogue(&mut s, |i, j| {
         format!(
             "coop_store(cb, lane, lanes, t.nbo, t.m0 + sm + {}u, sn + {}u, t.oy0, t.ox0)",
@@ -255,6 +303,24 @@ impl Variant {
         let base = if tiles.matrix.is_some() { COOP } else { TILED };
         KernelSpec {
             source: WgslSource::Generated(tiled_source(tiles, self.k, self.stride)),
+            // The cooperative kernel runs without naga's runtime checks. Why every access is
+            // in bounds:
+            // - workgroup arrays: staging offsets come from `li < WG` and the K step's share
+            //   (`a_put` / `b_put` skip indices past A_VECS / B_VECS), matrix loads from
+            //   constants within a stage (`sm + RM <= TM`, `sn + RN <= TN`), and c_sh from
+            //   `sgid < MAX_SUBGROUPS` (workgroup size over the smallest subgroup size);
+            // - input: `xrow` / `xrow_base` select index 0 for every tap outside the frame or
+            //   past the reduction, and in-range taps lie in input image `nb + in_frame`,
+            //   which `plan` checks the input holds;
+            // - weights: `k0 + kk < kpad` (K steps start below `ktot`, the weights are padded
+            //   to whole `tk` steps) and `m0 + TM <= mpad` (padded to whole `tm` tiles);
+            // - bias, affine, residual and output: read or written only under `m < cout`,
+            //   `oy < ho`, `ox < wo` and `ok`; the range counter only with CHECK_RANGE, when
+            //   it is bound;
+            // - loops are bounded by uniforms (`ktot`) and constants.
+            // `matrix_tests` runs every table entry on odd shapes (edges of every tile,
+            // stride 2, upsample, frame offsets) against the CPU reference.
+            trusted: tiles.matrix.is_some(),
             ..base
         }
     }
@@ -284,7 +350,9 @@ impl Variant {
                     .flag("F16")
                     .constant("S", format!("{}u", mt.size))
                     .constant("LANES", format!("{}u", mt.lanes))
-                    .constant("MAX_SUBGROUPS", format!("{}u", t.max_subgroups())),
+                    .constant("MAX_SUBGROUPS", format!("{}u", t.max_subgroups()))
+                    .constant("PAD", format!("{}u", mt.pad))
+                    .constant("STAGES", format!("{}u", mt.stages)),
                 None => key,
             }
             .constant("TM", format!("{}u", t.tm))

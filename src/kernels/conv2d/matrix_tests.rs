@@ -13,16 +13,22 @@ fn matrix_context(test: &str) -> Option<Context> {
 }
 
 /// Tile sets that put tile and subgroup edges everywhere, for the device's matrix side and
-/// subgroup sizes: one subgroup row of several; two subgroups per row with a 4-pixel-wide
-/// patch (a matrix spans patch rows); the engine's picks for a wide and a narrow layer.
+/// subgroup sizes: one subgroup row of several (one stage, unpadded rows, a K step's vec4s
+/// fewer than the invocations); two subgroups per row with a 4-pixel-wide patch (a matrix
+/// spans patch rows; two stages, padded); every entry of the engine's table for a wide and a
+/// narrow layer.
 fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
     let caps = ctx.caps();
     let s = caps.matrix().expect("matrix context").size;
-    let matrix = Some(MatrixTiles {
-        size: s,
-        lanes: caps.subgroup_max_size,
-        lanes_min: caps.subgroup_min_size,
-    });
+    let matrix = |pad, stages| {
+        Some(MatrixTiles {
+            size: s,
+            lanes: caps.subgroup_max_size,
+            lanes_min: caps.subgroup_min_size,
+            pad,
+            stages,
+        })
+    };
     let mut v = vec![
         ConvTiles {
             tm: s,
@@ -32,7 +38,7 @@ fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
             rm: s,
             rn: s,
             direct: false,
-            matrix,
+            matrix: matrix(0, 1),
         },
         ConvTiles {
             tm: 2 * s,
@@ -42,13 +48,12 @@ fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
             rm: s,
             rn: 2 * s,
             direct: false,
-            matrix,
+            matrix: matrix(8, 2),
         },
     ];
-    for cout in [512, 3] {
-        let t = ConvTiles::matrix_for_layer(caps, cout, 3).expect("matrix tiles for the device");
-        v.push(t);
-    }
+    // The wide layer's every entry (two stages, one stage), the narrow layer's first.
+    v.extend(ConvTiles::matrix_table(caps, 512, 3));
+    v.extend(ConvTiles::matrix_table(caps, 3, 3).into_iter().take(1));
     for t in &v {
         t.check(caps).unwrap();
     }
@@ -166,6 +171,31 @@ fn matrix_conv_odd_shapes_match_cpu() {
     eprintln!("matrix conv, plain: worst |error| {worst:.2e}");
 }
 
+/// Every candidate `wgvae bench conv` may time (and a tuning may pick) computes the same
+/// convolution: one case per candidate (each is a pipeline to compile) with every fused path
+/// at once (up-sample, GroupNorm affine + SiLU, in-place residual) on an odd shape that
+/// leaves partial tiles on every side and a K that is no multiple of any step.
+#[test]
+fn matrix_conv_bench_candidates_match_cpu() {
+    let Some(ctx) = matrix_context("matrix_conv_bench_candidates_match_cpu") else {
+        return;
+    };
+    let up = Conv2dOptions {
+        upsample: true,
+        ..same(3)
+    };
+    let cands = ConvTiles::candidates(ctx.caps(), 67, 3);
+    assert!(cands.len() >= 6, "{cands:?}");
+    let mut worst = 0.0f32;
+    for (i, t) in cands.into_iter().enumerate() {
+        assert!(t.matrix.is_some(), "{t:?}");
+        let silu = Some(Activation::Silu);
+        let seed = 300 + i as u64;
+        worst = worst.max(check(&ctx, t, [1, 37, 10, 23], 67, 3, up, silu, true, seed));
+    }
+    eprintln!("matrix conv, bench candidates: worst |error| {worst:.2e}");
+}
+
 #[test]
 fn matrix_conv_fused_paths_match_cpu() {
     let Some(ctx) = matrix_context("matrix_conv_fused_paths_match_cpu") else {
@@ -231,12 +261,16 @@ fn matrix_tiles_only_for_f16_on_matrix_devices() {
             let t = ConvTiles::matrix_for_layer(&with, cout, 3).expect("matrix tiles");
             t.check(&with).unwrap();
             assert_eq!(t.matrix.unwrap().size, if cpu { 8 } else { 16 });
-            assert!(
-                t.shared_bytes()
-                    <= crate::gpu::requirements::required_limits()
-                        .max_compute_workgroup_storage_size
-            );
             assert!(t.workgroup_size() <= 256, "{t:?}");
+            // A device with only the engine's required workgroup memory gets a set within it.
+            let required = crate::gpu::requirements::required_limits();
+            let mut tight = with.clone();
+            tight.max_compute_workgroup_storage_size = required.max_compute_workgroup_storage_size;
+            let f = ConvTiles::matrix_for_layer(&tight, cout, 3).expect("tiles within the limits");
+            assert!(
+                f.shared_bytes() <= required.max_compute_workgroup_storage_size,
+                "{f:?}"
+            );
             assert!(ConvTiles::matrix_for_layer(&without, cout, 3).is_none());
             // A matrix tile set is refused where the device has no such configuration.
             assert!(t.check(&without).is_err());

@@ -9,14 +9,16 @@
 //! invocations read their operands directly (see [`ConvTiles::direct`] for why).
 //! The register block is unrolled on the host (`codegen`).
 //!
-//! Files: `tiles` (tile shapes and the defaults per device), `codegen` (the
-//! generated shader text and the specialisations), `cpu` (the reference),
+//! Files: `tiles` (tile shapes, the defaults per device and the candidates a sweep times),
+//! `codegen` (the generated shader text and the specialisations), `cpu` (the reference),
+//! `sweep` (a decoder's layer classes and timing candidates on them: `wgvae bench conv`),
 //! this file (weights, shape checks, bindings and dispatch).
 
 mod codegen;
 mod cpu;
 #[cfg(test)]
 mod matrix_tests;
+pub mod sweep;
 #[cfg(test)]
 mod tests;
 mod tiles;

@@ -475,6 +475,46 @@ fn gpu_default_tiles_match_cpu() {
     .run(45);
 }
 
+/// The candidates `wgvae bench conv` times on a GPU without matrices (the scalar
+/// workgroup-memory tiles) compute the same convolution, run here; on GPUs with matrices the
+/// list starts with the table's entries, each valid for the device, names distinct.
+#[test]
+fn sweep_candidates_match_cpu() {
+    let gpu = typical_caps(false);
+    for cout in [512, 64, 3] {
+        let cands = ConvTiles::candidates(&gpu, cout, 3);
+        assert!(!cands.is_empty());
+        assert_eq!(cands[0], ConvTiles::for_layer(&gpu, cout, 3));
+        if cout == 512 {
+            assert!(cands.len() >= 4, "{cands:?}");
+            for (i, t) in cands.into_iter().enumerate() {
+                Case {
+                    tiles: Some(t),
+                    act: Some(Activation::Silu),
+                    residual: true,
+                    in_place: true,
+                    ..Case::new(1, 21, 11, 37, 67, 3)
+                }
+                .run(60 + i as u64);
+            }
+        }
+    }
+    let matrix = super::tiles::typical_matrix_caps(false);
+    for cout in [512, 64, 3] {
+        let cands = ConvTiles::candidates(&matrix, cout, 3);
+        let table = ConvTiles::matrix_table(&matrix, cout, 3);
+        assert_eq!(cands[..table.len()], table[..], "table entries first");
+        assert!(cands.len() >= 6, "{cands:?}");
+        let mut names: Vec<String> = cands.iter().map(|t| t.name()).collect();
+        names.sort();
+        names.dedup();
+        assert_eq!(names.len(), cands.len(), "distinct names: {names:?}");
+        for t in &cands {
+            t.check(&matrix).unwrap();
+        }
+    }
+}
+
 #[test]
 fn conv_out_three_channels_matches_cpu() {
     // The VAE's conv_out: Cout = 3 after a GroupNorm + SiLU prologue.

@@ -40,6 +40,12 @@ pub struct MatrixTiles {
     /// The device's smallest subgroup size: a smaller subgroup means more subgroups, which
     /// repeat the planned ones' work (same values) and need their own epilogue scratch.
     pub lanes_min: u32,
+    /// Halves of padding after each staged row (a multiple of 8: rows stay 16-byte aligned,
+    /// as cooperative loads need, and a fragment's rows fall in different banks).
+    pub pad: u32,
+    /// Workgroup-memory stages (1 or 2): with 2 the next K step is staged into the other
+    /// buffer while the current one is multiplied, one barrier per step instead of two.
+    pub stages: u32,
 }
 
 impl MatrixTiles {
@@ -71,8 +77,9 @@ impl ConvTiles {
     /// Bytes of workgroup memory the tiles use.
     pub fn shared_bytes(&self) -> u32 {
         if let Some(mt) = self.matrix {
-            // f16 operand tiles, one f32 matrix of epilogue scratch per subgroup.
-            return self.tk * (self.tm + self.tn) * 2
+            // f16 operand tiles (padded rows, per stage), one f32 matrix of epilogue scratch
+            // per subgroup.
+            return mt.stages * self.tk * (self.tm + self.tn + 2 * mt.pad) * 2
                 + self.max_subgroups() * mt.size * mt.size * 4;
         }
         if self.direct {
@@ -157,6 +164,12 @@ impl ConvTiles {
         if !self.tm.is_power_of_two() || !self.tn.is_power_of_two() || self.tm < 4 {
             return bad("tm and tn must be powers of two (tm >= 4)".into());
         }
+        if !mt.pad.is_multiple_of(8) || mt.pad > 64 {
+            return bad("pad must be a multiple of 8 halves (16 bytes), at most 64".into());
+        }
+        if mt.stages != 1 && mt.stages != 2 {
+            return bad("stages must be 1 or 2".into());
+        }
         if mt.lanes_min == 0 || !mt.lanes.is_multiple_of(mt.lanes_min) || mt.planned(self) == 0 {
             return bad(
                 "subgroup sizes must be positive, the largest a multiple of the smallest".into(),
@@ -172,21 +185,32 @@ impl ConvTiles {
     }
 
     /// The cooperative-matrix tiles for a layer on a device whose capabilities name a
-    /// configuration (`None` otherwise). Square `size` matrices, each subgroup owning
-    /// `rm` x `rn` of the output tile; per-device parameters like the scalar ones:
+    /// configuration (`None` otherwise): the first of [`ConvTiles::matrix_table`] the device
+    /// can run (its workgroup memory and invocation limits decide).
+    pub fn matrix_for_layer(caps: &Capabilities, cout: usize, k: usize) -> Option<ConvTiles> {
+        Self::matrix_table(caps, cout, k)
+            .into_iter()
+            .find(|t| t.check(caps).is_ok())
+    }
+
+    /// The cooperative-matrix tile sets for a layer, best first (unchecked against the
+    /// device's limits): square `size` matrices of the device's configuration, each subgroup
+    /// owning `rm` x `rn` of the workgroup's `tm` x `tn` tile; rows padded by 8 halves; two
+    /// workgroup-memory stages where the device has the memory, one where it has only the
+    /// engine's required 28 KiB. Per-device parameters like the scalar ones:
     /// - 16 (NVIDIA/AMD): 128 x 128 workgroup tiles (64 / 16 channels for small Cout), 64 x 32
-    ///   per subgroup (8 accumulators), K steps of 32: 24 KiB of workgroup memory.
+    ///   per subgroup (8 accumulators), K steps of 32; two stages need 42 KiB for the wide
+    ///   tile (NVIDIA and AMD offer 48 and 64 KiB), one stage 25 KiB.
     /// - 8 (lavapipe, Apple): 32 x 32 tiles, 16 x 16 per subgroup, K steps of 16; lavapipe
     ///   emulates the matrices, so these are sized for compile time and correctness runs.
-    pub fn matrix_for_layer(caps: &Capabilities, cout: usize, _k: usize) -> Option<ConvTiles> {
-        let cfg = caps.matrix()?;
+    ///
+    /// Not yet tuned on a GPU: `wgvae bench conv` times these and other candidates.
+    pub fn matrix_table(caps: &Capabilities, cout: usize, _k: usize) -> Vec<ConvTiles> {
+        let Some(cfg) = caps.matrix() else {
+            return Vec::new();
+        };
         let lanes = caps.subgroup_max_size.max(1);
         let lanes_min = caps.subgroup_min_size.clamp(1, lanes);
-        let matrix = Some(MatrixTiles {
-            size: cfg.size,
-            lanes,
-            lanes_min,
-        });
         let s = cfg.size;
         let (tm, tn, tk, rm, rn) = if s >= 16 {
             if cout <= 16 {
@@ -201,17 +225,102 @@ impl ConvTiles {
         } else {
             (32, 32, 16, 16, 16)
         };
-        let t = ConvTiles {
-            tm,
-            tn,
-            tw: 32,
-            tk,
-            rm,
-            rn,
-            direct: false,
-            matrix,
+        [2, 1]
+            .into_iter()
+            .map(|stages| ConvTiles {
+                tm,
+                tn,
+                tw: 32,
+                tk,
+                rm,
+                rn,
+                direct: false,
+                matrix: Some(MatrixTiles {
+                    size: s,
+                    lanes,
+                    lanes_min,
+                    pad: 8,
+                    stages,
+                }),
+            })
+            .collect()
+    }
+
+    /// Candidate tile sets for a layer that the device can run, for `wgvae bench conv` to
+    /// time: the table's entries first, then variations of the workgroup tile, the subgroup
+    /// block, the K step, the patch width, the row padding and the stages (on a device
+    /// without matrices: the scalar default and variations of it). Every candidate computes
+    /// the same convolution; only speed differs.
+    pub fn candidates(caps: &Capabilities, cout: usize, k: usize) -> Vec<ConvTiles> {
+        let mut v: Vec<ConvTiles> = Vec::new();
+        let mut push = |t: ConvTiles| {
+            if t.check(caps).is_ok() && !v.contains(&t) {
+                v.push(t);
+            }
         };
-        t.check(caps).ok().map(|_| t)
+        let table = Self::matrix_table(caps, cout, k);
+        if table.is_empty() {
+            let d = Self::for_layer(caps, cout, k);
+            push(d);
+            if !d.direct && d.tm >= 64 {
+                push(ConvTiles { tk: 16, ..d });
+                push(ConvTiles { tn: 64, ..d });
+                push(ConvTiles { rm: 4, ..d });
+                push(ConvTiles { tm: 64, ..d });
+            }
+            return v;
+        }
+        for &t in &table {
+            push(t);
+        }
+        let base = table[0];
+        let mt = base.matrix.expect("matrix table entries have matrices");
+        let sz = mt.size;
+        let with = |pad: u32, stages: u32| Some(MatrixTiles { pad, stages, ..mt });
+        // (tm, tn, tk, rm, rn) in matrices of side sz; tm narrows for small Cout like the
+        // table's.
+        let narrow = (cout.next_power_of_two() as u32).clamp(sz, 8 * sz);
+        for (tm, tn, tk, rm, rn, tw, pad, stages) in [
+            (8, 8, 2, 4, 2, 32, 0, 2),
+            (8, 8, 2, 4, 2, 32, 16, 2),
+            (8, 8, 2, 4, 2, 64, 8, 2),
+            (8, 8, 4, 4, 2, 32, 8, 1),
+            (8, 8, 2, 4, 4, 32, 8, 2),
+            (8, 8, 2, 2, 4, 32, 8, 2),
+            (8, 16, 2, 4, 4, 64, 8, 1),
+            (8, 4, 2, 4, 2, 32, 8, 2),
+            (4, 8, 2, 2, 2, 32, 8, 2),
+            (4, 8, 4, 2, 2, 32, 8, 2),
+        ] {
+            let tm = (tm * sz).min(narrow);
+            let rm = (rm * sz).min(tm);
+            push(ConvTiles {
+                tm,
+                tn: tn * sz,
+                tw: tw.min(tn * sz),
+                tk: tk * sz,
+                rm,
+                rn: rn * sz,
+                direct: false,
+                matrix: with(pad, stages),
+            });
+        }
+        v
+    }
+
+    /// A short name for reports: `128x128x32 r64x32 tw32 p8 s2` (matrices) or
+    /// `64x128x8 r8x8 tw32` (scalar; `direct` when read from the buffers).
+    pub fn name(&self) -> String {
+        let mut s = format!(
+            "{}x{}x{} r{}x{} tw{}",
+            self.tm, self.tn, self.tk, self.rm, self.rn, self.tw
+        );
+        if let Some(m) = self.matrix {
+            s += &format!(" p{} s{}", m.pad, m.stages);
+        } else if self.direct {
+            s += " direct";
+        }
+        s
     }
 
     /// The default tiles for a layer on a device.
@@ -302,7 +411,8 @@ pub(super) fn typical_caps(cpu: bool) -> Capabilities {
         cooperative_matrix: None,
         max_storage_buffer_binding_size: 1 << 27,
         max_buffer_size: 1 << 30,
-        max_compute_workgroup_storage_size: 32 << 10,
+        // NVIDIA's Vulkan limit (AMD offers 64 KiB, lavapipe 64 KiB).
+        max_compute_workgroup_storage_size: 48 << 10,
         max_compute_invocations_per_workgroup: 1024,
         max_compute_workgroups_per_dimension: 65535,
         max_storage_buffers_per_shader_stage: 8,
@@ -329,14 +439,15 @@ pub(super) fn typical_matrix_caps(cpu: bool) -> Capabilities {
 }
 
 /// Every tile set [`ConvTiles::for_layer`] and [`ConvTiles::matrix_for_layer`] pick, on
-/// GPUs and on CPU adapters.
+/// GPUs and on CPU adapters (every entry of the matrix table: which one a device takes
+/// depends on its limits).
 pub(super) fn default_tile_sets() -> Vec<ConvTiles> {
     let mut sets = Vec::new();
     for cpu in [false, true] {
         for cout in [3, 8, 64, 512] {
             for k in [1, 3] {
                 let t = ConvTiles::for_layer(&typical_caps(cpu), cout, k);
-                let m = ConvTiles::matrix_for_layer(&typical_matrix_caps(cpu), cout, k);
+                let m = ConvTiles::matrix_table(&typical_matrix_caps(cpu), cout, k);
                 for t in std::iter::once(t).chain(m) {
                     if !sets.contains(&t) {
                         sets.push(t);
