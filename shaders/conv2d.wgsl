@@ -142,6 +142,14 @@ fn padded(i: i32, n: i32) -> i32 {
 // 0 outside the frame (unless padded()) or when !ok. The index is clamped, so
 // the load is always valid.
 fn xrow(rowbase: u32, ix_in: i32, ok: bool, ss: vec2<f32>) -> f32 {
+    let c = xcol(rowbase, ix_in, ok);
+    return finish(x_ld(c.x), c.y != 0u, ss);
+}
+
+// Column ix of the (upsampled) frame in the row starting at x[rowbase]: (index into x,
+// inside); columns outside as padded() says, and outside (index 0: the load stays valid)
+// when !ok.
+fn xcol(rowbase: u32, ix_in: i32, ok: bool) -> vec2<u32> {
     let ix = padded(ix_in, i32(p.win));
     let inside = ok && u32(ix) < p.win;
 #ifdef UPSAMPLE
@@ -149,11 +157,17 @@ fn xrow(rowbase: u32, ix_in: i32, ok: bool, ss: vec2<f32>) -> f32 {
 #else
     let sx = u32(ix);
 #endif
-    var v = x_ld(select(0u, rowbase + sx, inside));
+    return vec2<u32>(select(0u, rowbase + sx, inside), u32(inside));
+}
+
+// A loaded input value through the prologue (affine + activation), 0 outside the frame.
+fn finish(v: f32, inside: bool, ss: vec2<f32>) -> f32 {
 #ifdef PROLOGUE
-    v = activate(v * ss.x + ss.y);
+    let a = activate(v * ss.x + ss.y);
+#else
+    let a = v;
 #endif
-    return select(0.0, v, inside);
+    return select(0.0, a, inside);
 }
 
 // Row `iy` of the (upsampled) frame of a channel plane: (offset of the row in x, inside);
@@ -252,21 +266,43 @@ fn store4(nb: u32, m: u32, oy: u32, ox: u32, v: vec4<f32>) {
 // nbi) at 4 consecutive pixels pn..pn+3 of the tile at (oy0, ox0): im2col on the fly, with
 // the prologue applied and zeros for padding and for kg past the reduction.
 fn im2col4(nbi: u32, kg: u32, pn: u32, oy0: u32, ox0: u32) -> vec4<f32> {
+    return finish4(im2col4_raw(nbi, kg, pn, oy0, ox0));
+}
+
+// im2col4's loads before the prologue: the 4 values as stored (0 where outside), which are
+// inside, and the plane's affine. Split so that a pipelined kernel can issue the loads and
+// apply the prologue once they have arrived.
+struct Raw4 {
+    v: vec4<f32>,
+    inside: vec4<bool>,
+    ss: vec2<f32>,
+}
+
+fn im2col4_raw(nbi: u32, kg: u32, pn: u32, oy0: u32, ox0: u32) -> Raw4 {
     let ci = div_kk(kg);
     let t = kg - ci * KK;
     let ky = div_ks(t);
     let kx = t - ky * KS;
     let plane = nbi * p.cin + ci;
     let ok = kg < p.ktot;
-    let ss = plane_affine(plane, ok);
     let py = oy0 + (pn >> TW_SHIFT);
     let px = ox0 + (pn & (TW - 1u));
     let row = xrow_base(plane, i32(py * STRIDE + ky) - i32(p.pad_top), ok && py < p.ho);
     let ix = i32(px * STRIDE + kx) - i32(p.pad_left);
     let s = i32(STRIDE);
     let rok = row.y != 0u;
-    return vec4<f32>(xrow(row.x, ix, rok, ss), xrow(row.x, ix + s, rok, ss),
-                     xrow(row.x, ix + 2 * s, rok, ss), xrow(row.x, ix + 3 * s, rok, ss));
+    let c0 = xcol(row.x, ix, rok);
+    let c1 = xcol(row.x, ix + s, rok);
+    let c2 = xcol(row.x, ix + 2 * s, rok);
+    let c3 = xcol(row.x, ix + 3 * s, rok);
+    return Raw4(vec4<f32>(x_ld(c0.x), x_ld(c1.x), x_ld(c2.x), x_ld(c3.x)),
+                vec4<bool>(c0.y != 0u, c1.y != 0u, c2.y != 0u, c3.y != 0u),
+                plane_affine(plane, ok));
+}
+
+fn finish4(r: Raw4) -> vec4<f32> {
+    return vec4<f32>(finish(r.v.x, r.inside.x, r.ss), finish(r.v.y, r.inside.y, r.ss),
+                     finish(r.v.z, r.inside.z, r.ss), finish(r.v.w, r.inside.w, r.ss));
 }
 
 // The output tile workgroup (tile, z) computes: image nb of the dispatch (input image nbi,
@@ -325,20 +361,25 @@ const B_BASE = STAGES * A_STAGE;
 var<workgroup> ab_sh: array<f16, STAGES * (A_STAGE + B_STAGE)>;
 var<workgroup> c_sh: array<f32, MAX_SUBGROUPS * SS>;
 
-// The j-th weight vec4 of invocation li for the K step at k0 (zeros past its share). Weights
-// are padded to whole TK and TM tiles, so a share inside the step never reads past them.
+// The j-th weight vec4 of invocation li for the K step at k0 (zeros past its share), as
+// stored: cooperative tiles hold f16 weights (`wt` is an array<vec4<f16>>; codegen.rs builds
+// no other variant), so nothing waits for the load before it is written to workgroup memory.
+// Weights are padded to whole TK and TM tiles, so a share inside the step never reads past
+// them.
 fn a_fetch(li: u32, j: u32, k0: u32, m0: u32) -> vec4<f16> {
     let idx = li + j * WG;
     if !A_EXACT && idx >= A_VECS { return vec4<f16>(); }
     let kk = idx >> TM4_SHIFT;
-    return vec4<f16>(wt_ld4((k0 + kk) * (p.mpad >> 2u) + (m0 >> 2u) + (idx & (TM4 - 1u))));
+    return vec4<f16>(wt[(k0 + kk) * (p.mpad >> 2u) + (m0 >> 2u) + (idx & (TM4 - 1u))]);
 }
 
-// The j-th input vec4 (4 pixels of one tile row, one tap) of invocation li, im2col'd.
-fn b_fetch(li: u32, j: u32, k0: u32, nbi: u32, oy0: u32, ox0: u32) -> vec4<f16> {
+// The j-th input vec4 (4 pixels of one tile row, one tap) of invocation li, im2col'd: its
+// loads only; `b_put` applies the prologue.
+fn b_fetch(li: u32, j: u32, k0: u32, nbi: u32, oy0: u32, ox0: u32) -> Raw4 {
     let idx = li + j * WG;
-    if !B_EXACT && idx >= B_VECS { return vec4<f16>(); }
-    return vec4<f16>(im2col4(nbi, k0 + (idx >> TN4_SHIFT), (idx & (TN4 - 1u)) * 4u, oy0, ox0));
+    // Past the share: a reduction index past ktot, which loads index 0 and reads as zeros.
+    let kk = select(idx >> TN4_SHIFT, p.ktot, !B_EXACT && idx >= B_VECS);
+    return im2col4_raw(nbi, k0 + kk, (idx & (TN4 - 1u)) * 4u, oy0, ox0);
 }
 
 fn put4(o: u32, v: vec4<f16>) {
@@ -356,11 +397,13 @@ fn a_put(stage: u32, li: u32, j: u32, v: vec4<f16>) {
     }
 }
 
-// Writes a fetched input vec4 into stage `stage`'s B tile (row kk, pixels n..n + 3).
-fn b_put(stage: u32, li: u32, j: u32, v: vec4<f16>) {
+// Applies the prologue to a fetched input vec4 and writes it into stage `stage`'s B tile
+// (row kk, pixels n..n + 3).
+fn b_put(stage: u32, li: u32, j: u32, r: Raw4) {
     let idx = li + j * WG;
     if B_EXACT || idx < B_VECS {
-        put4(B_BASE + stage * B_STAGE + (idx >> TN4_SHIFT) * PB + (idx & (TN4 - 1u)) * 4u, v);
+        let o = B_BASE + stage * B_STAGE + (idx >> TN4_SHIFT) * PB + (idx & (TN4 - 1u)) * 4u;
+        put4(o, vec4<f16>(finish4(r)));
     }
 }
 

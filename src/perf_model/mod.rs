@@ -83,6 +83,7 @@
 //!   Launch overheads and host work are not modelled.
 
 mod graph_walk;
+pub mod kernel;
 mod predict;
 
 pub use graph_walk::{workload, workloads, DecoderKind, Workload};

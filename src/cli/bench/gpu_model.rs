@@ -235,8 +235,22 @@ pub(crate) fn run(a: &GpuModelArgs) -> wgvae::Result<()> {
         settings,
     };
     write_report(&a.out, &meta, &totals, &layer_rows, &gpus)?;
+    let kernel = kernel_rows(&workloads, &tiles)?;
+    write(
+        &a.out.join("gpu_model_kernel.csv"),
+        &meta.csv("model,size,design,conv_ms,convs\n", &kernel, |r| {
+            format!(
+                "{},{},\"{}\",{:.2},{}\n",
+                r.model, r.size, r.design, r.conv_ms, r.convs
+            )
+        }),
+    )?;
     if a.json {
-        let mut v = json!({ "model": "paper GPU model, not a measurement", "totals": totals });
+        let mut v = json!({
+            "model": "paper GPU model, not a measurement",
+            "totals": totals,
+            "kernel_estimate_h100": kernel,
+        });
         if a.layers {
             v["layers"] = json!(layer_rows);
         }
@@ -248,11 +262,58 @@ pub(crate) fn run(a: &GpuModelArgs) -> wgvae::Result<()> {
         println!();
     }
     print!("{}", totals_markdown(&totals));
+    println!();
+    print!("{}", kernel_markdown(&kernel));
     println!(
-        "MODEL, not a measurement. Wrote {0}/gpu_model.csv, {0}/gpu_model.md, {0}/gpu_model_layers.csv",
+        "MODEL, not a measurement. Wrote {0}/gpu_model.csv, {0}/gpu_model.md, {0}/gpu_model_layers.csv, {0}/gpu_model_kernel.csv",
         a.out.display()
     );
     Ok(())
+}
+
+/// One line of the kernel-estimate table: a decode's matrix-path convs on an H100 with one
+/// kernel design.
+#[derive(Clone, Debug, Serialize)]
+struct KernelRow {
+    model: &'static str,
+    size: String,
+    design: &'static str,
+    conv_ms: f64,
+    convs: usize,
+}
+
+/// The kernel-level estimate ([`perf_model::kernel`]) of every workload's convs on an H100
+/// SXM, per kernel design.
+fn kernel_rows(workloads: &[Workload], tiles: &Tiles) -> wgvae::Result<Vec<KernelRow>> {
+    use perf_model::kernel::{conv_total, ConvDesign, SmRates};
+    let (gpu, rates) = (GpuSpec::all().remove(0), SmRates::h100_sxm());
+    let mut rows = Vec::new();
+    for w in workloads {
+        for d in ConvDesign::all() {
+            let (s, convs) = conv_total(&w.layers, &gpu, &rates, tiles, &d).ok_or_else(|| {
+                wgvae::Error::InvalidInput(format!(
+                    "a matrix tile of {} does not fit one {} SM: {:?}",
+                    d.name, gpu.name, tiles.matrix
+                ))
+            })?;
+            rows.push(KernelRow {
+                model: w.model,
+                size: w.size(),
+                design: d.name,
+                conv_ms: ms(s),
+                convs,
+            });
+        }
+    }
+    Ok(rows)
+}
+
+fn kernel_markdown(rows: &[KernelRow]) -> String {
+    table(
+        "Kernel-level estimate of the matrix-path convs on an H100 SXM (MODEL: matrix cycles, shared-memory wavefronts, issue slots and load latency per K step; docs/gpu-model.md)\n\n| model | size | kernel design | convs ms | convs |\n|---|---|---|---|---|\n",
+        rows,
+        |r| format!("| {} | {} | {} | {:.1} | {} |\n", r.model, r.size, r.design, r.conv_ms, r.convs),
+    )
 }
 
 fn ms(s: f64) -> f64 {

@@ -146,12 +146,12 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         ("a", a_share, "t.m0"),
         ("b", b_share, "t.nbi, t.oy0, t.ox0"),
     ];
-    let fetch = |s: &mut String, indent: &str, decl: &str, k0: &str| {
+    let fetch = |s: &mut String, indent: &str, k0: &str| {
         for (x, n, args) in shares {
             for j in 0..n {
                 let _ = writeln!(
                     s,
-                    "{indent}{decl}r{x}{j} = {x}_fetch(li, {j}u, {k0}, {args});"
+                    "{indent}let r{x}{j} = {x}_fetch(li, {j}u, {k0}, {args});"
                 );
             }
         }
@@ -164,23 +164,20 @@ fn conv2d_coop(@builtin(workgroup_id) wg: vec3<u32>, @builtin(num_workgroups) nw
         }
     };
     // The first K step is staged before the loop; each iteration fetches the next one into
-    // registers, runs the matrix products of the current one, then stages the next.
+    // registers (its loads only), runs the matrix products of the current one, then stages
+    // the next (converted, through the prologue).
     s.push_str("    {\n");
-    fetch(&mut s, "        ", "let ", "0u");
+    fetch(&mut s, "        ", "0u");
     put(&mut s, "        ", "0u");
     s.push_str("    }\n    workgroupBarrier();\n    var cur = 0u;\n");
     s.push_str("    for (var k0 = 0u; k0 < p.ktot; k0 += TK) {\n");
     s.push_str("        let more = k0 + TK < p.ktot;   // uniform\n");
-    for (x, n, _) in shares {
-        for j in 0..n {
-            let _ = writeln!(s, "        var r{x}{j}: vec4<f16>;");
-        }
-    }
-    s.push_str("        if more {\n");
-    fetch(&mut s, "            ", "", "k0 + TK");
-    s.push_str(
-        "        }\n        let ab = cur * A_STAGE;\n        let bb = B_BASE + cur * B_STAGE;\n",
-    );
+    // No branch between the loads and the products (the last step refetches itself), so
+    // the compiler may schedule the products while the loads are in flight; what waits for
+    // the loaded values (conversion, prologue) comes after the products, in the puts.
+    s.push_str("        let kn = select(k0, k0 + TK, more);\n");
+    fetch(&mut s, "        ", "kn");
+    s.push_str("        let ab = cur * A_STAGE;\n        let bb = B_BASE + cur * B_STAGE;\n");
     // A is staged column-major ([k][m]), B row-major ([k][n]), rows PA / PB apart.
     for kk in 0..tiles.tk / sz {
         block.step(
@@ -306,14 +303,16 @@ impl Variant {
             // The cooperative kernel runs without naga's runtime checks. Why every access is
             // in bounds:
             // - workgroup arrays: staging offsets come from `li < WG` and the K step's share
-            //   (`a_put` / `b_put` skip indices past A_VECS / B_VECS), matrix loads from
+            //   (`a_put` / `b_put` skip indices past A_VECS / B_VECS; `a_fetch` returns zeros
+            //   and `b_fetch` a reduction index past `ktot` there), matrix loads from
             //   constants within a stage (`sm + RM <= TM`, `sn + RN <= TN`), and c_sh from
             //   `sgid < MAX_SUBGROUPS` (workgroup size over the smallest subgroup size);
             // - input: `xrow` / `xrow_base` select index 0 for every tap outside the frame or
             //   past the reduction, and in-range taps lie in input image `nb + in_frame`,
             //   which `plan` checks the input holds;
-            // - weights: `k0 + kk < kpad` (K steps start below `ktot`, the weights are padded
-            //   to whole `tk` steps) and `m0 + TM <= mpad` (padded to whole `tm` tiles);
+            // - weights: `kn + kk < kpad` (fetched steps start below `ktot`: the last one
+            //   refetches itself; the weights are padded to whole `tk` steps) and
+            //   `m0 + TM <= mpad` (padded to whole `tm` tiles);
             // - bias, affine, residual and output: read or written only under `m < cout`,
             //   `oy < ho`, `ox < wo` and `ok`; the range counter only with CHECK_RANGE, when
             //   it is bound;
