@@ -361,14 +361,13 @@ const B_BASE = STAGES * A_STAGE;
 var<workgroup> ab_sh: array<f16, STAGES * (A_STAGE + B_STAGE)>;
 var<workgroup> c_sh: array<f32, MAX_SUBGROUPS * SS>;
 
-// The j-th weight vec4 of invocation li for the K step at k0 (zeros past its share), as
-// stored: cooperative tiles hold f16 weights (`wt` is an array<vec4<f16>>; codegen.rs builds
+// The j-th weight vec4 of invocation li for the K step at k0, as stored: cooperative tiles hold f16 weights (`wt` is an array<vec4<f16>>; codegen.rs builds
 // no other variant), so nothing waits for the load before it is written to workgroup memory.
 // Weights are padded to whole TK and TM tiles, so a share inside the step never reads past
 // them.
 fn a_fetch(li: u32, j: u32, k0: u32, m0: u32) -> vec4<f16> {
-    let idx = li + j * WG;
-    if !A_EXACT && idx >= A_VECS { return vec4<f16>(); }
+    // Past the share: the step's first vec4 (loaded, never put). No branch.
+    let idx = select(li + j * WG, 0u, !A_EXACT && li + j * WG >= A_VECS);
     let kk = idx >> TM4_SHIFT;
     return vec4<f16>(wt[(k0 + kk) * (p.mpad >> 2u) + (m0 >> 2u) + (idx & (TM4 - 1u))]);
 }

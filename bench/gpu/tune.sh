@@ -8,8 +8,9 @@
 #
 #   --dry            tiny sizes on whatever adapter is here (CI: lavapipe): every stage runs
 #                    and writes its files, in about a minute after the build
-#   --bin DIR        a folder holding a prebuilt `wgvae` (bench/gpu/build_bins.sh --no-tests
-#                    --no-benches --strip DIR); without it `wgvae` is built with cargo
+#   --bin DIR        a folder holding a prebuilt `wgvae` and, for the verify stage, the
+#                    library's test executable `tests/lib` (bench/gpu/build_bins.sh); without
+#                    it `wgvae` is built with cargo and the verify stage does not run
 #   --cargo-profile P  the cargo profile to build with (default release; CI: dev)
 #   --budget S       seconds for all stages together (default 480); each stage gets its
 #                    share and is stopped at it, later stages still run
@@ -17,11 +18,13 @@
 #                    conv.json), decode/ (per size: wgvae's --json with its GPU profile),
 #                    diffusers.json, summary.md, logs/
 #
-# Stages: (1) `wgvae info --json` (2) `wgvae bench conv`: every candidate tile set on the
-# three heaviest layer classes of the SD1.5 decoder at 1024², the best three and the table's
-# entries on the others (3) `wgvae decode --profile --json` of the SD1.5 preset in f16 at 512²
-# and 1024², warm (a first decode compiles, then the timed one): GPU time per kernel beside
-# the wall time (4) diffusers on the same GPU (bench/gpu/diffusers_time.py: cudnn.benchmark,
+# Stages: (1) `wgvae info --json` (2) verify: the cooperative kernel tests (probes, every
+# conv tile set against the CPU reference) on this adapter's matrices (3) `wgvae bench conv`:
+# every candidate tile set on the three heaviest layer classes of the SD1.5 decoder at 1024²,
+# the best three and the table's entries on the others (4) `wgvae decode --profile --json` of the SD1.5 preset in f16 at 512²
+# and 1024², one process per decode (the first finds the pipeline cache as the run left it,
+# the others warm): GPU time per kernel beside the wall time, and `wgvae bench decode`'s warm
+# medians (5) diffusers on the same GPU (bench/gpu/diffusers_time.py: cudnn.benchmark,
 # NCHW and channels_last, CUDA-event GPU time beside wall time) when torch sees CUDA and
 # diffusers imports (wheels in .whl/ are installed to /tmp/site first when it does not).
 set -uo pipefail
@@ -38,7 +41,7 @@ while [ $# -gt 0 ]; do
     --cargo-profile) cargo_profile=${2:?--cargo-profile needs a profile}; shift ;;
     --budget) budget=${2:?--budget needs seconds}; shift ;;
     --out) out=${2:?--out needs a folder}; shift ;;
-    -h|--help) sed -n '2,27p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,29p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "tune.sh: unknown argument $1" >&2; exit 2 ;;
   esac
   shift
@@ -49,12 +52,16 @@ case "$budget" in ''|*[!0-9]*) echo "tune.sh: --budget takes whole seconds" >&2;
 root=$(cd "$(dirname "$0")/../.." && pwd)
 mkdir -p "$out/logs"
 out=$(cd "$out" && pwd)
+if [ -n "$bin" ]; then
+  [ -d "$bin" ] || { echo "tune.sh: --bin $bin is not a folder" >&2; exit 2; }
+  bin=$(cd "$bin" && pwd)
+fi
 cd "$root"
 started=$(date +%s)
 say() { echo "tune [$(($(date +%s) - started)) s]: $*" | tee -a "$out/logs/tune.log" >&2; }
 
 if [ -n "$bin" ]; then
-  wgvae=$(cd "$bin" && pwd)/wgvae
+  wgvae=$bin/wgvae
 else
   say "building wgvae ($cargo_profile)"
   cargo build -q --profile "$cargo_profile" --bin wgvae || exit 1
@@ -99,7 +106,23 @@ stage() { # NAME PERCENT CMD...
 
 stage info 3 sh -c "\"$wgvae\" info --json > \"$out/info.json\""
 
-stage conv 45 "$wgvae" bench conv --sizes "$conv_sizes" --dtype f16 --runs "$conv_runs" \
+# The cooperative kernels' tests on this adapter's matrices (16 × 16 on NVIDIA and AMD: no CPU
+# machine runs those tiles) before anything is timed: every table entry and bench candidate
+# against the CPU reference. Needs the library's test executable beside wgvae (--bin DIR with
+# tests/lib, from bench/gpu/build_bins.sh).
+verify() {
+  if [ -z "$bin" ] || [ ! -x "$bin/tests/lib" ]; then
+    echo "no test executable: --bin DIR/tests/lib (bench/gpu/build_bins.sh) runs the cooperative kernel tests"
+    return 3
+  fi
+  WGVAE_COOPERATIVE_MATRIX=on WGVAE_REQUIRE_COOP=1 "$bin/tests/lib" kernels::coop_probe \
+    kernels::conv2d::matrix_tests --test-threads=2
+}
+export bin
+export -f verify
+stage verify 12 verify
+
+stage conv 40 "$wgvae" bench conv --sizes "$conv_sizes" --dtype f16 --runs "$conv_runs" \
   --out "$out/conv"
 
 # A seeded standard-normal SD1.5 latent per size, written with the standard library alone.
@@ -134,7 +157,7 @@ decode_cells() {
 diffusers_cells() {
   if ! python3 -c 'import diffusers' 2>/dev/null && ls "$root"/.whl/*.whl >/dev/null 2>&1; then
     python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade \
-      --target /tmp/site "$root"/.whl/*.whl && export PYTHONPATH=/tmp/site
+      --target /tmp/site "$root"/.whl/*.whl && export PYTHONPATH=/tmp/site${PYTHONPATH:+:$PYTHONPATH}
   fi
   if ! python3 -c 'import torch, diffusers' 2>/dev/null; then
     echo "torch or diffusers does not import here"
@@ -145,8 +168,8 @@ diffusers_cells() {
 }
 export out wgvae root decode_sizes decode_runs diff_sizes
 export -f latent decode_cells diffusers_cells
-stage decode 25 decode_cells
-stage diffusers 25 diffusers_cells
+stage decode 22 decode_cells
+stage diffusers 22 diffusers_cells
 
 # The summary: stage status, the conv classes (default vs best), wgvae's decode (GPU and wall)
 # beside diffusers'.

@@ -306,7 +306,11 @@ impl Variant {
             //   (`a_put` / `b_put` skip indices past A_VECS / B_VECS; `a_fetch` returns zeros
             //   and `b_fetch` a reduction index past `ktot` there), matrix loads from
             //   constants within a stage (`sm + RM <= TM`, `sn + RN <= TN`), and c_sh from
-            //   `sgid < MAX_SUBGROUPS` (workgroup size over the smallest subgroup size);
+            //   `sgid < MAX_SUBGROUPS` (workgroup size over the smallest subgroup size the
+            //   adapter reports: a driver running smaller subgroups than it reports would
+            //   break this, as it would the planned tiles);
+            // - weights: `a_fetch` reads `wt` as stored, an array of vec4<f16>: `upload`
+            //   refuses cooperative tiles for other weight types;
             // - input: `xrow` / `xrow_base` select index 0 for every tap outside the frame or
             //   past the reduction, and in-range taps lie in input image `nb + in_frame`,
             //   which `plan` checks the input holds;

@@ -13,10 +13,11 @@ fn matrix_context(test: &str) -> Option<Context> {
 }
 
 /// Tile sets that put tile and subgroup edges everywhere, for the device's matrix side and
-/// subgroup sizes: one subgroup row of several (one stage, unpadded rows, a K step's vec4s
-/// fewer than the invocations); two subgroups per row with a 4-pixel-wide patch (a matrix
-/// spans patch rows; two stages, padded); every entry of the engine's table for a wide and a
-/// narrow layer.
+/// subgroup sizes: one subgroup row of several (one stage, unpadded rows, a K step's weight
+/// vec4s fewer than the invocations); two subgroups per row with a 4-pixel-wide patch (a
+/// matrix spans patch rows; two stages, padded); a tall narrow tile (a K step's input vec4s
+/// fewer than the invocations); every entry of the engine's table for a wide layer and the
+/// first for a narrow one.
 fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
     let caps = ctx.caps();
     let s = caps.matrix().expect("matrix context").size;
@@ -47,6 +48,17 @@ fn tile_sets(ctx: &Context) -> Vec<ConvTiles> {
             tk: 2 * s,
             rm: s,
             rn: 2 * s,
+            direct: false,
+            matrix: matrix(8, 2),
+        },
+        // Tall and narrow: a K step's input vec4s fewer than the invocations.
+        ConvTiles {
+            tm: 8 * s,
+            tn: s,
+            tw: s,
+            tk: s,
+            rm: s,
+            rn: s,
             direct: false,
             matrix: matrix(8, 2),
         },

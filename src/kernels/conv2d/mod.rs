@@ -259,6 +259,12 @@ impl Conv2dWeights {
             }
         }
         tiles.check(ctx.caps())?;
+        if tiles.matrix.is_some() && dtype != DType::F16 {
+            return Err(Error::Unsupported(format!(
+                "{op}: cooperative-matrix tiles take f16 weights, not {}; store the weights in f16 or pass scalar tiles (or None)",
+                dtype.name()
+            )));
+        }
         let ktot = cin * k * k;
         let tk = tiles.tk.max(1) as usize;
         let kpad = ktot.div_ceil(tk) * tk;

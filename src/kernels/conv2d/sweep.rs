@@ -17,8 +17,9 @@ use crate::tensor::{DType, Tensor};
 /// `calls` times per decode.
 #[derive(Clone, Debug, Serialize)]
 pub struct LayerClass {
-    /// Short name: `512>512 k3 @64` (input channels > output channels, kernel, input side;
-    /// `up` when a nearest 2x up-sample is fused into the load).
+    /// Short name: `512>512 k3 gn+res @64` (input channels > output channels, kernel; `up`
+    /// when a nearest 2x up-sample is fused into the load, `gn` with the prologue, `res` with
+    /// the residual; input side).
     pub name: String,
     /// Input channels.
     pub cin: usize,
@@ -51,8 +52,14 @@ impl LayerClass {
         calls: usize,
     ) -> Self {
         let up = if upsample { " up" } else { "" };
+        let fused = match (prologue, residual) {
+            (true, true) => " gn+res",
+            (true, false) => " gn",
+            (false, true) => " res",
+            (false, false) => "",
+        };
         LayerClass {
-            name: format!("{cin}>{cout} k{k}{up} @{side}"),
+            name: format!("{cin}>{cout} k{k}{up}{fused} @{side}"),
             cin,
             cout,
             side,
@@ -84,9 +91,10 @@ impl LayerClass {
     }
 }
 
-/// The convolutions of the SD1.5 / SDXL / FLUX.1-style AutoencoderKL decoder (block
-/// channels 128, 256, 512, 512; three resnets per up block) decoding a `size`² image, as
-/// classes, heaviest first (by MACs per decode). `size` must be a multiple of 8.
+/// The convolutions of the SD1.5 / SDXL-style AutoencoderKL decoder (block channels 128, 256,
+/// 512, 512; three resnets per up block; post_quant_conv; the mid-block attention's
+/// projections) decoding a `size`² image, as classes, heaviest first (by MACs per decode):
+/// the 40 convs of its profile. `size` must be a multiple of 8.
 pub fn sd15_decoder_classes(size: usize) -> Result<Vec<LayerClass>> {
     if size < 8 || !size.is_multiple_of(8) {
         return Err(Error::InvalidInput(format!(
@@ -95,20 +103,31 @@ pub fn sd15_decoder_classes(size: usize) -> Result<Vec<LayerClass>> {
     }
     let l = size / 8;
     let c = LayerClass::new;
+    // A resnet's conv1 (GroupNorm + SiLU prologue) and conv2 (the same, and the residual
+    // added in place) are separate classes: their pipelines differ.
     let mut v = vec![
+        c(4, 4, l, 1, false, false, false, 1),
         c(4, 512, l, 3, false, false, false, 1),
-        // Mid block (2 resnets) and up block 0 (3 resnets): 10 convs at the latent size.
-        c(512, 512, l, 3, false, true, true, 10),
+        // Mid block (2 resnets) and up block 0 (3 resnets) at the latent size.
+        c(512, 512, l, 3, false, true, false, 5),
+        c(512, 512, l, 3, false, true, true, 5),
+        // The mid-block attention's q, k, v and output projections (1×1; the output one adds
+        // the residual).
+        c(512, 512, l, 1, false, false, false, 3),
+        c(512, 512, l, 1, false, false, true, 1),
         c(512, 512, l, 3, true, false, false, 1),
-        c(512, 512, 2 * l, 3, false, true, true, 6),
+        c(512, 512, 2 * l, 3, false, true, false, 3),
+        c(512, 512, 2 * l, 3, false, true, true, 3),
         c(512, 512, 2 * l, 3, true, false, false, 1),
         c(512, 256, 4 * l, 3, false, true, false, 1),
         c(512, 256, 4 * l, 1, false, false, false, 1),
-        c(256, 256, 4 * l, 3, false, true, true, 5),
+        c(256, 256, 4 * l, 3, false, true, false, 2),
+        c(256, 256, 4 * l, 3, false, true, true, 3),
         c(256, 256, 4 * l, 3, true, false, false, 1),
         c(256, 128, 8 * l, 3, false, true, false, 1),
         c(256, 128, 8 * l, 1, false, false, false, 1),
-        c(128, 128, 8 * l, 3, false, true, true, 5),
+        c(128, 128, 8 * l, 3, false, true, false, 2),
+        c(128, 128, 8 * l, 3, false, true, true, 3),
         c(128, 3, 8 * l, 3, false, true, false, 1),
     ];
     v.sort_by_key(|c| std::cmp::Reverse(c.macs() * c.calls as u64));
@@ -161,7 +180,9 @@ pub struct ClassInputs {
 }
 
 impl ClassInputs {
-    /// Allocates and fills the input, prologue affine and output of `class` in `dtype`.
+    /// Allocates and fills the input, prologue affine and output of `class` in `dtype` (a
+    /// residual class adds into the output in place at every call: the values drift, the
+    /// time does not).
     pub fn new(ctx: &Context, class: &LayerClass, dtype: DType) -> Result<Self> {
         let (cin, cout, s, k) = (class.cin, class.cout, class.side, class.k);
         let o = class.out_side();
