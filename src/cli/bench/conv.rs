@@ -265,12 +265,7 @@ fn summary_table(summary: &[Summary]) -> String {
     )
 }
 
-fn write_report(
-    out: &Path,
-    meta: &Metadata,
-    rows: &[Row],
-    summary: &[Summary],
-) -> wgvae::Result<()> {
+fn write_report(out: &Path, meta: &Metadata, rows: &[Row], sums: &[Summary]) -> wgvae::Result<()> {
     create_dir(out)?;
     let csv = meta.csv(
         "size,class,calls,gmacs,tiles,median_ms,min_ms,tflops,gpu_time,default,best\n",
@@ -297,9 +292,9 @@ fn write_report(
         + "\nPer class: the tile set the engine picks (default) beside the fastest candidate; \
            every timed candidate is in conv.csv. Times are GPU timestamps where the adapter \
            has them (the `gpu_time` column).\n"
-        + &summary_table(summary);
+        + &summary_table(sums);
     write(&out.join("conv.md"), &md)?;
-    let json = serde_json::json!({ "meta": meta, "summary": summary, "rows": rows });
+    let json = serde_json::json!({ "meta": meta, "summary": sums, "rows": rows });
     write(&out.join("conv.json"), &format!("{json:#}\n"))?;
     Ok(())
 }

@@ -348,14 +348,17 @@ impl Variant {
         match self.tiles {
             None => key.flag("NAIVE").constant("WG", format!("{NAIVE_WG}u")),
             Some(t) => match t.matrix {
-                Some(mt) => key
-                    .flag("COOP")
-                    .flag("F16")
-                    .constant("S", format!("{}u", mt.size))
-                    .constant("LANES", format!("{}u", mt.lanes))
-                    .constant("MAX_SUBGROUPS", format!("{}u", t.max_subgroups()))
-                    .constant("PAD", format!("{}u", mt.pad))
-                    .constant("STAGES", format!("{}u", mt.stages)),
+                Some(mt) => [
+                    ("S", mt.size),
+                    ("LANES", mt.lanes),
+                    ("MAX_SUBGROUPS", t.max_subgroups()),
+                    ("PAD", mt.pad),
+                    ("STAGES", mt.stages),
+                ]
+                .into_iter()
+                .fold(key.flag("COOP").flag("F16"), |k, (name, v)| {
+                    k.constant(name, format!("{v}u"))
+                }),
                 None => key,
             }
             .constant("TM", format!("{}u", t.tm))

@@ -56,28 +56,16 @@ pub fn cpu_conv2d(
                     let mut acc = 0.0f64;
                     for c in 0..cin {
                         for ky in 0..k {
-                            let mut iy = oy as i64 * s - pt + ky as i64;
-                            if opts.replicate {
-                                iy = iy.clamp(0, hu as i64 - 1);
-                            }
-                            if opts.reflect {
-                                iy = reflect(iy, hu as i64);
-                            }
-                            if iy < 0 || iy >= hu as i64 {
+                            let iy = oy as i64 * s - pt + ky as i64;
+                            let Some(iy) = padded_index(iy, hu, opts) else {
                                 continue;
-                            }
+                            };
                             for kx in 0..k {
-                                let mut ix = ox as i64 * s - pl + kx as i64;
-                                if opts.replicate {
-                                    ix = ix.clamp(0, wu as i64 - 1);
-                                }
-                                if opts.reflect {
-                                    ix = reflect(ix, wu as i64);
-                                }
-                                if ix < 0 || ix >= wu as i64 {
+                                let ix = ox as i64 * s - pl + kx as i64;
+                                let Some(ix) = padded_index(ix, wu, opts) else {
                                     continue;
-                                }
-                                let xv = xin[((b * cin + c) * hu + iy as usize) * wu + ix as usize];
+                                };
+                                let xv = xin[((b * cin + c) * hu + iy) * wu + ix];
                                 acc += (weight[((m * cin + c) * k + ky) * k + kx] * xv) as f64;
                             }
                         }
@@ -93,4 +81,18 @@ pub fn cpu_conv2d(
         }
     }
     out
+}
+
+/// A tap's row or column `i` of `n` after the padding mode (replicate clamps, reflect
+/// mirrors); `None` outside the frame (zero padding).
+fn padded_index(i: i64, n: usize, opts: &Conv2dOptions) -> Option<usize> {
+    let n = n as i64;
+    let i = if opts.replicate {
+        i.clamp(0, n - 1)
+    } else if opts.reflect {
+        reflect(i, n)
+    } else {
+        i
+    };
+    (0..n).contains(&i).then_some(i as usize)
 }

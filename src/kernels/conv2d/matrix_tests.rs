@@ -155,6 +155,15 @@ type CaseSpec = (
     bool,
 );
 
+/// Every case with every tile set on the matrix device (if any), the worst error printed.
+fn check_cases(test: &str, what: &str, cases: &[CaseSpec], seed: u64) {
+    let Some(ctx) = matrix_context(test) else {
+        return;
+    };
+    let worst = check_all(&ctx, cases, seed);
+    eprintln!("matrix conv, {what}: worst |error| {worst:.2e}");
+}
+
 /// Every case with every tile set; returns the worst error.
 fn check_all(ctx: &Context, cases: &[CaseSpec], seed: u64) -> f32 {
     let mut worst = 0.0f32;
@@ -169,9 +178,6 @@ fn check_all(ctx: &Context, cases: &[CaseSpec], seed: u64) -> f32 {
 
 #[test]
 fn matrix_conv_odd_shapes_match_cpu() {
-    let Some(ctx) = matrix_context("matrix_conv_odd_shapes_match_cpu") else {
-        return;
-    };
     let cases: &[CaseSpec] = &[
         ([2, 37, 19, 23], 67, 3, same(3), None, false),
         ([1, 64, 9, 11], 67, 1, same(1), None, false),
@@ -179,8 +185,7 @@ fn matrix_conv_odd_shapes_match_cpu() {
         // conv_out: 3 channels of a 128-channel input.
         ([1, 128, 6, 10], 3, 3, same(3), None, false),
     ];
-    let worst = check_all(&ctx, cases, 100);
-    eprintln!("matrix conv, plain: worst |error| {worst:.2e}");
+    check_cases("matrix_conv_odd_shapes_match_cpu", "plain", cases, 100);
 }
 
 /// Every candidate `wgvae bench conv` may time (and a tuning may pick) computes the same
@@ -210,9 +215,6 @@ fn matrix_conv_bench_candidates_match_cpu() {
 
 #[test]
 fn matrix_conv_fused_paths_match_cpu() {
-    let Some(ctx) = matrix_context("matrix_conv_fused_paths_match_cpu") else {
-        return;
-    };
     let up = |k: u32| Conv2dOptions {
         upsample: true,
         replicate: false,
@@ -246,8 +248,7 @@ fn matrix_conv_fused_paths_match_cpu() {
         ([1, 6, 8, 9], 5, 3, strided(1, [0, 2, 1, 0]), relu, false),
         ([1, 64, 9, 11], 67, 1, same(1), None, true),
     ];
-    let worst = check_all(&ctx, cases, 200);
-    eprintln!("matrix conv, fused: worst |error| {worst:.2e}");
+    check_cases("matrix_conv_fused_paths_match_cpu", "fused", cases, 200);
 }
 
 /// The causal video conv's time taps: frame offsets read earlier input images and add into
@@ -305,6 +306,18 @@ fn matrix_tiles_only_for_f16_on_matrix_devices() {
     ] {
         let w = Conv2dWeights::upload(&ctx, &host, None, dt, "w").unwrap();
         assert_eq!(w.tiles().matrix.is_some(), want, "{dt:?}");
+    }
+    // Cooperative tiles hold f16 weights (the kernel reads them as stored): other weight
+    // types are refused at upload, naming the fix (on a null device with matrices).
+    let caps = super::tiles::typical_matrix_caps(false);
+    let null = Context::null(caps.clone(), crate::memory::Policy::Exact.new_pool());
+    let tiles = ConvTiles::matrix_for_layer(&caps, 16, 3).unwrap();
+    Conv2dWeights::upload(&null, &host, Some(tiles), DType::F16, "w").unwrap();
+    for dt in [DType::F32, DType::BF16] {
+        match Conv2dWeights::upload(&null, &host, Some(tiles), dt, "w") {
+            Err(Error::Unsupported(m)) => assert!(m.contains("f16 weights"), "{m}"),
+            other => panic!("{dt:?}: {other:?}"),
+        }
     }
     // Hiding shader-f16 (the packed-f16 path) hides the matrices too.
     let mut caps = ctx.caps().clone();

@@ -102,36 +102,41 @@ pub fn sd15_decoder_classes(size: usize) -> Result<Vec<LayerClass>> {
         )));
     }
     let l = size / 8;
-    let c = LayerClass::new;
-    // A resnet's conv1 (GroupNorm + SiLU prologue) and conv2 (the same, and the residual
-    // added in place) are separate classes: their pipelines differ.
-    let mut v = vec![
-        c(4, 4, l, 1, false, false, false, 1),
-        c(4, 512, l, 3, false, false, false, 1),
-        // Mid block (2 resnets) and up block 0 (3 resnets) at the latent size.
-        c(512, 512, l, 3, false, true, false, 5),
-        c(512, 512, l, 3, false, true, true, 5),
-        // The mid-block attention's q, k, v and output projections (1×1; the output one adds
-        // the residual).
-        c(512, 512, l, 1, false, false, false, 3),
-        c(512, 512, l, 1, false, false, true, 1),
-        c(512, 512, l, 3, true, false, false, 1),
-        c(512, 512, 2 * l, 3, false, true, false, 3),
-        c(512, 512, 2 * l, 3, false, true, true, 3),
-        c(512, 512, 2 * l, 3, true, false, false, 1),
-        c(512, 256, 4 * l, 3, false, true, false, 1),
-        c(512, 256, 4 * l, 1, false, false, false, 1),
-        c(256, 256, 4 * l, 3, false, true, false, 2),
-        c(256, 256, 4 * l, 3, false, true, true, 3),
-        c(256, 256, 4 * l, 3, true, false, false, 1),
-        c(256, 128, 8 * l, 3, false, true, false, 1),
-        c(256, 128, 8 * l, 1, false, false, false, 1),
-        c(128, 128, 8 * l, 3, false, true, false, 2),
-        c(128, 128, 8 * l, 3, false, true, true, 3),
-        c(128, 3, 8 * l, 3, false, true, false, 1),
-    ];
+    // `cin>cout kK [up] [gn] [res] @side-in-latents xcalls`. A resnet's conv1 (GroupNorm +
+    // SiLU prologue) and conv2 (the same and the residual added in place) are separate
+    // classes: their pipelines differ. post_quant_conv, conv_in; the mid block and up block 0
+    // (5 resnets) at the latent size with the attention's q, k, v and output projections;
+    // up blocks 1–3 and their up-samplers; conv_out.
+    const SD15: &str = "4>4 k1 @1 x1; 4>512 k3 @1 x1; 512>512 k3 gn @1 x5; 512>512 k3 gn res @1 x5;
+        512>512 k1 @1 x3; 512>512 k1 res @1 x1; 512>512 k3 up @1 x1; 512>512 k3 gn @2 x3;
+        512>512 k3 gn res @2 x3; 512>512 k3 up @2 x1; 512>256 k3 gn @4 x1; 512>256 k1 @4 x1;
+        256>256 k3 gn @4 x2; 256>256 k3 gn res @4 x3; 256>256 k3 up @4 x1; 256>128 k3 gn @8 x1;
+        256>128 k1 @8 x1; 128>128 k3 gn @8 x2; 128>128 k3 gn res @8 x3; 128>3 k3 gn @8 x1";
+    let mut v: Vec<LayerClass> = SD15.split(';').map(|spec| parse_class(spec, l)).collect();
     v.sort_by_key(|c| std::cmp::Reverse(c.macs() * c.calls as u64));
     Ok(v)
+}
+
+/// One class of [`sd15_decoder_classes`]'s table (a constant: its entries are well formed).
+fn parse_class(spec: &str, latent: usize) -> LayerClass {
+    let (mut cin, mut cout, mut k, mut side, mut calls) = (0, 0, 0, 0, 0);
+    let (mut up, mut gn, mut res) = (false, false, false);
+    for word in spec.split_whitespace() {
+        let num = |w: &str| w.parse::<usize>().unwrap_or(0);
+        match word {
+            "up" => up = true,
+            "gn" => gn = true,
+            "res" => res = true,
+            w if w.starts_with('k') => k = num(&w[1..]),
+            w if w.starts_with('@') => side = num(&w[1..]) * latent,
+            w if w.starts_with('x') => calls = num(&w[1..]),
+            w => {
+                let (a, b) = w.split_once('>').unwrap_or(("0", "0"));
+                (cin, cout) = (num(a), num(b));
+            }
+        }
+    }
+    LayerClass::new(cin, cout, side, k, up, gn, res, calls)
 }
 
 /// One candidate's time on one class.

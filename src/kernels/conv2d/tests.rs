@@ -515,29 +515,6 @@ fn sweep_candidates_match_cpu() {
     }
 }
 
-/// Cooperative tiles hold f16 weights (the kernel reads them as stored): other weight types
-/// are refused at upload, naming the fix.
-#[test]
-fn matrix_tiles_refuse_other_weight_types() {
-    let caps = super::tiles::typical_matrix_caps(false);
-    let ctx = Context::null(caps.clone(), crate::memory::Policy::Exact.new_pool());
-    let tiles = ConvTiles::matrix_for_layer(&caps, 64, 3).unwrap();
-    let host = PytorchConv {
-        weight: &[0.5; 64 * 8 * 9],
-        cout: 64,
-        cin: 8,
-        k: 3,
-        bias: None,
-    };
-    Conv2dWeights::upload(&ctx, &host, Some(tiles), DType::F16, "w").unwrap();
-    for dt in [DType::F32, DType::BF16] {
-        match Conv2dWeights::upload(&ctx, &host, Some(tiles), dt, "w") {
-            Err(Error::Unsupported(m)) => assert!(m.contains("f16 weights"), "{m}"),
-            other => panic!("{dt:?}: {other:?}"),
-        }
-    }
-}
-
 #[test]
 fn conv_out_three_channels_matches_cpu() {
     // The VAE's conv_out: Cout = 3 after a GroupNorm + SiLU prologue.
@@ -813,6 +790,11 @@ fn sweep_classes_are_the_decoders_convs() {
     use super::sweep::sd15_decoder_classes;
     let classes = sd15_decoder_classes(512).unwrap();
     assert_eq!(classes.iter().map(|c| c.calls).sum::<usize>(), 40);
+    let mut names: Vec<&str> = classes.iter().map(|c| c.name.as_str()).collect();
+    names.sort();
+    names.dedup();
+    assert_eq!(names.len(), classes.len(), "{names:?}");
+    assert!(names.contains(&"512>512 k3 gn+res @128"), "{names:?}");
     let cost = |c: &super::sweep::LayerClass| c.macs() * c.calls as u64;
     assert!(classes.windows(2).all(|w| cost(&w[0]) >= cost(&w[1])));
     // The decoder's MACs: 512² output, 1.25 T multiply-accumulates.
