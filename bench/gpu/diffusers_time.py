@@ -64,10 +64,11 @@ def main():
                             device=torch.cuda.get_device_name(0))
                 print(json.dumps(cell), flush=True)
                 cells.append(cell)
+                # Rewritten after every cell: a run stopped at its time limit keeps the rest.
+                with open(args.json, "w") as f:
+                    json.dump(cells, f, indent=1)
         del vae
         torch.cuda.empty_cache()
-    with open(args.json, "w") as f:
-        json.dump(cells, f, indent=1)
     return 0
 
 
