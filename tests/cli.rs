@@ -2256,6 +2256,26 @@ fn encode_taehv_video_frames() {
     );
 }
 
+/// `bench conv` refuses bad arguments before it opens a device or times anything: a dtype the
+/// cooperative kernels do not take, a decode size that is no multiple of 8, no timed runs.
+#[test]
+fn bench_conv_bad_arguments_are_errors() {
+    let tmp = scratch();
+    let dir = tmp("conv");
+    let out = dir.to_str().unwrap();
+    for (args, want) in [
+        (vec!["--dtype", "bf16"], "expected f16 or f32"),
+        (vec!["--sizes", "100"], "multiple of 8"),
+        (vec!["--runs", "0"], "at least 1 timed call"),
+    ] {
+        let mut all = vec!["bench", "conv", "--out", out];
+        all.extend(args.iter().copied());
+        let (ok, _, err) = wgvae(&all);
+        assert!(!ok && err.contains(want), "{args:?}: {err}");
+        assert!(!dir.join("conv.csv").exists(), "{args:?} wrote a report");
+    }
+}
+
 /// `bench gpu-model`: the paper GPU model's per-decode totals for every model ×
 /// size × GPU × path, positive and ordered (perfect reuse ≤ roofline ≤ no
 /// overlap; matrix units faster than none), with no GPU involved; `--json
