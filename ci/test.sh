@@ -76,9 +76,10 @@ step_coopmat() { ci/coopmat.sh; }
 step_gpu-kit() {
   bench/gpu/run.sh --quick --cargo-profile dev --skip tests \
     --skip-reason "cargo test --workspace ran them" --out target/gpu-quick
-  # The GPU session's tuning run, every stage at 64² on lavapipe (docs/gpu.md).
+  # The GPU session's tuning run, every stage at 64² on lavapipe (docs/gpu.md), with the
+  # wgvae run.sh just built (cargo's own build here rebuilt it for 135 s).
   rm -rf target/gpu-tune
-  bench/gpu/tune.sh --dry --cargo-profile dev --out target/gpu-tune
+  bench/gpu/tune.sh --dry --bin target/debug --out target/gpu-tune
 }
 
 if [ "${1:-}" = "--list" ]; then
