@@ -111,7 +111,7 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, a: &ConvBenchArgs) -> wgvae:
         // Candidate names ranked by their total time over the heavy classes.
         let mut heavy_total: Vec<(String, f64)> = Vec::new();
         for (i, class) in classes.iter().enumerate() {
-            let all = candidates(&ctx, class, matrices);
+            let (all, table) = candidates(&ctx, class, matrices);
             let default = all[0];
             let chosen: Vec<ConvTiles> = if a.full || i < a.heavy {
                 all
@@ -119,9 +119,10 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, a: &ConvBenchArgs) -> wgvae:
                 let mut ranked = heavy_total.clone();
                 ranked.sort_by(|x, y| x.1.total_cmp(&y.1));
                 let top: Vec<&String> = ranked.iter().take(3).map(|r| &r.0).collect();
-                let table = table_entries(&ctx, class, matrices);
                 all.into_iter()
-                    .filter(|t| table.contains(t) || top.contains(&&t.name()))
+                    .enumerate()
+                    .filter(|(j, t)| *j < table || top.contains(&&t.name()))
+                    .map(|(_, t)| t)
                     .collect()
             };
             let inputs = ClassInputs::new(&ctx, class, dtype)?;
@@ -209,38 +210,21 @@ pub(crate) fn run(adapter: &crate::cli::DeviceArgs, a: &ConvBenchArgs) -> wgvae:
     Ok(())
 }
 
-/// The engine's table entries for a class (first: the one it picks on this adapter).
-fn table_entries(ctx: &wgvae::Context, class: &LayerClass, matrices: bool) -> Vec<ConvTiles> {
-    let caps = ctx.caps();
-    if matrices {
-        ConvTiles::matrix_table(caps, class.cout, class.k)
-            .into_iter()
-            .filter(|t| t.check(caps).is_ok())
-            .collect()
-    } else {
-        vec![ConvTiles::for_layer(caps, class.cout, class.k)]
+/// The candidates of a class ([`ConvTiles::candidates`]: the engine's table entries first, the
+/// one it picks on this adapter leading) and how many of them are table entries. Without
+/// matrices (or for f32), the scalar candidates: those of a view of the caps without matrices.
+fn candidates(ctx: &wgvae::Context, class: &LayerClass, matrices: bool) -> (Vec<ConvTiles>, usize) {
+    let mut caps = ctx.caps().clone();
+    if !matrices {
+        caps.cooperative_matrix = None;
+        caps.matrix_configs.clear();
     }
-}
-
-/// The candidates of a class, the engine's pick first.
-fn candidates(ctx: &wgvae::Context, class: &LayerClass, matrices: bool) -> Vec<ConvTiles> {
-    let caps = ctx.caps();
-    let mut v = table_entries(ctx, class, matrices);
-    let more = if matrices {
-        ConvTiles::candidates(caps, class.cout, class.k)
-    } else {
-        // Without matrices: the scalar candidates (a caps view without matrices).
-        let mut c = caps.clone();
-        c.cooperative_matrix = None;
-        c.matrix_configs.clear();
-        ConvTiles::candidates(&c, class.cout, class.k)
-    };
-    for t in more {
-        if !v.contains(&t) {
-            v.push(t);
-        }
-    }
-    v
+    let table = ConvTiles::matrix_table(&caps, class.cout, class.k)
+        .into_iter()
+        .filter(|t| t.check(&caps).is_ok())
+        .count()
+        .max(1);
+    (ConvTiles::candidates(&caps, class.cout, class.k), table)
 }
 
 fn summary_table(summary: &[Summary]) -> String {
